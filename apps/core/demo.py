@@ -1,0 +1,117 @@
+"""The demo data `make run` seeds: example prices, a demo tenant, an admin user.
+
+Idempotent: every object is looked up by its natural key first, so seeding twice
+changes nothing. The admin password is generated, printed once, never stored in code.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from django.contrib.auth import get_user_model
+from django.db import transaction
+
+from apps.experiments.models import Arm, Experiment
+from apps.experiments.services import strategy_sha256
+from apps.pricing.models import CostModel, GpuPrice, GpuSku, PricingTable
+from apps.tenants.models import Membership, Tenant
+
+EXAMPLE_VALID_FROM = datetime(2026, 1, 1, tzinfo=UTC)
+
+# (name, memory GB, board power W, dense BF16 TFLOPS, EXAMPLE price USD per GPU-hour)
+EXAMPLE_SKUS = [
+    ("NVIDIA H200 SXM 141GB", 141, 700, "989.0", "3.80"),
+    ("NVIDIA H100 SXM 80GB", 80, 700, "989.0", "3.00"),
+    ("NVIDIA A100 SXM 80GB", 80, 400, "312.0", "1.80"),
+    ("NVIDIA L4 24GB", 24, 72, "121.0", "0.70"),
+]
+
+CONTROL_STRATEGY = """\
+model:     {family: llama, preset: tiny, seq_len: 128}
+data:      {source: synthetic}
+train:     {steps: 200, global_batch: 16, lr: 3.0e-4, seed: 0}
+precision: {compute_dtype: fp32}
+telemetry: {interval_s: 1.0}
+"""
+
+OPTIMIZED_STRATEGY = """\
+model:     {family: llama, preset: tiny, seq_len: 128}
+data:      {source: synthetic, pin_memory: true, prefetch: 2}
+train:     {steps: 200, global_batch: 16, lr: 3.0e-4, seed: 0}
+optimizer:
+  dynamic_batching: {enabled: true, min_micro_batch: 4, max_micro_batch: 16, stability_window: 16}
+precision: {compute_dtype: bf16}
+memory:    {gradient_checkpointing: {enabled: true, every_n_blocks: 1}}
+telemetry: {interval_s: 1.0}
+"""
+
+
+@dataclass(frozen=True)
+class DemoSeedResult:
+    tenant: Tenant
+    pricing_table: PricingTable
+    admin_username: str
+    admin_password: str | None  # None when the user already existed (password untouched)
+
+
+@transaction.atomic
+def demo_seed(*, admin_username: str = "admin", admin_email: str = "admin@example.com") -> DemoSeedResult:
+    tenant, _ = Tenant.objects.get_or_create(slug="demo", defaults={"name": "Demo team"})
+
+    table, _ = PricingTable.objects.get_or_create(
+        tenant=tenant,
+        valid_from=EXAMPLE_VALID_FROM,
+        defaults={
+            "name": "Example prices",
+            "electricity_usd_per_kwh": Decimal("0.15"),
+            "pue": Decimal("1.20"),
+            "vcpu_hour_usd": Decimal("0.04"),
+            "memory_gb_hour_usd": Decimal("0.005"),
+            "is_example": True,
+            "notes": "EXAMPLE PRICES for the demo only. Not a quote from any provider; replace them.",
+        },
+    )
+    for name, memory_gb, tdp_w, peak, price in EXAMPLE_SKUS:
+        sku, _ = GpuSku.objects.get_or_create(
+            name=name, defaults={"memory_gb": memory_gb, "tdp_w": tdp_w, "peak_bf16_tflops": Decimal(peak)}
+        )
+        GpuPrice.objects.get_or_create(pricing_table=table, sku=sku, defaults={"hourly_usd": Decimal(price)})
+
+    cost_model, _ = CostModel.objects.get_or_create(
+        tenant=tenant, name="Resource weighted (default)", defaults={"kind": CostModel.Kind.RESOURCE_WEIGHTED}
+    )
+    experiment, _ = Experiment.objects.get_or_create(
+        tenant=tenant,
+        name="Demo: baseline vs optimized",
+        defaults={
+            "description": "Plain PyTorch training against dynamic batching + bf16 + checkpointing.",
+            "cost_model": cost_model,
+            "status": Experiment.Status.ACTIVE,
+            "target_steps": 100_000,
+        },
+    )
+    for name, yaml_text, is_control in (
+        ("pytorch-baseline", CONTROL_STRATEGY, True),
+        ("costlab-optimized", OPTIMIZED_STRATEGY, False),
+    ):
+        Arm.objects.get_or_create(
+            experiment=experiment,
+            name=name,
+            defaults={
+                "strategy_yaml": yaml_text,
+                "strategy_sha256": strategy_sha256(yaml_text),
+                "is_control": is_control,
+            },
+        )
+
+    User = get_user_model()
+    password = None
+    user = User.objects.filter(username=admin_username).first()
+    if user is None:
+        password = secrets.token_urlsafe(12)
+        user = User.objects.create_superuser(username=admin_username, email=admin_email, password=password)
+    Membership.objects.get_or_create(user=user, tenant=tenant, defaults={"role": Membership.Role.ADMIN})
+    return DemoSeedResult(tenant=tenant, pricing_table=table, admin_username=admin_username, admin_password=password)

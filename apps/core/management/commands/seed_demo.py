@@ -1,0 +1,24 @@
+from django.core.management.base import BaseCommand
+
+from apps.core.demo import demo_seed
+
+
+class Command(BaseCommand):
+    help = "Seed example prices, a demo tenant and experiment, and an admin user (idempotent)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--admin-username", default="admin")
+
+    def handle(self, *args, admin_username: str, **options):
+        result = demo_seed(admin_username=admin_username)
+        self.stdout.write(f"Demo tenant: {result.tenant.slug}; pricing: {result.pricing_table}")
+        if result.admin_password:
+            self.stdout.write(self.style.SUCCESS(
+                f"Admin user created: {result.admin_username} / password: {result.admin_password}  "
+                "(shown once; change it with: manage.py changepassword)"
+            ))
+        else:
+            self.stdout.write(
+                f"Admin user '{result.admin_username}' already exists; password unchanged "
+                f"(reset it with: manage.py changepassword {result.admin_username})."
+            )

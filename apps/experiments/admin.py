@@ -1,0 +1,44 @@
+from django.contrib import admin
+
+from apps.experiments.models import Arm, Experiment, Run
+
+
+class ArmInline(admin.TabularInline):
+    model = Arm
+    extra = 0
+    fields = ["name", "is_control", "weight", "state", "revision", "strategy_sha256"]
+    readonly_fields = ["strategy_sha256", "state"]
+    show_change_link = True
+
+
+@admin.register(Experiment)
+class ExperimentAdmin(admin.ModelAdmin):
+    list_display = ["name", "tenant", "status", "cost_model", "freeze_threshold", "attribution_interval_s"]
+    list_filter = ["status", "tenant"]
+    search_fields = ["name", "tenant__name"]
+    list_select_related = ["tenant", "cost_model"]
+    inlines = [ArmInline]
+
+
+@admin.register(Arm)
+class ArmAdmin(admin.ModelAdmin):
+    list_display = ["name", "experiment", "is_control", "state", "weight", "revision"]
+    list_filter = ["state", "is_control"]
+    search_fields = ["name", "experiment__name"]
+    readonly_fields = ["strategy_sha256", "state"]
+    list_select_related = ["experiment"]
+
+
+@admin.register(Run)
+class RunAdmin(admin.ModelAdmin):
+    list_display = [
+        "id", "experiment", "arm", "status", "kind", "attempts", "steps", "tokens", "cost_usd", "queued_at",
+    ]
+    list_filter = ["status", "kind", "queue"]
+    search_fields = ["id", "git_sha", "experiment__name", "arm__name"]
+    list_select_related = ["experiment", "arm"]
+    date_hierarchy = "queued_at"
+    readonly_fields = [f.name for f in Run._meta.fields if f.name not in ("cancel_requested",)]
+
+    def has_add_permission(self, request):
+        return False  # runs are submitted through the API, which checks quotas

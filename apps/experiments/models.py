@@ -1,0 +1,196 @@
+"""Experiments, their arms (training strategies) and the runs that train them."""
+
+from decimal import Decimal
+
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+from apps.core.models import TimeStampedModel
+from apps.pricing.models import CostModel, GpuSku, PricingTable
+from apps.tenants.models import Tenant
+
+
+class Experiment(TimeStampedModel):
+    class Status(models.TextChoices):
+        DRAFT = "draft", "Draft"
+        ACTIVE = "active", "Active"
+        COMPLETED = "completed", "Completed"
+
+    class FreezePolicy(models.TextChoices):
+        LET_FINISH = "let_finish", "Let running runs finish"
+        CANCEL = "cancel", "Cancel running runs"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="experiments")
+    name = models.CharField(max_length=120)
+    description = models.TextField(blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.DRAFT)
+    cost_model = models.ForeignKey(CostModel, on_delete=models.PROTECT, related_name="experiments")
+    pricing_table = models.ForeignKey(
+        PricingTable,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="experiments",
+        help_text="Pin one table; empty = the tenant's table valid when each sample was taken.",
+    )
+    freeze_threshold = models.DecimalField(
+        max_digits=6,
+        decimal_places=4,
+        default=Decimal("0.05"),
+        validators=[MinValueValidator(Decimal("0.0001"))],
+        help_text="Relative cost deviation from the control above which an arm may be frozen (0.05 = 5 %).",
+    )
+    attribution_interval_s = models.PositiveIntegerField(
+        default=30, validators=[MinValueValidator(5)], help_text="Seconds between attribution ticks."
+    )
+    min_runs_per_arm = models.PositiveIntegerField(default=3, help_text="Evidence needed before a freeze.")
+    min_samples_per_arm = models.PositiveIntegerField(default=30, help_text="Evidence needed before a freeze.")
+    alpha = models.DecimalField(
+        max_digits=5,
+        decimal_places=4,
+        default=Decimal("0.05"),
+        validators=[MinValueValidator(Decimal("0.0001")), MaxValueValidator(Decimal("0.5"))],
+        help_text="False-freeze rate bound of the always-valid confidence sequence.",
+    )
+    freeze_policy = models.CharField(max_length=16, choices=FreezePolicy.choices, default=FreezePolicy.LET_FINISH)
+    dynamic_weights = models.BooleanField(default=True, help_text="Shift traffic toward cheaper arms.")
+    target_steps = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Steps to project cost and completion time to (design document: 100k)."
+    )
+
+    class Meta:
+        ordering = ["tenant", "-created_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="experiment_unique_tenant_name"),
+            models.CheckConstraint(condition=Q(freeze_threshold__gt=0), name="experiment_threshold_positive"),
+            models.CheckConstraint(condition=Q(attribution_interval_s__gte=5), name="experiment_interval_min"),
+            models.CheckConstraint(condition=Q(alpha__gt=0) & Q(alpha__lt=1), name="experiment_alpha_range"),
+        ]
+        indexes = [models.Index(fields=["status"], name="experiment_status_idx")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Arm(TimeStampedModel):
+    """One A/B group: a training strategy (YAML) and its share of traffic."""
+
+    class State(models.TextChoices):
+        ACTIVE = "active", "Active"
+        FROZEN = "frozen", "Frozen"
+
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="arms")
+    name = models.CharField(max_length=80)
+    strategy_yaml = models.TextField()
+    strategy_sha256 = models.CharField(max_length=64, editable=False)
+    weight = models.DecimalField(
+        max_digits=7,
+        decimal_places=4,
+        default=Decimal("1"),
+        validators=[MinValueValidator(Decimal("0"))],
+        help_text="Relative traffic weight (>= 0); a frozen arm has weight 0.",
+    )
+    is_control = models.BooleanField(default=False)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.ACTIVE)
+    revision = models.PositiveIntegerField(default=1)
+
+    class Meta:
+        ordering = ["experiment", "-is_control", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["experiment", "name"], name="arm_unique_experiment_name"),
+            models.UniqueConstraint(
+                fields=["experiment"], condition=Q(is_control=True), name="arm_one_control_per_experiment"
+            ),
+            models.CheckConstraint(condition=Q(weight__gte=0), name="arm_weight_non_negative"),
+            models.CheckConstraint(
+                condition=~Q(state="frozen") | Q(weight=0), name="arm_frozen_has_zero_weight"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.experiment.name}/{self.name}"
+
+    def save(self, *args, **kwargs):
+        # The hash is derived from the text: keep them from drifting apart.
+        from apps.experiments.services import strategy_sha256
+
+        self.strategy_sha256 = strategy_sha256(self.strategy_yaml)
+        super().save(*args, **kwargs)
+
+
+class Run(TimeStampedModel):
+    """One training run of an arm. Its row, not the queue, says what happened to it."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", "Queued"
+        RUNNING = "running", "Running"
+        SUCCEEDED = "succeeded", "Succeeded"
+        FAILED = "failed", "Failed"
+        CANCELLED = "cancelled", "Cancelled"
+        LOST = "lost", "Lost"
+
+    class Kind(models.TextChoices):
+        WORKER = "worker", "Trained by a costlab worker"
+        EXTERNAL = "external", "Trained elsewhere; telemetry sent over HTTP"
+
+    ACTIVE_STATUSES = (Status.QUEUED, Status.RUNNING)
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="runs")
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="runs")
+    arm = models.ForeignKey(Arm, on_delete=models.PROTECT, related_name="runs")
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.WORKER)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    queue = models.CharField(max_length=32, default="cpu")
+    run_key = models.CharField(
+        max_length=120, blank=True, default="", help_text="Client key: a retried submission returns the same run."
+    )
+    cancel_requested = models.BooleanField(default=False)
+
+    # What ran, and on what.
+    config_yaml = models.TextField()
+    config_sha256 = models.CharField(max_length=64)
+    git_sha = models.CharField(max_length=40, blank=True, default="")
+    dataset_sha256 = models.CharField(max_length=64, blank=True, default="")
+    host = models.CharField(max_length=255, blank=True, default="")
+    device = models.CharField(max_length=120, blank=True, default="")
+    gpu_sku = models.ForeignKey(GpuSku, on_delete=models.PROTECT, null=True, blank=True, related_name="runs")
+    gpu_count = models.PositiveIntegerField(default=1)
+
+    # Lease: a worker holds the run while its heartbeat keeps the lease fresh.
+    lease_owner = models.CharField(max_length=255, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=3)
+    error = models.TextField(blank=True, default="")
+    queued_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    # Running totals, updated as telemetry lands.
+    last_seq = models.BigIntegerField(default=-1)
+    steps = models.BigIntegerField(default=0)
+    tokens = models.BigIntegerField(default=0)
+    device_seconds = models.FloatField(default=0.0)
+    energy_j = models.FloatField(default=0.0)
+    energy_estimated = models.BooleanField(default=False)
+    cost_usd = models.DecimalField(max_digits=16, decimal_places=6, default=Decimal("0"))
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["experiment", "run_key"], condition=~Q(run_key=""), name="run_unique_experiment_run_key"
+            ),
+            models.CheckConstraint(condition=Q(attempts__lte=models.F("max_attempts") + 1), name="run_attempts_bounded"),
+            models.CheckConstraint(condition=Q(tokens__gte=0) & Q(steps__gte=0), name="run_totals_non_negative"),
+        ]
+        indexes = [
+            models.Index(fields=["tenant", "status"], name="run_tenant_status_idx"),
+            models.Index(fields=["arm", "status"], name="run_arm_status_idx"),
+            models.Index(fields=["status", "lease_expires_at"], name="run_status_lease_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.pk} ({self.status})"

@@ -1,0 +1,164 @@
+"""What resources cost: GPU SKUs, dated pricing tables, and cost models."""
+
+from decimal import Decimal
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+from apps.core.models import TimeStampedModel
+from apps.tenants.models import Tenant
+
+NON_NEGATIVE = [MinValueValidator(Decimal("0"))]
+
+
+def _money(**kwargs) -> models.DecimalField:
+    return models.DecimalField(max_digits=14, decimal_places=6, validators=NON_NEGATIVE, **kwargs)
+
+
+class GpuSku(TimeStampedModel):
+    """An accelerator model that can be priced (e.g. NVIDIA H100 SXM 80GB)."""
+
+    name = models.CharField(max_length=80, unique=True)
+    vendor = models.CharField(max_length=40, default="NVIDIA")
+    memory_gb = models.PositiveIntegerField()
+    tdp_w = models.PositiveIntegerField(help_text="Board power limit (W).")
+    peak_bf16_tflops = models.DecimalField(
+        max_digits=8, decimal_places=1, validators=NON_NEGATIVE, help_text="Dense BF16 peak (TFLOPS), for MFU."
+    )
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name = "GPU SKU"
+        constraints = [
+            models.CheckConstraint(condition=Q(peak_bf16_tflops__gte=0), name="gpusku_peak_non_negative"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class PricingTable(TimeStampedModel):
+    """Prices in force for one tenant from `valid_from` until the next table starts."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="pricing_tables")
+    name = models.CharField(max_length=120)
+    currency = models.CharField(max_length=3, default="USD")
+    valid_from = models.DateTimeField()
+    electricity_usd_per_kwh = _money(help_text="Electricity price (USD/kWh).")
+    pue = models.DecimalField(
+        max_digits=4,
+        decimal_places=2,
+        default=Decimal("1.20"),
+        validators=[MinValueValidator(Decimal("1"))],
+        help_text="Power usage effectiveness of the facility (>= 1.0).",
+    )
+    vcpu_hour_usd = _money(default=Decimal("0"), help_text="Price per vCPU-hour (USD).")
+    memory_gb_hour_usd = _money(default=Decimal("0"), help_text="Price per GB-hour of host memory (USD).")
+    is_example = models.BooleanField(
+        default=False, help_text="Example prices seeded for a demo; not a quote from any provider."
+    )
+    notes = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["tenant", "-valid_from"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "valid_from"], name="pricingtable_unique_tenant_valid_from"),
+            models.CheckConstraint(condition=Q(electricity_usd_per_kwh__gte=0), name="pricingtable_kwh_non_negative"),
+            models.CheckConstraint(condition=Q(vcpu_hour_usd__gte=0), name="pricingtable_vcpu_non_negative"),
+            models.CheckConstraint(condition=Q(memory_gb_hour_usd__gte=0), name="pricingtable_mem_non_negative"),
+            models.CheckConstraint(condition=Q(pue__gte=1), name="pricingtable_pue_at_least_one"),
+        ]
+
+    def __str__(self) -> str:
+        label = " (example prices)" if self.is_example else ""
+        return f"{self.name}{label} from {self.valid_from:%Y-%m-%d}"
+
+
+class GpuPrice(models.Model):
+    pricing_table = models.ForeignKey(PricingTable, on_delete=models.CASCADE, related_name="gpu_prices")
+    sku = models.ForeignKey(GpuSku, on_delete=models.PROTECT, related_name="prices")
+    hourly_usd = _money(help_text="Price per GPU-hour (USD).")
+
+    class Meta:
+        verbose_name = "GPU price"
+        constraints = [
+            models.UniqueConstraint(fields=["pricing_table", "sku"], name="gpuprice_unique_table_sku"),
+            models.CheckConstraint(condition=Q(hourly_usd__gte=0), name="gpuprice_hourly_non_negative"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.sku}: {self.hourly_usd} USD/h"
+
+
+class CostModel(TimeStampedModel):
+    """How resource use becomes money; formulas live in apps.pricing.cost_engine."""
+
+    class Kind(models.TextChoices):
+        RESOURCE_WEIGHTED = "resource_weighted", "Resource weighted"
+        TIERED_PER_CALL = "tiered_per_call", "Tiered per unit of work"
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="cost_models")
+    name = models.CharField(max_length=120)
+    kind = models.CharField(max_length=32, choices=Kind.choices, default=Kind.RESOURCE_WEIGHTED)
+    gpu_weight = models.DecimalField(max_digits=8, decimal_places=4, default=Decimal("1"), validators=NON_NEGATIVE)
+    energy_weight = models.DecimalField(
+        max_digits=8, decimal_places=4, default=Decimal("1"), validators=NON_NEGATIVE
+    )
+    cpu_weight = models.DecimalField(max_digits=8, decimal_places=4, default=Decimal("1"), validators=NON_NEGATIVE)
+    memory_weight = models.DecimalField(
+        max_digits=8, decimal_places=4, default=Decimal("1"), validators=NON_NEGATIVE
+    )
+    unit = models.CharField(
+        max_length=16, default="token", help_text="Unit of work priced by tiered_per_call (token, step, sample)."
+    )
+    tiers = models.JSONField(
+        default=list,
+        blank=True,
+        help_text='tiered_per_call only: [{"up_to": 1000000, "usd_per_unit": "0.000002"}, '
+        '{"up_to": null, "usd_per_unit": "0.000001"}] in ascending order; the last tier is open.',
+    )
+
+    class Meta:
+        ordering = ["tenant", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "name"], name="costmodel_unique_tenant_name"),
+            models.CheckConstraint(
+                condition=Q(gpu_weight__gte=0) & Q(energy_weight__gte=0) & Q(cpu_weight__gte=0)
+                & Q(memory_weight__gte=0),
+                name="costmodel_weights_non_negative",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.get_kind_display()})"
+
+    def clean(self) -> None:
+        if self.kind == self.Kind.TIERED_PER_CALL:
+            validate_tiers(self.tiers)
+
+
+def validate_tiers(tiers) -> None:
+    """Tiers: a non-empty ascending list; every price >= 0; only the last tier is open."""
+    if not isinstance(tiers, list) or not tiers:
+        raise ValidationError({"tiers": "tiered_per_call needs at least one tier: a list of {up_to, usd_per_unit}."})
+    previous = 0
+    for i, tier in enumerate(tiers):
+        if not isinstance(tier, dict) or set(tier) != {"up_to", "usd_per_unit"}:
+            raise ValidationError({"tiers": f"tier {i}: expected exactly the keys up_to and usd_per_unit."})
+        try:
+            price = Decimal(str(tier["usd_per_unit"]))
+        except Exception:
+            raise ValidationError({"tiers": f"tier {i}: usd_per_unit is not a number."}) from None
+        if price < 0:
+            raise ValidationError({"tiers": f"tier {i}: usd_per_unit must be >= 0."})
+        up_to = tier["up_to"]
+        last = i == len(tiers) - 1
+        if up_to is None:
+            if not last:
+                raise ValidationError({"tiers": f"tier {i}: only the last tier may be open (up_to null)."})
+            continue
+        if not isinstance(up_to, int) or isinstance(up_to, bool) or up_to <= previous:
+            raise ValidationError({"tiers": f"tier {i}: up_to must be an integer above {previous}."})
+        previous = up_to

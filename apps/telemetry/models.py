@@ -1,0 +1,39 @@
+from django.db import models
+
+from apps.experiments.models import Run
+
+
+class TelemetrySample(models.Model):
+    """One telemetry reading of a run. At-least-once delivery, stored once per (run, seq)."""
+
+    id = models.BigAutoField(primary_key=True)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="samples")
+    seq = models.BigIntegerField()
+    ts = models.DateTimeField()
+    step = models.BigIntegerField(default=0)
+    device = models.CharField(max_length=120, blank=True, default="")
+    util_pct = models.FloatField(null=True, blank=True, help_text="Device utilization (%).")
+    mem_used_mb = models.FloatField(null=True, blank=True)
+    mem_total_mb = models.FloatField(null=True, blank=True)
+    power_w = models.FloatField(null=True, blank=True)
+    energy_j = models.FloatField(null=True, blank=True, help_text="Cumulative energy since run start (J).")
+    step_time_s = models.FloatField(null=True, blank=True)
+    tokens = models.BigIntegerField(default=0, help_text="Cumulative tokens since run start.")
+    tokens_per_s = models.FloatField(null=True, blank=True)
+    micro_batch = models.IntegerField(null=True, blank=True)
+    loss = models.FloatField(null=True, blank=True)
+    overlap_ratio = models.FloatField(null=True, blank=True)
+    mfu = models.FloatField(null=True, blank=True)
+    sm_clock_mhz = models.FloatField(null=True, blank=True)
+    temperature_c = models.FloatField(null=True, blank=True)
+    estimated = models.BooleanField(default=False, help_text="Power and energy were modelled, not measured.")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "seq"], name="sample_unique_run_seq"),
+            models.CheckConstraint(condition=models.Q(seq__gte=0), name="sample_seq_non_negative"),
+        ]
+        indexes = [models.Index(fields=["run", "ts"], name="sample_run_ts_idx")]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} #{self.seq}"

@@ -1,0 +1,61 @@
+from decimal import Decimal
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+from apps.core.models import TimeStampedModel
+
+
+class Tenant(TimeStampedModel):
+    """A team. Every experiment, run and pricing table belongs to exactly one tenant."""
+
+    name = models.CharField(max_length=120)
+    slug = models.SlugField(max_length=60, unique=True)
+    max_concurrent_runs = models.PositiveIntegerField(
+        default=4, help_text="Runs queued or running at once; further submissions are refused."
+    )
+    gpu_memory_fraction = models.DecimalField(
+        max_digits=4,
+        decimal_places=3,
+        default=Decimal("1.000"),
+        validators=[MinValueValidator(Decimal("0.001")), MaxValueValidator(Decimal("1"))],
+        help_text="Share of one GPU's memory a single job may allocate (0-1].",
+    )
+    monthly_budget_usd = models.DecimalField(
+        max_digits=14,
+        decimal_places=2,
+        default=Decimal("1000.00"),
+        validators=[MinValueValidator(Decimal("0"))],
+        help_text="Spend per calendar month (USD) beyond which submissions are refused.",
+    )
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(gpu_memory_fraction__gt=0) & Q(gpu_memory_fraction__lte=1),
+                name="tenant_gpu_memory_fraction_range",
+            ),
+            models.CheckConstraint(condition=Q(monthly_budget_usd__gte=0), name="tenant_budget_non_negative"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Membership(TimeStampedModel):
+    class Role(models.TextChoices):
+        MEMBER = "member", "Member"
+        ADMIN = "admin", "Admin"
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="membership_unique_user_tenant")]
+
+    def __str__(self) -> str:
+        return f"{self.user} @ {self.tenant} ({self.role})"

@@ -1,0 +1,5 @@
+"""costlab Django project."""
+
+from config.celery_app import app as celery_app
+
+__all__ = ("celery_app",)

@@ -1,0 +1,12 @@
+from django.contrib import admin
+from django.urls import path
+
+from apps.core.views import healthz
+
+admin.site.site_header = "costlab administration"
+admin.site.site_title = "costlab admin"
+
+urlpatterns = [
+    path("healthz", healthz, name="healthz"),
+    path("admin/", admin.site.urls),
+]

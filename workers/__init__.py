@@ -1,0 +1,1 @@
+"""Celery tasks: thin entry points that call app services and gpu_runtime."""
