@@ -33,6 +33,9 @@ class AttributionSnapshot(models.Model):
         ordering = ["-computed_at"]
         indexes = [models.Index(fields=["experiment", "computed_at"], name="snapshot_exp_time_idx")]
 
+    def __str__(self) -> str:
+        return f"{self.arm} at {self.computed_at:%Y-%m-%d %H:%M:%S}"
+
 
 class FreezeEvent(models.Model):
     class Action(models.TextChoices):
@@ -67,3 +70,6 @@ class WeightChange(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.arm}: {self.old_weight} -> {self.new_weight}"

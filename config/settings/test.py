@@ -35,3 +35,4 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 USING_POSTGRES = DATABASES["default"]["ENGINE"].startswith("django.db.backends.postgresql")
 DATABASES["default"]["CONN_MAX_AGE"] = 0
+WHITENOISE_USE_FINDERS = True

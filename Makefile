@@ -1,0 +1,44 @@
+# costlab: `make run` starts everything, `make test` runs the whole suite.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip
+DEPS   := pyproject.toml constraints.txt
+
+.PHONY: run test lint install install-dev migrate seed clean
+
+$(BIN)/python:
+	$(PYTHON) -c 'import sys; sys.exit("costlab needs Python >= 3.11, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python $(DEPS)
+	$(PIP) install -q -c constraints.txt -e .
+	@touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed $(DEPS)
+	$(PIP) install -q -c constraints.txt -e '.[dev]'
+	@touch $@
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+migrate: install
+	$(BIN)/python manage.py migrate --noinput
+
+seed: migrate
+	$(BIN)/python manage.py seed_demo
+
+## Start web, one Celery worker and beat on the embedded default (or DATABASE_URL / REDIS_URL).
+run: seed
+	@bash platform/run-local.sh
+
+## The whole suite. Postgres/Redis when reachable, else SQLite (service tests skip; CI=true fails instead).
+test: install-dev
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: install-dev
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf var .pytest_cache .ruff_cache

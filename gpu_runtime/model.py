@@ -1,0 +1,186 @@
+"""A LLaMA-style decoder: RMSNorm, rotary embeddings, SwiGLU, SDPA attention.
+
+Only the model lives here (nanoGPT's rule): a dataclass of shapes, the modules, and
+the parameter and FLOP counts that follow from the shapes. No I/O, no loop.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+BYTE_VOCAB = 256
+BOS, EOS, PAD = 256, 257, 258
+VOCAB_SIZE = 320  # 256 bytes + 3 specials, padded to a multiple of 64 for tensor-core shapes
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    dim: int
+    n_layers: int
+    n_heads: int
+    hidden_dim: int
+    n_kv_heads: int | None = None  # None: multi-head; fewer than n_heads: grouped-query attention
+    vocab_size: int = VOCAB_SIZE
+    max_seq_len: int = 256
+    norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    def num_params(self, *, embedding: bool = True) -> int:
+        """Parameter count from the shapes alone (a 7B model need not be built to be counted)."""
+        d, kv = self.dim, self.kv_heads * self.head_dim
+        attn = 2 * d * d + 2 * d * kv
+        mlp = 3 * d * self.hidden_dim
+        per_block = attn + mlp + 2 * d
+        total = self.n_layers * per_block + d + self.vocab_size * d  # blocks, final norm, output head
+        return total + (self.vocab_size * d if embedding else 0)
+
+    def flops_per_token(self, seq_len: int) -> int:
+        """Training FLOPs per token: 6N + 12*L*d*T (PaLM, appendix B), N without the embedding table."""
+        return 6 * self.num_params(embedding=False) + 12 * self.n_layers * self.dim * seq_len
+
+
+PRESETS: dict[str, ModelArgs] = {
+    "tiny": ModelArgs(dim=256, n_layers=4, n_heads=4, hidden_dim=1024),
+    "small": ModelArgs(dim=512, n_layers=8, n_heads=8, hidden_dim=1408),
+    "125m": ModelArgs(dim=768, n_layers=12, n_heads=12, hidden_dim=3584),
+    "350m": ModelArgs(dim=1024, n_layers=24, n_heads=16, hidden_dim=3328),
+    "1b": ModelArgs(dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, hidden_dim=5632),  # TinyLlama-1.1B shapes
+    "7b": ModelArgs(dim=4096, n_layers=32, n_heads=32, hidden_dim=11008),  # LLaMA-7B shapes
+}
+
+
+def preset_args(preset: str, seq_len: int) -> ModelArgs:
+    base = PRESETS[preset]
+    return ModelArgs(**{**base.__dict__, "max_seq_len": seq_len})
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalise in fp32 whatever the storage dtype; half-precision sums of squares overflow.
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+
+def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs (x[2i], x[2i+1]) of x (B, H, T, hd) by the position's angles, in fp32."""
+    xf = x.float().unflatten(-1, (-1, 2))
+    x0, x1 = xf[..., 0], xf[..., 1]
+    cos, sin = cos[: x.shape[-2]], sin[: x.shape[-2]]
+    out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
+    return out.flatten(-2).type_as(x)
+
+
+QkvFn = Callable[[torch.Tensor, RMSNorm, "Attention"], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.kv_heads, args.head_dim
+        self.q_proj = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
+        self.k_proj = nn.Linear(args.dim, self.n_kv_heads * args.head_dim, bias=False)
+        self.v_proj = nn.Linear(args.dim, self.n_kv_heads * args.head_dim, bias=False)
+        self.o_proj = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+        # A fused RMSNorm+QKV implementation (x, norm, attn) -> (q, k, v) may be installed here.
+        self.qkv_fn: QkvFn | None = None
+
+    def norm_qkv(self, x: torch.Tensor, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of norm(x), each (B, T, features): the one place a fused kernel replaces."""
+        if self.qkv_fn is not None:
+            return self.qkv_fn(x, norm, self)
+        h = norm(x)
+        return self.q_proj(h), self.k_proj(h), self.v_proj(h)
+
+    def forward(self, x: torch.Tensor, norm: RMSNorm, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        q, k, v = self.norm_qkv(x, norm)
+        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.gate_proj = nn.Linear(args.dim, args.hidden_dim, bias=False)
+        self.up_proj = nn.Linear(args.dim, args.hidden_dim, bias=False)
+        self.down_proj = nn.Linear(args.hidden_dim, args.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.attn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.attn = Attention(args)
+        self.mlp_norm = RMSNorm(args.dim, args.norm_eps)
+        self.mlp = FeedForward(args)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(x, self.attn_norm, cos, sin)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.blocks = nn.ModuleList(Block(args) for _ in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.apply(self._init_weights)
+        # GPT-2: scale the projections that write into the residual stream by depth.
+        for name, p in self.named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * args.n_layers))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear | nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        """Logits (B, T, vocab) and, with targets, the mean next-token cross-entropy in fp32."""
+        x = self.tok_embeddings(idx)
+        for block in self.blocks:
+            x = block(x, self.rope_cos, self.rope_sin)
+        logits = self.output(self.norm(x))
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        return logits, loss

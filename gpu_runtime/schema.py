@@ -1,0 +1,260 @@
+"""The strategy schema: every key of a strategy YAML, its default and its unit.
+
+Imports no torch, so the web side can validate a strategy without loading the runtime.
+Hardware-dependent checks (a dtype the device cannot run) live in ``capability``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
+
+from gpu_runtime.errors import DOCUMENT_KEY, StrategyError
+from gpu_runtime.yaml_loader import read_strategy_yaml
+
+PRESETS = ("tiny", "small", "125m", "350m", "1b", "7b")
+DTYPES = ("fp32", "bf16", "fp16")
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _yaml_float(value: Any) -> Any:
+    # YAML 1.1 reads `3e-4` (no dot) as a string; accept it as the number it plainly is.
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+Float = Annotated[float, BeforeValidator(_yaml_float)]
+Dtype = Literal["fp32", "bf16", "fp16"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
+
+
+class ModelSection(_Section):
+    family: Literal["llama"] = Field("llama", description="Architecture family: a LLaMA-style decoder.")
+    preset: Literal["tiny", "small", "125m", "350m", "1b", "7b"] = Field(
+        "tiny", description="Model size: tiny ~4M, small ~25M parameters; 125m/350m/1b/7b follow the public shapes.")
+    seq_len: int = Field(256, ge=8, le=32768, description="Context length in tokens (bytes).")
+
+
+class DataSection(_Section):
+    source: Literal["text", "jsonl", "synthetic"] = Field(
+        "synthetic", description="text: a glob of local text files; jsonl: Alpaca records; synthetic: generated from the seed.")
+    path: str | None = Field(None, description="Glob of local files (text, jsonl); relative to the working directory.")
+    pin_memory: bool = Field(True, description="Stage batches in pinned host memory (CUDA only).")
+    prefetch: int = Field(2, ge=0, le=64, description="Batches loaded ahead by a background thread; 0 loads inline.")
+
+    @model_validator(mode="after")
+    def _path_for_files(self) -> DataSection:
+        if self.source != "synthetic" and not self.path:
+            raise PydanticCustomError("missing_path", "a path (glob) is required when source is {source}",
+                                      {"field": "path", "source": self.source})
+        return self
+
+
+class TrainSection(_Section):
+    steps: int = Field(200, ge=1, le=10_000_000, description="Optimizer steps; also the LR schedule's length.")
+    global_batch: int = Field(8, ge=1, le=65536, description="Sequences per optimizer step (reached by accumulation).")
+    micro_batch: int | None = Field(
+        None, ge=1, description="Sequences per forward/backward when dynamic batching is off; unset = global_batch.")
+    lr: Float = Field(3.0e-4, gt=0, le=1.0, description="Peak learning rate (per step).")
+    min_lr_ratio: Float = Field(0.1, ge=0, le=1.0, description="Final LR as a fraction of the peak (cosine floor).")
+    warmup_steps: int = Field(10, ge=0, description="Linear warmup length in steps.")
+    grad_clip: Float = Field(1.0, ge=0, description="Max global gradient L2 norm; 0 disables clipping.")
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="Seed for initialisation and data order.")
+    deterministic: bool = Field(False, description="Ask torch for deterministic algorithms (slower on CUDA).")
+    checkpoint_every: int = Field(0, ge=0, description="Save a checkpoint every N steps (0: only at the end).")
+
+
+class DynamicBatchingSection(_Section):
+    enabled: bool = Field(False, description="Adapt the micro-batch to gradient statistics (BatchScaler).")
+    min_micro_batch: int = Field(4, ge=1, description="Smallest micro-batch in sequences.")
+    max_micro_batch: int = Field(64, ge=1, description="Largest micro-batch in sequences.")
+    stability_window: int = Field(128, ge=1, description="Steps between two micro-batch changes, at least.")
+    policy: Literal["noise_scale", "grad_variance"] = Field(
+        "noise_scale", description="noise_scale: gradient noise scale B_simple; grad_variance: tanh of gradient-norm variance.")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> DynamicBatchingSection:
+        if self.min_micro_batch > self.max_micro_batch:
+            raise PydanticCustomError(
+                "min_gt_max", "min_micro_batch ({min}) is larger than max_micro_batch ({max})",
+                {"field": "min_micro_batch", "min": self.min_micro_batch, "max": self.max_micro_batch})
+        return self
+
+
+class OptimizerSection(_Section):
+    name: Literal["adamw"] = Field("adamw", description="Optimizer: AdamW.")
+    weight_decay: Float = Field(0.1, ge=0, description="Decoupled weight decay on matrices (not norms).")
+    beta1: Float = Field(0.9, ge=0, lt=1, description="AdamW first-moment decay.")
+    beta2: Float = Field(0.95, ge=0, lt=1, description="AdamW second-moment decay.")
+    dynamic_batching: DynamicBatchingSection = Field(default_factory=DynamicBatchingSection)
+
+
+class QuantizationSection(_Section):
+    enabled: bool = Field(False, description="Freeze target_modules' weights in int8 and train adapters.")
+    target_modules: list[Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]] = Field(
+        default_factory=lambda: ["q_proj", "v_proj", "o_proj"], min_length=1, description="Projection names to quantize.")
+    weight_bits: Literal[8] = Field(8, description="Weight bits; int8 only.")
+    adapter_rank: int = Field(8, ge=1, le=1024, description="LoRA adapter rank trained beside each frozen weight.")
+    trainable: Literal["adapters", "full"] = Field("adapters", description="What trains: adapters (full is refused).")
+
+    @model_validator(mode="after")
+    def _no_full_finetune(self) -> QuantizationSection:
+        if self.enabled and self.trainable == "full":
+            raise PydanticCustomError(
+                "quantized_full_finetune",
+                "full fine-tuning of int8-quantized modules ({modules}) is not possible: their weights are frozen; "
+                "use trainable: adapters or disable quantization",
+                {"field": "trainable", "modules": ", ".join(self.target_modules)})
+        return self
+
+
+class PrecisionSection(_Section):
+    compute_dtype: Dtype = Field("fp32", description="Matmul dtype through torch.autocast: fp32, bf16 or fp16.")
+    storage_dtype: Dtype = Field("fp32", description="Parameter dtype; below fp32 the optimizer keeps fp32 master weights.")
+    quantization: QuantizationSection = Field(default_factory=QuantizationSection)
+
+    @model_validator(mode="after")
+    def _storage_not_narrower_than_fp32_compute(self) -> PrecisionSection:
+        if self.compute_dtype == "fp32" and self.storage_dtype != "fp32":
+            raise PydanticCustomError(
+                "storage_below_compute",
+                "storage_dtype {storage} with compute_dtype fp32 would compute in {storage}; "
+                "set compute_dtype to bf16/fp16 or storage_dtype to fp32",
+                {"field": "storage_dtype", "storage": self.storage_dtype})
+        return self
+
+
+class OffloadSection(_Section):
+    embedding: Literal["none", "cpu", "npu"] = Field("none", description="Where the embedding table lives: none (with the model), cpu, npu.")
+    mmap: bool = Field(False, description="Load persisted tensors (checkpoints) memory-mapped instead of copying.")
+
+
+class GradientCheckpointingSection(_Section):
+    enabled: bool = Field(False, description="Recompute block activations in backward instead of storing them.")
+    every_n_blocks: int = Field(1, ge=1, description="Checkpoint one block in every N.")
+
+
+class MemorySection(_Section):
+    gradient_checkpointing: GradientCheckpointingSection = Field(default_factory=GradientCheckpointingSection)
+
+
+class KernelsSection(_Section):
+    fused_rmsnorm_qkv: bool = Field(False, description="Fuse RMSNorm and the q/k/v projections (Triton on CUDA).")
+    compile: bool = Field(False, description="Wrap the model in torch.compile.")
+
+
+class PlacementSection(_Section):
+    strategy: Literal["round_robin", "topology_aware"] = Field(
+        "topology_aware", description="How a multi-GPU job picks its GPUs.")
+    gpus: int = Field(1, ge=1, le=1024, description="GPUs per job.")
+
+
+class TelemetrySection(_Section):
+    enabled: bool = Field(True, description="Run the sampler thread (off only for overhead measurements).")
+    interval_s: Float = Field(1.0, ge=0.01, le=3600, description="Seconds between telemetry samples.")
+    cpu_tdp_w: Float = Field(65.0, gt=0, le=2000, description="CPU power in watts at 100 % utilisation, for modelled energy.")
+    peak_flops: Float | None = Field(
+        None, gt=0, description="Device dense peak in FLOP/s for MFU; needed on CPU, overrides the GPU table.")
+
+
+class StrategyConfig(_Section):
+    """A whole strategy. Build it with ``load_strategy`` from YAML, or directly from dicts."""
+
+    model: ModelSection = Field(default_factory=ModelSection)
+    data: DataSection = Field(default_factory=DataSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
+    precision: PrecisionSection = Field(default_factory=PrecisionSection)
+    offload: OffloadSection = Field(default_factory=OffloadSection)
+    memory: MemorySection = Field(default_factory=MemorySection)
+    kernels: KernelsSection = Field(default_factory=KernelsSection)
+    placement: PlacementSection = Field(default_factory=PlacementSection)
+    telemetry: TelemetrySection = Field(default_factory=TelemetrySection)
+
+    @model_validator(mode="after")
+    def _batches_fit(self) -> StrategyConfig:
+        gb = self.train.global_batch
+        if self.train.micro_batch is not None and self.train.micro_batch > gb:
+            raise PydanticCustomError("micro_gt_global", "micro_batch ({mb}) is larger than global_batch ({gb})",
+                                      {"field": "train.micro_batch", "mb": self.train.micro_batch, "gb": gb})
+        dyn = self.optimizer.dynamic_batching
+        if dyn.enabled and dyn.min_micro_batch > gb:
+            raise PydanticCustomError(
+                "min_gt_global", "min_micro_batch ({min}) is larger than train.global_batch ({gb})",
+                {"field": "optimizer.dynamic_batching.min_micro_batch", "min": dyn.min_micro_batch, "gb": gb})
+        return self
+
+
+def _dotted(loc: tuple[Any, ...], ctx: dict[str, Any] | None) -> str:
+    parts = [str(p) for p in loc]
+    if ctx and ctx.get("field"):
+        parts.append(str(ctx["field"]))
+    return ".".join(parts) or DOCUMENT_KEY
+
+
+def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
+    model: Any = StrategyConfig
+    for part in loc[:-1]:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        model = field.annotation
+    return sorted(getattr(model, "model_fields", {}))
+
+
+_OWN_ERROR_TYPES = {"missing_path", "min_gt_max", "quantized_full_finetune", "storage_below_compute",
+                    "micro_gt_global", "min_gt_global"}
+
+
+def _message(err: dict[str, Any]) -> str:
+    if err["type"] == "extra_forbidden":
+        allowed = _allowed_keys(tuple(err["loc"]))
+        close = difflib.get_close_matches(str(err["loc"][-1]), allowed, n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        return f"unknown key; {hint}allowed here: {', '.join(allowed)}" if allowed else "unknown key"
+    if err["type"] in _OWN_ERROR_TYPES or err["type"] == "missing" or isinstance(err.get("input"), dict | list):
+        return err["msg"]
+    return f"{err['msg']} (got {err.get('input')!r})"
+
+
+def errors_from_validation(exc: ValidationError) -> list[dict[str, str]]:
+    """Pydantic's errors as ``{"key": dotted.path, "message": reason}``."""
+    return [{"key": _dotted(tuple(e["loc"]), e.get("ctx")), "message": _message(e)} for e in exc.errors()]
+
+
+def strategy_from_dict(data: dict[str, Any]) -> StrategyConfig:
+    """Validate already-parsed data (e.g. a JSON body) into a StrategyConfig."""
+    try:
+        return StrategyConfig.model_validate(data)
+    except ValidationError as exc:
+        raise StrategyError(errors_from_validation(exc)) from None
+
+
+def load_strategy(document: str | bytes) -> StrategyConfig:
+    """Parse and validate a strategy YAML document; raise StrategyError naming each bad key."""
+    return strategy_from_dict(read_strategy_yaml(document))
+
+
+def strategy_json_schema() -> dict[str, Any]:
+    """JSON Schema of a strategy document (for the API and editors)."""
+    schema = StrategyConfig.model_json_schema()
+    schema["title"] = "costlab strategy"
+    return schema
+
+
+def config_sha256(config: StrategyConfig) -> str:
+    """SHA-256 of the config's canonical JSON (sorted keys, defaults filled in)."""
+    canonical = json.dumps(config.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()

@@ -1,0 +1,40 @@
+"""The demo seed labels its prices as examples and can run any number of times."""
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+
+from apps.experiments.models import Arm, Experiment
+from apps.pricing.models import GpuPrice, GpuSku, PricingTable
+from apps.tenants.models import Membership, Tenant
+
+pytestmark = pytest.mark.django_db
+
+MODELS = (Tenant, PricingTable, GpuSku, GpuPrice, Experiment, Arm, Membership, get_user_model())
+
+
+def counts():
+    return {m.__name__: m.objects.count() for m in MODELS}
+
+
+def test_seed_is_idempotent_and_prints_a_generated_password_once(capsys):
+    call_command("seed_demo")
+    first_out = capsys.readouterr().out
+    after_first = counts()
+    call_command("seed_demo")
+    second_out = capsys.readouterr().out
+    assert counts() == after_first
+    assert all(n >= 1 for n in after_first.values())
+
+    assert "password:" in first_out and "password:" not in second_out
+    password = first_out.split("password:")[1].split()[0]
+    assert len(password) >= 12
+    assert get_user_model().objects.get(username="admin").check_password(password)
+
+
+def test_seeded_prices_are_labelled_example():
+    call_command("seed_demo")
+    table = PricingTable.objects.get()
+    assert table.is_example and "EXAMPLE" in table.notes
+    assert "example" in str(table).lower()
+    assert Arm.objects.filter(is_control=True).count() == 1

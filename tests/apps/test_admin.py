@@ -1,0 +1,111 @@
+"""Staff keep pricing in the admin: pages load, bad prices get a field error, nothing half-saves."""
+
+from decimal import Decimal
+
+import pytest
+from django.contrib import admin
+from django.urls import reverse
+
+from apps.pricing.models import GpuPrice, PricingTable
+from tests.factories import (
+    ArmFactory,
+    GpuPriceFactory,
+    GpuSkuFactory,
+    RunFactory,
+    TenantFactory,
+    UserFactory,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def staff_client(client):
+    user = UserFactory(is_staff=True, is_superuser=True)
+    client.force_login(user)
+    return client
+
+
+def all_changelist_urls():
+    return [
+        reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
+        for model in admin.site._registry
+    ]
+
+
+def test_anonymous_users_are_sent_to_login(client):
+    for url in all_changelist_urls():
+        response = client.get(url)
+        assert response.status_code == 302, url
+        assert reverse("admin:login") in response["Location"]
+
+
+def test_every_admin_page_loads_for_staff(staff_client):
+    GpuPriceFactory()
+    run = RunFactory()
+    ArmFactory(experiment=run.experiment)
+    for url in all_changelist_urls():
+        assert staff_client.get(url).status_code == 200, url
+    for name, obj in (("experiments_run", run), ("experiments_experiment", run.experiment)):
+        assert staff_client.get(reverse(f"admin:{name}_change", args=[obj.pk])).status_code == 200
+
+
+def _pricing_form(tenant, sku, **overrides):
+    data = {
+        "tenant": tenant.pk,
+        "name": "Q3 prices",
+        "currency": "USD",
+        "valid_from_0": "2026-07-01",
+        "valid_from_1": "00:00:00",
+        "electricity_usd_per_kwh": "0.12",
+        "pue": "1.3",
+        "vcpu_hour_usd": "0.04",
+        "memory_gb_hour_usd": "0.005",
+        "notes": "",
+        "gpu_prices-TOTAL_FORMS": "1",
+        "gpu_prices-INITIAL_FORMS": "0",
+        "gpu_prices-MIN_NUM_FORMS": "0",
+        "gpu_prices-MAX_NUM_FORMS": "1000",
+        "gpu_prices-0-sku": sku.pk,
+        "gpu_prices-0-hourly_usd": "3.10",
+    }
+    data.update(overrides)
+    return data
+
+
+def test_staff_can_add_a_pricing_table_with_gpu_prices(staff_client):
+    tenant, sku = TenantFactory(), GpuSkuFactory()
+    response = staff_client.post(reverse("admin:pricing_pricingtable_add"), _pricing_form(tenant, sku))
+    assert response.status_code == 302, response.content[:2000]
+    table = PricingTable.objects.get(tenant=tenant)
+    assert table.gpu_prices.get().hourly_usd == Decimal("3.10")
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("electricity_usd_per_kwh", "-0.10"),
+        ("electricity_usd_per_kwh", ""),
+        ("vcpu_hour_usd", "-1"),
+        ("pue", "0.5"),
+        ("gpu_prices-0-hourly_usd", "-3"),
+        ("gpu_prices-0-hourly_usd", ""),
+    ],
+)
+def test_bad_prices_get_a_field_error_and_nothing_is_saved(staff_client, field, value):
+    tenant, sku = TenantFactory(), GpuSkuFactory()
+    response = staff_client.post(
+        reverse("admin:pricing_pricingtable_add"), _pricing_form(tenant, sku, **{field: value})
+    )
+    assert response.status_code == 200  # the form again, with errors
+    if field.startswith("gpu_prices-"):
+        errors = response.context["inline_admin_formsets"][0].formset.errors[0]
+        assert "hourly_usd" in errors
+    else:
+        assert field in response.context["adminform"].form.errors
+    assert not PricingTable.objects.filter(tenant=tenant).exists()
+    assert not GpuPrice.objects.filter(sku=sku).exists()
+
+
+def test_freeze_events_are_read_only(staff_client):
+    assert staff_client.get(reverse("admin:attribution_freezeevent_add")).status_code == 403

@@ -1,0 +1,60 @@
+"""Settings pick the mode from the environment alone."""
+
+import json
+import secrets
+
+from tests.helpers import ROOT, clean_env, run_python
+
+SHOW = (
+    "import django, json; django.setup(); from django.conf import settings as s; "
+    "print(json.dumps({'engine': s.DATABASES['default']['ENGINE'], 'db': str(s.DATABASES['default']['NAME']),"
+    " 'broker': s.CELERY_BROKER_URL, 'backend': s.CELERY_RESULT_BACKEND,"
+    " 'fs': s.CELERY_BROKER_TRANSPORT_OPTIONS.get('data_folder_in', '')}))"
+)
+
+
+def test_empty_env_means_sqlite_and_filesystem_broker_under_var(tmp_path):
+    env = clean_env(DJANGO_SETTINGS_MODULE="config.settings.local", COSTLAB_VAR_DIR=str(tmp_path / "var"))
+    out = run_python(SHOW, env)
+    assert out.returncode == 0, out.stderr
+    shown = json.loads(out.stdout.strip().splitlines()[-1])
+    assert shown["engine"] == "django.db.backends.sqlite3"
+    assert shown["db"].startswith(str(tmp_path / "var"))
+    assert shown["broker"] == "filesystem://"
+    assert shown["fs"].startswith(str(tmp_path / "var"))
+    assert shown["backend"].startswith("file://")
+    assert (tmp_path / "var" / "celery" / "out").is_dir()
+
+
+def test_service_urls_mean_postgres_and_redis(tmp_path):
+    env = clean_env(
+        DJANGO_SETTINGS_MODULE="config.settings.local",
+        COSTLAB_VAR_DIR=str(tmp_path / "var"),
+        DATABASE_URL="postgres://someone@db.internal:5432/costlab",
+        REDIS_URL="redis://cache.internal:6379/0",
+    )
+    shown = json.loads(run_python(SHOW, env).stdout.strip().splitlines()[-1])
+    assert shown["engine"] == "django.db.backends.postgresql"
+    assert shown["broker"] == shown["backend"] == "redis://cache.internal:6379/0"
+
+
+def test_production_refuses_to_start_without_secret_key(tmp_path):
+    env = clean_env(DJANGO_SETTINGS_MODULE="config.settings.production", COSTLAB_VAR_DIR=str(tmp_path))
+    out = run_python("import django; django.setup()", env)
+    assert out.returncode != 0
+    assert "DJANGO_SECRET_KEY is not set" in out.stderr
+
+
+def test_production_deploy_check_is_clean(tmp_path):
+    env = clean_env(
+        DJANGO_SETTINGS_MODULE="config.settings.production",
+        COSTLAB_VAR_DIR=str(tmp_path),
+        DJANGO_SECRET_KEY=secrets.token_urlsafe(50),
+    )
+    out = run_python(
+        "import sys; from django.core.management import execute_from_command_line as m; "
+        "m(['manage.py', 'check', '--deploy', '--fail-level', 'WARNING'])",
+        env,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (ROOT / "manage.py").exists()

@@ -1,0 +1,118 @@
+"""Model factories shared by the suite."""
+
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import factory
+from django.contrib.auth import get_user_model
+
+from apps.experiments.models import Arm, Experiment, Run
+from apps.pricing.models import CostModel, GpuPrice, GpuSku, PricingTable
+from apps.telemetry.models import TelemetrySample
+from apps.tenants.models import Membership, Tenant
+
+STRATEGY = "model: {family: llama, preset: tiny, seq_len: 64}\ndata: {source: synthetic}\n"
+
+
+class UserFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = get_user_model()
+        django_get_or_create = ("username",)
+
+    username = factory.Sequence(lambda n: f"user{n}")
+    email = factory.LazyAttribute(lambda u: f"{u.username}@example.com")
+    password = factory.django.Password("pw-for-tests-only")
+
+
+class TenantFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Tenant
+
+    name = factory.Sequence(lambda n: f"Team {n}")
+    slug = factory.Sequence(lambda n: f"team-{n}")
+
+
+class MembershipFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Membership
+
+    user = factory.SubFactory(UserFactory)
+    tenant = factory.SubFactory(TenantFactory)
+
+
+class GpuSkuFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = GpuSku
+
+    name = factory.Sequence(lambda n: f"Test GPU {n}")
+    memory_gb = 80
+    tdp_w = 700
+    peak_bf16_tflops = Decimal("989.0")
+
+
+class PricingTableFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = PricingTable
+
+    tenant = factory.SubFactory(TenantFactory)
+    name = "Test prices"
+    valid_from = factory.Sequence(lambda n: datetime(2026, 1, 1 + n % 28, tzinfo=UTC))
+    electricity_usd_per_kwh = Decimal("0.15")
+    pue = Decimal("1.20")
+    vcpu_hour_usd = Decimal("0.04")
+    memory_gb_hour_usd = Decimal("0.005")
+
+
+class GpuPriceFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = GpuPrice
+
+    pricing_table = factory.SubFactory(PricingTableFactory)
+    sku = factory.SubFactory(GpuSkuFactory)
+    hourly_usd = Decimal("3.00")
+
+
+class CostModelFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = CostModel
+
+    tenant = factory.SubFactory(TenantFactory)
+    name = factory.Sequence(lambda n: f"cost model {n}")
+
+
+class ExperimentFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Experiment
+
+    tenant = factory.SubFactory(TenantFactory)
+    name = factory.Sequence(lambda n: f"experiment {n}")
+    cost_model = factory.SubFactory(CostModelFactory, tenant=factory.SelfAttribute("..tenant"))
+
+
+class ArmFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Arm
+
+    experiment = factory.SubFactory(ExperimentFactory)
+    name = factory.Sequence(lambda n: f"arm-{n}")
+    strategy_yaml = STRATEGY
+
+
+class RunFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Run
+
+    arm = factory.SubFactory(ArmFactory)
+    experiment = factory.SelfAttribute("arm.experiment")
+    tenant = factory.SelfAttribute("arm.experiment.tenant")
+    config_yaml = factory.SelfAttribute("arm.strategy_yaml")
+    config_sha256 = factory.SelfAttribute("arm.strategy_sha256")
+
+
+class TelemetrySampleFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = TelemetrySample
+
+    run = factory.SubFactory(RunFactory)
+    seq = factory.Sequence(int)
+    ts = factory.LazyFunction(lambda: datetime.now(UTC))
