@@ -6,7 +6,7 @@ from celery import Celery
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
 
-app = Celery("costlab")
+app = Celery("costlab", task_cls="celery.contrib.django.task:DjangoTask")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 # Autodiscovery only finds <app>.tasks; the workers package is registered explicitly.
 app.autodiscover_tasks()

@@ -71,22 +71,25 @@ class Prefetcher:
         self.io_log.append((start, end))
         return DeviceBatch(step, tokens, start, end, side_stream=stream is self._copy_stream)
 
+    def _put(self, item: Any) -> bool:
+        """Queue an item unless asked to stop; False when stopping."""
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
     def _run(self) -> None:
         try:
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)
             for step in range(self._next, self._end):
-                item: Any = self._produce(step, self._copy_stream)
-                while not self._stop.is_set():
-                    try:
-                        self._queue.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if self._stop.is_set():
+                if not self._put(self._produce(step, self._copy_stream)):
                     return
         except BaseException as exc:  # noqa: BLE001 - handed to the training thread
-            self._queue.put(_Failed(exc))
+            self._put(_Failed(exc))
 
     def next(self) -> DeviceBatch:
         """The next step's batch, ready to use on the current stream."""

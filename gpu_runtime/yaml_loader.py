@@ -89,8 +89,9 @@ def _as_text(document: str | bytes) -> str:
 def read_strategy_yaml(document: str | bytes) -> dict[str, Any]:
     """Parse a strategy document into plain data, or raise StrategyError naming the problem."""
     text = _as_text(document)
-    loader = _StrategyLoader(text)
+    loader = None
     try:
+        loader = _StrategyLoader(text)  # the reader checks characters here already
         node = loader.get_single_node()
         if node is None:
             return {}
@@ -103,7 +104,8 @@ def read_strategy_yaml(document: str | bytes) -> dict[str, Any]:
     except RecursionError:
         raise StrategyError.single(DOCUMENT_KEY, "document nests too deeply") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     if not isinstance(data, dict):
         raise StrategyError.single(DOCUMENT_KEY, f"a strategy is a mapping of sections, got {type(data).__name__}")
     return data

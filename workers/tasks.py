@@ -1,4 +1,4 @@
-"""Celery entry points. Each task validates, calls one service, and returns."""
+"""Celery entry points: each validates, calls one service, and returns."""
 
 from celery import shared_task
 
@@ -7,3 +7,19 @@ from celery import shared_task
 def ping() -> str:
     """Liveness probe: answers 'pong' from whichever worker takes it."""
     return "pong"
+
+
+@shared_task(name="costlab.run_train", acks_late=True, soft_time_limit=6 * 3600, time_limit=6 * 3600 + 120)
+def run_train(run_id: int) -> None:
+    """Train one run. A missing or already-taken run returns quietly (see run_claim)."""
+    from workers.training import run_execute
+
+    run_execute(run_id)
+
+
+@shared_task(name="costlab.runs_sweep_lost", time_limit=60)
+def runs_sweep_lost() -> None:
+    """Beat: runs whose worker stopped renewing its lease are marked lost and requeued or failed."""
+    from apps.experiments.leases import runs_sweep_lost as sweep
+
+    sweep()

@@ -155,7 +155,9 @@ class Run(TimeStampedModel):
     host = models.CharField(max_length=255, blank=True, default="")
     device = models.CharField(max_length=120, blank=True, default="")
     gpu_sku = models.ForeignKey(GpuSku, on_delete=models.PROTECT, null=True, blank=True, related_name="runs")
-    gpu_count = models.PositiveIntegerField(default=1)
+    gpu_count = models.PositiveIntegerField(default=0, help_text="Accelerators held by the run (0: CPU only).")
+    vcpus = models.PositiveIntegerField(default=0, help_text="vCPUs held by the run, priced per vCPU-hour.")
+    memory_gb = models.FloatField(default=0.0, help_text="Host memory held by the run (GB), priced per GB-hour.")
 
     # Lease: a worker holds the run while its heartbeat keeps the lease fresh.
     lease_owner = models.CharField(max_length=255, blank=True, default="")
@@ -168,14 +170,17 @@ class Run(TimeStampedModel):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
-    # Running totals, updated as telemetry lands.
-    last_seq = models.BigIntegerField(default=-1)
+    # Running totals, updated as telemetry lands (never recomputed from scratch).
+    last_seq = models.BigIntegerField(default=-1, help_text="Highest seq stored.")
+    priced_seq = models.BigIntegerField(default=-1, help_text="Samples up to this seq are in the totals.")
     steps = models.BigIntegerField(default=0)
     tokens = models.BigIntegerField(default=0)
     device_seconds = models.FloatField(default=0.0)
     energy_j = models.FloatField(default=0.0)
     energy_estimated = models.BooleanField(default=False)
     cost_usd = models.DecimalField(max_digits=16, decimal_places=6, default=Decimal("0"))
+    cost_breakdown = models.JSONField(default=dict, blank=True, help_text="USD by term; used vs idle.")
+    config_revision = models.PositiveIntegerField(default=1, help_text="Arm revision the run applies now.")
 
     class Meta:
         ordering = ["-created_at"]

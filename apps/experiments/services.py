@@ -1,10 +1,144 @@
-"""Writes on experiments and arms."""
+"""Writes on experiments, arms and runs: submission, routing, quotas, cancel."""
 
 from __future__ import annotations
 
 import hashlib
+import uuid
+from decimal import Decimal
+
+from django.db import transaction
+from django.db.models import Sum
+from django.utils import timezone
+
+from apps.core.exceptions import ApplicationError
+from apps.core.queues import CeleryQueue
+from apps.experiments.models import Arm, Experiment, Run
+from apps.pricing.models import GpuSku
+from apps.tenants.models import Tenant
+
+RUN_TASK = "costlab.run_train"
 
 
 def strategy_sha256(strategy_yaml: str) -> str:
     """Hash of the strategy text as stored (what the run snapshots)."""
     return hashlib.sha256(strategy_yaml.encode("utf-8")).hexdigest()
+
+
+def strategy_validate(strategy_yaml: str, *, field: str = "strategy_yaml") -> None:
+    """Refuse a strategy gpu_runtime would refuse, naming the key, before anything is queued."""
+    from gpu_runtime import StrategyError, load_strategy
+
+    try:
+        load_strategy(strategy_yaml)
+    except StrategyError as exc:
+        raise ApplicationError(
+            f"{field}: {exc}", {"fields": {field: [f"{e['key']}: {e['message']}" for e in exc.errors]}},
+            code="invalid_strategy",
+        ) from None
+
+
+def arm_pick(*, experiment: Experiment, run_key: str) -> Arm:
+    """Choose an active arm by traffic weight, deterministically from the run key."""
+    arms = [a for a in experiment.arms.order_by("pk") if a.state == Arm.State.ACTIVE and a.weight > 0]
+    if not arms:
+        raise ApplicationError(
+            f"experiment '{experiment.name}' has no active arm with weight > 0 to route a run to",
+            code="no_active_arm",
+        )
+    total = sum(a.weight for a in arms)
+    # A uniform point in [0, total) from the key's hash: a retried submission lands on the same arm.
+    digest = int.from_bytes(hashlib.sha256(f"{experiment.pk}:{run_key}".encode()).digest()[:8], "big")
+    point = Decimal(digest) / Decimal(2**64) * total
+    for arm in arms:
+        if point < arm.weight:
+            return arm
+        point -= arm.weight
+    return arms[-1]
+
+
+def _quota_check(*, tenant: Tenant) -> None:
+    active = Run.objects.filter(tenant=tenant, status__in=Run.ACTIVE_STATUSES).count()
+    if active >= tenant.max_concurrent_runs:
+        raise ApplicationError(
+            f"max_concurrent_runs: tenant '{tenant.slug}' has {active} runs queued or running "
+            f"(limit {tenant.max_concurrent_runs}); wait for one to finish or raise the quota",
+            {"limit": tenant.max_concurrent_runs, "active": active}, code="quota_exceeded",
+        )
+    month_start = timezone.now().replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+    spent = Run.objects.filter(tenant=tenant, queued_at__gte=month_start).aggregate(s=Sum("cost_usd"))["s"] or 0
+    if spent >= tenant.monthly_budget_usd:
+        raise ApplicationError(
+            f"monthly_budget_usd: tenant '{tenant.slug}' has spent {spent:.2f} USD this month "
+            f"(budget {tenant.monthly_budget_usd} USD); new runs are refused until the budget is raised",
+            {"budget_usd": str(tenant.monthly_budget_usd), "spent_usd": f"{spent:.6f}"}, code="budget_exceeded",
+        )
+
+
+@transaction.atomic
+def run_submit(
+    *,
+    experiment: Experiment,
+    arm: Arm | None = None,
+    run_key: str = "",
+    git_sha: str = "",
+    dataset_sha256: str = "",
+    kind: str = Run.Kind.WORKER,
+    gpu_sku: GpuSku | None = None,
+    gpu_count: int | None = None,
+) -> Run:
+    """Queue a run of an experiment (idempotent by run_key) and enqueue it once committed."""
+    # One submission per tenant at a time, so two cannot both pass the quota check.
+    tenant = Tenant.objects.select_for_update().get(pk=experiment.tenant_id)
+    if run_key:
+        existing = Run.objects.filter(experiment=experiment, run_key=run_key).first()
+        if existing:
+            return existing
+    if experiment.status == Experiment.Status.COMPLETED:
+        raise ApplicationError(f"experiment '{experiment.name}' is completed: it takes no new runs",
+                               code="experiment_completed")
+    if arm is None:
+        arm = arm_pick(experiment=experiment, run_key=run_key or uuid.uuid4().hex)
+    elif arm.experiment_id != experiment.pk:
+        raise ApplicationError(f"arm: '{arm.name}' is not an arm of experiment '{experiment.name}'", code="invalid")
+    elif arm.state == Arm.State.FROZEN:
+        raise ApplicationError(f"arm: '{arm.name}' is frozen; new runs are not routed to a frozen arm",
+                               code="arm_frozen")
+    strategy_validate(arm.strategy_yaml)
+    _quota_check(tenant=tenant)
+
+    queue = CeleryQueue.GPU if gpu_sku is not None else CeleryQueue.CPU
+    run = Run.objects.create(
+        tenant=tenant, experiment=experiment, arm=arm, kind=kind, run_key=run_key, queue=queue,
+        config_yaml=arm.strategy_yaml, config_sha256=arm.strategy_sha256, config_revision=arm.revision,
+        git_sha=git_sha, dataset_sha256=dataset_sha256, gpu_sku=gpu_sku,
+        gpu_count=gpu_count if gpu_count is not None else (1 if gpu_sku else 0),
+        status=Run.Status.QUEUED if kind == Run.Kind.WORKER else Run.Status.RUNNING,
+        started_at=None if kind == Run.Kind.WORKER else timezone.now(),
+    )
+    if kind == Run.Kind.WORKER:
+        run_enqueue(run=run)
+    return run
+
+
+def run_enqueue(*, run: Run) -> None:
+    """Send the run id to its queue once the surrounding transaction commits."""
+    from config.celery_app import app
+
+    run_id, queue = run.pk, run.queue
+    transaction.on_commit(lambda: app.send_task(RUN_TASK, args=[run_id], queue=queue))
+
+
+@transaction.atomic
+def run_cancel(*, run: Run) -> Run:
+    """Cancel: a queued or external run ends now; a running one stops at its next step."""
+    run = Run.objects.select_for_update().get(pk=run.pk)
+    if run.status not in Run.ACTIVE_STATUSES:
+        raise ApplicationError(f"status: run {run.pk} is already {run.status}; only queued or running runs cancel",
+                               code="not_cancellable")
+    run.cancel_requested = True
+    fields = ["cancel_requested", "updated_at"]
+    if run.status == Run.Status.QUEUED or run.kind == Run.Kind.EXTERNAL:
+        run.status, run.finished_at = Run.Status.CANCELLED, timezone.now()
+        fields += ["status", "finished_at"]
+    run.save(update_fields=fields)
+    return run

@@ -110,8 +110,12 @@ class CostModel(TimeStampedModel):
     memory_weight = models.DecimalField(
         max_digits=8, decimal_places=4, default=Decimal("1"), validators=NON_NEGATIVE
     )
+    class Unit(models.TextChoices):
+        TOKEN = "token", "Token"
+        STEP = "step", "Optimizer step"
+
     unit = models.CharField(
-        max_length=16, default="token", help_text="Unit of work priced by tiered_per_call (token, step, sample)."
+        max_length=16, choices=Unit.choices, default=Unit.TOKEN, help_text="Unit of work priced by tiered_per_call."
     )
     tiers = models.JSONField(
         default=list,

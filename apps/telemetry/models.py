@@ -9,6 +9,9 @@ class TelemetrySample(models.Model):
     id = models.BigAutoField(primary_key=True)
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="samples")
     seq = models.BigIntegerField()
+    attempt = models.PositiveSmallIntegerField(
+        default=1, help_text="Worker attempt that measured it; cumulative counters restart with each attempt."
+    )
     ts = models.DateTimeField()
     step = models.BigIntegerField(default=0)
     device = models.CharField(max_length=120, blank=True, default="")

@@ -140,6 +140,17 @@ CELERY_TASK_ACKS_LATE = False
 CELERY_TIMEZONE = TIME_ZONE
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_ROUTES = {"costlab.run_train": {"queue": "cpu"}}  # submission picks cpu or gpu per run
+# Synced into django-celery-beat's tables at beat start-up; staff can change the interval in the admin.
+CELERY_BEAT_SCHEDULE = {
+    "sweep-lost-runs": {"task": "costlab.runs_sweep_lost", "schedule": 15.0, "options": {"expires": 14}},
+}
+
+# ------------------------------------------------------------------------------
+# Runs
+# ------------------------------------------------------------------------------
+# A worker renews its lease every second; a run whose lease is older than this is lost.
+COSTLAB_RUN_LEASE_S = env.float("COSTLAB_RUN_LEASE_S", default=30.0)
 
 # ------------------------------------------------------------------------------
 # REST framework

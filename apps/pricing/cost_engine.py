@@ -1,0 +1,319 @@
+"""Cost engine: how telemetry becomes money. Pure functions, no ORM, no Django.
+
+Conventions (the why behind the numbers):
+- Quantities and money are floats; rounding happens only where results are stored.
+- A telemetry sample closes the interval since the previous sample of the same run; the
+  interval is priced with the prices in force when that closing sample was taken.
+- The first sample of a run (``prev=None``) has no interval: dt = 0, so nothing
+  time-based is billed for it, but its cumulative counters (energy, tokens, step) are
+  counted from zero, because they accumulated since the run started.
+- Counters never run backwards in a bill: a negative delta (counter reset, sample out of
+  order) is clamped to 0. Clamping can under-bill the stretch around a reset; it can never
+  bill anything twice or produce a negative cost.
+- ``util_pct=None`` means "unknown", and unknown is counted as busy, so idle cost (the
+  figure people act on) is never overstated.
+- ``energy_j`` and ``power_w`` describe the whole run (all its devices), not one device.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any
+
+SECONDS_PER_HOUR = 3600.0
+JOULES_PER_KWH = 3_600_000.0
+
+
+def _non_negative(obj: Any) -> None:
+    """Reject negative, NaN or infinite fields: they would make a cost negative or meaningless."""
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{type(obj).__name__}.{f.name} must be a finite number >= 0, got {value!r}")
+
+
+def _add(a: Any, b: Any) -> Any:
+    """Field-wise sum of two dataclass instances of the same type."""
+    return type(a)(*(getattr(a, f.name) + getattr(b, f.name) for f in fields(a)))
+
+
+@dataclass(frozen=True)
+class Prices:
+    """Unit prices in force at one moment (one pricing table and one GPU SKU's hourly rate)."""
+
+    gpu_hour_usd: float
+    electricity_usd_per_kwh: float
+    pue: float
+    vcpu_hour_usd: float
+    memory_gb_hour_usd: float
+
+    def __post_init__(self) -> None:
+        _non_negative(self)
+
+    @classmethod
+    def from_table(cls, table: Any, gpu_hour_usd: Any) -> Prices:
+        """Build from a PricingTable-like object (duck-typed, Decimals become floats)."""
+        return cls(
+            gpu_hour_usd=float(gpu_hour_usd),
+            electricity_usd_per_kwh=float(table.electricity_usd_per_kwh),
+            pue=float(table.pue),
+            vcpu_hour_usd=float(table.vcpu_hour_usd),
+            memory_gb_hour_usd=float(table.memory_gb_hour_usd),
+        )
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Multipliers of the resource_weighted cost model, one per resource term."""
+
+    gpu: float = 1.0
+    energy: float = 1.0
+    cpu: float = 1.0
+    memory: float = 1.0
+
+    def __post_init__(self) -> None:
+        _non_negative(self)
+
+    @classmethod
+    def from_cost_model(cls, cost_model: Any) -> Weights:
+        """Build from a CostModel-like object (duck-typed, Decimals become floats)."""
+        return cls(
+            gpu=float(cost_model.gpu_weight),
+            energy=float(cost_model.energy_weight),
+            cpu=float(cost_model.cpu_weight),
+            memory=float(cost_model.memory_weight),
+        )
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Resources consumed over a window of a run; windows that do not overlap add up."""
+
+    wall_s: float = 0.0
+    device_seconds: float = 0.0
+    busy_device_seconds: float = 0.0
+    energy_j: float = 0.0
+    vcpu_seconds: float = 0.0
+    memory_gb_seconds: float = 0.0
+    tokens: int = 0
+    steps: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return _add(self, other)
+
+    @classmethod
+    def zero(cls) -> Usage:
+        return cls()
+
+
+@dataclass(frozen=True)
+class CostBreakdown:
+    """Cost of a window by resource, with the device cost split into used and idle."""
+
+    gpu_usd: float = 0.0
+    energy_usd: float = 0.0
+    cpu_usd: float = 0.0
+    memory_usd: float = 0.0
+    used_usd: float = 0.0
+    idle_usd: float = 0.0
+    total_usd: float = 0.0
+    energy_kwh: float = 0.0
+    gpu_hours: float = 0.0
+
+    def __add__(self, other: CostBreakdown) -> CostBreakdown:
+        return _add(self, other)
+
+    @classmethod
+    def zero(cls) -> CostBreakdown:
+        return cls()
+
+
+@dataclass(frozen=True)
+class Projection:
+    """A run extrapolated to target_steps: the comparison table's columns."""
+
+    target_steps: int
+    gpu_hours: float
+    electricity_usd: float
+    total_usd: float
+    completion_s: float
+
+
+def _field(sample: Any, name: str) -> Any:
+    """Read a field from a mapping or an object (TelemetrySample rows and plain dicts both work)."""
+    if isinstance(sample, Mapping):
+        return sample.get(name)
+    return getattr(sample, name, None)
+
+
+def _seconds(ts: Any) -> float:
+    """A timestamp as float seconds; datetimes of one run are all aware or all naive."""
+    return ts.timestamp() if isinstance(ts, datetime) else float(ts)
+
+
+def _delta(prev: Any, cur: Any) -> float:
+    """Growth of a cumulative counter between two readings, never negative (reset or reorder)."""
+    return max(0.0, float(cur or 0) - float(prev or 0))
+
+
+def _interval_energy_j(prev: Any, cur: Any, dt: float) -> float:
+    """Energy of one interval: the counter where both ends have it, else mean power x dt, else 0."""
+    cur_e = _field(cur, "energy_j")
+    if prev is None:
+        # Run start: the counter accumulated from zero; there is no interval for power x dt.
+        return max(0.0, float(cur_e)) if cur_e is not None else 0.0
+    prev_e = _field(prev, "energy_j")
+    if cur_e is not None and prev_e is not None:
+        return _delta(prev_e, cur_e)
+    powers = [float(p) for p in (_field(prev, "power_w"), _field(cur, "power_w")) if p is not None]
+    if not powers:
+        return 0.0
+    return max(0.0, sum(powers) / len(powers)) * dt
+
+
+def usage_between(
+    prev: Any, cur: Any, *, gpu_count: int = 1, vcpus: float = 0, memory_gb: float = 0.0
+) -> Usage:
+    """Usage of the interval closed by `cur` (prev=None: the run's first sample, dt = 0)."""
+    if gpu_count < 0 or vcpus < 0 or memory_gb < 0:
+        raise ValueError("gpu_count, vcpus and memory_gb must be >= 0")
+    gpu_count, vcpus, memory_gb = float(gpu_count), float(vcpus), float(memory_gb)  # Decimal-safe
+    dt = 0.0 if prev is None else max(0.0, _seconds(_field(cur, "ts")) - _seconds(_field(prev, "ts")))
+    device_s = dt * gpu_count
+    util = _field(cur, "util_pct")
+    # NVML utilisation is an average over the period just before the reading, i.e. this interval.
+    busy_share = 1.0 if util is None else min(1.0, max(0.0, float(util) / 100.0))
+    prev_tokens = 0 if prev is None else _field(prev, "tokens")
+    prev_step = 0 if prev is None else _field(prev, "step")
+    return Usage(
+        wall_s=dt,
+        device_seconds=device_s,
+        busy_device_seconds=device_s * busy_share,
+        energy_j=_interval_energy_j(prev, cur, dt),
+        vcpu_seconds=dt * vcpus,
+        memory_gb_seconds=dt * memory_gb,
+        tokens=max(0, int(_field(cur, "tokens") or 0) - int(prev_tokens or 0)),
+        steps=max(0, int(_field(cur, "step") or 0) - int(prev_step or 0)),
+    )
+
+
+def resource_weighted_cost(usage: Usage, prices: Prices, weights: Weights = Weights()) -> CostBreakdown:  # noqa: B008
+    """Price a usage window with the resource_weighted model (GPU, energy x PUE, vCPU, memory)."""
+    gpu_hours = usage.device_seconds / SECONDS_PER_HOUR
+    energy_kwh = usage.energy_j / JOULES_PER_KWH
+    gpu_usd = gpu_hours * prices.gpu_hour_usd * weights.gpu
+    energy_usd = energy_kwh * prices.pue * prices.electricity_usd_per_kwh * weights.energy
+    cpu_usd = usage.vcpu_seconds / SECONDS_PER_HOUR * prices.vcpu_hour_usd * weights.cpu
+    memory_usd = usage.memory_gb_seconds / SECONDS_PER_HOUR * prices.memory_gb_hour_usd * weights.memory
+    total = gpu_usd + energy_usd + cpu_usd + memory_usd
+    busy_share = (
+        0.0 if usage.device_seconds <= 0 else min(1.0, usage.busy_device_seconds / usage.device_seconds)
+    )
+    # As OpenCost reports it: a reserved device is paid whether busy or not, so its idle share
+    # is cost too; energy, CPU and memory are only what was drawn, so they count as used.
+    idle = gpu_usd * (1.0 - busy_share)
+    return CostBreakdown(
+        gpu_usd=gpu_usd,
+        energy_usd=energy_usd,
+        cpu_usd=cpu_usd,
+        memory_usd=memory_usd,
+        used_usd=total - idle,
+        idle_usd=idle,
+        total_usd=total,
+        energy_kwh=energy_kwh,
+        gpu_hours=gpu_hours,
+    )
+
+
+def _parse_tiers(tiers: Iterable[Mapping[str, Any]]) -> list[tuple[float | None, float]]:
+    """Tiers as (upper bound or None, price) pairs, checked the way validate_tiers checks them."""
+    parsed: list[tuple[float | None, float]] = []
+    previous = 0.0
+    tiers = list(tiers)
+    if not tiers:
+        raise ValueError("tiered pricing needs at least one tier")
+    for i, tier in enumerate(tiers):
+        price = float(tier["usd_per_unit"])
+        if not math.isfinite(price) or price < 0:
+            raise ValueError(f"tier {i}: usd_per_unit must be a finite number >= 0")
+        up_to = tier["up_to"]
+        if up_to is None:
+            if i != len(tiers) - 1:
+                raise ValueError(f"tier {i}: only the last tier may be open (up_to None)")
+            parsed.append((None, price))
+            continue
+        if float(up_to) <= previous:
+            raise ValueError(f"tier {i}: up_to must be above {previous:g}")
+        previous = float(up_to)
+        parsed.append((previous, price))
+    return parsed
+
+
+def tiered_cost(units_before: float, units: float, tiers: Sequence[Mapping[str, Any]]) -> float:
+    """Price `units` that follow `units_before` already-billed units, walking volume tiers marginally."""
+    if units_before < 0 or units < 0:
+        raise ValueError("units_before and units must be >= 0")
+    parsed = _parse_tiers(tiers)
+    start, end = float(units_before), float(units_before) + float(units)
+    cost, lower = 0.0, 0.0
+    for i, (up_to, price) in enumerate(parsed):
+        # A closed last tier keeps its price beyond its bound: refusing to bill would lose money
+        # in the middle of a run, and validate_tiers accepts a closed last tier.
+        upper = math.inf if up_to is None or i == len(parsed) - 1 else up_to
+        overlap = min(end, upper) - max(start, lower)
+        if overlap > 0:
+            cost += overlap * price
+        if end <= upper:
+            break
+        lower = upper
+    return cost
+
+
+def cost_per_million_tokens(total_usd: float, tokens: int) -> float | None:
+    """USD per 1M tokens, or None when no token was processed."""
+    if tokens <= 0:
+        return None
+    return total_usd / tokens * 1_000_000
+
+
+def project(usage: Usage, cost: CostBreakdown, *, target_steps: int) -> Projection | None:
+    """Extrapolate a run linearly per step to target_steps (None before the first step)."""
+    if target_steps <= 0:
+        raise ValueError("target_steps must be > 0")
+    if usage.steps <= 0:
+        return None
+    scale = target_steps / usage.steps
+    # electricity_usd is the energy term as billed (PUE and the cost model's weight included).
+    return Projection(
+        target_steps=target_steps,
+        gpu_hours=cost.gpu_hours * scale,
+        electricity_usd=cost.energy_usd * scale,
+        total_usd=cost.total_usd * scale,
+        completion_s=usage.wall_s * scale,
+    )
+
+
+def price_samples(
+    samples: Iterable[Any],
+    *,
+    prices_at: Callable[[Any], Prices],
+    weights: Weights,
+    gpu_count: int = 1,
+    vcpus: float = 0,
+    memory_gb: float = 0.0,
+    previous: Any = None,
+) -> tuple[Usage, CostBreakdown]:
+    """Usage and cost of consecutive samples of one run (in seq order), after `previous` if given."""
+    usage, cost = Usage.zero(), CostBreakdown.zero()
+    prev = previous
+    for sample in samples:
+        window = usage_between(prev, sample, gpu_count=gpu_count, vcpus=vcpus, memory_gb=memory_gb)
+        # Each interval is priced separately, so a pricing table that changes mid-run applies
+        # from the first sample taken under it, and incremental totals equal a full recompute.
+        usage = usage + window
+        cost = cost + resource_weighted_cost(window, prices_at(_field(sample, "ts")), weights)
+        prev = sample
+    return usage, cost

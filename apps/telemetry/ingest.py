@@ -1,0 +1,125 @@
+"""Validation of incoming telemetry and the idempotent insert by (run, seq).
+
+Postgres: COPY into a temporary staging table, then INSERT ... ON CONFLICT DO NOTHING.
+Elsewhere: bulk_create(ignore_conflicts=True). Either way a batch sent twice, or out of
+order, leaves the stored set as if each sample had arrived once.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from django.db import connection
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from apps.core.exceptions import ApplicationError
+from apps.telemetry.models import TelemetrySample
+
+MAX_BATCH = 10_000
+
+# Columns written, in COPY order (run_id and attempt are per batch).
+COLUMNS = (
+    "seq", "ts", "step", "device", "util_pct", "mem_used_mb", "mem_total_mb", "power_w", "energy_j",
+    "step_time_s", "tokens", "tokens_per_s", "micro_batch", "loss", "overlap_ratio", "mfu",
+    "sm_clock_mhz", "temperature_c", "estimated",
+)
+
+
+class SampleIn(BaseModel):
+    """One sample as gpu_runtime's sink emits it (and as external runs send it)."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    seq: int = Field(ge=0, le=2**62)
+    ts: datetime
+    step: int = Field(0, ge=0)
+    device: str = Field("", max_length=120)
+    util_pct: float | None = Field(None, ge=0, le=100)
+    mem_used_mb: float | None = Field(None, ge=0)
+    mem_total_mb: float | None = Field(None, ge=0)
+    power_w: float | None = Field(None, ge=0)
+    energy_j: float | None = Field(None, ge=0)
+    step_time_s: float | None = Field(None, ge=0)
+    tokens: int = Field(0, ge=0)
+    tokens_per_s: float | None = Field(None, ge=0)
+    micro_batch: int | None = Field(None, ge=0)
+    loss: float | None = None
+    overlap_ratio: float | None = Field(None, ge=0, le=1)
+    mfu: float | None = Field(None, ge=0)
+    sm_clock_mhz: float | None = Field(None, ge=0)
+    temperature_c: float | None = None
+    estimated: bool = False
+
+    @field_validator("ts", mode="before")
+    @classmethod
+    def _unix_seconds(cls, value):
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return datetime.fromtimestamp(value, tz=UTC)
+        return value
+
+    @field_validator("ts")
+    @classmethod
+    def _aware(cls, value: datetime) -> datetime:
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def samples_validate(samples: list) -> list[SampleIn]:
+    """Every sample valid, or an error naming the sample index and field; nothing partial."""
+    if not isinstance(samples, list):
+        raise ApplicationError("samples: expected a list of sample objects", code="invalid")
+    if len(samples) > MAX_BATCH:
+        raise ApplicationError(f"samples: at most {MAX_BATCH} per batch, got {len(samples)}", code="invalid")
+    parsed, seen = [], set()
+    for i, raw in enumerate(samples):
+        try:
+            sample = SampleIn.model_validate(raw)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"]) or "sample"
+            raise ApplicationError(
+                f"samples[{i}].{where}: {err['msg']}", {"fields": {f"samples[{i}].{where}": [err["msg"]]}},
+                code="invalid",
+            ) from None
+        if sample.seq in seen:
+            continue  # a duplicate inside one batch is the same sample twice
+        seen.add(sample.seq)
+        parsed.append(sample)
+    return parsed
+
+
+def samples_insert(*, run_id: int, attempt: int, samples: list[SampleIn]) -> int:
+    """Insert, ignoring (run, seq) already stored. Returns how many rows were new."""
+    if not samples:
+        return 0
+    if connection.vendor == "postgresql":
+        return _insert_copy(run_id=run_id, attempt=attempt, samples=samples)
+    before = TelemetrySample.objects.filter(run_id=run_id).count()
+    TelemetrySample.objects.bulk_create(
+        [TelemetrySample(run_id=run_id, attempt=attempt, **s.model_dump(include=set(COLUMNS))) for s in samples],
+        ignore_conflicts=True,
+        batch_size=1000,
+    )
+    return TelemetrySample.objects.filter(run_id=run_id).count() - before
+
+
+def _insert_copy(*, run_id: int, attempt: int, samples: list[SampleIn]) -> int:
+    table = TelemetrySample._meta.db_table
+    cols = ", ".join(COLUMNS)
+    with connection.cursor() as cursor:
+        # Same column types as the real table, none of its constraints; dropped at commit.
+        cursor.execute(
+            f"CREATE TEMP TABLE IF NOT EXISTS telemetry_staging ON COMMIT DROP AS "
+            f"SELECT {cols} FROM {table} WITH NO DATA"
+        )
+        with cursor.copy(f"COPY telemetry_staging ({cols}) FROM STDIN") as copy:
+            for s in samples:
+                copy.write_row(tuple(getattr(s, c) for c in COLUMNS))
+        cursor.execute(
+            f"INSERT INTO {table} (run_id, attempt, {cols}) "
+            f"SELECT %s, %s, {cols} FROM telemetry_staging ORDER BY seq "
+            f"ON CONFLICT (run_id, seq) DO NOTHING",
+            [run_id, attempt],
+        )
+        inserted = cursor.rowcount
+        cursor.execute("DROP TABLE telemetry_staging")
+    return inserted

@@ -1,0 +1,58 @@
+"""What a run hands back: a RunResult, and the metrics JSONL its samples are written to."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+RunStatus = Literal["completed", "cancelled", "interrupted"]
+
+
+@dataclass
+class RunResult:
+    steps: int  # optimizer steps completed (including those before a resume)
+    tokens: int  # tokens trained on, cumulative
+    wall_s: float  # seconds this call took, setup included
+    device_s: float  # device-seconds held: wall_s x devices used (one per call), what an hourly price applies to
+    energy_j: float | None  # joules over this call, measured or modelled (see energy_estimated)
+    energy_estimated: bool
+    peak_mem_mb: float | None  # MiB: CUDA max allocated, or the process's peak RSS seen on CPU
+    final_loss: float | None
+    dataset_sha256: str
+    config_sha256: str
+    device: str
+    status: RunStatus
+    samples: int  # telemetry samples emitted (the sink saw each)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for key, value in data.items():  # JSON has no NaN/inf: a diverged loss is reported as None
+            if isinstance(value, float) and not math.isfinite(value):
+                data[key] = None
+        return data
+
+
+class JsonlSink:
+    """A sink that appends each sample as one JSON line, flushed so a killed run keeps its lines."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self._fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
+        self._lock = threading.Lock()
+
+    def __call__(self, sample: dict[str, Any]) -> None:
+        line = json.dumps(sample, allow_nan=False, default=str) if _finite(sample) else json.dumps(
+            {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in sample.items()})
+        with self._lock:
+            self._fh.write(line + "\n")
+            self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def _finite(sample: dict[str, Any]) -> bool:
+    return all(not (isinstance(v, float) and not math.isfinite(v)) for v in sample.values())

@@ -1,0 +1,187 @@
+"""``train()``: parse nothing, build everything, train, close, report.
+
+The one entry point the platform calls (from a Celery task) and the CLI wraps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psutil
+import torch
+
+from gpu_runtime.capability import check_capability, device_label
+from gpu_runtime.checkpoint import load_checkpoint
+from gpu_runtime.data import StepBatches, load_corpus
+from gpu_runtime.errors import StrategyError
+from gpu_runtime.mfu import peak_flops
+from gpu_runtime.model import ModelArgs, Transformer, preset_args
+from gpu_runtime.optim import build_adamw
+from gpu_runtime.precision import Precision
+from gpu_runtime.prefetch import Prefetcher
+from gpu_runtime.probes import MIB, open_probe
+from gpu_runtime.result import RunResult
+from gpu_runtime.schema import StrategyConfig, config_sha256
+from gpu_runtime.telemetry import Progress, RunCounters, Sampler
+from gpu_runtime.timeline import Clock, OverlapMeter, StepWindow
+from gpu_runtime.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+# Strategy keys whose implementations (issue 4) are not wired into this trainer yet.
+# Refusing them beats training without them and reporting a cost the strategy never had.
+_UNWIRED: list[tuple[str, Callable[[StrategyConfig], bool]]] = [
+    ("optimizer.dynamic_batching.enabled", lambda c: c.optimizer.dynamic_batching.enabled),
+    ("precision.quantization.enabled", lambda c: c.precision.quantization.enabled),
+    ("offload.embedding", lambda c: c.offload.embedding == "cpu"),
+    ("memory.gradient_checkpointing.enabled", lambda c: c.memory.gradient_checkpointing.enabled),
+    ("kernels.fused_rmsnorm_qkv", lambda c: c.kernels.fused_rmsnorm_qkv),
+    ("kernels.compile", lambda c: c.kernels.compile),
+]
+
+
+def unwired_strategies(config: StrategyConfig) -> list[dict[str, str]]:
+    return [{"key": key, "message": "this strategy is not available in this build of gpu_runtime's trainer"}
+            for key, enabled in _UNWIRED if enabled(config)]
+
+
+def _with_steps(config: StrategyConfig, steps: int | None) -> StrategyConfig:
+    if steps is None:
+        return config
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise StrategyError.single("train.steps", f"steps must be a positive integer, got {steps!r}")
+    return config.model_copy(update={"train": config.train.model_copy(update={"steps": steps})})
+
+
+def _check_memory(args: ModelArgs, config: StrategyConfig, device: torch.device, preset: str) -> None:
+    """Refuse a model whose weights, gradients and AdamW state cannot fit before allocating them."""
+    n = args.num_params()
+    storage = 2 if config.precision.storage_dtype != "fp32" else 4
+    master = 4 if config.precision.storage_dtype != "fp32" else 0
+    need = n * (2 * storage + master + 8)  # weights + grads, fp32 masters, two AdamW moments
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+    else:
+        free = psutil.virtual_memory().available
+    if need > free:
+        raise StrategyError.single("model.preset", (
+            f"{preset} ({n / 1e9:.2f}B parameters) needs about {need / 2**30:.1f} GiB for weights, gradients and "
+            f"optimizer state; {device_label(device)} has {free / 2**30:.1f} GiB free"))
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm() -> Iterator[threading.Event]:
+    """A flag set by SIGTERM while training (main thread only: signals cannot be caught elsewhere)."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def _deterministic(enabled: bool) -> Iterator[None]:
+    before = torch.are_deterministic_algorithms_enabled()
+    if enabled:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)
+
+
+def _peak_mem_mb(device: torch.device, sampler: Sampler | None) -> float | None:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / MIB
+    rss = psutil.Process().memory_info().rss / MIB
+    return max(rss, sampler.peak_mem_mb if sampler is not None else 0.0)
+
+
+def train(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None] | None = None,
+          cancel: Callable[[], bool] | None = None, device: str | None = None, steps: int | None = None,
+          checkpoint_dir: str | None = None, resume_from: str | None = None) -> RunResult:
+    """Train with a strategy, streaming telemetry samples to ``sink``; return what was measured.
+
+    ``steps`` overrides ``train.steps`` (also the LR schedule's length). ``cancel`` is
+    polled before every step. SIGTERM (in the main thread) stops after the current step.
+    Every ending writes a checkpoint to ``checkpoint_dir`` when one is given.
+    """
+    wall_start = time.perf_counter()
+    config = _with_steps(config, steps)
+    dev = check_capability(config, device)
+    unwired = unwired_strategies(config)
+    if unwired:
+        raise StrategyError(unwired)
+    args = preset_args(config.model.preset, config.model.seq_len)
+    _check_memory(args, config, dev, config.model.preset)
+    corpus = load_corpus(config.data, seed=config.train.seed)
+    batches = StepBatches(corpus, seq_len=config.model.seq_len, global_batch=config.train.global_batch,
+                          seed=config.train.seed)
+
+    torch.manual_seed(config.train.seed)
+    model = Transformer(args).to(dev)
+    precision = Precision(config.precision, dev)
+    optimizer = build_adamw(precision.prepare(model), config.optimizer, config.train.lr, dev)
+    micro_batch = config.train.micro_batch or config.train.global_batch
+    trainer = Trainer(config=config, model=model, optimizer=optimizer, precision=precision, device=dev,
+                      micro_batch=micro_batch, dataset_sha256=corpus.sha256, checkpoint_dir=checkpoint_dir)
+    start_step = start_tokens = 0
+    if resume_from is not None:
+        state = load_checkpoint(resume_from, config, mmap=config.offload.mmap)
+        model.load_state_dict(state.model)
+        optimizer.load_state_dict(state.optimizer)
+        precision.scaler.load_state_dict(state.scaler)
+        if precision.masters is not None and state.masters is not None:
+            precision.masters.load_state(state.masters)
+        start_step, start_tokens = state.step, state.tokens
+        if state.dataset_sha256 != corpus.sha256:
+            log.warning("resuming on different data: checkpoint %s, now %s", state.dataset_sha256, corpus.sha256)
+
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    label = device_label(dev)
+    counters = RunCounters(Progress(start_step, start_tokens, 0.0, 0, None, micro_batch))
+    clock = Clock(dev)
+    windows: deque[StepWindow] = deque(maxlen=4096)
+    io_log: deque = deque(maxlen=256)
+    sampler = None
+    if config.telemetry.enabled:
+        sampler = Sampler(
+            probe=open_probe(dev, cpu_tdp_w=config.telemetry.cpu_tdp_w), counters=counters,
+            interval_s=config.telemetry.interval_s, sink=sink, flops_per_token=args.flops_per_token(config.model.seq_len),
+            peak=peak_flops(label, config.precision.compute_dtype, config.telemetry.peak_flops),
+            overlap=OverlapMeter(clock, windows, io_log)).start()
+
+    total = config.train.steps
+    with _stop_on_sigterm() as stop, _deterministic(config.train.deterministic):
+        prefetcher = Prefetcher(batches, start_step=start_step, end_step=total, device=dev,
+                                depth=config.data.prefetch, pin_memory=config.data.pin_memory, clock=clock, io_log=io_log)
+        try:
+            outcome = trainer.run(prefetcher=prefetcher, start_step=start_step, total_steps=total,
+                                  start_tokens=start_tokens, counters=counters, clock=clock, windows=windows,
+                                  cancel=cancel, stop=stop)
+        finally:
+            prefetcher.close()
+            if sampler is not None:
+                sampler.stop()
+
+    wall_s = time.perf_counter() - wall_start
+    return RunResult(
+        steps=outcome.steps, tokens=outcome.tokens, wall_s=wall_s, device_s=wall_s,  # one device per train() call
+        energy_j=None if sampler is None else sampler.energy_j,
+        energy_estimated=True if sampler is None else bool(sampler.probe.estimated),
+        peak_mem_mb=_peak_mem_mb(dev, sampler), final_loss=outcome.final_loss, dataset_sha256=corpus.sha256,
+        config_sha256=config_sha256(config), device=label, status=outcome.status,
+        samples=0 if sampler is None else sampler.seq)

@@ -1,0 +1,380 @@
+"""Dynamic micro-batching (`optimizer.dynamic_batching`).
+
+The global batch is fixed: the scaler picks the micro-batch and the accumulation
+steps that add up to it, so the optimisation target never changes, only throughput
+and memory do. Gradient statistics say how large a micro-batch they justify:
+
+* `noise_scale` (default): the gradient noise scale B_simple = tr(Sigma) / |G|^2
+  (McCandlish et al. 2018, App. A.1; AdaptDL), estimated from the norm of the
+  first micro-batch's gradient ("small") and of the accumulated step gradient ("big"),
+  both read from `.grad` during accumulation, each smoothed by a bias-corrected EMA before the ratio.
+  The estimate needs two micro-batches a step, so this policy's largest micro-batch
+  is half the global batch (AdaptDL instead keeps a copy of the last step's gradient:
+  a model's worth of memory, spent exactly when memory is tightest).
+* `grad_variance`: the design document's rule, tanh of the variance of the last
+  gradient norms, made scale-free (variance / mean^2) so loss scaling and model size
+  do not move it. Like the document's formula (not its prose), more variance -> larger.
+
+Growth is checked against a memory model (peak bytes per sample measured at run
+time); an out-of-memory error halves the micro-batch and the step is retried.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import torch
+
+POLICIES = ("noise_scale", "grad_variance")
+_KEY = "optimizer.dynamic_batching"
+T = TypeVar("T")
+
+
+class MicroBatchFloorError(RuntimeError):
+    """Out of memory at the smallest micro-batch allowed: halving cannot help."""
+
+
+@dataclass(frozen=True)
+class AccumulationPlan:
+    """How one optimizer step's global batch is cut into micro-batches (sizes sum to it)."""
+
+    micro_batch: int
+    micro_batch_sizes: tuple[int, ...]
+
+    @property
+    def global_batch(self) -> int:
+        return sum(self.micro_batch_sizes)
+
+    @property
+    def accumulation_steps(self) -> int:
+        return len(self.micro_batch_sizes)
+
+    def loss_weight(self, index: int) -> float:
+        """Multiply micro-batch `index`'s mean loss by this so the sum is the global mean."""
+        return self.micro_batch_sizes[index] / self.global_batch
+
+
+def plan_accumulation(global_batch: int, micro_batch: int) -> AccumulationPlan:
+    """Full micro-batches and one smaller remainder, so the global batch is exact."""
+    full, rest = divmod(global_batch, micro_batch)
+    return AccumulationPlan(micro_batch, (micro_batch,) * full + ((rest,) if rest else ()))
+
+
+@dataclass(frozen=True)
+class GradientStats:
+    """One step's gradient norms: each micro-batch's mean gradient and the accumulated one."""
+
+    small_sq_norms: tuple[float, ...]  # |g_i|^2, g_i the mean gradient of micro-batch i
+    small_sizes: tuple[int, ...]
+    big_sq_norm: float  # |sum_i w_i g_i|^2, the global batch's mean gradient
+    big_size: int
+
+    @property
+    def finite(self) -> bool:
+        return all(math.isfinite(v) for v in (*self.small_sq_norms, self.big_sq_norm))
+
+
+class GradientNormTracker:
+    """Reads gradient norms during accumulation: no extra backward, no gradient copies.
+
+    After micro-batch i's backward, `.grad` holds sum_{j<=i} w_j g_j. Its norm after the
+    first micro-batch gives the small-batch gradient (|g_1|^2 = |.grad|^2 / w_1^2), after
+    the last one the big-batch gradient: two fused norm calls a step, whatever the
+    accumulation count. Call `after_micro_batch` right after each backward, before any
+    unscale or clipping; the time it takes is summed in `overhead_s`.
+    """
+
+    def __init__(self, params: Iterable[torch.nn.Parameter]):
+        self._params = [p for p in params if p.requires_grad]
+        self._small: tuple[torch.Tensor, int, float] | None = None
+        self._big: tuple[torch.Tensor, int] | None = None
+        self.overhead_s = 0.0
+
+    def _grad_sq_norm(self) -> torch.Tensor:
+        grads = [p.grad for p in self._params if p.grad is not None]
+        return torch.nn.utils.get_total_norm(grads, norm_type=2.0).float().square()
+
+    def after_micro_batch(self, plan: AccumulationPlan, index: int) -> None:
+        last = index == plan.accumulation_steps - 1
+        if index != 0 and not last:
+            return
+        start = time.perf_counter()
+        value = self._grad_sq_norm()
+        if index == 0:
+            self._small = (value, plan.micro_batch_sizes[0], plan.loss_weight(0))
+        if last:
+            self._big = (value, plan.global_batch)
+        self.overhead_s += time.perf_counter() - start
+
+    def step_stats(self) -> GradientStats | None:
+        """Stats of the step just accumulated (one host sync), or None if it was not seen whole."""
+        small, big = self._small, self._big
+        self.reset()
+        if small is None or big is None:
+            return None
+        start = time.perf_counter()
+        small_sq, big_sq = torch.stack([small[0], big[0].to(small[0].device)]).tolist()
+        self.overhead_s += time.perf_counter() - start
+        # .grad held w_1 * g_1: undo the loss weight to get micro-batch 1's mean gradient
+        return GradientStats((small_sq / small[2] ** 2,), (small[1],), big_sq, big[1])
+
+    def reset(self) -> None:
+        """Forget a half-accumulated step (after an out-of-memory error)."""
+        self._small = self._big = None
+
+
+class NoiseScaleEstimator:
+    """B_simple from small/big gradient norms, |G|^2 and tr(Sigma) smoothed separately."""
+
+    def __init__(self, *, ema_decay: float = 0.9):
+        self.ema_decay = ema_decay
+        self._grad_sq = self._trace = 0.0
+        self._weight = 0.0  # sum of EMA weights, for bias correction
+
+    def observe(self, stats: GradientStats) -> bool:
+        b_big = stats.big_size
+        b_small = len(stats.small_sizes) / sum(1 / b for b in stats.small_sizes)  # E|g_i|^2 uses mean(1/b_i)
+        if b_small >= b_big or not stats.finite:
+            return False  # one micro-batch a step: nothing to difference
+        small = sum(stats.small_sq_norms) / len(stats.small_sq_norms)
+        grad_sq = (b_big * stats.big_sq_norm - b_small * small) / (b_big - b_small)
+        trace = (small - stats.big_sq_norm) / (1 / b_small - 1 / b_big)
+        d = self.ema_decay
+        self._grad_sq = d * self._grad_sq + (1 - d) * grad_sq
+        self._trace = d * self._trace + (1 - d) * trace
+        self._weight = d * self._weight + (1 - d)
+        return True
+
+    @property
+    def noise_scale(self) -> float | None:
+        """Smoothed B_simple in samples; inf when the signal estimate is not positive."""
+        if self._weight == 0.0:
+            return None
+        grad_sq, trace = self._grad_sq / self._weight, self._trace / self._weight
+        if grad_sq <= 0.0:
+            return math.inf
+        return max(trace, 0.0) / grad_sq
+
+
+@dataclass
+class MemoryModel:
+    """peak(m) ~ baseline + m * bytes_per_sample, the per-sample cost the largest seen so far."""
+
+    bytes_per_sample: float = 0.0
+    baseline_bytes: int = 0
+    samples: int = 0
+
+    def record(self, *, micro_batch: int, peak_bytes: int, baseline_bytes: int) -> None:
+        self.baseline_bytes = baseline_bytes
+        self.bytes_per_sample = max(self.bytes_per_sample, (peak_bytes - baseline_bytes) / micro_batch)
+        self.samples += 1
+
+    def predict_peak(self, micro_batch: int) -> float:
+        return self.baseline_bytes + micro_batch * self.bytes_per_sample
+
+
+@dataclass(frozen=True)
+class ScalerEvent:
+    """One decision of the scaler, with the numbers it was made on."""
+
+    step: int
+    kind: str  # grow | shrink | memory_cap | oom
+    old_micro_batch: int
+    new_micro_batch: int
+    detail: dict = field(default_factory=dict)
+
+
+class BatchScaler:
+    """Chooses the micro-batch in [min, max], changing it at most once per stability window."""
+
+    def __init__(
+        self, *, global_batch: int, min_micro_batch: int, max_micro_batch: int, stability_window: int,
+        policy: str = "noise_scale", initial_micro_batch: int | None = None,
+        memory_capacity_bytes: int | None = None, memory_headroom: float = 0.9,
+        ema_decay: float = 0.9, variance_window: int = 10, variance_threshold: float = 0.1,
+        variance_width: float = 0.1, max_floor_retries: int = 2,
+    ):
+        if policy not in POLICIES:
+            raise ValueError(f"{_KEY}.policy: {policy!r} is not one of {', '.join(POLICIES)}")
+        if not 1 <= min_micro_batch <= max_micro_batch:
+            raise ValueError(f"{_KEY}: need 1 <= min_micro_batch ({min_micro_batch}) "
+                             f"<= max_micro_batch ({max_micro_batch})")
+        if min_micro_batch > global_batch:
+            raise ValueError(f"{_KEY}.min_micro_batch ({min_micro_batch}) exceeds the global batch "
+                             f"({global_batch}): the micro-batch cannot be larger than the batch")
+        if stability_window < 1:
+            raise ValueError(f"{_KEY}.stability_window must be >= 1, got {stability_window}")
+        self.global_batch = global_batch
+        self.min_micro_batch = min_micro_batch
+        self.max_micro_batch = min(max_micro_batch, global_batch)  # more would change the global batch
+        if policy == "noise_scale" and global_batch >= 2 * min_micro_batch:
+            # the estimate differences micro-batch and step gradients: keep two micro-batches a step
+            self.max_micro_batch = min(self.max_micro_batch, global_batch // 2)
+        self.stability_window = stability_window
+        self.policy = policy
+        self.memory_capacity_bytes = memory_capacity_bytes
+        self.memory_headroom = memory_headroom
+        self.variance_threshold = variance_threshold
+        self.variance_width = variance_width
+        self.max_floor_retries = max_floor_retries
+        self.memory = MemoryModel()
+        self.noise = NoiseScaleEstimator(ema_decay=ema_decay)
+        self._norms: deque[float] = deque(maxlen=variance_window)
+        self._ceiling = self.max_micro_batch  # lowered by out-of-memory errors
+        self._floor_failures = 0
+        start = min_micro_batch if initial_micro_batch is None else initial_micro_batch
+        self.micro_batch = min(max(start, min_micro_batch), self.max_micro_batch)
+        self.step = 0
+        self._last_change = 0
+        self.events: list[ScalerEvent] = []
+
+    @property
+    def plan(self) -> AccumulationPlan:
+        return plan_accumulation(self.global_batch, self.micro_batch)
+
+    @property
+    def relative_grad_variance(self) -> float | None:
+        """var / mean^2 of the last gradient norms; None until the window is full."""
+        if len(self._norms) < (self._norms.maxlen or 0):
+            return None
+        mean = sum(self._norms) / len(self._norms)
+        var = sum((n - mean) ** 2 for n in self._norms) / len(self._norms)
+        return var / mean**2 if mean > 0 else 0.0
+
+    def update(
+        self, stats: GradientStats | None, *, peak_memory_bytes: int | None = None,
+        baseline_memory_bytes: int | None = None,
+    ) -> AccumulationPlan:
+        """Record a finished optimizer step; return the plan for the next one."""
+        self.step += 1
+        self._floor_failures = 0
+        if peak_memory_bytes is not None:
+            self.memory.record(micro_batch=self.micro_batch, peak_bytes=peak_memory_bytes,
+                               baseline_bytes=baseline_memory_bytes or 0)
+        if stats is not None and stats.finite:
+            self.noise.observe(stats)
+            self._norms.append(math.sqrt(stats.big_sq_norm))
+        if self.step - self._last_change >= self.stability_window:
+            target = self._policy_target()
+            if target is not None:
+                self._move_towards(target)
+        return self.plan
+
+    def _policy_target(self) -> float | None:
+        lo, hi = self.min_micro_batch, self.max_micro_batch
+        if self.policy == "noise_scale":
+            return self.noise.noise_scale
+        variance = self.relative_grad_variance
+        if variance is None:
+            return None
+        return lo + (hi - lo) * (1 + math.tanh((variance - self.variance_threshold) / self.variance_width)) / 2
+
+    def _candidates(self) -> list[int]:
+        """Powers of two inside the bounds plus the bounds: few shapes, few recompiles."""
+        lo, hi = self.min_micro_batch, self.max_micro_batch
+        powers = {2**i for i in range(hi.bit_length() + 1) if lo <= 2**i <= hi}
+        return sorted(c for c in powers | {lo, hi} if c <= self._ceiling or c == lo)
+
+    def _move_towards(self, target: float) -> None:
+        candidates = self._candidates()
+        log_target = math.log(min(max(target, 1e-9), 1e12))
+        wanted = min(candidates, key=lambda c: (abs(math.log(c) - log_target), c))
+        chosen, kind = wanted, ("grow" if wanted > self.micro_batch else "shrink")
+        if wanted > self.micro_batch:
+            fitting = [c for c in candidates if self.micro_batch <= c <= wanted and self._fits(c)]
+            chosen = max(fitting, default=self.micro_batch)
+            if chosen < wanted:
+                kind = "memory_cap"
+        if chosen == self.micro_batch:
+            return
+        detail = {"policy": self.policy, "target": target}
+        if self.memory.samples:
+            detail["predicted_peak_bytes"] = self.memory.predict_peak(chosen)
+        self._change(kind, chosen, detail)
+
+    def _fits(self, micro_batch: int) -> bool:
+        if self.memory_capacity_bytes is None:
+            return True
+        if not self.memory.samples:  # nothing measured yet: at most double
+            return micro_batch <= 2 * self.micro_batch
+        return self.memory.predict_peak(micro_batch) <= self.memory_headroom * self.memory_capacity_bytes
+
+    def _change(self, kind: str, new: int, detail: dict) -> None:
+        self.events.append(ScalerEvent(self.step, kind, self.micro_batch, new, detail))
+        self.micro_batch = new
+        self._last_change = self.step
+
+    def on_out_of_memory(self, error: BaseException | None = None) -> AccumulationPlan:
+        """Halve the micro-batch (never below min) and keep it below the size that failed."""
+        detail = {"error": str(error)[:200] if error else "out of memory"}
+        if self.micro_batch == self.min_micro_batch:
+            self._floor_failures += 1
+            self.events.append(ScalerEvent(self.step, "oom", self.micro_batch, self.micro_batch, detail))
+            if self._floor_failures > self.max_floor_retries:
+                raise MicroBatchFloorError(
+                    f"{_KEY}.min_micro_batch: out of memory at the minimum micro-batch "
+                    f"({self.min_micro_batch}) {self._floor_failures} times; lower it or free memory")
+            return self.plan
+        self._ceiling = max(self.min_micro_batch, self.micro_batch - 1)
+        self._change("oom", max(self.min_micro_batch, self.micro_batch // 2), detail)
+        return self.plan
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, or the CPU allocator's RuntimeError."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+def free_device_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def run_step_with_oom_retry(
+    step_fn: Callable[[AccumulationPlan], T], scaler: BatchScaler, *,
+    cleanup: Callable[[], None] | None = None, tracker: GradientNormTracker | None = None,
+) -> T:
+    """Run one optimizer step; on out-of-memory free, halve, record and retry until it fits.
+
+    `cleanup` drops what the failed attempt left (e.g. optimizer.zero_grad(set_to_none=True)).
+    Only MicroBatchFloorError escapes: the minimum micro-batch itself does not fit.
+    """
+    while True:
+        failure: BaseException | None = None
+        try:
+            return step_fn(scaler.plan)
+        except Exception as error:  # noqa: BLE001 - filtered just below
+            if not is_out_of_memory(error):
+                raise
+            failure = RuntimeError(str(error))  # keep the text, drop the frames holding tensors
+        # outside the except block, so the traceback and its tensors are gone before freeing
+        if cleanup is not None:
+            cleanup()
+        if tracker is not None:
+            tracker.reset()
+        free_device_memory()
+        scaler.on_out_of_memory(failure)
+
+
+class SimulatedOom:
+    """Test hook: raises torch.OutOfMemoryError for micro-batches above `fits_up_to`."""
+
+    def __init__(self, fits_up_to: int):
+        self.fits_up_to = fits_up_to
+        self.raised = 0
+
+    def check(self, micro_batch: int) -> None:
+        if micro_batch > self.fits_up_to:
+            self.raised += 1
+            raise torch.OutOfMemoryError(
+                f"simulated out of memory: micro-batch {micro_batch} > {self.fits_up_to} (test hook)")

@@ -1,0 +1,125 @@
+"""The telemetry sampler: a thread that turns the trainer's counters into samples for a sink.
+
+The training loop publishes one immutable ``Progress`` tuple per step (a single
+attribute assignment, atomic under the GIL) and appends its step window to a deque.
+Everything else—probing the device, integrating energy, averaging, MFU, overlap—
+happens here, on the sampler thread, every ``interval_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from gpu_runtime.mfu import mfu
+from gpu_runtime.probes import CpuProbe, NvmlProbe
+from gpu_runtime.timeline import OverlapMeter
+
+log = logging.getLogger(__name__)
+
+SAMPLE_KEYS = ("seq", "ts", "step", "device", "util_pct", "mem_used_mb", "mem_total_mb", "power_w", "energy_j",
+               "step_time_s", "tokens", "tokens_per_s", "micro_batch", "loss", "overlap_ratio", "mfu",
+               "sm_clock_mhz", "temperature_c", "estimated")
+
+
+class Progress(NamedTuple):
+    step: int  # optimizer steps completed
+    tokens: int  # cumulative tokens trained on
+    step_time_total: float  # seconds, summed over the steps this process ran
+    steps_timed: int
+    loss: float | None
+    micro_batch: int
+
+
+class RunCounters:
+    """What the trainer publishes; read by the sampler without locks."""
+
+    def __init__(self, progress: Progress):
+        self.progress = progress
+
+
+class Sampler:
+    """Samples every ``interval_s`` on a thread and once more, finally, from ``stop()``."""
+
+    def __init__(self, *, probe: CpuProbe | NvmlProbe, counters: RunCounters, interval_s: float,
+                 sink: Callable[[dict[str, Any]], None] | None, flops_per_token: float, peak: float | None,
+                 overlap: OverlapMeter | None):
+        self.probe, self.counters, self.interval_s, self.sink = probe, counters, interval_s, sink
+        self.flops_per_token, self.peak, self.overlap = flops_per_token, peak, overlap
+        self.seq = 0
+        self.peak_mem_mb = 0.0
+        self.sink_errors = 0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="gpu_runtime-telemetry", daemon=True)
+        first = probe.read()
+        self.energy_j: float | None = 0.0 if first.energy_j is not None or first.power_w is not None else None
+        self._energy_base = first.energy_j
+        self._last_energy_counter = first.energy_j
+        self._last_mono = time.perf_counter()
+        self._last_progress = counters.progress
+
+    def start(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def stop(self) -> dict[str, Any]:
+        """Stop the thread and emit the final sample (also after a cancel or SIGTERM)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        final = self.sample()
+        self.probe.close()
+        return final
+
+    def _energy(self, power_w: float | None, counter_j: float | None, dt: float) -> tuple[float | None, float | None]:
+        """Cumulative energy since the start, from the counter where there is one, else power x time."""
+        if counter_j is not None and self._energy_base is not None:
+            if power_w is None and self._last_energy_counter is not None and dt > 0:
+                power_w = (counter_j - self._last_energy_counter) / dt
+            self._last_energy_counter = counter_j
+            self.energy_j = max(self.energy_j or 0.0, counter_j - self._energy_base)
+        elif power_w is not None:
+            self.energy_j = (self.energy_j or 0.0) + power_w * dt
+        return power_w, self.energy_j
+
+    def sample(self) -> dict[str, Any]:
+        with self._lock:
+            now_mono = time.perf_counter()
+            dt = now_mono - self._last_mono
+            reading = self.probe.read()
+            power_w, energy_j = self._energy(reading.power_w, reading.energy_j, dt)
+            progress, last = self.counters.progress, self._last_progress
+            steps = progress.steps_timed - last.steps_timed
+            step_time = (progress.step_time_total - last.step_time_total) / steps if steps > 0 else None
+            tokens_per_s = (progress.tokens - last.tokens) / dt if dt > 0 else None
+            ratios = self.overlap.collect() if self.overlap is not None else []
+            if reading.mem_used_mb is not None:
+                self.peak_mem_mb = max(self.peak_mem_mb, reading.mem_used_mb)
+            sample = {
+                "seq": self.seq, "ts": time.time(), "step": progress.step, "device": self.probe.label,
+                "util_pct": reading.util_pct, "mem_used_mb": reading.mem_used_mb,
+                "mem_total_mb": reading.mem_total_mb, "power_w": power_w, "energy_j": energy_j,
+                "step_time_s": step_time, "tokens": progress.tokens, "tokens_per_s": tokens_per_s,
+                "micro_batch": progress.micro_batch, "loss": progress.loss,
+                "overlap_ratio": sum(ratios) / len(ratios) if ratios else None,
+                "mfu": mfu(tokens_per_s, self.flops_per_token, self.peak),
+                "sm_clock_mhz": reading.sm_clock_mhz, "temperature_c": reading.temperature_c,
+                "estimated": bool(self.probe.estimated),
+            }
+            self.seq += 1
+            self._last_mono, self._last_progress = now_mono, progress
+            if self.sink is not None:
+                try:
+                    self.sink(sample)
+                except Exception:  # a failing sink must not kill the run or the sampler
+                    self.sink_errors += 1
+                    log.exception("telemetry sink failed on sample seq=%d", sample["seq"])
+            return sample

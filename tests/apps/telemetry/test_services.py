@@ -1,0 +1,112 @@
+"""Telemetry is stored once per (run, seq), whatever order or how often it arrives,
+and the run's totals move forward incrementally to what a full recompute would give."""
+
+import random
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+
+from apps.core.exceptions import ApplicationError
+from apps.experiments.models import Run
+from apps.pricing import cost_engine
+from apps.pricing.selectors import prices_lookup
+from apps.telemetry.models import TelemetrySample
+from apps.telemetry.services import telemetry_ingest
+from tests.factories import ArmFactory, GpuPriceFactory, PricingTableFactory, RunFactory
+
+pytestmark = pytest.mark.django_db
+
+T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC).timestamp()
+
+
+def samples(n, *, start=0, util=80.0):
+    return [
+        {"seq": i, "ts": T0 + i, "step": i, "device": "cuda:0 Test GPU", "util_pct": util, "power_w": 300.0,
+         "energy_j": 300.0 * i, "tokens": 1000 * i, "loss": 5.0 - i * 0.01, "estimated": False}
+        for i in range(start, start + n)
+    ]
+
+
+@pytest.fixture
+def gpu_run():
+    price = GpuPriceFactory(pricing_table=PricingTableFactory(valid_from=datetime(2026, 1, 1, tzinfo=UTC)))
+    arm = ArmFactory(experiment__tenant=price.pricing_table.tenant)
+    return RunFactory(arm=arm, gpu_sku=price.sku, gpu_count=1, status=Run.Status.RUNNING, attempts=1)
+
+
+def full_recompute(run):
+    rows = list(TelemetrySample.objects.filter(run=run).order_by("seq").values())
+    prices_at = prices_lookup(tenant_id=run.tenant_id, gpu_sku_id=run.gpu_sku_id)
+    weights = cost_engine.Weights.from_cost_model(run.experiment.cost_model)
+    return cost_engine.price_samples(rows, prices_at=prices_at, weights=weights, gpu_count=1)
+
+
+def test_a_batch_sent_twice_is_stored_once(gpu_run):
+    first = telemetry_ingest(run_id=gpu_run.pk, samples=samples(20))
+    again = telemetry_ingest(run_id=gpu_run.pk, samples=samples(20))
+    assert (first.inserted, again.inserted, again.duplicates) == (20, 0, 20)
+    assert TelemetrySample.objects.filter(run=gpu_run).count() == 20
+    gpu_run.refresh_from_db()
+    assert gpu_run.tokens == 19_000 and gpu_run.last_seq == 19 and gpu_run.priced_seq == 19
+
+
+def test_out_of_order_and_overlapping_batches_give_the_in_order_totals(gpu_run):
+    batch = samples(60)
+    chunks = [batch[i:i + 7] for i in range(0, 60, 7)]
+    random.Random(4).shuffle(chunks)
+    for chunk in chunks + chunks[:3]:  # every chunk, then some again
+        telemetry_ingest(run_id=gpu_run.pk, samples=chunk)
+    gpu_run.refresh_from_db()
+    usage, cost = full_recompute(gpu_run)
+    assert TelemetrySample.objects.filter(run=gpu_run).count() == 60
+    assert gpu_run.priced_seq == 59
+    assert gpu_run.tokens == usage.tokens == 59_000
+    assert float(gpu_run.cost_usd) == pytest.approx(cost.total_usd, abs=1e-6)
+    assert gpu_run.cost_usd > 0
+    # 59 s on one GPU at 3.00 USD/h, plus 17.7 kJ x PUE 1.2 at 0.15 USD/kWh.
+    assert cost.total_usd == pytest.approx(59 / 3600 * 3.00 + 17_700 / 3.6e6 * 1.2 * 0.15, rel=1e-9)
+
+
+def test_a_gap_holds_pricing_back_until_filled(gpu_run):
+    batch = samples(10)
+    telemetry_ingest(run_id=gpu_run.pk, samples=batch[:4] + batch[6:])
+    gpu_run.refresh_from_db()
+    assert (gpu_run.priced_seq, gpu_run.last_seq) == (3, 9)
+    telemetry_ingest(run_id=gpu_run.pk, samples=batch[4:6])
+    gpu_run.refresh_from_db()
+    assert gpu_run.priced_seq == 9 and gpu_run.tokens == 9000
+
+
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        ({"seq": -1}, "samples[2].seq"),
+        ({"ts": "yesterday"}, "samples[2].ts"),
+        ({"util_pct": 140}, "samples[2].util_pct"),
+        ({"energy_j": float("nan")}, "samples[2].energy_j"),
+        ({"tokens": "many"}, "samples[2].tokens"),
+    ],
+)
+def test_a_bad_sample_names_its_index_and_field_and_nothing_is_stored(gpu_run, bad, field):
+    batch = samples(5)
+    batch[2].update(bad)
+    with pytest.raises(ApplicationError) as err:
+        telemetry_ingest(run_id=gpu_run.pk, samples=batch)
+    assert str(err.value).startswith(field)
+    assert not TelemetrySample.objects.filter(run=gpu_run).exists()
+    gpu_run.refresh_from_db()
+    assert gpu_run.cost_usd == Decimal("0")
+
+
+def test_a_second_attempt_restarts_counters_without_billing_the_first_twice(gpu_run):
+    telemetry_ingest(run_id=gpu_run.pk, samples=samples(10), attempt=1)
+    gpu_run.refresh_from_db()
+    first_tokens, first_cost = gpu_run.tokens, gpu_run.cost_usd
+    # Attempt 2 starts over: its seqs continue, its cumulative counters start from zero.
+    retry = [dict(s, seq=s["seq"] + 10, ts=s["ts"] + 100) for s in samples(10)]
+    telemetry_ingest(run_id=gpu_run.pk, samples=retry, attempt=2)
+    gpu_run.refresh_from_db()
+    assert gpu_run.tokens == 2 * first_tokens
+    # The 91 s between the attempts (no worker held the run) are not billed.
+    assert gpu_run.cost_usd == pytest.approx(2 * first_cost, abs=Decimal("0.000002"))

@@ -1,0 +1,246 @@
+import math
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from gpu_runtime.strategies.batch_scaler import (
+    BatchScaler,
+    GradientNormTracker,
+    GradientStats,
+    MicroBatchFloorError,
+    NoiseScaleEstimator,
+    SimulatedOom,
+    plan_accumulation,
+    run_step_with_oom_retry,
+)
+
+
+def synthetic_stats(gen, *, sizes, grad_sq=1.0, trace=64.0, dim=256):
+    """Micro-batch mean gradients g_i = G + N(0, trace/(dim*b_i) I): B_simple = trace / grad_sq."""
+    true_grad = torch.zeros(dim)
+    true_grad[0] = grad_sq**0.5
+    small = [true_grad + torch.randn(dim, generator=gen) * (trace / dim / b) ** 0.5 for b in sizes]
+    big = sum(g * b for g, b in zip(small, sizes, strict=True)) / sum(sizes)
+    return GradientStats(tuple(float(g.square().sum()) for g in small), tuple(sizes), float(big.square().sum()),
+                         sum(sizes))
+
+
+def scaler(**overrides):
+    kwargs = dict(global_batch=64, min_micro_batch=4, max_micro_batch=64, stability_window=5)
+    return BatchScaler(**{**kwargs, **overrides})
+
+
+def test_plan_keeps_the_global_batch_exactly():
+    plan = plan_accumulation(64, 24)
+    assert plan.micro_batch_sizes == (24, 24, 16)
+    assert plan.global_batch == 64 and plan.accumulation_steps == 3
+    assert math.isclose(sum(plan.loss_weight(i) for i in range(3)), 1.0)
+    assert plan_accumulation(64, 16).micro_batch_sizes == (16,) * 4
+
+
+@pytest.mark.parametrize(("kwargs", "key"), [
+    (dict(min_micro_batch=8, max_micro_batch=4), "min_micro_batch"),
+    (dict(min_micro_batch=128, max_micro_batch=256), "min_micro_batch"),
+    (dict(stability_window=0), "stability_window"),
+    (dict(policy="magic"), "policy"),
+])
+def test_bad_settings_name_the_key(kwargs, key):
+    with pytest.raises(ValueError, match=f"optimizer.dynamic_batching.*{key}"):
+        scaler(**kwargs)
+
+
+def test_noise_scale_estimate_recovers_a_known_noise_scale():
+    gen = torch.Generator().manual_seed(0)
+    estimator = NoiseScaleEstimator(ema_decay=0.98)
+    for _ in range(400):
+        assert estimator.observe(synthetic_stats(gen, sizes=(8, 8, 8, 6)))
+    assert estimator.noise_scale == pytest.approx(64.0, rel=0.25)
+
+
+def test_noise_scale_needs_two_micro_batches():
+    estimator = NoiseScaleEstimator()
+    assert not estimator.observe(GradientStats((1.0,), (64,), 1.0, 64))
+    assert estimator.noise_scale is None
+
+
+def test_micro_batch_follows_the_noise_scale_within_bounds_and_window():
+    gen = torch.Generator().manual_seed(1)
+    s = scaler(initial_micro_batch=8)
+    seen = []
+    for _ in range(40):  # very noisy gradients: B_simple ~ 4096
+        plan = s.plan
+        s.update(synthetic_stats(gen, sizes=plan.micro_batch_sizes, trace=4096.0))
+        seen.append(s.micro_batch)
+    assert s.micro_batch > 8, "the micro-batch never grew"
+    for _ in range(150):  # clean gradients: B_simple ~ 1; the EMA needs ~80 steps to forget
+        plan = s.plan
+        s.update(synthetic_stats(gen, sizes=plan.micro_batch_sizes, trace=1.0))
+        seen.append(s.micro_batch)
+    assert s.micro_batch == 4, "the micro-batch never came back down"
+    assert all(4 <= m <= 32 for m in seen)
+    assert max(seen) == 32, "two micro-batches a step are kept for the estimate"
+    change_steps = [e.step for e in s.events]
+    assert all(b - a >= 5 for a, b in zip(change_steps, change_steps[1:], strict=False))
+    assert {e.kind for e in s.events} == {"grow", "shrink"}
+
+
+def test_grad_variance_policy_grows_with_variance_and_shrinks_without():
+    s = scaler(policy="grad_variance", initial_micro_batch=16, stability_window=10)
+    for i in range(10):  # relative variance 0.25 >> threshold 0.1
+        s.update(GradientStats((1.0,), (32,), (1.0 if i % 2 else 3.0) ** 2, 64))
+    assert s.micro_batch == 64
+    for _ in range(10):  # constant norms: variance 0
+        s.update(GradientStats((1.0,), (32,), 1.0, 64))
+    assert s.micro_batch < 16
+
+
+def test_growth_is_capped_by_the_predicted_memory_peak():
+    mib = 2**20
+    s = scaler(initial_micro_batch=8, memory_capacity_bytes=100 * mib, stability_window=1)
+    # 10 MiB of weights and state, 4 MiB per sample: 16 fits in 90 MiB, 32 does not
+    s.update(GradientStats((9.0,), (8,), 1.0, 64), peak_memory_bytes=10 * mib + 8 * 4 * mib,
+             baseline_memory_bytes=10 * mib)
+    assert s.micro_batch == 16
+    assert s.events[-1].kind == "memory_cap"
+    assert s.events[-1].detail["predicted_peak_bytes"] <= 0.9 * 100 * mib
+
+
+def test_forced_oom_is_survived_by_halving_and_recorded():
+    s = scaler(global_batch=128, initial_micro_batch=64, stability_window=1)
+    hook = SimulatedOom(fits_up_to=16)
+    ran = []
+
+    def step(plan):
+        hook.check(plan.micro_batch)
+        ran.append(plan.micro_batch_sizes)
+        return "ok"
+
+    assert run_step_with_oom_retry(step, s) == "ok"
+    assert ran == [(16,) * 8]
+    assert [(e.kind, e.old_micro_batch, e.new_micro_batch) for e in s.events] == [
+        ("oom", 64, 32), ("oom", 32, 16)]
+    # the size that failed is not tried again, however noisy the gradients
+    for _ in range(5):
+        s.update(GradientStats((1e6,), (16,), 1.0, 128))
+    assert s.micro_batch == 16
+
+
+def test_oom_at_the_minimum_micro_batch_is_a_clear_error():
+    s = scaler(initial_micro_batch=4)
+    hook = SimulatedOom(fits_up_to=2)
+    with pytest.raises(MicroBatchFloorError, match="min_micro_batch"):
+        run_step_with_oom_retry(lambda plan: hook.check(plan.micro_batch), s)
+    assert hook.raised == 3  # the first try and two retries
+
+
+def test_other_errors_are_not_swallowed():
+    def step(plan):
+        raise ValueError("bad data")
+
+    with pytest.raises(ValueError, match="bad data"):
+        run_step_with_oom_retry(step, scaler())
+
+
+def small_model(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+
+
+def accumulate(model, tracker, x, y, plan, oom_hook=None):
+    start = 0
+    for i, size in enumerate(plan.micro_batch_sizes):
+        xb, yb = x[start:start + size], y[start:start + size]
+        start += size
+        if oom_hook is not None and i == 1:
+            oom_hook.check(plan.micro_batch)  # fails after one micro-batch already accumulated
+        (nn.functional.mse_loss(model(xb), yb) * plan.loss_weight(i)).backward()
+        tracker.after_micro_batch(plan, i)
+
+
+def test_tracker_norms_equal_separately_computed_gradients():
+    model = small_model()
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(12, 8, generator=gen), torch.randn(12, 1, generator=gen)
+    plan = plan_accumulation(12, 5)
+    params = list(model.parameters())
+    first = torch.autograd.grad(nn.functional.mse_loss(model(x[:5]), y[:5]), params)
+    expected_small = sum(g.square().sum() for g in first).item()
+    full = torch.autograd.grad(nn.functional.mse_loss(model(x), y), params)
+    expected_big = sum(g.square().sum() for g in full).item()
+
+    tracker = GradientNormTracker(model.parameters())
+    accumulate(model, tracker, x, y, plan)
+    stats = tracker.step_stats()
+    assert stats.small_sizes == (5,) and stats.big_size == 12
+    assert stats.small_sq_norms[0] == pytest.approx(expected_small, rel=1e-5)
+    assert stats.big_sq_norm == pytest.approx(expected_big, rel=1e-5)
+    assert stats.big_sq_norm == pytest.approx(sum(p.grad.square().sum().item() for p in params), rel=1e-5)
+
+
+def test_retried_step_after_oom_yields_the_clean_gradient():
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(32, 8, generator=gen), torch.randn(32, 1, generator=gen)
+    clean = small_model()
+    clean_tracker = GradientNormTracker(clean.parameters())
+    accumulate(clean, clean_tracker, x, y, plan_accumulation(32, 8))
+
+    model = small_model()
+    tracker = GradientNormTracker(model.parameters())
+    s = BatchScaler(global_batch=32, min_micro_batch=4, max_micro_batch=32, stability_window=1,
+                    initial_micro_batch=16)
+    hook = SimulatedOom(fits_up_to=8)
+    run_step_with_oom_retry(lambda plan: accumulate(model, tracker, x, y, plan, hook), s,
+                            cleanup=lambda: model.zero_grad(set_to_none=True), tracker=tracker)
+    stats = tracker.step_stats()
+    assert s.micro_batch == 8 and stats.small_sizes == (8,) and stats.big_size == 32
+    for p, q in zip(model.parameters(), clean.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-6, rtol=1e-5)
+
+
+def regression_run(noise_std, dim, steps=60):
+    """Linear regression trained with the real tracker and scaler; returns the scaler."""
+    gen = torch.Generator().manual_seed(0)
+    true_w = torch.randn(dim, 1, generator=gen)
+    model = nn.Linear(dim, 1, bias=False)
+    nn.init.zeros_(model.weight)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    tracker = GradientNormTracker(model.parameters())
+    s = BatchScaler(global_batch=64, min_micro_batch=4, max_micro_batch=64, stability_window=10,
+                    initial_micro_batch=16)
+    for _ in range(steps):
+        x = torch.randn(64, dim, generator=gen)
+        y = x @ true_w + noise_std * torch.randn(64, 1, generator=gen)
+        accumulate(model, tracker, x, y, s.plan)
+        s.update(tracker.step_stats())
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return s
+
+
+def test_real_gradients_drive_the_micro_batch_both_ways():
+    noisy = regression_run(noise_std=10.0, dim=4)
+    clean = regression_run(noise_std=0.0, dim=2)
+    assert noisy.micro_batch == 32 and noisy.noise.noise_scale > 64
+    assert clean.micro_batch == 4 and clean.noise.noise_scale < 8
+
+
+def test_statistics_cost_at_most_two_percent_of_step_time():
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(4)])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tracker = GradientNormTracker(model.parameters())
+    plan = plan_accumulation(64, 16)
+    x = torch.randn(64, 32, 256)  # 64 sequences of 32 tokens
+    started = time.perf_counter()
+    for _ in range(6):
+        for i, size in enumerate(plan.micro_batch_sizes):
+            (model(x[i * size:(i + 1) * size]).square().mean() * plan.loss_weight(i)).backward()
+            tracker.after_micro_batch(plan, i)
+        assert tracker.step_stats() is not None
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    elapsed = time.perf_counter() - started
+    assert tracker.overhead_s > 0
+    assert tracker.overhead_s <= 0.02 * elapsed, f"{tracker.overhead_s / elapsed:.1%} of step time"

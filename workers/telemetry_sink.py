@@ -1,0 +1,108 @@
+"""The worker's telemetry sink: buffer samples, flush them in batches off the training path.
+
+`put` only appends under a lock (the trainer's sampler thread calls it). A flusher thread
+sends a batch every <= FLUSH_S seconds or once BATCH samples wait. A failed flush keeps
+the same samples (same seqs) and retries with backoff; storage is idempotent by (run, seq),
+so a retry of a batch that did land changes nothing. The buffer is bounded: past
+MAX_BUFFERED the oldest samples are dropped and counted, and the log says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+
+from django.db import close_old_connections, connection
+
+logger = logging.getLogger(__name__)
+
+
+class TelemetrySink:
+    FLUSH_S = 1.0
+    BATCH = 500
+    MAX_BUFFERED = 100_000
+
+    def __init__(self, *, run_id: int, attempt: int, seq_base: int,
+                 ingest: Callable[..., object]):
+        self.run_id, self.attempt, self.seq_base = run_id, attempt, seq_base
+        self._ingest = ingest
+        self._buffer: deque[dict] = deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closing = threading.Event()
+        self.dropped = 0
+        self.flushed = 0
+        self.failures = 0
+        self._thread = threading.Thread(target=self._loop, name=f"telemetry-sink-{run_id}", daemon=True)
+        self._thread.start()
+
+    def put(self, sample: dict) -> None:
+        """Called by the runtime (any thread). Never blocks on I/O."""
+        sample = dict(sample, seq=self.seq_base + int(sample["seq"]))
+        with self._lock:
+            self._buffer.append(sample)
+            if len(self._buffer) > self.MAX_BUFFERED:
+                self._buffer.popleft()
+                self.dropped += 1
+                if self.dropped in (1, 100) or self.dropped % 10_000 == 0:
+                    logger.error("run %s: telemetry buffer full (%d); dropped %d oldest samples so far",
+                                 self.run_id, self.MAX_BUFFERED, self.dropped)
+            full = len(self._buffer) >= self.BATCH
+        if full:
+            self._wake.set()
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Flush what is left (retrying until timeout_s), then stop the flusher."""
+        self._closing.set()
+        self._wake.set()
+        self._thread.join(timeout_s)
+        if self.pending:
+            logger.error("run %s: %d telemetry samples could not be stored before close",
+                         self.run_id, self.pending)
+
+    @property
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._buffer)
+
+    def _loop(self) -> None:
+        backoff = self.FLUSH_S
+        try:
+            while True:
+                self._wake.wait(backoff if self.failures else self.FLUSH_S)
+                self._wake.clear()
+                closing = self._closing.is_set()
+                if self._flush_all():
+                    backoff = self.FLUSH_S
+                else:
+                    backoff = min(backoff * 2, 10.0)
+                if closing and (not self.pending or self.failures > 5):
+                    return
+        finally:
+            connection.close()
+
+    def _flush_all(self) -> bool:
+        while True:
+            with self._lock:
+                batch = [self._buffer[i] for i in range(min(self.BATCH, len(self._buffer)))]
+            if not batch:
+                return True
+            try:
+                close_old_connections()
+                self._ingest(run_id=self.run_id, samples=batch, attempt=self.attempt)
+            except Exception as exc:  # database down, lock timeout...: keep the batch, retry later
+                self.failures += 1
+                logger.warning("run %s: telemetry flush failed (%s: %s); keeping %d samples buffered, "
+                               "will retry", self.run_id, type(exc).__name__, exc, self.pending)
+                connection.close()
+                return False
+            self.failures = 0
+            stored = {s["seq"] for s in batch}
+            with self._lock:
+                # put() may have dropped from the left meanwhile: remove by seq, not by count.
+                while self._buffer and self._buffer[0]["seq"] in stored:
+                    self._buffer.popleft()
+            self.flushed += len(batch)
+
