@@ -45,49 +45,18 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason="needs a CUDA device; none here"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def celery_worker_process(django_db_setup, django_db_blocker):
     """A real Celery worker in its own process, on the test broker and the test database.
 
+    Module-scoped, so a module that kills workers on purpose can start its own.
     Tests that use it must commit what the worker should see (transactional_db).
     """
-    import subprocess
-    import sys
-    import time
-    import uuid
-
-    from django.db import connection
-
-    from config.celery_app import app as celery_app
-    from tests.helpers import ROOT, clean_env
+    from tests.helpers import start_worker, stop_worker
 
     missing = services_missing()
     if missing:
         pytest.skip("a real worker needs: " + "; ".join(missing))
-    db = connection.settings_dict
-    database_url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-    name = f"test-{uuid.uuid4().hex[:8]}@localhost"
-    env = clean_env(
-        DJANGO_SETTINGS_MODULE="config.settings.test", DATABASE_URL=database_url, REDIS_URL=settings.REDIS_URL
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "config.celery_app", "worker", "--pool", "solo",
-         "--queues", "default,cpu,gpu", "--hostname", name, "--without-gossip", "--without-mingle",
-         "--loglevel", "WARNING"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail("celery worker exited at start:\n" + proc.stdout.read())
-        if celery_app.control.ping(destination=[name], timeout=1.0):
-            break
-    else:
-        proc.kill()
-        pytest.fail("celery worker did not answer a ping within 60 s")
+    proc, name = start_worker()
     yield name
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    stop_worker(proc)

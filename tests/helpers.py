@@ -22,3 +22,45 @@ def run_python(code: str, env: dict[str, str], timeout: float = 60) -> subproces
     return subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
     )
+
+
+def start_worker(*, lease_s: float | None = None, queues: str = "default,cpu,gpu"):
+    """Start a real Celery worker on the test database and broker; return (process, name) once it answers."""
+    import time
+    import uuid
+
+    from django.conf import settings
+    from django.db import connection
+
+    from config.celery_app import app as celery_app
+
+    db = connection.settings_dict
+    database_url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    name = f"test-{uuid.uuid4().hex[:8]}@localhost"
+    env = clean_env(
+        DJANGO_SETTINGS_MODULE="config.settings.test", DATABASE_URL=database_url, REDIS_URL=settings.REDIS_URL
+    )
+    if lease_s is not None:
+        env["COSTLAB_RUN_LEASE_S"] = str(lease_s)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "config.celery_app", "worker", "--pool", "solo",
+         "--queues", queues, "--hostname", name, "--without-gossip", "--without-mingle", "--loglevel", "WARNING"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"celery worker exited at start with status {proc.returncode}")
+        if celery_app.control.ping(destination=[name], timeout=1.0):
+            return proc, name
+    proc.kill()
+    raise RuntimeError("celery worker did not answer a ping within 60 s")
+
+
+def stop_worker(proc) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -5,12 +5,13 @@ steps that add up to it, so the optimisation target never changes, only throughp
 and memory do. Gradient statistics say how large a micro-batch they justify:
 
 * `noise_scale` (default): the gradient noise scale B_simple = tr(Sigma) / |G|^2
-  (McCandlish et al. 2018, App. A.1; AdaptDL), estimated from the norm of the
-  first micro-batch's gradient ("small") and of the accumulated step gradient ("big"),
-  both read from `.grad` during accumulation, each smoothed by a bias-corrected EMA before the ratio.
-  The estimate needs two micro-batches a step, so this policy's largest micro-batch
-  is half the global batch (AdaptDL instead keeps a copy of the last step's gradient:
-  a model's worth of memory, spent exactly when memory is tightest).
+  (McCandlish et al. 2018, App. A.1; AdaptDL), estimated from the norm of the first
+  micro-batch's gradient ("small") and of the step's accumulated gradient ("big"), both
+  read from `.grad` during accumulation; |G|^2 and tr(Sigma) are smoothed separately
+  (bias-corrected EMA) before the ratio is taken. The estimate needs two micro-batches
+  a step, so this policy's largest micro-batch is half the global batch (AdaptDL
+  instead keeps a copy of the last step's gradient: a model's worth of memory, spent
+  exactly when memory is tightest).
 * `grad_variance`: the design document's rule, tanh of the variance of the last
   gradient norms, made scale-free (variance / mean^2) so loss scaling and model size
   do not move it. Like the document's formula (not its prose), more variance -> larger.
@@ -68,7 +69,7 @@ def plan_accumulation(global_batch: int, micro_batch: int) -> AccumulationPlan:
 
 @dataclass(frozen=True)
 class GradientStats:
-    """One step's gradient norms: each micro-batch's mean gradient and the accumulated one."""
+    """One step's squared gradient norms: micro-batch mean gradients and the step's mean gradient."""
 
     small_sq_norms: tuple[float, ...]  # |g_i|^2, g_i the mean gradient of micro-batch i
     small_sizes: tuple[int, ...]
@@ -162,21 +163,36 @@ class NoiseScaleEstimator:
         return max(trace, 0.0) / grad_sq
 
 
-@dataclass
 class MemoryModel:
-    """peak(m) ~ baseline + m * bytes_per_sample, the per-sample cost the largest seen so far."""
+    """Step peak above the resting baseline as fixed + per-sample * m, fitted on what was measured.
 
-    bytes_per_sample: float = 0.0
-    baseline_bytes: int = 0
-    samples: int = 0
+    With one micro-batch size seen, everything is charged per sample (pessimistic for
+    growth); with several, a least-squares line over each size's worst peak.
+    """
+
+    def __init__(self) -> None:
+        self.baseline_bytes = 0
+        self._worst: dict[int, float] = {}  # micro-batch -> largest peak above baseline
+
+    @property
+    def samples(self) -> int:
+        return len(self._worst)
 
     def record(self, *, micro_batch: int, peak_bytes: int, baseline_bytes: int) -> None:
         self.baseline_bytes = baseline_bytes
-        self.bytes_per_sample = max(self.bytes_per_sample, (peak_bytes - baseline_bytes) / micro_batch)
-        self.samples += 1
+        extra = float(peak_bytes - baseline_bytes)
+        self._worst[micro_batch] = max(self._worst.get(micro_batch, extra), extra)
 
     def predict_peak(self, micro_batch: int) -> float:
-        return self.baseline_bytes + micro_batch * self.bytes_per_sample
+        sizes = list(self._worst)
+        if len(sizes) == 1:
+            return self.baseline_bytes + self._worst[sizes[0]] / sizes[0] * micro_batch
+        mean_m = sum(sizes) / len(sizes)
+        mean_e = sum(self._worst.values()) / len(sizes)
+        slope = (sum((m - mean_m) * (self._worst[m] - mean_e) for m in sizes)
+                 / sum((m - mean_m) ** 2 for m in sizes))
+        slope = max(slope, 0.0)
+        return self.baseline_bytes + mean_e + slope * (micro_batch - mean_m)
 
 
 @dataclass(frozen=True)
@@ -353,7 +369,7 @@ def run_step_with_oom_retry(
         failure: BaseException | None = None
         try:
             return step_fn(scaler.plan)
-        except Exception as error:  # noqa: BLE001 - filtered just below
+        except Exception as error:  # only out-of-memory is handled; the rest re-raises
             if not is_out_of_memory(error):
                 raise
             failure = RuntimeError(str(error))  # keep the text, drop the frames holding tensors

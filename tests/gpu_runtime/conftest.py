@@ -36,7 +36,7 @@ TINY = {
 }
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def tiny_config() -> Callable[..., StrategyConfig]:
     """``tiny_config(train={"steps": 3})``: the tiny preset on synthetic data, with overrides."""
 

@@ -107,6 +107,17 @@ def test_growth_is_capped_by_the_predicted_memory_peak():
     assert s.events[-1].detail["predicted_peak_bytes"] <= 0.9 * 100 * mib
 
 
+def test_memory_model_separates_fixed_from_per_sample_cost():
+    from gpu_runtime.strategies.batch_scaler import MemoryModel
+
+    mib = 2**20
+    model = MemoryModel()
+    model.record(micro_batch=8, peak_bytes=100 * mib + 10 * mib + 8 * 4 * mib, baseline_bytes=100 * mib)
+    assert model.predict_peak(16) == 100 * mib + 2 * 42 * mib  # one size seen: all of it per sample
+    model.record(micro_batch=16, peak_bytes=100 * mib + 10 * mib + 16 * 4 * mib, baseline_bytes=100 * mib)
+    assert model.predict_peak(64) == pytest.approx(100 * mib + 10 * mib + 64 * 4 * mib)
+
+
 def test_forced_oom_is_survived_by_halving_and_recorded():
     s = scaler(global_batch=128, initial_micro_batch=64, stability_window=1)
     hook = SimulatedOom(fits_up_to=16)
