@@ -30,7 +30,8 @@ seed: migrate
 	$(BIN)/python manage.py seed_demo
 
 ## Start web, one Celery worker and beat on the embedded default (or DATABASE_URL / REDIS_URL).
-run: seed
+run: migrate
+	$(BIN)/python manage.py seed_demo --submit-runs 2
 	@bash platform/run-local.sh
 
 ## The whole suite. Postgres/Redis when reachable, else SQLite (service tests skip; CI=true fails instead).

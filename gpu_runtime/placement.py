@@ -97,6 +97,21 @@ def cuda_indices_for(nvml_bus_ids: Sequence[str], cuda_bus_ids: Sequence[str]) -
         raise PlacementError(f"placement: GPU {missing} seen by NVML is not visible to CUDA") from None
 
 
+def cuda_bus_ids() -> list[str]:
+    """PCI bus id of each CUDA device, in CUDA's order, for `cuda_indices_for`."""
+    import torch
+
+    ids = []
+    for index in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(index)
+        bus, device = getattr(props, "pci_bus_id", None), getattr(props, "pci_device_id", None)
+        if bus is None or device is None:
+            raise PlacementError("placement: this PyTorch build does not report PCI bus ids; "
+                                 "set CUDA_DEVICE_ORDER=PCI_BUS_ID so CUDA and NVML agree")
+        ids.append(f"{getattr(props, 'pci_domain_id', 0) or 0:04x}:{bus:02x}:{device:02x}.0")
+    return ids
+
+
 def read_topology() -> Topology:
     """Read bus ids, common ancestors and NVLink peers of every GPU through NVML."""
     import pynvml  # lazy: machines without a driver never import it

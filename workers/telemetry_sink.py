@@ -20,18 +20,16 @@ logger = logging.getLogger(__name__)
 
 
 class TelemetrySink:
-    FLUSH_S = 1.0
-    BATCH = 500
-    MAX_BUFFERED = 100_000
-
-    def __init__(self, *, run_id: int, attempt: int, seq_base: int,
-                 ingest: Callable[..., object]):
+    def __init__(self, *, run_id: int, attempt: int, seq_base: int, ingest: Callable[..., object],
+                 flush_s: float = 1.0, batch: int = 500, max_buffered: int = 100_000):
         self.run_id, self.attempt, self.seq_base = run_id, attempt, seq_base
+        self.FLUSH_S, self.BATCH, self.MAX_BUFFERED = flush_s, batch, max_buffered
         self._ingest = ingest
         self._buffer: deque[dict] = deque()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closing = threading.Event()
+        self._abandoned = threading.Event()
         self.dropped = 0
         self.flushed = 0
         self.failures = 0
@@ -53,11 +51,15 @@ class TelemetrySink:
         if full:
             self._wake.set()
 
+    CLOSE_RETRIES = 5
+
     def close(self, timeout_s: float = 30.0) -> None:
         """Flush what is left (retrying until timeout_s), then stop the flusher."""
         self._closing.set()
         self._wake.set()
         self._thread.join(timeout_s)
+        self._abandoned.set()
+        self._wake.set()
         if self.pending:
             logger.error("run %s: %d telemetry samples could not be stored before close",
                          self.run_id, self.pending)
@@ -78,7 +80,7 @@ class TelemetrySink:
                     backoff = self.FLUSH_S
                 else:
                     backoff = min(backoff * 2, 10.0)
-                if closing and (not self.pending or self.failures > 5):
+                if self._abandoned.is_set() or (closing and (not self.pending or self.failures > self.CLOSE_RETRIES)):
                     return
         finally:
             connection.close()

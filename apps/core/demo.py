@@ -14,8 +14,8 @@ from decimal import Decimal
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from apps.experiments.models import Arm, Experiment
-from apps.experiments.services import strategy_sha256
+from apps.experiments.models import Arm, Experiment, Run
+from apps.experiments.services import run_submit, strategy_sha256
 from apps.pricing.models import CostModel, GpuPrice, GpuSku, PricingTable
 from apps.tenants.models import Membership, Tenant
 
@@ -29,22 +29,21 @@ EXAMPLE_SKUS = [
     ("NVIDIA L4 24GB", 24, 72, "121.0", "0.70"),
 ]
 
+# Both arms train the tiny preset on CPU in about a minute, so `make run` shows training,
+# telemetry and cost right away. The optimized arm switches on what the runtime supports.
 CONTROL_STRATEGY = """\
-model:     {family: llama, preset: tiny, seq_len: 128}
-data:      {source: synthetic}
-train:     {steps: 200, global_batch: 16, lr: 3.0e-4, seed: 0}
+model:     {family: llama, preset: tiny, seq_len: 64}
+data:      {source: synthetic, prefetch: 0}
+train:     {steps: 300, global_batch: 8, lr: 3.0e-4, seed: 0}
 precision: {compute_dtype: fp32}
 telemetry: {interval_s: 1.0}
 """
 
 OPTIMIZED_STRATEGY = """\
-model:     {family: llama, preset: tiny, seq_len: 128}
+model:     {family: llama, preset: tiny, seq_len: 64}
 data:      {source: synthetic, pin_memory: true, prefetch: 2}
-train:     {steps: 200, global_batch: 16, lr: 3.0e-4, seed: 0}
-optimizer:
-  dynamic_batching: {enabled: true, min_micro_batch: 4, max_micro_batch: 16, stability_window: 16}
+train:     {steps: 300, global_batch: 8, lr: 3.0e-4, seed: 0}
 precision: {compute_dtype: bf16}
-memory:    {gradient_checkpointing: {enabled: true, every_n_blocks: 1}}
 telemetry: {interval_s: 1.0}
 """
 
@@ -53,12 +52,16 @@ telemetry: {interval_s: 1.0}
 class DemoSeedResult:
     tenant: Tenant
     pricing_table: PricingTable
+    experiment: Experiment
+    runs_submitted: int
     admin_username: str
     admin_password: str | None  # None when the user already existed (password untouched)
 
 
 @transaction.atomic
-def demo_seed(*, admin_username: str = "admin", admin_email: str = "admin@example.com") -> DemoSeedResult:
+def demo_seed(*, admin_username: str = "admin", admin_email: str = "admin@example.com",
+              submit_runs_per_arm: int = 0) -> DemoSeedResult:
+    """Seed the demo; with submit_runs_per_arm, also queue runs unless some are already active."""
     tenant, _ = Tenant.objects.get_or_create(slug="demo", defaults={"name": "Demo team"})
 
     table, _ = PricingTable.objects.get_or_create(
@@ -90,6 +93,7 @@ def demo_seed(*, admin_username: str = "admin", admin_email: str = "admin@exampl
             "description": "Plain PyTorch training against dynamic batching + bf16 + checkpointing.",
             "cost_model": cost_model,
             "status": Experiment.Status.ACTIVE,
+            "min_runs_per_arm": 2,
             "target_steps": 100_000,
         },
     )
@@ -114,4 +118,11 @@ def demo_seed(*, admin_username: str = "admin", admin_email: str = "admin@exampl
         password = secrets.token_urlsafe(12)
         user = User.objects.create_superuser(username=admin_username, email=admin_email, password=password)
     Membership.objects.get_or_create(user=user, tenant=tenant, defaults={"role": Membership.Role.ADMIN})
-    return DemoSeedResult(tenant=tenant, pricing_table=table, admin_username=admin_username, admin_password=password)
+    submitted = 0
+    if submit_runs_per_arm and not experiment.runs.filter(status__in=Run.ACTIVE_STATUSES).exists():
+        for arm in experiment.arms.order_by("pk"):
+            for _ in range(submit_runs_per_arm):
+                run_submit(experiment=experiment, arm=arm)
+                submitted += 1
+    return DemoSeedResult(tenant=tenant, pricing_table=table, experiment=experiment, runs_submitted=submitted,
+                          admin_username=admin_username, admin_password=password)

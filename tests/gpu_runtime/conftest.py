@@ -11,10 +11,13 @@ import torch
 from gpu_runtime import StrategyConfig, strategy_from_dict
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _one_torch_thread():
-    # The CI box has 2 shared cores: OpenMP threads spinning against other processes
-    # make step times swing tenfold. One thread keeps these tests quick and steady.
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread for a module's tests, restored afterwards.
+
+    The CI box has 2 shared cores: OpenMP threads spinning against other processes
+    make step times swing tenfold; one thread keeps training tests quick and steady.
+    """
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -10,7 +10,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from gpu_runtime.cli import EXIT_REFUSED, EXIT_SIGTERM, main
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 ROOT = Path(__file__).resolve().parents[2]
 STRATEGY = """model: {preset: tiny, seq_len: 32}

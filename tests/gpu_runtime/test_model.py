@@ -21,6 +21,8 @@ from gpu_runtime.model import (
 )
 from gpu_runtime.schema import PRESETS as SCHEMA_PRESETS
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 def _count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())

@@ -16,6 +16,8 @@ from gpu_runtime.data import StepBatches, load_corpus
 from gpu_runtime.model import PRESETS, Transformer, preset_args
 from gpu_runtime.precision import Precision
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 def _initial_loss(config) -> float:
     torch.manual_seed(config.train.seed)

@@ -38,3 +38,13 @@ def test_seeded_prices_are_labelled_example():
     assert table.is_example and "EXAMPLE" in table.notes
     assert "example" in str(table).lower()
     assert Arm.objects.filter(is_control=True).count() == 1
+
+
+def test_seed_can_queue_demo_runs_once(django_capture_on_commit_callbacks):
+    from apps.experiments.models import Run
+
+    with django_capture_on_commit_callbacks(execute=False) as enqueued:
+        call_command("seed_demo", "--submit-runs", "2")
+        call_command("seed_demo", "--submit-runs", "2")  # runs still queued: nothing more
+    assert Run.objects.count() == 4 and len(enqueued) == 4
+    assert set(Run.objects.values_list("arm__name", flat=True)) == {"pytorch-baseline", "costlab-optimized"}

@@ -7,6 +7,7 @@ from gpu_runtime.placement import (
     LinkLevel,
     PlacementError,
     build_link_matrix,
+    cuda_bus_ids,
     cuda_indices_for,
     normalize_bus_id,
     place_job,
@@ -153,3 +154,14 @@ def test_read_topology_treats_gpus_on_an_nvswitch_as_nvlinked(monkeypatch):
     topo = read_topology()
     assert topo.levels[0][2] == LinkLevel.NVLINK
     assert topo.levels[0][1] == LinkLevel.NODE
+
+
+def test_cuda_bus_ids_are_formatted_like_nvml_ones(monkeypatch):
+    import torch
+
+    props = [types.SimpleNamespace(pci_domain_id=0, pci_bus_id=0x8A, pci_device_id=0),
+             types.SimpleNamespace(pci_domain_id=0, pci_bus_id=0x0A, pci_device_id=0)]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props[i])
+    assert cuda_bus_ids() == ["0000:8a:00.0", "0000:0a:00.0"]
+    assert cuda_indices_for(["00000000:0A:00.0", "00000000:8A:00.0"], cuda_bus_ids()) == (1, 0)
