@@ -174,13 +174,8 @@ def _interval_energy_j(prev: Any, cur: Any, dt: float) -> float:
     return max(0.0, sum(powers) / len(powers)) * dt
 
 
-def usage_between(
-    prev: Any, cur: Any, *, gpu_count: int = 1, vcpus: float = 0, memory_gb: float = 0.0
-) -> Usage:
-    """Usage of the interval closed by `cur` (prev=None: the run's first sample, dt = 0)."""
-    if gpu_count < 0 or vcpus < 0 or memory_gb < 0:
-        raise ValueError("gpu_count, vcpus and memory_gb must be >= 0")
-    gpu_count, vcpus, memory_gb = float(gpu_count), float(vcpus), float(memory_gb)  # Decimal-safe
+def _interval(prev: Any, cur: Any, gpu_count: float, vcpus: float, memory_gb: float) -> tuple:
+    """Usage of one interval as a tuple in Usage's field order (the hot loop avoids dataclasses)."""
     dt = 0.0 if prev is None else max(0.0, _seconds(_field(cur, "ts")) - _seconds(_field(prev, "ts")))
     device_s = dt * gpu_count
     util = _field(cur, "util_pct")
@@ -188,16 +183,29 @@ def usage_between(
     busy_share = 1.0 if util is None else min(1.0, max(0.0, float(util) / 100.0))
     prev_tokens = 0 if prev is None else _field(prev, "tokens")
     prev_step = 0 if prev is None else _field(prev, "step")
-    return Usage(
-        wall_s=dt,
-        device_seconds=device_s,
-        busy_device_seconds=device_s * busy_share,
-        energy_j=_interval_energy_j(prev, cur, dt),
-        vcpu_seconds=dt * vcpus,
-        memory_gb_seconds=dt * memory_gb,
-        tokens=max(0, int(_field(cur, "tokens") or 0) - int(prev_tokens or 0)),
-        steps=max(0, int(_field(cur, "step") or 0) - int(prev_step or 0)),
+    return (
+        dt,
+        device_s,
+        device_s * busy_share,
+        _interval_energy_j(prev, cur, dt),
+        dt * vcpus,
+        dt * memory_gb,
+        max(0, int(_field(cur, "tokens") or 0) - int(prev_tokens or 0)),
+        max(0, int(_field(cur, "step") or 0) - int(prev_step or 0)),
     )
+
+
+def _resources(gpu_count: float, vcpus: float, memory_gb: float) -> tuple[float, float, float]:
+    if gpu_count < 0 or vcpus < 0 or memory_gb < 0:
+        raise ValueError("gpu_count, vcpus and memory_gb must be >= 0")
+    return float(gpu_count), float(vcpus), float(memory_gb)  # Decimal-safe
+
+
+def usage_between(
+    prev: Any, cur: Any, *, gpu_count: int = 1, vcpus: float = 0, memory_gb: float = 0.0
+) -> Usage:
+    """Usage of the interval closed by `cur` (prev=None: the run's first sample, dt = 0)."""
+    return Usage(*_interval(prev, cur, *_resources(gpu_count, vcpus, memory_gb)))
 
 
 def resource_weighted_cost(usage: Usage, prices: Prices, weights: Weights = Weights()) -> CostBreakdown:  # noqa: B008
@@ -306,14 +314,33 @@ def price_samples(
     memory_gb: float = 0.0,
     previous: Any = None,
 ) -> tuple[Usage, CostBreakdown]:
-    """Usage and cost of consecutive samples of one run (in seq order), after `previous` if given."""
+    """Usage and cost of consecutive samples of one run (in seq order), after `previous` if given.
+
+    Each interval is priced with the prices in force when it closed, so a pricing table that
+    changes mid-run applies from the first sample taken under it, and incremental totals
+    equal a full recompute. The cost is linear in usage under fixed prices, so intervals
+    that share prices are summed first and priced once (same result, far fewer objects).
+    """
+    resources = _resources(gpu_count, vcpus, memory_gb)
     usage, cost = Usage.zero(), CostBreakdown.zero()
+    group_prices: Prices | None = None
+    sums = [0.0] * 8
     prev = previous
+
+    def close_group() -> None:
+        nonlocal usage, cost
+        if group_prices is not None:
+            window = Usage(*sums[:6], int(sums[6]), int(sums[7]))
+            usage = usage + window
+            cost = cost + resource_weighted_cost(window, group_prices, weights)
+
     for sample in samples:
-        window = usage_between(prev, sample, gpu_count=gpu_count, vcpus=vcpus, memory_gb=memory_gb)
-        # Each interval is priced separately, so a pricing table that changes mid-run applies
-        # from the first sample taken under it, and incremental totals equal a full recompute.
-        usage = usage + window
-        cost = cost + resource_weighted_cost(window, prices_at(_field(sample, "ts")), weights)
+        prices = prices_at(_field(sample, "ts"))
+        if prices is not group_prices and prices != group_prices:
+            close_group()
+            group_prices, sums = prices, [0.0] * 8
+        for i, value in enumerate(_interval(prev, sample, *resources)):
+            sums[i] += value
         prev = sample
+    close_group()
     return usage, cost

@@ -12,7 +12,7 @@ from apps.experiments.leases import runs_sweep_lost
 from apps.experiments.models import Run
 from apps.experiments.services import run_submit
 from apps.pricing import cost_engine
-from apps.pricing.selectors import prices_lookup
+from apps.pricing.selectors import price_schedule
 from apps.telemetry.models import TelemetrySample
 from tests.factories import ArmFactory, ExperimentFactory, GpuPriceFactory
 from tests.helpers import start_worker, stop_worker
@@ -31,7 +31,7 @@ telemetry: {interval_s: 0.2}
 def recompute(run):
     """Price every stored sample from scratch, each attempt's counters starting afresh."""
     rows = list(TelemetrySample.objects.filter(run=run).order_by("seq").values())
-    prices_at = prices_lookup(tenant_id=run.tenant_id, gpu_sku_id=None)
+    prices_at = price_schedule(tenant_id=run.tenant_id, gpu_sku_id=None).at
     weights = cost_engine.Weights.from_cost_model(run.experiment.cost_model)
     usage, cost = cost_engine.Usage.zero(), cost_engine.CostBreakdown.zero()
     for _, group in itertools.groupby(rows, key=lambda r: r["attempt"]):

@@ -10,7 +10,7 @@ import pytest
 from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Run
 from apps.pricing import cost_engine
-from apps.pricing.selectors import prices_lookup
+from apps.pricing.selectors import price_schedule
 from apps.telemetry.models import TelemetrySample
 from apps.telemetry.services import telemetry_ingest
 from tests.factories import ArmFactory, GpuPriceFactory, PricingTableFactory, RunFactory
@@ -37,7 +37,7 @@ def gpu_run():
 
 def full_recompute(run):
     rows = list(TelemetrySample.objects.filter(run=run).order_by("seq").values())
-    prices_at = prices_lookup(tenant_id=run.tenant_id, gpu_sku_id=run.gpu_sku_id)
+    prices_at = price_schedule(tenant_id=run.tenant_id, gpu_sku_id=run.gpu_sku_id).at
     weights = cost_engine.Weights.from_cost_model(run.experiment.cost_model)
     return cost_engine.price_samples(rows, prices_at=prices_at, weights=weights, gpu_count=1)
 

@@ -244,14 +244,16 @@ def test_statistics_cost_at_most_two_percent_of_step_time():
     tracker = GradientNormTracker(model.parameters())
     plan = plan_accumulation(64, 16)
     x = torch.randn(64, 32, 256)  # 64 sequences of 32 tokens
-    started = time.perf_counter()
-    for _ in range(6):
+    shares = []
+    for _ in range(7):
+        started, overhead_before = time.perf_counter(), tracker.overhead_s
         for i, size in enumerate(plan.micro_batch_sizes):
             (model(x[i * size:(i + 1) * size]).square().mean() * plan.loss_weight(i)).backward()
             tracker.after_micro_batch(plan, i)
         assert tracker.step_stats() is not None
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    elapsed = time.perf_counter() - started
-    assert tracker.overhead_s > 0
-    assert tracker.overhead_s <= 0.02 * elapsed, f"{tracker.overhead_s / elapsed:.1%} of step time"
+        shares.append((tracker.overhead_s - overhead_before) / (time.perf_counter() - started))
+    # the median step: a shared CPU can preempt any single call for milliseconds
+    median = sorted(shares)[len(shares) // 2]
+    assert 0 < median <= 0.02, f"statistics took {median:.1%} of the median step"

@@ -1,0 +1,44 @@
+"""Shared start-up for benchmarks that need the Django platform on a real Postgres.
+
+Uses BENCH_DATABASE_URL (default: a `costlab_bench` database on the local Postgres),
+creating and migrating it when needed. Benchmarks are not tests: CI does not run them.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/costlab_bench"
+
+
+def django_on_postgres() -> None:
+    url = os.environ.get("BENCH_DATABASE_URL", DEFAULT_URL)
+    os.environ["DATABASE_URL"] = url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
+    os.environ.setdefault("DJANGO_LOG_LEVEL", "WARNING")
+    import psycopg
+
+    name = url.rsplit("/", 1)[1]
+    admin_url = url.rsplit("/", 1)[0] + "/postgres"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def spread(values: list[float]) -> dict:
+    """Median with the min, max and interquartile range: these machines are noisy."""
+    q = statistics.quantiles(values, n=4) if len(values) >= 2 else [values[0]] * 3
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "q1": q[0], "q3": q[2], "rounds": len(values)}

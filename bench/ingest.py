@@ -1,0 +1,108 @@
+"""Telemetry ingest throughput: the platform's path vs raw COPY into the same table.
+
+The platform path is what a worker's sink calls: validation, COPY into a staging table,
+INSERT ... ON CONFLICT DO NOTHING on (run, seq), and the incremental cost update. The
+baseline is a bare COPY of the same rows straight into the samples table. Both run in
+one process, interleaved round by round, on the same Postgres.
+
+    python bench/ingest.py [--quick] [--json]      (target: ratio >= 0.5)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+from _setup import django_on_postgres, spread
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds (under a minute)")
+    parser.add_argument("--json", action="store_true", help="last line: one JSON object")
+    parser.add_argument("--batch", type=int, default=2000, help="samples per batch (default 2000)")
+    args = parser.parse_args()
+    rounds, batches = (5, 3) if args.quick else (15, 5)
+
+    django_on_postgres()
+    from django.db import connection, transaction
+
+    from apps.core.demo import demo_seed
+    from apps.experiments.models import Run
+    from apps.telemetry.ingest import COLUMNS
+    from apps.telemetry.models import TelemetrySample
+    from apps.telemetry.services import telemetry_ingest
+
+    experiment = demo_seed(admin_username="bench-admin").experiment
+    arm = experiment.arms.first()
+
+    def new_run() -> Run:
+        return Run.objects.create(tenant=experiment.tenant, experiment=experiment, arm=arm,
+                                  status=Run.Status.RUNNING, attempts=1, config_yaml=arm.strategy_yaml,
+                                  config_sha256=arm.strategy_sha256, vcpus=2)
+
+    def make_batches() -> list[list[dict]]:
+        t0, out = time.time(), []
+        for b in range(batches):
+            out.append([
+                {"seq": i, "ts": t0 + i * 0.5, "step": i, "device": "cuda:0 NVIDIA H100", "util_pct": 90.0,
+                 "mem_used_mb": 40_000.0, "mem_total_mb": 81_559.0, "power_w": 650.0, "energy_j": 325.0 * i,
+                 "step_time_s": 0.5, "tokens": 4096 * i, "tokens_per_s": 8192.0, "micro_batch": 8,
+                 "loss": 2.5, "overlap_ratio": 0.8, "mfu": 0.4, "sm_clock_mhz": 1980.0, "temperature_c": 61.0,
+                 "estimated": False}
+                for i in range(b * args.batch, (b + 1) * args.batch)
+            ])
+        return out
+
+    def platform(run: Run, data: list[list[dict]]) -> float:
+        start = time.perf_counter()
+        for batch in data:
+            telemetry_ingest(run_id=run.pk, samples=batch, attempt=1)
+        return time.perf_counter() - start
+
+    def raw_copy(run: Run, data: list[list[dict]]) -> float:
+        # Rows prepared outside the timer, as a best case for the baseline.
+        rows = [[(run.pk, 1, *(_as_copy_value(c, s[c]) for c in COLUMNS)) for s in batch] for batch in data]
+        table, cols = TelemetrySample._meta.db_table, ", ".join(("run_id", "attempt", *COLUMNS))
+        start = time.perf_counter()
+        for batch in rows:
+            with transaction.atomic(), connection.cursor() as cursor:
+                with cursor.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
+                    for row in batch:
+                        copy.write_row(row)
+        return time.perf_counter() - start
+
+    ratios, plat_rates, raw_rates = [], [], []
+    n = batches * args.batch
+    for r in range(rounds):
+        data = make_batches()
+        order = [("platform", platform), ("raw", raw_copy)]
+        random.Random(r).shuffle(order)
+        times = {name: fn(new_run(), data) for name, fn in order}
+        plat_rates.append(n / times["platform"])
+        raw_rates.append(n / times["raw"])
+        ratios.append(times["raw"] / times["platform"])
+    Run.objects.filter(experiment=experiment).delete()
+
+    s, p, w = spread(ratios), spread(plat_rates), spread(raw_rates)
+    print(f"{'path':<28}{'samples/s (median)':>20}{'min':>12}{'max':>12}")
+    print(f"{'platform ingest':<28}{p['median']:>20,.0f}{p['min']:>12,.0f}{p['max']:>12,.0f}")
+    print(f"{'raw COPY':<28}{w['median']:>20,.0f}{w['min']:>12,.0f}{w['max']:>12,.0f}")
+    print(f"ratio platform/raw: {s['median']:.3f} (IQR {s['q1']:.3f}-{s['q3']:.3f}, min {s['min']:.3f}, "
+          f"max {s['max']:.3f}; {rounds} interleaved rounds of {n} samples; target >= 0.5)")
+    if args.json:
+        print(json.dumps({"ratio": round(s["median"], 4), "ratio_q1": round(s["q1"], 4),
+                          "ratio_q3": round(s["q3"], 4), "ratio_min": round(s["min"], 4),
+                          "ratio_max": round(s["max"], 4), "rounds": rounds, "samples_per_round": n}))
+
+
+def _as_copy_value(column: str, value):
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(value, tz=UTC) if column == "ts" else value
+
+
+if __name__ == "__main__":
+    main()
