@@ -71,6 +71,7 @@ class CpuProbe:
         self.process = psutil.Process()
         self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         self.process.cpu_percent(None)  # the first call only primes the counter
+        self.mem_total_mb = psutil.virtual_memory().total / MIB
         self.rapl = RaplCounter(rapl_root)
         self.estimated = not self.rapl.available
         if self.rapl.available:
@@ -84,7 +85,7 @@ class CpuProbe:
         else:
             power = self.tdp_w * util / 100.0
         return Reading(util_pct=util, mem_used_mb=self.process.memory_info().rss / MIB,
-                       mem_total_mb=psutil.virtual_memory().total / MIB, power_w=power, energy_j=energy)
+                       mem_total_mb=self.mem_total_mb, power_w=power, energy_j=energy)
 
     def close(self) -> None:
         pass

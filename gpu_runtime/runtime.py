@@ -154,8 +154,8 @@ def train(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None] | No
     label = device_label(dev)
     counters = RunCounters(Progress(start_step, start_tokens, 0.0, 0, None, micro_batch))
     clock = Clock(dev)
-    windows: deque[StepWindow] = deque(maxlen=4096)
-    io_log: deque = deque(maxlen=256)
+    windows: deque[StepWindow] = deque(maxlen=256)  # the sampler measures the newest 32 per sample
+    io_log: deque = deque(maxlen=128)
     sampler = None
     if config.telemetry.enabled:
         sampler = Sampler(

@@ -7,6 +7,7 @@ telemetry sampler turns them into seconds later, off the hot path.
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import deque
 from typing import Any, NamedTuple
@@ -54,8 +55,9 @@ class StepWindow(NamedTuple):
 def overlap_ratio(compute: tuple[float, float], io_intervals: list[tuple[float, float]], io_len: float) -> float | None:
     """The design document's ratio: |compute ∩ I/O| / max(|compute|, |I/O|).
 
-    ``io_intervals`` are all recorded loads/copies (a prefetcher runs them while a step
-    computes); ``io_len`` is the I/O one step needs, the duration of its own batch's load.
+    ``io_intervals`` are the loads/copies recorded around the step (a prefetcher runs
+    them while a step computes); ``io_len`` is the I/O one step needs, the duration of
+    its own batch's load.
     """
     start, end = compute
     inter = sum(max(0.0, min(end, e) - max(start, s)) for s, e in io_intervals)
@@ -66,25 +68,41 @@ def overlap_ratio(compute: tuple[float, float], io_intervals: list[tuple[float, 
 
 
 class OverlapMeter:
-    """Resolves step windows into per-step overlap ratios; called from the sampler thread only."""
+    """Resolves step windows into per-step overlap ratios; called from the sampler thread only.
 
-    def __init__(self, clock: Clock, windows: deque[StepWindow], io_log: deque[tuple[Stamp, Stamp]]):
-        self.clock, self.windows, self.io_log = clock, windows, io_log
-        self._next_step: int | None = None
+    At most ``max_steps`` of the steps finished since the last call are measured (the
+    newest), so the cost per sample is bounded however fast steps are. Loads come from
+    one producer in order, so their intervals are sorted and disjoint: a bisection finds
+    the few that touch a step.
+    """
+
+    def __init__(self, clock: Clock, windows: deque[StepWindow], io_log: deque[tuple[Stamp, Stamp]],
+                 max_steps: int = 32):
+        self.clock, self.windows, self.io_log, self.max_steps = clock, windows, io_log, max_steps
+        self._next_step = 0
 
     def collect(self) -> list[float]:
-        """Overlap ratios of the steps finished since the last call (those whose stamps resolved)."""
-        windows = self.windows.copy()  # deque.copy is atomic under the GIL; the trainer keeps appending
-        io = [(s, e) for s, e in (self._resolve(a, b) for a, b in self.io_log.copy()) if s is not None]
+        """Overlap ratios of (up to ``max_steps`` of) the steps finished since the last call."""
+        fresh: list[StepWindow] = []
+        for w in reversed(self.windows.copy()):  # deque.copy is atomic under the GIL
+            if w.step < self._next_step or len(fresh) == self.max_steps:
+                break
+            fresh.append(w)
+        starts, ends = [], []
+        for a, b in self.io_log.copy():
+            sa, sb = self._resolve(a, b)
+            if sa is not None:
+                starts.append(sa)
+                ends.append(sb)
         ratios = []
-        for w in windows:
-            if self._next_step is not None and w.step < self._next_step:
-                continue
+        for w in reversed(fresh):
             cs, ce = self._resolve(w.compute_start, w.compute_end)
             ios, ioe = self._resolve(w.io_start, w.io_end)
             if cs is None or ios is None:
                 break  # not finished on the device yet: pick it up next time
-            ratio = overlap_ratio((cs, ce), io, ioe - ios)
+            first = bisect.bisect_right(ends, cs)
+            last = bisect.bisect_left(starts, ce, lo=first)
+            ratio = overlap_ratio((cs, ce), list(zip(starts[first:last], ends[first:last], strict=True)), ioe - ios)
             if ratio is not None:
                 ratios.append(ratio)
             self._next_step = w.step + 1

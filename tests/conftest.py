@@ -45,6 +45,23 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason="needs a CUDA device; none here"))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def empty_test_queues():
+    """Run ids restart with every test database: a message left by an earlier session must not
+    reach this session's runs. Purges only costlab's queues on the test broker."""
+    if not settings.REDIS_URL:
+        return
+    from apps.core.queues import CeleryQueue
+    from config.celery_app import app
+
+    with app.connection_for_write() as conn:
+        for queue in CeleryQueue:
+            try:
+                conn.default_channel.queue_purge(queue.value)
+            except Exception:  # the queue does not exist yet
+                continue
+
+
 @pytest.fixture(scope="module")
 def celery_worker_process(django_db_setup, django_db_blocker):
     """A real Celery worker in its own process, on the test broker and the test database.

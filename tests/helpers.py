@@ -24,7 +24,7 @@ def run_python(code: str, env: dict[str, str], timeout: float = 60) -> subproces
     )
 
 
-def start_worker(*, lease_s: float | None = None, queues: str = "default,cpu,gpu"):
+def start_worker(*, lease_s: float | None = None, queues: str = "default,cpu,gpu", pool: str = "solo"):
     """Start a real Celery worker on the test database and broker; return (process, name) once it answers."""
     import time
     import uuid
@@ -43,7 +43,7 @@ def start_worker(*, lease_s: float | None = None, queues: str = "default,cpu,gpu
     if lease_s is not None:
         env["COSTLAB_RUN_LEASE_S"] = str(lease_s)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "config.celery_app", "worker", "--pool", "solo",
+        [sys.executable, "-m", "celery", "-A", "config.celery_app", "worker", "--pool", pool, "--concurrency", "1",
          "--queues", queues, "--hostname", name, "--without-gossip", "--without-mingle", "--loglevel", "WARNING"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )

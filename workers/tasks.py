@@ -2,6 +2,8 @@
 
 from celery import shared_task
 
+from workers import signals  # noqa: F401  (registers the graceful-shutdown hook)
+
 
 @shared_task(name="costlab.ping", ignore_result=False, time_limit=10)
 def ping() -> str:

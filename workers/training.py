@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import threading
 import traceback
@@ -92,11 +93,11 @@ def run_execute(run_id: int) -> None:
     )
     sink = TelemetrySink(run_id=run.pk, attempt=run.attempts, seq_base=run.last_seq + 1, ingest=telemetry_ingest)
     control = RunControl(run_id=run.pk, owner=owner)
-    status, error, dataset_sha = Run.Status.FAILED, "", ""
+    status, error, dataset_sha, result_status = Run.Status.FAILED, "", "", ""
     try:
         config = gpu_runtime.load_strategy(run.config_yaml)
         result = gpu_runtime.train(config, sink=sink.put, cancel=control.should_stop, device=device)
-        dataset_sha = result.dataset_sha256 or ""
+        dataset_sha, result_status = result.dataset_sha256 or "", result.status
         if result.status == "completed":
             status = Run.Status.SUCCEEDED
         elif result.status == "cancelled" and not control.lease_lost:
@@ -112,5 +113,9 @@ def run_execute(run_id: int) -> None:
     if status is None:
         if not control.lease_lost:
             leases.run_release(run_id=run.pk, owner=owner, reason="worker stopped before the run finished")
+        if result_status == "interrupted":
+            # gpu_runtime took SIGTERM to stop at a step boundary; hand it back to this process's
+            # own handler (Celery's) so the shutdown that sent it carries on.
+            signal.raise_signal(signal.SIGTERM)
         return
     leases.run_finish(run_id=run.pk, owner=owner, status=status, error=error, dataset_sha256=dataset_sha)

@@ -34,7 +34,7 @@ EXAMPLE_SKUS = [
 CONTROL_STRATEGY = """\
 model:     {family: llama, preset: tiny, seq_len: 64}
 data:      {source: synthetic, prefetch: 0}
-train:     {steps: 300, global_batch: 8, lr: 3.0e-4, seed: 0}
+train:     {steps: 150, global_batch: 4, lr: 3.0e-4, seed: 0}
 precision: {compute_dtype: fp32}
 telemetry: {interval_s: 1.0}
 """
@@ -42,7 +42,7 @@ telemetry: {interval_s: 1.0}
 OPTIMIZED_STRATEGY = """\
 model:     {family: llama, preset: tiny, seq_len: 64}
 data:      {source: synthetic, pin_memory: true, prefetch: 2}
-train:     {steps: 300, global_batch: 8, lr: 3.0e-4, seed: 0}
+train:     {steps: 150, global_batch: 4, lr: 3.0e-4, seed: 0}
 precision: {compute_dtype: bf16}
 telemetry: {interval_s: 1.0}
 """

@@ -1,0 +1,39 @@
+"""A worker told to stop (SIGTERM, as `docker stop` does) hands its run back to the queue at
+a step boundary, keeping what was measured, and exits promptly instead of training on."""
+
+import signal
+import time
+
+import pytest
+
+from apps.experiments.models import Run
+from apps.experiments.services import run_submit
+from apps.telemetry.models import TelemetrySample
+from tests.factories import ArmFactory, ExperimentFactory, GpuPriceFactory
+from tests.helpers import start_worker, stop_worker
+from tests.workers.test_runs_on_a_worker import LONG, wait_for
+
+pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def test_sigterm_requeues_the_run_at_a_step_boundary_and_the_worker_exits(django_db_setup):
+    price = GpuPriceFactory()
+    exp = ExperimentFactory(tenant=price.pricing_table.tenant, status="active")
+    ArmFactory(experiment=exp, name="control", is_control=True, strategy_yaml=LONG)
+    worker, _ = start_worker(pool="prefork")
+    try:
+        run = run_submit(experiment=exp)
+        wait_for(lambda: TelemetrySample.objects.filter(run=run).count() >= 3, 120, "telemetry")
+        asked = time.monotonic()
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=30)
+        took = time.monotonic() - asked
+    finally:
+        if worker.poll() is None:
+            stop_worker(worker)
+    run.refresh_from_db()
+    assert took < 15, f"worker took {took:.1f} s to stop"
+    assert run.status == Run.Status.QUEUED and run.attempts == 1
+    assert "worker stopped before the run finished" in run.error
+    assert run.steps > 0 and run.cost_usd > 0  # the first attempt's measurements are kept
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.CANCELLED)
