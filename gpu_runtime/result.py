@@ -44,15 +44,10 @@ class JsonlSink:
         self._lock = threading.Lock()
 
     def __call__(self, sample: dict[str, Any]) -> None:
-        line = json.dumps(sample, allow_nan=False, default=str) if _finite(sample) else json.dumps(
-            {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in sample.items()})
+        line = json.dumps(sample, allow_nan=False)
         with self._lock:
             self._fh.write(line + "\n")
             self._fh.flush()
 
     def close(self) -> None:
         self._fh.close()
-
-
-def _finite(sample: dict[str, Any]) -> bool:
-    return all(not (isinstance(v, float) and not math.isfinite(v)) for v in sample.values())

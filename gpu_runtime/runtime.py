@@ -166,14 +166,16 @@ def train(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None] | No
 
     total = config.train.steps
     with _stop_on_sigterm() as stop, _deterministic(config.train.deterministic):
-        prefetcher = Prefetcher(batches, start_step=start_step, end_step=total, device=dev,
-                                depth=config.data.prefetch, pin_memory=config.data.pin_memory, clock=clock, io_log=io_log)
+        prefetcher = None
         try:
+            prefetcher = Prefetcher(batches, start_step=start_step, end_step=total, device=dev, depth=config.data.prefetch,
+                                    pin_memory=config.data.pin_memory, clock=clock, io_log=io_log)
             outcome = trainer.run(prefetcher=prefetcher, start_step=start_step, total_steps=total,
                                   start_tokens=start_tokens, counters=counters, clock=clock, windows=windows,
                                   cancel=cancel, stop=stop)
         finally:
-            prefetcher.close()
+            if prefetcher is not None:
+                prefetcher.close()
             if sampler is not None:
                 sampler.stop()
 

@@ -9,13 +9,14 @@ happens here, on the sampler thread, every ``interval_s``.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from gpu_runtime.mfu import mfu
-from gpu_runtime.probes import CpuProbe, NvmlProbe
+from gpu_runtime.probes import CpuProbe, NvmlProbe, Reading
 from gpu_runtime.timeline import OverlapMeter
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,17 @@ class Sampler:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self.sample()
+            try:
+                self.sample()
+            except Exception:  # keep sampling: one bad reading must not end the run's telemetry
+                log.exception("telemetry sample failed")
+
+    def _read(self) -> Reading:
+        try:
+            return self.probe.read()
+        except Exception:  # a vanished /proc entry or an NVML hiccup: report unknowns, not a crash
+            log.exception("device probe failed; this sample reports unknowns")
+            return Reading()
 
     def stop(self) -> dict[str, Any]:
         """Stop the thread and emit the final sample (also after a cancel or SIGTERM)."""
@@ -94,7 +105,7 @@ class Sampler:
         with self._lock:
             now_mono = time.perf_counter()
             dt = now_mono - self._last_mono
-            reading = self.probe.read()
+            reading = self._read()
             power_w, energy_j = self._energy(reading.power_w, reading.energy_j, dt)
             progress, last = self.counters.progress, self._last_progress
             steps = progress.steps_timed - last.steps_timed
@@ -114,6 +125,9 @@ class Sampler:
                 "sm_clock_mhz": reading.sm_clock_mhz, "temperature_c": reading.temperature_c,
                 "estimated": bool(self.probe.estimated),
             }
+            for key, value in sample.items():  # JSON has no NaN: a diverged loss is reported as unknown
+                if isinstance(value, float) and not math.isfinite(value):
+                    sample[key] = None
             self.seq += 1
             self._last_mono, self._last_progress = now_mono, progress
             if self.sink is not None:

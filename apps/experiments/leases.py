@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from apps.experiments.models import Run
+from apps.experiments.models import Arm, Run
 from apps.experiments.services import run_enqueue
 from apps.pricing.models import GpuSku
 from apps.telemetry.services import run_totals_advance
@@ -87,6 +87,24 @@ def run_heartbeat(*, run_id: int, owner: str, lease_s: float | None = None) -> L
     if not renewed or row is None:
         return LeaseState(held=False, cancel=True, revision=0)
     return LeaseState(held=True, cancel=row["cancel_requested"], revision=row["arm__revision"])
+
+
+def run_revision_applied(*, run_id: int, owner: str, revision: int, live: dict, not_applied: list[str],
+                         applied_at) -> None:
+    """Record that a running run took an arm revision's live keys at a step boundary."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().filter(pk=run_id, lease_owner=owner).first()
+        if run is None or revision <= run.config_revision:
+            return
+        run.config_revision = revision
+        run.config_history = [*run.config_history, {
+            "revision": revision, "applied_at": applied_at.isoformat(), "live": live, "not_applied": not_applied,
+        }]
+        run.save(update_fields=["config_revision", "config_history", "updated_at"])
+
+
+def arm_strategy(*, arm_id: int) -> tuple[int, str]:
+    return Arm.objects.filter(pk=arm_id).values_list("revision", "strategy_yaml").get()
 
 
 @transaction.atomic

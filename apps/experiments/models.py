@@ -181,6 +181,10 @@ class Run(TimeStampedModel):
     cost_usd = models.DecimalField(max_digits=16, decimal_places=6, default=Decimal("0"))
     cost_breakdown = models.JSONField(default=dict, blank=True, help_text="USD by term; used vs idle.")
     config_revision = models.PositiveIntegerField(default=1, help_text="Arm revision the run applies now.")
+    config_history = models.JSONField(
+        default=list, blank=True,
+        help_text="Live changes applied while running: [{revision, applied_at, live, not_applied}].",
+    )
 
     class Meta:
         ordering = ["-created_at"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from dataclasses import dataclass
 from decimal import Decimal
 
 from django.db import transaction
@@ -11,6 +12,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from apps.core.exceptions import ApplicationError
+from apps.core.notify import ARM_REVISIONS, publish
 from apps.core.queues import CeleryQueue
 from apps.experiments.models import Arm, Experiment, Run
 from apps.pricing.models import GpuSku
@@ -35,6 +37,41 @@ def strategy_validate(strategy_yaml: str, *, field: str = "strategy_yaml") -> No
             f"{field}: {exc}", {"fields": {field: [f"{e['key']}: {e['message']}" for e in exc.errors]}},
             code="invalid_strategy",
         ) from None
+
+
+@dataclass(frozen=True)
+class ArmUpdate:
+    arm: Arm
+    live_keys: dict  # reaches running runs at their next step boundary
+    new_runs_only: list[str]  # changed keys that only runs started from now on will use
+
+
+@transaction.atomic
+def arm_update(*, arm: Arm, strategy_yaml: str | None = None, weight: Decimal | None = None) -> ArmUpdate:
+    """Edit an arm. A strategy change bumps its revision; its live keys reach running runs."""
+    from gpu_runtime import load_strategy
+    from gpu_runtime.live import live_changes
+
+    arm = Arm.objects.select_for_update().get(pk=arm.pk)
+    live, others = {}, []
+    if strategy_yaml is not None and strategy_yaml != arm.strategy_yaml:
+        strategy_validate(strategy_yaml)
+        live, others = live_changes(load_strategy(arm.strategy_yaml), load_strategy(strategy_yaml))
+        arm.strategy_yaml = strategy_yaml
+        arm.revision += 1
+    if weight is not None:
+        if weight < 0:
+            raise ApplicationError("weight: must be >= 0", code="invalid")
+        if arm.state == Arm.State.FROZEN and weight > 0:
+            raise ApplicationError(f"weight: arm '{arm.name}' is frozen; unfreeze it before giving it traffic",
+                                   code="arm_frozen")
+        arm.weight = weight
+    arm.full_clean()
+    arm.save()
+    if live:
+        arm_id, revision = arm.pk, arm.revision
+        transaction.on_commit(lambda: publish(ARM_REVISIONS, f"{arm_id}:{revision}"))
+    return ArmUpdate(arm=arm, live_keys=live, new_runs_only=others)
 
 
 def arm_pick(*, experiment: Experiment, run_key: str) -> Arm:

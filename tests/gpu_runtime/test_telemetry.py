@@ -157,3 +157,10 @@ def test_the_training_loop_never_probes_the_device(tiny_config, monkeypatch):
     result = train(tiny_config(train={"steps": 6}, telemetry={"interval_s": 3600.0}))
     assert result.steps == 6
     assert len(reads) == 2  # the baseline when the sampler starts and the final sample: none per step
+
+
+def test_a_diverged_loss_is_reported_as_unknown_not_nan():
+    sampler = _sampler(_ScriptedProbe([Reading(power_w=1.0)]))
+    sampler.counters.progress = Progress(3, 300, 0.3, 3, float("nan"), 1)
+    sample = sampler.sample()
+    assert sample["loss"] is None and sample["step"] == 3

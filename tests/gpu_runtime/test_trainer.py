@@ -189,3 +189,13 @@ def test_accumulation_reaches_the_same_step_whatever_the_micro_batch(tiny_config
               for mb in (4, 2, 3)]  # 3 leaves a short last micro-batch of one row
     assert losses[1] == pytest.approx(losses[0], abs=1e-4)
     assert losses[2] == pytest.approx(losses[0], abs=1e-4)
+
+
+def test_learning_rate_warms_up_linearly_then_follows_a_cosine_to_the_floor(tiny_config):
+    from gpu_runtime.optim import lr_at
+
+    train_cfg = tiny_config(train={"lr": 1.0e-3, "warmup_steps": 4, "min_lr_ratio": 0.1, "steps": 104}).train
+    assert [lr_at(s, train_cfg, 104) for s in range(4)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3])
+    assert lr_at(4, train_cfg, 104) == pytest.approx(1e-3)
+    assert lr_at(54, train_cfg, 104) == pytest.approx(1e-4 + 0.5 * 9e-4)  # half way down the cosine
+    assert lr_at(104, train_cfg, 104) == pytest.approx(1e-4)
