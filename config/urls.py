@@ -1,5 +1,5 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 
 from apps.core.views import healthz
 
@@ -9,4 +9,5 @@ admin.site.site_title = "costlab admin"
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
+    path("api/", include("apps.api.urls")),
 ]

@@ -41,6 +41,9 @@ DJANGO_APPS = [
 ]
 THIRD_PARTY_APPS = [
     "rest_framework",
+    "knox",
+    "django_filters",
+    "drf_spectacular",
     "django_celery_beat",
 ]
 LOCAL_APPS = [
@@ -50,6 +53,7 @@ LOCAL_APPS = [
     "apps.experiments",
     "apps.telemetry",
     "apps.attribution",
+    "apps.api",
 ]
 INSTALLED_APPS = DJANGO_APPS + THIRD_PARTY_APPS + LOCAL_APPS
 
@@ -158,6 +162,13 @@ COSTLAB_RUN_LEASE_S = env.float("COSTLAB_RUN_LEASE_S", default=30.0)
 REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "apps.core.exceptions.api_exception_handler",
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "costlab API",
+    "DESCRIPTION": "Experiments over training strategies, their runs, telemetry and cost.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
 }
 
 # ------------------------------------------------------------------------------
