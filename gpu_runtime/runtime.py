@@ -21,6 +21,7 @@ from gpu_runtime.capability import check_capability, device_label
 from gpu_runtime.checkpoint import load_checkpoint
 from gpu_runtime.data import StepBatches, load_corpus
 from gpu_runtime.errors import StrategyError
+from gpu_runtime.live import LIVE_KEYS
 from gpu_runtime.mfu import peak_flops
 from gpu_runtime.model import ModelArgs, Transformer, preset_args
 from gpu_runtime.optim import build_adamw
@@ -28,7 +29,7 @@ from gpu_runtime.precision import Precision
 from gpu_runtime.prefetch import Prefetcher
 from gpu_runtime.probes import MIB, open_probe
 from gpu_runtime.result import RunResult
-from gpu_runtime.schema import StrategyConfig, config_sha256
+from gpu_runtime.schema import StrategyConfig, config_sha256, strategy_from_dict
 from gpu_runtime.telemetry import Progress, RunCounters, Sampler
 from gpu_runtime.timeline import Clock, OverlapMeter, StepWindow
 from gpu_runtime.trainer import Trainer
@@ -50,6 +51,50 @@ _UNWIRED: list[tuple[str, Callable[[StrategyConfig], bool]]] = [
 def unwired_strategies(config: StrategyConfig) -> list[dict[str, str]]:
     return [{"key": key, "message": "this strategy is not available in this build of gpu_runtime's trainer"}
             for key, enabled in _UNWIRED if enabled(config)]
+
+
+def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        out.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return out
+
+
+def _nested(flat: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for path, value in flat.items():
+        *parents, leaf = path.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+def _live_poller(live: Callable[[], dict[str, Any] | None], trainer: Trainer,
+                 sampler: Sampler | None) -> Callable[[], None]:
+    """Apply the live keys a running job can take (gpu_runtime.live.LIVE_KEYS) at a step boundary."""
+
+    def poll() -> None:
+        changes = live()
+        if not changes:
+            return
+        flat = _flat(changes)
+        ignored = sorted(k for k in flat if k not in LIVE_KEYS)
+        if ignored:
+            log.warning("live update: ignoring keys a running job cannot take: %s", ", ".join(ignored))
+        current = _flat(trainer.config.model_dump(mode="json"))
+        current.update({k: v for k, v in flat.items() if k in LIVE_KEYS})
+        try:
+            updated = strategy_from_dict(_nested(current))
+        except StrategyError as exc:  # a bad update must not end a run that trains fine
+            log.warning("live update refused, the run keeps its settings: %s", exc)
+            return
+        trainer.config = updated  # the batch policy reads optimizer.dynamic_batching from here
+        if sampler is not None:
+            sampler.set_interval(updated.telemetry.interval_s)
+
+    return poll
 
 
 def _with_steps(config: StrategyConfig, steps: int | None) -> StrategyConfig:
@@ -111,12 +156,15 @@ def _peak_mem_mb(device: torch.device, sampler: Sampler | None) -> float | None:
 
 def train(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None] | None = None,
           cancel: Callable[[], bool] | None = None, device: str | None = None, steps: int | None = None,
-          checkpoint_dir: str | None = None, resume_from: str | None = None) -> RunResult:
+          checkpoint_dir: str | None = None, resume_from: str | None = None,
+          live: Callable[[], dict[str, Any] | None] | None = None) -> RunResult:
     """Train with a strategy, streaming telemetry samples to ``sink``; return what was measured.
 
     ``steps`` overrides ``train.steps`` (also the LR schedule's length). ``cancel`` is
-    polled before every step. SIGTERM (in the main thread) stops after the current step.
-    Every ending writes a checkpoint to ``checkpoint_dir`` when one is given.
+    polled before every step, and so is ``live``, which may return a nested dict of
+    live keys (``gpu_runtime.live.LIVE_KEYS``) to apply from that step on. SIGTERM (in
+    the main thread) stops after the current step. Every ending writes a checkpoint to
+    ``checkpoint_dir`` when one is given.
     """
     wall_start = time.perf_counter()
     config = _with_steps(config, steps)
@@ -172,7 +220,8 @@ def train(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None] | No
                                     pin_memory=config.data.pin_memory, clock=clock, io_log=io_log)
             outcome = trainer.run(prefetcher=prefetcher, start_step=start_step, total_steps=total,
                                   start_tokens=start_tokens, counters=counters, clock=clock, windows=windows,
-                                  cancel=cancel, stop=stop)
+                                  cancel=cancel, stop=stop,
+                                  before_step=None if live is None else _live_poller(live, trainer, sampler))
         finally:
             if prefetcher is not None:
                 prefetcher.close()

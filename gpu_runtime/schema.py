@@ -226,7 +226,8 @@ def _message(err: dict[str, Any]) -> str:
         return f"unknown key; {hint}allowed here: {', '.join(allowed)}" if allowed else "unknown key"
     if err["type"] in _OWN_ERROR_TYPES or err["type"] == "missing" or isinstance(err.get("input"), dict | list):
         return err["msg"]
-    return f"{err['msg']} (got {err.get('input')!r})"
+    got = repr(err.get("input"))
+    return f"{err['msg']} (got {got if len(got) <= 80 else got[:77] + '...'})"
 
 
 def errors_from_validation(exc: ValidationError) -> list[dict[str, str]]:

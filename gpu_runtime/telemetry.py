@@ -54,6 +54,7 @@ class Sampler:
         self.peak_mem_mb = 0.0
         self.sink_errors = 0
         self._stop = threading.Event()
+        self._retime = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="gpu_runtime-telemetry", daemon=True)
         first = probe.read()
@@ -67,8 +68,19 @@ class Sampler:
         self._thread.start()
         return self
 
+    def set_interval(self, interval_s: float) -> None:
+        """Sample every ``interval_s`` from now on (a live strategy update); wakes the thread to retime."""
+        self.interval_s = interval_s
+        self._retime.set()
+
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while True:
+            self._retime.wait(self.interval_s)  # returns early on stop() or set_interval()
+            if self._stop.is_set():
+                return
+            if self._retime.is_set():
+                self._retime.clear()
+                continue
             try:
                 self.sample()
             except Exception:  # keep sampling: one bad reading must not end the run's telemetry
@@ -84,6 +96,7 @@ class Sampler:
     def stop(self) -> dict[str, Any]:
         """Stop the thread and emit the final sample (also after a cancel or SIGTERM)."""
         self._stop.set()
+        self._retime.set()
         if self._thread.is_alive():
             self._thread.join()
         final = self.sample()
@@ -94,7 +107,7 @@ class Sampler:
         """Cumulative energy since the start, from the counter where there is one, else power x time."""
         if counter_j is not None and self._energy_base is not None:
             if power_w is None and self._last_energy_counter is not None and dt > 0:
-                power_w = (counter_j - self._last_energy_counter) / dt
+                power_w = max(0.0, counter_j - self._last_energy_counter) / dt
             self._last_energy_counter = counter_j
             self.energy_j = max(self.energy_j or 0.0, counter_j - self._energy_base)
         elif power_w is not None:

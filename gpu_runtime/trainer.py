@@ -86,8 +86,12 @@ class Trainer:
 
     def run(self, *, prefetcher: Prefetcher, start_step: int, total_steps: int, start_tokens: int,
             counters: RunCounters, clock: Clock, windows: deque[StepWindow],
-            cancel: Callable[[], bool] | None, stop: threading.Event) -> LoopOutcome:
-        """Train from ``start_step`` to ``total_steps`` unless cancelled or stopped; then checkpoint."""
+            cancel: Callable[[], bool] | None, stop: threading.Event,
+            before_step: Callable[[], None] | None = None) -> LoopOutcome:
+        """Train from ``start_step`` to ``total_steps`` unless cancelled or stopped; then checkpoint.
+
+        ``before_step`` runs at every step boundary (live strategy updates come in there).
+        """
         tokens_per_step = self.config.train.global_batch * self.config.model.seq_len
         every = self.config.train.checkpoint_every
         step, tokens, loss_value = start_step, start_tokens, None
@@ -101,6 +105,8 @@ class Trainer:
             if cancel is not None and cancel():
                 status = "cancelled"
                 break
+            if before_step is not None:
+                before_step()
             t0 = time.perf_counter()
             batch = prefetcher.next()
             compute_start = clock.stamp()

@@ -14,8 +14,14 @@ import threading
 import traceback
 import uuid
 
+from django.db import close_old_connections, connection
+from django.utils import timezone
+
+import gpu_runtime
+from apps.core.notify import ARM_REVISIONS, listen
 from apps.experiments import leases
 from apps.telemetry.services import telemetry_ingest
+from gpu_runtime.live import live_changes
 from workers.telemetry_sink import TelemetrySink
 
 logger = logging.getLogger(__name__)
@@ -24,41 +30,93 @@ HEARTBEAT_S = 1.0  # also the cancel latency bound: a cancel is seen within abou
 
 
 class RunControl:
-    """Heartbeat thread: keeps the lease fresh and turns a cancel (or a lost lease) into a stop."""
+    """Heartbeat thread: keeps the lease fresh, turns a cancel (or a lost lease) into a stop,
+    and brings an arm's new revision to the trainer, which takes its live keys at a step boundary.
 
-    def __init__(self, *, run_id: int, owner: str):
-        self.run_id, self.owner = run_id, owner
+    Redis pub/sub wakes it as soon as a revision is committed; without Redis it polls every second.
+    """
+
+    def __init__(self, *, run_id: int, owner: str, arm_id: int, revision: int, config):
+        self.run_id, self.owner, self.arm_id = run_id, owner, arm_id
+        self.revision, self.config = revision, config
         self.stop_requested = threading.Event()
         self.lease_lost = False
         self._done = threading.Event()
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._pending: tuple[int, dict, list[str]] | None = None
+        self._handed: list[tuple[int, dict, list[str], object]] = []
+        self._stop_listening = listen(ARM_REVISIONS, self._on_revision_pushed)
         self._thread = threading.Thread(target=self._loop, name=f"run-control-{run_id}", daemon=True)
         self._thread.start()
 
     def should_stop(self) -> bool:
         return self.stop_requested.is_set()
 
+    def live_updates(self) -> dict | None:
+        """Called by the trainer before a step: the live keys to apply now, if a revision brought any."""
+        with self._lock:
+            pending, self._pending = self._pending, None
+            if pending is None:
+                return None
+            revision, live, not_applied = pending
+            self._handed.append((revision, live, not_applied, timezone.now()))
+        self._wake.set()  # record it without waiting for the next heartbeat
+        return live
+
     def close(self) -> None:
+        if self._stop_listening:
+            self._stop_listening()
         self._done.set()
+        self._wake.set()
         self._thread.join(5)
+        self._record_handed()
+
+    def _on_revision_pushed(self, message: str) -> None:
+        arm_id, _, revision = message.partition(":")
+        if arm_id == str(self.arm_id) and int(revision or 0) > self.revision:
+            self._wake.set()
 
     def _loop(self) -> None:
-        from django.db import close_old_connections, connection
-
         try:
-            while not self._done.wait(HEARTBEAT_S):
+            while not self._done.is_set():
+                self._wake.wait(HEARTBEAT_S)
+                self._wake.clear()
+                if self._done.is_set():
+                    break
                 try:
                     close_old_connections()
-                    state = leases.run_heartbeat(run_id=self.run_id, owner=self.owner)
+                    self._tick()
                 except Exception as exc:  # the database is away: keep training, the lease decides
                     logger.warning("run %s: heartbeat failed (%s)", self.run_id, exc)
                     connection.close()
-                    continue
-                if not state.held:
-                    self.lease_lost = True
-                if state.cancel or not state.held:
-                    self.stop_requested.set()
         finally:
             connection.close()
+
+    def _tick(self) -> None:
+        state = leases.run_heartbeat(run_id=self.run_id, owner=self.owner)
+        if not state.held:
+            self.lease_lost = True
+        if state.cancel or not state.held:
+            self.stop_requested.set()
+        if state.revision > self.revision:
+            revision, strategy_yaml = leases.arm_strategy(arm_id=self.arm_id)
+            new_config = gpu_runtime.load_strategy(strategy_yaml)
+            live, not_applied = live_changes(self.config, new_config)
+            self.config, self.revision = new_config, revision
+            with self._lock:
+                if live:
+                    self._pending = (revision, live, not_applied)
+                else:  # nothing a running job can take: say so on the run, now
+                    self._handed.append((revision, {}, not_applied, timezone.now()))
+        self._record_handed()
+
+    def _record_handed(self) -> None:
+        with self._lock:
+            handed, self._handed = self._handed, []
+        for revision, live, not_applied, applied_at in handed:
+            leases.run_revision_applied(run_id=self.run_id, owner=self.owner, revision=revision, live=live,
+                                        not_applied=not_applied, applied_at=applied_at)
 
 
 def _device_for(queue: str) -> tuple[str, str | None, int]:
@@ -74,7 +132,6 @@ def run_execute(run_id: int) -> None:
     """Train one run to its end; the row says truthfully how it ended."""
     import torch
 
-    import gpu_runtime
     from apps.experiments.models import Run
 
     owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -92,11 +149,14 @@ def run_execute(run_id: int) -> None:
         vcpus=torch.get_num_threads() if not gpu_count else 0, memory_gb=0.0,
     )
     sink = TelemetrySink(run_id=run.pk, attempt=run.attempts, seq_base=run.last_seq + 1, ingest=telemetry_ingest)
-    control = RunControl(run_id=run.pk, owner=owner)
     status, error, dataset_sha, result_status = Run.Status.FAILED, "", "", ""
+    control = None
     try:
         config = gpu_runtime.load_strategy(run.config_yaml)
-        result = gpu_runtime.train(config, sink=sink.put, cancel=control.should_stop, device=device)
+        control = RunControl(run_id=run.pk, owner=owner, arm_id=run.arm_id, revision=run.config_revision,
+                             config=config)
+        result = gpu_runtime.train(config, sink=sink.put, cancel=control.should_stop, device=device,
+                                   live=control.live_updates)
         dataset_sha, result_status = result.dataset_sha256 or "", result.status
         if result.status == "completed":
             status = Run.Status.SUCCEEDED
@@ -108,10 +168,12 @@ def run_execute(run_id: int) -> None:
         error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"
         logger.exception("run %s failed", run_id)
     finally:
-        control.close()
+        if control is not None:
+            control.close()
         sink.close()
+    lease_lost = control is not None and control.lease_lost
     if status is None:
-        if not control.lease_lost:
+        if not lease_lost:
             leases.run_release(run_id=run.pk, owner=owner, reason="worker stopped before the run finished")
         if result_status == "interrupted":
             # gpu_runtime took SIGTERM to stop at a step boundary; hand it back to this process's

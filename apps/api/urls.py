@@ -1,9 +1,36 @@
-from django.urls import path
+"""/api/: v1 resources, the OpenAPI schema and Swagger UI; anything else under /api/ is a JSON 404."""
+
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from rest_framework.routers import DefaultRouter
+
+from apps.api.views.experiments import ArmViewSet, ExperimentViewSet
+from apps.api.views.meta import StrategySchemaView, WhoAmIView, api_not_found
+from apps.api.views.pricing import CostModelViewSet, GpuSkuViewSet, PricingTableViewSet
+from apps.api.views.runs import RunViewSet
+from apps.api.views.tokens import ApiTokenViewSet
 
 app_name = "api"
+
+router = DefaultRouter(trailing_slash=True)
+router.include_root_view = False
+router.register("experiments", ExperimentViewSet, basename="experiment")
+router.register("arms", ArmViewSet, basename="arm")
+router.register("runs", RunViewSet, basename="run")
+router.register("pricing-tables", PricingTableViewSet, basename="pricing-table")
+router.register("cost-models", CostModelViewSet, basename="cost-model")
+router.register("gpu-skus", GpuSkuViewSet, basename="gpu-sku")
+router.register("tokens", ApiTokenViewSet, basename="token")
+
+v1 = [
+    path("me/", WhoAmIView.as_view(), name="me"),
+    path("strategy-schema/", StrategySchemaView.as_view(), name="strategy-schema"),
+    *router.urls,
+]
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("schema/swagger/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="swagger"),
+    path("v1/", include(v1)),
+    re_path(r"^.*$", api_not_found),
 ]

@@ -1,23 +1,120 @@
-"""Every attribution decision, with the evidence it was made on."""
+"""Every attribution decision, with the evidence it was made on, and the rollup it was made from.
+
+The rollup: each tick closes one AttributionWindow per due experiment and records, for every
+run whose priced totals moved since its RunCursor, one RunWindow observation (the deltas).
+Snapshots carry cumulative sufficient statistics (sums, sums of squares and products), so the
+next window adds to them instead of rescanning anything.
+"""
 
 from django.conf import settings
 from django.db import models
+from django.db.models import Q
 
-from apps.experiments.models import Arm, Experiment
+from apps.experiments.models import Arm, Experiment, Run
+from apps.tenants.models import Tenant
+
+
+def _exact(max_digits: int = 24, decimal_places: int = 6, **kwargs) -> models.DecimalField:
+    """Exact sums: the same observations always add up to the same snapshot, whatever the order."""
+    return models.DecimalField(max_digits=max_digits, decimal_places=decimal_places, default=0, **kwargs)
+
+
+class AttributionWindow(models.Model):
+    """One tick's window of one experiment: the watermark the next tick starts from."""
+
+    class Status(models.TextChoices):
+        ATTRIBUTED = "attributed", "Attributed"
+        SKIPPED = "skipped", "Skipped (see reason)"
+
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="attribution_windows")
+    number = models.PositiveIntegerField(help_text="1, 2, 3 ... per experiment.")
+    window_start = models.DateTimeField(null=True, blank=True, help_text="The previous window's end.")
+    window_end = models.DateTimeField(help_text="Run totals committed by this instant were counted.")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.ATTRIBUTED)
+    skip_reason = models.TextField(blank=True, default="")
+    observations = models.PositiveIntegerField(default=0, help_text="Runs whose totals moved in the window.")
+
+    class Meta:
+        ordering = ["experiment", "-number"]
+        constraints = [
+            models.UniqueConstraint(fields=["experiment", "number"], name="window_unique_experiment_number"),
+            models.UniqueConstraint(fields=["experiment", "window_end"], name="window_unique_experiment_end"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.experiment} window {self.number}"
+
+
+class RunWindow(models.Model):
+    """One observation: what one run added to its totals during one window."""
+
+    window = models.ForeignKey(AttributionWindow, on_delete=models.CASCADE, related_name="run_windows")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attribution_windows")
+    arm = models.ForeignKey(Arm, on_delete=models.CASCADE, related_name="run_windows")
+    first_seen = models.BooleanField(default=False, help_text="The run's first observation.")
+    omitted = models.BooleanField(default=False, help_text="Left out of the statistics (see the window's reason).")
+    upto_seq = models.BigIntegerField(help_text="The run's priced_seq at the window's end.")
+    samples = models.BigIntegerField(default=0)
+    cost_usd = _exact(16, 6)
+    tokens = models.BigIntegerField(default=0)
+    steps = models.BigIntegerField(default=0)
+    gpu_seconds = _exact(20, 6)
+    wall_s = _exact(20, 6)
+    energy_j = _exact(24, 6)
+    energy_estimated = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["window", "run"], name="runwindow_unique_window_run")]
+        indexes = [models.Index(fields=["arm", "window"], name="runwindow_arm_window_idx")]
+
+
+class RunCursor(models.Model):
+    """Per run: its totals as attributed so far (the sum of its observations)."""
+
+    run = models.OneToOneField(Run, on_delete=models.CASCADE, primary_key=True, related_name="attribution_cursor")
+    window = models.ForeignKey(AttributionWindow, on_delete=models.CASCADE, related_name="+")
+    priced_seq = models.BigIntegerField(default=-1)
+    cost_usd = _exact(16, 6)
+    tokens = models.BigIntegerField(default=0)
+    steps = models.BigIntegerField(default=0)
+    gpu_seconds = _exact(20, 6)
+    wall_s = _exact(20, 6)
+    energy_j = _exact(24, 6)
 
 
 class AttributionSnapshot(models.Model):
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="snapshots")
     arm = models.ForeignKey(Arm, on_delete=models.CASCADE, related_name="snapshots")
+    window = models.ForeignKey(
+        AttributionWindow, on_delete=models.CASCADE, null=True, blank=True, related_name="snapshots"
+    )
+    epoch_start = models.PositiveIntegerField(
+        default=0, help_text="Sums count windows after this number (the arm's last unfreeze; 0: all)."
+    )
     computed_at = models.DateTimeField()
     window_end = models.DateTimeField(help_text="Watermark: samples up to this instant were counted.")
     runs = models.PositiveIntegerField(default=0)
     samples = models.BigIntegerField(default=0)
+    observations = models.BigIntegerField(default=0, help_text="Run-window observations in the sums.")
     tokens = models.BigIntegerField(default=0)
+    steps = models.BigIntegerField(default=0)
     gpu_hours = models.FloatField(default=0.0)
     energy_kwh = models.FloatField(default=0.0)
     energy_estimated = models.BooleanField(default=False)
     total_usd = models.DecimalField(max_digits=16, decimal_places=6, default=0)
+    # Exact running sums; the figures above and below are derived from them.
+    gpu_seconds = _exact(24, 6)
+    wall_s = _exact(24, 6)
+    energy_j = _exact(28, 6)
+    cost_sq = _exact(48, 12, help_text="Sum of cost^2 over observations.")
+    cost_tokens = _exact(48, 6, help_text="Sum of cost x tokens over observations.")
+    tokens_sq = _exact(48, 0, help_text="Sum of tokens^2 over observations.")
+    cost_steps = _exact(48, 6)
+    steps_sq = _exact(48, 0)
+    metric = models.CharField(max_length=16, default="usd_per_mtok", help_text="usd_per_mtok or usd_per_step.")
+    metric_value = models.FloatField(null=True, blank=True)
+    metric_ci_low = models.FloatField(null=True, blank=True)
+    metric_ci_high = models.FloatField(null=True, blank=True)
     usd_per_mtok = models.FloatField(null=True, blank=True)
     usd_per_mtok_ci_low = models.FloatField(null=True, blank=True)
     usd_per_mtok_ci_high = models.FloatField(null=True, blank=True)
@@ -32,6 +129,7 @@ class AttributionSnapshot(models.Model):
     class Meta:
         ordering = ["-computed_at"]
         indexes = [models.Index(fields=["experiment", "computed_at"], name="snapshot_exp_time_idx")]
+        constraints = [models.UniqueConstraint(fields=["window", "arm"], name="snapshot_unique_window_arm")]
 
     def __str__(self) -> str:
         return f"{self.arm} at {self.computed_at:%Y-%m-%d %H:%M:%S}"
@@ -47,6 +145,9 @@ class FreezeEvent(models.Model):
     action = models.CharField(max_length=16, choices=Action.choices)
     reason = models.TextField()
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    window = models.ForeignKey(
+        AttributionWindow, on_delete=models.SET_NULL, null=True, blank=True, related_name="freeze_events"
+    )
     deviation = models.FloatField(null=True, blank=True)
     deviation_low = models.FloatField(null=True, blank=True)
     threshold = models.FloatField(null=True, blank=True)
@@ -62,7 +163,17 @@ class FreezeEvent(models.Model):
 
 
 class WeightChange(models.Model):
+    class Kind(models.TextChoices):
+        DYNAMIC = "dynamic", "Shifted toward cheaper arms"
+        FREEZE = "freeze", "Frozen"
+        UNFREEZE = "unfreeze", "Unfrozen"
+
     arm = models.ForeignKey(Arm, on_delete=models.CASCADE, related_name="weight_changes")
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.DYNAMIC)
+    window = models.ForeignKey(
+        AttributionWindow, on_delete=models.SET_NULL, null=True, blank=True, related_name="weight_changes"
+    )
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
     old_weight = models.DecimalField(max_digits=7, decimal_places=4)
     new_weight = models.DecimalField(max_digits=7, decimal_places=4)
     reason = models.CharField(max_length=255)
@@ -73,3 +184,85 @@ class WeightChange(models.Model):
 
     def __str__(self) -> str:
         return f"{self.arm}: {self.old_weight} -> {self.new_weight}"
+
+
+class AlertChannel(models.Model):
+    """Where freeze alerts go: for one experiment, or (experiment empty) every experiment of a tenant."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="alert_channels")
+    experiment = models.ForeignKey(
+        Experiment, on_delete=models.CASCADE, null=True, blank=True, related_name="alert_channels"
+    )
+    name = models.CharField(max_length=120)
+    webhook_url = models.URLField(blank=True, default="", help_text="Receives a JSON POST per freeze/unfreeze.")
+    webhook_secret = models.CharField(
+        max_length=128, blank=True, default="", help_text="Signs the body: X-Costlab-Signature: sha256=<hmac>."
+    )
+    email_recipients = models.TextField(blank=True, default="", help_text="Comma-separated e-mail addresses.")
+    enabled = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["tenant", "name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=~Q(webhook_url="") | ~Q(email_recipients=""), name="alertchannel_has_a_target"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def recipients(self) -> list[str]:
+        return [a.strip() for a in self.email_recipients.replace(";", ",").split(",") if a.strip()]
+
+
+class AlertDelivery(models.Model):
+    """One alert to one target; delivered by a Celery task after the decision commits."""
+
+    class Kind(models.TextChoices):
+        WEBHOOK = "webhook", "Webhook"
+        EMAIL = "email", "E-mail"
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        SENT = "sent", "Sent"
+        FAILED = "failed", "Failed"
+
+    event = models.ForeignKey(FreezeEvent, on_delete=models.CASCADE, related_name="deliveries")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    target = models.TextField(help_text="URL, or comma-separated addresses.")
+    secret = models.CharField(max_length=128, blank=True, default="")
+    payload = models.JSONField(default=dict)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.TextField(blank=True, default="")
+    last_status_code = models.PositiveIntegerField(null=True, blank=True)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name_plural = "alert deliveries"
+        constraints = [
+            models.UniqueConstraint(fields=["event", "kind", "target"], name="alertdelivery_once_per_target"),
+        ]
+        indexes = [models.Index(fields=["status", "next_attempt_at"], name="alertdelivery_due_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} to {self.target} ({self.status})"
+
+
+class FrozenArm(Arm):
+    """Arms as staff see them in the 'Frozen arms' admin page, where they can be unfrozen."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "frozen arm"
+
+
+class AttributionLock(models.Model):
+    """A row to lock where the database has no advisory locks (SQLite; see locks.py)."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    acquired_at = models.DateTimeField(null=True, blank=True)

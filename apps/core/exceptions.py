@@ -23,12 +23,15 @@ class ApplicationError(Exception):
     status_code = 400
     code = "application_error"
 
-    def __init__(self, message: str, extra: dict[str, Any] | None = None, *, code: str | None = None):
+    def __init__(self, message: str, extra: dict[str, Any] | None = None, *, code: str | None = None,
+                 status: int | None = None):
         super().__init__(message)
         self.message = message
         self.extra = extra or {}
         if code:
             self.code = code
+        if status:
+            self.status_code = status  # e.g. 409 when the object's state forbids the change
 
 
 def error_body(message: str, code: str, fields: dict[str, Any] | None = None, **extra: Any) -> dict:

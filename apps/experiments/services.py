@@ -179,3 +179,128 @@ def run_cancel(*, run: Run) -> Run:
         fields += ["status", "finished_at"]
     run.save(update_fields=fields)
     return run
+
+
+# ------------------------------------------------------------------------------
+# Experiments and arms: create, update, delete (the API's writes)
+# ------------------------------------------------------------------------------
+EXPERIMENT_EDITABLE = (
+    "name", "description", "status", "cost_model", "pricing_table", "freeze_threshold", "attribution_interval_s",
+    "min_runs_per_arm", "min_samples_per_arm", "alpha", "freeze_policy", "dynamic_weights", "target_steps",
+)
+
+
+def _same_tenant(experiment: Experiment) -> None:
+    for field in ("cost_model", "pricing_table"):
+        related = getattr(experiment, field)
+        if related is not None and related.tenant_id != experiment.tenant_id:
+            raise ApplicationError(f"{field}: {related.pk} belongs to another tenant",
+                                   {"fields": {field: ["not found"]}}, code="invalid")
+
+
+@transaction.atomic
+def experiment_create(*, tenant: Tenant, name: str, cost_model, **fields) -> Experiment:
+    """A new experiment of the tenant (draft unless told otherwise); arms are added separately."""
+    unknown = set(fields) - set(EXPERIMENT_EDITABLE)
+    if unknown:
+        raise ApplicationError(f"{sorted(unknown)[0]}: not a field of an experiment", code="invalid")
+    experiment = Experiment(tenant=tenant, name=name, cost_model=cost_model, **fields)
+    _same_tenant(experiment)
+    experiment.full_clean()
+    experiment.save()
+    return experiment
+
+
+@transaction.atomic
+def experiment_update(*, experiment: Experiment, **fields) -> Experiment:
+    experiment = Experiment.objects.select_for_update().get(pk=experiment.pk)
+    for name, value in fields.items():
+        if name not in EXPERIMENT_EDITABLE:
+            raise ApplicationError(f"{name}: cannot be changed", code="invalid")
+        setattr(experiment, name, value)
+    _same_tenant(experiment)
+    experiment.full_clean()
+    experiment.save()
+    return experiment
+
+
+@transaction.atomic
+def experiment_delete(*, experiment: Experiment) -> None:
+    """Delete an experiment with its arms, runs and telemetry; refused while runs are active."""
+    active = Run.objects.filter(experiment=experiment, status__in=Run.ACTIVE_STATUSES).count()
+    if active:
+        raise ApplicationError(
+            f"experiment '{experiment.name}' has {active} queued or running runs; cancel them before deleting it",
+            {"active_runs": active}, code="experiment_busy", status=409,
+        )
+    Run.objects.filter(experiment=experiment).delete()  # runs protect their arm: remove them first
+    experiment.delete()
+
+
+@transaction.atomic
+def arm_create(*, experiment: Experiment, name: str, strategy_yaml: str, weight: Decimal = Decimal("1"),
+               is_control: bool = False) -> Arm:
+    """Add an arm; its strategy is validated by gpu_runtime's schema first, errors naming the key."""
+    strategy_validate(strategy_yaml)
+    if is_control and experiment.arms.filter(is_control=True).exists():
+        raise ApplicationError(f"is_control: experiment '{experiment.name}' already has a control arm",
+                               {"fields": {"is_control": ["a control arm exists"]}}, code="invalid", status=409)
+    if experiment.arms.filter(name=name).exists():
+        raise ApplicationError(f"name: experiment '{experiment.name}' already has an arm named '{name}'",
+                               {"fields": {"name": ["already exists"]}}, code="invalid", status=409)
+    arm = Arm(experiment=experiment, name=name, strategy_yaml=strategy_yaml, weight=weight, is_control=is_control)
+    arm.strategy_sha256 = strategy_sha256(strategy_yaml)
+    arm.full_clean()
+    arm.save()
+    return arm
+
+
+@transaction.atomic
+def arm_delete(*, arm: Arm) -> None:
+    """Delete an arm that never ran; an arm with runs keeps its history (freeze it or set weight 0)."""
+    runs = arm.runs.count()
+    if runs:
+        raise ApplicationError(
+            f"arm '{arm.name}' has {runs} runs; their costs need it. Set its weight to 0 instead",
+            {"runs": runs}, code="arm_has_runs", status=409,
+        )
+    arm.delete()
+
+
+# ------------------------------------------------------------------------------
+# External runs: trained elsewhere, telemetry over HTTP, finished by the client
+# ------------------------------------------------------------------------------
+def _external_running(run: Run, action: str) -> Run:
+    run = Run.objects.select_for_update(of=("self",)).select_related("experiment").get(pk=run.pk)
+    if run.kind != Run.Kind.EXTERNAL:
+        raise ApplicationError(f"kind: run {run.pk} is trained by a costlab worker; only external runs can {action}",
+                               code="not_external", status=409)
+    if run.status != Run.Status.RUNNING:
+        raise ApplicationError(f"status: run {run.pk} is {run.status}; only a running external run can {action}",
+                               code="run_finished", status=409)
+    return run
+
+
+@transaction.atomic
+def run_external_ingest(*, run: Run, samples: list, attempt: int | None = None):
+    """Store a telemetry batch of a running external run (idempotent by seq)."""
+    from apps.telemetry.services import telemetry_ingest
+
+    _external_running(run, "take telemetry")
+    return telemetry_ingest(run_id=run.pk, samples=samples, attempt=attempt)
+
+
+@transaction.atomic
+def run_external_finish(*, run: Run, status: str, error: str = "", dataset_sha256: str = "") -> Run:
+    """Close an external run: price everything it sent and record how it ended."""
+    from apps.telemetry.services import run_totals_advance
+
+    if status not in (Run.Status.SUCCEEDED, Run.Status.FAILED):
+        raise ApplicationError(f"status: must be 'succeeded' or 'failed', not '{status}'",
+                               {"fields": {"status": ["succeeded or failed"]}}, code="invalid")
+    run = _external_running(run, "finish")
+    run_totals_advance(run=run, final=True)
+    run.status, run.error, run.finished_at = status, error[:4000], timezone.now()
+    run.dataset_sha256 = dataset_sha256 or run.dataset_sha256
+    run.save(update_fields=["status", "error", "finished_at", "dataset_sha256", "updated_at"])
+    return run

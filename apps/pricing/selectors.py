@@ -6,8 +6,10 @@ import bisect
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.db.models import QuerySet
+
 from apps.pricing.cost_engine import Prices
-from apps.pricing.models import GpuPrice, PricingTable
+from apps.pricing.models import CostModel, GpuPrice, PricingTable
 
 # Before a tenant's first pricing table there is no price: such intervals cost nothing.
 FREE = Prices(gpu_hour_usd=0, electricity_usd_per_kwh=0, pue=1, vcpu_hour_usd=0, memory_gb_hour_usd=0)
@@ -56,3 +58,12 @@ def price_schedule(*, tenant_id: int, gpu_sku_id: int | None, pinned_table_id: i
     if pinned_table_id is not None:
         return PriceSchedule(starts=[], prices=[], pinned=prices[0] if prices else FREE)
     return PriceSchedule(starts=[t.valid_from for t in tables], prices=prices)
+
+
+def pricing_table_list(*, tenant) -> QuerySet[PricingTable]:
+    """A tenant's tables, newest first, with their GPU prices (two queries in all)."""
+    return PricingTable.objects.filter(tenant=tenant).prefetch_related("gpu_prices__sku").order_by("-valid_from")
+
+
+def cost_model_list(*, tenant) -> QuerySet[CostModel]:
+    return CostModel.objects.filter(tenant=tenant).order_by("name", "pk")

@@ -62,6 +62,7 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
+    "apps.api.middleware.ApiGuardMiddleware",  # /api/ only: body-size cap (413), JSON error bodies
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -148,6 +149,12 @@ CELERY_TASK_ROUTES = {"costlab.run_train": {"queue": "cpu"}}  # submission picks
 # Synced into django-celery-beat's tables at beat start-up; staff can change the interval in the admin.
 CELERY_BEAT_SCHEDULE = {
     "sweep-lost-runs": {"task": "costlab.runs_sweep_lost", "schedule": 15.0, "options": {"expires": 14}},
+    # Each experiment is attributed every attribution_interval_s; this is how often beat looks for
+    # due ones (the smallest interval an experiment may have). A tick that expires unrun loses
+    # nothing: the next one starts from the watermark.
+    "attribution-tick": {"task": "costlab.attribution_tick", "schedule": env.float(
+        "COSTLAB_ATTRIBUTION_TICK_S", default=5.0), "options": {"expires": 4}},
+    "alerts-requeue-stale": {"task": "costlab.alerts_requeue_stale", "schedule": 60.0, "options": {"expires": 55}},
 }
 
 # ------------------------------------------------------------------------------
@@ -157,18 +164,80 @@ CELERY_BEAT_SCHEDULE = {
 COSTLAB_RUN_LEASE_S = env.float("COSTLAB_RUN_LEASE_S", default=30.0)
 
 # ------------------------------------------------------------------------------
-# REST framework
+# Attribution: freezes, alerts, dynamic weights
+# ------------------------------------------------------------------------------
+# The confidence sequence is tightest near this many run-window observations per comparison.
+COSTLAB_CS_EXPECTED_OBSERVATIONS = env.float("COSTLAB_CS_EXPECTED_OBSERVATIONS", default=500.0)
+# Dynamic weights: each active arm keeps at least this share of traffic; no share moves more per tick.
+COSTLAB_WEIGHT_MIN_SHARE = env.float("COSTLAB_WEIGHT_MIN_SHARE", default=0.05)
+COSTLAB_WEIGHT_MAX_STEP = env.float("COSTLAB_WEIGHT_MAX_STEP", default=0.05)
+# Alerts for every freeze/unfreeze, besides the channels kept per tenant/experiment in the admin.
+COSTLAB_ALERT_WEBHOOK_URL = env("COSTLAB_ALERT_WEBHOOK_URL", default="")
+COSTLAB_ALERT_EMAILS = env.list("COSTLAB_ALERT_EMAILS", default=[])
+COSTLAB_ALERT_TIMEOUT_S = env.float("COSTLAB_ALERT_TIMEOUT_S", default=5.0)
+COSTLAB_ALERT_MAX_ATTEMPTS = env.int("COSTLAB_ALERT_MAX_ATTEMPTS", default=6)
+COSTLAB_ALERT_BACKOFF_S = env.float("COSTLAB_ALERT_BACKOFF_S", default=2.0)
+COSTLAB_ALERT_BACKOFF_MAX_S = env.float("COSTLAB_ALERT_BACKOFF_MAX_S", default=300.0)
+
+# ------------------------------------------------------------------------------
+# REST API (apps/api): auth, pagination, throttling, limits
 # ------------------------------------------------------------------------------
 REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "apps.core.exceptions.api_exception_handler",
+    # A tenant's API token (Authorization: Bearer ...), or the dashboard's session (with CSRF).
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "apps.api.auth.TenantTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "apps.api.schema.ApiAutoSchema",
+    "DEFAULT_PAGINATION_CLASS": "apps.api.pagination.ApiPagination",
+    "DEFAULT_THROTTLE_CLASSES": ["apps.api.throttles.ClientRateThrottle", "apps.api.throttles.AnonRateThrottle"],
+    "DEFAULT_PARSER_CLASSES": ["apps.api.parsers.SafeJSONParser"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "UNAUTHENTICATED_TOKEN": None,
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "costlab API",
-    "DESCRIPTION": "Experiments over training strategies, their runs, telemetry and cost.",
+    "DESCRIPTION": "Experiments over training strategies, their runs, telemetry and cost. Authenticate with a "
+    "tenant's API token (`Authorization: Bearer <token>`) or a dashboard session. Every error answers "
+    '`{"error": {"message", "code", "fields"?}}`.',
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SCHEMA_PATH_PREFIX": "/api/v1",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "RunStatusEnum": "apps.experiments.models.Run.Status",
+        "RunKindEnum": "apps.experiments.models.Run.Kind",
+        "CostModelKindEnum": "apps.pricing.models.CostModel.Kind",
+    },
+}
+# Tokens: days until a new token expires (0: never), and the prefix that makes a leaked one recognisable.
+COSTLAB_API_TOKEN_TTL_DAYS = env.int("COSTLAB_API_TOKEN_TTL_DAYS", default=90)
+COSTLAB_API_TOKEN_PREFIX = "clb_"
+COSTLAB_API_PAGE_SIZE = env.int("COSTLAB_API_PAGE_SIZE", default=50)
+COSTLAB_API_MAX_PAGE_SIZE = env.int("COSTLAB_API_MAX_PAGE_SIZE", default=200)
+# Request bodies over these answer 413 before they are read; JSON deeper than this answers 400.
+COSTLAB_API_MAX_BODY_BYTES = env.int("COSTLAB_API_MAX_BODY_BYTES", default=256 * 1024)
+COSTLAB_API_MAX_INGEST_BODY_BYTES = env.int("COSTLAB_API_MAX_INGEST_BODY_BYTES", default=8 * 1024 * 1024)
+COSTLAB_API_MAX_JSON_DEPTH = 32
+# Telemetry reads: points per series by default, and at most.
+COSTLAB_API_TELEMETRY_BUDGET = 500
+COSTLAB_API_TELEMETRY_MAX_BUDGET = 5000
+COSTLAB_API_THROTTLE_RATES = {
+    "client": env("COSTLAB_API_THROTTLE_RATE", default="1200/min"),  # per token, or per signed-in user
+    "ingest": env("COSTLAB_API_INGEST_THROTTLE_RATE", default="6000/min"),  # telemetry batches, per token
+    "anon": env("COSTLAB_API_ANON_THROTTLE_RATE", default="60/min"),  # per address: open endpoints (schema)
+    "auth_failures": env("COSTLAB_API_AUTH_FAILURE_RATE", default="30/min"),  # per address: bad tokens
+}
+# Throttle counters are shared by every web process through Redis when there is one.
+COSTLAB_API_THROTTLE_CACHE = "api_throttle"
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    COSTLAB_API_THROTTLE_CACHE: (
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL, "KEY_PREFIX": "costlab"}
+        if REDIS_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "api-throttle"}
+    ),
 }
 
 # ------------------------------------------------------------------------------

@@ -164,3 +164,19 @@ def test_a_diverged_loss_is_reported_as_unknown_not_nan():
     sampler.counters.progress = Progress(3, 300, 0.3, 3, float("nan"), 1)
     sample = sampler.sample()
     assert sample["loss"] is None and sample["step"] == 3
+
+
+def test_a_live_update_retimes_the_sampler_and_bad_ones_are_ignored(tiny_config):
+    updates = [{"telemetry": {"interval_s": 0.02}},
+               {"optimizer": {"dynamic_batching": {"min_micro_batch": 100}}},  # min > max: refused, run goes on
+               {"model": {"preset": "small"}}]  # not a live key: ignored
+    calls = []
+
+    def live():
+        calls.append(1)
+        return updates.pop(0) if updates else None
+
+    samples = []
+    result = train(tiny_config(train={"steps": 12}, telemetry={"interval_s": 3600.0}), sink=samples.append, live=live)
+    assert result.status == "completed" and len(calls) == 12
+    assert len(samples) > 3  # an hourly sampler would have sent only the final sample

@@ -1,0 +1,55 @@
+"""Query filters of the list endpoints (django-filter); every list is already scoped to the tenant."""
+
+import django_filters as filters
+
+from apps.experiments.models import Arm, Experiment, Run
+from apps.pricing.models import CostModel, PricingTable
+
+
+class ExperimentFilter(filters.FilterSet):
+    name = filters.CharFilter(lookup_expr="icontains", max_length=120)
+    created_after = filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+
+    class Meta:
+        model = Experiment
+        fields = ["status", "name", "created_after"]
+
+
+class ArmFilter(filters.FilterSet):
+    experiment = filters.NumberFilter(field_name="experiment_id")
+    strategy_sha256 = filters.CharFilter(max_length=64)
+
+    class Meta:
+        model = Arm
+        fields = ["experiment", "name", "state", "is_control", "strategy_sha256"]
+
+
+class RunFilter(filters.FilterSet):
+    experiment = filters.NumberFilter(field_name="experiment_id")
+    arm = filters.NumberFilter(field_name="arm_id")
+    git_sha = filters.CharFilter(max_length=40)
+    run_key = filters.CharFilter(max_length=120)
+    created_after = filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    created_before = filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+
+    class Meta:
+        model = Run
+        fields = ["experiment", "arm", "status", "kind", "git_sha", "run_key", "created_after", "created_before"]
+
+
+class PricingTableFilter(filters.FilterSet):
+    valid_at = filters.IsoDateTimeFilter(method="filter_valid_at", help_text="Tables in force at this instant.")
+
+    class Meta:
+        model = PricingTable
+        fields = ["is_example", "valid_at"]
+
+    def filter_valid_at(self, queryset, name, value):
+        current = queryset.filter(valid_from__lte=value).order_by("-valid_from").values("pk")[:1]
+        return queryset.filter(pk__in=current)
+
+
+class CostModelFilter(filters.FilterSet):
+    class Meta:
+        model = CostModel
+        fields = ["kind"]

@@ -1,0 +1,75 @@
+from rest_framework import serializers
+
+from apps.api.serializers.fields import TenantPrimaryKeyField
+from apps.experiments.models import Arm, Experiment
+from apps.pricing.models import CostModel, PricingTable
+
+STRATEGY_MAX_CHARS = 64 * 1024  # gpu_runtime refuses larger documents too
+
+
+class ArmSummarySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Arm
+        fields = ["id", "name", "is_control", "state", "weight", "revision", "strategy_sha256"]
+        read_only_fields = fields
+
+
+class ExperimentSerializer(serializers.ModelSerializer):
+    cost_model = TenantPrimaryKeyField(queryset=CostModel.objects.all())
+    pricing_table = TenantPrimaryKeyField(queryset=PricingTable.objects.all(), allow_null=True, required=False)
+    arms = ArmSummarySerializer(many=True, read_only=True)
+
+    class Meta:
+        model = Experiment
+        fields = [
+            "id", "name", "description", "status", "cost_model", "pricing_table", "freeze_threshold",
+            "attribution_interval_s", "min_runs_per_arm", "min_samples_per_arm", "alpha", "freeze_policy",
+            "dynamic_weights", "target_steps", "arms", "created_at", "updated_at",
+        ]
+        read_only_fields = ["id", "arms", "created_at", "updated_at"]
+        extra_kwargs = {
+            "name": {"max_length": 120},
+            "description": {"max_length": 10_000},
+            "attribution_interval_s": {"max_value": 86_400},
+            "min_runs_per_arm": {"max_value": 1_000_000},
+            "min_samples_per_arm": {"max_value": 1_000_000_000},
+            "target_steps": {"max_value": 10**12},
+        }
+        validators = []  # (tenant, name) uniqueness is checked by the service, which knows the tenant
+
+
+class ArmSerializer(serializers.ModelSerializer):
+    experiment = TenantPrimaryKeyField(queryset=Experiment.objects.all())
+    strategy_yaml = serializers.CharField(max_length=STRATEGY_MAX_CHARS, trim_whitespace=False)
+
+    class Meta:
+        model = Arm
+        fields = ["id", "experiment", "name", "strategy_yaml", "strategy_sha256", "weight", "is_control", "state",
+                  "revision", "created_at", "updated_at"]
+        read_only_fields = ["id", "strategy_sha256", "state", "revision", "created_at", "updated_at"]
+        validators = []
+
+
+class ArmUpdateSerializer(serializers.Serializer):
+    """What may change on an arm: its strategy (a new revision) and its traffic weight."""
+
+    strategy_yaml = serializers.CharField(max_length=STRATEGY_MAX_CHARS, trim_whitespace=False, required=False)
+    weight = serializers.DecimalField(max_digits=7, decimal_places=4, min_value=0, required=False)
+
+
+class ArmUpdateResultSerializer(ArmSerializer):
+    live_keys = serializers.DictField(read_only=True, help_text="Changed keys that reach running runs at their next step.")
+    new_runs_only = serializers.ListField(child=serializers.CharField(), read_only=True,
+                                          help_text="Changed keys that only runs started from now on use.")
+
+    class Meta(ArmSerializer.Meta):
+        fields = [*ArmSerializer.Meta.fields, "live_keys", "new_runs_only"]
+
+
+class StrategyCheckSerializer(serializers.Serializer):
+    strategy_yaml = serializers.CharField(max_length=STRATEGY_MAX_CHARS, trim_whitespace=False)
+
+
+class StrategyCheckResultSerializer(serializers.Serializer):
+    valid = serializers.BooleanField()
+    strategy_sha256 = serializers.CharField()

@@ -1,0 +1,40 @@
+from rest_framework import serializers
+
+from apps.pricing.models import CostModel, GpuPrice, GpuSku, PricingTable
+
+
+class GpuSkuSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = GpuSku
+        fields = ["id", "name", "vendor", "memory_gb", "tdp_w", "peak_bf16_tflops"]
+        read_only_fields = fields
+
+
+class GpuPriceSerializer(serializers.ModelSerializer):
+    sku = serializers.SlugRelatedField(slug_field="name", queryset=GpuSku.objects.all())
+
+    class Meta:
+        model = GpuPrice
+        fields = ["sku", "hourly_usd"]
+
+
+class PricingTableSerializer(serializers.ModelSerializer):
+    gpu_prices = GpuPriceSerializer(many=True, required=False)
+
+    class Meta:
+        model = PricingTable
+        fields = ["id", "name", "currency", "valid_from", "electricity_usd_per_kwh", "pue", "vcpu_hour_usd",
+                  "memory_gb_hour_usd", "is_example", "notes", "gpu_prices", "created_at", "updated_at"]
+        read_only_fields = ["id", "created_at", "updated_at"]
+        extra_kwargs = {"notes": {"max_length": 10_000}, "name": {"max_length": 120}}
+        validators = []  # (tenant, valid_from) uniqueness: checked by full_clean in the service
+
+
+class CostModelSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = CostModel
+        fields = ["id", "name", "kind", "gpu_weight", "energy_weight", "cpu_weight", "memory_weight", "unit",
+                  "tiers", "created_at", "updated_at"]
+        read_only_fields = ["id", "created_at", "updated_at"]
+        extra_kwargs = {"name": {"max_length": 120}}
+        validators = []

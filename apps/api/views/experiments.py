@@ -1,0 +1,89 @@
+"""Experiments and their arms."""
+
+from __future__ import annotations
+
+from django_filters.rest_framework import DjangoFilterBackend
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status
+from rest_framework.decorators import action
+from rest_framework.filters import OrderingFilter
+from rest_framework.response import Response
+
+from apps.api.filters import ArmFilter, ExperimentFilter
+from apps.api.serializers.experiments import (
+    ArmSerializer,
+    ArmUpdateResultSerializer,
+    ArmUpdateSerializer,
+    ExperimentSerializer,
+    StrategyCheckResultSerializer,
+    StrategyCheckSerializer,
+)
+from apps.api.views.base import TenantViewSet
+from apps.experiments import services
+from apps.experiments.models import Arm, Experiment
+from apps.experiments.selectors import arm_list, experiment_list
+
+
+class ExperimentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet):
+    """An experiment compares arms (training strategies) by what their runs cost."""
+
+    model = Experiment
+    selector = staticmethod(experiment_list)
+    serializer_class = ExperimentSerializer
+    filter_backends = [DjangoFilterBackend, OrderingFilter]
+    filterset_class = ExperimentFilter
+    ordering_fields = ["created_at", "name"]
+
+    def create(self, request):
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        experiment = services.experiment_create(tenant=request.tenant, **serializer.validated_data)
+        return Response(self.get_serializer(experiment).data, status=status.HTTP_201_CREATED)
+
+    def partial_update(self, request, pk=None):
+        serializer = self.get_serializer(self.get_object(), data=request.data, partial=True)
+        serializer.is_valid(raise_exception=True)
+        experiment = services.experiment_update(experiment=serializer.instance, **serializer.validated_data)
+        return Response(self.get_serializer(experiment).data)
+
+    def destroy(self, request, pk=None):
+        services.experiment_delete(experiment=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class ArmViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet):
+    """An arm: a strategy (YAML, validated by gpu_runtime's schema) and its share of traffic."""
+
+    model = Arm
+    selector = staticmethod(arm_list)
+    serializer_class = ArmSerializer
+    filter_backends = [DjangoFilterBackend]
+    filterset_class = ArmFilter
+
+    def create(self, request):
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        arm = services.arm_create(**serializer.validated_data)
+        return Response(self.get_serializer(arm).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=ArmUpdateSerializer, responses=ArmUpdateResultSerializer)
+    def partial_update(self, request, pk=None):
+        serializer = ArmUpdateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        update = services.arm_update(arm=self.get_object(), **serializer.validated_data)
+        data = ArmSerializer(update.arm, context=self.get_serializer_context()).data
+        return Response({**data, "live_keys": update.live_keys, "new_runs_only": update.new_runs_only})
+
+    def destroy(self, request, pk=None):
+        services.arm_delete(arm=self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(request=StrategyCheckSerializer, responses=StrategyCheckResultSerializer)
+    @action(detail=False, methods=["post"], url_path="validate")
+    def validate_strategy(self, request):
+        """Check a strategy against gpu_runtime's schema without storing anything."""
+        serializer = StrategyCheckSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        text = serializer.validated_data["strategy_yaml"]
+        services.strategy_validate(text)
+        return Response({"valid": True, "strategy_sha256": services.strategy_sha256(text)})

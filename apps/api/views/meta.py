@@ -1,0 +1,55 @@
+"""Who am I, and the strategy schema (for editors and the CLI)."""
+
+from __future__ import annotations
+
+from django.http import JsonResponse
+from drf_spectacular.utils import OpenApiTypes, extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from apps.api.models import ApiToken
+from apps.api.permissions import TenantMember, is_staff_session
+from apps.core.exceptions import error_body
+
+WhoAmI = inline_serializer(name="WhoAmI", fields={
+    "tenant": inline_serializer(name="TenantRef", fields={
+        "id": serializers.IntegerField(), "slug": serializers.CharField(), "name": serializers.CharField()}),
+    "principal": serializers.CharField(help_text="token:<name> or the username."),
+    "auth": serializers.ChoiceField(choices=["token", "session"]),
+    "staff": serializers.BooleanField(),
+    "token_expiry": serializers.DateTimeField(allow_null=True),
+})
+
+
+class WhoAmIView(APIView):
+    permission_classes = [TenantMember]
+
+    @extend_schema(responses=WhoAmI)
+    def get(self, request):
+        tenant = request.tenant
+        token = request.auth if isinstance(request.auth, ApiToken) else None
+        return Response({
+            "tenant": {"id": tenant.pk, "slug": tenant.slug, "name": tenant.name},
+            "principal": str(request.user.username),
+            "auth": "token" if token else "session",
+            "staff": is_staff_session(request),
+            "token_expiry": token.expiry if token else None,
+        })
+
+
+class StrategySchemaView(APIView):
+    """JSON Schema of a strategy YAML document (gpu_runtime's own)."""
+
+    permission_classes = [TenantMember]
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request):
+        from gpu_runtime import strategy_json_schema
+
+        return Response(strategy_json_schema())
+
+
+def api_not_found(request, *args, **kwargs):
+    """Unknown /api/ paths answer with the API's error body, not an HTML page."""
+    return JsonResponse(error_body(f"no API endpoint at {request.path}", "not_found"), status=404)

@@ -1,0 +1,103 @@
+"""Runs: submit, status, cancel; external runs also send telemetry and say how they ended."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django_filters.rest_framework import DjangoFilterBackend
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import mixins, status
+from rest_framework.decorators import action
+from rest_framework.filters import OrderingFilter
+from rest_framework.response import Response
+
+from apps.api.filters import RunFilter
+from apps.api.serializers.runs import RunDetailSerializer, RunFinishSerializer, RunSerializer, RunSubmitSerializer
+from apps.api.serializers.telemetry import (
+    IngestResultSerializer,
+    TelemetryBatchSerializer,
+    TelemetryQuerySerializer,
+    TelemetrySeriesSerializer,
+)
+from apps.api.throttles import AnonRateThrottle, IngestRateThrottle
+from apps.api.views.base import TenantViewSet
+from apps.experiments import services
+from apps.experiments.models import Run
+from apps.experiments.selectors import run_list
+from apps.telemetry.selectors import SERIES_UNITS, samples_downsampled
+
+
+class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet):
+    """One training run of an arm: its status, provenance and cost so far."""
+
+    model = Run
+    selector = staticmethod(run_list)
+    serializer_class = RunSerializer
+    filter_backends = [DjangoFilterBackend, OrderingFilter]
+    filterset_class = RunFilter
+    ordering_fields = ["created_at", "cost_usd", "finished_at"]
+
+    max_body_bytes = None  # ApiGuardMiddleware's cap, by setting name; the telemetry action raises it
+
+    def get_serializer_class(self):
+        return RunDetailSerializer if self.action == "retrieve" else RunSerializer
+
+    @extend_schema(request=RunSubmitSerializer, responses={201: RunSerializer, 200: RunSerializer})
+    def create(self, request):
+        """Submit a run: 201 with its id and the arm chosen; 200 with the same run when run_key was seen."""
+        serializer = RunSubmitSerializer(data=request.data, context=self.get_serializer_context())
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        seen = bool(data["run_key"]) and Run.objects.filter(
+            experiment=data["experiment"], run_key=data["run_key"]).exists()
+        run = services.run_submit(**data)
+        return Response(RunSerializer(run).data, status=status.HTTP_200_OK if seen else status.HTTP_201_CREATED)
+
+    @extend_schema(request=None, responses=RunSerializer)
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        """Cancel: a queued or external run ends now, a running one stops at its next step."""
+        return Response(RunSerializer(services.run_cancel(run=self.get_object())).data)
+
+    @extend_schema(request=RunFinishSerializer, responses=RunSerializer)
+    @action(detail=True, methods=["post"])
+    def finish(self, request, pk=None):
+        """An external run ends: everything it sent is priced and its status recorded."""
+        serializer = RunFinishSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        run = services.run_external_finish(run=self.get_object(), **serializer.validated_data)
+        return Response(RunSerializer(run).data)
+
+    def get_throttles(self):
+        if self.action == "telemetry" and self.request.method == "POST":
+            return [IngestRateThrottle(), AnonRateThrottle()]
+        return super().get_throttles()
+
+    @extend_schema(
+        methods=["GET"], parameters=[TelemetryQuerySerializer], responses=TelemetrySeriesSerializer,
+        description="Series downsampled in SQL (min/max per bucket) to at most `budget` points each.",
+    )
+    @extend_schema(
+        methods=["POST"], request=TelemetryBatchSerializer,
+        responses={200: OpenApiResponse(IngestResultSerializer, description="Stored; duplicates ignored.")},
+        description="A batch of an external run's samples; idempotent by seq (a retried batch stores nothing twice).",
+    )
+    @action(detail=True, methods=["get", "post"], max_body_bytes="COSTLAB_API_MAX_INGEST_BODY_BYTES")
+    def telemetry(self, request, pk=None):
+        run = self.get_object()
+        if request.method == "POST":
+            batch = TelemetryBatchSerializer(data=request.data)
+            batch.is_valid(raise_exception=True)
+            result = services.run_external_ingest(run=run, **batch.validated_data)
+            return Response(IngestResultSerializer(result).data)
+        query = TelemetryQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        q = query.validated_data
+        budget = min(q.get("budget") or settings.COSTLAB_API_TELEMETRY_BUDGET, settings.COSTLAB_API_TELEMETRY_MAX_BUDGET)
+        down = samples_downsampled(run_ids=[run.pk], fields=q["fields"], budget=budget,
+                                   since=q.get("since"), until=q.get("until"))
+        series = {
+            name: {"unit": SERIES_UNITS[name], "points": [[ts.isoformat(), v] for ts, v in points]}
+            for name, points in down.series[run.pk].items()
+        }
+        return Response({"run": run.pk, "budget": budget, "samples": down.samples.get(run.pk, 0),
+                         "estimated": down.estimated.get(run.pk, False), "series": series})

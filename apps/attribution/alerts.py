@@ -1,0 +1,186 @@
+"""Alerts for freezes and unfreezes: webhook POST, e-mail, and a structured log line.
+
+The decision never waits on a receiver: deliveries are rows written in the decision's
+transaction and sent by the `costlab.alert_deliver` Celery task once it commits. A
+delivery is attempted until it succeeds, fails permanently (a 4xx other than 408/429), or
+runs out of attempts; each attempt is recorded. The freeze stands whatever happens here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+
+import httpx
+from django.conf import settings
+from django.core.mail import send_mail
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from apps.attribution.models import AlertChannel, AlertDelivery, FreezeEvent
+
+logger = logging.getLogger("costlab.attribution")
+
+DELIVER_TASK = "costlab.alert_deliver"
+RETRYABLE_STATUS = {408, 425, 429}
+
+
+def alert_payload(*, event: FreezeEvent) -> dict:
+    """The JSON body a receiver gets (also the e-mail's and the log line's content)."""
+    experiment, arm = event.experiment, event.arm
+    evidence = event.evidence or {}
+    return {
+        "event": f"arm_{event.action}",  # arm_freeze | arm_unfreeze
+        "event_id": event.pk,
+        "at": event.created_at.isoformat(),
+        "tenant": experiment.tenant.slug,
+        "experiment": {"id": experiment.pk, "name": experiment.name, "freeze_policy": experiment.freeze_policy},
+        "arm": {"id": arm.pk, "name": arm.name, "state": arm.state, "weight": str(arm.weight)},
+        "reason": event.reason,
+        "actor": event.actor.get_username() if event.actor_id else None,
+        "deviation": event.deviation,
+        "deviation_low": event.deviation_low,
+        "threshold": event.threshold,
+        "metric": evidence.get("metric"),
+        "arm_value": evidence.get("value"),
+        "control_value": (evidence.get("control") or {}).get("value"),
+        "runs": evidence.get("runs"),
+        "samples": evidence.get("samples"),
+        "observations": evidence.get("observations"),
+        "window": evidence.get("window"),
+        "cancelled_runs": evidence.get("cancelled_runs", []),
+    }
+
+
+def _targets(event: FreezeEvent) -> list[tuple[str, str, str]]:
+    """(kind, target, secret) for every enabled channel of the experiment or its tenant, and the defaults."""
+    experiment = event.experiment
+    channels = AlertChannel.objects.filter(tenant_id=experiment.tenant_id, enabled=True).filter(
+        Q(experiment__isnull=True) | Q(experiment=experiment)).order_by("pk")
+    targets: dict[tuple[str, str], str] = {}
+    for channel in channels:
+        if channel.webhook_url:
+            targets.setdefault((AlertDelivery.Kind.WEBHOOK, channel.webhook_url), channel.webhook_secret)
+        if channel.recipients():
+            targets.setdefault((AlertDelivery.Kind.EMAIL, ", ".join(channel.recipients())), "")
+    if settings.COSTLAB_ALERT_WEBHOOK_URL:
+        targets.setdefault((AlertDelivery.Kind.WEBHOOK, settings.COSTLAB_ALERT_WEBHOOK_URL), "")
+    if settings.COSTLAB_ALERT_EMAILS:
+        targets.setdefault((AlertDelivery.Kind.EMAIL, ", ".join(settings.COSTLAB_ALERT_EMAILS)), "")
+    return [(kind, target, secret) for (kind, target), secret in targets.items()]
+
+
+def alerts_queue(*, event: FreezeEvent) -> list[AlertDelivery]:
+    """Write one delivery per target; once the transaction commits, send them and log the event."""
+    payload = alert_payload(event=event)
+    now = timezone.now()
+    deliveries = AlertDelivery.objects.bulk_create([
+        AlertDelivery(event=event, kind=kind, target=target, secret=secret, payload=payload, next_attempt_at=now)
+        for kind, target, secret in _targets(event)
+    ])
+    ids = [d.pk for d in deliveries]
+    line = json.dumps({**payload, "deliveries": len(ids)}, sort_keys=True, default=str)
+    transaction.on_commit(lambda: logger.warning("%s %s", payload["event"], line))
+    transaction.on_commit(lambda: deliveries_send(delivery_ids=ids), robust=True)
+    return deliveries
+
+
+def deliveries_send(*, delivery_ids: list[int], countdown: float | None = None) -> None:
+    """Queue the delivery task for each id (a broker that is down leaves them pending for the requeue)."""
+    from config.celery_app import app
+
+    for pk in delivery_ids:
+        app.send_task(DELIVER_TASK, args=[pk], countdown=countdown)
+
+
+@dataclass(frozen=True)
+class AttemptOutcome:
+    status: str  # the delivery's status after this attempt
+    retry_in_s: float | None = None  # set when the task should try again after this many seconds
+    detail: str = ""
+
+
+def backoff_s(attempt: int) -> float:
+    """Seconds to wait after the attempt-th failure: base x 2^(attempt-1), capped."""
+    return min(settings.COSTLAB_ALERT_BACKOFF_S * 2 ** (attempt - 1), settings.COSTLAB_ALERT_BACKOFF_MAX_S)
+
+
+def _signature(secret: str, body: bytes) -> str:
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def _post(delivery: AlertDelivery) -> tuple[bool, bool, int | None, str]:
+    """One webhook POST: (delivered, retryable, status code, error)."""
+    body = json.dumps({**delivery.payload, "delivery_id": delivery.pk}, sort_keys=True).encode()
+    headers = {"Content-Type": "application/json", "User-Agent": "costlab-alerts/1",
+               "Idempotency-Key": f"costlab-alert-{delivery.pk}"}
+    if delivery.secret:
+        headers["X-Costlab-Signature"] = _signature(delivery.secret, body)
+    try:
+        response = httpx.post(delivery.target, content=body, headers=headers,
+                              timeout=settings.COSTLAB_ALERT_TIMEOUT_S, follow_redirects=False)
+    except httpx.TimeoutException as exc:
+        return False, True, None, f"timeout after {settings.COSTLAB_ALERT_TIMEOUT_S} s ({type(exc).__name__})"
+    except httpx.HTTPError as exc:
+        return False, True, None, f"{type(exc).__name__}: {exc}"[:1000]
+    code = response.status_code
+    if 200 <= code < 300:
+        return True, False, code, ""
+    retryable = code >= 500 or code in RETRYABLE_STATUS
+    return False, retryable, code, f"HTTP {code}: {response.text[:500]}"
+
+
+def _mail(delivery: AlertDelivery) -> tuple[bool, bool, int | None, str]:
+    p = delivery.payload
+    subject = f"[costlab] {p['experiment']['name']}: arm '{p['arm']['name']}' {p['event'].removeprefix('arm_')}"
+    lines = [p["reason"], "", json.dumps(p, indent=2, sort_keys=True)]
+    recipients = [a.strip() for a in delivery.target.split(",") if a.strip()]
+    try:
+        send_mail(subject, "\n".join(lines), settings.DEFAULT_FROM_EMAIL, recipients, fail_silently=False)
+    except Exception as exc:  # SMTP and socket errors alike: retried like a webhook
+        return False, True, None, f"{type(exc).__name__}: {exc}"[:1000]
+    return True, False, None, ""
+
+
+def alert_attempt(*, delivery_id: int) -> AttemptOutcome:
+    """Try one delivery once and record the attempt. Never raises for a receiver's failure."""
+    delivery = AlertDelivery.objects.filter(pk=delivery_id).first()
+    if delivery is None or delivery.status != AlertDelivery.Status.PENDING:
+        return AttemptOutcome(status=delivery.status if delivery else "missing")
+    # No row lock while the receiver answers: a slow receiver must not hold database locks.
+    send = _post if delivery.kind == AlertDelivery.Kind.WEBHOOK else _mail
+    delivered, retryable, code, error = send(delivery)
+    attempt = delivery.attempts + 1
+    now = timezone.now()
+    fields = {"attempts": attempt, "last_status_code": code, "last_error": error}
+    retry_in = None
+    if delivered:
+        fields.update(status=AlertDelivery.Status.SENT, delivered_at=now, next_attempt_at=None)
+    elif retryable and attempt < settings.COSTLAB_ALERT_MAX_ATTEMPTS:
+        retry_in = backoff_s(attempt)
+        fields.update(next_attempt_at=now + timedelta(seconds=retry_in))
+    else:
+        fields.update(status=AlertDelivery.Status.FAILED, next_attempt_at=None)
+        logger.error("alert_failed %s", json.dumps({"delivery_id": delivery.pk, "kind": delivery.kind,
+                                                    "target": delivery.target, "attempts": attempt,
+                                                    "error": error}, sort_keys=True))
+    AlertDelivery.objects.filter(pk=delivery.pk, status=AlertDelivery.Status.PENDING).update(**fields)
+    return AttemptOutcome(status=fields.get("status", AlertDelivery.Status.PENDING), retry_in_s=retry_in,
+                          detail=error)
+
+
+def deliveries_requeue_stale(*, now=None, grace_s: float = 60.0) -> list[int]:
+    """Pending deliveries whose task never ran (broker down at commit, worker lost): queue them again."""
+    now = now or timezone.now()
+    ids = list(AlertDelivery.objects.filter(status=AlertDelivery.Status.PENDING,
+                                            next_attempt_at__lt=now - timedelta(seconds=grace_s))
+               .order_by("pk").values_list("pk", flat=True)[:100])
+    if ids:
+        AlertDelivery.objects.filter(pk__in=ids).update(next_attempt_at=now)
+        deliveries_send(delivery_ids=ids)
+    return ids

@@ -1,0 +1,235 @@
+"""What a tick decides for one experiment, from its arms' cumulative sums. Pure: no ORM, no clock.
+
+Same sums and policy in, same verdict out: this is what makes a window attributed twice
+give identical snapshots.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from decimal import ROUND_HALF_EVEN, Decimal
+
+from apps.attribution import stats
+from apps.attribution.weights import rebalance
+
+WEIGHT_QUANTUM = Decimal("0.0001")
+
+
+@dataclass(frozen=True)
+class ArmSums:
+    """An arm's observations summed (cumulative over its current epoch)."""
+
+    observations: int = 0
+    runs: int = 0
+    samples: int = 0
+    cost: Decimal = Decimal(0)
+    tokens: int = 0
+    steps: int = 0
+    gpu_seconds: Decimal = Decimal(0)
+    wall_s: Decimal = Decimal(0)
+    energy_j: Decimal = Decimal(0)
+    estimated: bool = False
+    cost_sq: Decimal = Decimal(0)
+    cost_tokens: Decimal = Decimal(0)
+    tokens_sq: Decimal = Decimal(0)
+    cost_steps: Decimal = Decimal(0)
+    steps_sq: Decimal = Decimal(0)
+
+    def __add__(self, other: ArmSums) -> ArmSums:
+        values = {}
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            values[f.name] = (a or b) if f.name == "estimated" else a + b
+        return ArmSums(**values)
+
+    @classmethod
+    def from_row(cls, row: dict) -> ArmSums:
+        """From a database row (Decimal on Postgres, float on SQLite); missing keys are 0."""
+        values = {}
+        for f in fields(cls):
+            v = row.get(f.name)
+            if f.name == "estimated":
+                values[f.name] = bool(v)
+            elif f.name in ("observations", "runs", "samples", "tokens", "steps"):
+                values[f.name] = int(v or 0)
+            else:
+                values[f.name] = stats._dec(v)
+        return cls(**values)
+
+    def ratio(self, unit: str) -> stats.RatioSums:
+        if unit == "step":
+            return stats.RatioSums(self.observations, self.cost, Decimal(self.steps), self.cost_sq,
+                                   self.cost_steps, self.steps_sq)
+        return stats.RatioSums(self.observations, self.cost, Decimal(self.tokens), self.cost_sq,
+                               self.cost_tokens, self.tokens_sq)
+
+
+@dataclass(frozen=True)
+class Policy:
+    threshold: float
+    alpha: float
+    min_runs: int
+    min_samples: int
+    unit: str  # "token" (USD per 1M tokens) or "step" (USD per step: tiered per step)
+    r2: float
+    dynamic_weights: bool
+    min_share: float
+    max_step: float
+
+    @property
+    def metric(self) -> str:
+        return "usd_per_step" if self.unit == "step" else "usd_per_mtok"
+
+    @property
+    def scale(self) -> float:
+        return 1.0 if self.unit == "step" else 1_000_000.0
+
+
+@dataclass(frozen=True)
+class ArmInput:
+    arm_id: int
+    name: str
+    is_control: bool
+    active: bool
+    weight: Decimal
+    sums: ArmSums
+
+
+@dataclass
+class ArmVerdict:
+    metric: stats.Interval | None = None
+    metric_value: float | None = None
+    usd_per_mtok: float | None = None
+    throughput_tok_s: float | None = None
+    deviation: stats.Interval | None = None
+    freeze: bool = False
+    evidence: dict = field(default_factory=dict)
+
+
+@dataclass
+class ExperimentVerdict:
+    skip_reason: str = ""
+    arms: dict[int, ArmVerdict] = field(default_factory=dict)
+    weights: dict[int, Decimal] = field(default_factory=dict)  # arm id -> new weight, changed arms only
+    weights_note: str = ""
+
+
+def _num(x: float | None, digits: int = 9) -> float | None:
+    """A JSON-safe float (no NaN/inf), rounded so evidence reads well."""
+    if x is None or not math.isfinite(x):
+        return None
+    return round(x, digits)
+
+
+def _interval_json(iv: stats.Interval | None, scale: float = 1.0) -> dict | None:
+    if iv is None:
+        return None
+    return {"estimate": _num(iv.estimate * scale), "low": _num(iv.low * scale), "high": _num(iv.high * scale),
+            "halfwidth": _num(iv.halfwidth * scale), "sd": _num(iv.sd * scale), "t": iv.t}
+
+
+def _arm_figures(arm: ArmInput, policy: Policy) -> tuple[ArmVerdict, stats.RatioEstimate | None]:
+    s = arm.sums
+    est = stats.ratio_estimate(s.ratio(policy.unit))
+    verdict = ArmVerdict()
+    if est is not None:
+        verdict.metric = stats.ratio_interval(est, alpha=policy.alpha, r2=policy.r2)
+    units = s.steps if policy.unit == "step" else s.tokens
+    verdict.metric_value = float(s.cost) / units * policy.scale if units > 0 else None
+    verdict.usd_per_mtok = float(s.cost) / s.tokens * 1e6 if s.tokens > 0 else None
+    verdict.throughput_tok_s = s.tokens / float(s.wall_s) if s.wall_s > 0 else None
+    verdict.evidence = {
+        "metric": policy.metric, "value": _num(verdict.metric_value),
+        "interval": _interval_json(verdict.metric, policy.scale),
+        "observations": s.observations, "runs": s.runs, "samples": s.samples,
+        "cost_usd": f"{s.cost:.6f}", "units": units,
+    }
+    return verdict, est
+
+
+def _freeze_rule(arm: ArmInput, control: ArmInput, dev: stats.Interval | None, policy: Policy) -> list[str]:
+    """What stands between this arm and a freeze (empty: freeze)."""
+    blocked = []
+    if not arm.active:
+        blocked.append("state: arm is already frozen")
+    for who, a in (("arm", arm), ("control", control)):
+        if a.sums.runs < policy.min_runs:
+            blocked.append(f"runs: {who} has {a.sums.runs} < min_runs_per_arm {policy.min_runs}")
+        if a.sums.samples < policy.min_samples:
+            blocked.append(f"samples: {who} has {a.sums.samples} < min_samples_per_arm {policy.min_samples}")
+    if dev is None:
+        blocked.append("deviation: not estimable yet (each arm needs 2 observations with units)")
+    else:
+        if dev.estimate <= policy.threshold:
+            blocked.append(f"deviation: {dev.estimate:.4f} <= threshold {policy.threshold:.4f}")
+        elif dev.low <= policy.threshold:
+            blocked.append(f"bound: lower confidence bound {dev.low:.4f} <= threshold {policy.threshold:.4f}")
+    return blocked
+
+
+def experiment_decide(arms: list[ArmInput], policy: Policy) -> ExperimentVerdict:
+    """Figures for every arm; deviation vs the control; which arms freeze; the next weights."""
+    out = ExperimentVerdict()
+    estimates = {}
+    for arm in arms:
+        out.arms[arm.arm_id], estimates[arm.arm_id] = _arm_figures(arm, policy)
+
+    controls = [a for a in arms if a.is_control]
+    if not controls:
+        out.skip_reason = "arms: the experiment has no control arm (mark one arm is_control)"
+        return out
+    control = controls[0]
+    if control.sums.cost <= 0 and (control.sums.tokens > 0 or control.sums.steps > 0):
+        out.skip_reason = (f"control: arm '{control.name}' has zero cost over {control.sums.tokens} tokens; "
+                           "deviation is undefined (does the pricing table price its device?)")
+        return out
+
+    control_est = estimates[control.arm_id]
+    for arm in arms:
+        verdict = out.arms[arm.arm_id]
+        if arm.is_control:
+            verdict.deviation = stats.Interval(0.0, 0.0, 0.0, 0.0, 0.0, arm.sums.observations)
+            continue
+        est = estimates[arm.arm_id]
+        dev = None
+        if est is not None and control_est is not None:
+            dev = stats.relative_deviation(est, control_est, alpha=policy.alpha, r2=policy.r2)
+        blocked = _freeze_rule(arm, control, dev, policy)
+        verdict.deviation, verdict.freeze = dev, not blocked
+        verdict.evidence.update({
+            "deviation": _interval_json(dev), "threshold": policy.threshold, "alpha": policy.alpha,
+            "r2": _num(policy.r2, 12), "min_runs": policy.min_runs, "min_samples": policy.min_samples,
+            "control": {"arm_id": control.arm_id, "name": control.name, "value": out.arms[control.arm_id].metric_value,
+                        "observations": control.sums.observations, "runs": control.sums.runs,
+                        "samples": control.sums.samples},
+            "decision": "freeze" if verdict.freeze else "hold", "blocked_by": blocked,
+        })
+
+    if policy.dynamic_weights and not any(v.freeze for v in out.arms.values()):
+        out.weights, out.weights_note = _next_weights(arms, estimates, policy)
+    return out
+
+
+def _next_weights(arms: list[ArmInput], estimates: dict, policy: Policy) -> tuple[dict[int, Decimal], str]:
+    live = [a for a in arms if a.active]
+    if len(live) < 2:
+        return {}, "weights: fewer than two active arms"
+    for a in live:
+        if estimates[a.arm_id] is None or a.sums.runs < policy.min_runs or a.sums.samples < policy.min_samples:
+            return {}, f"weights: arm '{a.name}' lacks the evidence minimums; weights unchanged"
+        if estimates[a.arm_id].value <= 0:
+            return {}, f"weights: arm '{a.name}' has no cost yet; weights unchanged"
+    total = sum((a.weight for a in live), Decimal(0))
+    if total <= 0:
+        return {}, "weights: active arms have no traffic weight to shift"
+    shares = rebalance({a.arm_id: float(a.weight) for a in live},
+                       {a.arm_id: estimates[a.arm_id].value for a in live},
+                       tau=policy.threshold, min_share=policy.min_share, max_step=policy.max_step)
+    changed = {}
+    for a in live:
+        new = (Decimal(repr(shares[a.arm_id])) * total).quantize(WEIGHT_QUANTUM, rounding=ROUND_HALF_EVEN)
+        if new != a.weight:
+            changed[a.arm_id] = new
+    return changed, "weights: shifted toward cheaper arms" if changed else "weights: at target"
+

@@ -1,0 +1,172 @@
+"""Reads for attribution: what is due, the rollup's sums, pricing faults, the tick's history."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import datetime, timedelta
+
+from django.db.models import Count, DecimalField, ExpressionWrapper, F, Max, OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models.functions import Cast
+
+from apps.attribution.decisions import ArmSums
+from apps.attribution.models import AttributionSnapshot, AttributionWindow, FreezeEvent, RunWindow
+from apps.experiments.models import Experiment
+from apps.pricing.models import GpuPrice, PricingTable
+
+# Beat fires on a fixed period; an experiment is due when its interval has passed, give or
+# take this much jitter, so a 30 s interval on a 5 s beat is attributed every 30 s, not 35.
+DUE_SLACK_S = 1.0
+
+
+def _exact(digits: int, places: int) -> DecimalField:
+    return DecimalField(max_digits=digits, decimal_places=places)
+
+
+def experiments_due(*, now: datetime) -> list[Experiment]:
+    """Active experiments whose last window ended at least an interval ago (annotated with it)."""
+    last = AttributionWindow.objects.filter(experiment=OuterRef("pk")).order_by("-number")
+    experiments = (
+        Experiment.objects.filter(status=Experiment.Status.ACTIVE)
+        .select_related("cost_model", "tenant")
+        .annotate(last_window_id=Subquery(last.values("pk")[:1]), last_number=Subquery(last.values("number")[:1]),
+                  last_end=Subquery(last.values("window_end")[:1]))
+        .order_by("pk")
+    )
+    due = []
+    for e in experiments:
+        if e.last_end is None:
+            due.append(e)
+        elif now > e.last_end and now - e.last_end >= timedelta(seconds=e.attribution_interval_s - DUE_SLACK_S):
+            due.append(e)
+    return due
+
+
+def _sums_annotations() -> dict:
+    return {
+        "observations": Count("pk"),
+        "runs": Count("pk", filter=Q(first_seen=True)),
+        "samples": Sum("samples"),
+        "cost": Sum("cost_usd"),
+        "tokens": Sum("tokens"),
+        "steps": Sum("steps"),
+        "gpu_seconds": Sum("gpu_seconds"),
+        "wall_s": Sum("wall_s"),
+        "energy_j": Sum("energy_j"),
+        "estimated": Count("pk", filter=Q(energy_estimated=True)),
+        "cost_sq": Sum(ExpressionWrapper(F("cost_usd") * F("cost_usd"), output_field=_exact(48, 12))),
+        "cost_tokens": Sum(ExpressionWrapper(F("cost_usd") * F("tokens"), output_field=_exact(48, 6))),
+        "tokens_sq": Sum(ExpressionWrapper(Cast("tokens", _exact(40, 0)) * F("tokens"), output_field=_exact(48, 0))),
+        "cost_steps": Sum(ExpressionWrapper(F("cost_usd") * F("steps"), output_field=_exact(48, 6))),
+        "steps_sq": Sum(ExpressionWrapper(Cast("steps", _exact(40, 0)) * F("steps"), output_field=_exact(48, 0))),
+    }
+
+
+def window_sums(*, window_ids: list[int]) -> dict[int, ArmSums]:
+    """Per arm: the counted observations of these windows, summed in the database."""
+    rows = (RunWindow.objects.filter(window_id__in=window_ids, omitted=False)
+            .values("arm_id").annotate(**_sums_annotations()).order_by("arm_id"))
+    return {row["arm_id"]: ArmSums.from_row(row) for row in rows}
+
+
+def observations_sums(*, experiment_id: int, after_number: dict[int, int], upto_number: int) -> dict[int, ArmSums]:
+    """Per arm: every counted observation in windows after_number[arm] < number <= upto_number (a recompute)."""
+    rows = (RunWindow.objects.filter(window__experiment_id=experiment_id, window__number__lte=upto_number,
+                                     omitted=False)
+            .values("arm_id", "window__number").annotate(**_sums_annotations()).order_by("arm_id", "window__number"))
+    out: dict[int, ArmSums] = {}
+    for row in rows:
+        if row["window__number"] > after_number.get(row["arm_id"], 0):
+            out[row["arm_id"]] = out.get(row["arm_id"], ArmSums()) + ArmSums.from_row(row)
+    return out
+
+
+SNAPSHOT_SUMS = {
+    "observations": "observations", "runs": "runs", "samples": "samples", "cost": "total_usd", "tokens": "tokens",
+    "steps": "steps", "gpu_seconds": "gpu_seconds", "wall_s": "wall_s", "energy_j": "energy_j",
+    "estimated": "energy_estimated", "cost_sq": "cost_sq", "cost_tokens": "cost_tokens", "tokens_sq": "tokens_sq",
+    "cost_steps": "cost_steps", "steps_sq": "steps_sq",
+}
+
+
+def snapshot_sums(*, window_ids: list[int]) -> dict[int, tuple[ArmSums, int]]:
+    """Per arm: the cumulative sums its snapshot in one of these windows carried, and its epoch."""
+    rows = AttributionSnapshot.objects.filter(window_id__in=window_ids).values(
+        "arm_id", "epoch_start", *SNAPSHOT_SUMS.values())
+    return {r["arm_id"]: (ArmSums.from_row({k: r[v] for k, v in SNAPSHOT_SUMS.items()}), r["epoch_start"])
+            for r in rows}
+
+
+def unfreeze_epochs(*, arm_ids: list[int]) -> dict[int, int]:
+    """Per arm: the window number its evidence restarts after (its last unfreeze), for arms ever unfrozen."""
+    rows = (FreezeEvent.objects.filter(action=FreezeEvent.Action.UNFREEZE, arm_id__in=arm_ids)
+            .values("arm_id").annotate(n=Max("window__number")))
+    return {r["arm_id"]: r["n"] or 0 for r in rows}
+
+
+def pricing_faults(*, experiments: list[Experiment], window_ids: list[int], now: datetime
+                   ) -> dict[int, tuple[str, list[int]]]:
+    """Experiments whose runs of these windows would be priced at 0 for lack of a price: reason, run ids.
+
+    A GPU run needs a SKU, and that SKU a price in every table it was priced with (the pinned
+    table, or the tenant's tables in force from its start until now). Three queries in all.
+    """
+    faults: dict[int, tuple[list[str], list[int]]] = defaultdict(lambda: ([], []))
+    tenants = {e.tenant_id for e in experiments}
+    tables = list(PricingTable.objects.filter(Q(tenant_id__in=tenants, valid_from__lte=now)
+                                              | Q(pk__in=[e.pricing_table_id for e in experiments if e.pricing_table_id]))
+                  .values("pk", "tenant_id", "valid_from", "name").order_by("valid_from"))
+    by_tenant = defaultdict(list)
+    for t in tables:
+        if t["valid_from"] <= now:
+            by_tenant[t["tenant_id"]].append(t)
+    by_pk = {t["pk"]: t for t in tables}
+    for e in experiments:
+        if e.pricing_table_id is None and not by_tenant[e.tenant_id]:
+            faults[e.pk][0].append(f"pricing_table: tenant '{e.tenant.slug}' has no pricing table in force, "
+                                   "so every cost would be 0")
+    gpu_runs = list(RunWindow.objects.filter(window_id__in=window_ids, run__gpu_count__gt=0).values(
+        "run_id", "window__experiment_id", "run__gpu_sku_id", "run__gpu_sku__name", "run__device",
+        "run__started_at", "run__created_at"))
+    priced = set(GpuPrice.objects.filter(pricing_table_id__in=list(by_pk),
+                                         sku_id__in={r["run__gpu_sku_id"] for r in gpu_runs})
+                 .values_list("pricing_table_id", "sku_id"))
+    experiments_by_pk = {e.pk: e for e in experiments}
+    for r in gpu_runs:
+        e = experiments_by_pk[r["window__experiment_id"]]
+        if r["run__gpu_sku_id"] is None:
+            reason = (f"device: run {r['run_id']} ran on '{r['run__device'] or 'an unknown GPU'}', which matches "
+                      "no GPU SKU, so its GPU time has no price")
+        else:
+            missing = [t for t in _tables_used(e, by_tenant, by_pk, r["run__started_at"] or r["run__created_at"])
+                       if (t["pk"], r["run__gpu_sku_id"]) not in priced]
+            if not missing:
+                continue
+            reason = (f"pricing: table '{missing[0]['name']}' has no price for GPU SKU "
+                      f"'{r['run__gpu_sku__name']}' (run {r['run_id']})")
+        faults[e.pk][0].append(reason)
+        faults[e.pk][1].append(r["run_id"])
+    return {pk: ("; ".join(dict.fromkeys(reasons)), runs) for pk, (reasons, runs) in faults.items()}
+
+
+def _tables_used(e: Experiment, by_tenant: dict, by_pk: dict, start: datetime) -> list[dict]:
+    if e.pricing_table_id is not None:
+        return [by_pk[e.pricing_table_id]] if e.pricing_table_id in by_pk else []
+    tables = by_tenant[e.tenant_id]
+    first = max((i for i, t in enumerate(tables) if t["valid_from"] <= start), default=0)
+    return tables[first:]
+
+
+def snapshot_series(*, experiment: Experiment, since: datetime | None = None) -> QuerySet:
+    """The experiment's snapshots in window order: the deviation timeline of the dashboard."""
+    qs = AttributionSnapshot.objects.filter(experiment=experiment).select_related("arm")
+    if since is not None:
+        qs = qs.filter(window_end__gte=since)
+    return qs.order_by("window_end", "arm_id")
+
+
+def snapshots_latest(*, experiment: Experiment) -> dict[int, AttributionSnapshot]:
+    """Per arm, the snapshot of the experiment's latest window."""
+    last = AttributionWindow.objects.filter(experiment=experiment).order_by("-number").first()
+    if last is None:
+        return {}
+    return {s.arm_id: s for s in AttributionSnapshot.objects.filter(window=last)}

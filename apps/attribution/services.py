@@ -1,0 +1,244 @@
+"""Writes of attribution: the tick, freezes and unfreezes, traffic weights."""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+
+from django.db import transaction
+from django.utils import timezone
+
+from apps.attribution import selectors
+from apps.attribution.alerts import alerts_queue
+from apps.attribution.decisions import ArmInput, ArmSums, ArmVerdict, ExperimentVerdict, experiment_decide
+from apps.attribution.locks import lock_try
+from apps.attribution.models import AttributionSnapshot, AttributionWindow, FreezeEvent, RunWindow, WeightChange
+from apps.attribution.rollup import observations_record
+from apps.attribution.snapshots import policy_for, snapshot_build
+from apps.core.exceptions import ApplicationError
+from apps.experiments.models import Arm, Experiment, Run
+from apps.experiments.services import run_cancel
+
+logger = logging.getLogger("costlab.attribution")
+
+TICK_LOCK = "attribution-tick"
+
+
+@dataclass
+class TickResult:
+    ran: bool  # False: another tick held the lock, this one did nothing
+    windows: int = 0
+    observations: int = 0
+    skipped: dict[int, str] = field(default_factory=dict)  # experiment id -> reason
+    frozen: list[int] = field(default_factory=list)  # arm ids
+    weight_changes: int = 0
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class _Freeze:
+    arm_id: int
+    window: AttributionWindow
+    snapshot: AttributionSnapshot
+    reason: str
+    threshold: float
+
+
+def attribution_tick(*, now: datetime | None = None) -> TickResult:
+    """Attribute every due experiment: one window each, from the watermark to now, in one transaction.
+
+    Single-flight: a tick that finds another running returns at once, and the next one finds
+    nothing due that the first has covered. A fault in one experiment skips it with a reason.
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        if not lock_try(TICK_LOCK):
+            return TickResult(ran=False, note="another attribution tick holds the lock")
+        experiments = selectors.experiments_due(now=now)
+        if not experiments:
+            return TickResult(ran=True, note="no experiment due")
+        windows = AttributionWindow.objects.bulk_create([
+            AttributionWindow(experiment=e, number=(e.last_number or 0) + 1, window_start=e.last_end, window_end=now)
+            for e in experiments
+        ])
+        window_ids = [w.pk for w in windows]
+        result = TickResult(ran=True, windows=len(windows), observations=observations_record(window_ids=window_ids))
+        faults = selectors.pricing_faults(experiments=experiments, window_ids=window_ids, now=now)
+        omitted = [run_id for _, run_ids in faults.values() for run_id in run_ids]
+        if omitted:
+            RunWindow.objects.filter(window_id__in=window_ids, run_id__in=omitted).update(omitted=True)
+
+        deltas = selectors.window_sums(window_ids=window_ids)
+        previous = selectors.snapshot_sums(window_ids=[e.last_window_id for e in experiments if e.last_window_id])
+        arms_of: dict[int, list[Arm]] = defaultdict(list)
+        for arm in Arm.objects.filter(experiment_id__in=[e.pk for e in experiments]).order_by("pk"):
+            arms_of[arm.experiment_id].append(arm)
+        restarts = selectors.unfreeze_epochs(arm_ids=[a.pk for arms in arms_of.values() for a in arms])
+
+        snapshots, freezes, moves = [], [], []
+        for experiment, window in zip(experiments, windows, strict=True):
+            policy = policy_for(experiment)
+            inputs, epochs = [], {}
+            for arm in arms_of[experiment.pk]:
+                base, epoch = previous.get(arm.pk, (ArmSums(), 0))
+                if restarts.get(arm.pk, 0) > epoch:  # unfrozen since: its evidence starts over
+                    base, epoch = ArmSums(), experiment.last_number or 0
+                epochs[arm.pk] = epoch
+                inputs.append(ArmInput(arm_id=arm.pk, name=arm.name, is_control=arm.is_control,
+                                       active=arm.state == Arm.State.ACTIVE, weight=arm.weight,
+                                       sums=base + deltas.get(arm.pk, ArmSums())))
+            verdict = _decide(experiment, inputs, policy)
+            reason = faults.get(experiment.pk, ("", []))[0] or verdict.skip_reason
+            window.observations = sum(deltas[a.pk].observations for a in arms_of[experiment.pk] if a.pk in deltas)
+            if reason:
+                window.status, window.skip_reason = AttributionWindow.Status.SKIPPED, reason
+                result.skipped[experiment.pk] = reason
+            for arm in inputs:
+                arm_verdict = verdict.arms.get(arm.arm_id, ArmVerdict())
+                snapshot = snapshot_build(window=window, arm=arm, verdict=arm_verdict, policy=policy,
+                                          epoch_start=epochs[arm.arm_id], skip_reason=reason)
+                snapshots.append(snapshot)
+                if arm_verdict.freeze and not reason:
+                    freezes.append(_Freeze(arm.arm_id, window, snapshot, _freeze_reason(arm, arm_verdict),
+                                           policy.threshold))
+            if not reason and verdict.weights:
+                moves += _weight_moves(inputs, verdict, window)
+
+        for f in freezes:
+            if _freeze_in_savepoint(f) is not None:
+                result.frozen.append(f.arm_id)
+        AttributionSnapshot.objects.bulk_create(snapshots)
+        AttributionWindow.objects.bulk_update(windows, ["status", "skip_reason", "observations"])
+        result.weight_changes = weights_shift(moves=moves)
+    return result
+
+
+def _decide(experiment: Experiment, inputs: list[ArmInput], policy) -> ExperimentVerdict:
+    try:
+        return experiment_decide(inputs, policy)
+    except Exception as exc:  # one experiment's bad data must not stop the others
+        logger.exception("attribution of experiment %s failed", experiment.pk)
+        return ExperimentVerdict(skip_reason=f"error: {type(exc).__name__}: {exc}"[:1000])
+
+
+def _freeze_reason(arm: ArmInput, verdict: ArmVerdict) -> str:
+    dev, control = verdict.deviation, verdict.evidence.get("control", {})
+    return (f"cost deviation {dev.estimate:+.2%} vs control '{control.get('name')}' "
+            f"(always-valid lower bound {dev.low:+.2%}) above the threshold {verdict.evidence['threshold']:.2%}, "
+            f"over {arm.sums.runs} runs and {arm.sums.samples} samples")
+
+
+def _freeze_in_savepoint(f: _Freeze) -> FreezeEvent | None:
+    try:
+        with transaction.atomic():
+            return arm_freeze(arm_id=f.arm_id, window=f.window, reason=f.reason, threshold=f.threshold,
+                              deviation=f.snapshot.deviation, deviation_low=f.snapshot.deviation_low,
+                              evidence=f.snapshot.evidence)
+    except Exception as exc:
+        logger.exception("freezing arm %s failed", f.arm_id)
+        f.snapshot.evidence.update(decision="freeze_failed", error=f"{type(exc).__name__}: {exc}"[:500])
+        return None
+
+
+def arm_freeze(*, arm_id: int, reason: str, evidence: dict, window: AttributionWindow | None = None,
+               deviation: float | None = None, deviation_low: float | None = None,
+               threshold: float | None = None) -> FreezeEvent | None:
+    """Freeze an arm: no new runs, weight 0 (recorded), running runs cancelled if the policy says so,
+    the evidence stored, alerts queued for after the commit. None when it was frozen already."""
+    with transaction.atomic():
+        arm = Arm.objects.select_for_update().select_related("experiment__tenant").filter(pk=arm_id).first()
+        if arm is None or arm.state == Arm.State.FROZEN:
+            return None
+        experiment, old_weight = arm.experiment, arm.weight
+        arm.state, arm.weight = Arm.State.FROZEN, Decimal(0)
+        arm.save(update_fields=["state", "weight", "updated_at"])
+        WeightChange.objects.create(arm=arm, kind=WeightChange.Kind.FREEZE, window=window, old_weight=old_weight,
+                                    new_weight=Decimal(0), reason=f"freeze: {reason}"[:255])
+        cancelled = []
+        if experiment.freeze_policy == Experiment.FreezePolicy.CANCEL:
+            for run in Run.objects.filter(arm=arm, status__in=Run.ACTIVE_STATUSES).order_by("pk"):
+                try:
+                    run_cancel(run=run)
+                    cancelled.append(run.pk)
+                except ApplicationError:  # it ended meanwhile: nothing to cancel
+                    continue
+        event = FreezeEvent.objects.create(
+            experiment=experiment, arm=arm, action=FreezeEvent.Action.FREEZE, reason=reason, window=window,
+            deviation=deviation, deviation_low=deviation_low, threshold=threshold,
+            evidence={**evidence, "cancelled_runs": cancelled, "freeze_policy": experiment.freeze_policy,
+                      "weight_before": str(old_weight)},
+        )
+        alerts_queue(event=event)
+    return event
+
+
+@transaction.atomic
+def arm_unfreeze(*, arm: Arm, actor, reason: str, weight: Decimal | None = None) -> FreezeEvent:
+    """Staff give a frozen arm traffic again, saying why; audited, alerted, and its evidence starts over."""
+    reason = (reason or "").strip()
+    if not reason:
+        raise ApplicationError("reason: say why the arm is unfrozen; the reason is kept for audit",
+                               {"fields": {"reason": ["This field is required."]}}, code="invalid")
+    if actor is None or not getattr(actor, "is_staff", False):
+        raise ApplicationError("actor: only staff can unfreeze an arm", code="permission_denied")
+    arm = Arm.objects.select_for_update().select_related("experiment__tenant").get(pk=arm.pk)
+    if arm.state != Arm.State.FROZEN:
+        raise ApplicationError(f"state: arm '{arm.name}' is not frozen", code="not_frozen")
+    if weight is None:
+        frozen_at = WeightChange.objects.filter(arm=arm, kind=WeightChange.Kind.FREEZE).order_by("-pk").first()
+        weight = frozen_at.old_weight if frozen_at and frozen_at.old_weight > 0 else Decimal(1)
+    elif weight < 0:
+        raise ApplicationError("weight: must be >= 0", {"fields": {"weight": ["Must be >= 0."]}}, code="invalid")
+    latest = AttributionWindow.objects.filter(experiment_id=arm.experiment_id).order_by("-number").first()
+    arm.state, arm.weight = Arm.State.ACTIVE, weight
+    arm.save(update_fields=["state", "weight", "updated_at"])
+    WeightChange.objects.create(arm=arm, kind=WeightChange.Kind.UNFREEZE, actor=actor, window=latest,
+                                old_weight=Decimal(0), new_weight=weight, reason=f"unfreeze: {reason}"[:255])
+    event = FreezeEvent.objects.create(
+        experiment=arm.experiment, arm=arm, action=FreezeEvent.Action.UNFREEZE, reason=reason, actor=actor,
+        window=latest, evidence={"weight_restored": str(weight),
+                                 "evidence_restarts_after_window": latest.number if latest else 0},
+    )
+    alerts_queue(event=event)
+    return event
+
+
+@dataclass(frozen=True)
+class WeightMove:
+    arm_id: int
+    old: Decimal
+    new: Decimal
+    window: AttributionWindow
+    reason: str
+
+
+def _weight_moves(inputs: list[ArmInput], verdict: ExperimentVerdict, window: AttributionWindow) -> list[WeightMove]:
+    values = {a.arm_id: verdict.arms[a.arm_id].metric_value for a in inputs if a.arm_id in verdict.weights}
+    cheapest = min(v for a in inputs if a.active and (v := verdict.arms[a.arm_id].metric_value) is not None)
+    metric = verdict.arms[inputs[0].arm_id].evidence.get("metric", "cost")
+    return [WeightMove(a.arm_id, a.weight, verdict.weights[a.arm_id], window,
+                       f"dynamic: {metric} {values[a.arm_id]:.6g} vs cheapest {cheapest:.6g} (window {window.number})")
+            for a in inputs if a.arm_id in verdict.weights]
+
+
+def weights_shift(*, moves: list[WeightMove]) -> int:
+    """Apply dynamic weight moves in three queries; an arm frozen or re-weighted meanwhile is left alone."""
+    if not moves:
+        return 0
+    locked = {a.pk: a for a in Arm.objects.select_for_update().filter(
+        pk__in=[m.arm_id for m in moves], state=Arm.State.ACTIVE).order_by("pk")}
+    now, changed, records = timezone.now(), [], []
+    for m in moves:
+        arm = locked.get(m.arm_id)
+        if arm is None or arm.weight != m.old:
+            continue
+        arm.weight, arm.updated_at = m.new, now
+        changed.append(arm)
+        records.append(WeightChange(arm=arm, kind=WeightChange.Kind.DYNAMIC, window=m.window, old_weight=m.old,
+                                    new_weight=m.new, reason=m.reason[:255]))
+    Arm.objects.bulk_update(changed, ["weight", "updated_at"])
+    WeightChange.objects.bulk_create(records)
+    return len(records)

@@ -1,0 +1,86 @@
+"""From sums and a verdict to a snapshot's fields; the same path recomputes a past window."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.conf import settings
+
+from apps.attribution import selectors, stats
+from apps.attribution.decisions import ArmInput, ArmSums, ArmVerdict, Policy, experiment_decide
+from apps.attribution.models import AttributionSnapshot, AttributionWindow
+from apps.experiments.models import Arm, Experiment
+from apps.pricing.cost_engine import JOULES_PER_KWH, SECONDS_PER_HOUR
+from apps.pricing.models import CostModel
+
+# The fields a recompute must reproduce exactly (everything but the row's identity and clock).
+COMPARED_FIELDS = [
+    f.name for f in AttributionSnapshot._meta.concrete_fields if f.name not in ("id", "computed_at")
+]
+
+
+def policy_for(experiment: Experiment) -> Policy:
+    cost_model = experiment.cost_model
+    tiered_steps = (cost_model.kind == CostModel.Kind.TIERED_PER_CALL and cost_model.unit == CostModel.Unit.STEP)
+    alpha = float(experiment.alpha)
+    return Policy(
+        threshold=float(experiment.freeze_threshold), alpha=alpha, min_runs=experiment.min_runs_per_arm,
+        min_samples=experiment.min_samples_per_arm, unit="step" if tiered_steps else "token",
+        r2=stats.tuning_r2(alpha=alpha, expected_n=settings.COSTLAB_CS_EXPECTED_OBSERVATIONS),
+        dynamic_weights=experiment.dynamic_weights, min_share=settings.COSTLAB_WEIGHT_MIN_SHARE,
+        max_step=settings.COSTLAB_WEIGHT_MAX_STEP,
+    )
+
+
+def snapshot_build(*, window: AttributionWindow, arm: ArmInput, verdict: ArmVerdict, policy: Policy,
+                   epoch_start: int, skip_reason: str) -> AttributionSnapshot:
+    """An unsaved snapshot: the arm's sums, the figures derived from them, and the decision."""
+    s: ArmSums = arm.sums
+    metric, dev = verdict.metric, verdict.deviation
+    mtok = metric if policy.unit == "token" else None
+    evidence = dict(verdict.evidence)
+    evidence["window"] = {"number": window.number, "end": window.window_end.isoformat(), "since": epoch_start}
+    if skip_reason:
+        evidence.update(decision="skipped", skip_reason=skip_reason)
+    return AttributionSnapshot(
+        experiment_id=window.experiment_id, arm_id=arm.arm_id, window=window, epoch_start=epoch_start,
+        computed_at=window.window_end, window_end=window.window_end,
+        runs=s.runs, samples=s.samples, observations=s.observations, tokens=s.tokens, steps=s.steps,
+        gpu_hours=float(s.gpu_seconds) / SECONDS_PER_HOUR, energy_kwh=float(s.energy_j) / JOULES_PER_KWH,
+        energy_estimated=s.estimated, total_usd=s.cost, gpu_seconds=s.gpu_seconds, wall_s=s.wall_s,
+        energy_j=s.energy_j, cost_sq=s.cost_sq, cost_tokens=s.cost_tokens, tokens_sq=s.tokens_sq,
+        cost_steps=s.cost_steps, steps_sq=s.steps_sq,
+        metric=policy.metric, metric_value=verdict.metric_value,
+        metric_ci_low=metric.low * policy.scale if metric else None,
+        metric_ci_high=metric.high * policy.scale if metric else None,
+        usd_per_mtok=verdict.usd_per_mtok,
+        usd_per_mtok_ci_low=mtok.low * 1e6 if mtok else None,
+        usd_per_mtok_ci_high=mtok.high * 1e6 if mtok else None,
+        throughput_tok_s=verdict.throughput_tok_s,
+        deviation=dev.estimate if dev else None, deviation_low=dev.low if dev else None,
+        deviation_high=dev.high if dev else None,
+        weight=arm.weight, state=Arm.State.ACTIVE if arm.active else Arm.State.FROZEN, evidence=evidence,
+    )
+
+
+def window_recompute(*, window: AttributionWindow) -> list[AttributionSnapshot]:
+    """The window's snapshots rebuilt from its observations alone (unsaved), arm by arm.
+
+    Sums come from every counted observation in the window and the earlier windows of each
+    arm's epoch, not from the previous snapshot; arm states and weights are the ones the
+    window saw. Under the experiment's current policy, the result equals what the tick stored.
+    """
+    stored = {s.arm_id: s for s in window.snapshots.select_related("arm")}
+    if not stored:
+        return []
+    experiment = Experiment.objects.select_related("cost_model").get(pk=window.experiment_id)
+    policy = policy_for(experiment)
+    sums = selectors.observations_sums(experiment_id=experiment.pk, upto_number=window.number,
+                                       after_number={pk: s.epoch_start for pk, s in stored.items()})
+    inputs = [ArmInput(arm_id=pk, name=s.arm.name, is_control=s.arm.is_control, active=s.state == Arm.State.ACTIVE,
+                       weight=Decimal(s.weight), sums=sums.get(pk, ArmSums()))
+              for pk, s in sorted(stored.items())]
+    verdict = experiment_decide(inputs, policy)
+    reason = window.skip_reason or verdict.skip_reason
+    return [snapshot_build(window=window, arm=a, verdict=verdict.arms[a.arm_id], policy=policy,
+                           epoch_start=stored[a.arm_id].epoch_start, skip_reason=reason) for a in inputs]

@@ -1,0 +1,95 @@
+"""Runs through the API: submit (201 + chosen arm, idempotent by run_key), status, cancel, external finish."""
+
+from __future__ import annotations
+
+import pytest
+
+from apps.experiments.models import Arm, Run
+from tests.apps.api.conftest import error
+from tests.factories import GpuSkuFactory, RunFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def test_submit_answers_201_with_the_run_and_the_arm_chosen(api, experiment):
+    response = api.post("/api/v1/runs/", {"experiment": experiment.pk, "git_sha": "a1b2c3"}, format="json")
+    assert response.status_code == 201, response.json()
+    body = response.json()
+    assert body["status"] == "queued" and body["git_sha"] == "a1b2c3" and body["kind"] == "worker"
+    assert body["arm"]["name"] in {"control", "candidate"}
+    run = Run.objects.get(pk=body["id"])
+    assert run.tenant == experiment.tenant and run.arm_id == body["arm"]["id"]
+
+
+def test_a_retried_submission_returns_the_same_run(api, experiment):
+    first = api.post("/api/v1/runs/", {"experiment": experiment.pk, "run_key": "gh-77-1"}, format="json")
+    again = api.post("/api/v1/runs/", {"experiment": experiment.pk, "run_key": "gh-77-1"}, format="json")
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert first.json()["id"] == again.json()["id"] and Run.objects.count() == 1
+
+
+def test_submit_to_a_named_arm_on_a_gpu(api, experiment):
+    sku = GpuSkuFactory(name="H100 SXM")
+    arm = experiment.arms.get(name="candidate")
+    body = api.post("/api/v1/runs/", {"experiment": experiment.pk, "arm": arm.pk, "gpu_sku": "H100 SXM"},
+                    format="json").json()
+    assert body["arm"]["id"] == arm.pk and body["queue"] == "gpu" and body["gpu_sku"] == sku.name
+    assert body["gpu_count"] == 1
+
+
+def test_submit_refusals_name_the_reason(api, experiment, tenant):
+    arm = experiment.arms.get(name="candidate")
+    Arm.objects.filter(pk=arm.pk).update(state="frozen", weight=0)
+    frozen = api.post("/api/v1/runs/", {"experiment": experiment.pk, "arm": arm.pk}, format="json")
+    assert frozen.status_code == 400 and error(frozen)["code"] == "arm_frozen"
+    bad_sha = api.post("/api/v1/runs/", {"experiment": experiment.pk, "git_sha": "not hex!"}, format="json")
+    assert bad_sha.status_code == 400 and "git_sha" in error(bad_sha)["fields"]
+    tenant.max_concurrent_runs = 0
+    tenant.save()
+    quota = api.post("/api/v1/runs/", {"experiment": experiment.pk}, format="json")
+    assert quota.status_code == 400 and error(quota)["code"] == "quota_exceeded"
+    assert "max_concurrent_runs" in error(quota)["message"] and error(quota)["limit"] == 0
+    assert Run.objects.count() == 0
+
+
+def test_status_and_cancel(api, experiment):
+    run = RunFactory(arm=experiment.arms.first(), status="queued", git_sha="abc")
+    detail = api.get(f"/api/v1/runs/{run.pk}/").json()
+    assert detail["status"] == "queued" and detail["config_yaml"] == run.config_yaml
+    cancelled = api.post(f"/api/v1/runs/{run.pk}/cancel/")
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+    again = api.post(f"/api/v1/runs/{run.pk}/cancel/")
+    assert again.status_code == 400 and error(again)["code"] == "not_cancellable"
+
+
+def test_run_list_filters_without_a_query_per_run(api, experiment, django_assert_max_num_queries):
+    control, candidate = experiment.arms.get(name="control"), experiment.arms.get(name="candidate")
+    for i in range(6):
+        RunFactory(arm=control if i % 2 else candidate, status="succeeded" if i < 4 else "failed",
+                   git_sha=f"{i:x}" * 4, gpu_sku=GpuSkuFactory())
+    with django_assert_max_num_queries(4):
+        everything = api.get("/api/v1/runs/").json()
+    assert everything["count"] == 6 and everything["results"][0]["arm"]["name"]
+    assert api.get(f"/api/v1/runs/?arm={control.pk}").json()["count"] == 3
+    assert api.get("/api/v1/runs/?status=failed").json()["count"] == 2
+    assert api.get("/api/v1/runs/?git_sha=3333").json()["count"] == 1
+    ordered = api.get("/api/v1/runs/?ordering=created_at").json()["results"]
+    assert [r["id"] for r in ordered] == sorted(r["id"] for r in ordered)
+
+
+def test_an_external_run_is_finished_by_its_client(api, experiment):
+    submitted = api.post("/api/v1/runs/", {"experiment": experiment.pk, "kind": "external"}, format="json").json()
+    assert submitted["status"] == "running"
+    url = f"/api/v1/runs/{submitted['id']}/finish/"
+    bad = api.post(url, {"status": "lost"}, format="json")
+    assert bad.status_code == 400 and "status" in error(bad)["fields"]
+    done = api.post(url, {"status": "succeeded", "dataset_sha256": "ab" * 32}, format="json")
+    assert done.status_code == 200 and done.json()["status"] == "succeeded" and done.json()["finished_at"]
+    twice = api.post(url, {"status": "failed"}, format="json")
+    assert twice.status_code == 409 and error(twice)["code"] == "run_finished"
+
+
+def test_a_worker_run_cannot_be_finished_over_http(api, experiment):
+    run = RunFactory(arm=experiment.arms.first(), status="running")
+    response = api.post(f"/api/v1/runs/{run.pk}/finish/", {"status": "succeeded"}, format="json")
+    assert response.status_code == 409 and error(response)["code"] == "not_external"
