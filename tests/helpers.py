@@ -24,7 +24,8 @@ def run_python(code: str, env: dict[str, str], timeout: float = 60) -> subproces
     )
 
 
-def start_worker(*, lease_s: float | None = None, queues: str = "default,cpu,gpu", pool: str = "solo"):
+def start_worker(*, lease_s: float | None = None, queues: str = "default,cpu,gpu", pool: str = "solo",
+                 **extra_env: str):
     """Start a real Celery worker on the test database and broker; return (process, name) once it answers."""
     import time
     import uuid
@@ -42,6 +43,7 @@ def start_worker(*, lease_s: float | None = None, queues: str = "default,cpu,gpu
     )
     if lease_s is not None:
         env["COSTLAB_RUN_LEASE_S"] = str(lease_s)
+    env.update(extra_env)
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "config.celery_app", "worker", "--pool", pool, "--concurrency", "1",
          "--queues", queues, "--hostname", name, "--without-gossip", "--without-mingle", "--loglevel", "WARNING"],

@@ -111,7 +111,7 @@ class ArmVerdict:
 class ExperimentVerdict:
     skip_reason: str = ""
     arms: dict[int, ArmVerdict] = field(default_factory=dict)
-    weights: dict[int, Decimal] = field(default_factory=dict)  # arm id -> new weight, changed arms only
+    weights: dict[int, tuple[Decimal, str]] = field(default_factory=dict)  # arm id -> (new weight, why)
     weights_note: str = ""
 
 
@@ -207,29 +207,35 @@ def experiment_decide(arms: list[ArmInput], policy: Policy) -> ExperimentVerdict
         })
 
     if policy.dynamic_weights and not any(v.freeze for v in out.arms.values()):
-        out.weights, out.weights_note = _next_weights(arms, estimates, policy)
+        out.weights, out.weights_note = _next_weights(arms, out, policy)
     return out
 
 
-def _next_weights(arms: list[ArmInput], estimates: dict, policy: Policy) -> tuple[dict[int, Decimal], str]:
+def _next_weights(arms: list[ArmInput], out: ExperimentVerdict, policy: Policy) -> tuple[dict, str]:
     live = [a for a in arms if a.active]
     if len(live) < 2:
         return {}, "weights: fewer than two active arms"
+    costs = {}
     for a in live:
-        if estimates[a.arm_id] is None or a.sums.runs < policy.min_runs or a.sums.samples < policy.min_samples:
+        metric = out.arms[a.arm_id].metric
+        if metric is None or a.sums.runs < policy.min_runs or a.sums.samples < policy.min_samples:
             return {}, f"weights: arm '{a.name}' lacks the evidence minimums; weights unchanged"
-        if estimates[a.arm_id].value <= 0:
+        if metric.estimate <= 0:
             return {}, f"weights: arm '{a.name}' has no cost yet; weights unchanged"
+        # Optimism under uncertainty (a lower confidence bound, as bandits do): an arm with
+        # little evidence is not starved on a noisy first estimate, and arms that only
+        # differ by noise keep similar shares. Floored at half the estimate while very uncertain.
+        costs[a.arm_id] = max(metric.low, metric.estimate / 2)
     total = sum((a.weight for a in live), Decimal(0))
     if total <= 0:
         return {}, "weights: active arms have no traffic weight to shift"
-    shares = rebalance({a.arm_id: float(a.weight) for a in live},
-                       {a.arm_id: estimates[a.arm_id].value for a in live},
+    shares = rebalance({a.arm_id: float(a.weight) for a in live}, costs,
                        tau=policy.threshold, min_share=policy.min_share, max_step=policy.max_step)
+    cheapest = min(costs.values()) * policy.scale
     changed = {}
     for a in live:
         new = (Decimal(repr(shares[a.arm_id])) * total).quantize(WEIGHT_QUANTUM, rounding=ROUND_HALF_EVEN)
         if new != a.weight:
-            changed[a.arm_id] = new
+            changed[a.arm_id] = (new, f"dynamic: {policy.metric} lower bound {costs[a.arm_id] * policy.scale:.6g} "
+                                      f"vs cheapest {cheapest:.6g}; share {shares[a.arm_id]:.3f}")
     return changed, "weights: shifted toward cheaper arms" if changed else "weights: at target"
-

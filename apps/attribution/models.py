@@ -67,6 +67,9 @@ class RunWindow(models.Model):
         constraints = [models.UniqueConstraint(fields=["window", "run"], name="runwindow_unique_window_run")]
         indexes = [models.Index(fields=["arm", "window"], name="runwindow_arm_window_idx")]
 
+    def __str__(self) -> str:
+        return f"run {self.run_id} in window {self.window_id}"
+
 
 class RunCursor(models.Model):
     """Per run: its totals as attributed so far (the sum of its observations)."""
@@ -80,6 +83,9 @@ class RunCursor(models.Model):
     gpu_seconds = _exact(20, 6)
     wall_s = _exact(20, 6)
     energy_j = _exact(24, 6)
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} attributed to seq {self.priced_seq}"
 
 
 class AttributionSnapshot(models.Model):
@@ -266,3 +272,6 @@ class AttributionLock(models.Model):
 
     name = models.CharField(max_length=64, primary_key=True)
     acquired_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return self.name

@@ -5,12 +5,23 @@ from __future__ import annotations
 from collections import defaultdict
 from datetime import datetime, timedelta
 
-from django.db.models import Count, DecimalField, ExpressionWrapper, F, Max, OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models import (
+    Count,
+    DecimalField,
+    ExpressionWrapper,
+    F,
+    Max,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Sum,
+)
 from django.db.models.functions import Cast
 
 from apps.attribution.decisions import ArmSums
 from apps.attribution.models import AttributionSnapshot, AttributionWindow, FreezeEvent, RunWindow
-from apps.experiments.models import Experiment
+from apps.experiments.models import Experiment, Run
 from apps.pricing.models import GpuPrice, PricingTable
 
 # Beat fires on a fixed period; an experiment is due when its interval has passed, give or
@@ -41,8 +52,16 @@ def experiments_due(*, now: datetime) -> list[Experiment]:
     return due
 
 
+def experiments_moved(*, experiment_ids: list[int]) -> set[int]:
+    """Of these experiments, those with a run whose priced totals moved past its cursor."""
+    moved = Run.objects.filter(experiment_id__in=experiment_ids).filter(
+        Q(attribution_cursor__isnull=True, priced_seq__gte=0) | Q(priced_seq__gt=F("attribution_cursor__priced_seq")))
+    return set(moved.values_list("experiment_id", flat=True).distinct())
+
+
 def _sums_annotations() -> dict:
-    return {
+    """ArmSums' fields as aggregates, named a_<field> (a bare name would shadow the column it sums)."""
+    return {f"a_{k}": v for k, v in {
         "observations": Count("pk"),
         "runs": Count("pk", filter=Q(first_seen=True)),
         "samples": Sum("samples"),
@@ -58,14 +77,18 @@ def _sums_annotations() -> dict:
         "tokens_sq": Sum(ExpressionWrapper(Cast("tokens", _exact(40, 0)) * F("tokens"), output_field=_exact(48, 0))),
         "cost_steps": Sum(ExpressionWrapper(F("cost_usd") * F("steps"), output_field=_exact(48, 6))),
         "steps_sq": Sum(ExpressionWrapper(Cast("steps", _exact(40, 0)) * F("steps"), output_field=_exact(48, 0))),
-    }
+    }.items()}
+
+
+def _arm_sums(row: dict) -> ArmSums:
+    return ArmSums.from_row({k[2:]: v for k, v in row.items() if k.startswith("a_")})
 
 
 def window_sums(*, window_ids: list[int]) -> dict[int, ArmSums]:
     """Per arm: the counted observations of these windows, summed in the database."""
     rows = (RunWindow.objects.filter(window_id__in=window_ids, omitted=False)
             .values("arm_id").annotate(**_sums_annotations()).order_by("arm_id"))
-    return {row["arm_id"]: ArmSums.from_row(row) for row in rows}
+    return {row["arm_id"]: _arm_sums(row) for row in rows}
 
 
 def observations_sums(*, experiment_id: int, after_number: dict[int, int], upto_number: int) -> dict[int, ArmSums]:
@@ -76,7 +99,7 @@ def observations_sums(*, experiment_id: int, after_number: dict[int, int], upto_
     out: dict[int, ArmSums] = {}
     for row in rows:
         if row["window__number"] > after_number.get(row["arm_id"], 0):
-            out[row["arm_id"]] = out.get(row["arm_id"], ArmSums()) + ArmSums.from_row(row)
+            out[row["arm_id"]] = out.get(row["arm_id"], ArmSums()) + _arm_sums(row)
     return out
 
 

@@ -15,7 +15,13 @@ from apps.attribution import selectors
 from apps.attribution.alerts import alerts_queue
 from apps.attribution.decisions import ArmInput, ArmSums, ArmVerdict, ExperimentVerdict, experiment_decide
 from apps.attribution.locks import lock_try
-from apps.attribution.models import AttributionSnapshot, AttributionWindow, FreezeEvent, RunWindow, WeightChange
+from apps.attribution.models import (
+    AttributionSnapshot,
+    AttributionWindow,
+    FreezeEvent,
+    RunWindow,
+    WeightChange,
+)
 from apps.attribution.rollup import observations_record
 from apps.attribution.snapshots import policy_for, snapshot_build
 from apps.core.exceptions import ApplicationError
@@ -57,9 +63,13 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
     with transaction.atomic():
         if not lock_try(TICK_LOCK):
             return TickResult(ran=False, note="another attribution tick holds the lock")
-        experiments = selectors.experiments_due(now=now)
+        due = selectors.experiments_due(now=now)
+        # An experiment with no new data has nothing to attribute: no window, and the next one
+        # still starts from its last watermark.
+        moved = selectors.experiments_moved(experiment_ids=[e.pk for e in due])
+        experiments = [e for e in due if e.pk in moved]
         if not experiments:
-            return TickResult(ran=True, note="no experiment due")
+            return TickResult(ran=True, note="no experiment due with new data")
         windows = AttributionWindow.objects.bulk_create([
             AttributionWindow(experiment=e, number=(e.last_number or 0) + 1, window_start=e.last_end, window_end=now)
             for e in experiments
@@ -216,11 +226,8 @@ class WeightMove:
 
 
 def _weight_moves(inputs: list[ArmInput], verdict: ExperimentVerdict, window: AttributionWindow) -> list[WeightMove]:
-    values = {a.arm_id: verdict.arms[a.arm_id].metric_value for a in inputs if a.arm_id in verdict.weights}
-    cheapest = min(v for a in inputs if a.active and (v := verdict.arms[a.arm_id].metric_value) is not None)
-    metric = verdict.arms[inputs[0].arm_id].evidence.get("metric", "cost")
-    return [WeightMove(a.arm_id, a.weight, verdict.weights[a.arm_id], window,
-                       f"dynamic: {metric} {values[a.arm_id]:.6g} vs cheapest {cheapest:.6g} (window {window.number})")
+    return [WeightMove(a.arm_id, a.weight, verdict.weights[a.arm_id][0], window,
+                       f"{verdict.weights[a.arm_id][1]} (window {window.number})")
             for a in inputs if a.arm_id in verdict.weights]
 
 

@@ -32,10 +32,10 @@ _PRECISION = 80
 
 
 def _dec(value) -> Decimal:
-    """Database sums arrive as Decimal (Postgres) or float/int (SQLite)."""
+    """Database sums arrive as Decimal (Postgres) or float/int (SQLite); floats convert exactly."""
     if isinstance(value, Decimal):
         return value
-    return Decimal(str(value or 0))
+    return Decimal(value or 0)
 
 
 @dataclass(frozen=True)

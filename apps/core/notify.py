@@ -18,8 +18,12 @@ logger = logging.getLogger(__name__)
 ARM_REVISIONS = "costlab:arm-revisions"
 
 
+def push_enabled() -> bool:
+    return bool(settings.REDIS_URL) and settings.COSTLAB_PUSH_NOTIFICATIONS
+
+
 def publish(channel: str, message: str) -> None:
-    if not settings.REDIS_URL:
+    if not push_enabled():
         return
     import redis
 
@@ -33,7 +37,7 @@ def publish(channel: str, message: str) -> None:
 
 def listen(channel: str, on_message: Callable[[str], None]) -> Callable[[], None] | None:
     """Call on_message for every message on channel, from a daemon thread; returns a stop function."""
-    if not settings.REDIS_URL:
+    if not push_enabled():
         return None
     import redis
 

@@ -59,10 +59,10 @@ def samples_downsampled(*, run_ids: list[int], fields: list[str], budget: int,
     where, params = [f"run_id IN ({', '.join(['%s'] * len(run_ids))})"], list(run_ids)
     if since is not None:
         where.append("ts >= %s")
-        params.append(since)
+        params.append(connection.ops.adapt_datetimefield_value(since))
     if until is not None:
         where.append("ts < %s")
-        params.append(until)
+        params.append(connection.ops.adapt_datetimefield_value(until))
     sql = [
         f"WITH base AS (SELECT run_id, seq, ts, {', '.join(fields)}, "
         "COUNT(*) OVER (PARTITION BY run_id) AS n, "

@@ -162,6 +162,8 @@ CELERY_BEAT_SCHEDULE = {
 # ------------------------------------------------------------------------------
 # A worker renews its lease every second; a run whose lease is older than this is lost.
 COSTLAB_RUN_LEASE_S = env.float("COSTLAB_RUN_LEASE_S", default=30.0)
+# Redis pub/sub wakes workers when an arm's live keys change; off (or no Redis): they poll each second.
+COSTLAB_PUSH_NOTIFICATIONS = env.bool("COSTLAB_PUSH_NOTIFICATIONS", default=True)
 
 # ------------------------------------------------------------------------------
 # Attribution: freezes, alerts, dynamic weights

@@ -68,9 +68,10 @@ class ArmViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet
 
     @extend_schema(request=ArmUpdateSerializer, responses=ArmUpdateResultSerializer)
     def partial_update(self, request, pk=None):
+        arm = self.get_object()
         serializer = ArmUpdateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        update = services.arm_update(arm=self.get_object(), **serializer.validated_data)
+        update = services.arm_update(arm=arm, **serializer.validated_data)
         data = ArmSerializer(update.arm, context=self.get_serializer_context()).data
         return Response({**data, "live_keys": update.live_keys, "new_runs_only": update.new_runs_only})
 

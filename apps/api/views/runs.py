@@ -62,9 +62,10 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet
     @action(detail=True, methods=["post"])
     def finish(self, request, pk=None):
         """An external run ends: everything it sent is priced and its status recorded."""
+        run = self.get_object()
         serializer = RunFinishSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        run = services.run_external_finish(run=self.get_object(), **serializer.validated_data)
+        run = services.run_external_finish(run=run, **serializer.validated_data)
         return Response(RunSerializer(run).data)
 
     def get_throttles(self):

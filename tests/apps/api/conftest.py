@@ -58,7 +58,8 @@ def member(tenant):
 
 @pytest.fixture
 def session(member) -> APIClient:
-    client = APIClient(enforce_csrf_checks=True)
+    """A dashboard user (CSRF checks off here; test_auth checks them)."""
+    client = APIClient()
     client.force_login(member)
     return client
 

@@ -70,7 +70,9 @@ def test_the_management_command_prints_the_secret_once_and_revoke_stops_it(tenan
     assert client.get(ME).status_code == 401
 
 
-def test_a_session_needs_csrf_for_writes(session, experiment):
+def test_a_session_needs_csrf_for_writes(member, experiment):
+    session = APIClient(enforce_csrf_checks=True)
+    session.force_login(member)
     assert session.get("/api/v1/experiments/").status_code == 200
     body = {"experiment": experiment.pk, "name": "new", "strategy_yaml": experiment.arms.first().strategy_yaml}
     refused = session.post("/api/v1/arms/", body, format="json")

@@ -1,0 +1,114 @@
+"""The comparison per arm, as the design document tabulates it: measured so far, and projected
+to the experiment's target number of steps with cost_engine.project."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+
+from django.db.models import Avg, Case, Count, F, FloatField, Q, Sum, Value, When
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast
+
+from apps.attribution.selectors import snapshots_latest
+from apps.attribution.snapshots import policy_for
+from apps.experiments.models import Experiment, Run
+from apps.pricing.cost_engine import (
+    JOULES_PER_KWH,
+    SECONDS_PER_HOUR,
+    CostBreakdown,
+    Projection,
+    Usage,
+    cost_per_million_tokens,
+    project,
+)
+
+
+@dataclass(frozen=True)
+class ArmReport:
+    arm_id: int
+    name: str
+    is_control: bool
+    state: str
+    weight: Decimal
+    runs: int
+    runs_succeeded: int
+    tokens: int
+    steps: int
+    gpu_hours: float
+    energy_kwh: float
+    energy_estimated: bool  # some energy was modelled, not measured: say so wherever it is shown
+    electricity_usd: float  # the energy term as billed (PUE and cost-model weight included)
+    total_usd: float
+    usd_per_mtok: float | None
+    metric: str  # what deviation compares: usd_per_mtok, or usd_per_step for a tiered-per-step model
+    metric_value: float | None
+    throughput_tok_s: float | None
+    completion_s: float | None  # mean wall time of the arm's succeeded runs
+    deviation: float | None  # measured now: (arm - control) / control on the metric
+    deviation_low: float | None  # the always-valid bounds of the latest attribution window
+    deviation_high: float | None
+    projected: Projection | None  # one run of target_steps: GPU hours, electricity, total USD, completion
+
+
+@dataclass(frozen=True)
+class ExperimentReport:
+    experiment_id: int
+    name: str
+    target_steps: int | None
+    window_end: object  # the latest attribution window's end, or None before the first tick
+    arms: list[ArmReport]
+
+
+def experiment_report(*, experiment: Experiment) -> ExperimentReport:
+    """Per arm: GPU hours, electricity USD, total USD, completion time, USD/1M tokens, deviation, state."""
+    policy = policy_for(experiment)
+    rows = {r["arm_id"]: r for r in Run.objects.filter(experiment=experiment, priced_seq__gte=0)
+            .values("arm_id").order_by("arm_id").annotate(
+                runs=Count("pk"), runs_succeeded=Count("pk", filter=Q(status=Run.Status.SUCCEEDED)),
+                tokens=Sum("tokens"), steps=Sum("steps"), energy_j=Sum("energy_j"), cost=Sum("cost_usd"),
+                estimated=Count("pk", filter=Q(energy_estimated=True)),
+                gpu_seconds=Sum(Case(When(gpu_count__gt=0, then=F("device_seconds")), default=Value(0.0),
+                                     output_field=FloatField())),
+                wall_s=Sum(Case(When(gpu_count__gt=0, then=F("device_seconds") / F("gpu_count")),
+                                default=F("device_seconds"), output_field=FloatField())),
+                electricity=Sum(Cast(KT("cost_breakdown__energy_usd"), FloatField())),
+                completion=Avg(F("finished_at") - F("started_at"), filter=Q(status=Run.Status.SUCCEEDED)),
+            )}
+    latest = snapshots_latest(experiment=experiment)
+    arms = list(experiment.arms.order_by("-is_control", "name"))
+    metric_of = {}
+    for arm in arms:
+        r = rows.get(arm.pk, {})
+        units = (r.get("steps") or 0) if policy.unit == "step" else (r.get("tokens") or 0)
+        metric_of[arm.pk] = float(r["cost"]) / units * policy.scale if units and r.get("cost") else None
+    control = next((a for a in arms if a.is_control), None)
+    base = metric_of.get(control.pk) if control else None
+
+    out = []
+    for arm in arms:
+        r, snap = rows.get(arm.pk, {}), latest.get(arm.pk)
+        tokens, steps = int(r.get("tokens") or 0), int(r.get("steps") or 0)
+        wall, total = float(r.get("wall_s") or 0), float(r.get("cost") or 0)
+        cost = CostBreakdown(energy_usd=float(r.get("electricity") or 0), total_usd=total,
+                             gpu_hours=float(r.get("gpu_seconds") or 0) / SECONDS_PER_HOUR,
+                             energy_kwh=float(r.get("energy_j") or 0) / JOULES_PER_KWH)
+        usage = Usage(wall_s=wall, device_seconds=float(r.get("gpu_seconds") or 0),
+                      energy_j=float(r.get("energy_j") or 0), tokens=tokens, steps=steps)
+        value = metric_of[arm.pk]
+        completion = r.get("completion")
+        out.append(ArmReport(
+            arm_id=arm.pk, name=arm.name, is_control=arm.is_control, state=arm.state, weight=arm.weight,
+            runs=int(r.get("runs") or 0), runs_succeeded=int(r.get("runs_succeeded") or 0), tokens=tokens,
+            steps=steps, gpu_hours=cost.gpu_hours, energy_kwh=cost.energy_kwh,
+            energy_estimated=bool(r.get("estimated")), electricity_usd=cost.energy_usd, total_usd=total,
+            usd_per_mtok=cost_per_million_tokens(total, tokens), metric=policy.metric, metric_value=value,
+            throughput_tok_s=tokens / wall if wall > 0 else None,
+            completion_s=completion.total_seconds() if completion is not None else None,
+            deviation=value / base - 1.0 if value is not None and base else None,
+            deviation_low=snap.deviation_low if snap else None, deviation_high=snap.deviation_high if snap else None,
+            projected=project(usage, cost, target_steps=experiment.target_steps) if experiment.target_steps else None,
+        ))
+    window_end = next(iter(latest.values())).window_end if latest else None
+    return ExperimentReport(experiment_id=experiment.pk, name=experiment.name, target_steps=experiment.target_steps,
+                            window_end=window_end, arms=out)
