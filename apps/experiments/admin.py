@@ -1,6 +1,7 @@
 from django.contrib import admin
 
 from apps.experiments.models import Arm, Experiment, Run
+from apps.experiments.services import arm_update
 
 
 class ArmInline(admin.TabularInline):
@@ -25,8 +26,17 @@ class ArmAdmin(admin.ModelAdmin):
     list_display = ["name", "experiment", "is_control", "state", "weight", "revision"]
     list_filter = ["state", "is_control"]
     search_fields = ["name", "experiment__name"]
-    readonly_fields = ["strategy_sha256", "state"]
+    readonly_fields = ["strategy_sha256", "state", "revision"]
     list_select_related = ["experiment"]
+
+    def save_model(self, request, obj, form, change):
+        if change and {"strategy_yaml", "weight"} & set(form.changed_data):
+            # Through the service, so a strategy edit bumps the revision and reaches running runs.
+            arm_update(arm=obj, strategy_yaml=obj.strategy_yaml, weight=obj.weight)
+            if set(form.changed_data) - {"strategy_yaml", "weight"}:
+                super().save_model(request, obj, form, change)
+        else:
+            super().save_model(request, obj, form, change)
 
 
 @admin.register(Run)

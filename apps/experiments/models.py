@@ -111,6 +111,19 @@ class Arm(TimeStampedModel):
     def __str__(self) -> str:
         return f"{self.experiment.name}/{self.name}"
 
+    def clean(self) -> None:
+        from django.core.exceptions import ValidationError
+
+        from apps.core.exceptions import ApplicationError
+        from apps.experiments.services import strategy_validate
+
+        try:
+            strategy_validate(self.strategy_yaml)
+        except ApplicationError as exc:
+            raise ValidationError({"strategy_yaml": exc.extra["fields"]["strategy_yaml"]}) from None
+        if self.state == self.State.FROZEN and self.weight:
+            raise ValidationError({"weight": "a frozen arm has weight 0; unfreeze it to give it traffic"})
+
     def save(self, *args, **kwargs):
         # The hash is derived from the text: keep them from drifting apart.
         from apps.experiments.services import strategy_sha256

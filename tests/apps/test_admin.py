@@ -109,3 +109,26 @@ def test_bad_prices_get_a_field_error_and_nothing_is_saved(staff_client, field, 
 
 def test_freeze_events_are_read_only(staff_client):
     assert staff_client.get(reverse("admin:attribution_freezeevent_add")).status_code == 403
+
+
+def test_arm_admin_refuses_a_bad_strategy_naming_the_key(staff_client):
+    arm = ArmFactory()
+    url = reverse("admin:experiments_arm_change", args=[arm.pk])
+    form = {"experiment": arm.experiment_id, "name": arm.name, "weight": "1", "is_control": "",
+            "strategy_yaml": arm.strategy_yaml + "optimizer: {dynamic_batching: {min_micro_batch: 0}}\n"}
+    response = staff_client.post(url, form)
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors["strategy_yaml"]
+    assert any("optimizer.dynamic_batching.min_micro_batch" in e for e in errors)
+    arm.refresh_from_db()
+    assert "min_micro_batch" not in arm.strategy_yaml and arm.revision == 1
+
+
+def test_arm_admin_strategy_edit_bumps_the_revision(staff_client):
+    arm = ArmFactory()
+    url = reverse("admin:experiments_arm_change", args=[arm.pk])
+    form = {"experiment": arm.experiment_id, "name": arm.name, "weight": "2", "is_control": "",
+            "strategy_yaml": arm.strategy_yaml + "telemetry: {interval_s: 0.5}\n"}
+    assert staff_client.post(url, form).status_code == 302
+    arm.refresh_from_db()
+    assert arm.revision == 2 and arm.weight == Decimal("2") and "interval_s: 0.5" in arm.strategy_yaml
