@@ -224,3 +224,53 @@ def _grow_greedily(levels: Sequence[Sequence[int]], free: list[int], seed: int, 
         group.append(best)
     return tuple(sorted(group))
 
+
+
+def busy_gpus() -> set[int]:
+    """NVML indices of GPUs running another process's compute work."""
+    import os
+
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        busy = set()
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            if any(p.pid != os.getpid() for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)):
+                busy.add(index)
+        return busy
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def choose_device(*, strategy: str, gpus: int, requested: str | None) -> tuple[str | None, dict]:
+    """The device a run should train on, and what placement did (it goes into the RunResult).
+
+    An explicit `cuda:N` or `cpu` is honoured (a worker that owns a GPU passes one). With
+    none, or a bare `cuda`, the job is placed on the GPUs CUDA can see, idle ones first,
+    by `strategy`; the run trains on the first of them. No GPU: nothing to place.
+    """
+    import torch
+
+    report: dict = {"strategy": strategy, "gpus": gpus, "devices": []}
+    if requested not in (None, "cuda") or not torch.cuda.is_available():
+        report["how"] = "requested" if requested not in (None, "cuda") else "no GPU"
+        return requested, report
+    try:
+        topology, busy = read_topology(), busy_gpus()
+        visible_bus = {normalize_bus_id(b): i for i, b in enumerate(cuda_bus_ids())}
+    except Exception as exc:  # no NVML, no bus ids: the obvious choice, said so
+        report["how"] = f"first GPU (topology unreadable: {str(exc)[:120]})"
+        return requested, report
+    to_cuda = {n: visible_bus[normalize_bus_id(b)] for n, b in enumerate(topology.bus_ids)
+               if normalize_bus_id(b) in visible_bus}
+    if not to_cuda:
+        report["how"] = "first GPU (no GPU NVML lists is visible to CUDA)"
+        return requested, report
+    idle = [n for n in to_cuda if n not in busy]
+    chosen = place_job(topology.levels, gpus, strategy=strategy,
+                       available=idle if len(idle) >= gpus else list(to_cuda))
+    report.update(how="placed", devices=[to_cuda[n] for n in chosen], busy=sorted(busy),
+                  worst_link=worst_link(topology.levels, chosen).name)
+    return f"cuda:{to_cuda[chosen[0]]}", report

@@ -6,7 +6,7 @@ import json
 import math
 import os
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 RunStatus = Literal["completed", "cancelled", "interrupted"]
@@ -27,13 +27,24 @@ class RunResult:
     device: str
     status: RunStatus
     samples: int  # telemetry samples emitted (the sink saw each)
+    # dynamic batching's decisions: {step, kind (grow, shrink, memory_cap, oom, bounds), old/new micro-batch, detail}
+    micro_batch_events: list[dict[str, Any]] = field(default_factory=list)
+    # what each strategy key did, by key: modules swapped, bytes saved, devices chosen ...
+    strategies: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        for key, value in data.items():  # JSON has no NaN/inf: a diverged loss is reported as None
-            if isinstance(value, float) and not math.isfinite(value):
-                data[key] = None
-        return data
+        return _json_safe(asdict(self))
+
+
+def _json_safe(value: Any) -> Any:
+    """JSON has no NaN/inf: a diverged loss (or an infinite noise scale) is reported as None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 class JsonlSink:

@@ -17,84 +17,40 @@ from typing import Any
 import psutil
 import torch
 
-from gpu_runtime.capability import check_capability, device_label
+from gpu_runtime.assembly import assemble_model, strategy_conflicts
+from gpu_runtime.batching import MicroBatching
+from gpu_runtime.capability import capability_problems, device_label, resolve_device
 from gpu_runtime.checkpoint import load_checkpoint
 from gpu_runtime.data import StepBatches, load_corpus
 from gpu_runtime.errors import StrategyError
-from gpu_runtime.live import LIVE_KEYS
+from gpu_runtime.live import live_poller
 from gpu_runtime.mfu import peak_flops
 from gpu_runtime.model import ModelArgs, Transformer, preset_args
 from gpu_runtime.optim import build_adamw
+from gpu_runtime.placement import choose_device
 from gpu_runtime.precision import Precision
 from gpu_runtime.prefetch import Prefetcher
 from gpu_runtime.probes import MIB, open_probe
 from gpu_runtime.result import RunResult
-from gpu_runtime.schema import StrategyConfig, config_sha256, strategy_from_dict
+from gpu_runtime.schema import StrategyConfig, config_sha256
 from gpu_runtime.telemetry import Progress, RunCounters, Sampler
 from gpu_runtime.timeline import Clock, OverlapMeter, StepWindow
 from gpu_runtime.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
-# Strategy keys whose implementations (issue 4) are not wired into this trainer yet.
-# Refusing them beats training without them and reporting a cost the strategy never had.
-_UNWIRED: list[tuple[str, Callable[[StrategyConfig], bool]]] = [
-    ("optimizer.dynamic_batching.enabled", lambda c: c.optimizer.dynamic_batching.enabled),
-    ("precision.quantization.enabled", lambda c: c.precision.quantization.enabled),
-    ("offload.embedding", lambda c: c.offload.embedding == "cpu"),
-    ("memory.gradient_checkpointing.enabled", lambda c: c.memory.gradient_checkpointing.enabled),
-    ("kernels.fused_rmsnorm_qkv", lambda c: c.kernels.fused_rmsnorm_qkv),
-    ("kernels.compile", lambda c: c.kernels.compile),
+# Strategy keys this runtime cannot apply. Refusing them beats training without them and
+# reporting a cost the strategy never had.
+_UNWIRED: list[tuple[str, Callable[[StrategyConfig], bool], str]] = [
+    ("placement.gpus", lambda c: c.placement.gpus > 1,
+     "a job trains on one device in this runtime (no data parallelism yet); placement picks that device"),
 ]
 
 
 def unwired_strategies(config: StrategyConfig) -> list[dict[str, str]]:
-    return [{"key": key, "message": "this strategy is not available in this build of gpu_runtime's trainer"}
-            for key, enabled in _UNWIRED if enabled(config)]
-
-
-def _flat(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        out.update(_flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
-    return out
-
-
-def _nested(flat: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for path, value in flat.items():
-        *parents, leaf = path.split(".")
-        node = out
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return out
-
-
-def _live_poller(live: Callable[[], dict[str, Any] | None], trainer: Trainer,
-                 sampler: Sampler | None) -> Callable[[], None]:
-    """Apply the live keys a running job can take (gpu_runtime.live.LIVE_KEYS) at a step boundary."""
-
-    def poll() -> None:
-        changes = live()
-        if not changes:
-            return
-        flat = _flat(changes)
-        ignored = sorted(k for k in flat if k not in LIVE_KEYS)
-        if ignored:
-            log.warning("live update: ignoring keys a running job cannot take: %s", ", ".join(ignored))
-        current = _flat(trainer.config.model_dump(mode="json"))
-        current.update({k: v for k, v in flat.items() if k in LIVE_KEYS})
-        try:
-            updated = strategy_from_dict(_nested(current))
-        except StrategyError as exc:  # a bad update must not end a run that trains fine
-            log.warning("live update refused, the run keeps its settings: %s", exc)
-            return
-        trainer.config = updated  # the batch policy reads optimizer.dynamic_batching from here
-        if sampler is not None:
-            sampler.set_interval(updated.telemetry.interval_s)
-
-    return poll
+    """What the strategy asks for that this runtime would not do: unavailable keys and conflicts."""
+    return [{"key": key, "message": message} for key, enabled, message in _UNWIRED if enabled(config)] + \
+        strategy_conflicts(config)
 
 
 def _with_steps(config: StrategyConfig, steps: int | None) -> StrategyConfig:
@@ -147,11 +103,28 @@ def _deterministic(enabled: bool) -> Iterator[None]:
         torch.use_deterministic_algorithms(before)
 
 
-def _peak_mem_mb(device: torch.device, sampler: Sampler | None) -> float | None:
+def _peak_mem_mb(device: torch.device, sampler: Sampler | None, batching: MicroBatching) -> float | None:
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / MIB
+        return max(torch.cuda.max_memory_allocated(device), batching.run_peak_bytes) / MIB
     rss = psutil.Process().memory_info().rss / MIB
     return max(rss, sampler.peak_mem_mb if sampler is not None else 0.0)
+
+
+def _resume(path: str, config: StrategyConfig, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
+            precision: Precision, dataset_sha256: str) -> tuple[int, int]:
+    state = load_checkpoint(path, config, mmap=config.offload.mmap)
+    try:
+        module.load_state_dict(state.model)
+        optimizer.load_state_dict(state.optimizer)
+    except (RuntimeError, ValueError) as exc:  # e.g. saved with quantization off, resumed with it on
+        raise StrategyError.single("resume_from", f"the checkpoint does not fit this strategy's model: "
+                                                  f"{str(exc).splitlines()[0][:300]}") from None
+    precision.scaler.load_state_dict(state.scaler)
+    if precision.masters is not None and state.masters is not None:
+        precision.masters.load_state(state.masters)
+    if state.dataset_sha256 != dataset_sha256:
+        log.warning("resuming on different data: checkpoint %s, now %s", state.dataset_sha256, dataset_sha256)
+    return state.step, state.tokens
 
 
 def train(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None] | None = None,
@@ -164,14 +137,18 @@ def train(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None] | No
     polled before every step, and so is ``live``, which may return a nested dict of
     live keys (``gpu_runtime.live.LIVE_KEYS``) to apply from that step on. SIGTERM (in
     the main thread) stops after the current step. Every ending writes a checkpoint to
-    ``checkpoint_dir`` when one is given.
+    ``checkpoint_dir`` when one is given. ``device`` None (or a bare ``cuda``) lets
+    ``placement.strategy`` pick the GPU.
     """
     wall_start = time.perf_counter()
     config = _with_steps(config, steps)
-    dev = check_capability(config, device)
-    unwired = unwired_strategies(config)
-    if unwired:
-        raise StrategyError(unwired)
+    device, placement = choose_device(strategy=config.placement.strategy, gpus=config.placement.gpus,
+                                      requested=device)
+    dev = resolve_device(device)
+    problems = capability_problems(config, dev)
+    problems += [p for p in unwired_strategies(config) if p["key"] not in {q["key"] for q in problems}]
+    if problems:
+        raise StrategyError(problems)
     args = preset_args(config.model.preset, config.model.seq_len)
     _check_memory(args, config, dev, config.model.preset)
     corpus = load_corpus(config.data, seed=config.train.seed)
@@ -179,28 +156,22 @@ def train(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None] | No
                           seed=config.train.seed)
 
     torch.manual_seed(config.train.seed)
-    model = Transformer(args).to(dev)
     precision = Precision(config.precision, dev)
-    optimizer = build_adamw(precision.prepare(model), config.optimizer, config.train.lr, dev)
-    micro_batch = config.train.micro_batch or config.train.global_batch
-    trainer = Trainer(config=config, model=model, optimizer=optimizer, precision=precision, device=dev,
-                      micro_batch=micro_batch, dataset_sha256=corpus.sha256, checkpoint_dir=checkpoint_dir)
+    built = assemble_model(Transformer(args), config, dev, precision, sample=batches.batch(0))
+    strategies = {"placement": placement, **built.report}
+    optimizer = build_adamw(built.named_params, config.optimizer, config.train.lr, dev)
+    batching = MicroBatching(config, params=built.module.parameters(), device=dev)
+    trainer = Trainer(config=config, model=built.module, forward=built.forward, optimizer=optimizer,
+                      precision=precision, device=dev, batching=batching, dataset_sha256=corpus.sha256,
+                      checkpoint_dir=checkpoint_dir)
     start_step = start_tokens = 0
     if resume_from is not None:
-        state = load_checkpoint(resume_from, config, mmap=config.offload.mmap)
-        model.load_state_dict(state.model)
-        optimizer.load_state_dict(state.optimizer)
-        precision.scaler.load_state_dict(state.scaler)
-        if precision.masters is not None and state.masters is not None:
-            precision.masters.load_state(state.masters)
-        start_step, start_tokens = state.step, state.tokens
-        if state.dataset_sha256 != corpus.sha256:
-            log.warning("resuming on different data: checkpoint %s, now %s", state.dataset_sha256, corpus.sha256)
+        start_step, start_tokens = _resume(resume_from, config, built.module, optimizer, precision, corpus.sha256)
 
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     label = device_label(dev)
-    counters = RunCounters(Progress(start_step, start_tokens, 0.0, 0, None, micro_batch))
+    counters = RunCounters(Progress(start_step, start_tokens, 0.0, 0, None, trainer.micro_batch))
     clock = Clock(dev)
     windows: deque[StepWindow] = deque(maxlen=256)  # the sampler measures the newest 32 per sample
     io_log: deque = deque(maxlen=128)
@@ -212,6 +183,11 @@ def train(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None] | No
             peak=peak_flops(label, config.precision.compute_dtype, config.telemetry.peak_flops),
             overlap=OverlapMeter(clock, windows, io_log)).start()
 
+    def apply_live(updated: StrategyConfig) -> None:
+        trainer.apply_config(updated)  # the micro-batch bounds and window reach the BatchScaler here
+        if sampler is not None:
+            sampler.set_interval(updated.telemetry.interval_s)
+
     total = config.train.steps
     with _stop_on_sigterm() as stop, _deterministic(config.train.deterministic):
         prefetcher = None
@@ -221,7 +197,8 @@ def train(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None] | No
             outcome = trainer.run(prefetcher=prefetcher, start_step=start_step, total_steps=total,
                                   start_tokens=start_tokens, counters=counters, clock=clock, windows=windows,
                                   cancel=cancel, stop=stop,
-                                  before_step=None if live is None else _live_poller(live, trainer, sampler))
+                                  before_step=None if live is None else live_poller(
+                                      live, current=lambda: trainer.config, apply=apply_live))
         finally:
             if prefetcher is not None:
                 prefetcher.close()
@@ -233,6 +210,6 @@ def train(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None] | No
         steps=outcome.steps, tokens=outcome.tokens, wall_s=wall_s, device_s=wall_s,  # one device per train() call
         energy_j=None if sampler is None else sampler.energy_j,
         energy_estimated=True if sampler is None else bool(sampler.probe.estimated),
-        peak_mem_mb=_peak_mem_mb(dev, sampler), final_loss=outcome.final_loss, dataset_sha256=corpus.sha256,
-        config_sha256=config_sha256(config), device=label, status=outcome.status,
-        samples=0 if sampler is None else sampler.seq)
+        peak_mem_mb=_peak_mem_mb(dev, sampler, batching), final_loss=outcome.final_loss,
+        dataset_sha256=corpus.sha256, config_sha256=config_sha256(config), device=label, status=outcome.status,
+        samples=0 if sampler is None else sampler.seq, micro_batch_events=batching.events, strategies=strategies)

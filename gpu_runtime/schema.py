@@ -107,6 +107,8 @@ class QuantizationSection(_Section):
         default_factory=lambda: ["q_proj", "v_proj", "o_proj"], min_length=1, description="Projection names to quantize.")
     weight_bits: Literal[8] = Field(8, description="Weight bits; int8 only.")
     adapter_rank: int = Field(8, ge=1, le=1024, description="LoRA adapter rank trained beside each frozen weight.")
+    adapter_alpha: Float = Field(
+        16.0, gt=0, le=65536, description="LoRA scale numerator: the adapters add (adapter_alpha / adapter_rank) x B A x.")
     trainable: Literal["adapters", "full"] = Field("adapters", description="What trains: adapters (full is refused).")
 
     @model_validator(mode="after")

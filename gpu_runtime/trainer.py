@@ -17,15 +17,32 @@ from typing import Literal
 import torch
 from torch import nn
 
+from gpu_runtime.batching import MicroBatching
 from gpu_runtime.checkpoint import TrainState, save_checkpoint
 from gpu_runtime.optim import lr_at, set_lr
 from gpu_runtime.precision import Precision
 from gpu_runtime.prefetch import Prefetcher
 from gpu_runtime.schema import StrategyConfig
+from gpu_runtime.strategies.accumulation import AccumulationPlan
+from gpu_runtime.strategies.batch_scaler import SimulatedOom
 from gpu_runtime.telemetry import Progress, RunCounters
 from gpu_runtime.timeline import Clock, StepWindow
 
 StopReason = Literal["completed", "cancelled", "interrupted"]
+
+
+@dataclass
+class StepOutput:
+    loss: torch.Tensor  # the step's mean loss, on the device
+    plan: AccumulationPlan  # the micro-batches the step ran (after any out-of-memory retry)
+    norms: torch.Tensor | None  # dynamic batching's two squared gradient norms, on the device
+
+    def read(self) -> tuple[float, list[float] | None]:
+        """Loss and norms in one device-to-host transfer."""
+        if self.norms is None:
+            return self.loss.item(), None
+        loss, *norms = torch.cat([self.loss.reshape(1).float(), self.norms.to(self.loss.device)]).tolist()
+        return loss, norms
 
 
 @dataclass
@@ -37,31 +54,62 @@ class LoopOutcome:
 
 
 class Trainer:
-    """Owns the model, optimizer and precision policy of one run and steps them."""
+    """Owns the model, optimizer, precision policy and micro-batch policy of one run and steps them."""
+
+    # Test hook: an object whose check(micro_batch_rows) may raise an out-of-memory error
+    # before a micro-batch's forward (strategies.batch_scaler.SimulatedOom).
+    fault: SimulatedOom | None = None
 
     def __init__(self, *, config: StrategyConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 precision: Precision, device: torch.device, micro_batch: int, dataset_sha256: str,
-                 checkpoint_dir: str | None = None):
+                 precision: Precision, device: torch.device, batching: MicroBatching, dataset_sha256: str,
+                 checkpoint_dir: str | None = None, forward: nn.Module | None = None):
         self.config, self.model, self.optimizer, self.precision = config, model, optimizer, precision
-        self.device, self.micro_batch, self.dataset_sha256 = device, micro_batch, dataset_sha256
+        self.device, self.batching, self.dataset_sha256 = device, batching, dataset_sha256
+        self.forward = model if forward is None else forward  # a torch.compile wrapper when kernels.compile
         self.checkpoint_dir = checkpoint_dir
         self.trainable = [p for p in model.parameters() if p.requires_grad]
-        self.stepped = self.trainable if precision.masters is None else [m for _, m in precision.masters.named_masters()]
+        stepped = self.trainable if precision.masters is None else [m for _, m in precision.masters.named_masters()]
+        # device tensors first: a norm over several devices is gathered on the first one's
+        self.stepped = sorted(stepped, key=lambda p: p.device.type == "cpu")
 
-    def train_step(self, step: int, total_steps: int, tokens: torch.Tensor) -> torch.Tensor:
-        """One optimizer step on a (global_batch, seq_len + 1) batch; returns the mean loss (a tensor)."""
-        set_lr(self.optimizer, lr_at(step, self.config.train, total_steps))
-        inputs, targets = tokens[:, :-1], tokens[:, 1:]
-        rows = tokens.shape[0]
+    @property
+    def micro_batch(self) -> int:
+        return self.batching.plan.micro_batch
+
+    def apply_config(self, config: StrategyConfig) -> None:
+        """Take a live update at a step boundary (the micro-batch bounds reach the scaler here)."""
+        self.config = config
+        self.batching.reconfigure(config.optimizer.dynamic_batching)
+
+    def _accumulate(self, plan: AccumulationPlan, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         scaler = self.precision.scaler
         loss_sum = torch.zeros((), device=self.device)
-        for start in range(0, rows, self.micro_batch):
-            x, y = inputs[start:start + self.micro_batch], targets[start:start + self.micro_batch]
-            weight = x.shape[0] / rows  # a short last micro-batch counts for its rows only
+        start = 0
+        for index, rows in enumerate(plan.micro_batch_sizes):
+            if self.fault is not None:
+                self.fault.check(rows)
+            x, y = inputs[start:start + rows], targets[start:start + rows]
+            start += rows
+            weight = plan.loss_weight(index)  # a short last micro-batch counts for its rows only
             with self.precision.autocast():
-                _, loss = self.model(x, y)
+                _, loss = self.forward(x, y)
             scaler.scale(loss * weight).backward()
+            self.batching.after_micro_batch(plan, index)
             loss_sum += loss.detach() * weight
+        return loss_sum
+
+    def _drop_grads(self) -> None:
+        """What a step that ran out of memory half way leaves behind."""
+        for p in self.trainable:
+            p.grad = None
+
+    def train_step(self, step: int, total_steps: int, tokens: torch.Tensor) -> StepOutput:
+        """One optimizer step on a (global_batch, seq_len + 1) batch; the loss stays on the device."""
+        set_lr(self.optimizer, lr_at(step, self.config.train, total_steps))
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        loss_sum, plan = self.batching.run(lambda p: self._accumulate(p, inputs, targets), cleanup=self._drop_grads)
+        scaler = self.precision.scaler
+        norms = self.batching.pending_norms(loss_scale=scaler._get_scale_async() if scaler.is_enabled() else None)
         if self.precision.masters is not None:
             self.precision.masters.grads_to_masters()
         if self.config.train.grad_clip > 0:
@@ -72,7 +120,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.precision.masters is not None:
             self.precision.masters.masters_to_model()
-        return loss_sum
+        return StepOutput(loss_sum, plan, norms)
 
     def state(self, step: int, tokens: int) -> TrainState:
         masters = self.precision.masters
@@ -110,13 +158,14 @@ class Trainer:
             t0 = time.perf_counter()
             batch = prefetcher.next()
             compute_start = clock.stamp()
-            loss = self.train_step(step, total_steps, batch.tokens)
+            out = self.train_step(step, total_steps, batch.tokens)
             compute_end = clock.stamp()
-            loss_value = loss.item()  # the one host sync per step
+            loss_value, norms = out.read()  # the one host sync per step
+            self.batching.finish_step(norms)
             step, tokens = step + 1, tokens + tokens_per_step
             time_total, timed = time_total + (time.perf_counter() - t0), timed + 1
             windows.append(StepWindow(step, compute_start, compute_end, batch.io_start, batch.io_end))
-            counters.progress = Progress(step, tokens, time_total, timed, loss_value, self.micro_batch)
+            counters.progress = Progress(step, tokens, time_total, timed, loss_value, out.plan.micro_batch)
             if every and step % every == 0 and step < total_steps:
                 self.save(step, tokens)
         self.save(step, tokens)

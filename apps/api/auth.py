@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import binascii
 from datetime import timedelta
-from typing import NoReturn
 from hmac import compare_digest
+from typing import NoReturn
 
 from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension

@@ -1,14 +1,35 @@
 """Query filters of the list endpoints (django-filter); every list is already scoped to the tenant."""
 
+from datetime import UTC
+
 import django_filters as filters
+from django import forms
+from django_filters.fields import IsoDateTimeField
 
 from apps.experiments.models import Arm, Experiment, Run
 from apps.pricing.models import CostModel, PricingTable
 
 
+class UtcDateTimeField(IsoDateTimeField):
+    """ISO 8601 with any offset, compared in UTC (Postgres refuses offsets past +-15:59)."""
+
+    def to_python(self, value):
+        value = super().to_python(value)
+        if value is None:
+            return None
+        try:
+            return value.astimezone(UTC)
+        except OverflowError:
+            raise forms.ValidationError("datetime out of range") from None
+
+
+class UtcDateTimeFilter(filters.IsoDateTimeFilter):
+    field_class = UtcDateTimeField
+
+
 class ExperimentFilter(filters.FilterSet):
     name = filters.CharFilter(lookup_expr="icontains", max_length=120)
-    created_after = filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    created_after = UtcDateTimeFilter(field_name="created_at", lookup_expr="gte")
 
     class Meta:
         model = Experiment
@@ -29,8 +50,8 @@ class RunFilter(filters.FilterSet):
     arm = filters.NumberFilter(field_name="arm_id")
     git_sha = filters.CharFilter(max_length=40)
     run_key = filters.CharFilter(max_length=120)
-    created_after = filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    created_before = filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    created_after = UtcDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    created_before = UtcDateTimeFilter(field_name="created_at", lookup_expr="lt")
 
     class Meta:
         model = Run
@@ -38,7 +59,7 @@ class RunFilter(filters.FilterSet):
 
 
 class PricingTableFilter(filters.FilterSet):
-    valid_at = filters.IsoDateTimeFilter(method="filter_valid_at", help_text="Tables in force at this instant.")
+    valid_at = UtcDateTimeFilter(method="filter_valid_at", help_text="Tables in force at this instant.")
 
     class Meta:
         model = PricingTable

@@ -40,7 +40,7 @@ def alert_payload(*, event: FreezeEvent) -> dict:
         "at": event.created_at.isoformat(),
         "tenant": experiment.tenant.slug,
         "experiment": {"id": experiment.pk, "name": experiment.name, "freeze_policy": experiment.freeze_policy},
-        "arm": {"id": arm.pk, "name": arm.name, "state": arm.state, "weight": str(arm.weight)},
+        "arm": {"id": arm.pk, "name": arm.name, "state": arm.state, "weight": f"{arm.weight:.4f}"},
         "reason": event.reason,
         "actor": event.actor.get_username() if event.actor_id else None,
         "deviation": event.deviation,

@@ -71,6 +71,7 @@ class Policy:
     alpha: float
     min_runs: int
     min_samples: int
+    min_observations: int  # per arm: the sequence is asymptotic, so it is not consulted on a handful
     unit: str  # "token" (USD per 1M tokens) or "step" (USD per step: tiered per step)
     r2: float
     dynamic_weights: bool
@@ -158,6 +159,9 @@ def _freeze_rule(arm: ArmInput, control: ArmInput, dev: stats.Interval | None, p
             blocked.append(f"runs: {who} has {a.sums.runs} < min_runs_per_arm {policy.min_runs}")
         if a.sums.samples < policy.min_samples:
             blocked.append(f"samples: {who} has {a.sums.samples} < min_samples_per_arm {policy.min_samples}")
+        if a.sums.observations < policy.min_observations:
+            blocked.append(f"observations: {who} has {a.sums.observations} < {policy.min_observations} "
+                           "run-window observations (COSTLAB_CS_MIN_OBSERVATIONS)")
     if dev is None:
         blocked.append("deviation: not estimable yet (each arm needs 2 observations with units)")
     else:
@@ -200,6 +204,7 @@ def experiment_decide(arms: list[ArmInput], policy: Policy) -> ExperimentVerdict
         verdict.evidence.update({
             "deviation": _interval_json(dev), "threshold": policy.threshold, "alpha": policy.alpha,
             "r2": _num(policy.r2, 12), "min_runs": policy.min_runs, "min_samples": policy.min_samples,
+            "min_observations": policy.min_observations,
             "control": {"arm_id": control.arm_id, "name": control.name, "value": out.arms[control.arm_id].metric_value,
                         "observations": control.sums.observations, "runs": control.sums.runs,
                         "samples": control.sums.samples},
@@ -218,7 +223,8 @@ def _next_weights(arms: list[ArmInput], out: ExperimentVerdict, policy: Policy) 
     costs = {}
     for a in live:
         metric = out.arms[a.arm_id].metric
-        if metric is None or a.sums.runs < policy.min_runs or a.sums.samples < policy.min_samples:
+        if (metric is None or a.sums.runs < policy.min_runs or a.sums.samples < policy.min_samples
+                or a.sums.observations < policy.min_observations):
             return {}, f"weights: arm '{a.name}' lacks the evidence minimums; weights unchanged"
         if metric.estimate <= 0:
             return {}, f"weights: arm '{a.name}' has no cost yet; weights unchanged"

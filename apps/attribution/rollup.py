@@ -12,25 +12,31 @@ from __future__ import annotations
 
 from django.db import connection
 
-from apps.attribution.models import AttributionWindow, RunCursor, RunWindow
+from apps.attribution.models import AttributionSnapshot, AttributionWindow, RunCursor, RunWindow
 from apps.experiments.models import Run
 
 _DELTA_COLUMNS = ("cost_usd", "tokens", "steps", "gpu_seconds", "wall_s", "energy_j")
 
 
-def observations_record(*, window_ids: list[int]) -> int:
-    """Record what every run of these windows' experiments added since its cursor; advance the cursors."""
+def observations_record(*, window_ids: list[int], restarted_arm_ids: list[int] = ()) -> int:
+    """Record what every run of these windows' experiments added since its cursor; advance the cursors.
+
+    first_seen marks a run's first observation in its arm's epoch (the evidence since the arm's
+    last unfreeze): a run not observed since the epoch began, by the previous snapshot's epoch;
+    every observation of an arm whose epoch restarts with this window.
+    """
     if not window_ids:
         return 0
-    rw, cur, run, win = (RunWindow._meta.db_table, RunCursor._meta.db_table, Run._meta.db_table,
-                         AttributionWindow._meta.db_table)
+    rw, cur, run, win, snap = (RunWindow._meta.db_table, RunCursor._meta.db_table, Run._meta.db_table,
+                               AttributionWindow._meta.db_table, AttributionSnapshot._meta.db_table)
     ids = ", ".join(["%s"] * len(window_ids))
     # Devices: a GPU run's device_seconds are GPU-seconds; a CPU run's are wall seconds.
     insert = f"""
         INSERT INTO {rw} (window_id, run_id, arm_id, first_seen, omitted, upto_seq, samples, cost_usd, tokens,
                           steps, gpu_seconds, wall_s, energy_j, energy_estimated)
         SELECT w.id, r.id, r.arm_id,
-               c.run_id IS NULL, FALSE,
+               CASE WHEN c.run_id IS NULL OR cw.number <= COALESCE(ps.epoch_start, 0) THEN TRUE ELSE FALSE END,
+               FALSE,
                r.priced_seq,
                r.priced_seq - COALESCE(c.priced_seq, -1),
                r.cost_usd - COALESCE(c.cost_usd, 0),
@@ -45,6 +51,9 @@ def observations_record(*, window_ids: list[int]) -> int:
         FROM {run} r
         JOIN {win} w ON w.experiment_id = r.experiment_id
         LEFT JOIN {cur} c ON c.run_id = r.id
+        LEFT JOIN {win} cw ON cw.id = c.window_id
+        LEFT JOIN {win} pw ON pw.experiment_id = w.experiment_id AND pw.number = w.number - 1
+        LEFT JOIN {snap} ps ON ps.window_id = pw.id AND ps.arm_id = r.arm_id
         WHERE w.id IN ({ids}) AND r.priced_seq > COALESCE(c.priced_seq, -1)
     """
     # The cursor moves by the observation just stored, never by a fresh read of the run:
@@ -58,5 +67,9 @@ def observations_record(*, window_ids: list[int]) -> int:
     with connection.cursor() as cursor:
         cursor.execute(insert, window_ids)
         recorded = cursor.rowcount
+        if restarted_arm_ids:
+            arms = ", ".join(["%s"] * len(restarted_arm_ids))
+            cursor.execute(f"UPDATE {rw} SET first_seen = TRUE WHERE window_id IN ({ids}) AND arm_id IN ({arms})",
+                           [*window_ids, *restarted_arm_ids])
         cursor.execute(upsert, window_ids)
     return recorded

@@ -9,6 +9,7 @@ from datetime import datetime
 from decimal import Decimal
 
 from django.db import transaction
+from django.db.models import Count, OuterRef, Subquery
 from django.utils import timezone
 
 from apps.attribution import selectors
@@ -75,34 +76,38 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
             for e in experiments
         ])
         window_ids = [w.pk for w in windows]
-        result = TickResult(ran=True, windows=len(windows), observations=observations_record(window_ids=window_ids))
-        faults = selectors.pricing_faults(experiments=experiments, window_ids=window_ids, now=now)
-        omitted = [run_id for _, run_ids in faults.values() for run_id in run_ids]
-        if omitted:
-            RunWindow.objects.filter(window_id__in=window_ids, run_id__in=omitted).update(omitted=True)
-
-        deltas = selectors.window_sums(window_ids=window_ids)
         previous = selectors.snapshot_sums(window_ids=[e.last_window_id for e in experiments if e.last_window_id])
         arms_of: dict[int, list[Arm]] = defaultdict(list)
         for arm in Arm.objects.filter(experiment_id__in=[e.pk for e in experiments]).order_by("pk"):
             arms_of[arm.experiment_id].append(arm)
-        restarts = selectors.unfreeze_epochs(arm_ids=[a.pk for arms in arms_of.values() for a in arms])
+        unfrozen_after = selectors.unfreeze_epochs(arm_ids=[a.pk for arms in arms_of.values() for a in arms])
+        epochs, restarted = {}, []
+        for experiment in experiments:
+            for arm in arms_of[experiment.pk]:
+                epochs[arm.pk] = previous.get(arm.pk, (None, 0))[1]
+                if unfrozen_after.get(arm.pk, 0) > epochs[arm.pk]:  # unfrozen since: its evidence starts over
+                    epochs[arm.pk] = experiment.last_number or 0
+                    restarted.append(arm.pk)
+
+        recorded = observations_record(window_ids=window_ids, restarted_arm_ids=restarted)
+        result = TickResult(ran=True, windows=len(windows), observations=recorded)
+        faults = selectors.pricing_faults(experiments=experiments, window_ids=window_ids, now=now)
+        omitted = [run_id for _, run_ids in faults.values() for run_id in run_ids]
+        if omitted:
+            RunWindow.objects.filter(window_id__in=window_ids, run_id__in=omitted).update(omitted=True)
+        deltas = selectors.window_sums(window_ids=window_ids)
 
         snapshots, freezes, moves = [], [], []
         for experiment, window in zip(experiments, windows, strict=True):
             policy = policy_for(experiment)
-            inputs, epochs = [], {}
+            inputs = []
             for arm in arms_of[experiment.pk]:
-                base, epoch = previous.get(arm.pk, (ArmSums(), 0))
-                if restarts.get(arm.pk, 0) > epoch:  # unfrozen since: its evidence starts over
-                    base, epoch = ArmSums(), experiment.last_number or 0
-                epochs[arm.pk] = epoch
+                base = ArmSums() if arm.pk in restarted else previous.get(arm.pk, (ArmSums(), 0))[0]
                 inputs.append(ArmInput(arm_id=arm.pk, name=arm.name, is_control=arm.is_control,
                                        active=arm.state == Arm.State.ACTIVE, weight=arm.weight,
                                        sums=base + deltas.get(arm.pk, ArmSums())))
             verdict = _decide(experiment, inputs, policy)
             reason = faults.get(experiment.pk, ("", []))[0] or verdict.skip_reason
-            window.observations = sum(deltas[a.pk].observations for a in arms_of[experiment.pk] if a.pk in deltas)
             if reason:
                 window.status, window.skip_reason = AttributionWindow.Status.SKIPPED, reason
                 result.skipped[experiment.pk] = reason
@@ -121,7 +126,11 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
             if _freeze_in_savepoint(f) is not None:
                 result.frozen.append(f.arm_id)
         AttributionSnapshot.objects.bulk_create(snapshots)
-        AttributionWindow.objects.bulk_update(windows, ["status", "skip_reason", "observations"])
+        observed = RunWindow.objects.filter(window=OuterRef("pk")).values("window").annotate(n=Count("pk")).values("n")
+        AttributionWindow.objects.filter(pk__in=window_ids).update(observations=Subquery(observed))
+        skipped = [w for w in windows if w.status == AttributionWindow.Status.SKIPPED]
+        if skipped:
+            AttributionWindow.objects.bulk_update(skipped, ["status", "skip_reason"])
         result.weight_changes = weights_shift(moves=moves)
     return result
 

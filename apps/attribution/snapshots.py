@@ -25,7 +25,8 @@ def policy_for(experiment: Experiment) -> Policy:
     alpha = float(experiment.alpha)
     return Policy(
         threshold=float(experiment.freeze_threshold), alpha=alpha, min_runs=experiment.min_runs_per_arm,
-        min_samples=experiment.min_samples_per_arm, unit="step" if tiered_steps else "token",
+        min_samples=experiment.min_samples_per_arm, min_observations=settings.COSTLAB_CS_MIN_OBSERVATIONS,
+        unit="step" if tiered_steps else "token",
         r2=stats.tuning_r2(alpha=alpha, expected_n=settings.COSTLAB_CS_EXPECTED_OBSERVATIONS),
         dynamic_weights=experiment.dynamic_weights, min_share=settings.COSTLAB_WEIGHT_MIN_SHARE,
         max_step=settings.COSTLAB_WEIGHT_MAX_STEP,

@@ -5,10 +5,8 @@ steps that add up to it, so the optimisation target never changes, only throughp
 and memory do. Gradient statistics say how large a micro-batch they justify:
 
 * `noise_scale` (default): the gradient noise scale B_simple = tr(Sigma) / |G|^2
-  (McCandlish et al. 2018, App. A.1; AdaptDL), estimated from the norm of the first
-  micro-batch's gradient ("small") and of the step's accumulated gradient ("big"), both
-  read from `.grad` during accumulation; |G|^2 and tr(Sigma) are smoothed separately
-  (bias-corrected EMA) before the ratio is taken. The estimate needs two micro-batches
+  (McCandlish et al. 2018, App. A.1; AdaptDL), estimated during accumulation
+  (`accumulation.GradientNormTracker`, `NoiseScaleEstimator`). The estimate needs two micro-batches
   a step, so this policy's largest micro-batch is half the global batch (AdaptDL
   instead keeps a copy of the last step's gradient: a model's worth of memory, spent
   exactly when memory is tightest).
@@ -18,19 +16,27 @@ and memory do. Gradient statistics say how large a micro-batch they justify:
 
 Growth is checked against a memory model (peak bytes per sample measured at run
 time); an out-of-memory error halves the micro-batch and the step is retried.
+The bounds and the window can change while a run trains (`reconfigure`, a live update).
 """
 
 from __future__ import annotations
 
 import gc
 import math
-import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 import torch
+
+from gpu_runtime.strategies.accumulation import (  # noqa: F401 - re-exported: the scaler's public API
+    AccumulationPlan,
+    GradientNormTracker,
+    GradientStats,
+    NoiseScaleEstimator,
+    plan_accumulation,
+)
 
 POLICIES = ("noise_scale", "grad_variance")
 _KEY = "optimizer.dynamic_batching"
@@ -39,128 +45,6 @@ T = TypeVar("T")
 
 class MicroBatchFloorError(RuntimeError):
     """Out of memory at the smallest micro-batch allowed: halving cannot help."""
-
-
-@dataclass(frozen=True)
-class AccumulationPlan:
-    """How one optimizer step's global batch is cut into micro-batches (sizes sum to it)."""
-
-    micro_batch: int
-    micro_batch_sizes: tuple[int, ...]
-
-    @property
-    def global_batch(self) -> int:
-        return sum(self.micro_batch_sizes)
-
-    @property
-    def accumulation_steps(self) -> int:
-        return len(self.micro_batch_sizes)
-
-    def loss_weight(self, index: int) -> float:
-        """Multiply micro-batch `index`'s mean loss by this so the sum is the global mean."""
-        return self.micro_batch_sizes[index] / self.global_batch
-
-
-def plan_accumulation(global_batch: int, micro_batch: int) -> AccumulationPlan:
-    """Full micro-batches and one smaller remainder, so the global batch is exact."""
-    full, rest = divmod(global_batch, micro_batch)
-    return AccumulationPlan(micro_batch, (micro_batch,) * full + ((rest,) if rest else ()))
-
-
-@dataclass(frozen=True)
-class GradientStats:
-    """One step's squared gradient norms: micro-batch mean gradients and the step's mean gradient."""
-
-    small_sq_norms: tuple[float, ...]  # |g_i|^2, g_i the mean gradient of micro-batch i
-    small_sizes: tuple[int, ...]
-    big_sq_norm: float  # |sum_i w_i g_i|^2, the global batch's mean gradient
-    big_size: int
-
-    @property
-    def finite(self) -> bool:
-        return all(math.isfinite(v) for v in (*self.small_sq_norms, self.big_sq_norm))
-
-
-class GradientNormTracker:
-    """Reads gradient norms during accumulation: no extra backward, no gradient copies.
-
-    After micro-batch i's backward, `.grad` holds sum_{j<=i} w_j g_j. Its norm after the
-    first micro-batch gives the small-batch gradient (|g_1|^2 = |.grad|^2 / w_1^2), after
-    the last one the big-batch gradient: two fused norm calls a step, whatever the
-    accumulation count. Call `after_micro_batch` right after each backward, before any
-    unscale or clipping; the time it takes is summed in `overhead_s`.
-    """
-
-    def __init__(self, params: Iterable[torch.nn.Parameter]):
-        self._params = [p for p in params if p.requires_grad]
-        self._small: tuple[torch.Tensor, int, float] | None = None
-        self._big: tuple[torch.Tensor, int] | None = None
-        self.overhead_s = 0.0
-
-    def _grad_sq_norm(self) -> torch.Tensor:
-        grads = [p.grad for p in self._params if p.grad is not None]
-        return torch.nn.utils.get_total_norm(grads, norm_type=2.0).float().square()
-
-    def after_micro_batch(self, plan: AccumulationPlan, index: int) -> None:
-        last = index == plan.accumulation_steps - 1
-        if index != 0 and not last:
-            return
-        start = time.perf_counter()
-        value = self._grad_sq_norm()
-        if index == 0:
-            self._small = (value, plan.micro_batch_sizes[0], plan.loss_weight(0))
-        if last:
-            self._big = (value, plan.global_batch)
-        self.overhead_s += time.perf_counter() - start
-
-    def step_stats(self) -> GradientStats | None:
-        """Stats of the step just accumulated (one host sync), or None if it was not seen whole."""
-        small, big = self._small, self._big
-        self.reset()
-        if small is None or big is None:
-            return None
-        start = time.perf_counter()
-        small_sq, big_sq = torch.stack([small[0], big[0].to(small[0].device)]).tolist()
-        self.overhead_s += time.perf_counter() - start
-        # .grad held w_1 * g_1: undo the loss weight to get micro-batch 1's mean gradient
-        return GradientStats((small_sq / small[2] ** 2,), (small[1],), big_sq, big[1])
-
-    def reset(self) -> None:
-        """Forget a half-accumulated step (after an out-of-memory error)."""
-        self._small = self._big = None
-
-
-class NoiseScaleEstimator:
-    """B_simple from small/big gradient norms, |G|^2 and tr(Sigma) smoothed separately."""
-
-    def __init__(self, *, ema_decay: float = 0.9):
-        self.ema_decay = ema_decay
-        self._grad_sq = self._trace = 0.0
-        self._weight = 0.0  # sum of EMA weights, for bias correction
-
-    def observe(self, stats: GradientStats) -> bool:
-        b_big = stats.big_size
-        b_small = len(stats.small_sizes) / sum(1 / b for b in stats.small_sizes)  # E|g_i|^2 uses mean(1/b_i)
-        if b_small >= b_big or not stats.finite:
-            return False  # one micro-batch a step: nothing to difference
-        small = sum(stats.small_sq_norms) / len(stats.small_sq_norms)
-        grad_sq = (b_big * stats.big_sq_norm - b_small * small) / (b_big - b_small)
-        trace = (small - stats.big_sq_norm) / (1 / b_small - 1 / b_big)
-        d = self.ema_decay
-        self._grad_sq = d * self._grad_sq + (1 - d) * grad_sq
-        self._trace = d * self._trace + (1 - d) * trace
-        self._weight = d * self._weight + (1 - d)
-        return True
-
-    @property
-    def noise_scale(self) -> float | None:
-        """Smoothed B_simple in samples; inf when the signal estimate is not positive."""
-        if self._weight == 0.0:
-            return None
-        grad_sq, trace = self._grad_sq / self._weight, self._trace / self._weight
-        if grad_sq <= 0.0:
-            return math.inf
-        return max(trace, 0.0) / grad_sq
 
 
 class MemoryModel:
@@ -200,7 +84,7 @@ class ScalerEvent:
     """One decision of the scaler, with the numbers it was made on."""
 
     step: int
-    kind: str  # grow | shrink | memory_cap | oom
+    kind: str  # grow | shrink | memory_cap | oom | bounds
     old_micro_batch: int
     new_micro_batch: int
     detail: dict = field(default_factory=dict)
@@ -218,22 +102,11 @@ class BatchScaler:
     ):
         if policy not in POLICIES:
             raise ValueError(f"{_KEY}.policy: {policy!r} is not one of {', '.join(POLICIES)}")
-        if not 1 <= min_micro_batch <= max_micro_batch:
-            raise ValueError(f"{_KEY}: need 1 <= min_micro_batch ({min_micro_batch}) "
-                             f"<= max_micro_batch ({max_micro_batch})")
-        if min_micro_batch > global_batch:
-            raise ValueError(f"{_KEY}.min_micro_batch ({min_micro_batch}) exceeds the global batch "
-                             f"({global_batch}): the micro-batch cannot be larger than the batch")
-        if stability_window < 1:
-            raise ValueError(f"{_KEY}.stability_window must be >= 1, got {stability_window}")
         self.global_batch = global_batch
-        self.min_micro_batch = min_micro_batch
-        self.max_micro_batch = min(max_micro_batch, global_batch)  # more would change the global batch
-        if policy == "noise_scale" and global_batch >= 2 * min_micro_batch:
-            # the estimate differences micro-batch and step gradients: keep two micro-batches a step
-            self.max_micro_batch = min(self.max_micro_batch, global_batch // 2)
-        self.stability_window = stability_window
         self.policy = policy
+        self._check_bounds(min_micro_batch, max_micro_batch, stability_window)
+        self.min_micro_batch, self.max_micro_batch = min_micro_batch, self._usable_max(min_micro_batch, max_micro_batch)
+        self.stability_window = stability_window
         self.memory_capacity_bytes = memory_capacity_bytes
         self.memory_headroom = memory_headroom
         self.variance_threshold = variance_threshold
@@ -242,13 +115,49 @@ class BatchScaler:
         self.memory = MemoryModel()
         self.noise = NoiseScaleEstimator(ema_decay=ema_decay)
         self._norms: deque[float] = deque(maxlen=variance_window)
-        self._ceiling = self.max_micro_batch  # lowered by out-of-memory errors
+        self._oom_limit: int | None = None  # the largest micro-batch below one that ran out of memory
         self._floor_failures = 0
         start = min_micro_batch if initial_micro_batch is None else initial_micro_batch
         self.micro_batch = min(max(start, min_micro_batch), self.max_micro_batch)
         self.step = 0
         self._last_change = 0
         self.events: list[ScalerEvent] = []
+
+    def _check_bounds(self, min_micro_batch: int, max_micro_batch: int, stability_window: int) -> None:
+        if not 1 <= min_micro_batch <= max_micro_batch:
+            raise ValueError(f"{_KEY}: need 1 <= min_micro_batch ({min_micro_batch}) "
+                             f"<= max_micro_batch ({max_micro_batch})")
+        if min_micro_batch > self.global_batch:
+            raise ValueError(f"{_KEY}.min_micro_batch ({min_micro_batch}) exceeds the global batch "
+                             f"({self.global_batch}): the micro-batch cannot be larger than the batch")
+        if stability_window < 1:
+            raise ValueError(f"{_KEY}.stability_window must be >= 1, got {stability_window}")
+
+    def _usable_max(self, min_micro_batch: int, max_micro_batch: int) -> int:
+        usable = min(max_micro_batch, self.global_batch)  # more would change the global batch
+        if self.policy == "noise_scale" and self.global_batch >= 2 * min_micro_batch:
+            # the estimate differences micro-batch and step gradients: keep two micro-batches a step
+            usable = min(usable, self.global_batch // 2)
+        return usable
+
+    @property
+    def _ceiling(self) -> int:
+        return self.max_micro_batch if self._oom_limit is None else min(self.max_micro_batch, self._oom_limit)
+
+    def reconfigure(self, *, min_micro_batch: int, max_micro_batch: int, stability_window: int) -> AccumulationPlan:
+        """New bounds and window (a live update), applied now: a step boundary.
+
+        A micro-batch outside the new bounds is clamped into them at once (event
+        `bounds`); the policy's next change then waits a full window. What the run
+        learnt (noise estimate, memory model, an out-of-memory limit) is kept.
+        """
+        self._check_bounds(min_micro_batch, max_micro_batch, stability_window)
+        self.min_micro_batch, self.max_micro_batch = min_micro_batch, self._usable_max(min_micro_batch, max_micro_batch)
+        self.stability_window = stability_window
+        clamped = min(max(self.micro_batch, self.min_micro_batch), self.max_micro_batch)
+        if clamped != self.micro_batch:
+            self._change("bounds", clamped, {"min_micro_batch": min_micro_batch, "max_micro_batch": max_micro_batch})
+        return self.plan
 
     @property
     def plan(self) -> AccumulationPlan:
@@ -337,7 +246,7 @@ class BatchScaler:
                     f"{_KEY}.min_micro_batch: out of memory at the minimum micro-batch "
                     f"({self.min_micro_batch}) {self._floor_failures} times; lower it or free memory")
             return self.plan
-        self._ceiling = max(self.min_micro_batch, self.micro_batch - 1)
+        self._oom_limit = max(self.min_micro_batch, self.micro_batch - 1)
         self._change("oom", max(self.min_micro_batch, self.micro_batch // 2), detail)
         return self.plan
 

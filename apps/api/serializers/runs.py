@@ -41,8 +41,8 @@ class RunSubmitSerializer(serializers.Serializer):
                                 allow_null=True, help_text="Omit to let traffic weights choose.")
     run_key = serializers.CharField(max_length=120, required=False, default="",
                                     help_text="Client key: a retried submission with the same key returns the same run.")
-    git_sha = serializers.RegexField(HEX, max_length=40, required=False, default="")
-    dataset_sha256 = serializers.RegexField(HEX, max_length=64, required=False, default="")
+    git_sha = serializers.RegexField(HEX, max_length=40, required=False, default="", allow_blank=True)
+    dataset_sha256 = serializers.RegexField(HEX, max_length=64, required=False, default="", allow_blank=True)
     kind = serializers.ChoiceField(choices=Run.Kind.choices, default=Run.Kind.WORKER)
     gpu_sku = serializers.SlugRelatedField(slug_field="name", queryset=GpuSku.objects.all(), required=False,
                                            allow_null=True, help_text="GPU model by name; omit for a CPU run.")
@@ -52,4 +52,4 @@ class RunSubmitSerializer(serializers.Serializer):
 class RunFinishSerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=[Run.Status.SUCCEEDED, Run.Status.FAILED])
     error = serializers.CharField(max_length=4000, required=False, default="", allow_blank=True)
-    dataset_sha256 = serializers.RegexField(HEX, max_length=64, required=False, default="")
+    dataset_sha256 = serializers.RegexField(HEX, max_length=64, required=False, default="", allow_blank=True)

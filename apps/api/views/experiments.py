@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status
@@ -10,6 +12,8 @@ from rest_framework.filters import OrderingFilter
 from rest_framework.response import Response
 
 from apps.api.filters import ArmFilter, ExperimentFilter
+from apps.api.permissions import StaffOnly
+from apps.api.report import arm_verdict
 from apps.api.serializers.experiments import (
     ArmSerializer,
     ArmUpdateResultSerializer,
@@ -18,7 +22,16 @@ from apps.api.serializers.experiments import (
     StrategyCheckResultSerializer,
     StrategyCheckSerializer,
 )
+from apps.api.serializers.report import (
+    ExperimentReportSerializer,
+    FreezeEventSerializer,
+    FreezeRequestSerializer,
+    UnfreezeRequestSerializer,
+)
 from apps.api.views.base import TenantViewSet
+from apps.attribution.report import experiment_report
+from apps.attribution.services import arm_freeze, arm_unfreeze
+from apps.core.exceptions import ApplicationError
 from apps.experiments import services
 from apps.experiments.models import Arm, Experiment
 from apps.experiments.selectors import arm_list, experiment_list
@@ -50,6 +63,18 @@ class ExperimentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
         services.experiment_delete(experiment=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
+    @extend_schema(responses=ExperimentReportSerializer)
+    @action(detail=True, methods=["get"])
+    def report(self, request, pk=None):
+        """Per arm: runs, GPU hours, energy, USD, USD per 1M tokens, deviation from the control and a verdict."""
+        experiment = self.get_object()
+        report = experiment_report(experiment=experiment)
+        threshold = float(experiment.freeze_threshold)
+        arms = [{**dataclasses.asdict(arm), "verdict": arm_verdict(arm, threshold=threshold)} for arm in report.arms]
+        return Response(ExperimentReportSerializer({
+            **dataclasses.asdict(report), "threshold": threshold, "arms": arms,
+        }).data)
+
 
 class ArmViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet):
     """An arm: a strategy (YAML, validated by gpu_runtime's schema) and its share of traffic."""
@@ -78,6 +103,29 @@ class ArmViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet
     def destroy(self, request, pk=None):
         services.arm_delete(arm=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(request=FreezeRequestSerializer, responses=FreezeEventSerializer)
+    @action(detail=True, methods=["post"], permission_classes=[StaffOnly])
+    def freeze(self, request, pk=None):
+        """Staff freeze an arm by hand: no new runs, weight 0, the reason kept for audit."""
+        arm = self.get_object()
+        serializer = FreezeRequestSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        event = arm_freeze(arm_id=arm.pk, reason=serializer.validated_data["reason"],
+                           evidence={"manual": True, "by": request.user.get_username()})
+        if event is None:
+            raise ApplicationError(f"state: arm '{arm.name}' is frozen already", code="already_frozen", status=409)
+        return Response(FreezeEventSerializer(event).data)
+
+    @extend_schema(request=UnfreezeRequestSerializer, responses=FreezeEventSerializer)
+    @action(detail=True, methods=["post"], permission_classes=[StaffOnly])
+    def unfreeze(self, request, pk=None):
+        """Staff give a frozen arm traffic again, saying why; its evidence starts over."""
+        arm = self.get_object()
+        serializer = UnfreezeRequestSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        event = arm_unfreeze(arm=arm, actor=request.user, **serializer.validated_data)
+        return Response(FreezeEventSerializer(event).data)
 
     @extend_schema(request=StrategyCheckSerializer, responses=StrategyCheckResultSerializer)
     @action(detail=False, methods=["post"], url_path="validate")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.http import JsonResponse
+from django.urls import Resolver404, resolve
 from drf_spectacular.utils import OpenApiTypes, extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.response import Response
@@ -52,4 +53,11 @@ class StrategySchemaView(APIView):
 
 def api_not_found(request, *args, **kwargs):
     """Unknown /api/ paths answer with the API's error body, not an HTML page."""
-    return JsonResponse(error_body(f"no API endpoint at {request.path}", "not_found"), status=404)
+    message = f"no API endpoint at {request.path}"
+    if not request.path.endswith("/"):
+        try:
+            if resolve(request.path + "/").func is not api_not_found:
+                message += f" (endpoints end with a slash: {request.path}/)"
+        except Resolver404:
+            pass
+    return JsonResponse(error_body(message, "not_found"), status=404)

@@ -11,7 +11,12 @@ from rest_framework.filters import OrderingFilter
 from rest_framework.response import Response
 
 from apps.api.filters import RunFilter
-from apps.api.serializers.runs import RunDetailSerializer, RunFinishSerializer, RunSerializer, RunSubmitSerializer
+from apps.api.serializers.runs import (
+    RunDetailSerializer,
+    RunFinishSerializer,
+    RunSerializer,
+    RunSubmitSerializer,
+)
 from apps.api.serializers.telemetry import (
     IngestResultSerializer,
     TelemetryBatchSerializer,

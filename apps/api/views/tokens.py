@@ -12,7 +12,11 @@ from apps.api import services
 from apps.api.models import ApiToken
 from apps.api.permissions import TenantAdminSession
 from apps.api.selectors import api_token_list
-from apps.api.serializers.tokens import ApiTokenCreatedSerializer, ApiTokenCreateSerializer, ApiTokenSerializer
+from apps.api.serializers.tokens import (
+    ApiTokenCreatedSerializer,
+    ApiTokenCreateSerializer,
+    ApiTokenSerializer,
+)
 from apps.api.views.base import TenantViewSet
 
 

@@ -9,7 +9,14 @@ from django.core.cache import caches
 from rest_framework.test import APIClient
 
 from apps.api.services import api_token_create
-from tests.factories import ArmFactory, CostModelFactory, ExperimentFactory, MembershipFactory, TenantFactory, UserFactory
+from tests.factories import (
+    ArmFactory,
+    CostModelFactory,
+    ExperimentFactory,
+    MembershipFactory,
+    TenantFactory,
+    UserFactory,
+)
 
 GOOD = "model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\ntrain: {steps: 5, global_batch: 2}\n"
 OTHER = GOOD.replace("steps: 5", "steps: 7")

@@ -99,3 +99,5 @@ def test_other_media_types_are_415(api):
 def test_unknown_api_paths_answer_json_404(api):
     response = api.get("/api/v2/whatever")
     assert response.status_code == 404 and error(response)["code"] == "not_found"
+    slashless = api.post("/api/v1/runs", {}, format="json")
+    assert slashless.status_code == 404 and "end with a slash: /api/v1/runs/" in error(slashless)["message"]

@@ -22,7 +22,8 @@ def test_submit_answers_201_with_the_run_and_the_arm_chosen(api, experiment):
 
 
 def test_a_retried_submission_returns_the_same_run(api, experiment):
-    first = api.post("/api/v1/runs/", {"experiment": experiment.pk, "run_key": "gh-77-1"}, format="json")
+    first = api.post("/api/v1/runs/", {"experiment": experiment.pk, "run_key": "gh-77-1", "git_sha": ""},
+                     format="json")
     again = api.post("/api/v1/runs/", {"experiment": experiment.pk, "run_key": "gh-77-1"}, format="json")
     assert (first.status_code, again.status_code) == (201, 200)
     assert first.json()["id"] == again.json()["id"] and Run.objects.count() == 1

@@ -10,6 +10,8 @@ import random
 from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
 
+from django.db import connection
+
 from apps.attribution.services import attribution_tick
 from apps.experiments.models import Arm, Run
 from tests.factories import ArmFactory, ExperimentFactory, GpuPriceFactory, PricingTableFactory, RunFactory
@@ -71,8 +73,12 @@ class Lab:
             run.cost_usd = (Decimal(run.cost_usd) + Decimal(repr(max(cost, 0.0)))).quantize(
                 MICRO, rounding=ROUND_HALF_EVEN)
             moved.append(run)
-        Run.objects.bulk_update(moved, ["tokens", "steps", "priced_seq", "last_seq", "device_seconds", "energy_j",
-                                        "cost_usd"])
+        with connection.cursor() as cursor:  # what run_totals_advance writes, for many runs at once
+            cursor.executemany(
+                f"UPDATE {Run._meta.db_table} SET tokens = %s, steps = %s, priced_seq = %s, last_seq = %s, "
+                "device_seconds = %s, energy_j = %s, cost_usd = %s WHERE id = %s",
+                [(r.tokens, r.steps, r.priced_seq, r.last_seq, r.device_seconds, r.energy_j, r.cost_usd, r.pk)
+                 for r in moved])
 
     def tick(self, **kwargs):
         self.now += self.interval

@@ -237,23 +237,68 @@ def test_real_gradients_drive_the_micro_batch_both_ways():
     assert clean.micro_batch == 4 and clean.noise.noise_scale < 8
 
 
-def test_statistics_cost_at_most_two_percent_of_step_time():
+def _accumulated_step(model, tracker, tokens, plan):
+    for i, rows in enumerate(plan.micro_batch_sizes):
+        chunk = tokens[i * plan.micro_batch:i * plan.micro_batch + rows]
+        (model(chunk[:, :-1], chunk[:, 1:])[1] * plan.loss_weight(i)).backward()
+        tracker.after_micro_batch(plan, i)
+    return tracker.step_stats()
+
+
+def test_statistics_read_each_gradient_twice_a_step_and_copy_none():
+    """The cost in operations, free of timing noise: two fused norms a step, whatever the accumulation."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class LargestOutput(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.numel = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, tuple | list) else (out,):
+                if isinstance(t, torch.Tensor):
+                    self.numel = max(self.numel, t.numel())
+            return out
+
     torch.manual_seed(0)
-    model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(4)])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1))
     tracker = GradientNormTracker(model.parameters())
-    plan = plan_accumulation(64, 16)
-    x = torch.randn(64, 32, 256)  # 64 sequences of 32 tokens
-    shares = []
-    for _ in range(7):
-        started, overhead_before = time.perf_counter(), tracker.overhead_s
-        for i, size in enumerate(plan.micro_batch_sizes):
-            (model(x[i * size:(i + 1) * size]).square().mean() * plan.loss_weight(i)).backward()
-            tracker.after_micro_batch(plan, i)
+    x = torch.randn(32, 64)
+    for micro_batch in (16, 4, 2):
+        plan = plan_accumulation(32, micro_batch)
+        before, spy = tracker.norm_calls, LargestOutput()
+        for i, rows in enumerate(plan.micro_batch_sizes):
+            model(x[i * micro_batch:i * micro_batch + rows]).square().mean().mul(plan.loss_weight(i)).backward()
+            with spy:
+                tracker.after_micro_batch(plan, i)
+        assert tracker.norm_calls - before == 2, micro_batch
         assert tracker.step_stats() is not None
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        shares.append((tracker.overhead_s - overhead_before) / (time.perf_counter() - started))
-    # the median step: a shared CPU can preempt any single call for milliseconds
-    median = sorted(shares)[len(shares) // 2]
-    assert 0 < median <= 0.02, f"statistics took {median:.1%} of the median step"
+        # norms only: nothing the size of a gradient (64*64) is materialised
+        assert 0 < spy.numel <= len(list(model.parameters())), spy.numel
+        model.zero_grad(set_to_none=True)
+
+
+def test_statistics_cost_at_most_two_percent_of_step_time(one_torch_thread):
+    """Timed on a real step: the tiny preset at the schema's default seq_len (256) and global batch (8).
+
+    The statistics read every gradient twice a step whatever the tokens; the step's work
+    grows with them. So the share falls as 1/tokens-per-step: at 2048 tokens it is ~0.6 %
+    on the CI box, at 512 about 2 %. Best of several steps, as a shared CPU only ever adds time.
+    """
+    from gpu_runtime.model import Transformer, preset_args
+
+    torch.manual_seed(0)
+    model = Transformer(preset_args("tiny", 256))
+    tracker = GradientNormTracker(model.parameters())
+    plan = plan_accumulation(8, 4)
+    tokens = torch.randint(0, 256, (8, 257))
+    steps, stats = [], []
+    for _ in range(5):
+        started, overhead_before = time.perf_counter(), tracker.overhead_s
+        assert _accumulated_step(model, tracker, tokens, plan) is not None
+        steps.append(time.perf_counter() - started)
+        stats.append(tracker.overhead_s - overhead_before)
+        model.zero_grad(set_to_none=True)
+    share = min(stats[1:]) / min(steps[1:])  # the first step warms the allocator and caches
+    assert 0 < share <= 0.02, f"statistics took {share:.2%} of a step ({min(steps[1:]) * 1e3:.0f} ms)"

@@ -1,0 +1,69 @@
+from rest_framework import serializers
+
+from apps.attribution.models import FreezeEvent
+
+VERDICTS = ["control", "frozen", "no_data", "costlier", "cheaper", "within_threshold", "inconclusive"]
+
+
+class ProjectionSerializer(serializers.Serializer):
+    target_steps = serializers.IntegerField()
+    gpu_hours = serializers.FloatField()
+    electricity_usd = serializers.FloatField()
+    total_usd = serializers.FloatField()
+    completion_s = serializers.FloatField()
+
+
+class ArmReportSerializer(serializers.Serializer):
+    arm_id = serializers.IntegerField()
+    name = serializers.CharField()
+    is_control = serializers.BooleanField()
+    state = serializers.CharField()
+    weight = serializers.DecimalField(max_digits=7, decimal_places=4)
+    runs = serializers.IntegerField()
+    runs_succeeded = serializers.IntegerField()
+    tokens = serializers.IntegerField()
+    steps = serializers.IntegerField()
+    gpu_hours = serializers.FloatField()
+    energy_kwh = serializers.FloatField()
+    energy_estimated = serializers.BooleanField(help_text="Some energy was modelled, not measured.")
+    electricity_usd = serializers.FloatField()
+    total_usd = serializers.FloatField()
+    usd_per_mtok = serializers.FloatField(allow_null=True, help_text="USD per million tokens.")
+    metric = serializers.CharField(help_text="What deviation compares: usd_per_mtok, or usd_per_step.")
+    metric_value = serializers.FloatField(allow_null=True)
+    throughput_tok_s = serializers.FloatField(allow_null=True)
+    completion_s = serializers.FloatField(allow_null=True, help_text="Mean wall time of succeeded runs (s).")
+    deviation = serializers.FloatField(allow_null=True, help_text="(arm - control) / control; 0.05 = 5 % costlier.")
+    deviation_low = serializers.FloatField(allow_null=True)
+    deviation_high = serializers.FloatField(allow_null=True)
+    projected = ProjectionSerializer(allow_null=True)
+    verdict = serializers.ChoiceField(choices=VERDICTS)
+
+
+class ExperimentReportSerializer(serializers.Serializer):
+    experiment_id = serializers.IntegerField()
+    name = serializers.CharField()
+    threshold = serializers.FloatField(help_text="The experiment's freeze threshold (0.05 = 5 %).")
+    target_steps = serializers.IntegerField(allow_null=True)
+    window_end = serializers.DateTimeField(allow_null=True, help_text="Latest attribution window; null before the first.")
+    arms = ArmReportSerializer(many=True)
+
+
+class FreezeRequestSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=2000, help_text="Why; kept for audit.")
+
+
+class UnfreezeRequestSerializer(FreezeRequestSerializer):
+    weight = serializers.DecimalField(max_digits=7, decimal_places=4, min_value=0, required=False, allow_null=True,
+                                      help_text="Traffic weight to restore; default the weight it had before.")
+
+
+class FreezeEventSerializer(serializers.ModelSerializer):
+    actor = serializers.SlugRelatedField(slug_field="username", read_only=True, allow_null=True)
+    arm_state = serializers.CharField(source="arm.state", read_only=True)
+
+    class Meta:
+        model = FreezeEvent
+        fields = ["id", "arm", "action", "reason", "actor", "deviation", "deviation_low", "threshold", "evidence",
+                  "arm_state", "created_at"]
+        read_only_fields = fields

@@ -1,0 +1,5 @@
+import sys
+
+from costlab_cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,81 @@
+"""costlab CLI: submit runs, read their status and the experiment report, and gate a CI build on cost.
+
+Reads COSTLAB_URL (the site, e.g. https://costlab.example.com) and COSTLAB_TOKEN (a tenant's API token).
+Exit status: 0 success / pass, 1 regression (gate) or a run that did not succeed (submit --wait),
+2 error. Every outcome prints one line that says why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from costlab_cli import __version__
+from costlab_cli.client import Api, CliError
+from costlab_cli.gate import cmd_gate
+from costlab_cli.report import cmd_report
+from costlab_cli.submit import cmd_status, cmd_submit
+
+EXIT_ERROR = 2
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="costlab", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"costlab {__version__}")
+    p.add_argument("--url", help="Overrides COSTLAB_URL.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("submit", help="Submit a run of a strategy file (see --arm for how it maps onto an arm).")
+    s.add_argument("--experiment", type=int, required=True, metavar="ID")
+    s.add_argument("--strategy", required=True, metavar="FILE", help="Strategy YAML.")
+    s.add_argument("--arm", metavar="NAME",
+                   help="Run on this arm: created if missing (weight 0), its strategy replaced if it differs "
+                        "(never the control's). Without it: the arm whose strategy has the file's SHA-256.")
+    s.add_argument("--git-sha", metavar="SHA", help="Commit trained (default $GITHUB_SHA).")
+    s.add_argument("--run-key", metavar="KEY",
+                   help="Idempotency key: the same key returns the same run (default $COSTLAB_RUN_KEY, else random).")
+    s.add_argument("--wait", action="store_true", help="Wait until the run ends; exit 1 unless it succeeded.")
+    s.add_argument("--poll", type=float, default=5.0, metavar="S", help="Seconds between status checks (5).")
+    s.add_argument("--timeout", type=float, default=6 * 3600, metavar="S", help="Give up waiting after S seconds.")
+    s.set_defaults(handler=cmd_submit)
+
+    st = sub.add_parser("status", help="One line on a run: status, arm, steps, tokens, cost.")
+    st.add_argument("run", type=int, metavar="RUN")
+    st.add_argument("--json", action="store_true", help="The whole run as JSON.")
+    st.set_defaults(handler=cmd_status)
+
+    r = sub.add_parser("report", help="Per-arm comparison of an experiment.")
+    r.add_argument("experiment", type=int, metavar="EXP")
+    r.add_argument("--format", choices=["table", "json", "markdown"], default="table")
+    r.set_defaults(handler=cmd_report)
+
+    g = sub.add_parser("gate", help="Exit 1 when a candidate costs more than the control by more than allowed.")
+    g.add_argument("experiment", type=int, metavar="EXP")
+    g.add_argument("--max-regression", required=True, metavar="PCT", help="e.g. 5%% (or the fraction 0.05).")
+    who = g.add_mutually_exclusive_group()
+    who.add_argument("--arm", action="append", metavar="NAME",
+                     help="Candidate arm(s) to judge (repeatable); default every non-control arm with priced runs.")
+    who.add_argument("--run", type=int, metavar="RUN", help="Judge this succeeded run against the control arm.")
+    g.set_defaults(handler=cmd_gate)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        api = Api(url=args.url)
+        try:
+            return args.handler(api, args)
+        finally:
+            api.close()
+    except CliError as exc:
+        print(f"costlab {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print(f"costlab {args.command}: interrupted", file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""`costlab submit` and `costlab status`: which arm a strategy file runs on, the run, and waiting for it.
+
+How --strategy maps onto an arm (the file's exact bytes are hashed with SHA-256, as the server does):
+  --arm NAME given:  the arm NAME of the experiment. Missing: created with this strategy and weight 0
+                     (it gets runs only when named, so routed submissions keep their split). Present
+                     with another strategy: its strategy is replaced (a new revision). The control arm
+                     is never changed from here: the baseline changes deliberately, not from a branch.
+  no --arm:          the experiment's arm whose strategy has this hash; none is an error naming the hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from costlab_cli.client import Api, CliError
+
+TERMINAL = {"succeeded", "failed", "cancelled", "lost"}
+
+
+def read_strategy(path: str) -> str:
+    try:
+        return Path(path).read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise CliError(f"--strategy: cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise CliError(f"--strategy: {path} is not UTF-8 text") from None
+
+
+def arm_for_strategy(api: Api, *, experiment: int, text: str, arm_name: str | None, path: str) -> tuple[dict, str]:
+    """The arm to run and what was done to get it: 'matched', 'created' or 'updated'."""
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    if arm_name is None:
+        arms = api.get("arms/", experiment=experiment, strategy_sha256=digest)["results"]
+        if not arms:
+            raise CliError(f"no arm of experiment {experiment} has the strategy in {path} (sha256 {digest[:12]}); "
+                           "pass --arm NAME to create or update one")
+        active = [a for a in arms if a["state"] == "active"]
+        return (active or arms)[0], "matched"
+    found = api.get("arms/", experiment=experiment, name=arm_name)["results"]
+    if not found:
+        arm = api.post("arms/", {"experiment": experiment, "name": arm_name, "strategy_yaml": text, "weight": "0"})
+        return arm, "created"
+    arm = found[0]
+    if arm["strategy_sha256"] == digest:
+        return arm, "matched"
+    if arm["is_control"]:
+        raise CliError(f"--arm: '{arm_name}' is the control arm and its strategy differs from {path}; "
+                       f"change the baseline deliberately (PATCH /api/v1/arms/{arm['id']}/), not from a CI run")
+    return api.patch(f"arms/{arm['id']}/", {"strategy_yaml": text}), "updated"
+
+
+def cmd_submit(api: Api, args) -> int:
+    text = read_strategy(args.strategy)
+    arm, how = arm_for_strategy(api, experiment=args.experiment, text=text, arm_name=args.arm, path=args.strategy)
+    body = {"experiment": args.experiment, "arm": arm["id"],
+            "run_key": args.run_key or os.environ.get("COSTLAB_RUN_KEY") or f"cli-{uuid.uuid4().hex}",
+            "git_sha": args.git_sha if args.git_sha is not None else os.environ.get("GITHUB_SHA", "")}
+    run = api.post("runs/", body, idempotent=True)  # the run key makes a retried POST return the same run
+    revision = f" revision {arm.get('revision', 1)}" if how == "updated" else ""
+    print(f"run {run['id']} {run['status']} on arm '{run['arm']['name']}' ({how}{revision}) "
+          f"of experiment {args.experiment}")
+    if not args.wait:
+        return 0
+    return wait_for(api, run["id"], poll_s=args.poll, timeout_s=args.timeout)
+
+
+def wait_for(api: Api, run_id: int, *, poll_s: float, timeout_s: float) -> int:
+    """0 when the run succeeded, 1 when it ended otherwise; CliError (2) when it outlives the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        run = api.get(f"runs/{run_id}/")
+        if run["status"] in TERMINAL:
+            print(describe(run))
+            return 0 if run["status"] == "succeeded" else 1
+        if time.monotonic() >= deadline:
+            raise CliError(f"run {run_id} is still {run['status']} after {timeout_s:g} s (--timeout)")
+        print(f"run {run_id}: {run['status']}, {run['steps']} steps", file=sys.stderr, flush=True)
+        time.sleep(poll_s)
+
+
+def describe(run: dict) -> str:
+    estimated = " (energy estimated)" if run.get("energy_estimated") else ""
+    line = (f"run {run['id']}: {run['status']} · arm '{run['arm']['name']}' · {run['steps']} steps · "
+            f"{run['tokens']:,} tokens · {float(run['cost_usd']):.6f} USD{estimated}")
+    if run["status"] in ("failed", "lost") and run.get("error"):
+        line += f" · {run['error'].strip().splitlines()[-1][:160]}"
+    return line
+
+
+def cmd_status(api: Api, args) -> int:
+    run = api.get(f"runs/{args.run}/")
+    if args.json:
+        import json
+
+        print(json.dumps(run, indent=2))
+    else:
+        print(describe(run))
+    return 0

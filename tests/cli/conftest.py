@@ -1,0 +1,54 @@
+"""A live server with one tenant's experiment (control + candidate, priced runs) and a token for the CLI."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+
+from tests.factories import ArmFactory, CostModelFactory, ExperimentFactory, RunFactory, TenantFactory
+
+CONTROL = "model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\ntrain: {steps: 5, global_batch: 2}\n"
+CANDIDATE = CONTROL.replace("steps: 5", "steps: 7")
+
+
+def priced_run(arm, usd: str, tokens: int = 1_000_000):
+    return RunFactory(arm=arm, status="succeeded", priced_seq=5, last_seq=5, tokens=tokens, steps=50,
+                      cost_usd=Decimal(usd), device_seconds=30.0)
+
+
+@pytest.fixture
+def lab(live_server, transactional_db, settings, monkeypatch):
+    from apps.api.services import api_token_create
+
+    settings.COSTLAB_API_THROTTLE_CACHE = "default"
+    tenant = TenantFactory(slug="ci-team", max_concurrent_runs=1000)
+    experiment = ExperimentFactory(tenant=tenant, name="batching", status="active",
+                                   cost_model=CostModelFactory(tenant=tenant))
+    control = ArmFactory(experiment=experiment, name="control", is_control=True, strategy_yaml=CONTROL)
+    candidate = ArmFactory(experiment=experiment, name="candidate", strategy_yaml=CANDIDATE)
+    _token, secret = api_token_create(tenant=tenant, name="github-ci")
+    monkeypatch.setenv("COSTLAB_URL", live_server.url)
+    monkeypatch.setenv("COSTLAB_TOKEN", secret)
+    monkeypatch.delenv("GITHUB_SHA", raising=False)
+    monkeypatch.delenv("COSTLAB_RUN_KEY", raising=False)
+    yield {"experiment": experiment, "control": control, "candidate": candidate, "url": live_server.url,
+           "token": secret}
+    _purge_run_queues()
+
+
+def _purge_run_queues() -> None:
+    """Runs submitted here were queued for workers that never came: drop their messages."""
+    from django.conf import settings
+
+    if not settings.REDIS_URL:
+        return
+    from apps.core.queues import CeleryQueue
+    from config.celery_app import app
+
+    with app.connection_for_write() as conn:
+        for queue in CeleryQueue:
+            try:
+                conn.default_channel.queue_purge(queue.value)
+            except Exception:  # the queue was never declared
+                continue

@@ -1,0 +1,188 @@
+"""The costlab CLI end to end against a live server: submit (arm mapping, --wait), status, report, gate.
+
+Most calls run main() in this process (over real HTTP); one runs the installed console script."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from apps.experiments import leases
+from apps.experiments.models import Arm, Run
+from costlab_cli.main import main
+from tests.cli.conftest import CANDIDATE, CONTROL, priced_run
+
+pytestmark = [pytest.mark.services, pytest.mark.slow]
+
+
+def cli(capsys, *argv) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out.strip(), err.strip()
+
+
+@pytest.fixture
+def strategy(tmp_path):
+    def write(text: str, name: str = "strategy.yaml") -> str:
+        path = tmp_path / name
+        path.write_bytes(text.encode())
+        return str(path)
+
+    return write
+
+
+def test_the_cli_imports_neither_django_nor_torch():
+    code = ("import sys, costlab_cli.main; heavy = sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'django', 'torch', 'rest_framework', 'apps', 'gpu_runtime', 'config'}); print(heavy); "
+            "sys.exit(1 if heavy else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_submit_maps_the_strategy_file_onto_an_arm(lab, capsys, strategy):
+    exp = str(lab["experiment"].pk)
+    code, out, _ = cli(capsys, "submit", "--experiment", exp, "--strategy", strategy(CANDIDATE), "--git-sha", "abc1")
+    assert code == 0 and "on arm 'candidate' (matched)" in out
+    run = Run.objects.get()
+    assert run.arm == lab["candidate"] and run.git_sha == "abc1" and run.status == "queued"
+
+    code, out, err = cli(capsys, "submit", "--experiment", exp, "--strategy", strategy(CANDIDATE + "# pr 12\n"),
+                       "--arm", "pr-12")
+    assert code == 0 and "on arm 'pr-12' (created)" in out, err
+    assert Arm.objects.get(name="pr-12").weight == 0
+
+    code, out, _ = cli(capsys, "submit", "--experiment", exp, "--strategy", strategy(CANDIDATE + "# v2\n"),
+                       "--arm", "pr-12", "--run-key", "gh-99-1")
+    assert code == 0 and "(updated revision 2)" in out
+    again = cli(capsys, "submit", "--experiment", exp, "--strategy", strategy(CANDIDATE + "# v2\n"), "--arm", "pr-12",
+                "--run-key", "gh-99-1")
+    assert again[0] == 0 and Run.objects.filter(run_key="gh-99-1").count() == 1  # the same run
+
+
+def test_submit_refusals_exit_2_with_the_reason(lab, capsys, strategy):
+    exp = str(lab["experiment"].pk)
+    code, _, err = cli(capsys, "submit", "--experiment", exp, "--strategy", strategy(CONTROL + "# edit\n"),
+                       "--arm", "control")
+    assert code == 2 and "'control' is the control arm" in err
+    code, _, err = cli(capsys, "submit", "--experiment", exp, "--strategy", strategy(CONTROL + "# unknown\n"))
+    assert code == 2 and "no arm of experiment" in err and "--arm NAME" in err
+    code, _, err = cli(capsys, "submit", "--experiment", exp, "--strategy", strategy("model: [1"), "--arm", "bad")
+    assert code == 2 and "HTTP 400: strategy_yaml: <document>: not valid YAML" in err
+    code, _, err = cli(capsys, "submit", "--experiment", exp, "--strategy", "/nonexistent.yaml")
+    assert code == 2 and "cannot read /nonexistent.yaml" in err
+    assert Run.objects.count() == 0
+
+
+def finish_when_submitted(status: str) -> threading.Thread:
+    """Play the worker: claim the run once it is queued, then end it with `status`."""
+
+    def work():
+        try:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                run = Run.objects.filter(status="queued").first()
+                if run:
+                    leases.run_claim(run_id=run.pk, owner="fake-worker")
+                    time.sleep(0.3)
+                    leases.run_finish(run_id=run.pk, owner="fake-worker", status=status,
+                                      error="" if status == "succeeded" else "CUDA error: out of memory")
+                    return
+                time.sleep(0.1)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize(("outcome", "code"), [("succeeded", 0), ("failed", 1)])
+def test_submit_wait_exits_by_how_the_run_ended(lab, capsys, strategy, outcome, code):
+    worker = finish_when_submitted(outcome)
+    got, out, _ = cli(capsys, "submit", "--experiment", str(lab["experiment"].pk), "--strategy", strategy(CONTROL),
+                      "--wait", "--poll", "0.2", "--timeout", "30")
+    worker.join(5)
+    assert got == code and f": {outcome} · arm 'control'" in out.splitlines()[-1]
+    if outcome == "failed":
+        assert out.endswith("CUDA error: out of memory")
+
+
+def test_submit_wait_gives_up_after_the_timeout(lab, capsys, strategy):
+    code, _, err = cli(capsys, "submit", "--experiment", str(lab["experiment"].pk), "--strategy", strategy(CONTROL),
+                       "--wait", "--poll", "0.1", "--timeout", "0.3")
+    assert code == 2 and "still queued after 0.3 s" in err
+
+
+def test_status_and_report_in_every_format(lab, capsys):
+    priced_run(lab["control"], "1.00")
+    run = priced_run(lab["candidate"], "1.02")
+    code, out, _ = cli(capsys, "status", str(run.pk))
+    assert code == 0 and out == f"run {run.pk}: succeeded · arm 'candidate' · 50 steps · 1,000,000 tokens · 1.020000 USD"
+    assert json.loads(cli(capsys, "status", str(run.pk), "--json")[1])["id"] == run.pk
+    missing = cli(capsys, "status", "999999")
+    assert missing[0] == 2 and "HTTP 404" in missing[2]
+
+    exp = str(lab["experiment"].pk)
+    code, table, _ = cli(capsys, "report", exp)
+    assert code == 0 and "candidate" in table and "+2.0%" in table and "within_threshold" in table
+    code, markdown, _ = cli(capsys, "report", exp, "--format", "markdown")
+    assert code == 0 and "| control (control) |" in markdown and "|---|---|---:|" in markdown
+    code, raw, _ = cli(capsys, "report", exp, "--format", "json")
+    arms = {a["name"]: a for a in json.loads(raw)["arms"]}
+    assert arms["candidate"]["deviation"] == pytest.approx(0.02)
+
+
+def test_gate_exit_codes_each_with_a_one_line_reason(lab, capsys):
+    exp = str(lab["experiment"].pk)
+    code, _, err = cli(capsys, "gate", exp, "--max-regression", "5%")
+    assert code == 2 and "control arm 'control' has no priced runs" in err and len(err.splitlines()) == 1
+    priced_run(lab["control"], "1.00")
+    code, _, err = cli(capsys, "gate", exp, "--max-regression", "5%")
+    assert code == 2 and "no candidate arm with priced runs" in err
+
+    run = priced_run(lab["candidate"], "1.03")
+    code, out, _ = cli(capsys, "gate", exp, "--max-regression", "5%")
+    assert code == 0 and out.startswith("PASS: arm 'candidate' costs +3.0% USD/1M tokens vs control 'control'")
+    assert len(out.splitlines()) == 1
+    code, out, _ = cli(capsys, "gate", exp, "--max-regression", "0.02")
+    assert code == 1 and out.startswith("REGRESSION: arm 'candidate' costs +3.0%") and "limit +2%" in out
+    code, out, _ = cli(capsys, "gate", exp, "--max-regression", "2%", "--run", str(run.pk))
+    assert code == 1 and out.startswith(f"REGRESSION: run {run.pk} (arm 'candidate') costs +3.0%")
+
+    for argv, reason in [
+        (["--max-regression", "5"], "ambiguous; write 5%"),
+        (["--max-regression", "5%", "--arm", "nope"], "no candidate arm named 'nope'"),
+    ]:
+        code, _, err = cli(capsys, "gate", exp, *argv)
+        assert code == 2 and reason in err
+
+
+def test_credentials_and_reachability_errors_exit_2(lab, capsys, monkeypatch):
+    exp = str(lab["experiment"].pk)
+    monkeypatch.setenv("COSTLAB_TOKEN", "clb_wrong")
+    code, _, err = cli(capsys, "gate", exp, "--max-regression", "5%")
+    assert code == 2 and "HTTP 401: invalid token" in err
+    monkeypatch.delenv("COSTLAB_TOKEN")
+    code, _, err = cli(capsys, "report", exp)
+    assert code == 2 and "COSTLAB_TOKEN is not set" in err
+    monkeypatch.setenv("COSTLAB_TOKEN", lab["token"])
+    monkeypatch.setenv("COSTLAB_URL", "http://127.0.0.1:9")  # nothing listens on the discard port
+    code, _, err = cli(capsys, "report", exp)
+    assert code == 2 and "cannot reach" in err
+
+
+def test_the_console_script_exits_with_the_gate_verdict(lab):
+    priced_run(lab["control"], "1.00")
+    priced_run(lab["candidate"], "1.20")
+    script = Path(sys.executable).with_name("costlab")
+    assert script.exists(), "pip install -e . creates the costlab console script"
+    result = subprocess.run([str(script), "gate", str(lab["experiment"].pk), "--max-regression", "5%"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and result.stdout.startswith("REGRESSION: arm 'candidate' costs +20.0%")
