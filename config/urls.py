@@ -10,4 +10,5 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
     path("api/", include("apps.api.urls")),
+    path("", include("apps.dashboard.urls")),
 ]

@@ -27,6 +27,17 @@ class UtcDateTimeFilter(filters.IsoDateTimeFilter):
     field_class = UtcDateTimeField
 
 
+class IdFilter(filters.NumberFilter):
+    """An object id: a whole number in the database's range (a bigger one is a 400, not a crash)."""
+
+    field_class = forms.IntegerField
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("min_value", 1)
+        kwargs.setdefault("max_value", 2**63 - 1)
+        super().__init__(*args, **kwargs)
+
+
 class ExperimentFilter(filters.FilterSet):
     name = filters.CharFilter(lookup_expr="icontains", max_length=120)
     created_after = UtcDateTimeFilter(field_name="created_at", lookup_expr="gte")
@@ -37,7 +48,7 @@ class ExperimentFilter(filters.FilterSet):
 
 
 class ArmFilter(filters.FilterSet):
-    experiment = filters.NumberFilter(field_name="experiment_id")
+    experiment = IdFilter(field_name="experiment_id")
     strategy_sha256 = filters.CharFilter(max_length=64)
 
     class Meta:
@@ -46,8 +57,8 @@ class ArmFilter(filters.FilterSet):
 
 
 class RunFilter(filters.FilterSet):
-    experiment = filters.NumberFilter(field_name="experiment_id")
-    arm = filters.NumberFilter(field_name="arm_id")
+    experiment = IdFilter(field_name="experiment_id")
+    arm = IdFilter(field_name="arm_id")
     git_sha = filters.CharFilter(max_length=40)
     run_key = filters.CharFilter(max_length=120)
     created_after = UtcDateTimeFilter(field_name="created_at", lookup_expr="gte")

@@ -14,6 +14,8 @@ from apps.attribution import stats
 from apps.attribution.weights import rebalance
 
 WEIGHT_QUANTUM = Decimal("0.0001")
+# A move of less than this share of traffic is noise, not news: it is not made (nor recorded).
+MIN_SHARE_CHANGE = 0.005
 
 
 @dataclass(frozen=True)
@@ -238,6 +240,8 @@ def _next_weights(arms: list[ArmInput], out: ExperimentVerdict, policy: Policy) 
     shares = rebalance({a.arm_id: float(a.weight) for a in live}, costs,
                        tau=policy.threshold, min_share=policy.min_share, max_step=policy.max_step)
     cheapest = min(costs.values()) * policy.scale
+    if max(abs(shares[a.arm_id] - float(a.weight / total)) for a in live) < MIN_SHARE_CHANGE:
+        return {}, "weights: at target"
     changed = {}
     for a in live:
         new = (Decimal(repr(shares[a.arm_id])) * total).quantize(WEIGHT_QUANTUM, rounding=ROUND_HALF_EVEN)

@@ -26,7 +26,9 @@ class AttributionWindow(models.Model):
         ATTRIBUTED = "attributed", "Attributed"
         SKIPPED = "skipped", "Skipped (see reason)"
 
-    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="attribution_windows")
+    # Indexed by the (experiment, number) constraint; a separate FK index would only slow inserts.
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="attribution_windows",
+                                   db_index=False)
     number = models.PositiveIntegerField(help_text="1, 2, 3 ... per experiment.")
     window_start = models.DateTimeField(null=True, blank=True, help_text="The previous window's end.")
     window_end = models.DateTimeField(help_text="Run totals committed by this instant were counted.")
@@ -48,9 +50,11 @@ class AttributionWindow(models.Model):
 class RunWindow(models.Model):
     """One observation: what one run added to its totals during one window."""
 
-    window = models.ForeignKey(AttributionWindow, on_delete=models.CASCADE, related_name="run_windows")
+    window = models.ForeignKey(AttributionWindow, on_delete=models.CASCADE, related_name="run_windows",
+                               db_index=False)  # indexed by (window, run)
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attribution_windows")
-    arm = models.ForeignKey(Arm, on_delete=models.CASCADE, related_name="run_windows")
+    arm = models.ForeignKey(Arm, on_delete=models.CASCADE, related_name="run_windows",
+                            db_index=False)  # indexed by (arm, window)
     first_seen = models.BooleanField(default=False, help_text="The run's first observation.")
     omitted = models.BooleanField(default=False, help_text="Left out of the statistics (see the window's reason).")
     upto_seq = models.BigIntegerField(help_text="The run's priced_seq at the window's end.")
@@ -75,7 +79,8 @@ class RunCursor(models.Model):
     """Per run: its totals as attributed so far (the sum of its observations)."""
 
     run = models.OneToOneField(Run, on_delete=models.CASCADE, primary_key=True, related_name="attribution_cursor")
-    window = models.ForeignKey(AttributionWindow, on_delete=models.CASCADE, related_name="+")
+    window = models.ForeignKey(AttributionWindow, on_delete=models.CASCADE, related_name="+",
+                               db_index=False)  # never looked up by; one row per run
     priced_seq = models.BigIntegerField(default=-1)
     cost_usd = _exact(16, 6)
     tokens = models.BigIntegerField(default=0)
@@ -89,11 +94,12 @@ class RunCursor(models.Model):
 
 
 class AttributionSnapshot(models.Model):
-    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="snapshots")
+    # Snapshots are the widest rows the tick writes: no index that another one already covers.
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="snapshots",
+                                   db_index=False)  # indexed by (experiment, computed_at)
     arm = models.ForeignKey(Arm, on_delete=models.CASCADE, related_name="snapshots")
-    window = models.ForeignKey(
-        AttributionWindow, on_delete=models.CASCADE, null=True, blank=True, related_name="snapshots"
-    )
+    window = models.ForeignKey(AttributionWindow, on_delete=models.CASCADE, null=True, blank=True,
+                               related_name="snapshots", db_index=False)  # indexed by (window, arm)
     epoch_start = models.PositiveIntegerField(
         default=0, help_text="Sums count windows after this number (the arm's last unfreeze; 0: all)."
     )

@@ -11,13 +11,14 @@ from django.db.models import (
     ExpressionWrapper,
     F,
     Max,
+    Min,
     OuterRef,
     Q,
     QuerySet,
     Subquery,
     Sum,
 )
-from django.db.models.functions import Cast
+from django.db.models.functions import Cast, Coalesce
 
 from apps.attribution.decisions import ArmSums
 from apps.attribution.models import AttributionSnapshot, AttributionWindow, FreezeEvent, RunWindow
@@ -56,7 +57,7 @@ def experiments_moved(*, experiment_ids: list[int]) -> set[int]:
     """Of these experiments, those with a run whose priced totals moved past its cursor."""
     moved = Run.objects.filter(experiment_id__in=experiment_ids).filter(
         Q(attribution_cursor__isnull=True, priced_seq__gte=0) | Q(priced_seq__gt=F("attribution_cursor__priced_seq")))
-    return set(moved.values_list("experiment_id", flat=True).distinct())
+    return set(moved.order_by().values_list("experiment_id", flat=True).distinct())
 
 
 def _sums_annotations() -> dict:
@@ -119,10 +120,10 @@ def snapshot_sums(*, window_ids: list[int]) -> dict[int, tuple[ArmSums, int]]:
             for r in rows}
 
 
-def unfreeze_epochs(*, arm_ids: list[int]) -> dict[int, int]:
+def unfreeze_epochs(*, experiment_ids: list[int]) -> dict[int, int]:
     """Per arm: the window number its evidence restarts after (its last unfreeze), for arms ever unfrozen."""
-    rows = (FreezeEvent.objects.filter(action=FreezeEvent.Action.UNFREEZE, arm_id__in=arm_ids)
-            .values("arm_id").annotate(n=Max("window__number")))
+    rows = (FreezeEvent.objects.filter(action=FreezeEvent.Action.UNFREEZE, experiment_id__in=experiment_ids)
+            .values("arm_id").annotate(n=Max("window__number")).order_by())
     return {r["arm_id"]: r["n"] or 0 for r in rows}
 
 
@@ -131,43 +132,55 @@ def pricing_faults(*, experiments: list[Experiment], window_ids: list[int], now:
     """Experiments whose runs of these windows would be priced at 0 for lack of a price: reason, run ids.
 
     A GPU run needs a SKU, and that SKU a price in every table it was priced with (the pinned
-    table, or the tenant's tables in force from its start until now). Three queries in all.
+    table, or the tenant's tables in force from its start until now). Checked per (experiment,
+    SKU) from its earliest run start, which covers every table its runs used; run by run only
+    where that finds a gap. Four queries when all is priced.
     """
     faults: dict[int, tuple[list[str], list[int]]] = defaultdict(lambda: ([], []))
-    tenants = {e.tenant_id for e in experiments}
-    tables = list(PricingTable.objects.filter(Q(tenant_id__in=tenants, valid_from__lte=now)
-                                              | Q(pk__in=[e.pricing_table_id for e in experiments if e.pricing_table_id]))
+    pinned = [e.pricing_table_id for e in experiments if e.pricing_table_id]
+    tables = list(PricingTable.objects.filter(Q(tenant_id__in={e.tenant_id for e in experiments},
+                                                valid_from__lte=now) | Q(pk__in=pinned))
                   .values("pk", "tenant_id", "valid_from", "name").order_by("valid_from"))
-    by_tenant = defaultdict(list)
+    by_tenant, by_pk = defaultdict(list), {t["pk"]: t for t in tables}
     for t in tables:
         if t["valid_from"] <= now:
             by_tenant[t["tenant_id"]].append(t)
-    by_pk = {t["pk"]: t for t in tables}
     for e in experiments:
         if e.pricing_table_id is None and not by_tenant[e.tenant_id]:
             faults[e.pk][0].append(f"pricing_table: tenant '{e.tenant.slug}' has no pricing table in force, "
                                    "so every cost would be 0")
-    gpu_runs = list(RunWindow.objects.filter(window_id__in=window_ids, run__gpu_count__gt=0).values(
-        "run_id", "window__experiment_id", "run__gpu_sku_id", "run__gpu_sku__name", "run__device",
-        "run__started_at", "run__created_at"))
+    gpu = RunWindow.objects.filter(window_id__in=window_ids, run__gpu_count__gt=0)
+    groups = list(gpu.values("window__experiment_id", "run__gpu_sku_id").order_by()
+                  .annotate(start=Min(Coalesce("run__started_at", "run__created_at"))))
     priced = set(GpuPrice.objects.filter(pricing_table_id__in=list(by_pk),
-                                         sku_id__in={r["run__gpu_sku_id"] for r in gpu_runs})
+                                         sku_id__in={g["run__gpu_sku_id"] for g in groups})
                  .values_list("pricing_table_id", "sku_id"))
-    experiments_by_pk = {e.pk: e for e in experiments}
-    for r in gpu_runs:
-        e = experiments_by_pk[r["window__experiment_id"]]
-        if r["run__gpu_sku_id"] is None:
-            reason = (f"device: run {r['run_id']} ran on '{r['run__device'] or 'an unknown GPU'}', which matches "
-                      "no GPU SKU, so its GPU time has no price")
-        else:
-            missing = [t for t in _tables_used(e, by_tenant, by_pk, r["run__started_at"] or r["run__created_at"])
-                       if (t["pk"], r["run__gpu_sku_id"]) not in priced]
-            if not missing:
-                continue
-            reason = (f"pricing: table '{missing[0]['name']}' has no price for GPU SKU "
-                      f"'{r['run__gpu_sku__name']}' (run {r['run_id']})")
-        faults[e.pk][0].append(reason)
-        faults[e.pk][1].append(r["run_id"])
+    experiment_of = {e.pk: e for e in experiments}
+
+    def missing(e: Experiment, sku_id: int, start: datetime) -> list[dict]:
+        return [t for t in _tables_used(e, by_tenant, by_pk, start) if (t["pk"], sku_id) not in priced]
+
+    suspect = [g for g in groups if g["run__gpu_sku_id"] is None or missing(
+        experiment_of[g["window__experiment_id"]], g["run__gpu_sku_id"], g["start"])]
+    if suspect:
+        which = Q()
+        for g in suspect:
+            sku = {"run__gpu_sku_id": g["run__gpu_sku_id"]} if g["run__gpu_sku_id"] else {"run__gpu_sku__isnull": True}
+            which |= Q(window__experiment_id=g["window__experiment_id"], **sku)
+        for r in gpu.filter(which).values("run_id", "window__experiment_id", "run__gpu_sku_id", "run__gpu_sku__name",
+                                          "run__device", "run__started_at", "run__created_at").order_by("run_id"):
+            e = experiment_of[r["window__experiment_id"]]
+            if r["run__gpu_sku_id"] is None:
+                reason = (f"device: run {r['run_id']} ran on '{r['run__device'] or 'an unknown GPU'}', which "
+                          "matches no GPU SKU, so its GPU time has no price")
+            else:
+                gaps = missing(e, r["run__gpu_sku_id"], r["run__started_at"] or r["run__created_at"])
+                if not gaps:
+                    continue
+                reason = (f"pricing: table '{gaps[0]['name']}' has no price for GPU SKU "
+                          f"'{r['run__gpu_sku__name']}' (run {r['run_id']})")
+            faults[e.pk][0].append(reason)
+            faults[e.pk][1].append(r["run_id"])
     return {pk: ("; ".join(dict.fromkeys(reasons)), runs) for pk, (reasons, runs) in faults.items()}
 
 

@@ -19,6 +19,16 @@ COMPARED_FIELDS = [
 ]
 
 
+SNAPSHOT_EVIDENCE = ("metric", "decision", "blocked_by", "threshold", "alpha", "min_runs", "min_samples",
+                     "min_observations")
+
+
+def full_evidence(verdict: ArmVerdict, window: AttributionWindow, epoch_start: int) -> dict:
+    """Everything a decision was made on (what a FreezeEvent keeps): figures, bounds, rule, window."""
+    return {**verdict.evidence,
+            "window": {"number": window.number, "end": window.window_end.isoformat(), "since": epoch_start}}
+
+
 def policy_for(experiment: Experiment) -> Policy:
     cost_model = experiment.cost_model
     tiered_steps = (cost_model.kind == CostModel.Kind.TIERED_PER_CALL and cost_model.unit == CostModel.Unit.STEP)
@@ -39,7 +49,8 @@ def snapshot_build(*, window: AttributionWindow, arm: ArmInput, verdict: ArmVerd
     s: ArmSums = arm.sums
     metric, dev = verdict.metric, verdict.deviation
     mtok = metric if policy.unit == "token" else None
-    evidence = dict(verdict.evidence)
+    # The figures are columns of the row; its evidence keeps only what the columns do not say.
+    evidence = {k: v for k, v in verdict.evidence.items() if k in SNAPSHOT_EVIDENCE}
     evidence["window"] = {"number": window.number, "end": window.window_end.isoformat(), "since": epoch_start}
     if skip_reason:
         evidence.update(decision="skipped", skip_reason=skip_reason)

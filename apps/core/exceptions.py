@@ -45,6 +45,8 @@ def error_body(message: str, code: str, fields: dict[str, Any] | None = None, **
 def api_exception_handler(exc: Exception, context: dict) -> Response | None:
     if isinstance(exc, DjangoValidationError):
         fields = exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
+        if "__all__" in fields:  # Django's name for errors of the whole object
+            fields["non_field_errors"] = fields.pop("__all__")
         exc = drf_exceptions.ValidationError(detail=fields)
     elif isinstance(exc, Http404):
         exc = drf_exceptions.NotFound()
@@ -59,10 +61,27 @@ def api_exception_handler(exc: Exception, context: dict) -> Response | None:
         return None
     if isinstance(exc, drf_exceptions.ValidationError):
         detail = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
-        first = next(iter(detail.items()), ("request", ["invalid"]))
-        message = f"{first[0]}: {first[1][0] if isinstance(first[1], list) and first[1] else first[1]}"
-        response.data = error_body(message, "invalid", fields=detail)
+        path, reason = _first_error(detail)
+        response.data = error_body(f"{path}: {reason}", "invalid", fields=detail)
     else:
         detail = getattr(exc, "detail", str(exc))
         response.data = error_body(str(detail), getattr(detail, "code", None) or "error")
     return response
+
+
+def _first_error(detail: Any, path: str = "") -> tuple[str, str]:
+    """The first leaf of a (nested) DRF error detail, with its dotted path: 'gpu_prices[0].sku', reason."""
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            if value:
+                step = f"[{key}]" if isinstance(key, int) else (f".{key}" if path else str(key))
+                return _first_error(value, path + step)
+    elif isinstance(detail, list):
+        for index, value in enumerate(detail):
+            if value:
+                if isinstance(value, dict | list):
+                    return _first_error(value, f"{path}[{index}]")
+                return path or "request", str(value)
+    elif detail:
+        return path or "request", str(detail)
+    return path or "request", "invalid"

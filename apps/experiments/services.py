@@ -191,6 +191,10 @@ EXPERIMENT_EDITABLE = (
 
 
 def _same_tenant(experiment: Experiment) -> None:
+    taken = Experiment.objects.filter(tenant_id=experiment.tenant_id, name=experiment.name).exclude(pk=experiment.pk)
+    if taken.exists():
+        raise ApplicationError(f"name: the tenant already has an experiment named '{experiment.name}'",
+                               {"fields": {"name": ["already exists"]}}, code="invalid", status=409)
     for field in ("cost_model", "pricing_table"):
         related = getattr(experiment, field)
         if related is not None and related.tenant_id != experiment.tenant_id:

@@ -10,6 +10,14 @@ from apps.pricing.models import CostModel, GpuPrice, PricingTable
 from apps.tenants.models import Tenant
 
 
+def _unique(obj, field: str, label: str) -> None:
+    """The tenant-wide uniqueness of `field`, refused with the field named (before the constraint fires)."""
+    value = getattr(obj, field)
+    if type(obj).objects.filter(tenant_id=obj.tenant_id, **{field: value}).exclude(pk=obj.pk).exists():
+        raise ApplicationError(f"{field}: the tenant already has {label} with {field} {value}",
+                               {"fields": {field: ["already exists"]}}, code="invalid", status=409)
+
+
 def _gpu_prices_replace(*, table: PricingTable, gpu_prices: list[dict]) -> None:
     skus = [p["sku"].pk for p in gpu_prices]
     if len(skus) != len(set(skus)):
@@ -25,6 +33,7 @@ def _gpu_prices_replace(*, table: PricingTable, gpu_prices: list[dict]) -> None:
 @transaction.atomic
 def pricing_table_create(*, tenant: Tenant, gpu_prices: list[dict] | None = None, **fields) -> PricingTable:
     table = PricingTable(tenant=tenant, **fields)
+    _unique(table, "valid_from", "a pricing table")
     table.full_clean()
     table.save()
     _gpu_prices_replace(table=table, gpu_prices=gpu_prices or [])
@@ -36,6 +45,7 @@ def pricing_table_update(*, table: PricingTable, gpu_prices: list[dict] | None =
     """Edit a table; `gpu_prices`, when given, replaces the table's GPU prices."""
     for name, value in fields.items():
         setattr(table, name, value)
+    _unique(table, "valid_from", "a pricing table")
     table.full_clean()
     table.save()
     if gpu_prices is not None:
@@ -60,6 +70,7 @@ def pricing_table_delete(*, table: PricingTable) -> None:
 @transaction.atomic
 def cost_model_create(*, tenant: Tenant, **fields) -> CostModel:
     model = CostModel(tenant=tenant, **fields)
+    _unique(model, "name", "a cost model")
     model.full_clean()
     model.save()
     return model
@@ -69,6 +80,7 @@ def cost_model_create(*, tenant: Tenant, **fields) -> CostModel:
 def cost_model_update(*, cost_model: CostModel, **fields) -> CostModel:
     for name, value in fields.items():
         setattr(cost_model, name, value)
+    _unique(cost_model, "name", "a cost model")
     cost_model.full_clean()
     cost_model.save()
     return cost_model

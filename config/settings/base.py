@@ -8,6 +8,7 @@ knows which mode is in force.
 from pathlib import Path
 
 import environ
+import plotly
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 env = environ.Env()
@@ -54,6 +55,7 @@ LOCAL_APPS = [
     "apps.telemetry",
     "apps.attribution",
     "apps.api",
+    "apps.dashboard",
 ]
 INSTALLED_APPS = DJANGO_APPS + THIRD_PARTY_APPS + LOCAL_APPS
 
@@ -87,7 +89,8 @@ TEMPLATES = [
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "staticfiles"
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)
-STATICFILES_DIRS = [BASE_DIR / "frontend" / "static"]
+# plotly.js comes from the installed plotly package (static/plotly/plotly.min.js): no CDN.
+STATICFILES_DIRS = [BASE_DIR / "frontend" / "static", ("plotly", Path(plotly.__file__).parent / "package_data")]
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
@@ -110,7 +113,9 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
-LOGIN_URL = "admin:login"
+LOGIN_URL = "dashboard:login"
+LOGIN_REDIRECT_URL = "dashboard:experiments"
+LOGOUT_REDIRECT_URL = "dashboard:login"
 
 # ------------------------------------------------------------------------------
 # Celery: REDIS_URL, or the filesystem broker under var/

@@ -5,6 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
+from django.core.cache import caches
 
 from tests.factories import ArmFactory, CostModelFactory, ExperimentFactory, RunFactory, TenantFactory
 
@@ -21,7 +22,8 @@ def priced_run(arm, usd: str, tokens: int = 1_000_000):
 def lab(live_server, transactional_db, settings, monkeypatch):
     from apps.api.services import api_token_create
 
-    settings.COSTLAB_API_THROTTLE_CACHE = "default"
+    settings.COSTLAB_API_THROTTLE_CACHE = "default"  # this process's memory, emptied: no counts from other tests
+    caches["default"].clear()
     tenant = TenantFactory(slug="ci-team", max_concurrent_runs=1000)
     experiment = ExperimentFactory(tenant=tenant, name="batching", status="active",
                                    cost_model=CostModelFactory(tenant=tenant))

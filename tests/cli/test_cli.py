@@ -19,7 +19,7 @@ from apps.experiments.models import Arm, Run
 from costlab_cli.main import main
 from tests.cli.conftest import CANDIDATE, CONTROL, priced_run
 
-pytestmark = [pytest.mark.services, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 
 def cli(capsys, *argv) -> tuple[int, str, str]:

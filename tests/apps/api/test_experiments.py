@@ -33,7 +33,8 @@ def test_create_read_update_delete_an_experiment(api, tenant):
 def test_experiment_errors_name_the_field(api, tenant, experiment):
     cost_model = experiment.cost_model
     duplicate = api.post("/api/v1/experiments/", {"name": "batching", "cost_model": cost_model.pk}, format="json")
-    assert duplicate.status_code == 400 and "name" in error(duplicate)["message"].lower()
+    assert duplicate.status_code == 409 and error(duplicate)["message"].startswith("name: ")
+    assert error(duplicate)["fields"] == {"name": ["already exists"]}
     bad = api.post("/api/v1/experiments/", {"name": "x", "cost_model": cost_model.pk, "alpha": "0.9"}, format="json")
     assert bad.status_code == 400
     assert error(bad)["message"].startswith("alpha:") and "alpha" in error(bad)["fields"]

@@ -86,6 +86,7 @@ def test_every_detail_route_answers_404_for_another_tenants_object(api, staff, t
     assert {b for b, _, _ in checked} == {"experiment", "arm", "run", "pricing-table", "cost-model", "token"}
     assert ("run", "telemetry", "post") in checked and ("run", "finish", "post") in checked
     assert ("experiment", "detail", "delete") in checked and ("arm", "detail", "patch") in checked
+    assert {("arm", "freeze", "post"), ("arm", "unfreeze", "post"), ("experiment", "report", "get")} <= checked
     # Nothing of theirs changed.
     assert Run.objects.get(pk=theirs["run"]).status == "running"
     assert Experiment.objects.filter(pk=theirs["experiment"]).exists() and Arm.objects.filter(pk=theirs["arm"]).exists()
@@ -131,3 +132,25 @@ def test_creating_with_another_tenants_reference_fails_as_if_it_did_not_exist(ap
 
 def test_a_token_ignores_a_tenant_header(api, other_tenant):
     assert api.get("/api/v1/me/", HTTP_X_COSTLAB_TENANT=other_tenant.slug).json()["tenant"]["slug"] == "acme"
+
+
+def test_no_list_makes_a_query_per_row(staff, tenant):
+    """Every list route: the same number of queries for one row of each resource as for four."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def queries() -> dict[str, int]:
+        counts = {}
+        for name, _view, _params in api_routes():
+            if name.endswith("-list"):
+                with CaptureQueriesContext(connection) as ctx:
+                    assert staff.get(reverse(f"api:{name}")).status_code == 200
+                counts[name] = len(ctx)
+        return counts
+
+    objects_of(tenant)
+    one = queries()
+    for _ in range(3):
+        objects_of(tenant)
+    assert queries() == one
+    assert len(one) >= 7

@@ -42,6 +42,8 @@ def test_staff_write_a_pricing_table_with_its_gpu_prices(staff, tenant):
     assert created.status_code == 201, created.json()
     table = PricingTable.objects.get(pk=created.json()["id"])
     assert table.tenant == tenant and table.gpu_prices.get().hourly_usd == 2.5
+    again = staff.post("/api/v1/pricing-tables/", TABLE, format="json")
+    assert again.status_code == 409 and error(again)["message"].startswith("valid_from: ")
     url = f"/api/v1/pricing-tables/{table.pk}/"
     patched = staff.patch(url, {"pue": "1.1", "gpu_prices": []}, format="json")
     assert patched.status_code == 200 and patched.json()["gpu_prices"] == []
@@ -65,6 +67,8 @@ def test_staff_write_cost_models_and_tiers_are_checked(staff):
                      format="json")
     assert bad.status_code == 400 and "only the last tier may be open" in error(bad)["message"]
     assert CostModel.objects.filter(name="bad").count() == 0
+    same = staff.post("/api/v1/cost-models/", tiered, format="json")
+    assert same.status_code == 409 and error(same)["message"].startswith("name: ")
     url = f"/api/v1/cost-models/{created.json()['id']}/"
     assert staff.patch(url, {"gpu_weight": "2"}, format="json").json()["gpu_weight"] == "2.0000"
     assert staff.delete(url).status_code == 204
@@ -77,3 +81,10 @@ def test_pricing_tables_filter_by_the_instant_they_were_in_force(api, tenant):
     PricingTableFactory(tenant=tenant, valid_from=datetime(2026, 6, 1, tzinfo=UTC))
     found = api.get("/api/v1/pricing-tables/", {"valid_at": "2026-03-01T00:00:00Z"}).json()["results"]
     assert [t["id"] for t in found] == [early.pk]
+
+
+def test_a_nested_error_names_its_path(staff):
+    response = staff.post("/api/v1/pricing-tables/", {**TABLE, "gpu_prices": [{"sku": "No Such GPU", "hourly_usd": "1"}]},
+                          format="json")
+    assert response.status_code == 400
+    assert error(response)["message"].startswith("gpu_prices[0].sku: Object with name=No Such GPU does not exist")

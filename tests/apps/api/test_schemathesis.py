@@ -26,7 +26,7 @@ from tests.factories import (
     TenantFactory,
 )
 
-pytestmark = [pytest.mark.services, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 REAL_IDS: dict[str, list[int]] = {}
 
 

@@ -1,0 +1,135 @@
+"""What the dashboard's charts draw, as JSON-ready dicts: telemetry per run, the deviation timeline
+with its threshold and freeze markers, traffic weights over time, and a run's cost breakdown."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db.models import Max, OuterRef, Subquery
+from django.utils import timezone
+
+from apps.attribution.models import AttributionSnapshot, FreezeEvent, WeightChange
+from apps.attribution.selectors import snapshot_series
+from apps.dashboard.series import RunSeries, epoch_ms, series_meta
+from apps.experiments.models import Arm, Experiment, Run
+
+# Telemetry charts of the experiment page (a run's page adds throughput and loss).
+EXPERIMENT_FIELDS = ("util_pct", "power_w", "step_time_s", "micro_batch")
+RUN_FIELDS = (*EXPERIMENT_FIELDS, "tokens_per_s", "loss")
+# Points per chart across all its runs; each run gets a share, within these bounds.
+CHART_POINTS = 4000
+RUN_BUDGET_MIN, RUN_BUDGET_MAX = 60, 600
+# Attribution windows drawn per arm; a longer timeline keeps every k-th window and the last.
+TIMELINE_POINTS = 1500
+ARM_COLORS = ("#1f6fb4", "#d1495b", "#2a9d5c", "#8e6cc0", "#e08a1e", "#1aa3b8", "#6d6d6d", "#b5651d")
+LIVE_POLL_MS = 1000
+
+
+def budget_per_run(runs: int) -> int:
+    return max(RUN_BUDGET_MIN, min(RUN_BUDGET_MAX, CHART_POINTS // max(runs, 1)))
+
+
+def arm_color(index: int) -> str:
+    return ARM_COLORS[index % len(ARM_COLORS)]
+
+
+def run_label(run: Run, arm_name: str) -> str:
+    return f"run {run.pk} · {arm_name}"
+
+
+def runs_json(runs: list[Run], arm_names: dict[int, str], series: RunSeries) -> dict:
+    return {str(r.pk): {"arm": r.arm_id, "label": run_label(r, arm_names.get(r.arm_id, "?")),
+                        "status": r.status, "estimated": r.pk in series.estimated} for r in runs}
+
+
+def telemetry_json(*, runs: list[Run], arm_names: dict[int, str], series: RunSeries,
+                   fields: tuple[str, ...]) -> dict:
+    return {"fields": series_meta(fields), "runs": runs_json(runs, arm_names, series),
+            "series": series.as_json(fields)}
+
+
+def _thin(rows: list, limit: int) -> list:
+    if len(rows) <= limit:
+        return rows
+    step = -(-len(rows) // limit)
+    return rows[::step] + ([rows[-1]] if (len(rows) - 1) % step else [])
+
+
+def attribution_version(*, experiment: Experiment) -> str:
+    """Changes whenever the deviation timeline, the freezes or the weights would draw differently."""
+    row = Experiment.objects.filter(pk=experiment.pk).annotate(
+        s=Subquery(AttributionSnapshot.objects.filter(experiment=OuterRef("pk")).order_by()
+                   .values("experiment").annotate(m=Max("pk")).values("m")),
+        f=Subquery(FreezeEvent.objects.filter(experiment=OuterRef("pk")).order_by()
+                   .values("experiment").annotate(m=Max("pk")).values("m")),
+        w=Subquery(WeightChange.objects.filter(arm__experiment=OuterRef("pk")).order_by()
+                   .values("arm__experiment").annotate(m=Max("pk")).values("m")),
+        a=Subquery(Arm.objects.filter(experiment=OuterRef("pk")).order_by()
+                   .values("experiment").annotate(m=Max("updated_at")).values("m")),
+    ).values_list("s", "f", "w", "a").first()
+    s, f, w, a = row or (None, None, None, None)
+    return f"{s or 0}.{f or 0}.{w or 0}.{epoch_ms(a) if a else 0}"
+
+
+def attribution_json(*, experiment: Experiment, arms: list[Arm], now: datetime | None = None) -> dict:
+    """The deviation timeline (percent vs control, with its always-valid bounds), freeze and unfreeze
+    markers, and each arm's traffic weight as a step line up to now. Three queries."""
+    now = now or timezone.now()
+    snapshots = list(snapshot_series(experiment=experiment).values_list(
+        "arm_id", "window_end", "deviation", "deviation_low", "deviation_high", "weight"))
+    by_arm: dict[int, list] = {}
+    for row in snapshots:
+        by_arm.setdefault(row[0], []).append(row)
+    controls = {a.pk for a in arms if a.is_control}
+    deviation, weights = {}, {}
+    for arm in arms:
+        rows = _thin(by_arm.get(arm.pk, []), TIMELINE_POINTS)
+        if arm.pk not in controls:
+            points = [r for r in rows if r[2] is not None]
+            deviation[str(arm.pk)] = {
+                "x": [epoch_ms(r[1]) for r in points], "y": [_pct(r[2]) for r in points],
+                "lo": [_pct(r[3]) for r in points], "hi": [_pct(r[4]) for r in points],
+            }
+        weights[arm.pk] = [(r[1], float(r[5])) for r in rows]
+
+    changes = (WeightChange.objects.filter(arm__experiment=experiment).order_by("created_at", "pk")
+               .values_list("arm_id", "created_at", "old_weight", "new_weight"))
+    first_old: dict[int, float] = {}
+    for arm_id, at, old, new in changes:
+        first_old.setdefault(arm_id, float(old))
+        weights.setdefault(arm_id, []).append((at, float(new)))
+    weights_json = {}
+    for arm in arms:
+        points = sorted(weights.get(arm.pk, []), key=lambda p: p[0])
+        start = first_old.get(arm.pk, points[0][1] if points else float(arm.weight))
+        points = [(experiment.created_at, start), *points, (max(now, experiment.created_at), float(arm.weight))]
+        weights_json[str(arm.pk)] = {"x": [epoch_ms(t) for t, _ in points], "y": [w for _, w in points]}
+
+    last_dev = {arm_id: rows[-1][2] for arm_id, rows in by_arm.items() if rows and rows[-1][2] is not None}
+    threshold = float(experiment.freeze_threshold)
+    freezes = [
+        {"arm": arm_id, "action": action, "x": epoch_ms(at), "reason": reason,
+         "y": _pct(dev if dev is not None else last_dev.get(arm_id, threshold))}
+        for arm_id, action, at, dev, reason in FreezeEvent.objects.filter(experiment=experiment)
+        .order_by("created_at", "pk").values_list("arm_id", "action", "created_at", "deviation", "reason")
+    ]
+    return {
+        "threshold_pct": _pct(threshold), "deviation": deviation, "freezes": freezes, "weights": weights_json,
+        "arms": {str(a.pk): {"state": a.state, "weight": float(a.weight)} for a in arms},
+        "version": attribution_version(experiment=experiment),
+    }
+
+
+def _pct(fraction: float | None) -> float | None:
+    return None if fraction is None else round(fraction * 100, 3)
+
+
+def cost_breakdown_json(run: Run) -> dict:
+    """A run's cost two ways: device time used vs idle, and by resource (energy vs device-hours ...)."""
+    b = run.cost_breakdown or {}
+    return {
+        "used_idle": {"used": b.get("used_usd", 0.0), "idle": b.get("idle_usd", 0.0)},
+        "resources": {"device-hours": b.get("gpu_usd", 0.0), "energy": b.get("energy_usd", 0.0),
+                      "vCPU": b.get("cpu_usd", 0.0), "memory": b.get("memory_usd", 0.0)},
+        "energy_estimated": run.energy_estimated,
+    }

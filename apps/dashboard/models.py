@@ -1,0 +1,47 @@
+"""The dashboard's own read model: telemetry rolled up into fixed blocks of seqs.
+
+Downsampling a million samples per page view is too slow in SQL window functions (tens of
+seconds); rolling each settled block of SEQS samples up once, and charting from the blocks,
+makes a page's cost depend on the number of blocks, not of samples. A block is written once
+every sample in it is settled (seq <= the run's priced_seq) and never changes after.
+"""
+
+from django.db import models
+
+from apps.experiments.models import Run
+
+# The telemetry series a chart can show; each has min, max, sum and count columns here.
+CHART_FIELDS = ("util_pct", "power_w", "step_time_s", "micro_batch", "tokens_per_s", "loss")
+
+
+def _stat() -> models.FloatField:
+    return models.FloatField(null=True)
+
+
+class SeriesBlock(models.Model):
+    """Samples with seq in [block * SEQS, (block + 1) * SEQS) of one run, summarised."""
+
+    SEQS = 16
+
+    id = models.BigAutoField(primary_key=True)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+")
+    block = models.BigIntegerField()
+    samples = models.IntegerField()
+    ts_first = models.DateTimeField()
+    ts_last = models.DateTimeField()
+    estimated = models.BooleanField(default=False, help_text="Some power/energy in the block was modelled.")
+    util_pct_min, util_pct_max, util_pct_sum, util_pct_n = _stat(), _stat(), _stat(), models.IntegerField(default=0)
+    power_w_min, power_w_max, power_w_sum, power_w_n = _stat(), _stat(), _stat(), models.IntegerField(default=0)
+    step_time_s_min, step_time_s_max = _stat(), _stat()
+    step_time_s_sum, step_time_s_n = _stat(), models.IntegerField(default=0)
+    micro_batch_min, micro_batch_max = _stat(), _stat()
+    micro_batch_sum, micro_batch_n = _stat(), models.IntegerField(default=0)
+    tokens_per_s_min, tokens_per_s_max = _stat(), _stat()
+    tokens_per_s_sum, tokens_per_s_n = _stat(), models.IntegerField(default=0)
+    loss_min, loss_max, loss_sum, loss_n = _stat(), _stat(), _stat(), models.IntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "block"], name="seriesblock_unique_run_block")]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} block {self.block}"

@@ -1,0 +1,112 @@
+"""The dashboard's pages: each view checks access, calls one selector and renders."""
+
+from __future__ import annotations
+
+import functools
+from datetime import UTC, datetime, timedelta
+
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.views import LoginView, LogoutView
+from django.http import Http404, JsonResponse
+from django.shortcuts import get_object_or_404, render
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+
+from apps.dashboard import selectors
+from apps.dashboard.charts import RUN_FIELDS
+
+# A poll asks for samples since its cursor; a tab that slept longer than this reloads instead.
+LIVE_MAX_GAP = timedelta(minutes=15)
+
+
+class DashboardLoginView(LoginView):
+    template_name = "dashboard/login.html"
+    redirect_authenticated_user = True
+
+
+class DashboardLogoutView(LogoutView):
+    next_page = "dashboard:login"
+
+
+def _error(status: int, message: str, code: str) -> JsonResponse:
+    """The API's error shape, so a script reading these endpoints sees one format."""
+    return JsonResponse({"error": {"message": message, "code": code}}, status=status)
+
+
+def json_endpoint(view):
+    """Polled by JavaScript: a signed-out session or a missing object answers JSON, not a login page."""
+
+    @functools.wraps(view)
+    def wrapped(request, *args, **kwargs):
+        if not request.user.is_authenticated:
+            return _error(401, "signed out: reload the page to sign in again", "not_authenticated")
+        try:
+            return view(request, *args, **kwargs)
+        except Http404:
+            return _error(404, "not found", "not_found")
+
+    return require_GET(wrapped)
+
+
+def _since(request) -> datetime | None:
+    """The `since` cursor (ms since the epoch, UTC), or None when it is missing, malformed or too old."""
+    try:
+        since = datetime.fromtimestamp(int(request.GET["since"]) / 1000, tz=UTC)
+    except (KeyError, ValueError, OverflowError, OSError):
+        return None
+    return since if timezone.now() - since <= LIVE_MAX_GAP else None
+
+
+@login_required
+@require_GET
+def experiment_list(request):
+    rows = selectors.experiment_rows(user=request.user)
+    tenants = {row.experiment.tenant_id for row in rows}
+    return render(request, "dashboard/experiment_list.html", {"rows": rows, "many_tenants": len(tenants) > 1})
+
+
+@login_required
+@require_GET
+def experiment_detail(request, pk: int):
+    experiment = get_object_or_404(selectors.experiments_visible(user=request.user), pk=pk)
+    return render(request, "dashboard/experiment_detail.html", {"page": selectors.experiment_page(experiment=experiment)})
+
+
+@login_required
+@require_GET
+def experiment_comparison(request, pk: int):
+    experiment = get_object_or_404(selectors.experiments_visible(user=request.user), pk=pk)
+    return render(request, "dashboard/_comparison.html", selectors.comparison(experiment=experiment))
+
+
+@json_endpoint
+def experiment_live(request, pk: int):
+    experiment = get_object_or_404(selectors.experiments_visible(user=request.user), pk=pk)
+    since = _since(request)
+    if since is None:
+        return _error(400, "since: ms since the epoch, at most 15 minutes ago; reload the page", "invalid")
+    return JsonResponse(selectors.experiment_live(experiment=experiment, since=since,
+                                                  known_version=request.GET.get("av", "")))
+
+
+@login_required
+@require_GET
+def run_detail(request, pk: int):
+    run = get_object_or_404(selectors.runs_visible(user=request.user), pk=pk)
+    return render(request, "dashboard/run_detail.html", selectors.run_page(run=run))
+
+
+@json_endpoint
+def run_live(request, pk: int):
+    run = get_object_or_404(selectors.runs_visible(user=request.user), pk=pk)
+    since = _since(request)
+    if since is None:
+        return _error(400, "since: ms since the epoch, at most 15 minutes ago; reload the page", "invalid")
+    runs = selectors.runs_visible(user=request.user).filter(pk=run.pk)
+    return JsonResponse(selectors.live_update(runs=runs, since=since, fields=RUN_FIELDS))
+
+
+@login_required
+@require_GET
+def pricing(request):
+    return render(request, "dashboard/pricing.html", {"tenants": selectors.pricing_overview(user=request.user)})
