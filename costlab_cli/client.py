@@ -64,7 +64,11 @@ class Api:
                 self._sleep(attempt, response.headers.get("Retry-After"))
                 continue
             if response.is_success:
-                return response.json() if response.content else None
+                try:
+                    return response.json() if response.content else None
+                except ValueError:
+                    raise CliError(f"{method} {path}: the answer is not JSON; is COSTLAB_URL the costlab site?") \
+                        from None
             raise CliError(f"{method} {path}: HTTP {response.status_code}: {_reason(response)}")
         raise AssertionError("unreachable")
 

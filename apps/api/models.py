@@ -30,6 +30,8 @@ class ApiToken(AbstractAuthToken):
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
 
+    objects = models.Manager()  # knox's manager mints per-user tokens; ours are minted by api_token_create
+
     class Meta:
         ordering = ["tenant", "-created"]
         verbose_name = "API token"

@@ -115,7 +115,7 @@ def experiment_rows(*, user) -> list[ExperimentRow]:
 class ExperimentPage:
     experiment: Experiment
     report: ExperimentReport
-    arm_colors: dict[int, str]
+    arm_colors: dict[int, int]  # arm id -> palette index (CSS class swatch-N, charts.ARM_COLORS[N])
     run_counts: dict[str, int]
     recent_runs: list[Run]
     charted_runs: int
@@ -208,7 +208,7 @@ def experiment_page(*, experiment: Experiment, now: datetime | None = None) -> E
     report = experiment_report(experiment=experiment)
     arm_names = {a.arm_id: a.name for a in report.arms}
     arms = list(experiment.arms.order_by("-is_control", "name"))
-    colors = {a.pk: charts.arm_color(i) for i, a in enumerate(arms)}
+    colors = {a.pk: i % len(charts.ARM_COLORS) for i, a in enumerate(arms)}
     stats = _run_stats(experiment)
     last_window = AttributionWindow.objects.filter(experiment=experiment).order_by("-number").first()
     charted = _charted_runs(experiment)
@@ -222,7 +222,7 @@ def experiment_page(*, experiment: Experiment, now: datetime | None = None) -> E
         last_window=last_window,
         charts={
             "cursor": charts.epoch_ms(now), "poll_ms": charts.LIVE_POLL_MS,
-            "arms": {str(a.pk): {"name": a.name, "color": colors[a.pk], "control": a.is_control} for a in arms},
+            "arms": {str(a.pk): {"name": a.name, "color": charts.ARM_COLORS[colors[a.pk]], "control": a.is_control} for a in arms},
             "telemetry": charts.telemetry_json(runs=charted, arm_names=arm_names, series=series,
                                                fields=charts.EXPERIMENT_FIELDS),
             "attribution": charts.attribution_json(experiment=experiment, arms=arms, now=now),
@@ -238,7 +238,7 @@ def comparison(*, experiment: Experiment, now: datetime | None = None) -> dict:
     last_window = AttributionWindow.objects.filter(experiment=experiment).order_by("-number").first()
     arms = list(experiment.arms.order_by("-is_control", "name").values_list("pk", flat=True))
     return {"experiment": experiment, "report": report, "last_window": last_window,
-            "arm_colors": {pk: charts.arm_color(i) for i, pk in enumerate(arms)},
+            "arm_colors": {pk: i % len(charts.ARM_COLORS) for i, pk in enumerate(arms)},
             "notices": attribution_notices(experiment=experiment, report=report, stats=stats,
                                            last_window=last_window) + worker_notices(stats=stats, now=now)}
 

@@ -122,7 +122,7 @@ def _blocks(upto: dict[int, int], fields: tuple[str, ...], budget: int) -> dict[
     wanted = {run_id: seq for run_id, seq in upto.items() if seq > 0}
     if not wanted:
         return {}
-    merge = {run_id: max(1, seq // SeriesBlock.SEQS // budget) for run_id, seq in wanted.items()}
+    merge = {run_id: max(1, math.ceil(seq / SeriesBlock.SEQS / budget)) for run_id, seq in wanted.items()}
     cols = ", ".join(f"MIN(b.{f}_min), MAX(b.{f}_max), SUM(b.{f}_sum), SUM(b.{f}_n)" for f in fields)
     values = ", ".join(["(CAST(%s AS BIGINT), CAST(%s AS BIGINT), CAST(%s AS BIGINT))"] * len(wanted))
     sql = (f"WITH k(run_id, k, upto) AS (VALUES {values}) "

@@ -45,6 +45,7 @@ THIRD_PARTY_APPS = [
     "knox",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI assets served locally, no CDN
     "django_celery_beat",
 ]
 LOCAL_APPS = [
@@ -205,6 +206,9 @@ REST_FRAMEWORK = {
     "DEFAULT_PARSER_CLASSES": ["apps.api.parsers.SafeJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "UNAUTHENTICATED_TOKEN": None,
+    # Proxies in front of the app: the client address for per-address throttles is taken that many
+    # hops back in X-Forwarded-For (0: REMOTE_ADDR, so a client cannot pick its own address).
+    "NUM_PROXIES": env.int("COSTLAB_API_NUM_PROXIES", default=0),
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "costlab API",
@@ -213,6 +217,9 @@ SPECTACULAR_SETTINGS = {
     '`{"error": {"message", "code", "fields"?}}`.',
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     "SCHEMA_PATH_PREFIX": "/api/v1",
     "COMPONENT_SPLIT_REQUEST": True,
     "ENUM_NAME_OVERRIDES": {

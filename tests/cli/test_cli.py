@@ -174,8 +174,10 @@ def test_credentials_and_reachability_errors_exit_2(lab, capsys, monkeypatch):
     assert code == 2 and "COSTLAB_TOKEN is not set" in err
     monkeypatch.setenv("COSTLAB_TOKEN", lab["token"])
     monkeypatch.setenv("COSTLAB_URL", "http://127.0.0.1:9")  # nothing listens on the discard port
+    naps = []
+    monkeypatch.setattr("costlab_cli.client.time.sleep", naps.append)
     code, _, err = cli(capsys, "report", exp)
-    assert code == 2 and "cannot reach" in err
+    assert code == 2 and "cannot reach" in err and len(naps) == 3  # retried with backoff, then gave up
 
 
 def test_the_console_script_exits_with_the_gate_verdict(lab):

@@ -129,3 +129,10 @@ def test_failed_token_attempts_are_throttled_by_address(settings, api):
     guesser = APIClient(HTTP_AUTHORIZATION="Bearer clb_guess", REMOTE_ADDR="10.0.0.9")
     assert [guesser.get(ME).status_code for _ in range(3)] == [401, 401, 429]
     assert api.get(ME, REMOTE_ADDR="10.0.0.10").status_code == 200  # a good token elsewhere is unaffected
+
+
+def test_a_client_cannot_dodge_the_address_throttle_with_a_forwarded_header(settings):
+    settings.COSTLAB_API_THROTTLE_RATES = {**settings.COSTLAB_API_THROTTLE_RATES, "auth_failures": "2/min"}
+    codes = [APIClient(HTTP_AUTHORIZATION="Bearer clb_guess", HTTP_X_FORWARDED_FOR=f"10.9.9.{i}").get(ME).status_code
+             for i in range(3)]
+    assert codes == [401, 401, 429]

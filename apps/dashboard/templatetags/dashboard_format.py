@@ -1,0 +1,97 @@
+"""Numbers as the dashboard shows them: always with their unit, never more digits than they mean."""
+
+from __future__ import annotations
+
+import math
+from django import template
+
+register = template.Library()
+
+MISSING = "—"
+
+
+def significant(value: float, digits: int = 4) -> str:
+    """`digits` significant figures without scientific notation (0.0001234, 12.35, 1,235)."""
+    if value == 0:
+        return "0"
+    magnitude = math.floor(math.log10(abs(value)))
+    if magnitude >= digits - 1:
+        return f"{value:,.0f}"
+    text = f"{value:,.{digits - 1 - magnitude}f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def _number(value) -> float | None:
+    if value is None or value == "":
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+@register.filter
+def qty(value, unit: str = "") -> str:
+    """A quantity with its unit: {{ run.energy_kwh|qty:"kWh" }} -> '0.01234 kWh'."""
+    number = _number(value)
+    if number is None:
+        return MISSING
+    return f"{significant(number)} {unit}".strip()
+
+
+@register.filter
+def usd(value) -> str:
+    number = _number(value)
+    if number is None:
+        return MISSING
+    if abs(number) >= 100:
+        return f"{number:,.2f} USD"
+    return f"{significant(number)} USD"
+
+
+@register.filter
+def pct(fraction, signed: bool = True) -> str:
+    """A fraction as a percentage: 0.032 -> '+3.2 %'."""
+    number = _number(fraction)
+    if number is None:
+        return MISSING
+    text = significant(number * 100, 3)
+    return f"+{text} %" if signed and number > 0 else f"{text} %"
+
+
+@register.filter
+def duration(seconds) -> str:
+    """Seconds as a duration a person reads at a glance: '45 s', '12 min 5 s', '3 h 20 min'."""
+    number = _number(seconds)
+    if number is None:
+        return MISSING
+    if number < 60:
+        return f"{significant(number, 3)} s"
+    s = int(round(number))
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    if s < 86400 * 2:
+        return f"{s // 3600} h {s % 3600 // 60} min"
+    return f"{s // 86400} d {s % 86400 // 3600} h"
+
+
+@register.filter
+def hours_from_seconds(seconds) -> float | None:
+    number = _number(seconds)
+    return None if number is None else number / 3600
+
+
+@register.filter
+def kwh_from_joules(joules) -> float | None:
+    number = _number(joules)
+    return None if number is None else number / 3_600_000
+
+
+@register.filter
+def get(mapping, key):
+    """mapping[key] in a template (dict lookups by a variable)."""
+    try:
+        return mapping.get(key)
+    except AttributeError:
+        return None

@@ -1,0 +1,170 @@
+"""Dashboard server time: the experiment page of a 1M-sample experiment vs a 1k-sample one.
+
+Both experiments have 2 arms and 8 runs (4 per arm) and a long attribution history; the large
+one holds 1,000,000 telemetry samples (125,000 per run), the small one 1,000. Each round GETs
+both experiment pages (in a random order) through Django's test client, in one process, on
+the same Postgres: server time, template rendering included. The ratio large/small says how
+much the page slows down with 1000x the samples. Also reported: the first view of the large
+page (which rolls the samples up into blocks once), a live poll, and, without --quick, the
+same series downsampled straight from the samples with apps.telemetry's samples_downsampled.
+
+    python bench/dashboard.py [--quick] [--json]      (target: page_s <= 1.0)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+from _setup import django_on_postgres, spread
+
+LARGE, SMALL = 1_000_000, 1_000
+RUNS, WINDOWS = 8, 2_000
+
+
+def build(name: str, samples_total: int, *, tenant, cost_model):
+    """An experiment with RUNS runs holding samples_total samples and WINDOWS attribution windows."""
+    from django.db import connection
+
+    from apps.attribution.models import AttributionSnapshot, AttributionWindow, FreezeEvent, WeightChange
+    from apps.experiments.models import Arm, Experiment, Run
+    from apps.telemetry.models import TelemetrySample
+
+    experiment = Experiment.objects.filter(tenant=tenant, name=name).first()
+    if experiment and TelemetrySample.objects.filter(run__experiment=experiment).count() == samples_total:
+        return experiment
+    if experiment:
+        experiment.delete()
+    per_run = samples_total // RUNS
+    t0 = datetime.now(UTC) - timedelta(seconds=per_run)
+    experiment = Experiment.objects.create(tenant=tenant, name=name, cost_model=cost_model, status="active",
+                                           target_steps=100_000)
+    arms = [Arm.objects.create(experiment=experiment, name=n, is_control=i == 0,
+                               strategy_yaml="model: {family: llama, preset: tiny, seq_len: 64}\n")
+            for i, n in enumerate(("baseline", "optimized"))]
+    runs = []
+    for i in range(RUNS):
+        arm = arms[i % 2]
+        runs.append(Run.objects.create(
+            tenant=tenant, experiment=experiment, arm=arm, status="running" if i == 0 else "succeeded",
+            config_yaml=arm.strategy_yaml, config_sha256=arm.strategy_sha256, attempts=1, vcpus=8, memory_gb=64,
+            started_at=t0, finished_at=None if i == 0 else t0 + timedelta(seconds=per_run), heartbeat_at=t0,
+            last_seq=per_run - 1, priced_seq=per_run - 1, steps=per_run, tokens=per_run * 4096,
+            device_seconds=per_run, energy_j=per_run * 300.0, cost_usd=Decimal(per_run) / 1000 * (1 + i % 2) / 10,
+        ))
+    table = TelemetrySample._meta.db_table
+    with connection.cursor() as cursor:
+        for run in runs:
+            cursor.execute(
+                f"INSERT INTO {table} (run_id, seq, attempt, ts, step, device, util_pct, power_w, energy_j, "
+                "step_time_s, tokens, tokens_per_s, micro_batch, loss, estimated) "
+                "SELECT %s, g, 1, %s + g * interval '1 second', g, 'cuda:0', 60 + 35 * random(), 250 + 150 * random(), "
+                "g * 300.0, 0.4 + 0.2 * random(), g * 4096, 8000 + 500 * random(), 8 + (g / 5000) %% 8, "
+                "3.0 / (1 + g / 10000.0), false FROM generate_series(0, %s) g",
+                [run.pk, t0, per_run - 1],
+            )
+        cursor.execute(f"ANALYZE {table}")
+    step = timedelta(seconds=per_run / WINDOWS)
+    windows = AttributionWindow.objects.bulk_create([
+        AttributionWindow(experiment=experiment, number=n + 1, window_end=t0 + step * (n + 1)) for n in range(WINDOWS)])
+    rng = random.Random(0)
+    AttributionSnapshot.objects.bulk_create([
+        AttributionSnapshot(experiment=experiment, arm=arm, window=w, computed_at=w.window_end,
+                            window_end=w.window_end, weight=arm.weight,
+                            deviation=0.0 if arm.is_control else 0.03 + rng.gauss(0, 0.01),
+                            deviation_low=None if arm.is_control else 0.01, deviation_high=None if arm.is_control else 0.05)
+        for w in windows for arm in arms], batch_size=2000)
+    WeightChange.objects.create(arm=arms[1], old_weight=1, new_weight=Decimal("0.9"), reason="bench: dynamic")
+    FreezeEvent.objects.create(experiment=experiment, arm=arms[1], action="freeze", reason="bench", deviation=0.06,
+                               threshold=0.05)
+    return experiment
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds, no samples_downsampled baseline")
+    parser.add_argument("--json", action="store_true", help="last line: one JSON object")
+    args = parser.parse_args()
+    rounds = 5 if args.quick else 15
+
+    django_on_postgres()
+    from django.conf import settings
+    from django.test import Client
+
+    from apps.core.demo import demo_seed
+    from apps.dashboard import charts
+    from apps.dashboard.models import SeriesBlock
+    from apps.experiments.models import Run
+    from apps.telemetry.selectors import samples_downsampled
+
+    settings.DEBUG = False  # as served: no query log, no debug templates
+    seed = demo_seed(admin_username="bench-admin")
+    cost_model = seed.experiment.cost_model
+    t_build = time.perf_counter()
+    large = build("bench: 1M samples", LARGE, tenant=seed.tenant, cost_model=cost_model)
+    small = build("bench: 1k samples", SMALL, tenant=seed.tenant, cost_model=cost_model)
+    print(f"data ready in {time.perf_counter() - t_build:.1f} s: {LARGE:,} and {SMALL:,} samples, "
+          f"{RUNS} runs and {WINDOWS} attribution windows each")
+
+    client = Client(SERVER_NAME="localhost")
+    client.force_login(seed.tenant.memberships.first().user)
+
+    def page(experiment) -> float:
+        start = time.perf_counter()
+        response = client.get(f"/experiments/{experiment.pk}/")
+        elapsed = time.perf_counter() - start
+        assert response.status_code == 200, response.status_code
+        return elapsed
+
+    SeriesBlock.objects.filter(run__experiment=large).delete()
+    cold = page(large)  # rolls 1M samples up into blocks, once
+    page(small)
+    times = {"large": [], "small": []}
+    ratios = []
+    for r in range(rounds):
+        order = ["large", "small"]
+        random.Random(r).shuffle(order)
+        got = {name: page(large if name == "large" else small) for name in order}
+        for name, t in got.items():
+            times[name].append(t)
+        ratios.append(got["large"] / got["small"])
+
+    since = int((datetime.now(UTC) - timedelta(seconds=5)).timestamp() * 1000)
+    live = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        assert client.get(f"/experiments/{large.pk}/live.json?since={since}").status_code == 200
+        live.append(time.perf_counter() - start)
+
+    naive = None
+    if not args.quick:
+        run_ids = list(Run.objects.filter(experiment=large).values_list("pk", flat=True))
+        start = time.perf_counter()
+        samples_downsampled(run_ids=run_ids, fields=list(charts.EXPERIMENT_FIELDS),
+                            budget=charts.budget_per_run(len(run_ids)))
+        naive = time.perf_counter() - start
+
+    big, sm, rt, lv = spread(times["large"]), spread(times["small"]), spread(ratios), spread(live)
+    print(f"{'experiment page (server time)':<40}{'median s':>10}{'min':>9}{'max':>9}{'IQR':>17}")
+    for label, s in ((f"{LARGE:,} samples", big), (f"{SMALL:,} samples", sm), ("live poll, 1M experiment", lv)):
+        print(f"{label:<40}{s['median']:>10.3f}{s['min']:>9.3f}{s['max']:>9.3f}   {s['q1']:.3f}-{s['q3']:.3f}")
+    print(f"{'first view of the 1M page (rollup)':<40}{cold:>10.3f}")
+    if naive is not None:
+        print(f"{'samples_downsampled, same series':<40}{naive:>10.3f}   (downsampling the raw samples per view)")
+    print(f"ratio 1M/1k page: {rt['median']:.2f} (IQR {rt['q1']:.2f}-{rt['q3']:.2f}, min {rt['min']:.2f}, "
+          f"max {rt['max']:.2f}; {rounds} interleaved rounds); 1M page {big['median']:.3f} s, target <= 1.0 s")
+    if args.json:
+        print(json.dumps({"page_s": round(big["median"], 4), "page_s_max": round(big["max"], 4),
+                          "small_page_s": round(sm["median"], 4), "ratio": round(rt["median"], 3),
+                          "ratio_q1": round(rt["q1"], 3), "ratio_q3": round(rt["q3"], 3),
+                          "cold_page_s": round(cold, 3), "live_poll_s": round(lv["median"], 4),
+                          "naive_downsample_s": None if naive is None else round(naive, 3),
+                          "rounds": rounds, "samples": LARGE}))
+
+
+if __name__ == "__main__":
+    main()
