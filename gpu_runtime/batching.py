@@ -32,7 +32,8 @@ def _memory_capacity(device: torch.device) -> int | None:
     if device.type != "cuda":
         return None  # host memory is not what limits a CPU run's micro-batch: no growth cap
     total = torch.cuda.get_device_properties(device).total_memory
-    return int(total * torch.cuda.get_per_process_memory_fraction(device))
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _device: 1.0)(device)
+    return int(total * fraction)
 
 
 def _finite(value: Any) -> Any:

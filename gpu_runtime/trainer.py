@@ -1,8 +1,10 @@
 """The training loop: gradient accumulation to the global batch, one optimizer step per batch.
 
 The hot path does training and nothing else: per step it takes four timestamps,
-publishes one ``Progress`` tuple and appends one ``StepWindow``; the sampler thread
-does the rest. It checks the cancel callback and the SIGTERM flag before every step.
+makes one host sync (the loss, and with dynamic batching the two gradient norms in the
+same transfer), publishes one ``Progress`` tuple and appends one ``StepWindow``; the
+sampler thread does the rest. The micro-batches come from ``MicroBatching`` (fixed, or
+the BatchScaler's). It checks the cancel callback and the SIGTERM flag before every step.
 """
 
 from __future__ import annotations
@@ -51,6 +53,17 @@ class LoopOutcome:
     steps: int  # steps completed in total (a resumed run counts the earlier ones)
     tokens: int
     final_loss: float | None
+
+
+def _loss_scale(scaler: torch.amp.GradScaler) -> torch.Tensor | None:
+    """The GradScaler's scale as a device tensor (``get_scale()`` would sync); None when off.
+
+    Read by operations queued before ``scaler.update()``, so they see this step's scale.
+    """
+    if not scaler.is_enabled():
+        return None
+    scale = getattr(scaler, "_scale", None)
+    return scale if isinstance(scale, torch.Tensor) else None
 
 
 class Trainer:
@@ -109,7 +122,7 @@ class Trainer:
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
         loss_sum, plan = self.batching.run(lambda p: self._accumulate(p, inputs, targets), cleanup=self._drop_grads)
         scaler = self.precision.scaler
-        norms = self.batching.pending_norms(loss_scale=scaler._get_scale_async() if scaler.is_enabled() else None)
+        norms = self.batching.pending_norms(loss_scale=_loss_scale(scaler))
         if self.precision.masters is not None:
             self.precision.masters.grads_to_masters()
         if self.config.train.grad_clip > 0:

@@ -24,9 +24,13 @@ def run_python(code: str, env: dict[str, str], timeout: float = 60) -> subproces
     )
 
 
-def start_worker(*, lease_s: float | None = None, queues: str = "default,cpu,gpu", pool: str = "solo",
+def start_worker(*, lease_s: float | None = None, queues: str = "default,cpu,gpu", pool: str = "prefork",
                  **extra_env: str):
-    """Start a real Celery worker on the test database and broker; return (process, name) once it answers."""
+    """Start a real Celery worker on the test database and broker; return (process, name) once it answers.
+
+    Prefork with one child, as deployed: the main process keeps answering control pings while
+    the child trains. The worker leads its own process group, so a test can kill it whole.
+    """
     import time
     import uuid
 
@@ -47,7 +51,7 @@ def start_worker(*, lease_s: float | None = None, queues: str = "default,cpu,gpu
     proc = subprocess.Popen(
         [sys.executable, "-m", "celery", "-A", "config.celery_app", "worker", "--pool", pool, "--concurrency", "1",
          "--queues", queues, "--hostname", name, "--without-gossip", "--without-mingle", "--loglevel", "WARNING"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -60,9 +64,16 @@ def start_worker(*, lease_s: float | None = None, queues: str = "default,cpu,gpu
 
 
 def stop_worker(proc) -> None:
+    import os
+    import signal
+
     proc.terminate()
     try:
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # whatever of the group is left, children included
+    except ProcessLookupError:
+        pass
+    proc.wait()

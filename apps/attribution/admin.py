@@ -1,6 +1,7 @@
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.db.models import OuterRef, Subquery
 from django.template.response import TemplateResponse
 
 from apps.attribution.models import (
@@ -80,13 +81,24 @@ class UnfreezeForm(forms.Form):
 class FrozenArmAdmin(admin.ModelAdmin):
     """Frozen arms, and the one way staff give them traffic again: unfreeze with a reason."""
 
-    list_display = ["name", "experiment", "state", "weight", "is_control"]
+    list_display = ["name", "experiment", "frozen_at", "frozen_because", "weight"]
     list_select_related = ["experiment"]
     search_fields = ["name", "experiment__name"]
     actions = ["unfreeze"]
 
     def get_queryset(self, request):
-        return super().get_queryset(request).filter(state=Arm.State.FROZEN)
+        last = FreezeEvent.objects.filter(arm=OuterRef("pk"), action=FreezeEvent.Action.FREEZE).order_by("-pk")
+        return (super().get_queryset(request).filter(state=Arm.State.FROZEN)
+                .annotate(frozen_at=Subquery(last.values("created_at")[:1]),
+                          frozen_because=Subquery(last.values("reason")[:1])))
+
+    @admin.display(description="frozen at", ordering="frozen_at")
+    def frozen_at(self, obj):
+        return obj.frozen_at
+
+    @admin.display(description="why (the evidence is in the freeze log)")
+    def frozen_because(self, obj):
+        return obj.frozen_because
 
     def get_readonly_fields(self, request, obj=None):
         return [f.name for f in Arm._meta.fields]

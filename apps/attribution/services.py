@@ -60,6 +60,7 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
 
     Single-flight: a tick that finds another running returns at once, and the next one finds
     nothing due that the first has covered. A fault in one experiment skips it with a reason.
+    A fixed number of queries whatever the number of experiments, plus one savepoint per freeze.
     """
     now = now or timezone.now()
     with transaction.atomic():
@@ -81,16 +82,9 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
         arms_of: dict[int, list[Arm]] = defaultdict(list)
         for arm in Arm.objects.filter(experiment_id__in=[e.pk for e in experiments]).order_by("pk"):
             arms_of[arm.experiment_id].append(arm)
-        unfrozen_after = selectors.unfreeze_epochs(experiment_ids=[e.pk for e in experiments])
-        epochs, restarted = {}, []
-        for experiment in experiments:
-            for arm in arms_of[experiment.pk]:
-                epochs[arm.pk] = previous.get(arm.pk, (None, 0))[1]
-                if unfrozen_after.get(arm.pk, 0) > epochs[arm.pk]:  # unfrozen since: its evidence starts over
-                    epochs[arm.pk] = experiment.last_number or 0
-                    restarted.append(arm.pk)
+        epochs, restarted = _epochs(experiments, arms_of, previous)
 
-        recorded = observations_record(window_ids=window_ids, restarted_arm_ids=restarted)
+        recorded = observations_record(window_ids=window_ids, restarted_arm_ids=sorted(restarted))
         result = TickResult(ran=True, windows=len(windows), observations=recorded)
         faults = selectors.pricing_faults(experiments=experiments, window_ids=window_ids, now=now)
         omitted = [run_id for _, run_ids in faults.values() for run_id in run_ids]
@@ -100,33 +94,20 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
 
         snapshots, freezes, moves = [], [], []
         for experiment, window in zip(experiments, windows, strict=True):
-            policy = policy_for(experiment)
-            inputs = []
-            for arm in arms_of[experiment.pk]:
-                base = ArmSums() if arm.pk in restarted else previous.get(arm.pk, (ArmSums(), 0))[0]
-                inputs.append(ArmInput(arm_id=arm.pk, name=arm.name, is_control=arm.is_control,
-                                       active=arm.state == Arm.State.ACTIVE, weight=arm.weight,
-                                       sums=base + deltas.get(arm.pk, ArmSums())))
-            verdict = _decide(experiment, inputs, policy)
-            reason = faults.get(experiment.pk, ("", []))[0] or verdict.skip_reason
-            if reason:
-                window.status, window.skip_reason = AttributionWindow.Status.SKIPPED, reason
-                result.skipped[experiment.pk] = reason
-            for arm in inputs:
-                arm_verdict = verdict.arms.get(arm.arm_id, ArmVerdict())
-                snapshot = snapshot_build(window=window, arm=arm, verdict=arm_verdict, policy=policy,
-                                          epoch_start=epochs[arm.arm_id], skip_reason=reason)
-                snapshots.append(snapshot)
-                if arm_verdict.freeze and not reason:
-                    freezes.append(_Freeze(arm.arm_id, window, snapshot, _freeze_reason(arm, arm_verdict),
-                                           policy.threshold,
-                                           full_evidence(arm_verdict, window, epochs[arm.arm_id])))
-            if not reason and verdict.weights:
-                moves += _weight_moves(inputs, verdict, window)
+            inputs = [ArmInput(arm_id=arm.pk, name=arm.name, is_control=arm.is_control,
+                               active=arm.state == Arm.State.ACTIVE, weight=arm.weight,
+                               sums=(ArmSums() if arm.pk in restarted else previous.get(arm.pk, (ArmSums(), 0))[0])
+                               + deltas.get(arm.pk, ArmSums()))
+                      for arm in arms_of[experiment.pk]]
+            fault = faults.get(experiment.pk, ("", []))[0]
+            s, f, m = _attribute(experiment, window, inputs, epochs, fault)
+            snapshots += s
+            freezes += f
+            moves += m
+            if window.skip_reason:
+                result.skipped[experiment.pk] = window.skip_reason
 
-        for f in freezes:
-            if _freeze_in_savepoint(f) is not None:
-                result.frozen.append(f.arm_id)
+        result.frozen = [f.arm_id for f in freezes if _freeze_in_savepoint(f) is not None]
         AttributionSnapshot.objects.bulk_create(snapshots)
         observed = RunWindow.objects.filter(window=OuterRef("pk")).values("window").annotate(n=Count("pk")).values("n")
         AttributionWindow.objects.filter(pk__in=window_ids).update(observations=Subquery(observed))
@@ -135,6 +116,40 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
             AttributionWindow.objects.bulk_update(skipped, ["status", "skip_reason"])
         result.weight_changes = weights_shift(moves=moves)
     return result
+
+
+def _epochs(experiments: list[Experiment], arms_of: dict, previous: dict) -> tuple[dict[int, int], set[int]]:
+    """Per arm, the window number its evidence counts after; and the arms unfrozen since the last window."""
+    unfrozen_after = selectors.unfreeze_epochs(experiment_ids=[e.pk for e in experiments])
+    epochs, restarted = {}, set()
+    for experiment in experiments:
+        for arm in arms_of[experiment.pk]:
+            epochs[arm.pk] = previous.get(arm.pk, (None, 0))[1]
+            if unfrozen_after.get(arm.pk, 0) > epochs[arm.pk]:  # its evidence starts over with this window
+                epochs[arm.pk] = experiment.last_number or 0
+                restarted.add(arm.pk)
+    return epochs, restarted
+
+
+def _attribute(experiment: Experiment, window: AttributionWindow, inputs: list[ArmInput], epochs: dict,
+               fault: str) -> tuple[list, list, list]:
+    """One experiment's window: its snapshots, the freezes and weight moves it decides (unsaved)."""
+    policy = policy_for(experiment)
+    verdict = _decide(experiment, inputs, policy)
+    reason = fault or verdict.skip_reason
+    if reason:
+        window.status, window.skip_reason = AttributionWindow.Status.SKIPPED, reason
+    snapshots, freezes = [], []
+    for arm in inputs:
+        arm_verdict = verdict.arms.get(arm.arm_id, ArmVerdict())
+        snapshot = snapshot_build(window=window, arm=arm, verdict=arm_verdict, policy=policy,
+                                  epoch_start=epochs[arm.arm_id], skip_reason=reason)
+        snapshots.append(snapshot)
+        if arm_verdict.freeze and not reason:
+            freezes.append(_Freeze(arm.arm_id, window, snapshot, _freeze_reason(arm, arm_verdict), policy.threshold,
+                                   full_evidence(arm_verdict, window, epochs[arm.arm_id])))
+    moves = _weight_moves(inputs, verdict, window) if not reason and verdict.weights else []
+    return snapshots, freezes, moves
 
 
 def _decide(experiment: Experiment, inputs: list[ArmInput], policy) -> ExperimentVerdict:

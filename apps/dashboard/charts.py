@@ -10,14 +10,14 @@ from django.utils import timezone
 
 from apps.attribution.models import AttributionSnapshot, FreezeEvent, WeightChange
 from apps.attribution.selectors import snapshot_series
-from apps.dashboard.series import RunSeries, epoch_ms, series_meta
+from apps.dashboard.series import EpochMs, RunSeries, epoch_ms, series_meta
 from apps.experiments.models import Arm, Experiment, Run
 
 # Telemetry charts of the experiment page (a run's page adds throughput and loss).
 EXPERIMENT_FIELDS = ("util_pct", "power_w", "step_time_s", "micro_batch")
 RUN_FIELDS = (*EXPERIMENT_FIELDS, "tokens_per_s", "loss")
 # Points per chart across all its runs; each run gets a share, within these bounds.
-CHART_POINTS = 4000
+CHART_POINTS = 2400
 RUN_BUDGET_MIN, RUN_BUDGET_MAX = 60, 600
 # Attribution windows drawn per arm; a longer timeline keeps every k-th window and the last.
 TIMELINE_POINTS = 1500
@@ -75,8 +75,8 @@ def attribution_json(*, experiment: Experiment, arms: list[Arm], now: datetime |
     """The deviation timeline (percent vs control, with its always-valid bounds), freeze and unfreeze
     markers, and each arm's traffic weight as a step line up to now. Three queries."""
     now = now or timezone.now()
-    snapshots = list(snapshot_series(experiment=experiment).values_list(
-        "arm_id", "window_end", "deviation", "deviation_low", "deviation_high", "weight"))
+    snapshots = list(snapshot_series(experiment=experiment).annotate(t=EpochMs("window_end")).values_list(
+        "arm_id", "t", "deviation", "deviation_low", "deviation_high", "weight"))
     by_arm: dict[int, list] = {}
     for row in snapshots:
         by_arm.setdefault(row[0], []).append(row)
@@ -87,13 +87,13 @@ def attribution_json(*, experiment: Experiment, arms: list[Arm], now: datetime |
         if arm.pk not in controls:
             points = [r for r in rows if r[2] is not None]
             deviation[str(arm.pk)] = {
-                "x": [epoch_ms(r[1]) for r in points], "y": [_pct(r[2]) for r in points],
+                "x": [int(r[1]) for r in points], "y": [_pct(r[2]) for r in points],
                 "lo": [_pct(r[3]) for r in points], "hi": [_pct(r[4]) for r in points],
             }
         weights[arm.pk] = [(r[1], float(r[5])) for r in rows]
 
     changes = (WeightChange.objects.filter(arm__experiment=experiment).order_by("created_at", "pk")
-               .values_list("arm_id", "created_at", "old_weight", "new_weight"))
+               .annotate(t=EpochMs("created_at")).values_list("arm_id", "t", "old_weight", "new_weight"))
     first_old: dict[int, float] = {}
     for arm_id, at, old, new in changes:
         first_old.setdefault(arm_id, float(old))
@@ -102,16 +102,18 @@ def attribution_json(*, experiment: Experiment, arms: list[Arm], now: datetime |
     for arm in arms:
         points = sorted(weights.get(arm.pk, []), key=lambda p: p[0])
         start = first_old.get(arm.pk, points[0][1] if points else float(arm.weight))
-        points = [(experiment.created_at, start), *points, (max(now, experiment.created_at), float(arm.weight))]
-        weights_json[str(arm.pk)] = {"x": [epoch_ms(t) for t, _ in points], "y": [w for _, w in points]}
+        created = epoch_ms(experiment.created_at)
+        points = [(created, start), *points, (max(epoch_ms(now), created), float(arm.weight))]
+        weights_json[str(arm.pk)] = {"x": [int(t) for t, _ in points], "y": [w for _, w in points]}
 
     last_dev = {arm_id: rows[-1][2] for arm_id, rows in by_arm.items() if rows and rows[-1][2] is not None}
     threshold = float(experiment.freeze_threshold)
     freezes = [
-        {"arm": arm_id, "action": action, "x": epoch_ms(at), "reason": reason,
+        {"arm": arm_id, "action": action, "x": int(at), "reason": reason,
          "y": _pct(dev if dev is not None else last_dev.get(arm_id, threshold))}
         for arm_id, action, at, dev, reason in FreezeEvent.objects.filter(experiment=experiment)
-        .order_by("created_at", "pk").values_list("arm_id", "action", "created_at", "deviation", "reason")
+        .order_by("created_at", "pk").annotate(t=EpochMs("created_at"))
+        .values_list("arm_id", "action", "t", "deviation", "reason")
     ]
     return {
         "threshold_pct": _pct(threshold), "deviation": deviation, "freezes": freezes, "weights": weights_json,

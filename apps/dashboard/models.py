@@ -4,6 +4,7 @@ Downsampling a million samples per page view is too slow in SQL window functions
 seconds); rolling each settled block of SEQS samples up once, and charting from the blocks,
 makes a page's cost depend on the number of blocks, not of samples. A block is written once
 every sample in it is settled (seq <= the run's priced_seq) and never changes after.
+Changing SEQS needs a migration that empties the table (the blocks are rebuilt on the next views).
 """
 
 from django.db import models
@@ -21,7 +22,7 @@ def _stat() -> models.FloatField:
 class SeriesBlock(models.Model):
     """Samples with seq in [block * SEQS, (block + 1) * SEQS) of one run, summarised."""
 
-    SEQS = 16
+    SEQS = 64
 
     id = models.BigAutoField(primary_key=True)
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+")

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from django.db import connection
-from django.db.models import Q
-from django.utils.dateparse import parse_datetime
+from django.db.models import FloatField, Func
 
 from apps.dashboard.models import CHART_FIELDS, SeriesBlock
 from apps.dashboard.services import series_blocks_refresh
@@ -22,11 +21,11 @@ from apps.experiments.models import Run
 from apps.telemetry.models import TelemetrySample
 from apps.telemetry.selectors import SERIES_UNITS, samples_downsampled
 
-# A run with at most this many samples is charted from its raw samples (no blocks needed).
-RAW_MAX = 1024
-# Samples of a run past its last block are read raw; beyond this many (pricing stuck behind a
-# gap), only the latest are: the chart shows the gap rather than the page slowing down.
-TAIL_MAX = 4 * RAW_MAX
+# A run with at most this many samples is bucketed straight from its samples (no blocks needed).
+RAW_MAX = 8192
+# Samples of a run past its last block are read from the samples; beyond this many (pricing
+# stuck behind a gap), only the latest are: the chart shows a gap rather than the page slowing.
+TAIL_MAX = RAW_MAX
 # Live polls re-read this much before the cursor, so a batch that lands late is not missed.
 LIVE_OVERLAP_S = 10.0
 LIVE_BUDGET = 200
@@ -41,15 +40,27 @@ def epoch_ms(ts: datetime) -> int:
     return int(ts.timestamp() * 1000)
 
 
-def _aware(value) -> datetime:
-    if isinstance(value, str):
-        value = parse_datetime(value)
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
+def epoch_ms_sql(column: str) -> str:
+    """SQL for a timestamp column as ms since the epoch: charts need numbers, and parsing thousands
+    of timestamps in Python costs more than the query."""
+    if connection.vendor == "postgresql":
+        return f"(EXTRACT(EPOCH FROM {column}) * 1000)"
+    return f"((julianday({column}) - 2440587.5) * 86400000.0)"  # SQLite stores UTC text
+
+
+class EpochMs(Func):
+    """A DateTimeField as ms since the epoch, computed by the database."""
+
+    output_field = FloatField()
+
+    def as_sql(self, compiler, connection, **extra):
+        column, params = compiler.compile(self.source_expressions[0])
+        return epoch_ms_sql(column), params
 
 
 def _num(value: float) -> float:
-    """Five significant digits: enough for a chart, a third of the JSON."""
-    return float(f"{value:.5g}")
+    """Four decimals: enough for a chart (0.1 ms of step time), a third of the JSON."""
+    return round(value, 4)
 
 
 @dataclass
@@ -70,27 +81,6 @@ class Band:
 
 
 @dataclass
-class _Bucket:
-    """Samples summarised: first/last timestamp and, per field, (min, max, sum, count)."""
-
-    first: datetime
-    last: datetime
-    stats: dict[str, tuple[float, float, float, int]]
-    estimated: bool = False
-
-    def merge(self, other: _Bucket) -> _Bucket:
-        stats = dict(self.stats)
-        for f, (lo, hi, total, n) in other.stats.items():
-            if f in stats:
-                a = stats[f]
-                stats[f] = (min(a[0], lo), max(a[1], hi), a[2] + total, a[3] + n)
-            else:
-                stats[f] = (lo, hi, total, n)
-        return _Bucket(min(self.first, other.first), max(self.last, other.last), stats,
-                       self.estimated or other.estimated)
-
-
-@dataclass
 class RunSeries:
     """series[run_id][field] -> Band; estimated: runs with modelled power/energy."""
 
@@ -101,87 +91,74 @@ class RunSeries:
         return {f: {str(r): bands[f].as_json() for r, bands in self.series.items() if bands[f].x} for f in fields}
 
 
-def _reduce(buckets: list[_Bucket], fields: tuple[str, ...], budget: int) -> dict[str, Band]:
-    """Merge consecutive buckets into at most `budget` points per field."""
-    size = max(1, math.ceil(len(buckets) / budget))
-    bands = {f: Band() for f in fields}
-    for i in range(0, len(buckets), size):
-        group = buckets[i]
-        for b in buckets[i + 1:i + size]:
-            group = group.merge(b)
-        x = epoch_ms(group.first + (group.last - group.first) / 2)
-        for f in fields:
-            if f in group.stats:
-                lo, hi, total, n = group.stats[f]
-                bands[f].add(x, total / n, lo, hi)
-    return bands
-
-
-def _blocks(upto: dict[int, int], fields: tuple[str, ...], budget: int) -> dict[int, list[_Bucket]]:
-    """Each run's blocks below upto[run], pre-merged in SQL to about `budget` groups."""
-    wanted = {run_id: seq for run_id, seq in upto.items() if seq > 0}
-    if not wanted:
-        return {}
-    merge = {run_id: max(1, math.ceil(seq / SeriesBlock.SEQS / budget)) for run_id, seq in wanted.items()}
-    cols = ", ".join(f"MIN(b.{f}_min), MAX(b.{f}_max), SUM(b.{f}_sum), SUM(b.{f}_n)" for f in fields)
-    values = ", ".join(["(CAST(%s AS BIGINT), CAST(%s AS BIGINT), CAST(%s AS BIGINT))"] * len(wanted))
-    sql = (f"WITH k(run_id, k, upto) AS (VALUES {values}) "
-           f"SELECT b.run_id, b.block / k.k, MIN(b.ts_first), MAX(b.ts_last), MAX(CASE WHEN b.estimated THEN 1 ELSE 0 END), "
-           f"{cols} FROM {SeriesBlock._meta.db_table} b JOIN k ON b.run_id = k.run_id "
-           f"WHERE b.block * {SeriesBlock.SEQS} < k.upto GROUP BY b.run_id, b.block / k.k ORDER BY 1, 2")
-    params = [v for run_id, seq in wanted.items() for v in (run_id, merge[run_id], seq)]
-    out: dict[int, list[_Bucket]] = {}
+def _bucket_rows(sql: str, params: list, fields: tuple[str, ...], series: RunSeries) -> None:
+    """Add rows of (run_id, group, first ms, last ms, estimated, then min, max, sum, count per field)."""
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        for row in cursor.fetchall():
-            stats = {}
-            for i, f in enumerate(fields):
-                lo, hi, total, n = row[5 + 4 * i:9 + 4 * i]
-                if n:
-                    stats[f] = (float(lo), float(hi), float(total), int(n))
-            out.setdefault(row[0], []).append(_Bucket(_aware(row[2]), _aware(row[3]), stats, bool(row[4])))
-    return out
+        rows = cursor.fetchall()
+    for row in rows:
+        run_id = row[0]
+        bands = series.series[run_id]
+        x = int((row[2] + row[3]) / 2)
+        if row[4]:
+            series.estimated.add(run_id)
+        for i, f in enumerate(fields):
+            lo, hi, total, n = row[5 + 4 * i:9 + 4 * i]
+            if n:
+                bands[f].add(x, total / n, lo, hi)
 
 
-def _raw(starts: dict[int, int], fields: tuple[str, ...]) -> tuple[dict[int, list[_Bucket]], set[int]]:
-    """Samples of each run from seq starts[run] on, one bucket each, in seq order."""
-    if not starts:
-        return {}, set()
-    where = Q()
-    for run_id, seq in starts.items():
-        where |= Q(run_id=run_id, seq__gte=seq)
-    rows = (TelemetrySample.objects.filter(where).order_by("run_id", "seq")
-            .values_list("run_id", "ts", "estimated", *fields))
-    out: dict[int, list[_Bucket]] = {}
-    estimated = set()
-    for run_id, ts, est, *values in rows:
-        stats = {f: (v, v, v, 1) for f, v in zip(fields, values, strict=True) if v is not None}
-        out.setdefault(run_id, []).append(_Bucket(ts, ts, stats))
-        if est:
-            estimated.add(run_id)
-    return out, estimated
+def _block_buckets(wanted: dict[int, tuple[int, int]], fields: tuple[str, ...], series: RunSeries) -> None:
+    """wanted[run] = (upto seq, blocks per bucket): the run's blocks below upto, merged in SQL."""
+    cols = ", ".join(f"MIN({f}_min), MAX({f}_max), SUM({f}_sum), SUM({f}_n)" for f in fields)
+    # One SELECT per run, so each reads its own range of the (run, block) index.
+    per_run = (f"SELECT run_id, block / %s, {epoch_ms_sql('MIN(ts_first)')}, {epoch_ms_sql('MAX(ts_last)')}, "
+               "MAX(CASE WHEN estimated THEN 1 ELSE 0 END), "
+               f"{cols} FROM {SeriesBlock._meta.db_table} WHERE run_id = %s AND block < %s GROUP BY 1, 2")
+    _union(per_run, [(k, run_id, upto // SeriesBlock.SEQS) for run_id, (upto, k) in wanted.items()], fields, series)
+
+
+def _sample_buckets(wanted: dict[int, tuple[int, int]], fields: tuple[str, ...], series: RunSeries) -> None:
+    """wanted[run] = (first seq, seqs per bucket): the run's samples from first seq on, grouped in SQL."""
+    cols = ", ".join(f"MIN({f}), MAX({f}), SUM({f}), COUNT({f})" for f in fields)
+    per_run = (f"SELECT run_id, (seq - %s) / %s, {epoch_ms_sql('MIN(ts)')}, {epoch_ms_sql('MAX(ts)')}, "
+               "MAX(CASE WHEN estimated THEN 1 ELSE 0 END), "
+               f"{cols} FROM {TelemetrySample._meta.db_table} WHERE run_id = %s AND seq >= %s GROUP BY 1, 2")
+    _union(per_run, [(lo, k, run_id, lo) for run_id, (lo, k) in wanted.items()], fields, series)
+
+
+def _union(per_run: str, params: list[tuple], fields: tuple[str, ...], series: RunSeries) -> None:
+    if params:
+        sql = " UNION ALL ".join(f"SELECT * FROM ({per_run}) AS q{i}" for i in range(len(params))) + " ORDER BY 1, 2"
+        _bucket_rows(sql, [v for p in params for v in p], fields, series)
 
 
 def run_series(*, runs: list[Run], fields: tuple[str, ...], budget: int) -> RunSeries:
-    """Each run's whole history of these fields, at most `budget` points per run and field.
+    """Each run's whole history of these fields in about `budget` points per run and field.
 
-    Constant in the number of samples: a run past RAW_MAX samples is read from its blocks
-    (rolled up here first, incrementally) plus its raw tail. About five queries in all.
+    The cost depends on blocks, not samples: a run past RAW_MAX samples is read from its blocks
+    (rolled up here first, incrementally), merged to `budget` buckets, plus its recent tail in
+    up to budget/4 more; a smaller run is bucketed straight from its samples. Four queries.
     """
     unknown = [f for f in fields if f not in CHART_FIELDS]
     if unknown:
         raise ValueError(f"fields: {unknown[0]} is not a charted series ({', '.join(CHART_FIELDS)})")
     big = [r for r in runs if r.last_seq + 1 > RAW_MAX]
     upto = series_blocks_refresh(runs=big)
-    blocks = _blocks(upto, fields, budget)
-    starts = {r.pk: max(upto.get(r.pk, 0), r.last_seq + 1 - TAIL_MAX, 0) for r in runs if r.last_seq >= 0}
-    raw, estimated = _raw(starts, fields)
-    out = RunSeries(series={}, estimated=estimated | {r.pk for r in runs if r.energy_estimated})
+    blocks, samples = {}, {}
     for run in runs:
-        history = blocks.get(run.pk, [])
-        if any(b.estimated for b in history):
-            out.estimated.add(run.pk)
-        out.series[run.pk] = _reduce(history + raw.get(run.pk, []), fields, budget)
+        if run.last_seq < 0:
+            continue
+        rolled = upto.get(run.pk, 0)
+        if rolled > 0:
+            blocks[run.pk] = (rolled, max(1, math.ceil(rolled / SeriesBlock.SEQS / budget)))
+        first = max(rolled, run.last_seq + 1 - TAIL_MAX, 0)
+        points = budget if rolled == 0 else max(1, budget // 4)
+        samples[run.pk] = (first, max(1, math.ceil((run.last_seq + 1 - first) / points)))
+    out = RunSeries(series={r.pk: {f: Band() for f in fields} for r in runs},
+                    estimated={r.pk for r in runs if r.energy_estimated})
+    _block_buckets(blocks, fields, out)  # history first: rows arrive in time order per run
+    _sample_buckets(samples, fields, out)
     return out
 
 

@@ -65,7 +65,13 @@ def spy(monkeypatch):
     return built
 
 
-def test_dynamic_batching_moves_the_micro_batch_by_the_rule_within_bounds(config, spy):
+def test_dynamic_batching_moves_the_micro_batch_by_the_rule_within_bounds(config, spy, monkeypatch):
+    from gpu_runtime.strategies.accumulation import GradientNormTracker
+
+    def no_sync_of_its_own(self):
+        raise AssertionError("the runtime reads the norms with the loss, never through step_stats' own sync")
+
+    monkeypatch.setattr(GradientNormTracker, "step_stats", no_sync_of_its_own)
     samples = []
     window = 2
     result = train(config(optimizer=dynamic(stability_window=window), train={"steps": 8}), sink=samples.append)

@@ -51,7 +51,7 @@ def test_sigkill_mid_run_is_swept_lost_then_retried_and_billed_once(django_db_se
     try:
         run = run_submit(experiment=exp)
         wait_for(lambda: TelemetrySample.objects.filter(run=run).count() >= 3, 120, "telemetry from worker A")
-        os.kill(doomed.pid, signal.SIGKILL)
+        os.killpg(doomed.pid, signal.SIGKILL)  # the worker and its pool child, at once
         doomed.wait(10)
         run.refresh_from_db()
         assert run.status == "running"  # nobody has said otherwise yet: the lease will

@@ -20,7 +20,7 @@ def test_sigterm_requeues_the_run_at_a_step_boundary_and_the_worker_exits(django
     price = GpuPriceFactory()
     exp = ExperimentFactory(tenant=price.pricing_table.tenant, status="active")
     ArmFactory(experiment=exp, name="control", is_control=True, strategy_yaml=LONG)
-    worker, _ = start_worker(pool="prefork")
+    worker, _ = start_worker()
     try:
         run = run_submit(experiment=exp)
         wait_for(lambda: TelemetrySample.objects.filter(run=run).count() >= 3, 120, "telemetry")

@@ -302,3 +302,37 @@ def test_statistics_cost_at_most_two_percent_of_step_time(one_torch_thread):
         model.zero_grad(set_to_none=True)
     share = min(stats[1:]) / min(steps[1:])  # the first step warms the allocator and caches
     assert 0 < share <= 0.02, f"statistics took {share:.2%} of a step ({min(steps[1:]) * 1e3:.0f} ms)"
+
+
+def test_reconfigure_clamps_into_new_bounds_at_once_and_keeps_what_was_learnt():
+    s = scaler(initial_micro_batch=16, stability_window=3)
+    s.on_out_of_memory()  # 16 -> 8, and nothing above 15 again
+    s.reconfigure(min_micro_batch=4, max_micro_batch=4, stability_window=1)
+    assert s.micro_batch == 4 and s.events[-1].kind == "bounds" and s.stability_window == 1
+    s.reconfigure(min_micro_batch=4, max_micro_batch=64, stability_window=1)
+    assert s.micro_batch == 4 and s.max_micro_batch == 32  # the noise-scale policy keeps two micro-batches
+    assert max(s._candidates()) == 8  # the out-of-memory limit survives a wider max (16 failed)
+    with pytest.raises(ValueError, match="min_micro_batch"):
+        s.reconfigure(min_micro_batch=8, max_micro_batch=4, stability_window=1)
+
+
+def test_pending_norms_read_later_give_the_same_stats_as_step_stats():
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1)
+    x = torch.randn(16, 8)
+    plan = plan_accumulation(16, 4)
+    results = []
+    for read_later in (False, True):
+        tracker = GradientNormTracker(model.parameters())
+        for i in range(plan.accumulation_steps):
+            (model(x[4 * i:4 * i + 4]).square().mean() * plan.loss_weight(i)).backward()
+            tracker.after_micro_batch(plan, i)
+        if read_later:
+            pair = tracker.pending_sq_norms(divide_by=torch.tensor(4.0))
+            results.append(tracker.stats_from(*(pair * 4).tolist()))
+        else:
+            results.append(tracker.step_stats())
+        model.zero_grad(set_to_none=True)
+    assert results[0].small_sizes == results[1].small_sizes and results[0].big_size == results[1].big_size
+    assert results[0].big_sq_norm == pytest.approx(results[1].big_sq_norm)
+    assert results[0].small_sq_norms == pytest.approx(results[1].small_sq_norms)

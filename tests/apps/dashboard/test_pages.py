@@ -1,0 +1,179 @@
+"""What each page says: numbers with units, estimated figures marked, empty states explained."""
+
+import json
+import re
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from apps.attribution.models import AttributionWindow
+from apps.attribution.report import experiment_report
+from apps.attribution.services import arm_freeze, attribution_tick
+from apps.dashboard.templatetags.dashboard_format import usd
+from apps.experiments.models import Run
+from tests.apps.dashboard.world import run_of, train
+from tests.factories import ExperimentFactory, GpuPriceFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def text(response) -> str:
+    """The page as a person reads it: tags and the embedded chart data dropped, whitespace collapsed."""
+    html = re.sub(r'<script id="dashboard-data".*?</script>', "", response.content.decode(), flags=re.S)
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+
+
+def row(response, arm_id: int, table: str = "comparison-measured") -> str:
+    html = response.content.decode()
+    table_html = html[html.index(f'id="{table}"'):]
+    start = table_html.index(f'data-arm="{arm_id}"')
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", table_html[start:table_html.index("</tr>", start)]))
+
+
+def chart_data(response) -> dict:
+    match = re.search(r'<script id="dashboard-data" type="application/json">(.*?)</script>', response.content.decode(), re.S)
+    return json.loads(match.group(1))
+
+
+@pytest.fixture
+def trained(w):
+    """Two finished runs per arm; the control's energy modelled (estimated), the candidate's measured."""
+    for arm, estimated in ((w.control, True), (w.candidate, False)):
+        for _ in range(2):
+            train(run_of(arm), n=60, estimated=estimated, power_w=300.0 if arm == w.control else 360.0)
+    return w
+
+
+def test_experiment_list_shows_state_arms_spend_attribution_and_frozen_arms(member, trained):
+    w = trained
+    page = text(member.get(reverse("dashboard:experiments")))
+    spend = sum(r.cost_usd for r in Run.objects.filter(experiment=w.experiment))
+    assert w.experiment.name in page and "Active" in page
+    assert re.search(r"baseline control\s*,\s*optimized", page)
+    assert f"{usd(spend)} est." in page, "spend includes modelled energy: marked"
+    assert "not yet run" in page and "Frozen arms" in page
+
+    attribution_tick(now=timezone.now())
+    arm_freeze(arm_id=w.candidate.pk, reason="test", evidence={})
+    page = text(member.get(reverse("dashboard:experiments")))
+    assert "not yet run" not in page and "ago" in page
+    assert re.search(r"ago\s+optimized", page), "the frozen arm is listed"
+
+
+def test_experiment_list_empty_state(member, w):
+    w.experiment.delete()
+    assert "No experiments yet" in text(member.get(reverse("dashboard:experiments")))
+
+
+def test_comparison_table_has_every_figure_with_its_unit(member, trained):
+    w = trained
+    response = member.get(reverse("dashboard:experiment", args=[w.experiment.pk]))
+    assert response.status_code == 200
+    report = {a.arm_id: a for a in experiment_report(experiment=w.experiment).arms}
+    for arm in (w.control, w.candidate):
+        cells = row(response, arm.pk)
+        figures = report[arm.pk]
+        assert arm.name in cells and "active" in cells
+        assert usd(figures.total_usd) in cells and usd(figures.electricity_usd) in cells
+        assert "GPU·h" in cells and "kWh" in cells and "USD/1M tok" in cells
+        assert re.search(r"\d+ min \d+ s|\d+(\.\d+)? s", cells), "completion time with its unit"
+        projected = row(response, arm.pk, "comparison-projected")
+        assert f"≈ {usd(figures.projected.total_usd)}" in projected
+    assert "est." in row(response, w.control.pk) and "est." not in row(response, w.candidate.pk)
+    assert "control (0 %)" in row(response, w.control.pk)
+    assert "%" in row(response, w.candidate.pk).split("USD/1M tok")[-1], "deviation vs control in %"
+
+
+def test_without_target_steps_the_projection_says_how_to_get_one(member, trained):
+    trained.experiment.target_steps = None
+    trained.experiment.save()
+    page = text(member.get(reverse("dashboard:experiment", args=[trained.experiment.pk])))
+    assert "Set a target number of steps" in page
+
+
+def test_empty_experiment_says_no_runs_yet_and_charts_are_empty(member, w):
+    response = member.get(reverse("dashboard:experiment", args=[w.experiment.pk]))
+    page = text(response)
+    assert "No runs yet" in page and f"costlab submit --experiment {w.experiment.pk}" in page
+    assert chart_data(response)["telemetry"]["series"] == {f: {} for f in ("util_pct", "power_w", "step_time_s", "micro_batch")}
+
+
+def test_attribution_not_yet_run_then_the_timeline_fills(member, trained):
+    w = trained
+    url = reverse("dashboard:experiment", args=[w.experiment.pk])
+    assert "Attribution not yet run" in text(member.get(url))
+    attribution_tick(now=timezone.now())
+    response = member.get(url)
+    assert "Attribution not yet run" not in text(response)
+    deviation = chart_data(response)["attribution"]["deviation"]
+    assert list(deviation) == [str(w.candidate.pk)], "the control has no deviation line"
+    assert len(deviation[str(w.candidate.pk)]["x"]) == 1
+
+
+def test_a_skipped_attribution_says_why(member, trained):
+    window = AttributionWindow.objects.create(experiment=trained.experiment, number=1, window_end=timezone.now(),
+                                              status=AttributionWindow.Status.SKIPPED,
+                                              skip_reason="pricing_table: no table in force")
+    page = text(member.get(reverse("dashboard:experiment", args=[trained.experiment.pk])))
+    assert f"Latest attribution (window {window.number}) was skipped" in page and "no table in force" in page
+
+
+def test_worker_offline_when_runs_wait_and_no_worker_reports(member, w):
+    queued = run_of(w.control, status=Run.Status.QUEUED, started_at=None)
+    Run.objects.filter(pk=queued.pk).update(queued_at=timezone.now() - timedelta(minutes=3))
+    url = reverse("dashboard:experiment", args=[w.experiment.pk])
+    page = text(member.get(url))
+    assert "Worker offline" in page and "1 run(s) queued, the oldest for 3 min" in page
+    assert "Worker offline" in text(member.get(reverse("dashboard:run", args=[queued.pk])))
+
+    run_of(w.candidate, status=Run.Status.RUNNING)  # a worker heartbeating now: busy, not offline
+    page = text(member.get(url))
+    assert "Worker offline" not in page and "Workers are busy" in page
+
+
+def test_a_fresh_queue_is_not_an_alarm(member, w):
+    run_of(w.control, status=Run.Status.QUEUED, started_at=None)
+    page = text(member.get(reverse("dashboard:experiment", args=[w.experiment.pk])))
+    assert "Worker offline" not in page and "Workers are busy" not in page
+
+
+def test_run_page_shows_config_provenance_and_cost_breakdown(member, w):
+    run = train(run_of(w.candidate, git_sha="abc1234", host="gpu-7", device="cuda:0 NVIDIA H100"), n=30,
+                estimated=True)
+    response = member.get(reverse("dashboard:run", args=[run.pk]))
+    page = text(response)
+    assert "abc1234" in page and "gpu-7" in page and "cuda:0 NVIDIA H100" in page
+    assert "preset: tiny" in page
+    breakdown = run.cost_breakdown
+    for key in ("energy_usd", "cpu_usd", "memory_usd", "used_usd", "idle_usd", "total_usd"):
+        assert usd(breakdown[key]) in page, key
+    assert "kWh" in page and "est." in page
+    data = chart_data(response)
+    assert data["cost"]["energy_estimated"] is True
+    assert set(data["telemetry"]["series"]) == {"util_pct", "power_w", "step_time_s", "micro_batch",
+                                                "tokens_per_s", "loss"}
+    assert len(data["telemetry"]["series"]["util_pct"][str(run.pk)]["x"]) == 30
+
+
+def test_pricing_page_shows_the_table_in_force_and_labels_example_prices(member, w):
+    table = w.experiment.tenant.pricing_tables.get()
+    GpuPriceFactory(pricing_table=table)
+    later = table.__class__.objects.create(tenant=table.tenant, name="Next quarter", valid_from=timezone.now() + timedelta(days=30),
+                                           electricity_usd_per_kwh=1)
+    page = text(member.get(reverse("dashboard:pricing")))
+    assert f"{table.name} example prices" in page and "Example prices." in page
+    assert "USD/kWh" in page and "USD per GPU-hour" in page and "USD per vCPU-hour" in page
+    assert f"{later.name}: from" in page and "upcoming" in page
+
+
+def test_pricing_page_without_a_table_in_force(member, w):
+    w.experiment.tenant.pricing_tables.update(valid_from=datetime(2099, 1, 1, tzinfo=UTC))
+    assert "No pricing table in force" in text(member.get(reverse("dashboard:pricing")))
+
+
+def test_names_are_escaped(member, w):
+    ExperimentFactory(tenant=w.experiment.tenant, name='<script>alert("x")</script>')
+    html = member.get(reverse("dashboard:experiments")).content.decode()
+    assert '<script>alert("x")' not in html and "&lt;script&gt;alert" in html

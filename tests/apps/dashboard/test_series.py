@@ -1,0 +1,97 @@
+"""Chart series: whole history within a point budget, peaks kept, settled blocks rolled up once."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from apps.dashboard.models import SeriesBlock
+from apps.dashboard.series import RAW_MAX, live_series, run_series
+from apps.dashboard.services import series_blocks_refresh
+from apps.experiments.models import Run
+from apps.telemetry.models import TelemetrySample
+from tests.apps.dashboard.world import run_of, train
+
+pytestmark = pytest.mark.django_db
+T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+FIELDS = ("util_pct", "power_w")
+
+
+def stored(run: Run, n: int, *, priced: int, spike_at: int | None = None, estimated_from: int | None = None) -> Run:
+    """n samples stored directly (fast), the first `priced` of them settled by pricing."""
+    TelemetrySample.objects.bulk_create([
+        TelemetrySample(run=run, seq=i, ts=T0 + timedelta(seconds=i), util_pct=100.0 if i == spike_at else 50.0 + i % 10,
+                        power_w=300.0, estimated=estimated_from is not None and i >= estimated_from)
+        for i in range(n)], batch_size=5000)
+    Run.objects.filter(pk=run.pk).update(last_seq=n - 1, priced_seq=priced - 1)
+    run.refresh_from_db()
+    return run
+
+
+def test_a_short_run_is_drawn_sample_by_sample(w):
+    run = train(run_of(w.control), n=40, util=61.0)
+    band = run_series(runs=[run], fields=FIELDS, budget=100).series[run.pk]["util_pct"]
+    assert len(band.x) == 40 and band.y == band.lo == band.hi == [61.0] * 40
+    assert band.x == sorted(band.x)
+    assert not SeriesBlock.objects.exists(), "no blocks for a run this small"
+
+
+def test_a_run_over_budget_is_bucketed_and_keeps_its_peak(w):
+    run = stored(run_of(w.control), 1000, priced=1000, spike_at=777)
+    band = run_series(runs=[run], fields=FIELDS, budget=100).series[run.pk]["util_pct"]
+    assert 90 <= len(band.x) <= 100
+    assert max(band.hi) == 100.0 and min(band.lo) == 50.0, "min/max band keeps extremes"
+    assert max(band.y) < 100.0, "the mean line is a mean"
+    assert band.x[0] >= int(T0.timestamp() * 1000) and band.x == sorted(band.x)
+
+
+def test_a_long_run_is_drawn_from_blocks_of_settled_samples(w):
+    n, priced = RAW_MAX + 5000, RAW_MAX + 1000
+    run = stored(run_of(w.control), n, priced=priced, spike_at=123, estimated_from=n - 10)
+    series = run_series(runs=[run], fields=FIELDS, budget=200)
+    blocks = SeriesBlock.objects.filter(run=run)
+    assert blocks.count() == priced // SeriesBlock.SEQS, "only whole blocks of settled samples"
+    assert blocks.order_by("-block").first().block == priced // SeriesBlock.SEQS - 1
+    assert sum(blocks.values_list("samples", flat=True)) == priced // SeriesBlock.SEQS * SeriesBlock.SEQS
+    band = series.series[run.pk]["util_pct"]
+    assert len(band.x) <= 200 + 200 // 4
+    assert max(band.hi) == 100.0, "a one-sample peak survives the rollup"
+    span_ms = (n - 1) * 1000
+    assert band.x[-1] - band.x[0] > 0.99 * span_ms, "history and tail together cover the whole run"
+    assert run.pk in series.estimated, "an estimated sample in the tail marks the run"
+
+
+def test_blocks_are_rolled_up_once_and_then_incrementally(w):
+    run = stored(run_of(w.control), RAW_MAX + 640, priced=RAW_MAX + 640)
+    upto = series_blocks_refresh(runs=[run])
+    count = SeriesBlock.objects.filter(run=run).count()
+    assert upto[run.pk] == count * SeriesBlock.SEQS
+    with CaptureQueriesContext(connection) as queries:
+        assert series_blocks_refresh(runs=[run]) == upto
+    assert len(queries) == 1, "nothing new: one indexed read, no insert"
+    more = [TelemetrySample(run=run, seq=run.last_seq + 1 + i, ts=T0, util_pct=1.0) for i in range(SeriesBlock.SEQS)]
+    TelemetrySample.objects.bulk_create(more)
+    Run.objects.filter(pk=run.pk).update(last_seq=run.last_seq + SeriesBlock.SEQS, priced_seq=run.priced_seq + SeriesBlock.SEQS)
+    run.refresh_from_db()
+    assert series_blocks_refresh(runs=[run])[run.pk] == upto[run.pk] + SeriesBlock.SEQS
+    assert SeriesBlock.objects.filter(run=run).count() == count + 1
+
+
+def test_live_series_returns_only_samples_since_the_cursor(w):
+    run = stored(run_of(w.control), 100, priced=100)
+    since = T0 + timedelta(seconds=80)
+    band = live_series(runs=[run], fields=FIELDS, since=since).series[run.pk]["util_pct"]
+    first = int((since - timedelta(seconds=10)).timestamp() * 1000)  # the overlap re-reads 10 s
+    assert band.x[0] == first and len(band.x) == 30
+    assert band.y == band.lo == band.hi
+
+
+def test_runs_without_samples_have_empty_series(w):
+    run = run_of(w.control, status=Run.Status.QUEUED)
+    assert run_series(runs=[run], fields=FIELDS, budget=100).as_json(FIELDS) == {"util_pct": {}, "power_w": {}}
+
+
+def test_unknown_fields_are_refused(w):
+    with pytest.raises(ValueError, match="mfu"):
+        run_series(runs=[], fields=("mfu",), budget=10)
