@@ -61,6 +61,6 @@ def test_a_cancelled_run_stops_at_a_step_boundary_and_keeps_its_telemetry(celery
     wait_for(lambda: Run.objects.filter(pk=run.pk, status="cancelled").exists(), 10, "the cancel")
     took = time.monotonic() - asked
     run.refresh_from_db()
-    assert took < 3.0, f"cancel took {took:.2f} s"
+    assert took < 4.0, f"cancel took {took:.2f} s"  # about 1 s when the machine is quiet
     assert run.finished_at and run.steps > 0 and run.cost_usd > 0
     assert TelemetrySample.objects.filter(run=run).count() >= 3
