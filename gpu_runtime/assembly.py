@@ -103,9 +103,12 @@ def assemble_model(model: Transformer, config: StrategyConfig, device: torch.dev
     report: dict[str, Any] = {}
     if config.offload.embedding == "cpu":
         names = offload_embeddings(model, target="cpu", names=["tok_embeddings"])
-        report["offload.embedding"] = {"modules": names, "table_device": "cpu"}
     model.to(device)
     cast_storage(model, config.precision.storage_dtype)
+    if config.offload.embedding == "cpu":
+        table = model.get_submodule(names[0]).weight
+        report["offload.embedding"] = {"modules": names, "table_device": str(table.device),
+                                       "table_bytes": table.nbytes}
     quant = config.precision.quantization
     if quant.enabled:
         q = quantize_for_lora(model, target_modules=list(quant.target_modules), weight_bits=quant.weight_bits,
@@ -119,6 +122,7 @@ def assemble_model(model: Transformer, config: StrategyConfig, device: torch.dev
     if checkpointing.enabled:
         report["memory.gradient_checkpointing"] = _measure_checkpointing(
             model, precision, sample, checkpointing.every_n_blocks, device)
+        # the measurement leaves it applied; said again here so the strategy never rests on a side effect
         apply_gradient_checkpointing(model.blocks, every_n_blocks=checkpointing.every_n_blocks)
     if config.kernels.fused_rmsnorm_qkv:
         backend = fused_backend(device)

@@ -71,7 +71,8 @@ def attribution_version(*, experiment: Experiment) -> str:
     return f"{s or 0}.{f or 0}.{w or 0}.{epoch_ms(a) if a else 0}"
 
 
-def attribution_json(*, experiment: Experiment, arms: list[Arm], now: datetime | None = None) -> dict:
+def attribution_json(*, experiment: Experiment, arms: list[Arm], now: datetime | None = None,
+                     version: str | None = None) -> dict:
     """The deviation timeline (percent vs control, with its always-valid bounds), freeze and unfreeze
     markers, and each arm's traffic weight as a step line up to now. Three queries."""
     now = now or timezone.now()
@@ -118,7 +119,7 @@ def attribution_json(*, experiment: Experiment, arms: list[Arm], now: datetime |
     return {
         "threshold_pct": _pct(threshold), "deviation": deviation, "freezes": freezes, "weights": weights_json,
         "arms": {str(a.pk): {"state": a.state, "weight": float(a.weight)} for a in arms},
-        "version": attribution_version(experiment=experiment),
+        "version": version or attribution_version(experiment=experiment),
     }
 
 

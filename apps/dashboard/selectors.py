@@ -58,7 +58,7 @@ def tenants_of(*, user) -> QuerySet[Tenant]:
 
 def experiments_visible(*, user) -> QuerySet[Experiment]:
     """Experiments of the user's tenants; anything else is a 404 to them."""
-    return (Experiment.objects.all()
+    return (Experiment.objects.filter(tenant__in=Membership.objects.filter(user=user).values("tenant_id"))
             .select_related("tenant", "cost_model"))
 
 
@@ -222,7 +222,8 @@ def experiment_page(*, experiment: Experiment, now: datetime | None = None) -> E
         last_window=last_window,
         charts={
             "cursor": charts.epoch_ms(now), "poll_ms": charts.LIVE_POLL_MS,
-            "arms": {str(a.pk): {"name": a.name, "color": charts.ARM_COLORS[colors[a.pk]], "control": a.is_control} for a in arms},
+            "arms": {str(a.pk): {"name": a.name, "color": charts.ARM_COLORS[colors[a.pk]], "control": a.is_control}
+                     for a in arms},
             "telemetry": charts.telemetry_json(runs=charted, arm_names=arm_names, series=series,
                                                fields=charts.EXPERIMENT_FIELDS),
             "attribution": charts.attribution_json(experiment=experiment, arms=arms, now=now),
@@ -246,7 +247,7 @@ def comparison(*, experiment: Experiment, now: datetime | None = None) -> dict:
 def _live_runs(runs: QuerySet[Run], now: datetime) -> list[Run]:
     recent = now - timedelta(seconds=60)
     return list(runs.filter(Q(status=Run.Status.RUNNING) | Q(finished_at__gte=recent) | Q(heartbeat_at__gte=recent))
-                .select_related("arm").order_by("pk")[:CHART_RUNS * 2])
+                .select_related("arm").order_by("-pk")[:CHART_RUNS * 2])
 
 
 def live_update(*, runs: QuerySet[Run], since: datetime, now: datetime | None = None,
@@ -258,6 +259,19 @@ def live_update(*, runs: QuerySet[Run], since: datetime, now: datetime | None = 
     names = {r.arm_id: r.arm.name for r in live}
     return {"cursor": charts.epoch_ms(now), "active": bool(live),
             "runs": charts.runs_json(live, names, series), "series": series.as_json(fields)}
+
+
+def experiment_live(*, experiment: Experiment, since: datetime, known_version: str,
+                    now: datetime | None = None) -> dict:
+    """A poll of the experiment page: new samples, and the attribution charts when they changed."""
+    now = now or timezone.now()
+    update = live_update(runs=Run.objects.filter(experiment=experiment), since=since, now=now)
+    version = charts.attribution_version(experiment=experiment)
+    update["attribution"] = None
+    if version != known_version:
+        arms = list(experiment.arms.order_by("-is_control", "name"))
+        update["attribution"] = charts.attribution_json(experiment=experiment, arms=arms, now=now, version=version)
+    return update
 
 
 # ---------------------------------------------------------------------------------------------
@@ -313,15 +327,3 @@ def pricing_overview(*, user, now: datetime | None = None) -> list[TenantPricing
         ))
     return out
 
-
-def experiment_live(*, experiment: Experiment, since: datetime, known_version: str,
-                    now: datetime | None = None) -> dict:
-    """A poll of the experiment page: new samples, and the attribution charts when they changed."""
-    now = now or timezone.now()
-    update = live_update(runs=Run.objects.filter(experiment=experiment), since=since, now=now)
-    version = charts.attribution_version(experiment=experiment)
-    update["attribution"] = None
-    if version != known_version:
-        arms = list(experiment.arms.order_by("-is_control", "name"))
-        update["attribution"] = charts.attribution_json(experiment=experiment, arms=arms, now=now)
-    return update

@@ -152,14 +152,15 @@ CELERY_TIMEZONE = TIME_ZONE
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ROUTES = {"costlab.run_train": {"queue": "cpu"}}  # submission picks cpu or gpu per run
+# Each experiment is attributed every attribution_interval_s; this is how often beat looks for
+# due ones (the smallest interval an experiment may have). A tick that expires unrun loses
+# nothing: the next one starts from the watermark.
+COSTLAB_ATTRIBUTION_TICK_S = env.float("COSTLAB_ATTRIBUTION_TICK_S", default=5.0)
 # Synced into django-celery-beat's tables at beat start-up; staff can change the interval in the admin.
 CELERY_BEAT_SCHEDULE = {
     "sweep-lost-runs": {"task": "costlab.runs_sweep_lost", "schedule": 15.0, "options": {"expires": 14}},
-    # Each experiment is attributed every attribution_interval_s; this is how often beat looks for
-    # due ones (the smallest interval an experiment may have). A tick that expires unrun loses
-    # nothing: the next one starts from the watermark.
-    "attribution-tick": {"task": "costlab.attribution_tick", "schedule": env.float(
-        "COSTLAB_ATTRIBUTION_TICK_S", default=5.0), "options": {"expires": 4}},
+    "attribution-tick": {"task": "costlab.attribution_tick", "schedule": COSTLAB_ATTRIBUTION_TICK_S,
+                         "options": {"expires": COSTLAB_ATTRIBUTION_TICK_S * 0.9}},
     "alerts-requeue-stale": {"task": "costlab.alerts_requeue_stale", "schedule": 60.0, "options": {"expires": 55}},
 }
 

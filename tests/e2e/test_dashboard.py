@@ -115,4 +115,10 @@ def test_run_and_pricing_pages(page, live_server, demo, screenshots):
     page.click("text=Pricing")
     assert "example prices" in page.locator("h2").first.inner_text()
     assert page.locator("#gpu-prices tbody tr").count() == 4
+    page.screenshot(path=str(screenshots / "pricing.png"), full_page=True)
+
+    page.click("text=Experiments")
+    listed = page.locator(f'#experiments tr[data-experiment="{experiment.pk}"]').inner_text()
+    assert experiment.name in listed and "USD" in listed and "ago" in listed
+    page.screenshot(path=str(screenshots / "experiments.png"), full_page=True)
     assert not page.js_errors, page.js_errors

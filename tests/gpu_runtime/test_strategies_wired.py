@@ -25,6 +25,11 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SMALL = {"model": {"seq_len": 16}, "train": {"global_batch": 8, "steps": 4}}
 
 
+def train_on_cpu(config, **kwargs):
+    """CPU unless a test says otherwise: the assertions below name CPU backends (function, torch int8)."""
+    return train(config, **{"device": "cpu", **kwargs})
+
+
 def dynamic(**settings):
     return {"dynamic_batching": {"enabled": True, "min_micro_batch": 1, "max_micro_batch": 8, **settings}}
 
@@ -40,7 +45,7 @@ def config(tiny_config):
 
 @pytest.fixture
 def spy(monkeypatch):
-    """The trainers train() builds, recording each step's plan; `around_step` may wrap every step."""
+    """The trainers train_on_cpu() builds, recording each step's plan; `around_step` may wrap every step."""
     class Built(list):
         cls: type
 
@@ -74,7 +79,7 @@ def test_dynamic_batching_moves_the_micro_batch_by_the_rule_within_bounds(config
     monkeypatch.setattr(GradientNormTracker, "step_stats", no_sync_of_its_own)
     samples = []
     window = 2
-    result = train(config(optimizer=dynamic(stability_window=window), train={"steps": 8}), sink=samples.append)
+    result = train_on_cpu(config(optimizer=dynamic(stability_window=window), train={"steps": 8}), sink=samples.append)
     events = result.micro_batch_events
     assert events, "the micro-batch never changed"
     assert {e["kind"] for e in events} <= {"grow", "shrink"} and all(e["detail"]["policy"] == "noise_scale"
@@ -88,13 +93,13 @@ def test_dynamic_batching_moves_the_micro_batch_by_the_rule_within_bounds(config
             assert plans[e["step"]] == e["new_micro_batch"]
     assert {s["micro_batch"] for s in samples} <= set(plans) and all(1 <= s["micro_batch"] <= 4 for s in samples)
     # accumulation keeps the global batch: the loss is the static run's, whatever the micro-batches
-    static = train(config(train={"steps": 8}, telemetry={"enabled": False}))
+    static = train_on_cpu(config(train={"steps": 8}, telemetry={"enabled": False}))
     assert result.final_loss == pytest.approx(static.final_loss, abs=2e-4)
 
 
 def test_a_forced_out_of_memory_is_survived_halved_and_recorded(config, spy, monkeypatch):
     monkeypatch.setattr(Trainer, "fault", SimulatedOom(fits_up_to=2))
-    result = train(config(optimizer=dynamic(stability_window=100), train={"micro_batch": 8, "steps": 3}))
+    result = train_on_cpu(config(optimizer=dynamic(stability_window=100), train={"micro_batch": 8, "steps": 3}))
     assert result.status == "completed" and result.steps == 3
     assert [(e["kind"], e["old_micro_batch"], e["new_micro_batch"]) for e in result.micro_batch_events] == [
         ("oom", 4, 2)]  # noise_scale caps the start at 8 // 2 = 4; the retry at 2 fits
@@ -102,7 +107,7 @@ def test_a_forced_out_of_memory_is_survived_halved_and_recorded(config, spy, mon
     assert spy[0].plans == [2, 2, 2] and Trainer.fault.raised == 1
     # without dynamic batching there is nothing to halve: the error is not swallowed
     with pytest.raises(torch.OutOfMemoryError):
-        train(config(train={"micro_batch": 4, "steps": 1}, telemetry={"enabled": False}))
+        train_on_cpu(config(train={"micro_batch": 4, "steps": 1}, telemetry={"enabled": False}))
 
 
 def test_a_live_max_micro_batch_is_applied_at_the_next_step_boundary(config, spy):
@@ -112,7 +117,7 @@ def test_a_live_max_micro_batch_is_applied_at_the_next_step_boundary(config, spy
         polls.append(len(spy[0].plans))  # steps finished when this boundary was polled
         return {"optimizer": {"dynamic_batching": {"max_micro_batch": 2}}} if len(polls) == 3 else None
 
-    result = train(config(optimizer=dynamic(stability_window=100), train={"micro_batch": 4, "steps": 5}), live=live)
+    result = train_on_cpu(config(optimizer=dynamic(stability_window=100), train={"micro_batch": 4, "steps": 5}), live=live)
     assert polls[2] == 2
     assert spy[0].plans == [4, 4, 2, 2, 2]
     assert [(e["step"], e["kind"], e["new_micro_batch"]) for e in result.micro_batch_events] == [(2, "bounds", 2)]
@@ -120,18 +125,19 @@ def test_a_live_max_micro_batch_is_applied_at_the_next_step_boundary(config, spy
 
 
 def test_embedding_table_and_its_optimizer_state_stay_on_the_cpu(config, spy):
-    result = train(config(offload={"embedding": "cpu"}, telemetry={"enabled": False}))
+    result = train_on_cpu(config(offload={"embedding": "cpu"}, telemetry={"enabled": False}))
     trainer = spy[0]
     table = trainer.model.tok_embeddings
     assert isinstance(table, CpuOffloadedEmbedding) and table.weight.device.type == "cpu"
     state = trainer.optimizer.state[table.weight]
     assert state["exp_avg"].device.type == "cpu" and state["exp_avg"].abs().sum() > 0  # it trained
-    assert result.strategies["offload.embedding"] == {"modules": ["tok_embeddings"], "table_device": "cpu"}
+    assert result.strategies["offload.embedding"] == {"modules": ["tok_embeddings"], "table_device": "cpu",
+                                                      "table_bytes": 320 * 256 * 4}
 
 
 @pytest.mark.cuda
 def test_on_cuda_only_the_embedding_table_stays_on_the_host(config, spy):
-    train(config(offload={"embedding": "cpu"}, telemetry={"enabled": False}), device="cuda")
+    train_on_cpu(config(offload={"embedding": "cpu"}, telemetry={"enabled": False}), device="cuda")
     model = spy[0].model
     assert model.tok_embeddings.weight.device.type == "cpu"
     assert all(p.is_cuda for n, p in model.named_parameters() if not n.startswith("tok_embeddings"))
@@ -168,7 +174,7 @@ def test_gradient_checkpointing_lowers_the_activations_kept_for_backward(config,
         # measured inside the real training step: checkpointed blocks hand autograd only their inputs
         measure, totals = _saved_activation_bytes(lambda: spy[0].model.parameters())
         spy.cls.around_step = staticmethod(measure)
-        result = train(cfg)
+        result = train_on_cpu(cfg)
         kept[enabled] = totals[0]
     assert kept[True] < 0.5 * kept[False], kept
     report = result.strategies["memory.gradient_checkpointing"]
@@ -179,7 +185,7 @@ def test_quantized_weights_are_int8_and_frozen_while_the_adapters_train(config, 
     targets = ["q_proj", "v_proj", "o_proj"]
     cfg = config(precision={"quantization": {"enabled": True, "target_modules": targets, "adapter_rank": 4}},
                  telemetry={"enabled": False})
-    result = train(cfg)
+    result = train_on_cpu(cfg)
     model = spy[0].model
     layers = {n: m for n, m in model.named_modules() if isinstance(m, LoraInt8Linear)}
     assert sorted({n.rsplit(".", 1)[-1] for n in layers}) == sorted(targets) and len(layers) == 12
@@ -209,9 +215,9 @@ def test_the_fused_rmsnorm_qkv_path_runs_and_matches_the_unfused_model(config, m
     for dtype, atol in tolerance.items():
         calls.clear()
         cfg = config(precision={"compute_dtype": dtype}, train={"steps": 2}, telemetry={"enabled": False})
-        fused = train(cfg.model_copy(update={"kernels": cfg.kernels.model_copy(update={"fused_rmsnorm_qkv": True})}))
+        fused = train_on_cpu(cfg.model_copy(update={"kernels": cfg.kernels.model_copy(update={"fused_rmsnorm_qkv": True})}))
         assert len(calls) == 2 * 4 and set(calls) == {"function"}  # steps x blocks
-        unfused = train(cfg)
+        unfused = train_on_cpu(cfg)
         assert fused.final_loss == pytest.approx(unfused.final_loss, abs=atol), dtype
     # and the model's own outputs, one forward apart
     torch.manual_seed(0)
@@ -235,7 +241,7 @@ def test_compile_wraps_the_model_the_trainer_calls_and_checkpoints_stay_plain(co
             return self._orig_mod(*args)
 
     monkeypatch.setattr(torch, "compile", lambda module: wrapped.append(Compiled(module)) or wrapped[-1])
-    result = train(config(kernels={"compile": True}, train={"steps": 2}, telemetry={"enabled": False}),
+    result = train_on_cpu(config(kernels={"compile": True}, train={"steps": 2}, telemetry={"enabled": False}),
                    checkpoint_dir=str(tmp_path))
     assert len(wrapped) == 1 and wrapped[0].calls == 2 and spy[0].forward is wrapped[0]
     assert result.strategies["kernels.compile"] == {"wrapper": "Compiled"}
@@ -245,11 +251,11 @@ def test_compile_wraps_the_model_the_trainer_calls_and_checkpoints_stay_plain(co
 
 def test_resume_maps_the_checkpoint_when_offload_mmap_is_set(config, monkeypatch, tmp_path):
     cfg = config(offload={"mmap": True}, telemetry={"enabled": False})
-    train(cfg, steps=2, checkpoint_dir=str(tmp_path))
+    train_on_cpu(cfg, steps=2, checkpoint_dir=str(tmp_path))
     seen = []
     original = torch.load
     monkeypatch.setattr(torch, "load", lambda *a, **k: seen.append(k.get("mmap")) or original(*a, **k))
-    assert train(cfg, steps=3, resume_from=str(tmp_path)).steps == 3
+    assert train_on_cpu(cfg, steps=3, resume_from=str(tmp_path)).steps == 3
     assert seen == [True]
 
 
@@ -280,8 +286,10 @@ def test_placement_picks_the_nvlink_pair_and_maps_it_to_cuda_indices(monkeypatch
 
 
 def test_placement_without_a_gpu_places_nothing_and_multi_gpu_jobs_are_refused(config):
-    result = train(config(train={"steps": 1}, telemetry={"enabled": False}))
-    assert result.strategies["placement"]["devices"] == [] and result.strategies["placement"]["how"] == "no GPU"
+    result = train(config(train={"steps": 1}, telemetry={"enabled": False}))  # no device: placement decides
+    if not torch.cuda.is_available():
+        assert result.strategies["placement"] == {"strategy": "topology_aware", "gpus": 1, "devices": [],
+                                                  "how": "no GPU"}
     with pytest.raises(StrategyError) as info:
-        train(config(placement={"gpus": 2}))
+        train_on_cpu(config(placement={"gpus": 2}))
     assert [e["key"] for e in info.value.errors] == ["placement.gpus"]

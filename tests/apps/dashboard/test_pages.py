@@ -177,3 +177,16 @@ def test_names_are_escaped(member, w):
     ExperimentFactory(tenant=w.experiment.tenant, name='<script>alert("x")</script>')
     html = member.get(reverse("dashboard:experiments")).content.decode()
     assert '<script>alert("x")' not in html and "&lt;script&gt;alert" in html
+
+
+def test_page_charts_stay_within_the_point_budget(member, w):
+    from apps.dashboard.charts import budget_per_run
+    from tests.apps.dashboard.test_series import stored
+
+    runs = [stored(run_of(arm), 3000, priced=3000) for arm in (w.control, w.candidate)]
+    data = chart_data(member.get(reverse("dashboard:experiment", args=[w.experiment.pk])))
+    for field in ("util_pct", "power_w"):  # the fields stored() fills
+        by_run = data["telemetry"]["series"][field]
+        assert set(by_run) == {str(r.pk) for r in runs}, field
+        for band in by_run.values():
+            assert budget_per_run(2) // 2 < len(band["x"]) <= budget_per_run(2) < 3000, field

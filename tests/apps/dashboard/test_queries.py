@@ -24,7 +24,7 @@ def grow(w, *, experiments: int, arms: int, runs_per_arm: int):
         e = ExperimentFactory(tenant=w.experiment.tenant, status="active")
         for i in range(arms):
             run_of(ArmFactory(experiment=e, is_control=i == 0))
-    for i in range(arms):
+    for _ in range(arms):
         arm = ArmFactory(experiment=w.experiment)
         for _ in range(runs_per_arm):
             train(run_of(arm), n=5)
