@@ -37,7 +37,7 @@ pids+=($!)
 "$BIN/celery" -A config.celery_app beat --loglevel INFO --pidfile "$VAR/celerybeat.pid" &
 pids+=($!)
 
-echo "costlab is up: http://$HOST:$PORT/admin/  (health: http://$HOST:$PORT/healthz; Ctrl-C stops all three)"
+echo "costlab is up: http://$HOST:$PORT/ (admin: http://$HOST:$PORT/admin/, health: http://$HOST:$PORT/healthz; Ctrl-C stops all three)"
 # If any of the three exits on its own, stop the others too: half a platform is worse than none.
 wait -n
 status=$?
