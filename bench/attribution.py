@@ -213,7 +213,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="last line: one JSON object")
     parser.add_argument("--samples", type=int, default=None, help="telemetry samples in all (default 10M)")
     args = parser.parse_args()
-    rounds, latency_rounds = (4, 3) if args.quick else (15, 8)
+    rounds, latency_rounds = (3, 3) if args.quick else (15, 8)
 
     django_on_postgres()
     from django.utils import timezone

@@ -9,7 +9,7 @@ import yaml
 from tests.conftest import IN_CI
 from tests.helpers import ROOT
 
-EXPECTED = {"postgres", "redis", "web", "worker", "gpu-worker", "beat"}
+EXPECTED = {"postgres", "redis", "web", "worker", "platform-worker", "gpu-worker", "beat"}
 
 
 def test_compose_file_is_valid_and_complete():
