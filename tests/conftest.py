@@ -49,17 +49,9 @@ def pytest_collection_modifyitems(config, items):
 def empty_test_queues():
     """Run ids restart with every test database: a message left by an earlier session must not
     reach this session's runs. Purges only costlab's queues on the test broker."""
-    if not settings.REDIS_URL:
-        return
-    from apps.core.queues import CeleryQueue
-    from config.celery_app import app
+    from tests.helpers import purge_run_queues
 
-    with app.connection_for_write() as conn:
-        for queue in CeleryQueue:
-            try:
-                conn.default_channel.queue_purge(queue.value)
-            except Exception:  # the queue does not exist yet
-                continue
+    purge_run_queues()
 
 
 @pytest.fixture(scope="module")

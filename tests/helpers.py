@@ -77,3 +77,20 @@ def stop_worker(proc) -> None:
     except ProcessLookupError:
         pass
     proc.wait()
+
+
+def purge_run_queues() -> None:
+    """Drop messages waiting on costlab's queues of the test broker (run ids restart per test DB)."""
+    from django.conf import settings
+
+    if not settings.REDIS_URL:
+        return
+    from apps.core.queues import CeleryQueue
+    from config.celery_app import app
+
+    with app.connection_for_write() as conn:
+        for queue in CeleryQueue:
+            try:
+                conn.default_channel.queue_purge(queue.value)
+            except Exception:  # the queue was never declared
+                continue

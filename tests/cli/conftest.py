@@ -8,6 +8,7 @@ import pytest
 from django.core.cache import caches
 
 from tests.factories import ArmFactory, CostModelFactory, ExperimentFactory, RunFactory, TenantFactory
+from tests.helpers import purge_run_queues
 
 CONTROL = "model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\ntrain: {steps: 5, global_batch: 2}\n"
 CANDIDATE = CONTROL.replace("steps: 5", "steps: 7")
@@ -36,21 +37,4 @@ def lab(live_server, transactional_db, settings, monkeypatch):
     monkeypatch.delenv("COSTLAB_RUN_KEY", raising=False)
     yield {"experiment": experiment, "control": control, "candidate": candidate, "url": live_server.url,
            "token": secret}
-    _purge_run_queues()
-
-
-def _purge_run_queues() -> None:
-    """Runs submitted here were queued for workers that never came: drop their messages."""
-    from django.conf import settings
-
-    if not settings.REDIS_URL:
-        return
-    from apps.core.queues import CeleryQueue
-    from config.celery_app import app
-
-    with app.connection_for_write() as conn:
-        for queue in CeleryQueue:
-            try:
-                conn.default_channel.queue_purge(queue.value)
-            except Exception:  # the queue was never declared
-                continue
+    purge_run_queues()
