@@ -20,11 +20,6 @@ CHROMIUM_ARGS = [
 ]
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "var" / "screenshots"
 
-# Playwright's sync API runs an event loop in the test's thread; the ORM calls the tests make
-# between browser steps are still synchronous, so Django's async guard must stand aside.
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
-
 @pytest.fixture(scope="session")
 def browser():
     if not CHROMIUM.exists():
@@ -34,10 +29,21 @@ def browser():
         pytest.skip(message)
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
-        yield browser
-        browser.close()
+    # Playwright's sync API runs an event loop in the test's thread; the ORM calls the tests make
+    # between browser steps are still synchronous, so Django's async guard must stand aside, for
+    # the browser tests only (and never in a deployment: `check --deploy` refuses it).
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+            yield browser
+            browser.close()
+    finally:
+        if previous is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
 
 
 @pytest.fixture
