@@ -7,10 +7,10 @@ order, leaves the stored set as if each sample had arrived once.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import operator
 
 from django.db import connection
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from apps.core.exceptions import ApplicationError
 from apps.telemetry.models import TelemetrySample
@@ -31,7 +31,8 @@ class SampleIn(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     seq: int = Field(ge=0, le=2**62)
-    ts: datetime
+    # Unix seconds, or ISO 8601 with a zone ("Z" or an offset): pydantic-core parses both, no Python hop.
+    ts: AwareDatetime
     step: int = Field(0, ge=0)
     device: str = Field("", max_length=120)
     util_pct: float | None = Field(None, ge=0, le=100)
@@ -50,19 +51,8 @@ class SampleIn(BaseModel):
     temperature_c: float | None = None
     estimated: bool = False
 
-    @field_validator("ts", mode="before")
-    @classmethod
-    def _unix_seconds(cls, value):
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return datetime.fromtimestamp(value, tz=UTC)
-        return value
 
-    @field_validator("ts")
-    @classmethod
-    def _aware(cls, value: datetime) -> datetime:
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
-
-
+_ROW = operator.attrgetter(*COLUMNS)  # one C call per sample, in COPY column order
 _BATCH = TypeAdapter(list[SampleIn])
 
 
@@ -113,7 +103,7 @@ def _insert_copy(*, run_id: int, attempt: int, samples: list[SampleIn]) -> int:
         )
         with cursor.copy(f"COPY telemetry_staging ({cols}) FROM STDIN") as copy:
             for s in samples:
-                copy.write_row(tuple(getattr(s, c) for c in COLUMNS))
+                copy.write_row(_ROW(s))
         cursor.execute(
             f"INSERT INTO {table} (run_id, attempt, {cols}) "
             f"SELECT %s, %s, {cols} FROM telemetry_staging "
