@@ -16,6 +16,8 @@ from collections.abc import Callable
 
 from django.db import close_old_connections, connection
 
+from apps.core.exceptions import ApplicationError
+
 logger = logging.getLogger(__name__)
 
 
@@ -94,6 +96,14 @@ class TelemetrySink:
             try:
                 close_old_connections()
                 self._ingest(run_id=self.run_id, samples=batch, attempt=self.attempt)
+            except ApplicationError as exc:  # refused for good (the run moved on): retrying cannot help
+                with self._lock:
+                    discarded = len(self._buffer)
+                    self._buffer.clear()
+                self.dropped += discarded
+                self._abandoned.set()
+                logger.error("run %s: telemetry refused (%s); discarded %d samples", self.run_id, exc, discarded)
+                return True
             except Exception as exc:  # database down, lock timeout...: keep the batch, retry later
                 self.failures += 1
                 logger.warning("run %s: telemetry flush failed (%s: %s); keeping %d samples buffered, "

@@ -147,17 +147,32 @@ def _mail(delivery: AlertDelivery) -> tuple[bool, bool, int | None, str]:
     return True, False, None, ""
 
 
+def _in_flight_s() -> float:
+    """While an attempt is sending, its due time is pushed this far out: beyond any scheduled
+    retry (so a second task sees it is taken) and beyond a webhook timeout or an SMTP send."""
+    return settings.COSTLAB_ALERT_BACKOFF_MAX_S + 300.0
+
+
 def alert_attempt(*, delivery_id: int) -> AttemptOutcome:
     """Try one delivery once and record the attempt. Never raises for a receiver's failure."""
     delivery = AlertDelivery.objects.filter(pk=delivery_id).first()
     if delivery is None or delivery.status != AlertDelivery.Status.PENDING:
         return AttemptOutcome(status=delivery.status if delivery else "missing")
-    # No row lock while the receiver answers: a slow receiver must not hold database locks.
+    # Claim the attempt first (one conditional UPDATE): two tasks for the same delivery (a late
+    # retry meeting the stale-requeue, a broker redelivery) cannot both send. No row lock is
+    # held while the receiver answers: a slow receiver must not hold database locks.
+    attempt, now = delivery.attempts + 1, timezone.now()
+    not_in_flight = Q(next_attempt_at__isnull=True) | Q(
+        next_attempt_at__lte=now + timedelta(seconds=settings.COSTLAB_ALERT_BACKOFF_MAX_S))
+    claimed = AlertDelivery.objects.filter(
+        not_in_flight, pk=delivery.pk, status=AlertDelivery.Status.PENDING, attempts=delivery.attempts
+    ).update(attempts=attempt, next_attempt_at=now + timedelta(seconds=_in_flight_s()))
+    if not claimed:
+        return AttemptOutcome(status="claimed_elsewhere")
     send = _post if delivery.kind == AlertDelivery.Kind.WEBHOOK else _mail
     delivered, retryable, code, error = send(delivery)
-    attempt = delivery.attempts + 1
     now = timezone.now()
-    fields = {"attempts": attempt, "last_status_code": code, "last_error": error}
+    fields = {"last_status_code": code, "last_error": error}
     retry_in = None
     if delivered:
         fields.update(status=AlertDelivery.Status.SENT, delivered_at=now, next_attempt_at=None)
@@ -169,7 +184,7 @@ def alert_attempt(*, delivery_id: int) -> AttemptOutcome:
         logger.error("alert_failed %s", json.dumps({"delivery_id": delivery.pk, "kind": delivery.kind,
                                                     "target": delivery.target, "attempts": attempt,
                                                     "error": error}, sort_keys=True))
-    AlertDelivery.objects.filter(pk=delivery.pk, status=AlertDelivery.Status.PENDING).update(**fields)
+    AlertDelivery.objects.filter(pk=delivery.pk, status=AlertDelivery.Status.PENDING, attempts=attempt).update(**fields)
     return AttemptOutcome(status=fields.get("status", AlertDelivery.Status.PENDING), retry_in_s=retry_in,
                           detail=error)
 

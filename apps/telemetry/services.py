@@ -9,6 +9,7 @@ from decimal import Decimal
 from django.db import transaction
 from django.db.models import Max
 
+from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Run
 from apps.pricing import cost_engine
 from apps.pricing.models import CostModel
@@ -16,6 +17,10 @@ from apps.pricing.selectors import price_schedule
 from apps.telemetry.ingest import samples_insert, samples_validate
 from apps.telemetry.models import TelemetrySample
 from apps.telemetry.rollup import contiguous_end, usage_rollup
+
+
+# Samples stored beyond a gap before pricing stops waiting for it (about 2 minutes at 1 s).
+GAP_PATIENCE_SAMPLES = 120
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,15 @@ class IngestResult:
 def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) -> IngestResult:
     """Validate and store a batch for a run; idempotent by (run, seq). Nothing partial on error."""
     run = Run.objects.select_for_update(of=("self",)).select_related("experiment__cost_model").get(pk=run_id)
+    if run.kind == Run.Kind.WORKER and attempt is not None and (
+        run.status != Run.Status.RUNNING or attempt != run.attempts
+    ):
+        # A worker whose lease was swept must not write into the attempt that replaced it, nor
+        # into a run whose totals are final.
+        raise ApplicationError(
+            f"attempt: attempt {attempt} no longer holds run {run.pk} (now {run.status}, attempt {run.attempts})",
+            {"fields": {"attempt": ["stale"]}}, code="stale_attempt", status=409,
+        )
     parsed = samples_validate(samples)
     inserted = samples_insert(run_id=run.pk, attempt=attempt or max(run.attempts, 1), samples=parsed)
     if inserted:
@@ -59,6 +73,11 @@ def run_totals_advance(*, run: Run, final: bool = False, landed: list[int] | Non
         upto = landed[-1]  # the batch continues the priced stretch, and nothing beyond it is stored
     else:
         upto = contiguous_end(run_id=run.pk, after_seq=run.priced_seq)
+        if run.last_seq - (upto if upto is not None else run.priced_seq) > GAP_PATIENCE_SAMPLES:
+            # A gap this far behind will not fill (a sample dropped for good): price across it,
+            # or the run's cost would stand still until it ends. The counters are cumulative, so
+            # the missing sample only merges two intervals.
+            upto = run.last_seq
     if upto is None or upto <= run.priced_seq:
         return
 

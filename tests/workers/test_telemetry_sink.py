@@ -63,3 +63,14 @@ def test_the_buffer_is_bounded_and_drops_oldest_loudly(caplog):
         assert "telemetry buffer full" in caplog.text
         sink.close(timeout_s=1)  # gives up while the database is still down, and says so
     assert "could not be stored before close" in caplog.text
+
+
+def test_a_refused_batch_is_dropped_not_retried_forever(caplog):
+    run = RunFactory(status=Run.Status.RUNNING, attempts=2)  # this sink's attempt 1 was swept
+    sink = TelemetrySink(run_id=run.pk, attempt=1, seq_base=0, ingest=telemetry_ingest, flush_s=0.05)
+    with caplog.at_level(logging.ERROR):
+        for i in range(10):
+            sink.put(sample(i))
+        sink.close(timeout_s=10)
+    assert "telemetry refused" in caplog.text and sink.dropped == 10 and sink.pending == 0
+    assert not TelemetrySample.objects.filter(run=run).exists()

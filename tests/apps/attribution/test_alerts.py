@@ -205,3 +205,25 @@ def test_pending_deliveries_whose_task_was_lost_are_queued_again(monkeypatch, dj
     assert deliveries_requeue_stale() == [] and requeued == []  # not stale yet
     later = delivery.next_attempt_at + timedelta(seconds=61)
     assert deliveries_requeue_stale(now=later) == [delivery.pk] and requeued == [delivery.pk]
+
+
+@pytest.mark.django_db(transaction=True)  # two threads, two connections: both must see the rows
+def test_a_second_task_for_a_delivery_in_flight_does_not_send_it_again(receiver, django_capture_on_commit_callbacks,
+                                                                      monkeypatch):
+    import threading
+
+    monkeypatch.setattr(alerts, "deliveries_send", lambda **kwargs: None)
+    receiver.script = [(200, 1.0)]  # the first attempt is still waiting for its answer...
+    lab = lab_with_channel(url=receiver.url)
+    tick_until_frozen(lab, django_capture_on_commit_callbacks)
+    delivery = AlertDelivery.objects.get()
+    with override_settings(COSTLAB_ALERT_TIMEOUT_S=5.0):
+        first = threading.Thread(target=alert_attempt, kwargs={"delivery_id": delivery.pk})
+        first.start()
+        time.sleep(0.3)
+        second = alert_attempt(delivery_id=delivery.pk)  # ...when a redelivered task arrives
+        first.join()
+    assert second.status == "claimed_elsewhere"
+    delivery.refresh_from_db()
+    assert (delivery.status, delivery.attempts) == ("sent", 1)
+    assert len(receiver.alerts()) == 1

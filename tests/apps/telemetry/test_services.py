@@ -104,9 +104,37 @@ def test_a_second_attempt_restarts_counters_without_billing_the_first_twice(gpu_
     gpu_run.refresh_from_db()
     first_tokens, first_cost = gpu_run.tokens, gpu_run.cost_usd
     # Attempt 2 starts over: its seqs continue, its cumulative counters start from zero.
+    Run.objects.filter(pk=gpu_run.pk).update(attempts=2)
     retry = [dict(s, seq=s["seq"] + 10, ts=s["ts"] + 100) for s in samples(10)]
     telemetry_ingest(run_id=gpu_run.pk, samples=retry, attempt=2)
     gpu_run.refresh_from_db()
     assert gpu_run.tokens == 2 * first_tokens
     # The 91 s between the attempts (no worker held the run) are not billed.
     assert gpu_run.cost_usd == pytest.approx(2 * first_cost, abs=Decimal("0.000002"))
+
+
+def test_a_swept_attempt_cannot_write_into_the_run_that_replaced_it(gpu_run):
+    telemetry_ingest(run_id=gpu_run.pk, samples=samples(5), attempt=1)
+    Run.objects.filter(pk=gpu_run.pk).update(attempts=2)  # swept and claimed again
+    with pytest.raises(ApplicationError, match="attempt 1 no longer holds") as err:
+        telemetry_ingest(run_id=gpu_run.pk, samples=samples(5, start=5), attempt=1)
+    assert err.value.code == "stale_attempt"
+    Run.objects.filter(pk=gpu_run.pk).update(status=Run.Status.FAILED)
+    with pytest.raises(ApplicationError, match="now failed"):
+        telemetry_ingest(run_id=gpu_run.pk, samples=samples(5, start=5), attempt=2)
+    assert TelemetrySample.objects.filter(run=gpu_run).count() == 5
+
+
+def test_a_gap_that_never_fills_stops_holding_pricing_back(gpu_run):
+    from apps.telemetry.services import GAP_PATIENCE_SAMPLES
+
+    batch = samples(GAP_PATIENCE_SAMPLES + 20)
+    telemetry_ingest(run_id=gpu_run.pk, samples=batch[:10], attempt=1)
+    telemetry_ingest(run_id=gpu_run.pk, samples=batch[11:30], attempt=1)  # seq 10 is lost
+    gpu_run.refresh_from_db()
+    assert gpu_run.priced_seq == 9  # still waiting: it may arrive late
+    telemetry_ingest(run_id=gpu_run.pk, samples=batch[30:], attempt=1)
+    gpu_run.refresh_from_db()
+    assert gpu_run.priced_seq == batch[-1]["seq"]
+    usage, cost = full_recompute(gpu_run)
+    assert gpu_run.tokens == usage.tokens and float(gpu_run.cost_usd) == pytest.approx(cost.total_usd, abs=1e-6)
