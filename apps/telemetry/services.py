@@ -18,7 +18,6 @@ from apps.telemetry.ingest import samples_insert, samples_validate
 from apps.telemetry.models import TelemetrySample
 from apps.telemetry.rollup import contiguous_end, usage_rollup
 
-
 # Samples stored beyond a gap before pricing stops waiting for it (about 2 minutes at 1 s).
 GAP_PATIENCE_SAMPLES = 120
 
