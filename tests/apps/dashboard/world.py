@@ -39,13 +39,19 @@ def samples(*, start: datetime, first_seq: int, n: int, interval_s: float = 1.0,
 
 
 def train(run: Run, *, n: int, start: datetime | None = None, **kwargs) -> Run:
-    """Ingest n more samples for a run (after its last seq), then return it refreshed."""
+    """Ingest n more samples for a run (after its last seq), then return it refreshed.
+
+    Telemetry is only taken while a run is running: a finished run is reopened for the
+    ingest and given its final status back, as if the samples had come before it ended."""
     run.refresh_from_db()
+    final_status = run.status
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING)
     first = run.last_seq + 1
     start = start or timezone.now() - timedelta(seconds=n)
     for i in range(0, n, 5000):
         telemetry_ingest(run_id=run.pk, samples=samples(start=start + timedelta(seconds=i), first_seq=first + i,
-                                                        n=min(5000, n - i), **kwargs), attempt=1)
+                                                        n=min(5000, n - i), **kwargs), attempt=run.attempts)
+    Run.objects.filter(pk=run.pk).update(status=final_status)
     run.refresh_from_db()
     return run
 
