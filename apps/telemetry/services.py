@@ -62,9 +62,9 @@ def run_totals_advance(*, run: Run, final: bool = False, landed: list[int] | Non
         last = landed[-1]
     else:
         last = TelemetrySample.objects.filter(run_id=run.pk).aggregate(last=Max("seq"))["last"]
-    if last is not None and last > run.last_seq:
+    last_moved = last is not None and last > run.last_seq
+    if last_moved:
         run.last_seq = last
-        run.save(update_fields=["last_seq", "updated_at"])
     if final:
         upto = run.last_seq
     elif landed and landed[0] == run.priced_seq + 1 and landed[-1] - landed[0] + 1 == len(landed) \
@@ -78,6 +78,8 @@ def run_totals_advance(*, run: Run, final: bool = False, landed: list[int] | Non
             # the missing sample only merges two intervals.
             upto = run.last_seq
     if upto is None or upto <= run.priced_seq:
+        if last_moved:
+            run.save(update_fields=["last_seq", "updated_at"])
         return
 
     cost_model = run.experiment.cost_model
@@ -117,6 +119,6 @@ def run_totals_advance(*, run: Run, final: bool = False, landed: list[int] | Non
     run.cost_breakdown = breakdown
     run.cost_usd = Decimal(str(round(total, 6)))
     run.save(update_fields=[
-        "priced_seq", "steps", "tokens", "device_seconds", "energy_j", "energy_estimated",
+        "priced_seq", "last_seq", "steps", "tokens", "device_seconds", "energy_j", "energy_estimated",
         "cost_breakdown", "cost_usd", "updated_at",
     ])
