@@ -44,17 +44,25 @@ def json_endpoint(view):
             return view(request, *args, **kwargs)
         except Http404:
             return _error(404, "not found", "not_found")
+        except BadCursor:
+            return _error(400, "since: ms since the epoch, at most 15 minutes ago; reload the page", "invalid")
 
     return require_GET(wrapped)
 
 
-def _since(request) -> datetime | None:
-    """The `since` cursor (ms since the epoch, UTC), or None when it is missing, malformed or too old."""
+class BadCursor(Exception):
+    """The `since` cursor is missing, malformed or too old (json_endpoint answers 400)."""
+
+
+def _since(request) -> datetime:
+    """The `since` cursor: ms since the epoch, UTC, at most LIVE_MAX_GAP ago."""
     try:
         since = datetime.fromtimestamp(int(request.GET["since"]) / 1000, tz=UTC)
     except (KeyError, ValueError, OverflowError, OSError):
-        return None
-    return since if timezone.now() - since <= LIVE_MAX_GAP else None
+        raise BadCursor from None
+    if timezone.now() - since > LIVE_MAX_GAP:
+        raise BadCursor
+    return since
 
 
 @login_required
@@ -83,8 +91,6 @@ def experiment_comparison(request, pk: int):
 def experiment_live(request, pk: int):
     experiment = get_object_or_404(selectors.experiments_visible(user=request.user), pk=pk)
     since = _since(request)
-    if since is None:
-        return _error(400, "since: ms since the epoch, at most 15 minutes ago; reload the page", "invalid")
     return JsonResponse(selectors.experiment_live(experiment=experiment, since=since,
                                                   known_version=request.GET.get("av", "")))
 
@@ -100,8 +106,6 @@ def run_detail(request, pk: int):
 def run_live(request, pk: int):
     run = get_object_or_404(selectors.runs_visible(user=request.user), pk=pk)
     since = _since(request)
-    if since is None:
-        return _error(400, "since: ms since the epoch, at most 15 minutes ago; reload the page", "invalid")
     runs = selectors.runs_visible(user=request.user).filter(pk=run.pk)
     return JsonResponse(selectors.live_update(runs=runs, since=since, fields=RUN_FIELDS))
 

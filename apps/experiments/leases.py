@@ -133,29 +133,28 @@ def run_release(*, run_id: int, owner: str, reason: str) -> bool:
     return True
 
 
-def _fail(run: Run, error: str) -> None:
+def _end(run: Run, status: str, error: str) -> None:
+    """Close the run's totals and record how it ended; the lease is released."""
     run_totals_advance(run=run, final=True)
-    run.status, run.finished_at, run.error = Run.Status.FAILED, timezone.now(), error[:4000]
+    run.status, run.finished_at, run.error = status, timezone.now(), error[:4000]
     run.lease_owner, run.lease_expires_at = "", None
     run.save(update_fields=["status", "finished_at", "error", "lease_owner", "lease_expires_at", "updated_at"])
 
 
+def _fail(run: Run, error: str) -> None:
+    _end(run, Run.Status.FAILED, error)
+
+
 def _requeue_or_fail(run: Run, reason: str) -> None:
-    note = f"attempt {run.attempts}: {reason}"
-    run.error = f"{run.error}\n{note}".strip()[:4000]
-    if run.attempts >= run.max_attempts or run.cancel_requested:
-        if run.cancel_requested:
-            run_totals_advance(run=run, final=True)
-            run.status, run.finished_at = Run.Status.CANCELLED, timezone.now()
-            run.lease_owner, run.lease_expires_at = "", None
-            run.save(update_fields=["status", "finished_at", "error", "lease_owner", "lease_expires_at",
-                                    "updated_at"])
-        else:
-            _fail(run, f"{run.error}\nno attempts left ({run.attempts}/{run.max_attempts})")
-        return
-    run.status, run.lease_owner, run.lease_expires_at = Run.Status.QUEUED, "", None
-    run.save(update_fields=["status", "error", "lease_owner", "lease_expires_at", "updated_at"])
-    run_enqueue(run=run)
+    run.error = f"{run.error}\nattempt {run.attempts}: {reason}".strip()[:4000]
+    if run.cancel_requested:
+        _end(run, Run.Status.CANCELLED, run.error)
+    elif run.attempts >= run.max_attempts:
+        _fail(run, f"{run.error}\nno attempts left ({run.attempts}/{run.max_attempts})")
+    else:
+        run.status, run.lease_owner, run.lease_expires_at = Run.Status.QUEUED, "", None
+        run.save(update_fields=["status", "error", "lease_owner", "lease_expires_at", "updated_at"])
+        run_enqueue(run=run)
 
 
 def runs_sweep_lost(*, now=None) -> list[int]:
