@@ -1,7 +1,10 @@
 """Validation of incoming telemetry and the idempotent insert by (run, seq).
 
-Postgres: COPY into a temporary staging table, then INSERT ... ON CONFLICT DO NOTHING.
-Elsewhere: bulk_create(ignore_conflicts=True). Either way a batch sent twice, or out of
+Postgres: a batch whose seqs all lie beyond the run's highest stored seq (the usual case:
+a sink appends) is COPied straight into the table inside a savepoint; the unique index on
+(run, seq) still guards it, and should it fire, the savepoint is rolled back and the batch
+takes the general path. That path (a retry, a late or overlapping batch) COPies into a
+temporary staging table, then INSERT ... ON CONFLICT DO NOTHING. Elsewhere: bulk_create(ignore_conflicts=True). Either way a batch sent twice, or out of
 order, leaves the stored set as if each sample had arrived once.
 """
 
@@ -9,7 +12,7 @@ from __future__ import annotations
 
 import operator
 
-from django.db import connection
+from django.db import IntegrityError, connection, transaction
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from apps.core.exceptions import ApplicationError
@@ -76,11 +79,21 @@ def samples_validate(samples: list) -> list[SampleIn]:
     return list(unique.values())
 
 
-def samples_insert(*, run_id: int, attempt: int, samples: list[SampleIn]) -> int:
-    """Insert, ignoring (run, seq) already stored. Returns how many rows were new."""
+def samples_insert(*, run_id: int, attempt: int, samples: list[SampleIn], after_seq: int | None = None) -> int:
+    """Insert, ignoring (run, seq) already stored. Returns how many rows were new.
+
+    `after_seq`: the run's highest stored seq, when the caller holds the run's row lock and
+    knows it. A batch entirely beyond it cannot conflict, so it skips the staging table.
+    """
     if not samples:
         return 0
     if connection.vendor == "postgresql":
+        if after_seq is not None and min(s.seq for s in samples) > after_seq:
+            try:
+                with transaction.atomic():  # a savepoint: a wrong guess costs a rollback, not the batch
+                    return _copy_direct(run_id=run_id, attempt=attempt, samples=samples)
+            except IntegrityError:
+                pass  # a row stored without moving the watermark: the general path sorts it out
         return _insert_copy(run_id=run_id, attempt=attempt, samples=samples)
     before = TelemetrySample.objects.filter(run_id=run_id).count()
     TelemetrySample.objects.bulk_create(
@@ -89,6 +102,17 @@ def samples_insert(*, run_id: int, attempt: int, samples: list[SampleIn]) -> int
         batch_size=1000,
     )
     return TelemetrySample.objects.filter(run_id=run_id).count() - before
+
+
+def _copy_direct(*, run_id: int, attempt: int, samples: list[SampleIn]) -> int:
+    cols = ", ".join(COLUMNS)
+    # COPY goes to psycopg's own cursor; wrap_database_errors turns its errors into Django's.
+    with connection.wrap_database_errors, connection.cursor() as cursor, cursor.copy(
+        f"COPY {TelemetrySample._meta.db_table} (run_id, attempt, {cols}) FROM STDIN"
+    ) as copy:
+        for s in samples:
+            copy.write_row((run_id, attempt, *_ROW(s)))
+    return len(samples)
 
 
 def _insert_copy(*, run_id: int, attempt: int, samples: list[SampleIn]) -> int:

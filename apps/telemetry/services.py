@@ -43,7 +43,8 @@ def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) 
             {"fields": {"attempt": ["stale"]}}, code="stale_attempt", status=409,
         )
     parsed = samples_validate(samples)
-    inserted = samples_insert(run_id=run.pk, attempt=attempt or max(run.attempts, 1), samples=parsed)
+    inserted = samples_insert(run_id=run.pk, attempt=attempt or max(run.attempts, 1), samples=parsed,
+                              after_seq=run.last_seq)
     if inserted:
         run_totals_advance(run=run, landed=sorted(s.seq for s in parsed))
     return IngestResult(received=len(samples), inserted=inserted, duplicates=len(samples) - inserted)

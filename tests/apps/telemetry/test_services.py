@@ -138,3 +138,29 @@ def test_a_gap_that_never_fills_stops_holding_pricing_back(gpu_run):
     assert gpu_run.priced_seq == batch[-1]["seq"]
     usage, cost = full_recompute(gpu_run)
     assert gpu_run.tokens == usage.tokens and float(gpu_run.cost_usd) == pytest.approx(cost.total_usd, abs=1e-6)
+
+
+def test_an_appended_batch_skips_the_staging_table(gpu_run):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the COPY paths are Postgres-only")
+    telemetry_ingest(run_id=gpu_run.pk, samples=samples(10))
+    with CaptureQueriesContext(connection) as appended:
+        telemetry_ingest(run_id=gpu_run.pk, samples=samples(10, start=10))
+    with CaptureQueriesContext(connection) as resent:
+        telemetry_ingest(run_id=gpu_run.pk, samples=samples(5, start=15))
+    assert not any("telemetry_staging" in q["sql"] for q in appended.captured_queries)
+    assert any("telemetry_staging" in q["sql"] for q in resent.captured_queries)
+    assert TelemetrySample.objects.filter(run=gpu_run).count() == 20
+
+
+def test_rows_stored_behind_the_watermark_fall_back_to_the_idempotent_path(gpu_run):
+    # Samples written without moving the run's watermark: the fast path's guess is wrong,
+    # its savepoint is rolled back, and the batch still lands once per seq.
+    TelemetrySample.objects.bulk_create([TelemetrySample(run=gpu_run, seq=s["seq"], ts=datetime.fromtimestamp(s["ts"], UTC))
+                                         for s in samples(3, start=5)])
+    result = telemetry_ingest(run_id=gpu_run.pk, samples=samples(10))
+    assert (result.inserted, result.duplicates) == (7, 3)
+    assert sorted(TelemetrySample.objects.filter(run=gpu_run).values_list("seq", flat=True)) == list(range(10))
