@@ -8,14 +8,25 @@ import torch
 
 from gpu_runtime.schema import OptimizerSection, TrainSection
 
+FUSED_DEVICE_TYPES = ("cuda", "cpu")
+
 
 def build_adamw(named_params: list[tuple[str, torch.Tensor]], opt: OptimizerSection, lr: float,
-                device: torch.device) -> torch.optim.AdamW:
-    """AdamW; norms and other 1-D parameters are not decayed (as in LLaMA and nanoGPT)."""
+                *, fused: bool = False) -> torch.optim.AdamW:
+    """AdamW; norms and other 1-D parameters are not decayed (as in LLaMA and nanoGPT).
+
+    ``fused`` (`kernels.fused_optimizer`): PyTorch's fused kernel, one pass over each
+    parameter, its gradient and both moments. Off, PyTorch picks its default (a loop over
+    tensors on CPU, foreach on CUDA): what a plain PyTorch script gets.
+    """
     decay = [p for _, p in named_params if p.dim() >= 2]
     no_decay = [p for _, p in named_params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    fused = device.type == "cuda" and all(p.is_cuda and p.dtype == torch.float32 for _, p in named_params)
+    if fused:
+        for name, p in named_params:
+            if p.device.type not in FUSED_DEVICE_TYPES or not p.is_floating_point():
+                raise ValueError(f"kernels.fused_optimizer: parameter {name} is {p.dtype} on {p.device.type}; "
+                                 f"the fused AdamW runs on floating-point tensors on {'/'.join(FUSED_DEVICE_TYPES)}")
     return torch.optim.AdamW(groups, lr=lr, betas=(opt.beta1, opt.beta2), fused=fused or None)
 
 

@@ -159,7 +159,11 @@ def train(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None] | No
     precision = Precision(config.precision, dev)
     built = assemble_model(Transformer(args), config, dev, precision, sample=batches.batch(0))
     strategies = {"placement": placement, **built.report}
-    optimizer = build_adamw(built.named_params, config.optimizer, config.train.lr, dev)
+    optimizer = build_adamw(built.named_params, config.optimizer, config.train.lr,
+                            fused=config.kernels.fused_optimizer)
+    if config.kernels.fused_optimizer:
+        strategies["kernels.fused_optimizer"] = {"implementation": "torch.optim.AdamW(fused=True)",
+                                                 "parameters": len(built.named_params)}
     batching = MicroBatching(config, params=built.module.parameters(), device=dev)
     trainer = Trainer(config=config, model=built.module, forward=built.forward, optimizer=optimizer,
                       precision=precision, device=dev, batching=batching, dataset_sha256=corpus.sha256,

@@ -155,6 +155,9 @@ class MemorySection(_Section):
 class KernelsSection(_Section):
     fused_rmsnorm_qkv: bool = Field(False, description="Fuse RMSNorm and the q/k/v projections (Triton on CUDA).")
     compile: bool = Field(False, description="Wrap the model in torch.compile.")
+    fused_optimizer: bool = Field(False, description=(
+        "AdamW as PyTorch's fused kernel (one pass over each parameter's state, on CUDA and CPU) instead of "
+        "the default per-tensor implementation."))
 
 
 class PlacementSection(_Section):

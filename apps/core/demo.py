@@ -44,6 +44,7 @@ model:     {family: llama, preset: tiny, seq_len: 64}
 data:      {source: synthetic, pin_memory: true, prefetch: 2}
 train:     {steps: 150, global_batch: 4, lr: 3.0e-4, seed: 0}
 precision: {compute_dtype: bf16}
+kernels:   {fused_optimizer: true}
 telemetry: {interval_s: 1.0}
 """
 

@@ -293,3 +293,22 @@ def test_placement_without_a_gpu_places_nothing_and_multi_gpu_jobs_are_refused(c
     with pytest.raises(StrategyError) as info:
         train_on_cpu(config(placement={"gpus": 2}))
     assert [e["key"] for e in info.value.errors] == ["placement.gpus"]
+
+
+def test_the_fused_optimizer_steps_with_the_fused_adamw_and_matches_the_default(config, spy):
+    cfg = config(train={"steps": 3}, telemetry={"enabled": False})
+    plain = train_on_cpu(cfg)
+    fused = train_on_cpu(cfg.model_copy(update={"kernels": cfg.kernels.model_copy(update={"fused_optimizer": True})}))
+    default_groups, fused_groups = spy[0].optimizer.param_groups, spy[1].optimizer.param_groups
+    assert not any(g["fused"] for g in default_groups) and all(g["fused"] for g in fused_groups)
+    assert fused.strategies["kernels.fused_optimizer"]["parameters"] > 0
+    assert "kernels.fused_optimizer" not in plain.strategies
+    assert fused.final_loss == pytest.approx(plain.final_loss, abs=1e-4)  # same update, one kernel
+
+
+def test_the_fused_optimizer_refuses_a_parameter_it_cannot_step():
+    from gpu_runtime.optim import build_adamw
+    from gpu_runtime.schema import OptimizerSection
+
+    with pytest.raises(ValueError, match=r"kernels\.fused_optimizer: parameter scale is torch\.int64"):
+        build_adamw([("scale", torch.zeros(3, dtype=torch.long))], OptimizerSection(), 1e-3, fused=True)
