@@ -1,7 +1,9 @@
 """Telemetry ingest throughput: the platform's path vs raw COPY into the same table.
 
-The platform path is what a worker's sink calls: validation, COPY into a staging table,
-INSERT ... ON CONFLICT DO NOTHING on (run, seq), and the incremental cost update. The
+The platform path is what a worker's sink calls: validation, the idempotent insert by
+(run, seq) (an appending batch: COPY straight into the table in a savepoint; any other:
+COPY into a staging table + INSERT ... ON CONFLICT DO NOTHING), and the incremental cost
+update, one transaction per batch. The
 baseline is a bare COPY of the same samples straight into the samples table, from the same
 dicts (the headline `ratio`), and also with its rows built before the timer starts (the
 best case, `ratio_vs_prebuilt_rows`). All run in one process, interleaved round by round,

@@ -11,9 +11,11 @@ order, leaves the stored set as if each sample had arrived once.
 from __future__ import annotations
 
 import operator
+from typing import Annotated, NotRequired
 
 from django.db import IntegrityError, connection, transaction
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import AwareDatetime, ConfigDict, Field, TypeAdapter, ValidationError, with_config
+from typing_extensions import TypedDict  # pydantic needs this TypedDict before Python 3.12
 
 from apps.core.exceptions import ApplicationError
 from apps.telemetry.models import TelemetrySample
@@ -28,34 +30,38 @@ COLUMNS = (
 )
 
 
-class SampleIn(BaseModel):
-    """One sample as gpu_runtime's sink emits it (and as external runs send it)."""
+@with_config(ConfigDict(extra="ignore", allow_inf_nan=False))
+class SampleIn(TypedDict):
+    """One sample as gpu_runtime's sink emits it (and as external runs send it).
 
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    A TypedDict, not a model: pydantic-core validates a batch into plain dicts about three
+    times faster than into model instances, and every field comes out (defaults filled in),
+    in the shape ``_ROW`` reads.
+    """
 
-    seq: int = Field(ge=0, le=2**62)
+    seq: Annotated[int, Field(ge=0, le=2**62)]
     # Unix seconds, or ISO 8601 with a zone ("Z" or an offset): pydantic-core parses both, no Python hop.
     ts: AwareDatetime
-    step: int = Field(0, ge=0)
-    device: str = Field("", max_length=120)
-    util_pct: float | None = Field(None, ge=0, le=100)
-    mem_used_mb: float | None = Field(None, ge=0)
-    mem_total_mb: float | None = Field(None, ge=0)
-    power_w: float | None = Field(None, ge=0)
-    energy_j: float | None = Field(None, ge=0)
-    step_time_s: float | None = Field(None, ge=0)
-    tokens: int = Field(0, ge=0)
-    tokens_per_s: float | None = Field(None, ge=0)
-    micro_batch: int | None = Field(None, ge=0)
-    loss: float | None = None
-    overlap_ratio: float | None = Field(None, ge=0, le=1)
-    mfu: float | None = Field(None, ge=0)
-    sm_clock_mhz: float | None = Field(None, ge=0)
-    temperature_c: float | None = None
-    estimated: bool = False
+    step: NotRequired[Annotated[int, Field(default=0, ge=0)]]
+    device: NotRequired[Annotated[str, Field(default="", max_length=120)]]
+    util_pct: NotRequired[Annotated[float | None, Field(default=None, ge=0, le=100)]]
+    mem_used_mb: NotRequired[Annotated[float | None, Field(default=None, ge=0)]]
+    mem_total_mb: NotRequired[Annotated[float | None, Field(default=None, ge=0)]]
+    power_w: NotRequired[Annotated[float | None, Field(default=None, ge=0)]]
+    energy_j: NotRequired[Annotated[float | None, Field(default=None, ge=0)]]
+    step_time_s: NotRequired[Annotated[float | None, Field(default=None, ge=0)]]
+    tokens: NotRequired[Annotated[int, Field(default=0, ge=0)]]
+    tokens_per_s: NotRequired[Annotated[float | None, Field(default=None, ge=0)]]
+    micro_batch: NotRequired[Annotated[int | None, Field(default=None, ge=0)]]
+    loss: NotRequired[Annotated[float | None, Field(default=None)]]
+    overlap_ratio: NotRequired[Annotated[float | None, Field(default=None, ge=0, le=1)]]
+    mfu: NotRequired[Annotated[float | None, Field(default=None, ge=0)]]
+    sm_clock_mhz: NotRequired[Annotated[float | None, Field(default=None, ge=0)]]
+    temperature_c: NotRequired[Annotated[float | None, Field(default=None)]]
+    estimated: NotRequired[Annotated[bool, Field(default=False)]]
 
 
-_ROW = operator.attrgetter(*COLUMNS)  # one C call per sample, in COPY column order
+_ROW = operator.itemgetter(*COLUMNS)  # one C call per sample, in COPY column order
 _BATCH = TypeAdapter(list[SampleIn])
 
 
@@ -75,7 +81,7 @@ def samples_validate(samples: list) -> list[SampleIn]:
     # A seq twice in one batch is the same sample sent twice: keep the first.
     unique = {}
     for sample in parsed:
-        unique.setdefault(sample.seq, sample)
+        unique.setdefault(sample["seq"], sample)
     return list(unique.values())
 
 
@@ -88,7 +94,7 @@ def samples_insert(*, run_id: int, attempt: int, samples: list[SampleIn], after_
     if not samples:
         return 0
     if connection.vendor == "postgresql":
-        if after_seq is not None and min(s.seq for s in samples) > after_seq:
+        if after_seq is not None and min(s["seq"] for s in samples) > after_seq:
             try:
                 with transaction.atomic():  # a savepoint: a wrong guess costs a rollback, not the batch
                     return _copy_direct(run_id=run_id, attempt=attempt, samples=samples)
@@ -97,7 +103,7 @@ def samples_insert(*, run_id: int, attempt: int, samples: list[SampleIn], after_
         return _insert_copy(run_id=run_id, attempt=attempt, samples=samples)
     before = TelemetrySample.objects.filter(run_id=run_id).count()
     TelemetrySample.objects.bulk_create(
-        [TelemetrySample(run_id=run_id, attempt=attempt, **s.model_dump(include=set(COLUMNS))) for s in samples],
+        [TelemetrySample(run_id=run_id, attempt=attempt, **s) for s in samples],
         ignore_conflicts=True,
         batch_size=1000,
     )

@@ -46,7 +46,7 @@ def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) 
     inserted = samples_insert(run_id=run.pk, attempt=attempt or max(run.attempts, 1), samples=parsed,
                               after_seq=run.last_seq)
     if inserted:
-        run_totals_advance(run=run, landed=sorted(s.seq for s in parsed))
+        run_totals_advance(run=run, landed=sorted(s["seq"] for s in parsed))
     return IngestResult(received=len(samples), inserted=inserted, duplicates=len(samples) - inserted)
 
 
