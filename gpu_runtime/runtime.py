@@ -26,7 +26,7 @@ from gpu_runtime.errors import StrategyError
 from gpu_runtime.live import live_poller
 from gpu_runtime.mfu import peak_flops
 from gpu_runtime.model import ModelArgs, Transformer, preset_args
-from gpu_runtime.optim import build_adamw
+from gpu_runtime.optim import build_adamw, load_optimizer_state
 from gpu_runtime.placement import choose_device
 from gpu_runtime.precision import Precision
 from gpu_runtime.prefetch import Prefetcher
@@ -115,7 +115,7 @@ def _resume(path: str, config: StrategyConfig, module: torch.nn.Module, optimize
     state = load_checkpoint(path, config, mmap=config.offload.mmap)
     try:
         module.load_state_dict(state.model)
-        optimizer.load_state_dict(state.optimizer)
+        load_optimizer_state(optimizer, state.optimizer)
     except (RuntimeError, ValueError) as exc:  # e.g. saved with quantization off, resumed with it on
         raise StrategyError.single("resume_from", f"the checkpoint does not fit this strategy's model: "
                                                   f"{str(exc).splitlines()[0][:300]}") from None

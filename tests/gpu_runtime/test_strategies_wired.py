@@ -310,5 +310,26 @@ def test_the_fused_optimizer_refuses_a_parameter_it_cannot_step():
     from gpu_runtime.optim import build_adamw
     from gpu_runtime.schema import OptimizerSection
 
-    with pytest.raises(ValueError, match=r"kernels\.fused_optimizer: parameter scale is torch\.int64"):
+    with pytest.raises(StrategyError, match=r"kernels\.fused_optimizer: parameter scale is torch\.int64"):
         build_adamw([("scale", torch.zeros(3, dtype=torch.long))], OptimizerSection(), 1e-3, fused=True)
+    # parameters on two devices (an offloaded embedding beside GPU weights; meta stands in here)
+    with pytest.raises(StrategyError, match=r"kernels\.fused_optimizer: parameters live on cpu and meta"):
+        build_adamw([("a", torch.zeros(3)), ("b", torch.zeros(3, device="meta"))], OptimizerSection(), 1e-3,
+                    fused=True)
+
+
+@pytest.mark.parametrize("saved_fused, resumed_fused", [(False, True), (True, False)])
+def test_a_resumed_run_steps_as_its_strategy_says_not_as_the_checkpoint_did(config, spy, tmp_path, saved_fused,
+                                                                            resumed_fused):
+    def with_fused(cfg, on):
+        return cfg.model_copy(update={"kernels": cfg.kernels.model_copy(update={"fused_optimizer": on})})
+
+    cfg = config(telemetry={"enabled": False})
+    train_on_cpu(with_fused(cfg, saved_fused), steps=2, checkpoint_dir=str(tmp_path))
+    resumed = train_on_cpu(with_fused(cfg, resumed_fused), steps=4, resume_from=str(tmp_path))
+    assert resumed.steps == 4
+    groups = spy[-1].optimizer.param_groups
+    assert all(bool(g["fused"]) is resumed_fused for g in groups)
+    assert ("kernels.fused_optimizer" in resumed.strategies) is resumed_fused
+    state = spy[-1].optimizer.state
+    assert state and all(s["step"].item() == 4 for s in state.values())  # the moments carried on, not restarted
