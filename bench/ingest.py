@@ -3,11 +3,10 @@
 The platform path is what a worker's sink calls: validation, the idempotent insert by
 (run, seq) (an appending batch: COPY straight into the table in a savepoint; any other:
 COPY into a staging table + INSERT ... ON CONFLICT DO NOTHING), and the incremental cost
-update, one transaction per batch. The
-baseline is a bare COPY of the same samples straight into the samples table, from the same
-dicts (the headline `ratio`), and also with its rows built before the timer starts (the
-best case, `ratio_vs_prebuilt_rows`). All run in one process, interleaved round by round,
-on the same Postgres.
+update, one transaction per batch. The baseline is a bare COPY of the same samples
+straight into the samples table, from the same dicts (the headline `ratio`), and also
+with its rows built before the timer starts (the best case, `ratio_vs_prebuilt_rows`).
+All run in one process, interleaved round by round, on the same Postgres.
 
     python bench/ingest.py [--quick] [--json]      (target: ratio >= 0.5)
 """

@@ -63,9 +63,10 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
     with `kernels.fused_optimizer` switched would silently step as the checkpoint did; and
     the state is placed (the ``step`` counters) according to the settings in force.
     """
-    groups = [{**group, **{k: mine[k] for k in IMPLEMENTATION_KEYS if k in mine}}
-              for group, mine in zip(saved["param_groups"], optimizer.param_groups, strict=False)]
-    optimizer.load_state_dict({**saved, "param_groups": groups + saved["param_groups"][len(groups):]})
+    # a different group count is load_state_dict's error to raise
+    for group, mine in zip(saved["param_groups"], optimizer.param_groups, strict=False):
+        group.update({k: mine[k] for k in IMPLEMENTATION_KEYS if k in mine})
+    optimizer.load_state_dict(saved)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

@@ -4,13 +4,15 @@ Postgres: a batch whose seqs all lie beyond the run's highest stored seq (the us
 a sink appends) is COPied straight into the table inside a savepoint; the unique index on
 (run, seq) still guards it, and should it fire, the savepoint is rolled back and the batch
 takes the general path. That path (a retry, a late or overlapping batch) COPies into a
-temporary staging table, then INSERT ... ON CONFLICT DO NOTHING. Elsewhere: bulk_create(ignore_conflicts=True). Either way a batch sent twice, or out of
-order, leaves the stored set as if each sample had arrived once.
+temporary staging table, then INSERT ... ON CONFLICT DO NOTHING. Elsewhere:
+bulk_create(ignore_conflicts=True). Either way a batch sent twice, or out of order,
+leaves the stored set as if each sample had arrived once.
 """
 
 from __future__ import annotations
 
 import operator
+from collections.abc import Iterable
 from typing import Annotated, NotRequired
 
 from django.db import IntegrityError, connection, transaction
@@ -110,14 +112,18 @@ def samples_insert(*, run_id: int, attempt: int, samples: list[SampleIn], after_
     return TelemetrySample.objects.filter(run_id=run_id).count() - before
 
 
+def _copy_in(cursor, target: str, rows: Iterable[tuple]) -> None:
+    """COPY rows into ``target`` ("table (columns)"). COPY goes to psycopg's own cursor, past
+    Django's wrapper: wrap_database_errors turns its errors into Django's (IntegrityError...)."""
+    with connection.wrap_database_errors, cursor.copy(f"COPY {target} FROM STDIN") as copy:
+        for row in rows:
+            copy.write_row(row)
+
+
 def _copy_direct(*, run_id: int, attempt: int, samples: list[SampleIn]) -> int:
-    cols = ", ".join(COLUMNS)
-    # COPY goes to psycopg's own cursor; wrap_database_errors turns its errors into Django's.
-    with connection.wrap_database_errors, connection.cursor() as cursor, cursor.copy(
-        f"COPY {TelemetrySample._meta.db_table} (run_id, attempt, {cols}) FROM STDIN"
-    ) as copy:
-        for s in samples:
-            copy.write_row((run_id, attempt, *_ROW(s)))
+    with connection.cursor() as cursor:
+        _copy_in(cursor, f"{TelemetrySample._meta.db_table} (run_id, attempt, {', '.join(COLUMNS)})",
+                 ((run_id, attempt, *_ROW(s)) for s in samples))
     return len(samples)
 
 
@@ -131,9 +137,7 @@ def _insert_copy(*, run_id: int, attempt: int, samples: list[SampleIn]) -> int:
             f"CREATE TEMP TABLE IF NOT EXISTS telemetry_staging ON COMMIT DELETE ROWS AS "
             f"SELECT {cols} FROM {table} WITH NO DATA"
         )
-        with cursor.copy(f"COPY telemetry_staging ({cols}) FROM STDIN") as copy:
-            for s in samples:
-                copy.write_row(_ROW(s))
+        _copy_in(cursor, f"telemetry_staging ({cols})", map(_ROW, samples))
         cursor.execute(
             f"INSERT INTO {table} (run_id, attempt, {cols}) "
             f"SELECT %s, %s, {cols} FROM telemetry_staging "
