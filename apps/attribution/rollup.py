@@ -1,10 +1,10 @@
 """The attribution rollup: run totals -> one observation per run and window, set-based.
 
-Run totals already move forward as telemetry lands (apps.telemetry.services), so a window's
-observation of a run is its totals now minus its RunCursor (what earlier windows took). One
+Run totals already move as telemetry lands (apps.telemetry.services), so a window's observation of a run is its totals now minus its RunCursor (what earlier windows took). One
 INSERT ... SELECT records every observation of every due experiment; one upsert moves the
 cursors by exactly what was recorded, so a run's totals are counted once however long the
-gap between ticks. Nothing here reads telemetry samples. Plain SQL that Postgres and SQLite
+gap between ticks. A late sample re-prices a run below its priced_seq, so a run is observed
+when its cost or tokens moved, not only its seq. Nothing here reads telemetry samples. Plain SQL that Postgres and SQLite
 both accept.
 """
 
@@ -54,7 +54,8 @@ def observations_record(*, window_ids: list[int], restarted_arm_ids: list[int] =
         LEFT JOIN {win} cw ON cw.id = c.window_id
         LEFT JOIN {win} pw ON pw.experiment_id = w.experiment_id AND pw.number = w.number - 1
         LEFT JOIN {snap} ps ON ps.window_id = pw.id AND ps.arm_id = r.arm_id
-        WHERE w.id IN ({ids}) AND r.priced_seq > COALESCE(c.priced_seq, -1)
+        WHERE w.id IN ({ids}) AND (r.priced_seq > COALESCE(c.priced_seq, -1)
+                                   OR r.cost_usd <> COALESCE(c.cost_usd, 0) OR r.tokens <> COALESCE(c.tokens, 0))
     """
     # The cursor moves by the observation just stored, never by a fresh read of the run:
     # totals that moved between the two statements are left for the next window.

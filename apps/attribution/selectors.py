@@ -54,9 +54,13 @@ def experiments_due(*, now: datetime) -> list[Experiment]:
 
 
 def experiments_moved(*, experiment_ids: list[int]) -> set[int]:
-    """Of these experiments, those with a run whose priced totals moved past its cursor."""
+    """Of these experiments, those with a run whose priced totals moved past its cursor.
+
+    A late sample re-prices a run below its priced_seq: its cost or tokens move, not its seq.
+    """
     moved = Run.objects.filter(experiment_id__in=experiment_ids).filter(
-        Q(attribution_cursor__isnull=True, priced_seq__gte=0) | Q(priced_seq__gt=F("attribution_cursor__priced_seq")))
+        Q(attribution_cursor__isnull=True, priced_seq__gte=0) | Q(priced_seq__gt=F("attribution_cursor__priced_seq"))
+        | ~Q(cost_usd=F("attribution_cursor__cost_usd")) | ~Q(tokens=F("attribution_cursor__tokens")))
     return set(moved.order_by().values_list("experiment_id", flat=True).distinct())
 
 

@@ -297,13 +297,13 @@ def run_external_ingest(*, run: Run, samples: list, attempt: int | None = None):
 @transaction.atomic
 def run_external_finish(*, run: Run, status: str, error: str = "", dataset_sha256: str = "") -> Run:
     """Close an external run: price everything it sent and record how it ended."""
-    from apps.telemetry.services import run_totals_advance
+    from apps.telemetry.services import run_totals_recompute
 
     if status not in (Run.Status.SUCCEEDED, Run.Status.FAILED):
         raise ApplicationError(f"status: must be 'succeeded' or 'failed', not '{status}'",
                                {"fields": {"status": ["succeeded or failed"]}}, code="invalid")
     run = _external_running(run, "finish")
-    run_totals_advance(run=run, final=True)
+    run_totals_recompute(run=run)
     run.status, run.error, run.finished_at = status, error[:4000], timezone.now()
     run.dataset_sha256 = dataset_sha256 or run.dataset_sha256
     run.save(update_fields=["status", "error", "finished_at", "dataset_sha256", "updated_at"])

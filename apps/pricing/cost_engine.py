@@ -40,6 +40,11 @@ def _add(a: Any, b: Any) -> Any:
     return type(a)(*(getattr(a, f.name) + getattr(b, f.name) for f in fields(a)))
 
 
+def _sub(a: Any, b: Any) -> Any:
+    """Field-wise difference (a re-priced interval leaves the bill: the old figures come off)."""
+    return type(a)(*(getattr(a, f.name) - getattr(b, f.name) for f in fields(a)))
+
+
 @dataclass(frozen=True)
 class Prices:
     """Unit prices in force at one moment (one pricing table and one GPU SKU's hourly rate)."""
@@ -104,6 +109,9 @@ class Usage:
     def __add__(self, other: Usage) -> Usage:
         return _add(self, other)
 
+    def __sub__(self, other: Usage) -> Usage:
+        return _sub(self, other)
+
     @classmethod
     def zero(cls) -> Usage:
         return cls()
@@ -125,6 +133,9 @@ class CostBreakdown:
 
     def __add__(self, other: CostBreakdown) -> CostBreakdown:
         return _add(self, other)
+
+    def __sub__(self, other: CostBreakdown) -> CostBreakdown:
+        return _sub(self, other)
 
     @classmethod
     def zero(cls) -> CostBreakdown:

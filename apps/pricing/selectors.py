@@ -8,11 +8,9 @@ from datetime import datetime
 
 from django.db.models import QuerySet
 
+from apps.pricing.bill import FREE
 from apps.pricing.cost_engine import Prices
 from apps.pricing.models import CostModel, GpuPrice, PricingTable
-
-# Before a tenant's first pricing table there is no price: such intervals cost nothing.
-FREE = Prices(gpu_hour_usd=0, electricity_usd_per_kwh=0, pue=1, vcpu_hour_usd=0, memory_gb_hour_usd=0)
 
 
 def pricing_table_valid_at(*, tenant_id: int, at: datetime) -> PricingTable | None:

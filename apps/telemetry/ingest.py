@@ -87,14 +87,14 @@ def samples_validate(samples: list) -> list[SampleIn]:
     return list(unique.values())
 
 
-def samples_insert(*, run_id: int, attempt: int, samples: list[SampleIn], after_seq: int | None = None) -> int:
-    """Insert, ignoring (run, seq) already stored. Returns how many rows were new.
+def samples_insert(*, run_id: int, attempt: int, samples: list[SampleIn], after_seq: int | None = None) -> list[int]:
+    """Insert, ignoring (run, seq) already stored. Returns the seqs that were new.
 
     `after_seq`: the run's highest stored seq, when the caller holds the run's row lock and
     knows it. A batch entirely beyond it cannot conflict, so it skips the staging table.
     """
     if not samples:
-        return 0
+        return []
     if connection.vendor == "postgresql":
         if after_seq is not None and min(s["seq"] for s in samples) > after_seq:
             try:
@@ -103,13 +103,12 @@ def samples_insert(*, run_id: int, attempt: int, samples: list[SampleIn], after_
             except IntegrityError:
                 pass  # a row stored without moving the watermark: the general path sorts it out
         return _insert_copy(run_id=run_id, attempt=attempt, samples=samples)
-    before = TelemetrySample.objects.filter(run_id=run_id).count()
-    TelemetrySample.objects.bulk_create(
-        [TelemetrySample(run_id=run_id, attempt=attempt, **s) for s in samples],
-        ignore_conflicts=True,
-        batch_size=1000,
-    )
-    return TelemetrySample.objects.filter(run_id=run_id).count() - before
+    seqs = [s["seq"] for s in samples]
+    stored = set(TelemetrySample.objects.filter(run_id=run_id, seq__in=seqs).values_list("seq", flat=True))
+    new = [s for s in samples if s["seq"] not in stored]
+    TelemetrySample.objects.bulk_create([TelemetrySample(run_id=run_id, attempt=attempt, **s) for s in new],
+                                        batch_size=1000)
+    return [s["seq"] for s in new]
 
 
 def _copy_in(cursor, target: str, rows: Iterable[tuple]) -> None:
@@ -120,14 +119,14 @@ def _copy_in(cursor, target: str, rows: Iterable[tuple]) -> None:
             copy.write_row(row)
 
 
-def _copy_direct(*, run_id: int, attempt: int, samples: list[SampleIn]) -> int:
+def _copy_direct(*, run_id: int, attempt: int, samples: list[SampleIn]) -> list[int]:
     with connection.cursor() as cursor:
         _copy_in(cursor, f"{TelemetrySample._meta.db_table} (run_id, attempt, {', '.join(COLUMNS)})",
                  ((run_id, attempt, *_ROW(s)) for s in samples))
-    return len(samples)
+    return [s["seq"] for s in samples]
 
 
-def _insert_copy(*, run_id: int, attempt: int, samples: list[SampleIn]) -> int:
+def _insert_copy(*, run_id: int, attempt: int, samples: list[SampleIn]) -> list[int]:
     table = TelemetrySample._meta.db_table
     cols = ", ".join(COLUMNS)
     with connection.cursor() as cursor:
@@ -141,10 +140,10 @@ def _insert_copy(*, run_id: int, attempt: int, samples: list[SampleIn]) -> int:
         cursor.execute(
             f"INSERT INTO {table} (run_id, attempt, {cols}) "
             f"SELECT %s, %s, {cols} FROM telemetry_staging "
-            f"ON CONFLICT (run_id, seq) DO NOTHING",
+            f"ON CONFLICT (run_id, seq) DO NOTHING RETURNING seq",
             [run_id, attempt],
         )
-        inserted = cursor.rowcount
+        inserted = [row[0] for row in cursor.fetchall()]
         # Several batches in one transaction must not see each other's rows. DELETE, not
         # TRUNCATE: no new relation file; the commit empties the table cheaply anyway.
         cursor.execute("DELETE FROM telemetry_staging")

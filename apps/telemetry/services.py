@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from django.db import transaction
-from django.db.models import Max
 
 from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Run
@@ -15,11 +14,7 @@ from apps.pricing import cost_engine
 from apps.pricing.models import CostModel
 from apps.pricing.selectors import price_schedule
 from apps.telemetry.ingest import samples_insert, samples_validate
-from apps.telemetry.models import TelemetrySample
-from apps.telemetry.rollup import contiguous_end, usage_rollup
-
-# Samples stored beyond a gap before pricing stops waiting for it (about 2 minutes at 1 s).
-GAP_PATIENCE_SAMPLES = 120
+from apps.telemetry.rollup import SEQ_MAX, batch_ranges, usage_delta
 
 
 @dataclass(frozen=True)
@@ -32,7 +27,8 @@ class IngestResult:
 @transaction.atomic
 def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) -> IngestResult:
     """Validate and store a batch for a run; idempotent by (run, seq). Nothing partial on error."""
-    run = Run.objects.select_for_update(of=("self",)).select_related("experiment__cost_model").get(pk=run_id)
+    run = Run.objects.select_for_update(of=("self",)).select_related("experiment__cost_model", "gpu_sku").get(
+        pk=run_id)
     if run.kind == Run.Kind.WORKER and attempt is not None and (
         run.status != Run.Status.RUNNING or attempt != run.attempts
     ):
@@ -43,83 +39,102 @@ def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) 
             {"fields": {"attempt": ["stale"]}}, code="stale_attempt", status=409,
         )
     parsed = samples_validate(samples)
-    inserted = samples_insert(run_id=run.pk, attempt=attempt or max(run.attempts, 1), samples=parsed,
-                              after_seq=run.last_seq)
-    if inserted:
-        run_totals_advance(run=run, landed=sorted(s["seq"] for s in parsed))
-    return IngestResult(received=len(samples), inserted=inserted, duplicates=len(samples) - inserted)
+    seqs = sorted(s["seq"] for s in parsed)
+    if not seqs:
+        return IngestResult(received=0, inserted=0, duplicates=0)
+    appended = seqs[0] > run.last_seq
+    # Before the insert: the stored rows around the batch bound what it can change.
+    ranges = [(run.last_seq, SEQ_MAX)] if appended else batch_ranges(run_id=run.pk, seqs=seqs)
+    fresh = samples_insert(run_id=run.pk, attempt=attempt or max(run.attempts, 1), samples=parsed,
+                           after_seq=run.last_seq)
+    if fresh:
+        run_totals_apply(run=run, ranges=ranges, fresh=fresh, batch=samples)
+    return IngestResult(received=len(samples), inserted=len(fresh), duplicates=len(samples) - len(fresh))
 
 
-def run_totals_advance(*, run: Run, final: bool = False, landed: list[int] | None = None) -> None:
-    """Price the samples after the run's watermark and add them to its totals.
+def run_totals_apply(*, run: Run, ranges: list[tuple[int, int]], fresh: list[int] | None,
+                     batch: list | None = None) -> None:
+    """Move the run's totals by what `fresh` (the seqs just stored) changed in its bill.
 
-    Only the gap-free stretch is priced while the run is live, so a sample arriving late
-    still lands in its own interval; `final` prices across gaps (the counters are
-    cumulative, so a missing sample only merges two intervals). Caller holds the row lock.
-    `landed`: the sorted seqs just stored, when known, which saves queries in the usual case.
+    Re-prices the intervals the new rows close and the one after each, wherever they landed.
+    fresh=None: recompute the whole bill from the stored samples. Caller holds the row lock.
+    A batch whose timestamps go backwards against seq (within an attempt, against each other or
+    against the stored rows around them) is refused: the caller's transaction rolls back.
     """
-    previous_last = run.last_seq
-    if landed:
-        last = landed[-1]
-    else:
-        last = TelemetrySample.objects.filter(run_id=run.pk).aggregate(last=Max("seq"))["last"]
-    last_moved = last is not None and last > run.last_seq
-    if last_moved:
-        run.last_seq = last
-    if final:
-        upto = run.last_seq
-    elif landed and landed[0] == run.priced_seq + 1 and landed[-1] - landed[0] + 1 == len(landed) \
-            and landed[-1] >= previous_last:
-        upto = landed[-1]  # the batch continues the priced stretch, and nothing beyond it is stored
-    else:
-        upto = contiguous_end(run_id=run.pk, after_seq=run.priced_seq)
-        if run.last_seq - (upto if upto is not None else run.priced_seq) > GAP_PATIENCE_SAMPLES:
-            # A gap this far behind will not fill (a sample dropped for good): price across it,
-            # or the run's cost would stand still until it ends. The counters are cumulative, so
-            # the missing sample only merges two intervals.
-            upto = run.last_seq
-    if upto is None or upto <= run.priced_seq:
-        if last_moved:
-            run.save(update_fields=["last_seq", "updated_at"])
-        return
-
     cost_model = run.experiment.cost_model
     schedule = price_schedule(
         tenant_id=run.tenant_id, gpu_sku_id=run.gpu_sku_id, pinned_table_id=run.experiment.pricing_table_id
     )
-    weights = cost_engine.Weights.from_cost_model(cost_model)
-    periods = usage_rollup(
-        run_id=run.pk, after_seq=run.priced_seq, upto_seq=upto, gpu_count=run.gpu_count, vcpus=run.vcpus,
-        memory_gb=run.memory_gb, boundaries=schedule.boundaries,
+    delta = usage_delta(
+        run_id=run.pk, ranges=ranges, fresh=fresh, gpu_count=run.gpu_count, vcpus=run.vcpus,
+        memory_gb=run.memory_gb, boundaries=schedule.boundaries, modelled_power_w=_modelled_power_w(run),
     )
+    if delta.backwards_seq is not None:
+        _refuse_backwards(delta.backwards_seq, fresh or [], batch or [])
+    weights = cost_engine.Weights.from_cost_model(cost_model)
     usage, cost = cost_engine.Usage.zero(), cost_engine.CostBreakdown.zero()
-    for p in periods:
-        usage = usage + p.usage
-        cost = cost + cost_engine.resource_weighted_cost(p.usage, schedule.period_prices(p.period), weights)
+    for p in delta.periods:
+        priced = cost_engine.resource_weighted_cost(p.usage, schedule.period_prices(p.period), weights)
+        if p.sign > 0:
+            usage, cost = usage + p.usage, cost + priced
+        else:
+            usage, cost = usage - p.usage, cost - priced
+    added = [p for p in delta.periods if p.sign > 0]
 
-    breakdown = dict(run.cost_breakdown or {})
-    for key, value in dataclasses.asdict(cost).items():
-        breakdown[key] = breakdown.get(key, 0.0) + value
-    if cost_model.kind == CostModel.Kind.TIERED_PER_CALL:
-        units_before = breakdown.get("units", 0)
-        units = usage.steps if cost_model.unit == CostModel.Unit.STEP else usage.tokens
-        breakdown["units"] = units_before + units
-        breakdown["tiered_usd"] = breakdown.get("tiered_usd", 0.0) + cost_engine.tiered_cost(
-            units_before, units, cost_model.tiers
-        )
-        total = breakdown["tiered_usd"]
+    total = dataclasses.asdict(cost)
+    if fresh is None:  # a recompute: the figures are the bill, not a change to it
+        breakdown = {"units": 0}
+        run.tokens, run.device_seconds, run.energy_j, run.steps = 0, 0.0, 0.0, 0
+        run.energy_estimated = False
     else:
-        total = breakdown["total_usd"]
-
-    run.priced_seq = upto
-    run.steps = max([run.steps, *(p.max_step for p in periods)])
+        breakdown = dict(run.cost_breakdown or {})
+    for key, value in total.items():
+        breakdown[key] = breakdown.get(key, 0.0) + value
     run.tokens += usage.tokens
     run.device_seconds += usage.device_seconds if run.gpu_count else usage.wall_s
     run.energy_j += usage.energy_j
-    run.energy_estimated = run.energy_estimated or any(p.estimated for p in periods)
+    run.steps = max([run.steps, *(p.max_step for p in added)])
+    run.energy_estimated = run.energy_estimated or any(p.estimated for p in added)
+    if cost_model.kind == CostModel.Kind.TIERED_PER_CALL:
+        # Tiers apply to the run's cumulative units: priced from zero, whatever order they came in.
+        units = usage.steps if cost_model.unit == CostModel.Unit.STEP else usage.tokens
+        breakdown["units"] = breakdown.get("units", 0) + units
+        breakdown["tiered_usd"] = cost_engine.tiered_cost(0, breakdown["units"], cost_model.tiers)
+        bill = breakdown["tiered_usd"]
+    else:
+        bill = breakdown["total_usd"]
+    last = max(run.last_seq, max(fresh)) if fresh else run.last_seq
+    run.last_seq = run.priced_seq = last
     run.cost_breakdown = breakdown
-    run.cost_usd = Decimal(str(round(total, 6)))
+    run.cost_usd = Decimal(str(round(bill, 6)))
     run.save(update_fields=[
         "priced_seq", "last_seq", "steps", "tokens", "device_seconds", "energy_j", "energy_estimated",
         "cost_breakdown", "cost_usd", "updated_at",
     ])
+
+
+def run_totals_recompute(*, run: Run) -> None:
+    """The run's totals from all its stored samples (at finish: whatever arrived late is in)."""
+    run_totals_apply(run=run, ranges=[(-1, SEQ_MAX)], fresh=None)
+
+
+def _modelled_power_w(run: Run) -> float:
+    """Board power of the run's GPUs: what an interval reporting neither energy nor power is modelled at."""
+    if not run.gpu_count or run.gpu_sku_id is None:
+        return 0.0
+    return float(run.gpu_sku.tdp_w) * run.gpu_count
+
+
+def _refuse_backwards(seq: int, fresh: list[int], batch: list) -> None:
+    """Name the batch's sample to blame: the one at `seq`, or the new one just before it."""
+    culprit = seq if seq in set(fresh) else max((s for s in fresh if s < seq), default=seq)
+    index = next((i for i, s in enumerate(batch) if isinstance(s, dict) and s.get("seq") == culprit), 0)
+    where = f"samples[{index}].ts"
+    reason = f"goes backwards against seq (seq {culprit} is timed before a sample with a lower seq, or after one " \
+             f"with a higher seq)"
+    raise ApplicationError(f"{where}: {reason}", {"fields": {where: [reason]}}, code="invalid")
+
+
+def run_totals_advance(*, run: Run, final: bool = True) -> None:
+    """Close a run's totals (the name apps.experiments.leases calls): a full recompute."""
+    run_totals_recompute(run=run)

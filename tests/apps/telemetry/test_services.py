@@ -68,14 +68,18 @@ def test_out_of_order_and_overlapping_batches_give_the_in_order_totals(gpu_run):
     assert cost.total_usd == pytest.approx(59 / 3600 * 3.00 + 17_700 / 3.6e6 * 1.2 * 0.15, rel=1e-9)
 
 
-def test_a_gap_holds_pricing_back_until_filled(gpu_run):
+def test_a_gap_is_priced_across_at_once_and_re_priced_when_it_fills(gpu_run):
     batch = samples(10)
     telemetry_ingest(run_id=gpu_run.pk, samples=batch[:4] + batch[6:])
     gpu_run.refresh_from_db()
-    assert (gpu_run.priced_seq, gpu_run.last_seq) == (3, 9)
+    usage, cost = full_recompute(gpu_run)
+    assert (gpu_run.priced_seq, gpu_run.last_seq, gpu_run.tokens) == (9, 9, 9000)
+    assert float(gpu_run.cost_usd) == pytest.approx(cost.total_usd, abs=1e-6)
     telemetry_ingest(run_id=gpu_run.pk, samples=batch[4:6])
     gpu_run.refresh_from_db()
-    assert gpu_run.priced_seq == 9 and gpu_run.tokens == 9000
+    usage, cost = full_recompute(gpu_run)
+    assert gpu_run.priced_seq == 9 and gpu_run.tokens == usage.tokens == 9000
+    assert float(gpu_run.cost_usd) == pytest.approx(cost.total_usd, abs=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -125,19 +129,18 @@ def test_a_swept_attempt_cannot_write_into_the_run_that_replaced_it(gpu_run):
     assert TelemetrySample.objects.filter(run=gpu_run).count() == 5
 
 
-def test_a_gap_that_never_fills_stops_holding_pricing_back(gpu_run):
-    from apps.telemetry.services import GAP_PATIENCE_SAMPLES
-
-    batch = samples(GAP_PATIENCE_SAMPLES + 20)
-    telemetry_ingest(run_id=gpu_run.pk, samples=batch[:10], attempt=1)
-    telemetry_ingest(run_id=gpu_run.pk, samples=batch[11:30], attempt=1)  # seq 10 is lost
+def test_a_sample_landing_below_the_watermark_is_priced_in_its_own_interval(gpu_run):
+    batch = samples(30)
+    batch[10]["util_pct"] = 0.0  # idle for the second before seq 10: the late sample changes the idle share
+    telemetry_ingest(run_id=gpu_run.pk, samples=batch[:10] + batch[11:], attempt=1)
     gpu_run.refresh_from_db()
-    assert gpu_run.priced_seq == 9  # still waiting: it may arrive late
-    telemetry_ingest(run_id=gpu_run.pk, samples=batch[30:], attempt=1)
+    idle_before = gpu_run.cost_breakdown["idle_usd"]
+    telemetry_ingest(run_id=gpu_run.pk, samples=[batch[10]], attempt=1)  # seq 10, late
     gpu_run.refresh_from_db()
-    assert gpu_run.priced_seq == batch[-1]["seq"]
     usage, cost = full_recompute(gpu_run)
     assert gpu_run.tokens == usage.tokens and float(gpu_run.cost_usd) == pytest.approx(cost.total_usd, abs=1e-6)
+    # One second of one GPU at 3.00 USD/h went idle (seq 10's interval), nothing else moved.
+    assert gpu_run.cost_breakdown["idle_usd"] - idle_before == pytest.approx(3.0 / 3600 - 0.2 * 3.0 / 3600)
 
 
 def test_an_appended_batch_skips_the_staging_table(gpu_run):
