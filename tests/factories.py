@@ -101,12 +101,20 @@ class ArmFactory(factory.django.DjangoModelFactory):
 class RunFactory(factory.django.DjangoModelFactory):
     class Meta:
         model = Run
+        skip_postgeneration_save = True
 
     arm = factory.SubFactory(ArmFactory)
     experiment = factory.SelfAttribute("arm.experiment")
     tenant = factory.SelfAttribute("arm.experiment.tenant")
     config_yaml = factory.SelfAttribute("arm.strategy_yaml")
     config_sha256 = factory.SelfAttribute("arm.strategy_sha256")
+
+    @factory.post_generation
+    def created(obj, create, extracted, **kwargs):
+        """created=<datetime>: a run made back then (telemetry is only taken after a run's creation)."""
+        if extracted is not None:
+            Run.objects.filter(pk=obj.pk).update(created_at=extracted)
+            obj.created_at = extracted
 
 
 class TelemetrySampleFactory(factory.django.DjangoModelFactory):

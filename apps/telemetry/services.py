@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from datetime import timedelta
 from decimal import Decimal
 
-from django.db import transaction
+from django.conf import settings
+from django.db import DataError, transaction
+from django.utils import timezone
 
 from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Run
 from apps.pricing import cost_engine
 from apps.pricing.models import CostModel
 from apps.pricing.selectors import price_schedule
-from apps.telemetry.ingest import samples_insert, samples_validate
+from apps.telemetry.ingest import out_of_range, samples_insert, samples_validate
 from apps.telemetry.rollup import SEQ_MAX, batch_ranges, usage_delta
 
 
@@ -38,17 +41,21 @@ def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) 
             f"attempt: attempt {attempt} no longer holds run {run.pk} (now {run.status}, attempt {run.attempts})",
             {"fields": {"attempt": ["stale"]}}, code="stale_attempt", status=409,
         )
-    parsed = samples_validate(samples)
+    skew = timedelta(seconds=settings.COSTLAB_TELEMETRY_CLOCK_SKEW_S)
+    parsed = samples_validate(samples, earliest=run.created_at - skew, latest=timezone.now() + skew)
     seqs = sorted(s["seq"] for s in parsed)
     if not seqs:
         return IngestResult(received=0, inserted=0, duplicates=0)
     appended = seqs[0] > run.last_seq
     # Before the insert: the stored rows around the batch bound what it can change.
     ranges = [(run.last_seq, SEQ_MAX)] if appended else batch_ranges(run_id=run.pk, seqs=seqs)
-    fresh = samples_insert(run_id=run.pk, attempt=attempt or max(run.attempts, 1), samples=parsed,
-                           after_seq=run.last_seq)
-    if fresh:
-        run_totals_apply(run=run, ranges=ranges, fresh=fresh, batch=samples)
+    try:
+        fresh = samples_insert(run_id=run.pk, attempt=attempt or max(run.attempts, 1), samples=parsed,
+                               after_seq=run.last_seq)
+        if fresh:
+            run_totals_apply(run=run, ranges=ranges, fresh=fresh, batch=samples)
+    except DataError:  # a number Postgres cannot store or compute with (the caller's transaction rolls back)
+        raise out_of_range(samples) from None
     return IngestResult(received=len(samples), inserted=len(fresh), duplicates=len(samples) - len(fresh))
 
 

@@ -237,6 +237,10 @@ COSTLAB_API_MAX_PAGE_SIZE = env.int("COSTLAB_API_MAX_PAGE_SIZE", default=200)
 # Request bodies over these answer 413 before they are read; JSON deeper than this answers 400.
 COSTLAB_API_MAX_BODY_BYTES = env.int("COSTLAB_API_MAX_BODY_BYTES", default=256 * 1024)
 COSTLAB_API_MAX_INGEST_BODY_BYTES = env.int("COSTLAB_API_MAX_INGEST_BODY_BYTES", default=8 * 1024 * 1024)
+# ApiGuardMiddleware caps each endpoint first; Django's own cap must not undercut the largest.
+DATA_UPLOAD_MAX_MEMORY_SIZE = max(COSTLAB_API_MAX_INGEST_BODY_BYTES, COSTLAB_API_MAX_BODY_BYTES)
+# Telemetry timestamps are taken between the run's creation and now, give or take this clock skew.
+COSTLAB_TELEMETRY_CLOCK_SKEW_S = env.int("COSTLAB_TELEMETRY_CLOCK_SKEW_S", default=300)
 COSTLAB_API_MAX_JSON_DEPTH = 32
 # Telemetry reads: points per series by default, and at most.
 COSTLAB_API_TELEMETRY_BUDGET = 500

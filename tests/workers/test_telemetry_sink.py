@@ -38,7 +38,7 @@ class DatabaseOutage:
 
 
 def test_a_failed_flush_is_retried_with_the_same_seqs_and_everything_lands(caplog):
-    run = RunFactory(status=Run.Status.RUNNING, attempts=1)
+    run = RunFactory(status=Run.Status.RUNNING, attempts=1, created=datetime.fromtimestamp(T0 - 60, UTC))
     outage = DatabaseOutage(failures=2)
     sink = TelemetrySink(run_id=run.pk, attempt=1, seq_base=100, ingest=outage, flush_s=0.05)
     with caplog.at_level(logging.WARNING):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import pytest
 
@@ -41,7 +42,8 @@ def test_a_body_over_the_cap_is_413_before_it_is_read(api, experiment, settings)
 def test_telemetry_ingest_has_its_own_larger_cap(api, experiment, settings):
     settings.COSTLAB_API_MAX_BODY_BYTES = 1_000
     settings.COSTLAB_API_MAX_INGEST_BODY_BYTES = 200_000
-    run = RunFactory(arm=experiment.arms.first(), kind="external", status="running")
+    run = RunFactory(arm=experiment.arms.first(), kind="external", status="running",
+                     created=datetime.fromtimestamp(1_700_000_000 - 60, UTC))
     samples = [{"seq": i, "ts": 1_700_000_000 + i, "power_w": 250.0} for i in range(500)]
     url = f"/api/v1/runs/{run.pk}/telemetry/"
     assert api.post(url, {"samples": samples}, format="json").json()["inserted"] == 500

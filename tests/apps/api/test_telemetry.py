@@ -22,7 +22,7 @@ def batch(start: int, n: int) -> list[dict]:
 
 @pytest.fixture
 def external(experiment):
-    return RunFactory(arm=experiment.arms.first(), kind="external", status="running")
+    return RunFactory(arm=experiment.arms.first(), kind="external", status="running", created=T0 - timedelta(minutes=1))
 
 
 def test_ingest_is_idempotent_by_seq_and_moves_the_totals(api, external):

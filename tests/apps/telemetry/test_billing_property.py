@@ -40,16 +40,16 @@ def sample_sets(draw):
     keep[0] = True
     t, energy, tokens, step, out = 0.0, 0.0, 0, 0, []
     for seq in range(n):
-        t += draw(st.one_of(st.just(1.0), st.floats(0, 7.5), st.sampled_from([0.0, 3601.0, 7200.25])))
-        power = draw(st.one_of(st.none(), st.floats(50, 700)))
-        energy += draw(st.floats(0, 5000))
+        t += draw(st.one_of(st.just(1.0), st.floats(0, 7.5, allow_subnormal=False), st.sampled_from([0.0, 3601.0, 7200.25])))
+        power = draw(st.one_of(st.none(), st.floats(50, 700, allow_subnormal=False)))
+        energy += draw(st.floats(0, 5000, allow_subnormal=False))
         tokens += draw(st.integers(0, 4096))
         step += draw(st.integers(0, 3))
         if keep[seq]:
             out.append({
                 "seq": seq, "t": t, "step": step, "tokens": tokens, "power_w": power,
                 "energy_j": energy if draw(st.booleans()) else None,
-                "util_pct": draw(st.one_of(st.none(), st.floats(0, 100))),
+                "util_pct": draw(st.one_of(st.none(), st.floats(0, 100, allow_subnormal=False))),
             })
     return out
 
@@ -79,8 +79,8 @@ def _world(gpu_count: int, vcpus: int, memory_gb: float, table_offsets: list[flo
             tenant=tenant, valid_from=t0 + timedelta(seconds=offset), electricity_usd_per_kwh=Decimal("0.3"),
             vcpu_hour_usd=Decimal("0.05") * (i + 1)))
     run = RunFactory(arm=ArmFactory(experiment__tenant=tenant), kind=Run.Kind.EXTERNAL, status=Run.Status.RUNNING,
-                     gpu_sku=sku if gpu_count else None, gpu_count=gpu_count, vcpus=vcpus, memory_gb=memory_gb)
-    Run.objects.filter(pk=run.pk).update(created_at=t0 - timedelta(minutes=1))
+                     gpu_sku=sku if gpu_count else None, gpu_count=gpu_count, vcpus=vcpus, memory_gb=memory_gb,
+                     created=t0 - timedelta(minutes=1))
     return Run.objects.select_related("experiment__cost_model", "gpu_sku").get(pk=run.pk)
 
 
@@ -109,7 +109,7 @@ def assert_totals_are_the_bill(run: Run) -> None:
                                                                   HealthCheck.too_slow])
 @given(data=st.data(), gpu_count=st.integers(0, 8), vcpus=st.integers(0, 16),
        memory_gb=st.sampled_from([0.0, 7.5, 64.0]),
-       table_offsets=st.lists(st.floats(-10, 9000), max_size=3))
+       table_offsets=st.lists(st.floats(-10, 9000).map(lambda s: round(s, 3)), max_size=3))
 def test_stored_totals_equal_the_bill_of_the_sorted_set_whatever_the_delivery(data, gpu_count, vcpus, memory_gb,
                                                                               table_offsets):
     t0 = timezone.now().replace(microsecond=0) - timedelta(days=2)

@@ -32,7 +32,8 @@ def samples(n, *, start=0, util=80.0):
 def gpu_run():
     price = GpuPriceFactory(pricing_table=PricingTableFactory(valid_from=datetime(2026, 1, 1, tzinfo=UTC)))
     arm = ArmFactory(experiment__tenant=price.pricing_table.tenant)
-    return RunFactory(arm=arm, gpu_sku=price.sku, gpu_count=1, status=Run.Status.RUNNING, attempts=1)
+    return RunFactory(arm=arm, gpu_sku=price.sku, gpu_count=1, status=Run.Status.RUNNING, attempts=1,
+                      created=datetime.fromtimestamp(T0 - 60, UTC))
 
 
 def full_recompute(run):

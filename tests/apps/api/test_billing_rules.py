@@ -1,0 +1,150 @@
+"""The billing rules through POST /api/v1/runs/{id}/telemetry/, one test per row of issue 13's table.
+
+Figures are worked by hand from the README's rules: one GPU at 3.00 USD/h, electricity at
+0.15 USD/kWh with PUE 1.2; 400 samples one second apart drawing 300 W (energy counter
+300 J/s) bill 399 s of GPU time (billed time starts at the first sample) and 119.7 kJ:
+399 / 3600 x 3.00 + 0.1197 MJ / 3.6 x 1.2 x 0.15 = 0.3325 + 0.005985 = 0.338485 USD.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.utils import timezone
+
+from apps.experiments.models import Run
+from apps.telemetry.models import TelemetrySample
+from tests.apps.api.conftest import error
+from tests.factories import GpuPriceFactory, GpuSkuFactory, PricingTableFactory, RunFactory
+
+pytestmark = pytest.mark.django_db
+
+T0 = timezone.now().replace(microsecond=0) - timedelta(days=1)
+CLEAN_USD = Decimal("0.338485")
+
+
+@pytest.fixture
+def sku(experiment):
+    sku = GpuSkuFactory(tdp_w=700)
+    GpuPriceFactory(sku=sku, hourly_usd=Decimal("3.00"),
+                    pricing_table=PricingTableFactory(tenant=experiment.tenant, valid_from=T0 - timedelta(days=30)))
+    return sku
+
+
+@pytest.fixture
+def gpu_run(experiment, sku):
+    return RunFactory(arm=experiment.arms.first(), kind="external", status="running", gpu_sku=sku, gpu_count=1,
+                      created=T0 - timedelta(minutes=1))
+
+
+def sample(s: int, t: float | None = None, **fields) -> dict:
+    t = s if t is None else t
+    return {"seq": s, "ts": (T0 + timedelta(seconds=t)).isoformat(), "step": s, "tokens": 100 * s,
+            "power_w": 300.0, "energy_j": 300.0 * t, "util_pct": 100.0, **fields}
+
+
+def post(api, run, samples):
+    return api.post(f"/api/v1/runs/{run.pk}/telemetry/", {"samples": samples}, format="json")
+
+
+def totals(api, run) -> dict:
+    return api.get(f"/api/v1/runs/{run.pk}/").json()
+
+
+def chunks(items: list, size: int) -> list[list]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+CLEAN = [sample(s) for s in range(400)]
+DELIVERIES = {
+    "newest first, batches of 10": chunks(CLEAN[::-1], 10),
+    "batches of 100 in reverse order": chunks(CLEAN, 100)[::-1],
+    "the first batch of 200 arrives last": chunks(CLEAN, 200)[::-1],
+    "all shuffled, batches of 25": chunks(random.Random(7).sample(CLEAN, 400), 25),
+    "every batch twice, in order": [b for b in chunks(CLEAN, 50) for _ in (0, 1)],
+}
+
+
+@pytest.mark.parametrize("delivery", DELIVERIES)
+def test_any_delivery_bills_what_in_order_delivery_bills(api, gpu_run, delivery):
+    for batch in DELIVERIES[delivery]:
+        assert post(api, gpu_run, batch).status_code == 200
+    run = totals(api, gpu_run)
+    assert Decimal(run["cost_usd"]) == CLEAN_USD
+    assert run["device_seconds"] == pytest.approx(399.0)
+    assert run["energy_j"] == pytest.approx(119_700.0)
+    assert run["tokens"] == 39_900
+    finished = api.post(f"/api/v1/runs/{gpu_run.pk}/finish/", {"status": "succeeded"}, format="json").json()
+    assert Decimal(finished["cost_usd"]) == CLEAN_USD
+
+
+def test_a_timestamp_behind_its_neighbours_is_refused_and_nothing_is_stored(api, gpu_run):
+    assert post(api, gpu_run, CLEAN[:200]).status_code == 200
+    late = [dict(s) for s in CLEAN[200:]]
+    late[50] = sample(250, t=250 - 60)  # 60 s behind seq 249 and 251
+    refused = post(api, gpu_run, late)
+    assert refused.status_code == 400
+    assert error(refused)["message"].startswith("samples[50].ts:")
+    assert TelemetrySample.objects.filter(run=gpu_run).count() == 200
+    # Against the stored rows too: a straggler timed before the sample stored below it.
+    behind = post(api, gpu_run, [sample(200, t=150)])
+    assert behind.status_code == 400 and error(behind)["message"].startswith("samples[0].ts:")
+    assert post(api, gpu_run, CLEAN[200:]).status_code == 200
+    assert Decimal(totals(api, gpu_run)["cost_usd"]) == CLEAN_USD
+
+
+def test_time_is_split_at_a_price_table_starting_inside_a_gap(api, experiment, sku, gpu_run):
+    # 10 samples (t = 0..9), a 3601 s gap, 10 more (t = 3610..3619); 6.00 USD/h from t = 1809.
+    GpuPriceFactory(sku=sku, hourly_usd=Decimal("6.00"), pricing_table=PricingTableFactory(
+        tenant=experiment.tenant, valid_from=T0 + timedelta(seconds=1809)))
+    samples = [sample(s) for s in range(10)] + [sample(s, t=3600 + s) for s in range(10, 20)]
+    assert post(api, gpu_run, samples[::-1]).status_code == 200
+    # 1809 s at 3.00 USD/h + 1810 s at 6.00 USD/h + 3619 s x 300 W x 1.2 x 0.15 USD/kWh
+    expected = 1809 / 3600 * 3.0 + 1810 / 3600 * 6.0 + 3619 * 300 / 3.6e6 * 1.2 * 0.15
+    assert Decimal(totals(api, gpu_run)["cost_usd"]) == Decimal("4.578452") == round(Decimal(expected), 6)
+
+
+def test_a_gpu_run_without_power_has_its_energy_modelled_and_flagged(api, gpu_run):
+    samples = [{"seq": s, "ts": (T0 + timedelta(seconds=s)).isoformat(), "util_pct": 50.0} for s in range(101)]
+    assert post(api, gpu_run, samples).status_code == 200
+    run = totals(api, gpu_run)
+    # 700 W board power x 50 % busy x 100 s = 35 kJ; 100 s x 3.00 USD/h + 35 kJ x 1.2 x 0.15 USD/kWh.
+    assert run["energy_j"] == pytest.approx(35_000.0) and run["energy_estimated"] is True
+    assert Decimal(run["cost_usd"]) == round(Decimal(100 / 3600 * 3.0 + 35_000 / 3.6e6 * 1.2 * 0.15), 6)
+
+
+@pytest.mark.parametrize("bad, where", [
+    ({"ts": "2100-01-01T00:00:00Z"}, "samples[1].ts"),
+    ({"ts": (T0 - timedelta(days=3)).isoformat()}, "samples[1].ts"),
+    ({"micro_batch": 2147483648}, "samples[1].micro_batch"),
+    ({"tokens": 9223372036854775808}, "samples[1].tokens"),
+    ({"device": "cuda:0\x00"}, "samples[1].device"),
+    ({"power_w": 1e308}, "samples[1].power_w"),
+    ({"power_w": 5e-324}, "samples[1].power_w"),
+    ({"power": 300.0}, "samples[1].power"),
+    ({"seq": True}, "samples[1].seq"),
+    ({"step": 2.5}, "samples[1].step"),
+])
+def test_a_bad_sample_is_refused_naming_index_and_field(api, gpu_run, bad, where):
+    samples = [sample(0), {**sample(1), **bad}, sample(2)]
+    response = post(api, gpu_run, samples)
+    assert response.status_code == 400, response.content
+    assert error(response)["message"].startswith(f"{where}:")
+    assert not TelemetrySample.objects.filter(run=gpu_run).exists()
+    assert Run.objects.get(pk=gpu_run.pk).cost_usd == 0
+
+
+def test_a_realistic_batch_up_to_the_ingest_cap_is_accepted(api, gpu_run, settings):
+    # 10,000 samples with every field: over Django's default 2.5 MiB, under the 8 MiB cap.
+    samples = [sample(s, t=s * 0.1, device="cuda:0 NVIDIA H200 141GB HBM3e", mem_used_mb=70_000.5,
+                      mem_total_mb=143_771.0, step_time_s=0.1, tokens_per_s=40_960.0, micro_batch=8, loss=2.5,
+                      overlap_ratio=0.8, mfu=0.41, sm_clock_mhz=1980.0, temperature_c=61.0, estimated=False)
+               for s in range(10_000)]
+    body = json.dumps({"samples": samples})
+    assert 2.5 * 1024 * 1024 < len(body) < settings.COSTLAB_API_MAX_INGEST_BODY_BYTES
+    response = api.post(f"/api/v1/runs/{gpu_run.pk}/telemetry/", body, content_type="application/json")
+    assert response.status_code == 200 and response.json()["inserted"] == 10_000
