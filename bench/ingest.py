@@ -6,9 +6,13 @@ COPY into a staging table + INSERT ... ON CONFLICT DO NOTHING), and the incremen
 update, one transaction per batch. The baseline is a bare COPY of the same samples
 straight into the samples table, from the same dicts (the headline `ratio`), and also
 with its rows built before the timer starts (the best case, `ratio_vs_prebuilt_rows`).
-All run in one process, interleaved round by round, on the same Postgres.
+`late_ratio`: the platform path when every tenth batch is held back and delivered last,
+its samples reversed (each such batch lands below the watermark and re-prices the run
+around it), against the same raw COPY. Validation (time window, order against seq) and
+late-sample pricing are on in both platform paths. All run in one process, interleaved
+round by round, on the same Postgres.
 
-    python bench/ingest.py [--quick] [--json]      (target: ratio >= 0.5)
+    python bench/ingest.py [--quick] [--json]      (targets: ratio >= 0.5, late_ratio >= 0.4)
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import json
 import operator
 import random
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from _setup import django_on_postgres, spread
 
@@ -29,10 +33,11 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="last line: one JSON object")
     parser.add_argument("--batch", type=int, default=2000, help="samples per batch (default 2000)")
     args = parser.parse_args()
-    rounds, batches = (5, 3) if args.quick else (15, 5)
+    rounds, batches = (5, 10) if args.quick else (15, 10)
 
     django_on_postgres()
     from django.db import connection, transaction
+    from django.utils import timezone
 
     from apps.core.demo import demo_seed
     from apps.experiments.models import Run
@@ -44,12 +49,15 @@ def main() -> None:
     arm = experiment.arms.first()
 
     def new_run() -> Run:
-        return Run.objects.create(tenant=experiment.tenant, experiment=experiment, arm=arm,
-                                  status=Run.Status.RUNNING, attempts=1, config_yaml=arm.strategy_yaml,
-                                  config_sha256=arm.strategy_sha256, vcpus=2)
+        run = Run.objects.create(tenant=experiment.tenant, experiment=experiment, arm=arm,
+                                 status=Run.Status.RUNNING, attempts=1, config_yaml=arm.strategy_yaml,
+                                 config_sha256=arm.strategy_sha256, vcpus=2)
+        # Created a day ago: the samples below (from 3 h ago) fall inside its time window.
+        Run.objects.filter(pk=run.pk).update(created_at=timezone.now() - timedelta(days=1))
+        return run
 
     def make_batches() -> list[list[dict]]:
-        t0, out = time.time(), []
+        t0, out = time.time() - 3 * 3600, []
         for b in range(batches):
             out.append([
                 {"seq": i, "ts": t0 + i * 0.5, "step": i, "device": "cuda:0 NVIDIA H100", "util_pct": 90.0,
@@ -64,6 +72,14 @@ def main() -> None:
     def platform(run: Run, data: list[list[dict]]) -> float:
         start = time.perf_counter()
         for batch in data:
+            telemetry_ingest(run_id=run.pk, samples=batch, attempt=1)
+        return time.perf_counter() - start
+
+    def platform_late(run: Run, data: list[list[dict]]) -> float:
+        late = set(range(0, len(data), 10))  # every tenth batch, the first one included
+        order = [b for i, b in enumerate(data) if i not in late] + [data[i][::-1] for i in sorted(late)]
+        start = time.perf_counter()
+        for batch in order:
             telemetry_ingest(run_id=run.pk, samples=batch, attempt=1)
         return time.perf_counter() - start
 
@@ -101,9 +117,9 @@ def main() -> None:
             copy_rows(batch)
         return time.perf_counter() - start
 
-    paths = {"platform": platform, "raw": raw_copy, "raw_prepared": raw_copy_prepared}
+    paths = {"platform": platform, "platform_late": platform_late, "raw": raw_copy, "raw_prepared": raw_copy_prepared}
     rates: dict[str, list[float]] = {name: [] for name in paths}
-    ratios: dict[str, list[float]] = {"raw": [], "raw_prepared": []}
+    ratios: dict[str, list[float]] = {"raw": [], "raw_prepared": [], "late": []}
     n = batches * args.batch
     for r in range(rounds):
         data = make_batches()
@@ -112,24 +128,30 @@ def main() -> None:
         times = {name: fn(new_run(), data) for name, fn in order}
         for name in paths:
             rates[name].append(n / times[name])
-        for name in ratios:
+        for name in ("raw", "raw_prepared"):
             ratios[name].append(times[name] / times["platform"])
+        ratios["late"].append(times["raw"] / times["platform_late"])
     Run.objects.filter(experiment=experiment).delete()
 
-    labels = {"platform": "platform ingest", "raw": "raw COPY (from the dicts)",
+    labels = {"platform": "platform ingest", "platform_late": "platform, 10 % late+reversed",
+              "raw": "raw COPY (from the dicts)",
               "raw_prepared": "raw COPY (rows prebuilt)"}
     print(f"{'path':<30}{'samples/s (median)':>20}{'min':>12}{'max':>12}")
     for name, label in labels.items():
         p = spread(rates[name])
         print(f"{label:<30}{p['median']:>20,.0f}{p['min']:>12,.0f}{p['max']:>12,.0f}")
-    s, b = spread(ratios["raw"]), spread(ratios["raw_prepared"])
+    s, b, late = spread(ratios["raw"]), spread(ratios["raw_prepared"]), spread(ratios["late"])
     print(f"ratio platform/raw COPY: {s['median']:.3f} (IQR {s['q1']:.3f}-{s['q3']:.3f}, min {s['min']:.3f}, "
           f"max {s['max']:.3f}); against prebuilt rows: {b['median']:.3f} (IQR {b['q1']:.3f}-{b['q3']:.3f}); "
           f"{rounds} interleaved rounds of {n} samples; target >= 0.5")
+    print(f"late_ratio (10 % of batches late and reversed)/raw COPY: {late['median']:.3f} (IQR {late['q1']:.3f}-"
+          f"{late['q3']:.3f}, min {late['min']:.3f}, max {late['max']:.3f}); target >= 0.4")
     if args.json:
         print(json.dumps({"ratio": round(s["median"], 4), "ratio_q1": round(s["q1"], 4),
                           "ratio_q3": round(s["q3"], 4), "ratio_min": round(s["min"], 4),
                           "ratio_max": round(s["max"], 4), "ratio_vs_prebuilt_rows": round(b["median"], 4),
+                          "late_ratio": round(late["median"], 4), "late_ratio_q1": round(late["q1"], 4),
+                          "late_ratio_q3": round(late["q3"], 4),
                           "rounds": rounds, "samples_per_round": n}))
 
 

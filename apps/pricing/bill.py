@@ -1,7 +1,9 @@
 """A run's bill as a pure function of its samples and the price schedule. No ORM, no Django.
 
-This is the reference the set-based SQL of apps.telemetry.rollup matches (tests hold them
-to the same figures). The rules, in the README's "External runs and billing rules":
+Ingest bills a batch with the same code: the intervals a batch touches (the ones its new
+samples close, and the one after each) are summed over the rows around it as they are now
+and as they were before it, and the difference moves the run's totals (apps.telemetry.services).
+The rules, in the README's "External runs and billing rules":
 - Samples are taken in seq order; each one closes the interval since the sample before it,
   when that sample belongs to the same attempt. An attempt's first sample has no interval
   (billed time starts at it), but its cumulative counters (energy, tokens, step) count from 0.
@@ -18,42 +20,126 @@ to the same figures). The rules, in the README's "External runs and billing rule
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
-from apps.pricing.cost_engine import (
-    CostBreakdown,
-    Prices,
-    Usage,
-    Weights,
-    _field,
-    _seconds,
-    resource_weighted_cost,
-)
+from apps.pricing.cost_engine import CostBreakdown, Prices, Usage, Weights, _seconds, resource_weighted_cost
 
 # Before a tenant's first pricing table there is no price: such time costs nothing.
 FREE = Prices(gpu_hour_usd=0, electricity_usd_per_kwh=0, pue=1, vcpu_hour_usd=0, memory_gb_hour_usd=0)
+_INF = float("inf")
+
+
+@dataclass
+class PeriodSums:
+    """What a stretch of samples adds to a bill, by price period (-1: before the first table)."""
+
+    seconds: dict[int, list[float]] = field(default_factory=dict)  # wall, busy, energy, tokens, steps
+    max_step: int = 0
+    estimated: bool = False
+    backwards_seq: int | None = None  # first sample timed before its predecessor (same attempt)
+
+    def usage(self, *, gpu_count: float, vcpus: float, memory_gb: float) -> dict[int, Usage]:
+        return {p: Usage(wall_s=w, device_seconds=w * gpu_count, busy_device_seconds=b * gpu_count, energy_j=e,
+                         vcpu_seconds=w * vcpus, memory_gb_seconds=w * memory_gb, tokens=int(t), steps=int(s))
+                for p, (w, b, e, t, s) in sorted(self.seconds.items())}
+
+
+def period_sums(rows: Sequence[Mapping], *, edges: Sequence[float], count_after: int = -1,
+                modelled_power_w: float = 0.0) -> PeriodSums:
+    """Sum the intervals closed by rows with seq > count_after; rows sorted by seq, one per seq.
+
+    `edges`: the schedule's start times (Unix seconds, ascending). A row at or below
+    count_after only serves as the predecessor of the next one.
+    """
+    out = PeriodSums()
+    acc = out.seconds
+    prev = None
+    for cur in rows:
+        t1 = _seconds(cur["ts"])
+        if cur["seq"] <= count_after:
+            prev = cur
+            continue
+        linked = prev is not None and prev["attempt"] == cur["attempt"]
+        own = bisect.bisect_right(edges, t1) - 1
+        step, tokens, energy_now = cur["step"] or 0, cur["tokens"] or 0, cur["energy_j"]
+        if step > out.max_step:
+            out.max_step = step
+        if cur["estimated"]:
+            out.estimated = True
+        if not linked:
+            _add(acc, own, 1.0, 0.0, 0.0, max(0.0, energy_now or 0.0), tokens, step)
+            prev = cur
+            continue
+        t0 = _seconds(prev["ts"])
+        if t1 < t0 and out.backwards_seq is None:
+            out.backwards_seq = cur["seq"]
+        dt = t1 - t0 if t1 > t0 else 0.0
+        util = cur["util_pct"]
+        busy = 1.0 if util is None else min(1.0, max(0.0, util / 100.0))
+        energy_before, power_now, power_before = prev["energy_j"], cur["power_w"], prev["power_w"]
+        if energy_now is not None and energy_before is not None:
+            energy = max(0.0, energy_now - energy_before)
+        elif power_now is not None or power_before is not None:
+            mean = (power_now + power_before) / 2 if power_now is not None and power_before is not None \
+                else (power_now if power_now is not None else power_before)
+            energy = max(0.0, mean) * dt
+        elif modelled_power_w > 0 and dt > 0:
+            energy = modelled_power_w * busy * dt
+            out.estimated = True
+        else:
+            energy = 0.0
+        steps = max(0, step - (prev["step"] or 0))
+        tokens_d = max(0, tokens - (prev["tokens"] or 0))
+        first = bisect.bisect_right(edges, t0) - 1
+        if dt <= 0 or first == own:
+            _add(acc, own, 1.0, dt, dt * busy, energy, tokens_d, steps)
+        else:  # the interval crosses a price boundary: split its time, and energy with it
+            _add(acc, own, 0.0, 0.0, 0.0, 0.0, tokens_d, steps)
+            for period in range(first, own + 1):
+                lo = edges[period] if period >= 0 else -_INF
+                hi = edges[period + 1] if period + 1 < len(edges) else _INF
+                overlap = min(t1, hi) - max(t0, lo)
+                if overlap > 0:
+                    share = overlap / dt
+                    _add(acc, period, share, dt, dt * busy, energy)
+        prev = cur
+    return out
+
+
+def _add(acc: dict, period: int, share: float, wall: float = 0.0, busy: float = 0.0, energy: float = 0.0,
+         tokens: int = 0, steps: int = 0) -> None:
+    sums = acc.get(period)
+    if sums is None:
+        sums = acc[period] = [0.0, 0.0, 0.0, 0, 0]
+    sums[0] += share * wall
+    sums[1] += share * busy
+    sums[2] += share * energy
+    sums[3] += tokens
+    sums[4] += steps
 
 
 @dataclass
 class Bill:
-    """Usage and cost of a run, by price period (-1: before the first table) and in total."""
+    """Usage and cost of a run, by price period and in total."""
 
-    periods: dict[int, Usage] = field(default_factory=dict)
-    usage: Usage = field(default_factory=Usage)
-    cost: CostBreakdown = field(default_factory=CostBreakdown)
-    max_step: int = 0
-    energy_estimated: bool = False
+    periods: dict[int, Usage]
+    usage: Usage
+    cost: CostBreakdown
+    max_step: int
+    energy_estimated: bool
 
 
-def busy_share(util: Any) -> float:
-    return 1.0 if util is None else min(1.0, max(0.0, float(util) / 100.0))
+def price_periods(periods: dict[int, Usage], prices: Sequence[Prices], weights: Weights) -> CostBreakdown:
+    cost = CostBreakdown.zero()
+    for period, usage in periods.items():
+        cost = cost + resource_weighted_cost(usage, prices[period] if period >= 0 else FREE, weights)
+    return cost
 
 
 def run_bill(
-    samples: Iterable[Any],
+    samples: Iterable[Mapping],
     *,
     starts: Sequence[datetime | float],
     prices: Sequence[Prices],
@@ -63,71 +149,16 @@ def run_bill(
     memory_gb: float = 0.0,
     modelled_power_w: float = 0.0,
 ) -> Bill:
-    """Bill the stored samples of one run (any order; one sample per seq) under a price schedule.
+    """Bill the samples of one run (any order; one per seq, each with its attempt) under a price schedule.
 
     `starts[i]` is when `prices[i]` comes into force; `modelled_power_w`: board power of all
     the run's GPUs, used for intervals that report neither energy nor power (0: none).
     """
-    rows = sorted({_field(s, "seq"): s for s in samples}.values(), key=lambda s: _field(s, "seq"))
-    edges = [_seconds(s) for s in starts]
-    sums: dict[int, list[float]] = {}
-    bill = Bill()
-
-    def add(period: int, share: float, dt: float, busy: float, energy: float, tokens: int = 0,
-            steps: int = 0) -> None:
-        acc = sums.setdefault(period, [0.0] * 5 + [0, 0])
-        acc[0] += share * dt
-        acc[1] += share * dt * busy
-        acc[2] += share * energy
-        acc[5] += tokens
-        acc[6] += steps
-
-    prev = None
-    for cur in rows:
-        linked = prev is not None and _field(prev, "attempt") == _field(cur, "attempt")
-        t1 = _seconds(_field(cur, "ts"))
-        own = bisect.bisect_right(edges, t1) - 1
-        step, tokens = int(_field(cur, "step") or 0), int(_field(cur, "tokens") or 0)
-        bill.max_step = max(bill.max_step, step)
-        bill.energy_estimated |= bool(_field(cur, "estimated"))
-        energy_now = _field(cur, "energy_j")
-        if not linked:
-            add(own, 1.0, 0.0, 0.0, max(0.0, float(energy_now or 0)), tokens, step)
-            prev = cur
-            continue
-        t0 = _seconds(_field(prev, "ts"))
-        dt = max(0.0, t1 - t0)
-        busy = busy_share(_field(cur, "util_pct"))
-        energy_before = _field(prev, "energy_j")
-        powers = [float(p) for p in (_field(prev, "power_w"), _field(cur, "power_w")) if p is not None]
-        if energy_now is not None and energy_before is not None:
-            energy = max(0.0, float(energy_now) - float(energy_before))
-        elif powers:
-            energy = max(0.0, sum(powers) / len(powers)) * dt
-        elif modelled_power_w > 0 and dt > 0:
-            energy = modelled_power_w * busy * dt
-            bill.energy_estimated = True
-        else:
-            energy = 0.0
-        steps = max(0, step - int(_field(prev, "step") or 0))
-        tokens_d = max(0, tokens - int(_field(prev, "tokens") or 0))
-        add(own, 0.0, 0.0, 0.0, 0.0, tokens_d, steps)
-        if dt <= 0:
-            add(own, 1.0, 0.0, busy, energy)
-        else:
-            for period in range(bisect.bisect_right(edges, t0) - 1, own + 1):
-                lo = edges[period] if period >= 0 else -float("inf")
-                hi = edges[period + 1] if period + 1 < len(edges) else float("inf")
-                overlap = min(t1, hi) - max(t0, lo)
-                if overlap > 0:
-                    add(period, overlap / dt, dt, busy, energy)
-        prev = cur
-
-    for period, (wall, busy_s, energy, _, _, tokens, steps) in sorted(sums.items()):
-        usage = Usage(wall_s=wall, device_seconds=wall * gpu_count, busy_device_seconds=busy_s * gpu_count,
-                      energy_j=energy, vcpu_seconds=wall * vcpus, memory_gb_seconds=wall * memory_gb,
-                      tokens=int(tokens), steps=int(steps))
-        bill.periods[period] = usage
-        bill.usage = bill.usage + usage
-        bill.cost = bill.cost + resource_weighted_cost(usage, prices[period] if period >= 0 else FREE, weights)
-    return bill
+    rows = sorted({s["seq"]: s for s in samples}.values(), key=lambda s: s["seq"])
+    sums = period_sums(rows, edges=[_seconds(s) for s in starts], modelled_power_w=modelled_power_w)
+    periods = sums.usage(gpu_count=gpu_count, vcpus=vcpus, memory_gb=memory_gb)
+    usage = Usage.zero()
+    for u in periods.values():
+        usage = usage + u
+    return Bill(periods=periods, usage=usage, cost=price_periods(periods, prices, weights), max_step=sums.max_step,
+                energy_estimated=sums.estimated)

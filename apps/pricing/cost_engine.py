@@ -1,5 +1,10 @@
 """Cost engine: how telemetry becomes money. Pure functions, no ORM, no Django.
 
+A run's bill (intervals split exactly at price boundaries, attempts, modelled energy) is
+apps.pricing.bill's, which prices with resource_weighted_cost and tiered_cost from here.
+usage_between and price_samples below price each interval at the table in force when it
+closed; they remain for the cost benchmarks' and tests' hand calculations.
+
 Conventions (the why behind the numbers):
 - Quantities and money are floats; rounding happens only where results are stored.
 - A telemetry sample closes the interval since the previous sample of the same run; the

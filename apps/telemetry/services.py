@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
+from operator import itemgetter
 
 from django.conf import settings
 from django.db import DataError, transaction
@@ -14,10 +15,14 @@ from django.utils import timezone
 from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Run
 from apps.pricing import cost_engine
+from apps.pricing.bill import period_sums
 from apps.pricing.models import CostModel
 from apps.pricing.selectors import price_schedule
 from apps.telemetry.ingest import out_of_range, samples_insert, samples_validate
-from apps.telemetry.rollup import SEQ_MAX, batch_ranges, usage_delta
+from apps.telemetry.models import TelemetrySample
+from apps.telemetry.rollup import BILL_FIELDS, SEQ_MAX, batch_ranges, rows_in_ranges
+
+_SEQ = itemgetter("seq")
 
 
 @dataclass(frozen=True)
@@ -49,68 +54,81 @@ def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) 
     appended = seqs[0] > run.last_seq
     # Before the insert: the stored rows around the batch bound what it can change.
     ranges = [(run.last_seq, SEQ_MAX)] if appended else batch_ranges(run_id=run.pk, seqs=seqs)
+    batch_attempt = attempt or max(run.attempts, 1)
     try:
-        fresh = samples_insert(run_id=run.pk, attempt=attempt or max(run.attempts, 1), samples=parsed,
-                               after_seq=run.last_seq)
+        fresh = samples_insert(run_id=run.pk, attempt=batch_attempt, samples=parsed, after_seq=run.last_seq)
         if fresh:
-            run_totals_apply(run=run, ranges=ranges, fresh=fresh, batch=samples)
+            if appended and len(fresh) == len(parsed):
+                # An appended batch that went in whole: the rows are in hand, only the stored
+                # predecessor is read, and there is no old figure to take off.
+                for sample in parsed:
+                    sample["attempt"] = batch_attempt
+                before = list(TelemetrySample.objects.filter(run_id=run.pk, seq=run.last_seq).values(*BILL_FIELDS))
+                now = [before + sorted(parsed, key=_SEQ)]
+                run_totals_apply(run=run, ranges=ranges, now=now, fresh=None, batch=samples)
+            else:
+                run_totals_apply(run=run, ranges=ranges, now=rows_in_ranges(run_id=run.pk, ranges=ranges),
+                                 fresh=set(fresh), batch=samples)
     except DataError:  # a number Postgres cannot store or compute with (the caller's transaction rolls back)
         raise out_of_range(samples) from None
     return IngestResult(received=len(samples), inserted=len(fresh), duplicates=len(samples) - len(fresh))
 
 
-def run_totals_apply(*, run: Run, ranges: list[tuple[int, int]], fresh: list[int] | None,
-                     batch: list | None = None) -> None:
-    """Move the run's totals by what `fresh` (the seqs just stored) changed in its bill.
+def run_totals_apply(*, run: Run, ranges: list[tuple[int, int]], now: list[list[dict]], fresh: set[int] | None,
+                     batch: list | None = None, recompute: bool = False) -> None:
+    """Move the run's totals by what the rows `fresh` (just stored) changed in its bill.
 
-    Re-prices the intervals the new rows close and the one after each, wherever they landed.
-    fresh=None: recompute the whole bill from the stored samples. Caller holds the row lock.
-    A batch whose timestamps go backwards against seq (within an attempt, against each other or
-    against the stored rows around them) is refused: the caller's transaction rolls back.
+    `now`: the stored rows of each (lo, hi] range, the row at lo included; each range is
+    billed as it is now, minus as it was without `fresh` (fresh=None: nothing was there
+    before). recompute: the ranges cover the run, and their bill replaces the totals.
+    A batch whose timestamps go backwards against seq (within an attempt, against each other
+    or the stored rows around them) is refused: the caller's transaction rolls back.
+    Caller holds the run's row lock.
     """
     cost_model = run.experiment.cost_model
     schedule = price_schedule(
         tenant_id=run.tenant_id, gpu_sku_id=run.gpu_sku_id, pinned_table_id=run.experiment.pricing_table_id
     )
-    delta = usage_delta(
-        run_id=run.pk, ranges=ranges, fresh=fresh, gpu_count=run.gpu_count, vcpus=run.vcpus,
-        memory_gb=run.memory_gb, boundaries=schedule.boundaries, modelled_power_w=_modelled_power_w(run),
-    )
-    if delta.backwards_seq is not None:
-        _refuse_backwards(delta.backwards_seq, fresh or [], batch or [])
-    weights = cost_engine.Weights.from_cost_model(cost_model)
-    usage, cost = cost_engine.Usage.zero(), cost_engine.CostBreakdown.zero()
-    for p in delta.periods:
-        priced = cost_engine.resource_weighted_cost(p.usage, schedule.period_prices(p.period), weights)
-        if p.sign > 0:
-            usage, cost = usage + p.usage, cost + priced
-        else:
-            usage, cost = usage - p.usage, cost - priced
-    added = [p for p in delta.periods if p.sign > 0]
+    edges = [b.timestamp() for b in schedule.boundaries]
+    resources = {"gpu_count": run.gpu_count, "vcpus": run.vcpus, "memory_gb": run.memory_gb}
+    modelled = _modelled_power_w(run)
+    usage, cost, estimated, max_step = cost_engine.Usage.zero(), cost_engine.CostBreakdown.zero(), False, 0
+    for (lo, _hi), rows in zip(ranges, now, strict=True):
+        added = period_sums(rows, edges=edges, count_after=lo, modelled_power_w=modelled)
+        if added.backwards_seq is not None:
+            _refuse_backwards(added.backwards_seq, fresh or set(), batch or [])
+        estimated, max_step = estimated or added.estimated, max(max_step, added.max_step)
+        parts = [(1, added)]
+        if fresh is not None:
+            old = [r for r in rows if r["seq"] not in fresh]
+            parts.append((-1, period_sums(old, edges=edges, count_after=lo, modelled_power_w=modelled)))
+        for sign, sums in parts:
+            weights = cost_engine.Weights.from_cost_model(cost_model)
+            for period, u in sums.usage(**resources).items():
+                priced = cost_engine.resource_weighted_cost(u, schedule.period_prices(period), weights)
+                usage, cost = (usage + u, cost + priced) if sign > 0 else (usage - u, cost - priced)
 
-    total = dataclasses.asdict(cost)
-    if fresh is None:  # a recompute: the figures are the bill, not a change to it
-        breakdown = {"units": 0}
-        run.tokens, run.device_seconds, run.energy_j, run.steps = 0, 0.0, 0.0, 0
-        run.energy_estimated = False
+    if recompute:  # the figures are the bill, not a change to it
+        breakdown: dict = {"units": 0}
+        run.tokens, run.device_seconds, run.energy_j, run.steps, run.energy_estimated = 0, 0.0, 0.0, 0, False
     else:
         breakdown = dict(run.cost_breakdown or {})
-    for key, value in total.items():
+    for key, value in dataclasses.asdict(cost).items():
         breakdown[key] = breakdown.get(key, 0.0) + value
     run.tokens += usage.tokens
     run.device_seconds += usage.device_seconds if run.gpu_count else usage.wall_s
     run.energy_j += usage.energy_j
-    run.steps = max([run.steps, *(p.max_step for p in added)])
-    run.energy_estimated = run.energy_estimated or any(p.estimated for p in added)
+    run.steps = max(run.steps, max_step)
+    run.energy_estimated = run.energy_estimated or estimated
     if cost_model.kind == CostModel.Kind.TIERED_PER_CALL:
         # Tiers apply to the run's cumulative units: priced from zero, whatever order they came in.
-        units = usage.steps if cost_model.unit == CostModel.Unit.STEP else usage.tokens
-        breakdown["units"] = breakdown.get("units", 0) + units
+        breakdown["units"] = breakdown.get("units", 0) + (
+            usage.steps if cost_model.unit == CostModel.Unit.STEP else usage.tokens)
         breakdown["tiered_usd"] = cost_engine.tiered_cost(0, breakdown["units"], cost_model.tiers)
         bill = breakdown["tiered_usd"]
     else:
         bill = breakdown["total_usd"]
-    last = max(run.last_seq, max(fresh)) if fresh else run.last_seq
+    last = max([run.last_seq, *(rows[-1]["seq"] for rows in now if rows)])
     run.last_seq = run.priced_seq = last
     run.cost_breakdown = breakdown
     run.cost_usd = Decimal(str(round(bill, 6)))
@@ -122,7 +140,9 @@ def run_totals_apply(*, run: Run, ranges: list[tuple[int, int]], fresh: list[int
 
 def run_totals_recompute(*, run: Run) -> None:
     """The run's totals from all its stored samples (at finish: whatever arrived late is in)."""
-    run_totals_apply(run=run, ranges=[(-1, SEQ_MAX)], fresh=None)
+    rows = list(TelemetrySample.objects.filter(run_id=run.pk).order_by("seq").values(*BILL_FIELDS).iterator(
+        chunk_size=10_000))
+    run_totals_apply(run=run, ranges=[(-1, SEQ_MAX)], now=[rows], fresh=None, recompute=True)
 
 
 def _modelled_power_w(run: Run) -> float:
@@ -132,9 +152,10 @@ def _modelled_power_w(run: Run) -> float:
     return float(run.gpu_sku.tdp_w) * run.gpu_count
 
 
-def _refuse_backwards(seq: int, fresh: list[int], batch: list) -> None:
+def _refuse_backwards(seq: int, fresh: set[int], batch: list) -> None:
     """Name the batch's sample to blame: the one at `seq`, or the new one just before it."""
-    culprit = seq if seq in set(fresh) else max((s for s in fresh if s < seq), default=seq)
+    mine = fresh or {s.get("seq") for s in batch if isinstance(s, dict)}
+    culprit = seq if seq in mine else max((s for s in mine if isinstance(s, int) and s < seq), default=seq)
     index = next((i for i, s in enumerate(batch) if isinstance(s, dict) and s.get("seq") == culprit), 0)
     where = f"samples[{index}].ts"
     reason = f"goes backwards against seq (seq {culprit} is timed before a sample with a lower seq, or after one " \

@@ -132,8 +132,9 @@ def test_the_reference_itself_splits_time_at_a_price_boundary():
                                memory_gb_hour_usd=0)
     dear = cost_engine.Prices(gpu_hour_usd=36.0, electricity_usd_per_kwh=0, pue=1, vcpu_hour_usd=0,
                               memory_gb_hour_usd=0)
-    samples = [{"seq": 1, "attempt": 1, "ts": t0 + timedelta(seconds=100), "tokens": 10, "step": 1},
-               {"seq": 0, "attempt": 1, "ts": t0, "tokens": 0, "step": 0}]
+    blank = {"attempt": 1, "energy_j": None, "power_w": None, "util_pct": None, "estimated": False}
+    samples = [{**blank, "seq": 1, "ts": t0 + timedelta(seconds=100), "tokens": 10, "step": 1},
+               {**blank, "seq": 0, "ts": t0, "tokens": 0, "step": 0}]
     bill = run_bill(random.Random(0).sample(samples, 2), starts=[t0 - timedelta(days=1), t0 + timedelta(seconds=30)],
                     prices=[cheap, dear], gpu_count=2)
     # 30 s x 2 GPUs at 3.6 USD/h + 70 s x 2 GPUs at 36 USD/h = 0.06 + 1.4
