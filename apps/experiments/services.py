@@ -15,11 +15,9 @@ from apps.core.exceptions import ApplicationError
 from apps.core.notify import ARM_REVISIONS, publish
 from apps.core.queues import CeleryQueue
 from apps.experiments.models import Arm, Experiment, Run
+from apps.experiments.runs import run_enqueue
 from apps.pricing.models import GpuSku
 from apps.tenants.models import Tenant
-
-RUN_TASK = "costlab.run_train"
-
 
 def strategy_sha256(strategy_yaml: str) -> str:
     """Hash of the strategy text as stored (what the run snapshots)."""
@@ -129,6 +127,8 @@ def run_submit(
     if run_key:
         existing = Run.objects.filter(experiment=experiment, run_key=run_key).first()
         if existing:
+            if existing.status == Run.Status.QUEUED and existing.kind == Run.Kind.WORKER and existing.sent_at is None:
+                run_enqueue(run=existing)  # its message never reached the broker: a retried submit sends it
             return existing
     if experiment.status == Experiment.Status.COMPLETED:
         raise ApplicationError(f"experiment '{experiment.name}' is completed: it takes no new runs",
@@ -155,14 +155,6 @@ def run_submit(
     if kind == Run.Kind.WORKER:
         run_enqueue(run=run)
     return run
-
-
-def run_enqueue(*, run: Run) -> None:
-    """Send the run id to its queue once the surrounding transaction commits."""
-    from config.celery_app import app
-
-    run_id, queue = run.pk, run.queue
-    transaction.on_commit(lambda: app.send_task(RUN_TASK, args=[run_id], queue=queue))
 
 
 @transaction.atomic
