@@ -19,6 +19,7 @@ from apps.experiments.runs import run_enqueue
 from apps.pricing.models import GpuSku
 from apps.tenants.models import Tenant
 
+
 def strategy_sha256(strategy_yaml: str) -> str:
     """Hash of the strategy text as stored (what the run snapshots)."""
     return hashlib.sha256(strategy_yaml.encode("utf-8")).hexdigest()
