@@ -54,7 +54,7 @@ def test_three_graceful_stops_use_no_attempt_and_the_run_still_succeeds(django_d
         try:
             if run is None:
                 run = run_submit(experiment=exp)
-            wait_for(lambda n=stop: TelemetrySample.objects.filter(run=run, attempt=n).count() >= 2, 120,
+            wait_for(lambda n=stop, r=run: TelemetrySample.objects.filter(run=r, attempt=n).count() >= 2, 120,
                      f"attempt {stop} to train")
             worker.send_signal(signal.SIGTERM)
             worker.wait(timeout=30)
