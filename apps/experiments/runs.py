@@ -116,11 +116,11 @@ def run_claim(*, run_id: int, owner: str, host: str = "", lease_s: float | None 
         return None
     now = timezone.now()
     if run.cancel_requested:
-        _end(run, Run.Status.CANCELLED)
+        run_end(run, Run.Status.CANCELLED)
         return None
     failed = _failed_attempts(run)
     if failed >= run.max_attempts:
-        _end(run, Run.Status.FAILED, f"gave up after {failed} failed attempts")
+        run_end(run, Run.Status.FAILED, f"gave up after {failed} failed attempts")
         return None
     run.status = Run.Status.RUNNING
     run.attempts += 1
@@ -208,7 +208,7 @@ def run_finish(*, run_id: int, owner: str, status: str, error: str = "", dataset
         logger.warning("run %s: finish(%s) ignored, lease not held by %s", run_id, status, owner)
         return False
     run.dataset_sha256 = dataset_sha256 or run.dataset_sha256
-    _end(run, status, error, attempt_number=attempt.number if attempt else run.attempts)
+    run_end(run, status, error, attempt_number=attempt.number if attempt else run.attempts)
     return True
 
 
@@ -240,7 +240,7 @@ def runs_sweep_lost(*, now=None) -> list[int]:
                            run.lease_expires_at.isoformat())
             reason = f"worker {run.lease_owner or '?'} lost (lease expired {run.lease_expires_at:%H:%M:%S})"
             if _training_completed(run):
-                _end(run, Run.Status.SUCCEEDED,
+                run_end(run, Run.Status.SUCCEEDED,
                      f"attempt {run.attempts}: {reason} after training every step; not trained again")
             else:
                 _requeue_or_fail(run, Outcome.LOST, reason)
@@ -276,8 +276,9 @@ def _attempt_close(run: Run, outcome: str, reason: str, number: int | None = Non
     ).update(outcome=outcome, ended_at=timezone.now(), reason=reason[:4000])
 
 
-def _end(run: Run, status: str, error: str = "", *, attempt_number: int | None = None) -> None:
-    """The one way a run ends: close its totals, record the outcome on the run and its attempt."""
+def run_end(run: Run, status: str, error: str = "", *, attempt_number: int | None = None) -> None:
+    """The one way a run ends (worker, sweeper, cancel, external finish): close its totals, record the
+    outcome on the run and on its current attempt; earlier attempts' notes are kept."""
     run_totals_advance(run=run, final=True)
     if run.attempts:
         _attempt_close(run, status, error.strip().splitlines()[-1][:4000] if error.strip() else "",
@@ -295,9 +296,9 @@ def _requeue_or_fail(run: Run, outcome: str, reason: str) -> None:
     _note(run, f"attempt {run.attempts}: {reason}")
     failed = _failed_attempts(run)
     if run.cancel_requested:
-        _end(run, Run.Status.CANCELLED)
+        run_end(run, Run.Status.CANCELLED)
     elif failed >= run.max_attempts:
-        _end(run, Run.Status.FAILED, f"no attempts left ({failed}/{run.max_attempts})")
+        run_end(run, Run.Status.FAILED, f"no attempts left ({failed}/{run.max_attempts})")
     else:
         run.status, run.lease_owner, run.lease_expires_at, run.sent_at = Run.Status.QUEUED, "", None, None
         run.save(update_fields=["status", "error", "lease_owner", "lease_expires_at", "sent_at", "updated_at"])
