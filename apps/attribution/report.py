@@ -60,6 +60,23 @@ class ExperimentReport:
     arms: list[ArmReport]
 
 
+# A run's wall time as billed: a GPU run's device-seconds per device, a CPU run's wall seconds.
+_WALL_S = Case(When(gpu_count__gt=0, then=F("device_seconds") / F("gpu_count")), default=F("device_seconds"),
+               output_field=FloatField())
+_SUCCEEDED_WORKER = Q(status=Run.Status.SUCCEEDED, kind=Run.Kind.WORKER)
+_SUCCEEDED_EXTERNAL = Q(status=Run.Status.SUCCEEDED, kind=Run.Kind.EXTERNAL)
+
+
+def _completion_s(r: dict) -> float | None:
+    """Mean completion time of the succeeded runs: worker runs start to finish, external runs their telemetry span."""
+    worker = (r.get("completed") or 0) if r.get("completion") is not None else 0
+    external = (r.get("spanned") or 0) if r.get("span_s") is not None else 0
+    if not worker + external:
+        return None
+    total = (r["completion"].total_seconds() * worker if worker else 0.0) + (r["span_s"] * external if external else 0.0)
+    return total / (worker + external)
+
+
 def experiment_report(*, experiment: Experiment) -> ExperimentReport:
     """Per arm: GPU hours, electricity USD, total USD, completion time, USD/1M tokens, deviation, state."""
     policy = policy_for(experiment)
@@ -70,10 +87,13 @@ def experiment_report(*, experiment: Experiment) -> ExperimentReport:
                 estimated=Count("pk", filter=Q(energy_estimated=True)),
                 gpu_seconds=Sum(Case(When(gpu_count__gt=0, then=F("device_seconds")), default=Value(0.0),
                                      output_field=FloatField())),
-                wall_s=Sum(Case(When(gpu_count__gt=0, then=F("device_seconds") / F("gpu_count")),
-                                default=F("device_seconds"), output_field=FloatField())),
+                wall_s=Sum(_WALL_S),
                 electricity=Sum(Cast(KT("cost_breakdown__energy_usd"), FloatField())),
-                completion=Avg(F("finished_at") - F("started_at"), filter=Q(status=Run.Status.SUCCEEDED)),
+                completion=Avg(F("finished_at") - F("started_at"), filter=_SUCCEEDED_WORKER),
+                completed=Count("pk", filter=_SUCCEEDED_WORKER),
+                # An external run's submit and finish calls say nothing of how long it trained:
+                # its telemetry span does (the billed wall time).
+                span_s=Avg(_WALL_S, filter=_SUCCEEDED_EXTERNAL), spanned=Count("pk", filter=_SUCCEEDED_EXTERNAL),
             )}
     latest = snapshots_latest(experiment=experiment)
     arms = list(experiment.arms.order_by("-is_control", "name"))
@@ -96,7 +116,7 @@ def experiment_report(*, experiment: Experiment) -> ExperimentReport:
         usage = Usage(wall_s=wall, device_seconds=float(r.get("gpu_seconds") or 0),
                       energy_j=float(r.get("energy_j") or 0), tokens=tokens, steps=steps)
         value = metric_of[arm.pk]
-        completion = r.get("completion")
+        completion = _completion_s(r)
         out.append(ArmReport(
             arm_id=arm.pk, name=arm.name, is_control=arm.is_control, state=arm.state, weight=arm.weight,
             runs=int(r.get("runs") or 0), runs_succeeded=int(r.get("runs_succeeded") or 0), tokens=tokens,
@@ -104,7 +124,7 @@ def experiment_report(*, experiment: Experiment) -> ExperimentReport:
             energy_estimated=bool(r.get("estimated")), electricity_usd=cost.energy_usd, total_usd=total,
             usd_per_mtok=cost_per_million_tokens(total, tokens), metric=policy.metric, metric_value=value,
             throughput_tok_s=tokens / wall if wall > 0 else None,
-            completion_s=completion.total_seconds() if completion is not None else None,
+            completion_s=completion,
             deviation=value / base - 1.0 if value is not None and base else None,
             deviation_low=snap.deviation_low if snap else None, deviation_high=snap.deviation_high if snap else None,
             projected=project(usage, cost, target_steps=experiment.target_steps) if experiment.target_steps else None,

@@ -121,8 +121,14 @@ def run_submit(
     kind: str = Run.Kind.WORKER,
     gpu_sku: GpuSku | None = None,
     gpu_count: int | None = None,
+    vcpus: int = 0,
+    memory_gb: float = 0.0,
 ) -> Run:
-    """Queue a run of an experiment (idempotent by run_key) and enqueue it once committed."""
+    """Queue a run of an experiment (idempotent by run_key) and enqueue it once committed.
+
+    An external run declares the vCPUs and host memory it holds (they are priced); a worker
+    records its own when it claims the run.
+    """
     # One submission per tenant at a time, so two cannot both pass the quota check.
     tenant = Tenant.objects.select_for_update().get(pk=experiment.tenant_id)
     if run_key:
@@ -142,6 +148,10 @@ def run_submit(
         raise ApplicationError(f"arm: '{arm.name}' is frozen; new runs are not routed to a frozen arm",
                                code="arm_frozen")
     strategy_validate(arm.strategy_yaml)
+    for name, value in (("vcpus", vcpus), ("memory_gb", memory_gb)):
+        if value and kind == Run.Kind.WORKER:
+            raise ApplicationError(f"{name}: only an external run declares it; a worker records what it holds",
+                                   {"fields": {name: ["external runs only"]}}, code="invalid")
     _quota_check(tenant=tenant)
 
     queue = CeleryQueue.GPU if gpu_sku is not None else CeleryQueue.CPU
@@ -149,7 +159,7 @@ def run_submit(
         tenant=tenant, experiment=experiment, arm=arm, kind=kind, run_key=run_key, queue=queue,
         config_yaml=arm.strategy_yaml, config_sha256=arm.strategy_sha256, config_revision=arm.revision,
         git_sha=git_sha, dataset_sha256=dataset_sha256, gpu_sku=gpu_sku,
-        gpu_count=gpu_count if gpu_count is not None else (1 if gpu_sku else 0),
+        gpu_count=gpu_count if gpu_count is not None else (1 if gpu_sku else 0), vcpus=vcpus, memory_gb=memory_gb,
         status=Run.Status.QUEUED if kind == Run.Kind.WORKER else Run.Status.RUNNING,
         started_at=None if kind == Run.Kind.WORKER else timezone.now(),
     )

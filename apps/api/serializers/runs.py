@@ -22,7 +22,7 @@ class RunSerializer(serializers.ModelSerializer):
         model = Run
         fields = [
             "id", "experiment", "arm", "kind", "status", "queue", "run_key", "git_sha", "dataset_sha256", "host",
-            "device", "gpu_sku", "gpu_count", "attempts", "max_attempts", "cancel_requested", "error", "queued_at",
+            "device", "gpu_sku", "gpu_count", "vcpus", "memory_gb", "attempts", "max_attempts", "cancel_requested", "error", "queued_at",
             "started_at", "finished_at", "steps", "tokens", "device_seconds", "energy_j", "energy_estimated",
             "cost_usd", "cost_breakdown", "config_sha256", "config_revision",
         ]
@@ -57,6 +57,10 @@ class RunSubmitSerializer(serializers.Serializer):
     gpu_sku = serializers.SlugRelatedField(slug_field="name", queryset=GpuSku.objects.all(), required=False,
                                            allow_null=True, help_text="GPU model by name; omit for a CPU run.")
     gpu_count = serializers.IntegerField(min_value=0, max_value=1024, required=False, allow_null=True)
+    vcpus = serializers.IntegerField(min_value=0, max_value=4096, required=False, default=0,
+                                     help_text="External runs: vCPUs held, priced per vCPU-hour.")
+    memory_gb = serializers.FloatField(min_value=0, max_value=65536, required=False, default=0.0,
+                                       help_text="External runs: host memory held (GB), priced per GB-hour.")
 
 
 class RunFinishSerializer(serializers.Serializer):

@@ -148,3 +148,26 @@ def test_a_realistic_batch_up_to_the_ingest_cap_is_accepted(api, gpu_run, settin
     assert 2.5 * 1024 * 1024 < len(body) < settings.COSTLAB_API_MAX_INGEST_BODY_BYTES
     response = api.post(f"/api/v1/runs/{gpu_run.pk}/telemetry/", body, content_type="application/json")
     assert response.status_code == 200 and response.json()["inserted"] == 10_000
+
+
+def test_an_external_run_declares_vcpus_and_memory_and_completes_in_its_telemetry_span(api, experiment, sku):
+    submitted = api.post("/api/v1/runs/", {"experiment": experiment.pk, "arm": experiment.arms.first().pk,
+                                           "kind": "external", "vcpus": 8, "memory_gb": 32.0}, format="json")
+    assert submitted.status_code == 201, submitted.content
+    run = Run.objects.get(pk=submitted.json()["id"])
+    assert (submitted.json()["vcpus"], submitted.json()["memory_gb"]) == (8, 32.0)
+    Run.objects.filter(pk=run.pk).update(created_at=T0 - timedelta(minutes=1))
+    samples = [{"seq": s, "ts": (T0 + timedelta(seconds=s * 0.5)).isoformat()} for s in range(3799)]  # 1899 s
+    for batch in chunks(samples, 1000)[::-1]:
+        assert post(api, run, batch).status_code == 200
+    finished = api.post(f"/api/v1/runs/{run.pk}/finish/", {"status": "succeeded"}, format="json").json()
+    # 1899 s x (8 vCPU x 0.04 USD/h + 32 GB x 0.005 USD/h) = 1899 / 3600 x 0.48
+    assert Decimal(finished["cost_usd"]) == round(Decimal(1899 * 0.48 / 3600), 6) == Decimal("0.2532")
+    report = api.get(f"/api/v1/experiments/{experiment.pk}/report/").json()
+    arm = next(a for a in report["arms"] if a["name"] == "control")
+    assert arm["completion_s"] == pytest.approx(1899.0)  # not the seconds between submit and finish
+
+
+def test_only_an_external_run_declares_its_vcpus(api, experiment):
+    refused = api.post("/api/v1/runs/", {"experiment": experiment.pk, "vcpus": 8}, format="json")
+    assert refused.status_code == 400 and error(refused)["message"].startswith("vcpus:")
