@@ -22,6 +22,7 @@ from apps.pricing.cost_engine import (
     cost_per_million_tokens,
     project,
 )
+from apps.pricing.models import CostModel
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,8 @@ def experiment_report(*, experiment: Experiment) -> ExperimentReport:
                 span_s=Avg(_WALL_S, filter=_SUCCEEDED_EXTERNAL), spanned=Count("pk", filter=_SUCCEEDED_EXTERNAL),
             )}
     latest = snapshots_latest(experiment=experiment)
+    model = experiment.cost_model
+    tiered = {"tiers": model.tiers, "unit": model.unit} if model.kind == CostModel.Kind.TIERED_PER_CALL else {}
     arms = list(experiment.arms.order_by("-is_control", "name"))
     metric_of = {}
     for arm in arms:
@@ -127,7 +130,8 @@ def experiment_report(*, experiment: Experiment) -> ExperimentReport:
             completion_s=completion,
             deviation=value / base - 1.0 if value is not None and base else None,
             deviation_low=snap.deviation_low if snap else None, deviation_high=snap.deviation_high if snap else None,
-            projected=project(usage, cost, target_steps=experiment.target_steps) if experiment.target_steps else None,
+            projected=project(usage, cost, target_steps=experiment.target_steps, **tiered)
+            if experiment.target_steps else None,
         ))
     window_end = next(iter(latest.values())).window_end if latest else None
     return ExperimentReport(experiment_id=experiment.pk, name=experiment.name, target_steps=experiment.target_steps,

@@ -149,13 +149,14 @@ class CostBreakdown:
 
 @dataclass(frozen=True)
 class Projection:
-    """A run extrapolated to target_steps: the comparison table's columns."""
+    """A run extrapolated to target_steps: the comparison table's columns. Never measured."""
 
     target_steps: int
     gpu_hours: float
     electricity_usd: float
     total_usd: float
     completion_s: float
+    estimated: bool = True
 
 
 def _field(sample: Any, name: str) -> Any:
@@ -303,19 +304,29 @@ def cost_per_million_tokens(total_usd: float, tokens: int) -> float | None:
     return total_usd / tokens * 1_000_000
 
 
-def project(usage: Usage, cost: CostBreakdown, *, target_steps: int) -> Projection | None:
-    """Extrapolate a run linearly per step to target_steps (None before the first step)."""
+def project(usage: Usage, cost: CostBreakdown, *, target_steps: int,
+            tiers: Sequence[Mapping[str, Any]] | None = None, unit: str = "token") -> Projection | None:
+    """One run extrapolated per step to target_steps (None before the first step); an estimate.
+
+    Resource terms scale linearly. Under a tiered model the run's units (steps, or tokens at
+    the measured tokens per step) are priced through the tiers from zero: the 1000th step of
+    a run is billed at the tier it falls in, not at the average price of the first hundred.
+    """
     if target_steps <= 0:
         raise ValueError("target_steps must be > 0")
     if usage.steps <= 0:
         return None
     scale = target_steps / usage.steps
+    total = cost.total_usd * scale
+    if tiers:
+        units = target_steps if unit == "step" else usage.tokens * scale
+        total = tiered_cost(0, units, tiers)
     # electricity_usd is the energy term as billed (PUE and the cost model's weight included).
     return Projection(
         target_steps=target_steps,
         gpu_hours=cost.gpu_hours * scale,
         electricity_usd=cost.energy_usd * scale,
-        total_usd=cost.total_usd * scale,
+        total_usd=total,
         completion_s=usage.wall_s * scale,
     )
 

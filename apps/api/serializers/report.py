@@ -11,6 +11,7 @@ class ProjectionSerializer(serializers.Serializer):
     electricity_usd = serializers.FloatField()
     total_usd = serializers.FloatField()
     completion_s = serializers.FloatField()
+    estimated = serializers.BooleanField(help_text="Always true: every figure here is projected, not measured.")
 
 
 class ArmReportSerializer(serializers.Serializer):

@@ -171,3 +171,14 @@ def test_an_external_run_declares_vcpus_and_memory_and_completes_in_its_telemetr
 def test_only_an_external_run_declares_its_vcpus(api, experiment):
     refused = api.post("/api/v1/runs/", {"experiment": experiment.pk, "vcpus": 8}, format="json")
     assert refused.status_code == 400 and error(refused)["message"].startswith("vcpus:")
+
+
+def test_every_projected_figure_is_marked_estimated(api, experiment, sku, gpu_run):
+    experiment.target_steps = 1000
+    experiment.save(update_fields=["target_steps"])
+    assert post(api, gpu_run, CLEAN[:100]).status_code == 200
+    api.post(f"/api/v1/runs/{gpu_run.pk}/finish/", {"status": "succeeded"}, format="json")
+    arm = next(a for a in api.get(f"/api/v1/experiments/{experiment.pk}/report/").json()["arms"] if a["is_control"])
+    assert arm["projected"]["estimated"] is True and arm["projected"]["target_steps"] == 1000
+    # 99 steps measured over 99 s: 1000 steps take 1000 s.
+    assert arm["projected"]["completion_s"] == pytest.approx(1000.0)

@@ -79,3 +79,16 @@ def test_no_target_steps_no_projection(experiment):
     experiment.target_steps = None
     experiment.save()
     assert all(arm.projected is None for arm in experiment_report(experiment=experiment).arms)
+
+
+def test_a_tiered_model_projects_piecewise_through_its_tiers():
+    price = priced_tenant()
+    tiers = [{"up_to": 100, "usd_per_unit": "0.01"}, {"up_to": None, "usd_per_unit": "0.005"}]
+    exp = ExperimentFactory(tenant=price.pricing_table.tenant, status="active", target_steps=1000,
+                            cost_model__kind="tiered_per_call", cost_model__unit="step", cost_model__tiers=tiers)
+    arm = ArmFactory(experiment=exp, name="baseline", is_control=True)
+    finished_run(arm, cost="1.000000", energy_usd=0.0)  # 100 steps x 0.01 USD
+    p = experiment_report(experiment=exp).arms[0].projected
+    # One run of 1000 steps: 100 x 0.01 + 900 x 0.005 USD, not 10 x the first hundred.
+    assert p.total_usd == pytest.approx(100 * 0.01 + 900 * 0.005) == pytest.approx(5.50)
+    assert p.estimated is True
