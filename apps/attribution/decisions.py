@@ -7,7 +7,7 @@ give identical snapshots.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from decimal import ROUND_HALF_EVEN, Decimal
 
 from apps.attribution import stats
@@ -19,8 +19,36 @@ MIN_SHARE_CHANGE = 0.005
 
 
 @dataclass(frozen=True)
+class RunMoments:
+    """Over an arm's runs in its epoch, each run's cumulative cost C, tokens T, steps S: how many, and
+    sum C^2, C T, T^2, C S, S^2."""
+
+    runs: int = 0
+    cost_sq: Decimal = Decimal(0)
+    cost_tokens: Decimal = Decimal(0)
+    tokens_sq: Decimal = Decimal(0)
+    cost_steps: Decimal = Decimal(0)
+    steps_sq: Decimal = Decimal(0)
+
+    @classmethod
+    def of(cls, runs) -> RunMoments:
+        """From (cost, tokens, steps) per run."""
+        runs = [(stats._dec(c), stats._dec(t), stats._dec(s)) for c, t, s in runs]
+        return cls(runs=len(runs), cost_sq=sum((c * c for c, _, _ in runs), Decimal(0)),
+                   cost_tokens=sum((c * t for c, t, _ in runs), Decimal(0)),
+                   tokens_sq=sum((t * t for _, t, _ in runs), Decimal(0)),
+                   cost_steps=sum((c * s for c, _, s in runs), Decimal(0)),
+                   steps_sq=sum((s * s for _, _, s in runs), Decimal(0)))
+
+
+@dataclass(frozen=True)
 class ArmSums:
-    """An arm's observations summed (cumulative over its current epoch)."""
+    """An arm's observations summed (cumulative over its current epoch).
+
+    The second moments (cost_sq ... steps_sq) are over runs: sum of C_r^2 for each run's
+    cumulative cost C_r in the epoch, and so on (apps.attribution.selectors.run_moments);
+    `runs` counts them. The inference's unit is the run (apps.attribution.stats).
+    """
 
     observations: int = 0
     runs: int = 0
@@ -37,6 +65,12 @@ class ArmSums:
     tokens_sq: Decimal = Decimal(0)
     cost_steps: Decimal = Decimal(0)
     steps_sq: Decimal = Decimal(0)
+
+    def with_moments(self, moments: RunMoments | None) -> ArmSums:
+        """These sums with the run-level count and second moments (the window sums' would be per window)."""
+        m = moments or RunMoments()
+        return replace(self, runs=m.runs, cost_sq=m.cost_sq, cost_tokens=m.cost_tokens, tokens_sq=m.tokens_sq,
+                       cost_steps=m.cost_steps, steps_sq=m.steps_sq)
 
     def __add__(self, other: ArmSums) -> ArmSums:
         values = {}
@@ -60,10 +94,11 @@ class ArmSums:
         return cls(**values)
 
     def ratio(self, unit: str) -> stats.RatioSums:
+        """Run-level sufficient statistics: n counts runs, not run-windows."""
         if unit == "step":
-            return stats.RatioSums(self.observations, self.cost, Decimal(self.steps), self.cost_sq,
+            return stats.RatioSums(self.runs, self.cost, Decimal(self.steps), self.cost_sq,
                                    self.cost_steps, self.steps_sq)
-        return stats.RatioSums(self.observations, self.cost, Decimal(self.tokens), self.cost_sq,
+        return stats.RatioSums(self.runs, self.cost, Decimal(self.tokens), self.cost_sq,
                                self.cost_tokens, self.tokens_sq)
 
 
@@ -73,7 +108,7 @@ class Policy:
     alpha: float
     min_runs: int
     min_samples: int
-    min_observations: int  # per arm: the sequence is asymptotic, so it is not consulted on a handful
+    min_cs_runs: int  # per arm: the sequence is asymptotic, so it is not consulted on a handful of runs
     unit: str  # "token" (USD per 1M tokens) or "step" (USD per step: tiered per step)
     r2: float
     dynamic_weights: bool
@@ -161,11 +196,11 @@ def _freeze_rule(arm: ArmInput, control: ArmInput, dev: stats.Interval | None, p
             blocked.append(f"runs: {who} has {a.sums.runs} < min_runs_per_arm {policy.min_runs}")
         if a.sums.samples < policy.min_samples:
             blocked.append(f"samples: {who} has {a.sums.samples} < min_samples_per_arm {policy.min_samples}")
-        if a.sums.observations < policy.min_observations:
-            blocked.append(f"observations: {who} has {a.sums.observations} < {policy.min_observations} "
-                           "run-window observations (COSTLAB_CS_MIN_OBSERVATIONS)")
+        if a.sums.runs < policy.min_cs_runs:
+            blocked.append(f"runs: {who} has {a.sums.runs} < {policy.min_cs_runs} runs, the least the "
+                           "confidence sequence is consulted on (COSTLAB_CS_MIN_RUNS)")
     if dev is None:
-        blocked.append("deviation: not estimable yet (each arm needs 2 observations with units)")
+        blocked.append("deviation: not estimable yet (each arm needs 2 runs with units)")
     else:
         if dev.estimate <= policy.threshold:
             blocked.append(f"deviation: {dev.estimate:.4f} <= threshold {policy.threshold:.4f}")
@@ -206,7 +241,7 @@ def experiment_decide(arms: list[ArmInput], policy: Policy) -> ExperimentVerdict
         verdict.evidence.update({
             "deviation": _interval_json(dev), "threshold": policy.threshold, "alpha": policy.alpha,
             "r2": _num(policy.r2, 12), "min_runs": policy.min_runs, "min_samples": policy.min_samples,
-            "min_observations": policy.min_observations,
+            "min_cs_runs": policy.min_cs_runs,
             "control": {"arm_id": control.arm_id, "name": control.name, "value": out.arms[control.arm_id].metric_value,
                         "observations": control.sums.observations, "runs": control.sums.runs,
                         "samples": control.sums.samples},
@@ -226,7 +261,7 @@ def _next_weights(arms: list[ArmInput], out: ExperimentVerdict, policy: Policy) 
     for a in live:
         metric = out.arms[a.arm_id].metric
         if (metric is None or a.sums.runs < policy.min_runs or a.sums.samples < policy.min_samples
-                or a.sums.observations < policy.min_observations):
+                or a.sums.runs < policy.min_cs_runs):
             return {}, f"weights: arm '{a.name}' lacks the evidence minimums; weights unchanged"
         if metric.estimate <= 0:
             return {}, f"weights: arm '{a.name}' has no cost yet; weights unchanged"

@@ -20,7 +20,7 @@ from django.db.models import (
 )
 from django.db.models.functions import Cast, Coalesce
 
-from apps.attribution.decisions import ArmSums
+from apps.attribution.decisions import ArmSums, RunMoments
 from apps.attribution.models import AttributionSnapshot, AttributionWindow, FreezeEvent, RunWindow
 from apps.experiments.models import Experiment, Run
 from apps.pricing.models import GpuPrice, PricingTable
@@ -106,6 +106,22 @@ def observations_sums(*, experiment_id: int, after_number: dict[int, int], upto_
         if row["window__number"] > after_number.get(row["arm_id"], 0):
             out[row["arm_id"]] = out.get(row["arm_id"], ArmSums()) + _arm_sums(row)
     return out
+
+
+def run_moments(*, epochs: dict[int, int], upto_number: dict[int, int]) -> dict[int, RunMoments]:
+    """Per arm: its runs' cumulative cost, tokens and steps in windows epochs[arm] < number <= upto_number[arm],
+    reduced to the run-level moments the freeze rule's variance needs (one query, one row per run)."""
+    if not epochs:
+        return {}
+    where = Q()
+    for arm_id, after in epochs.items():
+        where |= Q(arm_id=arm_id, window__number__gt=after, window__number__lte=upto_number[arm_id])
+    rows = (RunWindow.objects.filter(where, omitted=False).values("arm_id", "run_id").order_by()
+            .annotate(c=Sum("cost_usd"), t=Sum("tokens"), s=Sum("steps")).values_list("arm_id", "c", "t", "s"))
+    per_arm: dict[int, list] = defaultdict(list)
+    for arm_id, c, t, s in rows:
+        per_arm[arm_id].append((c, t, s))
+    return {arm_id: RunMoments.of(runs) for arm_id, runs in per_arm.items()}
 
 
 SNAPSHOT_SUMS = {

@@ -91,13 +91,15 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
         if omitted:
             RunWindow.objects.filter(window_id__in=window_ids, run_id__in=omitted).update(omitted=True)
         deltas = selectors.window_sums(window_ids=window_ids)
+        moments = selectors.run_moments(epochs=epochs, upto_number={
+            arm.pk: w.number for e, w in zip(experiments, windows, strict=True) for arm in arms_of[e.pk]})
 
         snapshots, freezes, moves = [], [], []
         for experiment, window in zip(experiments, windows, strict=True):
             inputs = [ArmInput(arm_id=arm.pk, name=arm.name, is_control=arm.is_control,
                                active=arm.state == Arm.State.ACTIVE, weight=arm.weight,
-                               sums=(ArmSums() if arm.pk in restarted else previous.get(arm.pk, (ArmSums(), 0))[0])
-                               + deltas.get(arm.pk, ArmSums()))
+                               sums=((ArmSums() if arm.pk in restarted else previous.get(arm.pk, (ArmSums(), 0))[0])
+                                     + deltas.get(arm.pk, ArmSums())).with_moments(moments.get(arm.pk)))
                       for arm in arms_of[experiment.pk]]
             fault = faults.get(experiment.pk, ("", []))[0]
             s, f, m = _attribute(experiment, window, inputs, epochs, fault)

@@ -20,7 +20,7 @@ COMPARED_FIELDS = [
 
 
 SNAPSHOT_EVIDENCE = ("metric", "decision", "blocked_by", "threshold", "alpha", "min_runs", "min_samples",
-                     "min_observations")
+                     "min_cs_runs")
 
 
 def full_evidence(verdict: ArmVerdict, window: AttributionWindow, epoch_start: int) -> dict:
@@ -35,9 +35,9 @@ def policy_for(experiment: Experiment) -> Policy:
     alpha = float(experiment.alpha)
     return Policy(
         threshold=float(experiment.freeze_threshold), alpha=alpha, min_runs=experiment.min_runs_per_arm,
-        min_samples=experiment.min_samples_per_arm, min_observations=settings.COSTLAB_CS_MIN_OBSERVATIONS,
+        min_samples=experiment.min_samples_per_arm, min_cs_runs=settings.COSTLAB_CS_MIN_RUNS,
         unit="step" if tiered_steps else "token",
-        r2=stats.tuning_r2(alpha=alpha, expected_n=settings.COSTLAB_CS_EXPECTED_OBSERVATIONS),
+        r2=stats.tuning_r2(alpha=alpha, expected_n=settings.COSTLAB_CS_EXPECTED_RUNS),
         dynamic_weights=experiment.dynamic_weights, min_share=settings.COSTLAB_WEIGHT_MIN_SHARE,
         max_step=settings.COSTLAB_WEIGHT_MAX_STEP,
     )
@@ -87,10 +87,11 @@ def window_recompute(*, window: AttributionWindow) -> list[AttributionSnapshot]:
         return []
     experiment = Experiment.objects.select_related("cost_model").get(pk=window.experiment_id)
     policy = policy_for(experiment)
-    sums = selectors.observations_sums(experiment_id=experiment.pk, upto_number=window.number,
-                                       after_number={pk: s.epoch_start for pk, s in stored.items()})
+    epochs = {pk: s.epoch_start for pk, s in stored.items()}
+    sums = selectors.observations_sums(experiment_id=experiment.pk, upto_number=window.number, after_number=epochs)
+    moments = selectors.run_moments(epochs=epochs, upto_number={pk: window.number for pk in stored})
     inputs = [ArmInput(arm_id=pk, name=s.arm.name, is_control=s.arm.is_control, active=s.state == Arm.State.ACTIVE,
-                       weight=Decimal(s.weight), sums=sums.get(pk, ArmSums()))
+                       weight=Decimal(s.weight), sums=sums.get(pk, ArmSums()).with_moments(moments.get(pk)))
               for pk, s in sorted(stored.items())]
     verdict = experiment_decide(inputs, policy)
     reason = window.skip_reason or verdict.skip_reason

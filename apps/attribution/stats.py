@@ -1,8 +1,12 @@
 """Always-valid inference on cost per unit of work. Pure functions, no Django.
 
-An observation is one run's (cost, units) over one attribution window. An arm's cost per
-unit is the ratio of sums R = sum(cost) / sum(units), so long windows weigh more than short
-ones; its variance comes from the delta method on the residuals cost - R * units. The
+The unit of observation is the run. A run's windows share its host, data order and luck (a
+run on a slow host stays slow), so they are not independent: counted as independent, the
+variance is underestimated and A/A arms freeze at 3-7x alpha. An observation is therefore
+one run's cumulative (cost, units) so far in the arm's epoch, a run still in progress
+included, and t counts runs. An arm's cost per unit is the ratio of sums
+R = sum(cost) / sum(units), so longer runs weigh more; its variance comes from the delta
+method on the run residuals cost - R * units (the cluster-robust variance of a ratio). The
 relative deviation of an arm from the control, D = R_arm / R_control - 1, gets its variance
 from the delta method too (as GrowthBook computes relative effects).
 
@@ -13,12 +17,11 @@ sequential intervals GrowthBook uses) stays valid at every look at once:
 
     halfwidth(t) = s * sqrt(2 (t r2 + 1) / (t^2 r2) * log(sqrt(t r2 + 1) / alpha))
 
-with t observations of standard deviation s, and r2 tuned so it is tightest near an expected
-number of observations t*: r2 = (-2 log alpha + log(-2 log alpha + 1)) / t*.
-
-Assumption, stated: observations of one run in different windows are treated as independent.
-Runs of one arm on one SKU vary far less than the 5 % threshold; min_runs_per_arm keeps a
-single odd run from deciding anything.
+with t observations (runs) of standard deviation s, and r2 tuned so it is tightest near an
+expected number of runs t*: r2 = (-2 log alpha + log(-2 log alpha + 1)) / t*. Being
+asymptotic, it is not consulted before each arm has COSTLAB_CS_MIN_RUNS runs.
+tests/apps/attribution/test_freeze_simulation.py holds the rule to alpha in A/A simulations
+with run effects of 2-20 %, 10-100 windows per run, outliers and unequal arms.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ def _dec(value) -> Decimal:
 
 @dataclass(frozen=True)
 class RatioSums:
-    """Sufficient statistics of n (cost, units) observations."""
+    """Sufficient statistics of n (cost, units) observations: one per run (its cumulative figures)."""
 
     n: int
     cost: Decimal

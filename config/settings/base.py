@@ -183,10 +183,11 @@ COSTLAB_PUSH_NOTIFICATIONS = env.bool("COSTLAB_PUSH_NOTIFICATIONS", default=True
 # ------------------------------------------------------------------------------
 # Attribution: freezes, alerts, dynamic weights
 # ------------------------------------------------------------------------------
-# The confidence sequence is tightest near this many run-window observations per comparison.
-COSTLAB_CS_EXPECTED_OBSERVATIONS = env.float("COSTLAB_CS_EXPECTED_OBSERVATIONS", default=500.0)
-# ... and, being asymptotic, is not consulted before each arm has this many of them.
-COSTLAB_CS_MIN_OBSERVATIONS = env.int("COSTLAB_CS_MIN_OBSERVATIONS", default=10)
+# The confidence sequence counts runs (a run's windows are not independent); it is tightest
+# near this many runs per comparison...
+COSTLAB_CS_EXPECTED_RUNS = env.float("COSTLAB_CS_EXPECTED_RUNS", default=50.0)
+# ... and, being asymptotic, is not consulted before each arm has this many runs.
+COSTLAB_CS_MIN_RUNS = env.int("COSTLAB_CS_MIN_RUNS", default=10)
 # Dynamic weights: each active arm keeps at least this share of traffic; no share moves more per tick.
 COSTLAB_WEIGHT_MIN_SHARE = env.float("COSTLAB_WEIGHT_MIN_SHARE", default=0.05)
 COSTLAB_WEIGHT_MAX_STEP = env.float("COSTLAB_WEIGHT_MAX_STEP", default=0.05)

@@ -30,7 +30,7 @@ def priced_tenant():
 class Lab:
     """One experiment; arms given as name -> true cost factor (the first is the control)."""
 
-    def __init__(self, arms: dict[str, float], *, runs_per_arm: int = 3, noise: float = 0.02, seed: int = 0,
+    def __init__(self, arms: dict[str, float], *, runs_per_arm: int = 10, noise: float = 0.02, seed: int = 0,
                  price=None, interval_s: int = 30, **experiment):
         self.price = price or priced_tenant()
         self.rng = random.Random(seed)

@@ -74,7 +74,7 @@ def test_a_freeze_sends_exactly_one_webhook_alert(receiver, eager_delivery, djan
     assert body["arm"] == {"id": lab.arms["b"].pk, "name": "b", "state": "frozen", "weight": "0.0000"}
     assert body["experiment"]["name"] == lab.experiment.name and body["tenant"] == lab.experiment.tenant.slug
     assert body["deviation_low"] == event.deviation_low > body["threshold"] == 0.05
-    assert body["runs"] == 3 and body["metric"] == "usd_per_mtok" and body["control_value"] > 0
+    assert body["runs"] == 10 and body["metric"] == "usd_per_mtok" and body["control_value"] > 0
     headers = receiver.requests[0]["headers"]
     assert headers["Content-Type"] == "application/json"
     assert headers["Idempotency-Key"] == f"costlab-alert-{body['delivery_id']}"

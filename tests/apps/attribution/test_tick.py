@@ -73,11 +73,12 @@ def test_four_percent_is_measured_but_never_frozen():
 
 
 def test_twenty_percent_with_too_few_runs_waits_for_the_minimum():
-    lab = Lab({"control": 1.0, "b": 1.20}, runs_per_arm=2, seed=4)
+    lab = Lab({"control": 1.0, "b": 1.20}, runs_per_arm=9, seed=4)
     assert ticks_until_frozen(lab, limit=15) is None
     blocked = latest_snapshot(lab.arm("b")).evidence["blocked_by"]
-    assert "runs: arm has 2 < min_runs_per_arm 3" in blocked
-    assert "runs: control has 2 < min_runs_per_arm 3" in blocked
+    assert "runs: arm has 9 < 10 runs, the least the confidence sequence is consulted on (COSTLAB_CS_MIN_RUNS)" \
+        in blocked
+    assert any(r.startswith("runs: control has 9 < 10 runs") for r in blocked)
     assert latest_snapshot(lab.arm("b")).deviation_low > 0.05  # the bound alone would have frozen it
     for arm in ("control", "b"):
         lab.add_run(lab.arms[arm])
@@ -194,7 +195,7 @@ def test_faults_skip_their_experiment_with_a_reason_and_the_tick_goes_on():
         assert not FreezeEvent.objects.filter(experiment=lab.experiment).exists()
     # The unpriced run's observations stay out of the sums, so they cannot skew a later decision.
     assert RunWindow.objects.filter(run=unpriced_run, omitted=False).count() == 0
-    assert latest_snapshot(unpriced.arms["b"]).runs == 3
+    assert latest_snapshot(unpriced.arms["b"]).runs == 10
 
 
 def test_the_tick_costs_the_same_queries_for_one_experiment_or_many():

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def frozen_lab():
-    lab = Lab({"control": 1.0, "b": 1.25}, seed=30, dynamic_weights=False)
+    # 300 samples a window (10 runs x 30): one window after an unfreeze is not evidence enough.
+    lab = Lab({"control": 1.0, "b": 1.25}, seed=30, dynamic_weights=False, min_samples_per_arm=600)
     for _ in range(30):
         lab.step()
         if lab.tick().frozen:
@@ -44,11 +45,10 @@ def test_an_unfrozen_arm_is_not_refrozen_on_the_evidence_that_froze_it(frozen_la
     frozen_lab.step()
     frozen_lab.tick()
     snap = AttributionSnapshot.objects.filter(arm=frozen_lab.arms["b"]).latest("window_end")
-    assert snap.epoch_start == snap.window.number - 1 and snap.observations == 3  # one window's worth
+    assert snap.epoch_start == snap.window.number - 1 and snap.observations == 10  # one window's worth
     assert frozen_lab.arm("b").state == Arm.State.ACTIVE
-    assert snap.runs == 3  # the runs that go on count again, in the new epoch
-    assert "observations: arm has 3 < 10 run-window observations (COSTLAB_CS_MIN_OBSERVATIONS)" in \
-        snap.evidence["blocked_by"]
+    assert snap.runs == 10  # the runs that go on count again, in the new epoch
+    assert "samples: arm has 300 < min_samples_per_arm 600" in snap.evidence["blocked_by"]
     # Recomputing that window from the observations honours the restart too.
     for again in window_recompute(window=snap.window):
         stored = AttributionSnapshot.objects.get(window=snap.window, arm_id=again.arm_id)

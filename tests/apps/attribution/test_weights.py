@@ -56,9 +56,11 @@ def test_weights_wait_for_the_evidence_minimums():
 
 
 def test_a_weight_a_person_changed_meanwhile_is_not_overwritten(monkeypatch):
-    lab = Lab({"control": 1.0, "cheap": 0.80}, seed=23)
-    lab.run_ticks(3)  # 9 observations per arm: below the minimum, so nothing moved yet
+    lab = Lab({"control": 1.0, "cheap": 0.80}, runs_per_arm=9, seed=23)
+    lab.run_ticks(3)  # 9 runs per arm: below the minimum, so nothing moved yet
     assert not WeightChange.objects.exists()
+    for arm in lab.arms.values():
+        lab.add_run(arm)
     lab.step()
     read_arms_then = selectors.unfreeze_epochs  # called after the tick has read the arms
 
