@@ -3,27 +3,45 @@
 Exit 0: pass. 1: regression. 2: could not decide (no data, no control, bad input, API error).
 The comparison is the report's cost metric (USD per 1M tokens, or per step for a per-step cost
 model), measured so far; each outcome prints one line saying why.
+
+Exact at the limit: the deviation and the limit are compared as decimals in percentage points,
+rounded to 0.01 pp, so a candidate exactly at the limit passes whatever the float noise in
+the figures. By default the point estimate is judged (any measured regression past the limit
+fails: the cautious choice for CI); --evidence judges the freeze rule's always-valid lower
+bound instead, so only a regression established at the experiment's alpha fails.
 """
 
 from __future__ import annotations
 
+from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
+
 from costlab_cli.client import Api, CliError
 
 PASS, REGRESSION = 0, 1
+RESOLUTION_PP = Decimal("0.01")  # percentage points
 
 
-def parse_regression(text: str) -> float:
-    """'5%' -> 0.05; '0.05' -> 0.05. A bare number above 1 is refused: say '5%'."""
+def parse_regression(text: str) -> Decimal:
+    """The limit in percentage points: '5%' -> 5.00; '0.05' -> 5.00. A bare number above 1 is refused: say '5%'."""
     raw = text.strip()
     try:
-        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
-    except ValueError:
+        value = Decimal(raw[:-1]) if raw.endswith("%") else Decimal(raw) * 100
+    except InvalidOperation:
         raise CliError(f"--max-regression: {text!r} is not a number like 5% or 0.05") from None
-    if not raw.endswith("%") and value > 1:
+    if not value.is_finite():
+        raise CliError(f"--max-regression: {text!r} is not a finite number")
+    if not raw.endswith("%") and value > 100:
         raise CliError(f"--max-regression: {text!r} is ambiguous; write {raw}% (percent) or a fraction like 0.05")
     if value < 0:
         raise CliError("--max-regression: must be >= 0")
-    return value
+    if value != value.quantize(RESOLUTION_PP):
+        raise CliError(f"--max-regression: {text!r} is finer than the gate's resolution of 0.01 percentage points")
+    return value.quantize(RESOLUTION_PP)
+
+
+def as_pp(fraction: float) -> Decimal:
+    """A relative deviation (0.02) in percentage points at the gate's resolution (2.00)."""
+    return (Decimal(repr(fraction)) * 100).quantize(RESOLUTION_PP, rounding=ROUND_HALF_EVEN)
 
 
 def _metric_label(metric: str) -> str:
@@ -39,6 +57,7 @@ def run_metric(run: dict, metric: str) -> float | None:
 
 def cmd_gate(api: Api, args) -> int:
     limit = parse_regression(args.max_regression)
+    evidence = bool(getattr(args, "evidence", False))
     report = api.get(f"experiments/{args.experiment}/report/")
     control = next((a for a in report["arms"] if a["is_control"]), None)
     if control is None:
@@ -48,6 +67,8 @@ def cmd_gate(api: Api, args) -> int:
     label = _metric_label(control["metric"])
 
     if args.run is not None:
+        if evidence:
+            raise CliError("--evidence: a single run has no confidence bound; gate its arm (--arm) instead")
         run = api.get(f"runs/{args.run}/")
         if run["experiment"] != report["experiment_id"]:
             raise CliError(f"--run: run {args.run} belongs to experiment {run['experiment']}, not {args.experiment}")
@@ -56,7 +77,8 @@ def cmd_gate(api: Api, args) -> int:
         value = run_metric(run, control["metric"])
         if value is None:
             raise CliError(f"--run: run {args.run} reported no tokens or steps to price")
-        candidates = [(f"run {run['id']} (arm '{run['arm']['name']}')", value / control["metric_value"] - 1, value)]
+        candidates = [(f"run {run['id']} (arm '{run['arm']['name']}')", value / control["metric_value"] - 1, value,
+                       None)]
     else:
         arms = [a for a in report["arms"] if not a["is_control"]]
         if args.arm:
@@ -68,12 +90,25 @@ def cmd_gate(api: Api, args) -> int:
         without = [a["name"] for a in arms if a["deviation"] is None]
         if named and without:
             raise CliError(f"arm '{without[0]}' has no priced runs yet: nothing to compare")
-        candidates = [(f"arm '{a['name']}'", a["deviation"], a["metric_value"]) for a in arms if a["deviation"] is not None]
+        candidates = [(f"arm '{a['name']}'", a["deviation"], a["metric_value"], a) for a in arms
+                      if a["deviation"] is not None]
         if not candidates:
             raise CliError(f"experiment {args.experiment} has no candidate arm with priced runs to compare")
+        if evidence:
+            unbounded = [a["name"] for *_, a in candidates if a["deviation_low"] is None]
+            if unbounded:
+                raise CliError(f"--evidence: arm '{unbounded[0]}' has no confidence bound yet (no attribution "
+                               "window with enough runs); gate without --evidence or wait")
 
-    who, deviation, value = max(candidates, key=lambda c: c[1])
-    verdict = "REGRESSION" if deviation > limit else "PASS"
-    print(f"{verdict}: {who} costs {deviation * 100:+.1f}% {label} vs control '{control['name']}' "
-          f"({value:.4f} vs {control['metric_value']:.4f}; limit +{limit * 100:g}%)")
-    return REGRESSION if deviation > limit else PASS
+    judged = [(who, dev, value, arm, as_pp(arm["deviation_low"] if evidence else dev)) for who, dev, value, arm
+              in candidates]
+    who, deviation, value, arm, score = max(judged, key=lambda c: c[4])
+    failed = score > limit
+    bounds = ""
+    if arm is not None and arm.get("deviation_low") is not None:
+        bounds = f"; always-valid bounds {as_pp(arm['deviation_low']):+}% .. {as_pp(arm['deviation_high']):+}%"
+    judged_by = "lower bound" if evidence else "estimate"
+    print(f"{'REGRESSION' if failed else 'PASS'}: {who} costs {as_pp(deviation):+}% {label} vs control "
+          f"'{control['name']}' ({value:.4f} vs {control['metric_value']:.4f}{bounds}; {judged_by} "
+          f"{score:+}% vs limit +{limit}%)")
+    return REGRESSION if failed else PASS

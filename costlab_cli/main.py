@@ -60,6 +60,9 @@ def parser() -> argparse.ArgumentParser:
     who.add_argument("--arm", action="append", metavar="NAME",
                      help="Candidate arm(s) to judge (repeatable); default every non-control arm with priced runs.")
     who.add_argument("--run", type=int, metavar="RUN", help="Judge this succeeded run against the control arm.")
+    g.add_argument("--evidence", action="store_true",
+                   help="Fail only when the freeze rule's always-valid lower bound clears the limit "
+                        "(default: the point estimate, the cautious choice).")
     g.set_defaults(handler=cmd_gate)
     return p
 

@@ -5,6 +5,7 @@ Most calls run main() in this process (over real HTTP); one runs the installed c
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -149,12 +150,12 @@ def test_gate_exit_codes_each_with_a_one_line_reason(lab, capsys):
 
     run = priced_run(lab["candidate"], "1.03")
     code, out, _ = cli(capsys, "gate", exp, "--max-regression", "5%")
-    assert code == 0 and out.startswith("PASS: arm 'candidate' costs +3.0% USD/1M tokens vs control 'control'")
+    assert code == 0 and out.startswith("PASS: arm 'candidate' costs +3.00% USD/1M tokens vs control 'control'")
     assert len(out.splitlines()) == 1
     code, out, _ = cli(capsys, "gate", exp, "--max-regression", "0.02")
-    assert code == 1 and out.startswith("REGRESSION: arm 'candidate' costs +3.0%") and "limit +2%" in out
+    assert code == 1 and out.startswith("REGRESSION: arm 'candidate' costs +3.00%") and "limit +2.00%" in out
     code, out, _ = cli(capsys, "gate", exp, "--max-regression", "2%", "--run", str(run.pk))
-    assert code == 1 and out.startswith(f"REGRESSION: run {run.pk} (arm 'candidate') costs +3.0%")
+    assert code == 1 and out.startswith(f"REGRESSION: run {run.pk} (arm 'candidate') costs +3.00%")
 
     for argv, reason in [
         (["--max-regression", "5"], "ambiguous; write 5%"),
@@ -185,6 +186,8 @@ def test_the_console_script_exits_with_the_gate_verdict(lab):
     priced_run(lab["candidate"], "1.20")
     script = Path(sys.executable).with_name("costlab")
     assert script.exists(), "pip install -e . creates the costlab console script"
+    # The script of the installed package, running this checkout's code (the venv may serve several).
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     result = subprocess.run([str(script), "gate", str(lab["experiment"].pk), "--max-regression", "5%"],
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 1 and result.stdout.startswith("REGRESSION: arm 'candidate' costs +20.0%")
+                            capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 1 and result.stdout.startswith("REGRESSION: arm 'candidate' costs +20.00%")
