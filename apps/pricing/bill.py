@@ -37,7 +37,8 @@ class PeriodSums:
 
     seconds: dict[int, list[float]] = field(default_factory=dict)  # wall, busy, energy, tokens, steps
     max_step: int = 0
-    estimated: bool = False
+    estimated: bool = False  # a sample says its power was modelled
+    modelled: int = 0  # intervals whose energy was modelled from board power
     backwards_seq: int | None = None  # first sample timed before its predecessor (same attempt)
 
     def usage(self, *, gpu_count: float, vcpus: float, memory_gb: float) -> dict[int, Usage]:
@@ -87,7 +88,7 @@ def period_sums(rows: Sequence[Mapping], *, edges: Sequence[float], count_after:
             energy = max(0.0, mean) * dt
         elif modelled_power_w > 0 and dt > 0:
             energy = modelled_power_w * busy * dt
-            out.estimated = True
+            out.modelled += 1
         else:
             energy = 0.0
         steps = max(0, step - (prev["step"] or 0))
@@ -161,4 +162,4 @@ def run_bill(
     for u in periods.values():
         usage = usage + u
     return Bill(periods=periods, usage=usage, cost=price_periods(periods, prices, weights), max_step=sums.max_step,
-                energy_estimated=sums.estimated)
+                energy_estimated=sums.estimated or sums.modelled > 0)

@@ -93,15 +93,18 @@ def run_totals_apply(*, run: Run, ranges: list[tuple[int, int]], now: list[list[
     resources = {"gpu_count": run.gpu_count, "vcpus": run.vcpus, "memory_gb": run.memory_gb}
     modelled = _modelled_power_w(run)
     usage, cost, estimated, max_step = cost_engine.Usage.zero(), cost_engine.CostBreakdown.zero(), False, 0
+    modelled_intervals = 0
     for (lo, _hi), rows in zip(ranges, now, strict=True):
         added = period_sums(rows, edges=edges, count_after=lo, modelled_power_w=modelled)
         if added.backwards_seq is not None:
             _refuse_backwards(added.backwards_seq, fresh or set(), batch or [])
         estimated, max_step = estimated or added.estimated, max(max_step, added.max_step)
+        modelled_intervals += added.modelled
         parts = [(1, added)]
         if fresh is not None:
             old = [r for r in rows if r["seq"] not in fresh]
             parts.append((-1, period_sums(old, edges=edges, count_after=lo, modelled_power_w=modelled)))
+            modelled_intervals -= parts[-1][1].modelled
         for sign, sums in parts:
             weights = cost_engine.Weights.from_cost_model(cost_model)
             for period, u in sums.usage(**resources).items():
@@ -110,16 +113,20 @@ def run_totals_apply(*, run: Run, ranges: list[tuple[int, int]], now: list[list[
 
     if recompute:  # the figures are the bill, not a change to it
         breakdown: dict = {"units": 0}
-        run.tokens, run.device_seconds, run.energy_j, run.steps, run.energy_estimated = 0, 0.0, 0.0, 0, False
+        run.tokens, run.device_seconds, run.energy_j, run.steps = 0, 0.0, 0.0, 0
     else:
         breakdown = dict(run.cost_breakdown or {})
+    # Estimated energy: a sample that says so (it stays stored), or an interval modelled now; a
+    # late sample with power can take an interval's modelling back, so those are counted.
+    breakdown["modelled_intervals"] = breakdown.get("modelled_intervals", 0) + modelled_intervals
+    breakdown["estimated_samples"] = bool(breakdown.get("estimated_samples")) or estimated
     for key, value in dataclasses.asdict(cost).items():
         breakdown[key] = breakdown.get(key, 0.0) + value
     run.tokens += usage.tokens
     run.device_seconds += usage.device_seconds if run.gpu_count else usage.wall_s
     run.energy_j += usage.energy_j
     run.steps = max(run.steps, max_step)
-    run.energy_estimated = run.energy_estimated or estimated
+    run.energy_estimated = breakdown["estimated_samples"] or breakdown["modelled_intervals"] > 0
     if cost_model.kind == CostModel.Kind.TIERED_PER_CALL:
         # Tiers apply to the run's cumulative units: priced from zero, whatever order they came in.
         breakdown["units"] = breakdown.get("units", 0) + (

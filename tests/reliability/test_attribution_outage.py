@@ -19,9 +19,10 @@ from tests.factories import ArmFactory, ExperimentFactory, RunFactory
 pytestmark = pytest.mark.django_db
 
 
-def samples(seqs, speed):
+def samples(seqs, speed, **override):
     return [{"seq": i, "ts": T0.timestamp() + i, "step": i, "device": "cuda:0 Test GPU", "util_pct": 90.0,
-             "power_w": 300.0, "energy_j": 300.0 * i, "tokens": int(speed * i), "estimated": False} for i in seqs]
+             "power_w": 300.0, "energy_j": 300.0 * i, "tokens": int(speed * i), "estimated": False, **override}
+            for i in seqs]
 
 
 def test_a_beat_outage_loses_nothing_and_counts_nothing_twice():
@@ -29,12 +30,12 @@ def test_a_beat_outage_loses_nothing_and_counts_nothing_twice():
     exp = ExperimentFactory(tenant=price.pricing_table.tenant, status="active")
     arms = [ArmFactory(experiment=exp, name="control", is_control=True), ArmFactory(experiment=exp, name="b")]
     runs = [RunFactory(arm=arm, status=Run.Status.RUNNING, attempts=1, gpu_sku=price.sku, gpu_count=1,
-                       started_at=T0) for arm in arms for _ in range(2)]
+                       started_at=T0, created=T0 - timedelta(minutes=1)) for arm in arms for _ in range(2)]
     speed = {r.pk: 1000 + 100 * i for i, r in enumerate(runs)}
 
-    def land(seqs):
+    def land(seqs, **override):
         for run in runs:
-            telemetry_ingest(run_id=run.pk, samples=samples(seqs, speed[run.pk]))
+            telemetry_ingest(run_id=run.pk, samples=samples(seqs, speed[run.pk], **override))
 
     land(range(0, 10))
     assert attribution_tick(now=T0 + timedelta(seconds=30)).observations == 4
@@ -43,10 +44,13 @@ def test_a_beat_outage_loses_nothing_and_counts_nothing_twice():
         land(chunk)
     result = attribution_tick(now=T0 + timedelta(minutes=10, seconds=30))
     assert result.windows == 1  # one window covers the outage
-    assert set(RunWindow.objects.filter(window__number=2).values_list("upto_seq", flat=True)) == {29}
-    land(range(30, 40))  # the gap fills
+    # Priced across the gap at once: the window covers every seq stored.
+    assert set(RunWindow.objects.filter(window__number=2).values_list("upto_seq", flat=True)) == {59}
+    # The gap fills with samples drawing 600 W and no counter: re-priced below the watermark.
+    land(range(30, 40), power_w=600.0, energy_j=None)
     attribution_tick(now=T0 + timedelta(minutes=11))
-    assert set(RunWindow.objects.filter(window__number=3).values_list("upto_seq", flat=True)) == {59}
+    window_3 = RunWindow.objects.filter(window__number=3)
+    assert set(window_3.values_list("upto_seq", flat=True)) == {59} and all(o.cost_usd != 0 for o in window_3)
 
     weights = cost_engine.Weights.from_cost_model(exp.cost_model)
     for run in Run.objects.filter(pk__in=[r.pk for r in runs]):
