@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 from django.db import transaction
 from django.db.models import ProtectedError
+from django.utils import timezone
 
 from apps.core.exceptions import ApplicationError
 from apps.pricing.models import CostModel, GpuPrice, PricingTable
@@ -40,9 +43,31 @@ def pricing_table_create(*, tenant: Tenant, gpu_prices: list[dict] | None = None
     return table
 
 
+# What a table prices with: an edit of one of these on a table in force starts a new version.
+PRICE_FIELDS = ("currency", "electricity_usd_per_kwh", "pue", "vcpu_hour_usd", "memory_gb_hour_usd")
+
+
 @transaction.atomic
 def pricing_table_update(*, table: PricingTable, gpu_prices: list[dict] | None = None, **fields) -> PricingTable:
-    """Edit a table; `gpu_prices`, when given, replaces the table's GPU prices."""
+    """Edit a table; `gpu_prices`, when given, replaces the table's GPU prices.
+
+    History is never rewritten: a price edit of a table already in force takes effect from now.
+    The table moves to valid_from = now with its new prices, and a copy with the old prices
+    keeps its old valid_from for the time before (pricing_table_version_keep). Names and notes
+    are edited in place.
+    """
+    now = timezone.now()
+    priced = any(name in fields and getattr(table, name) != fields[name] for name in PRICE_FIELDS)
+    if gpu_prices is not None:
+        new_rates = {p["sku"].pk: Decimal(p["hourly_usd"]) for p in gpu_prices}
+        priced = priced or new_rates != dict(table.gpu_prices.values_list("sku_id", "hourly_usd"))
+    in_force = table.pk is not None and table.valid_from <= now
+    if in_force and "valid_from" in fields and fields["valid_from"] != table.valid_from:
+        raise ApplicationError("valid_from: a table in force keeps its start; a price edit takes effect from now",
+                               {"fields": {"valid_from": ["in force"]}}, code="invalid", status=409)
+    if in_force and priced:
+        pricing_table_version_keep(table=table, until=now)
+        fields["valid_from"] = now
     for name, value in fields.items():
         setattr(table, name, value)
     _unique(table, "valid_from", "a pricing table")
@@ -51,6 +76,28 @@ def pricing_table_update(*, table: PricingTable, gpu_prices: list[dict] | None =
     if gpu_prices is not None:
         _gpu_prices_replace(table=table, gpu_prices=gpu_prices)
     return table
+
+
+def pricing_table_version_keep(*, table: PricingTable, until, stored: PricingTable | None = None) -> PricingTable:
+    """Keep a table's prices as stored, for the time before `until`: a copy at its valid_from, GPU prices too.
+
+    The table itself then moves to `until` (the caller saves it), so the copy takes its place in
+    the schedule: intervals before `until` are billed, and re-billed, as they were. `stored`: the
+    table as it was, when the caller has already saved an edit of it (the admin).
+    """
+    stored = stored or PricingTable.objects.get(pk=table.pk)
+    rates = list(stored.gpu_prices.values_list("sku_id", "hourly_usd"))
+    PricingTable.objects.filter(pk=table.pk).update(valid_from=until)  # frees (tenant, valid_from) for the copy
+    table.valid_from = until
+    copy = PricingTable.objects.get(pk=table.pk)
+    copy.pk = copy.id = None
+    for name in ("name", "currency", "valid_from", "electricity_usd_per_kwh", "pue", "vcpu_hour_usd",
+                 "memory_gb_hour_usd", "is_example", "notes"):
+        setattr(copy, name, getattr(stored, name))
+    copy.name = f"{stored.name} (until {until:%Y-%m-%d %H:%M} UTC)"[:120]
+    copy.save()
+    GpuPrice.objects.bulk_create([GpuPrice(pricing_table=copy, sku_id=sku, hourly_usd=usd) for sku, usd in rates])
+    return copy
 
 
 def _delete_unless_used(obj, label: str) -> None:

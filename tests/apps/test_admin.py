@@ -132,3 +132,20 @@ def test_arm_admin_strategy_edit_bumps_the_revision(staff_client):
     assert staff_client.post(url, form).status_code == 302
     arm.refresh_from_db()
     assert arm.revision == 2 and arm.weight == Decimal("2") and "interval_s: 0.5" in arm.strategy_yaml
+
+
+def test_a_price_edit_of_a_table_in_force_keeps_the_old_prices_for_the_time_before(staff_client):
+    tenant, sku = TenantFactory(), GpuSkuFactory()
+    assert staff_client.post(reverse("admin:pricing_pricingtable_add"), _pricing_form(tenant, sku)).status_code == 302
+    table = PricingTable.objects.get(tenant=tenant)  # in force since 2026-07-01
+    price = table.gpu_prices.get()
+    url = reverse("admin:pricing_pricingtable_change", args=[table.pk])
+    assert "a price edit takes effect from now" in staff_client.get(url).content.decode()
+    edit = _pricing_form(tenant, sku, **{"gpu_prices-INITIAL_FORMS": "1", "gpu_prices-0-id": price.pk,
+                                         "gpu_prices-0-pricing_table": table.pk, "gpu_prices-0-hourly_usd": "6.00"})
+    response = staff_client.post(url, edit, follow=True)
+    assert "Prices in force are versioned" in response.content.decode()
+    table.refresh_from_db()
+    kept = PricingTable.objects.filter(tenant=tenant).exclude(pk=table.pk).get()
+    assert table.valid_from > kept.valid_from and table.gpu_prices.get().hourly_usd == Decimal("6.00")
+    assert kept.valid_from.isoformat().startswith("2026-07-01") and kept.gpu_prices.get().hourly_usd == Decimal("3.10")

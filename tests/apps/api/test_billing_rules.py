@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import random
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 import pytest
 from django.utils import timezone
 
 from apps.experiments.models import Run
+from apps.pricing.models import PricingTable
 from apps.telemetry.models import TelemetrySample
 from tests.apps.api.conftest import error
 from tests.factories import GpuPriceFactory, GpuSkuFactory, PricingTableFactory, RunFactory
@@ -182,3 +183,23 @@ def test_every_projected_figure_is_marked_estimated(api, experiment, sku, gpu_ru
     assert arm["projected"]["estimated"] is True and arm["projected"]["target_steps"] == 1000
     # 99 steps measured over 99 s: 1000 steps take 1000 s.
     assert arm["projected"]["completion_s"] == pytest.approx(1000.0)
+
+
+def test_a_price_edit_of_a_table_in_force_starts_a_new_version_and_history_stands(api, staff, sku, gpu_run):
+    table = PricingTable.objects.get(gpu_prices__sku=sku)
+    assert post(api, gpu_run, CLEAN[:200]).status_code == 200  # a day ago, at 3.00 USD/h
+    before = Run.objects.get(pk=gpu_run.pk).cost_usd
+    renamed = staff.patch(f"/api/v1/pricing-tables/{table.pk}/", {"name": "list prices"}, format="json").json()
+    assert renamed["id"] == table.pk and PricingTable.objects.count() == 1  # no price moved: edited in place
+    edited = staff.patch(f"/api/v1/pricing-tables/{table.pk}/",
+                         {"gpu_prices": [{"sku": sku.name, "hourly_usd": "6.00"}]}, format="json")
+    assert edited.status_code == 200, edited.content
+    assert timezone.now() - timedelta(minutes=1) < datetime.fromisoformat(edited.json()["valid_from"])
+    kept = PricingTable.objects.exclude(pk=table.pk).get()
+    assert kept.valid_from == table.valid_from and kept.gpu_prices.get().hourly_usd == Decimal("3.00")
+    assert kept.name.startswith("list prices (until ")
+    finished = api.post(f"/api/v1/runs/{gpu_run.pk}/finish/", {"status": "succeeded"}, format="json").json()
+    # 199 s at 3.00 USD/h + 59.7 kJ x 1.2 x 0.15 USD/kWh, as billed before the edit.
+    assert Decimal(finished["cost_usd"]) == before == round(Decimal(199 / 3600 * 3.0 + 59_700 / 3.6e6 * 0.18), 6)
+    moved = staff.patch(f"/api/v1/pricing-tables/{table.pk}/", {"valid_from": "2020-01-01T00:00:00Z"}, format="json")
+    assert moved.status_code == 409 and error(moved)["message"].startswith("valid_from:")
