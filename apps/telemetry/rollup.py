@@ -60,6 +60,18 @@ def batch_ranges(*, run_id: int, seqs: list[int]) -> list[tuple[int, int]]:
     return merged
 
 
+def contiguous_end(*, run_id: int, after_seq: int) -> int | None:
+    """The last seq of the gap-free stretch that follows after_seq (None: after_seq + 1 is missing)."""
+    table = TelemetrySample._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT MAX(seq) FROM (SELECT seq, ROW_NUMBER() OVER (ORDER BY seq) AS rn FROM {table} "
+            f"WHERE run_id = %s AND seq > %s) AS t WHERE seq - %s = rn",
+            [run_id, after_seq, after_seq],
+        )
+        return cursor.fetchone()[0]
+
+
 def rows_in_ranges(*, run_id: int, ranges: list[tuple[int, int]]) -> list[list[dict]]:
     """The stored rows of each (lo, hi] range, the row at lo included (one query), in seq order."""
     where = Q()

@@ -20,9 +20,11 @@ from apps.pricing.models import CostModel
 from apps.pricing.selectors import price_schedule
 from apps.telemetry.ingest import out_of_range, samples_insert, samples_validate
 from apps.telemetry.models import TelemetrySample
-from apps.telemetry.rollup import BILL_FIELDS, SEQ_MAX, batch_ranges, rows_in_ranges
+from apps.telemetry.rollup import BILL_FIELDS, SEQ_MAX, batch_ranges, contiguous_end, rows_in_ranges
 
 _SEQ = itemgetter("seq")
+# Samples stored beyond a gap before the gap-free mark stops waiting for it (about 2 minutes at 1 s).
+GAP_PATIENCE_SAMPLES = 120
 
 
 @dataclass(frozen=True)
@@ -136,13 +138,29 @@ def run_totals_apply(*, run: Run, ranges: list[tuple[int, int]], now: list[list[
     else:
         bill = breakdown["total_usd"]
     last = max([run.last_seq, *(rows[-1]["seq"] for rows in now if rows)])
-    run.last_seq = run.priced_seq = last
+    run.priced_seq = last if recompute else _settled_seq(run, last=last, rows=now[0] if fresh is None else None)
+    run.last_seq = last
     run.cost_breakdown = breakdown
     run.cost_usd = Decimal(str(round(bill, 6)))
     run.save(update_fields=[
         "priced_seq", "last_seq", "steps", "tokens", "device_seconds", "energy_j", "energy_estimated",
         "cost_breakdown", "cost_usd", "updated_at",
     ])
+
+
+def _settled_seq(run: Run, *, last: int, rows: list[dict] | None) -> int:
+    """The seq up to which the run's samples are gap-free (what the dashboard rolls up and attribution counts).
+
+    Every stored sample is in the totals whatever its seq; a gap only holds this mark back, until
+    it fills, for GAP_PATIENCE_SAMPLES (a sample lost for good), or until the run ends.
+    `rows`: an appended batch with its stored predecessor, when that is what landed.
+    """
+    if rows and run.priced_seq == run.last_seq and rows[-1]["seq"] - rows[0]["seq"] + 1 == len(rows) \
+            and rows[0]["seq"] == max(run.last_seq, 0):
+        return last  # a batch continuing a gap-free run, with no hole of its own: no query
+    end = contiguous_end(run_id=run.pk, after_seq=run.priced_seq)
+    settled = run.priced_seq if end is None else end
+    return last if last - settled > GAP_PATIENCE_SAMPLES else settled
 
 
 def run_totals_recompute(*, run: Run) -> None:

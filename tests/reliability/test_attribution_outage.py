@@ -44,8 +44,8 @@ def test_a_beat_outage_loses_nothing_and_counts_nothing_twice():
         land(chunk)
     result = attribution_tick(now=T0 + timedelta(minutes=10, seconds=30))
     assert result.windows == 1  # one window covers the outage
-    # Priced across the gap at once: the window covers every seq stored.
-    assert set(RunWindow.objects.filter(window__number=2).values_list("upto_seq", flat=True)) == {59}
+    # Priced at once, gap and all; the gap-free mark (upto_seq) waits for the gap.
+    assert set(RunWindow.objects.filter(window__number=2).values_list("upto_seq", flat=True)) == {29}
     # The gap fills with samples drawing 600 W and no counter: re-priced below the watermark.
     land(range(30, 40), power_w=600.0, energy_j=None)
     attribution_tick(now=T0 + timedelta(minutes=11))

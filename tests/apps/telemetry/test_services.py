@@ -74,7 +74,8 @@ def test_a_gap_is_priced_across_at_once_and_re_priced_when_it_fills(gpu_run):
     telemetry_ingest(run_id=gpu_run.pk, samples=batch[:4] + batch[6:])
     gpu_run.refresh_from_db()
     usage, cost = full_recompute(gpu_run)
-    assert (gpu_run.priced_seq, gpu_run.last_seq, gpu_run.tokens) == (9, 9, 9000)
+    # In the totals at once; the gap-free mark waits for the gap.
+    assert (gpu_run.priced_seq, gpu_run.last_seq, gpu_run.tokens) == (3, 9, 9000)
     assert float(gpu_run.cost_usd) == pytest.approx(cost.total_usd, abs=1e-6)
     telemetry_ingest(run_id=gpu_run.pk, samples=batch[4:6])
     gpu_run.refresh_from_db()
@@ -142,6 +143,19 @@ def test_a_sample_landing_below_the_watermark_is_priced_in_its_own_interval(gpu_
     assert gpu_run.tokens == usage.tokens and float(gpu_run.cost_usd) == pytest.approx(cost.total_usd, abs=1e-6)
     # One second of one GPU at 3.00 USD/h went idle (seq 10's interval), nothing else moved.
     assert gpu_run.cost_breakdown["idle_usd"] - idle_before == pytest.approx(3.0 / 3600 - 0.2 * 3.0 / 3600)
+
+
+def test_a_gap_that_never_fills_stops_holding_the_gap_free_mark_back(gpu_run):
+    from apps.telemetry.services import GAP_PATIENCE_SAMPLES
+
+    batch = samples(GAP_PATIENCE_SAMPLES + 20)
+    telemetry_ingest(run_id=gpu_run.pk, samples=batch[:10], attempt=1)
+    telemetry_ingest(run_id=gpu_run.pk, samples=batch[11:30], attempt=1)  # seq 10 is lost
+    gpu_run.refresh_from_db()
+    assert gpu_run.priced_seq == 9 and gpu_run.last_seq == 29  # it may arrive late
+    telemetry_ingest(run_id=gpu_run.pk, samples=batch[30:], attempt=1)
+    gpu_run.refresh_from_db()
+    assert gpu_run.priced_seq == batch[-1]["seq"]
 
 
 def test_an_appended_batch_skips_the_staging_table(gpu_run):
