@@ -159,6 +159,10 @@ def rescan(experiment_ids: list[int]) -> None:
         cursor.fetchall()
 
 
+# The freeze rule consults its confidence sequence from COSTLAB_CS_MIN_RUNS (10) runs per arm.
+RUNS_PER_ARM = 10
+
+
 def latency_round(world: dict, phase_s: float, round_no: int) -> tuple[float, float]:
     """One freeze latency measure: (latency, the tick's own duration)."""
     from django.utils import timezone
@@ -170,13 +174,13 @@ def latency_round(world: dict, phase_s: float, round_no: int) -> tuple[float, fl
     tenant, bench = world["tenant"], Experiment.objects.filter(tenant=world["tenant"]).first()
     exp = Experiment.objects.create(tenant=tenant, name=f"latency {round_no}", cost_model=bench.cost_model,
                                     status=Experiment.Status.ACTIVE, attribution_interval_s=INTERVAL_S,
-                                    dynamic_weights=False, min_samples_per_arm=3 * 150 + 1)
+                                    dynamic_weights=False, min_samples_per_arm=RUNS_PER_ARM * 150 + 1)
     control = Arm.objects.create(experiment=exp, name="control", is_control=True, strategy_yaml="x: 1\n")
     dearer = Arm.objects.create(experiment=exp, name="dearer", strategy_yaml="x: 2\n")
     sku = Run.objects.filter(tenant=tenant).first().gpu_sku
     runs = [Run.objects.create(tenant=tenant, experiment=exp, arm=a, status=Run.Status.RUNNING, attempts=1,
                                config_yaml="x", config_sha256="0" * 64, gpu_sku=sku, gpu_count=1)
-            for a in (control, dearer) for _ in range(3)]
+            for a in (control, dearer) for _ in range(RUNS_PER_ARM)]
     # History: five windows of evidence, in the past, that the dearer arm is 25 % dearer; it is not
     # frozen only because it is one sample short of min_samples_per_arm.
     past = timezone.now() - timedelta(hours=1)
@@ -195,7 +199,7 @@ def latency_round(world: dict, phase_s: float, round_no: int) -> tuple[float, fl
     attribution_tick()  # a beat tick: the phase below is measured from it
     time.sleep(phase_s)
     advance(tenant.pk, INTERVAL_S, seed=round_no + 500)
-    telemetry_ingest(run_id=runs[3].pk, attempt=1, samples=[{
+    telemetry_ingest(run_id=runs[RUNS_PER_ARM].pk, attempt=1, samples=[{  # a run of the dearer arm
         "seq": 150, "ts": time.time(), "step": 151, "tokens": 4096, "energy_j": 650.0, "util_pct": 90.0}])
     landed = time.monotonic()
     time.sleep(max(0.0, beat + INTERVAL_S - time.monotonic()))  # beat fires again

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from datetime import datetime, timedelta
 
+from django.db import connection
 from django.db.models import (
     Count,
     DecimalField,
@@ -22,7 +23,8 @@ from django.db.models.functions import Cast, Coalesce
 
 from apps.attribution.decisions import ArmSums, RunMoments
 from apps.attribution.models import AttributionSnapshot, AttributionWindow, FreezeEvent, RunWindow
-from apps.experiments.models import Experiment, Run
+from apps.attribution.stats import _dec
+from apps.experiments.models import Arm, Experiment, Run
 from apps.pricing.models import GpuPrice, PricingTable
 
 # Beat fires on a fixed period; an experiment is due when its interval has passed, give or
@@ -110,18 +112,41 @@ def observations_sums(*, experiment_id: int, after_number: dict[int, int], upto_
 
 def run_moments(*, epochs: dict[int, int], upto_number: dict[int, int]) -> dict[int, RunMoments]:
     """Per arm: its runs' cumulative cost, tokens and steps in windows epochs[arm] < number <= upto_number[arm],
-    reduced to the run-level moments the freeze rule's variance needs (one query, one row per run)."""
+    reduced to the run-level moments the freeze rule's variance needs, in one query.
+
+    Windows of an experiment are created in number order, so their ids grow with their numbers:
+    the epoch becomes an id range, read from the (arm, window) index.
+    """
     if not epochs:
         return {}
-    where = Q()
-    for arm_id, after in epochs.items():
-        where |= Q(arm_id=arm_id, window__number__gt=after, window__number__lte=upto_number[arm_id])
-    rows = (RunWindow.objects.filter(where, omitted=False).values("arm_id", "run_id").order_by()
-            .annotate(c=Sum("cost_usd"), t=Sum("tokens"), s=Sum("steps")).values_list("arm_id", "c", "t", "s"))
-    per_arm: dict[int, list] = defaultdict(list)
-    for arm_id, c, t, s in rows:
-        per_arm[arm_id].append((c, t, s))
-    return {arm_id: RunMoments.of(runs) for arm_id, runs in per_arm.items()}
+    rw, win, arm = RunWindow._meta.db_table, AttributionWindow._meta.db_table, Arm._meta.db_table
+    values = ", ".join(["(%s, %s, %s)"] * len(epochs))
+    exact = "NUMERIC(40, 0)"
+    sql = f"""
+        WITH e(arm_id, after_n, upto_n) AS (VALUES {values}),
+        b AS (
+            SELECT e.arm_id,
+                   COALESCE((SELECT w.id FROM {win} w WHERE w.experiment_id = a.experiment_id
+                             AND w.number = e.after_n), 0) AS lo,
+                   (SELECT w.id FROM {win} w WHERE w.experiment_id = a.experiment_id AND w.number = e.upto_n) AS hi
+            FROM e JOIN {arm} a ON a.id = e.arm_id
+        ),
+        r AS (
+            SELECT rw.arm_id, SUM(rw.cost_usd) AS c, CAST(SUM(rw.tokens) AS {exact}) AS t,
+                   CAST(SUM(rw.steps) AS {exact}) AS s
+            FROM b JOIN {rw} rw ON rw.arm_id = b.arm_id AND rw.window_id > b.lo AND rw.window_id <= b.hi
+            WHERE rw.omitted = %s
+            GROUP BY rw.arm_id, rw.run_id
+        )
+        SELECT arm_id, COUNT(*), SUM(c * c), SUM(c * t), SUM(t * t), SUM(c * s), SUM(s * s) FROM r GROUP BY arm_id
+    """
+    params = [v for arm_id, after in epochs.items() for v in (arm_id, after, upto_number[arm_id])] + [False]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    return {arm_id: RunMoments(runs=int(n), cost_sq=_dec(cc), cost_tokens=_dec(ct), tokens_sq=_dec(tt),
+                               cost_steps=_dec(cs), steps_sq=_dec(ss))
+            for arm_id, n, cc, ct, tt, cs, ss in rows}
 
 
 SNAPSHOT_SUMS = {

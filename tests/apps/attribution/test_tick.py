@@ -273,3 +273,19 @@ def test_the_series_is_in_window_order():
     series = list(snapshot_series(experiment=lab.experiment))
     assert [s.window.number for s in series] == [1, 1, 2, 2, 3, 3]
     assert [s.arm.name for s in series[:2]] == ["control", "b"]
+
+
+def test_the_variance_comes_from_runs_not_windows():
+    lab = Lab({"control": 1.0, "b": 1.05}, seed=12)
+    lab.run_ticks(4)
+    for arm in lab.arms.values():
+        snap = latest_snapshot(arm)
+        per_run: dict[int, list] = {}
+        for o in RunWindow.objects.filter(arm=arm, omitted=False):
+            c, t = per_run.get(o.run_id, (Decimal(0), 0))
+            per_run[o.run_id] = (c + o.cost_usd, t + o.tokens)
+        assert snap.runs == len(per_run) == 10 and snap.observations == 40
+        # Sum over runs of (cumulative cost)^2 and cost x tokens: one term per run, not per window.
+        assert snap.cost_sq == sum(c * c for c, _ in per_run.values())
+        assert snap.cost_tokens == sum(c * t for c, t in per_run.values())
+        assert snap.tokens_sq == sum(t * t for _, t in per_run.values())
