@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.db import models
 
 from apps.experiments.models import Run
@@ -40,3 +41,24 @@ class TelemetrySample(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.run_id} #{self.seq}"
+
+
+class RunRepricing(models.Model):
+    """An explicit re-pricing of a finished run (its bill is otherwise final): who, why, under which table, from what to what."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="repricings")
+    at = models.DateTimeField(auto_now_add=True)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+")
+    reason = models.TextField()
+    pricing_table = models.ForeignKey(
+        "pricing.PricingTable", on_delete=models.SET_NULL, null=True, blank=True, related_name="+",
+        help_text="The table the whole run was priced at; empty: the tables in force when it ran.",
+    )
+    cost_before_usd = models.DecimalField(max_digits=16, decimal_places=6)
+    cost_after_usd = models.DecimalField(max_digits=16, decimal_places=6)
+
+    class Meta:
+        ordering = ["-at"]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} re-priced {self.cost_before_usd} -> {self.cost_after_usd} USD"

@@ -16,10 +16,10 @@ from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Run
 from apps.pricing import cost_engine
 from apps.pricing.bill import period_sums
-from apps.pricing.models import CostModel
+from apps.pricing.models import CostModel, PricingTable
 from apps.pricing.selectors import price_schedule
 from apps.telemetry.ingest import out_of_range, samples_insert, samples_validate
-from apps.telemetry.models import TelemetrySample
+from apps.telemetry.models import RunRepricing, TelemetrySample
 from apps.telemetry.rollup import BILL_FIELDS, SEQ_MAX, batch_ranges, contiguous_end, rows_in_ranges
 
 _SEQ = itemgetter("seq")
@@ -77,7 +77,7 @@ def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) 
 
 
 def run_totals_apply(*, run: Run, ranges: list[tuple[int, int]], now: list[list[dict]], fresh: set[int] | None,
-                     batch: list | None = None, recompute: bool = False) -> None:
+                     batch: list | None = None, recompute: bool = False, pricing_table_id: int | None = None) -> None:
     """Move the run's totals by what the rows `fresh` (just stored) changed in its bill.
 
     `now`: the stored rows of each (lo, hi] range, the row at lo included; each range is
@@ -85,12 +85,12 @@ def run_totals_apply(*, run: Run, ranges: list[tuple[int, int]], now: list[list[
     before). recompute: the ranges cover the run, and their bill replaces the totals.
     A batch whose timestamps go backwards against seq (within an attempt, against each other
     or the stored rows around them) is refused: the caller's transaction rolls back.
-    Caller holds the run's row lock.
+    pricing_table_id: price everything at that one table (a re-price); default the experiment's
+    pinned table, else the tables in force over time. Caller holds the run's row lock.
     """
     cost_model = run.experiment.cost_model
-    schedule = price_schedule(
-        tenant_id=run.tenant_id, gpu_sku_id=run.gpu_sku_id, pinned_table_id=run.experiment.pricing_table_id
-    )
+    schedule = price_schedule(tenant_id=run.tenant_id, gpu_sku_id=run.gpu_sku_id,
+                              pinned_table_id=pricing_table_id or run.experiment.pricing_table_id)
     edges = [b.timestamp() for b in schedule.boundaries]
     resources = {"gpu_count": run.gpu_count, "vcpus": run.vcpus, "memory_gb": run.memory_gb}
     modelled = _modelled_power_w(run)
@@ -163,11 +163,36 @@ def _settled_seq(run: Run, *, last: int, rows: list[dict] | None) -> int:
     return last if last - settled > GAP_PATIENCE_SAMPLES else settled
 
 
-def run_totals_recompute(*, run: Run) -> None:
+def run_totals_recompute(*, run: Run, pricing_table_id: int | None = None) -> None:
     """The run's totals from all its stored samples (at finish: whatever arrived late is in)."""
     rows = list(TelemetrySample.objects.filter(run_id=run.pk).order_by("seq").values(*BILL_FIELDS).iterator(
         chunk_size=10_000))
-    run_totals_apply(run=run, ranges=[(-1, SEQ_MAX)], now=[rows], fresh=None, recompute=True)
+    run_totals_apply(run=run, ranges=[(-1, SEQ_MAX)], now=[rows], fresh=None, recompute=True,
+                     pricing_table_id=pricing_table_id)
+
+
+@transaction.atomic
+def run_reprice(*, run_id: int, actor, reason: str, pricing_table: PricingTable | None = None) -> RunRepricing:
+    """Re-price a finished run, audited: at one table (all of it), or again at the tables in force when it ran.
+
+    A finished run's bill is final; this is the one deliberate way to change it (a newer price
+    list, a correction). The run's moved cost reaches attribution at its next window.
+    """
+    if not reason.strip():
+        raise ApplicationError("reason: say why the run is re-priced (kept for audit)",
+                               {"fields": {"reason": ["required"]}}, code="invalid")
+    run = Run.objects.select_for_update(of=("self",)).select_related("experiment__cost_model", "gpu_sku").get(
+        pk=run_id)
+    if run.status in Run.ACTIVE_STATUSES:
+        raise ApplicationError(f"status: run {run.pk} is {run.status}; only a finished run is re-priced",
+                               code="run_active", status=409)
+    if pricing_table is not None and pricing_table.tenant_id != run.tenant_id:
+        raise ApplicationError("pricing_table: not a table of the run's tenant",
+                               {"fields": {"pricing_table": ["other tenant"]}}, code="invalid")
+    before = run.cost_usd
+    run_totals_recompute(run=run, pricing_table_id=pricing_table.pk if pricing_table else None)
+    return RunRepricing.objects.create(run=run, actor=actor, reason=reason[:4000], pricing_table=pricing_table,
+                                       cost_before_usd=before, cost_after_usd=run.cost_usd)
 
 
 def _modelled_power_w(run: Run) -> float:

@@ -149,3 +149,19 @@ def test_a_price_edit_of_a_table_in_force_keeps_the_old_prices_for_the_time_befo
     kept = PricingTable.objects.filter(tenant=tenant).exclude(pk=table.pk).get()
     assert table.valid_from > kept.valid_from and table.gpu_prices.get().hourly_usd == Decimal("6.00")
     assert kept.valid_from.isoformat().startswith("2026-07-01") and kept.gpu_prices.get().hourly_usd == Decimal("3.10")
+
+
+def test_re_pricing_a_run_in_the_admin_is_audited_and_refused_while_it_runs(staff_client):
+    from apps.telemetry.models import RunRepricing
+
+    price = GpuPriceFactory()
+    run = RunFactory(arm=ArmFactory(experiment__tenant=price.pricing_table.tenant), status="running")
+    url = reverse("admin:telemetry_runrepricing_add")
+    refused = staff_client.post(url, {"run": run.pk, "reason": "new list"})
+    assert refused.status_code == 200 and "only a finished run is re-priced" in refused.content.decode()
+    run.status = "succeeded"
+    run.save(update_fields=["status"])
+    assert staff_client.post(url, {"run": run.pk, "pricing_table": price.pricing_table.pk,
+                                   "reason": "new list"}).status_code == 302
+    audit = RunRepricing.objects.get(run=run)
+    assert audit.actor.is_staff and audit.pricing_table == price.pricing_table and audit.reason == "new list"

@@ -2,7 +2,8 @@ from rest_framework import serializers
 
 from apps.api.serializers.fields import TenantPrimaryKeyField
 from apps.experiments.models import Arm, Experiment, Run, RunAttempt
-from apps.pricing.models import GpuSku
+from apps.pricing.models import GpuSku, PricingTable
+from apps.telemetry.models import RunRepricing
 
 HEX = r"^[0-9a-fA-F]*$"
 
@@ -67,3 +68,19 @@ class RunFinishSerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=[Run.Status.SUCCEEDED, Run.Status.FAILED])
     error = serializers.CharField(max_length=4000, required=False, default="", allow_blank=True)
     dataset_sha256 = serializers.RegexField(HEX, max_length=64, required=False, default="", allow_blank=True)
+
+
+class RunRepriceSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=4000, help_text="Why; kept for audit.")
+    pricing_table = TenantPrimaryKeyField(queryset=PricingTable.objects.all(), required=False, allow_null=True,
+                                          help_text="Price the whole run at this table; omit: the tables in force "
+                                                    "when it ran.")
+
+
+class RunRepricingSerializer(serializers.ModelSerializer):
+    actor = serializers.SlugRelatedField(slug_field="username", read_only=True)
+
+    class Meta:
+        model = RunRepricing
+        fields = ["id", "run", "at", "actor", "reason", "pricing_table", "cost_before_usd", "cost_after_usd"]
+        read_only_fields = fields

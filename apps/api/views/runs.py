@@ -11,9 +11,12 @@ from rest_framework.filters import OrderingFilter
 from rest_framework.response import Response
 
 from apps.api.filters import RunFilter
+from apps.api.permissions import StaffOnly
 from apps.api.serializers.runs import (
     RunDetailSerializer,
     RunFinishSerializer,
+    RunRepriceSerializer,
+    RunRepricingSerializer,
     RunSerializer,
     RunSubmitSerializer,
 )
@@ -29,6 +32,7 @@ from apps.experiments import services
 from apps.experiments.models import Run
 from apps.experiments.selectors import run_list
 from apps.telemetry.selectors import SERIES_UNITS, samples_downsampled
+from apps.telemetry.services import run_reprice
 
 
 class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet):
@@ -72,6 +76,16 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet
         serializer.is_valid(raise_exception=True)
         run = services.run_external_finish(run=run, **serializer.validated_data)
         return Response(RunSerializer(run).data)
+
+    @extend_schema(request=RunRepriceSerializer, responses={201: RunRepricingSerializer})
+    @action(detail=True, methods=["post"], permission_classes=[StaffOnly])
+    def reprice(self, request, pk=None):
+        """Re-price a finished run (staff): at one pricing table, or again at the tables in force when it ran. Audited."""
+        run = self.get_object()
+        serializer = RunRepriceSerializer(data=request.data, context=self.get_serializer_context())
+        serializer.is_valid(raise_exception=True)
+        repricing = run_reprice(run_id=run.pk, actor=request.user, **serializer.validated_data)
+        return Response(RunRepricingSerializer(repricing).data, status=status.HTTP_201_CREATED)
 
     def get_throttles(self):
         if self.action == "telemetry" and self.request.method == "POST":

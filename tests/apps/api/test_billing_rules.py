@@ -203,3 +203,26 @@ def test_a_price_edit_of_a_table_in_force_starts_a_new_version_and_history_stand
     assert Decimal(finished["cost_usd"]) == before == round(Decimal(199 / 3600 * 3.0 + 59_700 / 3.6e6 * 0.18), 6)
     moved = staff.patch(f"/api/v1/pricing-tables/{table.pk}/", {"valid_from": "2020-01-01T00:00:00Z"}, format="json")
     assert moved.status_code == 409 and error(moved)["message"].startswith("valid_from:")
+
+
+def test_a_finished_run_is_re_priced_only_deliberately_and_the_act_is_audited(api, staff, experiment, sku, gpu_run):
+    assert post(api, gpu_run, CLEAN[:200]).status_code == 200
+    url = f"/api/v1/runs/{gpu_run.pk}/reprice/"
+    assert staff.post(url, {"reason": "new list"}, format="json").status_code == 409  # still running
+    api.post(f"/api/v1/runs/{gpu_run.pk}/finish/", {"status": "succeeded"}, format="json")
+    before = Run.objects.get(pk=gpu_run.pk).cost_usd
+    newer = PricingTableFactory(tenant=experiment.tenant, valid_from=timezone.now() + timedelta(days=1),
+                                electricity_usd_per_kwh=Decimal("0.15"))
+    GpuPriceFactory(pricing_table=newer, sku=sku, hourly_usd=Decimal("6.00"))
+    assert api.post(url, {"reason": "x"}, format="json").status_code == 403  # tokens cannot
+    assert error(staff.post(url, {"reason": " "}, format="json"))["message"].startswith("reason:")
+    done = staff.post(url, {"reason": "2027 list prices", "pricing_table": newer.pk}, format="json")
+    assert done.status_code == 201, done.content
+    # 199 s at 6.00 USD/h + 59.7 kJ x 1.2 x 0.15 USD/kWh
+    after = round(Decimal(199 / 3600 * 6.0 + 59_700 / 3.6e6 * 0.18), 6)
+    body = done.json()
+    assert (Decimal(body["cost_before_usd"]), Decimal(body["cost_after_usd"])) == (before, after)
+    assert body["actor"] == "sam" and body["reason"] == "2027 list prices"
+    assert Run.objects.get(pk=gpu_run.pk).cost_usd == after
+    again = staff.post(url, {"reason": "back to the prices it ran under"}, format="json").json()
+    assert Decimal(again["cost_after_usd"]) == before
