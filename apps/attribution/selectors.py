@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from datetime import datetime, timedelta
+from decimal import ROUND_HALF_EVEN, Decimal, localcontext
 
 from django.db import connection
 from django.db.models import (
@@ -144,9 +145,17 @@ def run_moments(*, epochs: dict[int, int], upto_number: dict[int, int]) -> dict[
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    return {arm_id: RunMoments(runs=int(n), cost_sq=_dec(cc), cost_tokens=_dec(ct), tokens_sq=_dec(tt),
-                               cost_steps=_dec(cs), steps_sq=_dec(ss))
-            for arm_id, n, cc, ct, tt, cs, ss in rows}
+    # Postgres sums exactly at these scales (cost has 6 places); SQLite answers floats: rounded to
+    # the same scales, as the snapshot columns store them, so a recompute reproduces a tick.
+    with localcontext() as ctx:
+        ctx.prec = 80
+        return {arm_id: RunMoments(runs=int(n), cost_sq=_at(cc, 12), cost_tokens=_at(ct, 6), tokens_sq=_at(tt, 0),
+                                   cost_steps=_at(cs, 6), steps_sq=_at(ss, 0))
+                for arm_id, n, cc, ct, tt, cs, ss in rows}
+
+
+def _at(value, places: int) -> Decimal:
+    return _dec(value).quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_EVEN)
 
 
 SNAPSHOT_SUMS = {

@@ -200,7 +200,8 @@ def test_faults_skip_their_experiment_with_a_reason_and_the_tick_goes_on():
 
 def test_the_tick_costs_the_same_queries_for_one_experiment_or_many():
     def queries(n_experiments):
-        labs = [Lab({"control": 1.0, "b": 1.01, "c": 0.99, "d": 1.0}, seed=i) for i in range(n_experiments)]
+        labs = [Lab({"control": 1.0, "b": 1.01, "c": 0.99, "d": 1.0}, runs_per_arm=3, seed=i)
+                for i in range(n_experiments)]
         for lab in labs:
             lab.step()
         with CaptureQueriesContext(connection) as ctx:
@@ -210,7 +211,7 @@ def test_the_tick_costs_the_same_queries_for_one_experiment_or_many():
         return len(ctx.captured_queries)
 
     one, six = queries(1), queries(6)
-    assert one <= 20
+    assert one <= 21  # 17 on Postgres; the run-level moments of the freeze rule are one of them
     # Five more experiments cost fewer than five more queries: nothing runs per experiment
     # (Postgres: none at all; SQLite splits big bulk inserts into a few statements).
     assert six - one < 5
