@@ -25,8 +25,8 @@ def run_python(code: str, env: dict[str, str], timeout: float = 60) -> subproces
     )
 
 
-def start_worker(*, lease_s: float | None = None, queues: str = "default,cpu,gpu", pool: str = "prefork",
-                 **extra_env: str):
+def start_worker(*, lease_s: float | None = None, queues: str = "default,cpu,gpu,alerts", pool: str = "prefork",
+                 concurrency: int = 1, **extra_env: str):
     """Start a real Celery worker on the test database and broker; return (process, name) once it answers.
 
     Prefork with one child, as deployed: the main process keeps answering control pings while
@@ -50,7 +50,7 @@ def start_worker(*, lease_s: float | None = None, queues: str = "default,cpu,gpu
         env["COSTLAB_RUN_LEASE_S"] = str(lease_s)
     env.update(extra_env)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "config.celery_app", "worker", "--pool", pool, "--concurrency", "1",
+        [sys.executable, "-m", "celery", "-A", "config.celery_app", "worker", "--pool", pool, "--concurrency", str(concurrency),
          "--queues", queues, "--hostname", name, "--without-gossip", "--without-mingle", "--loglevel", "WARNING"],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
