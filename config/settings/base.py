@@ -68,6 +68,7 @@ MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "apps.api.middleware.ApiGuardMiddleware",  # /api/ only: body-size cap (413), JSON error bodies
+    "apps.core.middleware.ServiceUnavailableMiddleware",  # database/broker down: 503 + Retry-After, not 500
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -105,6 +106,9 @@ STORAGES = {
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'costlab.sqlite3'}")}
 DATABASES["default"]["ATOMIC_REQUESTS"] = False
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DJANGO_CONN_MAX_AGE", default=60)
+if DATABASES["default"]["ENGINE"].startswith("django.db.backends.postgresql"):
+    # An unreachable host fails in seconds (503), not after the kernel's TCP timeout.
+    DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = env.int("DJANGO_DB_CONNECT_TIMEOUT", default=5)
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Web, worker and beat share the file: wait for locks instead of failing.
     DATABASES["default"]["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
@@ -254,14 +258,25 @@ COSTLAB_API_THROTTLE_RATES = {
     "auth_failures": env("COSTLAB_API_AUTH_FAILURE_RATE", default="30/min"),  # per address: bad tokens
 }
 # Throttle counters are shared by every web process through Redis when there is one.
+# Redis down: requests are still served, counted per process in the fallback (logged).
 COSTLAB_API_THROTTLE_CACHE = "api_throttle"
+COSTLAB_API_THROTTLE_FALLBACK_CACHE = "default"
 CACHES = {
     "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
     COSTLAB_API_THROTTLE_CACHE: (
-        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL, "KEY_PREFIX": "costlab"}
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL, "KEY_PREFIX": "costlab",
+         # A Redis that hangs must not hang the request: fail fast, fall back.
+         "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5}}
         if REDIS_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "api-throttle"}
     ),
 }
+
+# ------------------------------------------------------------------------------
+# Operations: /healthz details and /metrics
+# ------------------------------------------------------------------------------
+# Anonymous callers of /healthz get only ok/degraded. Staff users, or a caller presenting this token
+# (Authorization: Bearer ...), get the details and /metrics. Empty: staff only.
+COSTLAB_OPS_TOKEN = env("COSTLAB_OPS_TOKEN", default="")
 
 # ------------------------------------------------------------------------------
 # Logging: one line per event, structured enough to grep.
