@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVICE_VARS = ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DJANGO_SECRET_KEY",
-                "DJANGO_ALLOW_ASYNC_UNSAFE")
+                "DJANGO_ALLOW_ASYNC_UNSAFE", "COSTLAB_EMBEDDED_REDIS")
 
 
 def clean_env(**overrides: str) -> dict[str, str]:
