@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 import time
 from typing import Any
 
@@ -20,7 +21,7 @@ class CliError(Exception):
 
 class Api:
     def __init__(self, url: str | None = None, token: str | None = None, *, timeout_s: float = 30.0,
-                 attempts: int = 4, transport: httpx.BaseTransport | None = None):
+                 attempts: int = 4, retry_for_s: float = 0.0, transport: httpx.BaseTransport | None = None):
         url = (url or os.environ.get("COSTLAB_URL", "")).strip()
         token = (token or os.environ.get("COSTLAB_TOKEN", "")).strip()
         if not url:
@@ -30,6 +31,7 @@ class Api:
         if not url.startswith(("http://", "https://")):
             raise CliError(f"COSTLAB_URL must start with http:// or https://, got {url!r}")
         self.attempts = attempts
+        self.retry_for_s = retry_for_s  # > 0: ride out an outage this long instead of `attempts` tries
         self.http = httpx.Client(
             base_url=url.rstrip("/") + "/api/v1/", timeout=timeout_s, transport=transport,
             headers={"Authorization": f"Bearer {token}", "User-Agent": f"costlab-cli/{__version__}",
@@ -49,37 +51,55 @@ class Api:
         return self.request("PATCH", path, json=body, idempotent=True)
 
     def request(self, method: str, path: str, *, idempotent: bool | None = None, **kwargs: Any) -> Any:
-        """JSON of a 2xx answer. Retries connection failures and 429/502/503/504 when the call is safe to repeat."""
+        """JSON of a 2xx answer. Retries connection failures and 429/502/503/504 when the call is safe to repeat:
+        `attempts` times, or for up to `retry_for_s` seconds of outage (saying so on stderr)."""
         retry = method in ("GET", "HEAD") if idempotent is None else idempotent
-        for attempt in range(1, self.attempts + 1):
-            last = attempt == self.attempts or not retry
+        attempt, outage_since = 0, None
+        while True:
+            attempt += 1
+            response, problem = None, None
             try:
                 response = self.http.request(method, path, **kwargs)
             except httpx.TransportError as exc:
-                if last:
-                    raise CliError(f"cannot reach {self.http.base_url}: {type(exc).__name__}: {exc}") from None
-                self._sleep(attempt)
-                continue
-            if response.status_code in RETRY_STATUSES and not last:
-                self._sleep(attempt, response.headers.get("Retry-After"))
-                continue
-            if response.is_success:
-                try:
-                    return response.json() if response.content else None
-                except ValueError:
-                    raise CliError(f"{method} {path}: the answer is not JSON; is COSTLAB_URL the costlab site?") \
-                        from None
-            raise CliError(f"{method} {path}: HTTP {response.status_code}: {_reason(response)}")
-        raise AssertionError("unreachable")
+                problem = f"cannot reach {self.http.base_url}: {type(exc).__name__}: {exc}"
+            if response is not None and response.status_code in RETRY_STATUSES:
+                problem = f"{method} {path}: HTTP {response.status_code}: {_reason(response)}"
+            if problem is None:
+                if outage_since is not None and self.retry_for_s:
+                    print(f"costlab: reached the site again after {time.monotonic() - outage_since:.0f} s",
+                          file=sys.stderr, flush=True)
+                return self._answer(response, method, path)
+            now = time.monotonic()
+            if outage_since is None:
+                outage_since = now
+                if retry and self.retry_for_s:
+                    print(f"costlab: {problem}; retrying for up to {self.retry_for_s:g} s (--retry-for)",
+                          file=sys.stderr, flush=True)
+            left = self.retry_for_s - (now - outage_since) if self.retry_for_s else None
+            if not retry or (left is None and attempt >= self.attempts) or (left is not None and left <= 0):
+                if self.retry_for_s and retry:
+                    problem += f" (still failing after {now - outage_since:.0f} s; --retry-for {self.retry_for_s:g})"
+                raise CliError(problem)
+            self._sleep(attempt, response.headers.get("Retry-After") if response is not None else None,
+                        cap=left)
 
     @staticmethod
-    def _sleep(attempt: int, retry_after: str | None = None) -> None:
+    def _answer(response: httpx.Response, method: str, path: str) -> Any:
+        if response.is_success:
+            try:
+                return response.json() if response.content else None
+            except ValueError:
+                raise CliError(f"{method} {path}: the answer is not JSON; is COSTLAB_URL the costlab site?") from None
+        raise CliError(f"{method} {path}: HTTP {response.status_code}: {_reason(response)}")
+
+    @staticmethod
+    def _sleep(attempt: int, retry_after: str | None = None, cap: float | None = None) -> None:
         try:
             wait = float(retry_after) if retry_after else 0.0
         except ValueError:
             wait = 0.0
         wait = wait or min(8.0, 0.5 * 2 ** (attempt - 1)) * (0.5 + random.random())
-        time.sleep(min(wait, 30.0))
+        time.sleep(max(0.0, min(wait, 30.0, cap if cap is not None else 30.0)))
 
 
 def _reason(response: httpx.Response) -> str:

@@ -38,6 +38,9 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--wait", action="store_true", help="Wait until the run ends; exit 1 unless it succeeded.")
     s.add_argument("--poll", type=float, default=5.0, metavar="S", help="Seconds between status checks (5).")
     s.add_argument("--timeout", type=float, default=6 * 3600, metavar="S", help="Give up waiting after S seconds.")
+    s.add_argument("--retry-for", type=float, default=120.0, metavar="S",
+                   help="Ride out an outage of the site (unreachable, 502/503/504, 429) for up to S seconds, "
+                        "with backoff, saying so on stderr (120). The run key makes a repeated submit safe.")
     s.set_defaults(handler=cmd_submit)
 
     st = sub.add_parser("status", help="One line on a run: status, arm, steps, tokens, cost.")
@@ -64,7 +67,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        api = Api(url=args.url)
+        api = Api(url=args.url, retry_for_s=getattr(args, "retry_for", 0.0) or 0.0)
         try:
             return args.handler(api, args)
         finally:

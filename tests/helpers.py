@@ -26,11 +26,12 @@ def run_python(code: str, env: dict[str, str], timeout: float = 60) -> subproces
 
 
 def start_worker(*, lease_s: float | None = None, queues: str = "default,cpu,gpu,alerts", pool: str = "prefork",
-                 concurrency: int = 1, **extra_env: str):
+                 concurrency: int = 1, beat: bool = False, **extra_env: str):
     """Start a real Celery worker on the test database and broker; return (process, name) once it answers.
 
     Prefork with one child, as deployed: the main process keeps answering control pings while
     the child trains. The worker leads its own process group, so a test can kill it whole.
+    DATABASE_URL / REDIS_URL in extra_env point it at private servers; beat=True embeds beat (-B).
     """
     import time
     import uuid
@@ -50,15 +51,21 @@ def start_worker(*, lease_s: float | None = None, queues: str = "default,cpu,gpu
         env["COSTLAB_RUN_LEASE_S"] = str(lease_s)
     env.update(extra_env)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "config.celery_app", "worker", "--pool", pool, "--concurrency", str(concurrency),
-         "--queues", queues, "--hostname", name, "--without-gossip", "--without-mingle", "--loglevel", "WARNING"],
+        [sys.executable, "-m", "celery", "-A", "config.celery_app", "worker", "--pool", pool, "--concurrency",
+         str(concurrency), "--queues", queues, "--hostname", name, "--without-gossip", "--without-mingle",
+         "--loglevel", "WARNING", *(["-B"] if beat else [])],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
+    pinger = celery_app
+    if env["REDIS_URL"] != settings.REDIS_URL:
+        from celery import Celery
+
+        pinger = Celery("costlab-test-ping", broker=env["REDIS_URL"])
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"celery worker exited at start with status {proc.returncode}")
-        if celery_app.control.ping(destination=[name], timeout=1.0):
+        if pinger.control.ping(destination=[name], timeout=1.0):
             return proc, name
     proc.kill()
     raise RuntimeError("celery worker did not answer a ping within 60 s")

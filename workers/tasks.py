@@ -22,6 +22,14 @@ def run_train(run_id: int) -> None:
 @shared_task(name="costlab.runs_sweep_lost", time_limit=60)
 def runs_sweep_lost() -> None:
     """Beat: runs whose worker stopped renewing its lease are marked lost and requeued or failed."""
-    from apps.experiments.leases import runs_sweep_lost as sweep
+    from apps.experiments.runs import runs_sweep_lost as sweep
 
     sweep()
+
+
+@shared_task(name="costlab.runs_reconcile_queued", time_limit=60)
+def runs_reconcile_queued() -> None:
+    """Beat: queued runs whose message never reached a worker (broker down or restarted) are sent again."""
+    from apps.experiments.runs import runs_reconcile_queued as reconcile
+
+    reconcile()

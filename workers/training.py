@@ -1,7 +1,9 @@
 """Execute one run on this worker: claim, train with gpu_runtime, stream telemetry, finish.
 
 The task in workers.tasks is the thin entry point; the run's state changes go through
-apps.experiments.leases, telemetry through apps.telemetry.services.
+apps.experiments.runs, telemetry through apps.telemetry.services. Every database call on this
+(main) thread goes through db_retry: a connection that died with a database restart is replaced,
+and the call repeated (the run services are idempotent for their owner).
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from django.db import close_old_connections, connection
 from django.utils import timezone
 
 import gpu_runtime
+from apps.core.db import db_retry
 from apps.core.notify import ARM_REVISIONS, listen
-from apps.experiments import leases
+from apps.experiments import runs
 from apps.telemetry.services import telemetry_ingest
 from gpu_runtime.live import live_changes
 from workers.telemetry_sink import TelemetrySink
@@ -64,13 +67,20 @@ class RunControl:
         self._wake.set()  # record it without waiting for the next heartbeat
         return live
 
+    def record_revisions(self) -> None:
+        """Record the revisions handed to the trainer, before the run ends (the lease is needed)."""
+        try:
+            db_retry(self._record_handed, what=f"run {self.run_id}: record revisions", budget_s=30)
+        except Exception as exc:  # bookkeeping only: never let it stop the run from being finished
+            logger.warning("run %s: could not record applied revisions (%s)", self.run_id, exc)
+
     def close(self) -> None:
+        """Stop the heartbeat. Called after the run's end is recorded: until then the lease stays fresh."""
         if self._stop_listening:
             self._stop_listening()
         self._done.set()
         self._wake.set()
         self._thread.join(5)
-        self._record_handed()
 
     def _on_revision_pushed(self, message: str) -> None:
         arm_id, _, revision = message.partition(":")
@@ -94,13 +104,13 @@ class RunControl:
             connection.close()
 
     def _tick(self) -> None:
-        state = leases.run_heartbeat(run_id=self.run_id, owner=self.owner)
+        state = runs.run_heartbeat(run_id=self.run_id, owner=self.owner)
         if not state.held:
             self.lease_lost = True
         if state.cancel or not state.held:
             self.stop_requested.set()
         if state.revision > self.revision:
-            revision, strategy_yaml = leases.arm_strategy(arm_id=self.arm_id)
+            revision, strategy_yaml = runs.arm_strategy(arm_id=self.arm_id)
             new_config = gpu_runtime.load_strategy(strategy_yaml)
             live, not_applied = live_changes(self.config, new_config)
             self.config, self.revision = new_config, revision
@@ -115,7 +125,7 @@ class RunControl:
         with self._lock:
             handed, self._handed = self._handed, []
         for revision, live, not_applied, applied_at in handed:
-            leases.run_revision_applied(run_id=self.run_id, owner=self.owner, revision=revision, live=live,
+            runs.run_revision_applied(run_id=self.run_id, owner=self.owner, revision=revision, live=live,
                                         not_applied=not_applied, applied_at=applied_at)
 
 
@@ -134,8 +144,9 @@ def run_execute(run_id: int) -> None:
 
     from apps.experiments.models import Run
 
-    owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-    run = leases.run_claim(run_id=run_id, owner=owner)
+    host = socket.gethostname()
+    owner = f"{host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    run = db_retry(runs.run_claim, what=f"run {run_id}: claim", run_id=run_id, owner=owner, host=host)
     if run is None:
         logger.info("run %s: not claimable (gone, taken, cancelled or out of attempts)", run_id)
         return
@@ -143,41 +154,45 @@ def run_execute(run_id: int) -> None:
     if device.startswith("cuda"):
         # Tenants are isolated by process (one task per child) and by this memory cap.
         torch.cuda.set_per_process_memory_fraction(float(run.tenant.gpu_memory_fraction))
-    leases.run_device_record(
-        run_id=run.pk, owner=owner, host=socket.gethostname(),
-        device=f"{device} {gpu_name}" if gpu_name else device, gpu_name=gpu_name, gpu_count=gpu_count,
-        vcpus=torch.get_num_threads() if not gpu_count else 0, memory_gb=0.0,
-    )
+    db_retry(runs.run_device_record, what=f"run {run_id}: device record",
+             run_id=run.pk, owner=owner, host=host,
+             device=f"{device} {gpu_name}" if gpu_name else device, gpu_name=gpu_name, gpu_count=gpu_count,
+             vcpus=torch.get_num_threads() if not gpu_count else 0, memory_gb=0.0)
     sink = TelemetrySink(run_id=run.pk, attempt=run.attempts, seq_base=run.last_seq + 1, ingest=telemetry_ingest)
     status, error, dataset_sha, result_status = Run.Status.FAILED, "", "", ""
     control = None
     try:
-        config = gpu_runtime.load_strategy(run.config_yaml)
-        control = RunControl(run_id=run.pk, owner=owner, arm_id=run.arm_id, revision=run.config_revision,
-                             config=config)
-        result = gpu_runtime.train(config, sink=sink.put, cancel=control.should_stop, device=device,
-                                   live=control.live_updates)
-        dataset_sha, result_status = result.dataset_sha256 or "", result.status
-        if result.status == "completed":
-            status = Run.Status.SUCCEEDED
-        elif result.status == "cancelled" and not control.lease_lost:
-            status = Run.Status.CANCELLED
-        else:
-            status = None  # interrupted (worker shutting down) or lease lost: not ours to end
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"
-        logger.exception("run %s failed", run_id)
+        try:
+            config = gpu_runtime.load_strategy(run.config_yaml)
+            control = RunControl(run_id=run.pk, owner=owner, arm_id=run.arm_id, revision=run.config_revision,
+                                 config=config)
+            result = gpu_runtime.train(config, sink=sink.put, cancel=control.should_stop, device=device,
+                                       live=control.live_updates)
+            dataset_sha, result_status = result.dataset_sha256 or "", result.status
+            if result.status == "completed":
+                status = Run.Status.SUCCEEDED
+            elif result.status == "cancelled" and not control.lease_lost:
+                status = Run.Status.CANCELLED
+            else:
+                status = None  # interrupted (worker shutting down) or lease lost: not ours to end
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"
+            logger.exception("run %s failed", run_id)
+        finally:
+            sink.close()  # every measured sample stored before the run's end is recorded
+        lease_lost = control is not None and control.lease_lost
+        if control is not None:
+            control.record_revisions()
+        if status is not None:
+            db_retry(runs.run_finish, what=f"run {run_id}: finish", run_id=run.pk, owner=owner, status=status,
+                     error=error, dataset_sha256=dataset_sha)
+        elif not lease_lost:
+            db_retry(runs.run_release, what=f"run {run_id}: release", run_id=run.pk, owner=owner,
+                     reason="worker stopped before the run finished")
     finally:
         if control is not None:
-            control.close()
-        sink.close()
-    lease_lost = control is not None and control.lease_lost
-    if status is None:
-        if not lease_lost:
-            leases.run_release(run_id=run.pk, owner=owner, reason="worker stopped before the run finished")
-        if result_status == "interrupted":
-            # gpu_runtime took SIGTERM to stop at a step boundary; hand it back to this process's
-            # own handler (Celery's) so the shutdown that sent it carries on.
-            signal.raise_signal(signal.SIGTERM)
-        return
-    leases.run_finish(run_id=run.pk, owner=owner, status=status, error=error, dataset_sha256=dataset_sha)
+            control.close()  # the heartbeat kept the lease fresh while the end was being recorded
+    if result_status == "interrupted":
+        # gpu_runtime took SIGTERM to stop at a step boundary; hand it back to this process's
+        # own handler (Celery's) so the shutdown that sent it carries on.
+        signal.raise_signal(signal.SIGTERM)

@@ -289,6 +289,7 @@ def run_page(*, run: Run, now: datetime | None = None) -> dict:
         notices.append(Notice("info", "No telemetry", "This run has not reported any telemetry."))
     return {
         "run": run, "notices": notices, "breakdown": run.cost_breakdown or {},
+        "attempts": list(run.attempt_log.all()),
         "charts": {
             "cursor": charts.epoch_ms(now), "poll_ms": charts.LIVE_POLL_MS,
             "arms": {str(run.arm_id): {"name": run.arm.name, "color": charts.arm_color(0), "control": False}},

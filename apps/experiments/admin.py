@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from apps.experiments.models import Arm, Experiment, Run
+from apps.experiments.models import Arm, Experiment, Run, RunAttempt
 from apps.experiments.services import arm_update
 
 
@@ -39,8 +39,21 @@ class ArmAdmin(admin.ModelAdmin):
             super().save_model(request, obj, form, change)
 
 
+class RunAttemptInline(admin.TabularInline):
+    """Every time a worker held the run, and how that ended; written by the workers, read-only here."""
+
+    model = RunAttempt
+    extra = 0
+    can_delete = False
+    fields = readonly_fields = ["number", "worker", "host", "started_at", "ended_at", "outcome", "reason"]
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):
+    inlines = [RunAttemptInline]
     list_display = [
         "id", "experiment", "arm", "status", "kind", "attempts", "steps", "tokens", "cost_usd", "queued_at",
     ]

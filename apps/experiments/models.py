@@ -176,10 +176,18 @@ class Run(TimeStampedModel):
     lease_owner = models.CharField(max_length=255, blank=True, default="")
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
-    attempts = models.PositiveIntegerField(default=0)
-    max_attempts = models.PositiveIntegerField(default=3)
+    attempts = models.PositiveIntegerField(
+        default=0, help_text="Times a worker took the run (each has a RunAttempt; stops included)."
+    )
+    max_attempts = models.PositiveIntegerField(
+        default=3, help_text="Failed attempts (lost worker, error) allowed; a graceful stop does not count."
+    )
     error = models.TextField(blank=True, default="")
     queued_at = models.DateTimeField(auto_now_add=True)
+    # Durable enqueue: the row is the truth, the broker message only a wake-up. A queued run whose
+    # message never left (broker down) or was lost (broker restarted) is sent again by the reconciler.
+    sent_at = models.DateTimeField(null=True, blank=True, help_text="When its id last reached the broker.")
+    sends = models.PositiveIntegerField(default=0, help_text="Messages sent for it (re-sends included).")
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -205,14 +213,48 @@ class Run(TimeStampedModel):
             models.UniqueConstraint(
                 fields=["experiment", "run_key"], condition=~Q(run_key=""), name="run_unique_experiment_run_key"
             ),
-            models.CheckConstraint(condition=Q(attempts__lte=models.F("max_attempts") + 1), name="run_attempts_bounded"),
             models.CheckConstraint(condition=Q(tokens__gte=0) & Q(steps__gte=0), name="run_totals_non_negative"),
         ]
         indexes = [
             models.Index(fields=["tenant", "status"], name="run_tenant_status_idx"),
             models.Index(fields=["arm", "status"], name="run_arm_status_idx"),
             models.Index(fields=["status", "lease_expires_at"], name="run_status_lease_idx"),
+            models.Index(fields=["status", "sent_at"], name="run_status_sent_idx"),
         ]
 
     def __str__(self) -> str:
         return f"run {self.pk} ({self.status})"
+
+
+class RunAttempt(models.Model):
+    """One time a worker held a run: when, where, and how it ended. Kept for good, so a retried
+    run's history (lost, stopped, failed) survives its final outcome."""
+
+    class Outcome(models.TextChoices):
+        RUNNING = "running", "Running"
+        SUCCEEDED = "succeeded", "Succeeded"
+        FAILED = "failed", "Failed (error)"
+        CANCELLED = "cancelled", "Cancelled"
+        LOST = "lost", "Lost (lease expired)"
+        STOPPED = "stopped", "Stopped (worker shut down; not counted)"
+
+    # Outcomes that use up one of the run's max_attempts; a graceful stop is not a failure.
+    COUNTED = (Outcome.FAILED, Outcome.LOST)
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attempt_log")
+    number = models.PositiveIntegerField(help_text="1, 2, ...: also the attempt id its telemetry carries.")
+    worker = models.CharField(max_length=255, help_text="The lease owner: host:pid:nonce.")
+    host = models.CharField(max_length=255, blank=True, default="")
+    started_at = models.DateTimeField()
+    ended_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices, default=Outcome.RUNNING)
+    reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["run", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "number"], name="run_attempt_unique_number"),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} attempt {self.number} ({self.outcome})"

@@ -15,10 +15,9 @@ from apps.core.exceptions import ApplicationError
 from apps.core.notify import ARM_REVISIONS, publish
 from apps.core.queues import CeleryQueue
 from apps.experiments.models import Arm, Experiment, Run
+from apps.experiments.runs import run_end, run_enqueue
 from apps.pricing.models import GpuSku
 from apps.tenants.models import Tenant
-
-RUN_TASK = "costlab.run_train"
 
 
 def strategy_sha256(strategy_yaml: str) -> str:
@@ -129,6 +128,8 @@ def run_submit(
     if run_key:
         existing = Run.objects.filter(experiment=experiment, run_key=run_key).first()
         if existing:
+            if existing.status == Run.Status.QUEUED and existing.kind == Run.Kind.WORKER and existing.sent_at is None:
+                run_enqueue(run=existing)  # its message never reached the broker: a retried submit sends it
             return existing
     if experiment.status == Experiment.Status.COMPLETED:
         raise ApplicationError(f"experiment '{experiment.name}' is completed: it takes no new runs",
@@ -157,14 +158,6 @@ def run_submit(
     return run
 
 
-def run_enqueue(*, run: Run) -> None:
-    """Send the run id to its queue once the surrounding transaction commits."""
-    from config.celery_app import app
-
-    run_id, queue = run.pk, run.queue
-    transaction.on_commit(lambda: app.send_task(RUN_TASK, args=[run_id], queue=queue))
-
-
 @transaction.atomic
 def run_cancel(*, run: Run) -> Run:
     """Cancel: a queued or external run ends now; a running one stops at its next step."""
@@ -173,11 +166,9 @@ def run_cancel(*, run: Run) -> Run:
         raise ApplicationError(f"status: run {run.pk} is already {run.status}; only queued or running runs cancel",
                                code="not_cancellable")
     run.cancel_requested = True
-    fields = ["cancel_requested", "updated_at"]
+    run.save(update_fields=["cancel_requested", "updated_at"])
     if run.status == Run.Status.QUEUED or run.kind == Run.Kind.EXTERNAL:
-        run.status, run.finished_at = Run.Status.CANCELLED, timezone.now()
-        fields += ["status", "finished_at"]
-    run.save(update_fields=fields)
+        run_end(run, Run.Status.CANCELLED)  # what an external run sent so far is priced, as at a finish
     return run
 
 
@@ -297,14 +288,10 @@ def run_external_ingest(*, run: Run, samples: list, attempt: int | None = None):
 @transaction.atomic
 def run_external_finish(*, run: Run, status: str, error: str = "", dataset_sha256: str = "") -> Run:
     """Close an external run: price everything it sent and record how it ended."""
-    from apps.telemetry.services import run_totals_advance
-
     if status not in (Run.Status.SUCCEEDED, Run.Status.FAILED):
         raise ApplicationError(f"status: must be 'succeeded' or 'failed', not '{status}'",
                                {"fields": {"status": ["succeeded or failed"]}}, code="invalid")
     run = _external_running(run, "finish")
-    run_totals_advance(run=run, final=True)
-    run.status, run.error, run.finished_at = status, error[:4000], timezone.now()
     run.dataset_sha256 = dataset_sha256 or run.dataset_sha256
-    run.save(update_fields=["status", "error", "finished_at", "dataset_sha256", "updated_at"])
+    run_end(run, status, error)
     return run

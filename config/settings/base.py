@@ -163,11 +163,15 @@ CELERY_TASK_ROUTES = {
 # due ones (the smallest interval an experiment may have). A tick that expires unrun loses
 # nothing: the next one starts from the watermark.
 COSTLAB_ATTRIBUTION_TICK_S = env.float("COSTLAB_ATTRIBUTION_TICK_S", default=5.0)
+# How often beat looks for queued runs that no worker claimed (their message lost or never sent).
+COSTLAB_RUN_RECONCILE_S = env.float("COSTLAB_RUN_RECONCILE_S", default=5.0)
 # Synced into django-celery-beat's tables at beat start-up; staff can change the interval in the admin.
 # Its DatabaseScheduler reads `expire_seconds` (whole seconds) and ignores `expires`: a message
 # not consumed by then is discarded, so stale ticks never pile up behind a busy worker.
 CELERY_BEAT_SCHEDULE = {
     "sweep-lost-runs": {"task": "costlab.runs_sweep_lost", "schedule": 15.0, "options": {"expire_seconds": 14}},
+    "reconcile-queued-runs": {"task": "costlab.runs_reconcile_queued", "schedule": COSTLAB_RUN_RECONCILE_S,
+                              "options": {"expire_seconds": max(1, int(COSTLAB_RUN_RECONCILE_S * 0.9))}},
     "attribution-tick": {"task": "costlab.attribution_tick", "schedule": COSTLAB_ATTRIBUTION_TICK_S,
                          "options": {"expire_seconds": max(1, int(COSTLAB_ATTRIBUTION_TICK_S * 0.9))}},
     "alerts-requeue-stale": {"task": "costlab.alerts_requeue_stale", "schedule": 60.0,
@@ -179,6 +183,10 @@ CELERY_BEAT_SCHEDULE = {
 # ------------------------------------------------------------------------------
 # A worker renews its lease every second; a run whose lease is older than this is lost.
 COSTLAB_RUN_LEASE_S = env.float("COSTLAB_RUN_LEASE_S", default=30.0)
+# A queued run sent this long ago with no claim is sent again (then after 2x, 4x ... up to 16x).
+COSTLAB_RUN_RESEND_AFTER_S = env.float("COSTLAB_RUN_RESEND_AFTER_S", default=15.0)
+# A worker's database calls (claim, finish, release) ride out an outage this long before giving up.
+COSTLAB_WORKER_DB_RETRY_S = env.float("COSTLAB_WORKER_DB_RETRY_S", default=300.0)
 # Redis pub/sub wakes workers when an arm's live keys change; off (or no Redis): they poll each second.
 COSTLAB_PUSH_NOTIFICATIONS = env.bool("COSTLAB_PUSH_NOTIFICATIONS", default=True)
 

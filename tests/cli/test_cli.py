@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from apps.experiments import leases
+from apps.experiments import runs
 from apps.experiments.models import Arm, Run
 from costlab_cli.main import main
 from tests.cli.conftest import CANDIDATE, CONTROL, priced_run
@@ -89,9 +89,9 @@ def finish_when_submitted(status: str) -> threading.Thread:
             while time.monotonic() < deadline:
                 run = Run.objects.filter(status="queued").first()
                 if run:
-                    leases.run_claim(run_id=run.pk, owner="fake-worker")
+                    runs.run_claim(run_id=run.pk, owner="fake-worker")
                     time.sleep(0.3)
-                    leases.run_finish(run_id=run.pk, owner="fake-worker", status=status,
+                    runs.run_finish(run_id=run.pk, owner="fake-worker", status=status,
                                       error="" if status == "succeeded" else "CUDA error: out of memory")
                     return
                 time.sleep(0.1)

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from apps.experiments.leases import runs_sweep_lost
 from apps.experiments.models import Run
+from apps.experiments.runs import runs_sweep_lost
 from apps.experiments.services import run_submit
 from apps.pricing import cost_engine
 from apps.pricing.selectors import price_schedule

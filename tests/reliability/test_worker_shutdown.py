@@ -35,5 +35,40 @@ def test_sigterm_requeues_the_run_at_a_step_boundary_and_the_worker_exits(django
     assert took < 15, f"worker took {took:.1f} s to stop"
     assert run.status == Run.Status.QUEUED and run.attempts == 1
     assert "worker stopped before the run finished" in run.error
+    assert list(run.attempt_log.values_list("outcome", flat=True)) == ["stopped"]  # not a failure
     assert run.steps > 0 and run.cost_usd > 0  # the first attempt's measurements are kept
     Run.objects.filter(pk=run.pk).update(status=Run.Status.CANCELLED)
+
+
+MEDIUM = LONG.replace("steps: 100000", "steps: 80")
+
+
+def test_three_graceful_stops_use_no_attempt_and_the_run_still_succeeds(django_db_setup):
+    """Three deploys in a row (SIGTERM each time) used to end a healthy run "no attempts left (3/3)"."""
+    price = GpuPriceFactory()
+    exp = ExperimentFactory(tenant=price.pricing_table.tenant, status="active")
+    ArmFactory(experiment=exp, name="control", is_control=True, strategy_yaml=MEDIUM)
+    run = None
+    for stop in range(1, 4):
+        worker, _ = start_worker()
+        try:
+            if run is None:
+                run = run_submit(experiment=exp)
+            wait_for(lambda n=stop, r=run: TelemetrySample.objects.filter(run=r, attempt=n).count() >= 2, 120,
+                     f"attempt {stop} to train")
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(timeout=30)
+        finally:
+            if worker.poll() is None:
+                stop_worker(worker)
+        run.refresh_from_db()
+        assert run.status == Run.Status.QUEUED, (stop, run.status, run.error)
+    worker, _ = start_worker()
+    try:
+        run = wait_for(lambda: Run.objects.filter(pk=run.pk).exclude(status__in=Run.ACTIVE_STATUSES).first(), 180,
+                       "the fourth attempt to finish")
+    finally:
+        stop_worker(worker)
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    assert list(run.attempt_log.values_list("outcome", flat=True)) == ["stopped", "stopped", "stopped", "succeeded"]
+    assert run.attempts == 4 and run.max_attempts == 3

@@ -1,7 +1,7 @@
 from rest_framework import serializers
 
 from apps.api.serializers.fields import TenantPrimaryKeyField
-from apps.experiments.models import Arm, Experiment, Run
+from apps.experiments.models import Arm, Experiment, Run, RunAttempt
 from apps.pricing.models import GpuSku
 
 HEX = r"^[0-9a-fA-F]*$"
@@ -29,9 +29,19 @@ class RunSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class RunAttemptSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = RunAttempt
+        fields = ["number", "worker", "host", "started_at", "ended_at", "outcome", "reason"]
+        read_only_fields = fields
+
+
 class RunDetailSerializer(RunSerializer):
+    attempt_log = RunAttemptSerializer(many=True, read_only=True,
+                                       help_text="Every time a worker held the run: stops, losses and the outcome.")
+
     class Meta(RunSerializer.Meta):
-        fields = [*RunSerializer.Meta.fields, "config_yaml", "config_history"]
+        fields = [*RunSerializer.Meta.fields, "config_yaml", "config_history", "attempt_log"]
         read_only_fields = fields
 
 

@@ -1,0 +1,305 @@
+"""A run's life: enqueue, claim, heartbeat, revision, finish, release, requeue, sweep and reconcile.
+
+The row is the truth; the broker message only wakes a worker.
+- Enqueue is durable: a queued run whose message never left (broker down at submit) or was lost
+  (broker restarted without persistence) is sent again by the reconciler; the lease makes a
+  duplicate message harmless (a second claim is refused).
+- A worker claims a queued run under a lease that its heartbeat keeps fresh, and each claim is a
+  RunAttempt with its own record. A worker that dies stops renewing; the sweeper marks the attempt
+  lost and requeues the run, up to max_attempts failed attempts, then fails it. Never a requeue loop.
+- A graceful stop (SIGTERM, Ctrl-C, a deploy) hands the run back without using an attempt.
+- Finishing is idempotent for its owner, and a run whose training completed is never trained
+  again: when the finish could not be recorded in time, the sweeper sees the completed steps in
+  the stored telemetry and ends the run as succeeded; a finish that arrives after the sweeper
+  requeued the run, before anyone else took it, still counts.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Max, Q
+from django.utils import timezone
+
+from apps.experiments.models import Arm, Run, RunAttempt
+from apps.pricing.models import GpuSku
+from apps.telemetry.services import run_totals_advance
+
+logger = logging.getLogger(__name__)
+
+RUN_TASK = "costlab.run_train"
+Outcome = RunAttempt.Outcome
+
+
+def lease_seconds() -> float:
+    return float(settings.COSTLAB_RUN_LEASE_S)
+
+
+# ------------------------------------------------------------------------------
+# Enqueue: the message is sent after commit; the reconciler sends what never arrived
+# ------------------------------------------------------------------------------
+def run_enqueue(*, run: Run) -> None:
+    """Send the run id to its queue once the surrounding transaction commits.
+
+    A broker that is down does not fail the caller (robust on_commit, no long publish retries):
+    the run stays queued with no send recorded, and the reconciler sends it when the broker is back.
+    """
+    run_id, queue = run.pk, run.queue
+    transaction.on_commit(lambda: run_send(run_id=run_id, queue=queue), robust=True)
+
+
+def run_send(*, run_id: int, queue: str) -> bool:
+    """Publish one wake-up for the run and record it; False (logged) when the broker is unreachable."""
+    from config.celery_app import app
+
+    try:
+        # Its own connection with one quick retry: a submit must not hang on a broker outage.
+        with app.connection_for_write(transport_options={"max_retries": 1, "interval_start": 0.2}) as conn:
+            app.send_task(RUN_TASK, args=[run_id], queue=queue, retry=False, ignore_result=True, connection=conn)
+    except Exception as exc:  # kombu/redis errors differ by transport; all mean "not sent"
+        logger.warning("run %s: could not send it to queue %s (%s: %s); the reconciler will send it again",
+                       run_id, queue, type(exc).__name__, exc)
+        return False
+    Run.objects.filter(pk=run_id).update(sent_at=timezone.now(), sends=F("sends") + 1)
+    return True
+
+
+def runs_reconcile_queued(*, now=None) -> list[int]:
+    """Send again the queued runs that no worker claimed: never sent, or sent long enough ago.
+
+    A run sent n times waits resend_after x 2^(n-1) (at most x 16) before the next send, so a run
+    that is merely waiting behind busy workers gets a few harmless duplicates, not a flood.
+    """
+    now = now or timezone.now()
+    after = timedelta(seconds=settings.COSTLAB_RUN_RESEND_AFTER_S)
+    grace = min(after, timedelta(seconds=5))  # the on_commit send of a fresh submit is still in flight
+    rows = (
+        Run.objects.filter(status=Run.Status.QUEUED, kind=Run.Kind.WORKER, cancel_requested=False)
+        .filter(Q(sent_at__isnull=True, updated_at__lt=now - grace) | Q(sent_at__lt=now - after))
+        .order_by("pk").values_list("pk", "queue", "sent_at", "sends")[:1000]
+    )
+    sent = []
+    for run_id, queue, sent_at, sends in rows:
+        if sent_at is not None and now - sent_at < after * 2 ** min(max(sends - 1, 0), 4):
+            continue
+        logger.info("run %s: queued with no claim (last sent %s); sending it again", run_id,
+                    sent_at.isoformat() if sent_at else "never")
+        if run_send(run_id=run_id, queue=queue):
+            sent.append(run_id)
+    return sent
+
+
+# ------------------------------------------------------------------------------
+# On the worker: claim, record the device, heartbeat, take revisions
+# ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LeaseState:
+    held: bool  # False: the lease was taken from us (swept); stop work now
+    cancel: bool
+    revision: int
+
+
+@transaction.atomic
+def run_claim(*, run_id: int, owner: str, host: str = "", lease_s: float | None = None) -> Run | None:
+    """Take a queued run for this worker; None when it is gone, taken, cancelled or out of attempts.
+
+    Repeating a claim that committed (its answer lost with the connection) returns the same run.
+    """
+    run = Run.objects.select_for_update().filter(pk=run_id).first()
+    if run is not None and run.status == Run.Status.RUNNING and run.lease_owner == owner:
+        return run
+    if run is None or run.status != Run.Status.QUEUED:
+        return None
+    now = timezone.now()
+    if run.cancel_requested:
+        run_end(run, Run.Status.CANCELLED)
+        return None
+    failed = _failed_attempts(run)
+    if failed >= run.max_attempts:
+        run_end(run, Run.Status.FAILED, f"gave up after {failed} failed attempts")
+        return None
+    run.status = Run.Status.RUNNING
+    run.attempts += 1
+    expires = now + timedelta(seconds=lease_s or lease_seconds())
+    run.lease_owner, run.heartbeat_at, run.lease_expires_at = owner, now, expires
+    run.started_at = run.started_at or now
+    run.save(update_fields=["status", "attempts", "lease_owner", "heartbeat_at", "lease_expires_at",
+                            "started_at", "updated_at"])
+    RunAttempt.objects.create(run=run, number=run.attempts, worker=owner, host=host[:255], started_at=now)
+    return run
+
+
+def run_device_record(*, run_id: int, owner: str, host: str, device: str, gpu_name: str | None,
+                      gpu_count: int, vcpus: int, memory_gb: float) -> None:
+    """What the run actually holds, so it is priced for that (the SKU matched by device name)."""
+    sku = None
+    if gpu_name:
+        sku = next((s for s in GpuSku.objects.all() if _same_gpu(s.name, gpu_name)), None)
+    runs = Run.objects.filter(pk=run_id, lease_owner=owner)
+    runs.update(host=host, device=device[:120], gpu_count=gpu_count, vcpus=vcpus, memory_gb=memory_gb)
+    if sku is not None:
+        runs.filter(gpu_sku__isnull=True).update(gpu_sku=sku)  # a SKU chosen at submission wins
+
+
+def _same_gpu(sku_name: str, device_name: str) -> bool:
+    # "NVIDIA H200" (what CUDA reports) matches the SKU "NVIDIA H200 SXM 141GB".
+    words = device_name.lower().split()
+    return bool(words) and all(w in sku_name.lower().split() for w in words)
+
+
+def run_heartbeat(*, run_id: int, owner: str, lease_s: float | None = None) -> LeaseState:
+    """Renew the lease; say whether we still hold it and whether a cancel was asked."""
+    now = timezone.now()
+    renewed = Run.objects.filter(pk=run_id, lease_owner=owner, status=Run.Status.RUNNING).update(
+        heartbeat_at=now, lease_expires_at=now + timedelta(seconds=lease_s or lease_seconds())
+    )
+    row = Run.objects.filter(pk=run_id).values("cancel_requested", "arm__revision").first()
+    if not renewed or row is None:
+        return LeaseState(held=False, cancel=True, revision=0)
+    return LeaseState(held=True, cancel=row["cancel_requested"], revision=row["arm__revision"])
+
+
+def run_revision_applied(*, run_id: int, owner: str, revision: int, live: dict, not_applied: list[str],
+                         applied_at) -> None:
+    """Record that a running run took an arm revision's live keys at a step boundary."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().filter(pk=run_id, lease_owner=owner).first()
+        if run is None or revision <= run.config_revision:
+            return
+        run.config_revision = revision
+        run.config_history = [*run.config_history, {
+            "revision": revision, "applied_at": applied_at.isoformat(), "live": live, "not_applied": not_applied,
+        }]
+        run.save(update_fields=["config_revision", "config_history", "updated_at"])
+
+
+def arm_strategy(*, arm_id: int) -> tuple[int, str]:
+    return Arm.objects.filter(pk=arm_id).values_list("revision", "strategy_yaml").get()
+
+
+# ------------------------------------------------------------------------------
+# How an attempt ends: finish, release (graceful stop), lost (sweeper)
+# ------------------------------------------------------------------------------
+@transaction.atomic
+def run_finish(*, run_id: int, owner: str, status: str, error: str = "", dataset_sha256: str = "") -> bool:
+    """Record how the run ended and close its totals; False when the run is no longer ours.
+
+    Idempotent: a finish repeated after its commit (the answer lost with the connection) is True.
+    """
+    run = Run.objects.select_for_update().select_related("experiment").filter(pk=run_id).first()
+    if run is None:
+        return False
+    attempt = RunAttempt.objects.filter(run=run, worker=owner).order_by("-number").first()
+    if run.status == Run.Status.RUNNING and run.lease_owner == owner:
+        pass
+    elif attempt is not None and attempt.outcome == status and run.status == status:
+        return True  # already recorded: by our own earlier try, or by the sweeper seeing training complete
+    elif (attempt is not None and status == Run.Status.SUCCEEDED and run.status == Run.Status.QUEUED
+          and run.attempts == attempt.number and attempt.outcome == Outcome.LOST):
+        # Swept while we could not reach the database, and nobody took it since: training completed.
+        logger.warning("run %s: finish recorded after the lease expired; nobody took the run since", run_id)
+        attempt.reason = f"{attempt.reason}; then finished (recorded late)".lstrip("; ")
+        attempt.save(update_fields=["reason"])
+    else:
+        logger.warning("run %s: finish(%s) ignored, lease not held by %s", run_id, status, owner)
+        return False
+    run.dataset_sha256 = dataset_sha256 or run.dataset_sha256
+    run_end(run, status, error, attempt_number=attempt.number if attempt else run.attempts)
+    return True
+
+
+@transaction.atomic
+def run_release(*, run_id: int, owner: str, reason: str) -> bool:
+    """Give a running run back to the queue (the worker is shutting down); no attempt is used."""
+    run = Run.objects.select_for_update().filter(pk=run_id, lease_owner=owner, status=Run.Status.RUNNING).first()
+    if run is None:
+        return False
+    _requeue_or_fail(run, Outcome.STOPPED, reason)
+    return True
+
+
+def runs_sweep_lost(*, now=None) -> list[int]:
+    """Mark runs whose lease expired lost; requeue them while attempts remain, else fail them.
+
+    A run whose stored telemetry shows every step trained is not trained again: it ends succeeded.
+    """
+    now = now or timezone.now()
+    swept = []
+    with transaction.atomic():
+        expired = (
+            Run.objects.select_for_update(skip_locked=True)
+            .filter(status=Run.Status.RUNNING, kind=Run.Kind.WORKER, lease_expires_at__lt=now)
+            .order_by("pk")
+        )
+        for run in expired:
+            logger.warning("run %s lost: lease held by %s expired at %s", run.pk, run.lease_owner,
+                           run.lease_expires_at.isoformat())
+            reason = f"worker {run.lease_owner or '?'} lost (lease expired {run.lease_expires_at:%H:%M:%S})"
+            if _training_completed(run):
+                run_end(run, Run.Status.SUCCEEDED,
+                     f"attempt {run.attempts}: {reason} after training every step; not trained again")
+            else:
+                _requeue_or_fail(run, Outcome.LOST, reason)
+            swept.append(run.pk)
+    return swept
+
+
+def _training_completed(run: Run) -> bool:
+    """Whether the current attempt's stored telemetry reached the configured number of steps."""
+    from gpu_runtime import StrategyError, load_strategy
+
+    try:
+        steps = load_strategy(run.config_yaml).train.steps
+    except StrategyError:
+        return False
+    reached = run.samples.filter(attempt=run.attempts).aggregate(m=Max("step"))["m"]
+    return reached is not None and reached >= steps
+
+
+def _failed_attempts(run: Run) -> int:
+    return RunAttempt.objects.filter(run=run, outcome__in=RunAttempt.COUNTED).count()
+
+
+def _note(run: Run, line: str) -> None:
+    """Add a line to the run's error log: earlier attempts' lines are kept, never overwritten."""
+    if line:
+        run.error = f"{run.error}\n{line}".strip()[-4000:]
+
+
+def _attempt_close(run: Run, outcome: str, reason: str, number: int | None = None) -> None:
+    RunAttempt.objects.filter(run=run, number=number or run.attempts).filter(
+        Q(outcome=Outcome.RUNNING) | Q(outcome=Outcome.LOST, run__status=Run.Status.QUEUED)
+    ).update(outcome=outcome, ended_at=timezone.now(), reason=reason[:4000])
+
+
+def run_end(run: Run, status: str, error: str = "", *, attempt_number: int | None = None) -> None:
+    """The one way a run ends (worker, sweeper, cancel, external finish): close its totals, record the
+    outcome on the run and on its current attempt; earlier attempts' notes are kept."""
+    run_totals_advance(run=run, final=True)
+    if run.attempts:
+        _attempt_close(run, status, error.strip().splitlines()[-1][:4000] if error.strip() else "",
+                       number=attempt_number)
+    _note(run, error)
+    run.status, run.finished_at = status, timezone.now()
+    run.lease_owner, run.lease_expires_at = "", None
+    run.save(update_fields=["status", "finished_at", "error", "dataset_sha256", "lease_owner", "lease_expires_at",
+                            "updated_at"])
+
+
+def _requeue_or_fail(run: Run, outcome: str, reason: str) -> None:
+    """Close the current attempt with outcome, then queue the run again, or end it."""
+    _attempt_close(run, outcome, reason)
+    _note(run, f"attempt {run.attempts}: {reason}")
+    failed = _failed_attempts(run)
+    if run.cancel_requested:
+        run_end(run, Run.Status.CANCELLED)
+    elif failed >= run.max_attempts:
+        run_end(run, Run.Status.FAILED, f"no attempts left ({failed}/{run.max_attempts})")
+    else:
+        run.status, run.lease_owner, run.lease_expires_at, run.sent_at = Run.Status.QUEUED, "", None, None
+        run.save(update_fields=["status", "error", "lease_owner", "lease_expires_at", "sent_at", "updated_at"])
+        run_enqueue(run=run)

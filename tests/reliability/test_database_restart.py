@@ -1,0 +1,125 @@
+"""A Postgres restart under a live run (a private cluster, stopped the hard way): the run ends once,
+is billed for one training, and its cost equals a recompute from its stored samples.
+
+Before the fix, the task's main thread kept its connection from claim time: the finish failed on the
+dead connection, the run stayed `running` until its lease ran out, and was trained again from step 0.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.helpers import clean_env, run_python, start_worker, stop_worker
+from tests.reliability.private import PrivatePostgres, PrivateRedis
+
+pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+STEPS, BATCH, SEQ = 120, 2, 32
+STRATEGY = f"""\
+model: {{preset: tiny, seq_len: {SEQ}}}
+data: {{source: synthetic}}
+train: {{steps: {STEPS}, global_batch: {BATCH}, seed: 5}}
+telemetry: {{interval_s: 0.2}}
+"""
+
+SUBMIT = """
+import django, json; django.setup()
+from apps.experiments.services import run_submit
+from tests.factories import ArmFactory, ExperimentFactory, GpuPriceFactory
+price = GpuPriceFactory()
+exp = ExperimentFactory(tenant=price.pricing_table.tenant, status="active")
+ArmFactory(experiment=exp, name="control", is_control=True, strategy_yaml={strategy!r})
+print(json.dumps(run_submit(experiment=exp).pk))
+"""
+
+RECOMPUTE = """
+import django, json; django.setup()
+from apps.experiments.models import Run
+from tests.reliability.test_worker_killed import recompute
+run = Run.objects.get(pk={run_id})
+usage, cost = recompute(run)
+print(json.dumps([usage.tokens, cost.total_usd]))
+"""
+
+
+@pytest.fixture
+def cluster():
+    """A fresh private cluster (the test database's schema) and broker per test."""
+    from django.db import connection
+
+    pg = PrivatePostgres()
+    redis = PrivateRedis(persistent=False)
+    try:
+        pg.load_schema_of(connection.settings_dict)
+        yield pg, redis
+    finally:
+        redis.close()
+        pg.close()
+
+
+def _python(code: str, pg, redis, timeout: float = 120) -> str:
+    env = clean_env(DJANGO_SETTINGS_MODULE="config.settings.test", DATABASE_URL=pg.url, REDIS_URL=redis.url)
+    out = run_python(code, env, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
+def _row(pg, run_id: int) -> dict:
+    cols = ["status", "attempts", "steps", "tokens", "cost_usd", "error"]
+    for _ in range(100):  # the cluster may be coming back up
+        try:
+            (values,) = pg.query(f"SELECT {', '.join(cols)} FROM experiments_run WHERE id = %s", run_id)
+            return dict(zip(cols, values, strict=True))
+        except Exception:
+            time.sleep(0.2)
+    raise AssertionError("the private Postgres did not answer")
+
+
+def _max_step(pg, run_id: int) -> int:
+    try:
+        return pg.query("SELECT coalesce(max(step), -1) FROM telemetry_telemetrysample WHERE run_id = %s",
+                        run_id)[0][0]
+    except Exception:
+        return -1
+
+
+def _wait(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+@pytest.mark.parametrize("when", ["during training", "at the finish"])
+def test_a_postgres_restart_ends_the_run_once_billed_for_one_training(cluster, when):
+    pg, redis = cluster
+    # Beat's sweeper runs beside the worker, and the lease outlasts the outage (as 30 s outlasts 10 s in
+    # production): a run left `running` by a failed finish is swept and trained again, as it was before.
+    worker, _ = start_worker(lease_s=12, beat=True, DATABASE_URL=pg.url, REDIS_URL=redis.url,
+                             COSTLAB_WORKER_DB_RETRY_S="120")
+    try:
+        run_id = json.loads(_python(SUBMIT.format(strategy=STRATEGY), pg, redis))
+        if when == "during training":
+            _wait(lambda: 5 <= _max_step(pg, run_id) < STEPS // 2, 120, "the run to be a few steps in")
+        else:  # the last steps: the run ends while the database is down
+            _wait(lambda: _max_step(pg, run_id) >= STEPS - 15, 180, "the run's last steps")
+        pg.restart(down_s=8)
+        row = _wait(lambda: (r := _row(pg, run_id))["status"] not in ("queued", "running") and r, 240,
+                    "the run to end")
+        time.sleep(6)  # a sweep after the end must change nothing
+        row = _row(pg, run_id)
+    finally:
+        stop_worker(worker)
+    assert row["status"] == "succeeded", row["error"]
+    assert row["tokens"] == STEPS * BATCH * SEQ and row["steps"] == STEPS  # one training, not two
+    attempts = pg.query("SELECT number, outcome FROM experiments_runattempt WHERE run_id = %s ORDER BY number",
+                        run_id)
+    assert attempts == [(1, "succeeded")], attempts
+    tokens, cost_usd = json.loads(_python(RECOMPUTE.format(run_id=run_id), pg, redis))
+    assert tokens == row["tokens"] and float(row["cost_usd"]) == pytest.approx(cost_usd, abs=2e-6)
