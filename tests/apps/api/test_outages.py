@@ -80,5 +80,5 @@ def test_broker_down_a_submission_is_kept_and_answered_not_500(api, experiment):
         response = api.post("/api/v1/runs/", {"experiment": experiment.pk}, format="json")
     finally:
         app.conf.broker_url = original
-    assert response.status_code in (201, 503), response.content
+    assert response.status_code == 201, response.content
     assert Run.objects.filter(status="queued").count() == 1  # the row is the truth; the reconciler re-sends
