@@ -1,7 +1,8 @@
 """`make run`'s supervised stack on the embedded default: the embedded Redis, web, workers and beat
 come up together, a worker answers a ping over Redis, killing the web server only restarts it, and
-Ctrl-C stops every process and repeats where to sign in."""
+Ctrl-C stops every process (a run in training goes back to the queue) and repeats where to sign in."""
 
+import json
 import os
 import signal
 import socket
@@ -46,7 +47,7 @@ def test_stack_serves_restarts_a_killed_web_server_and_stops_everything_on_ctrl_
     assert done.returncode == 0, done.stderr
 
     proc = subprocess.Popen(
-        ["bash", str(ROOT / "platform" / "run-local.sh")],
+        ["bash", str(ROOT / "platform" / "run-local.sh"), "--submit-runs", "1"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     descendants: list[psutil.Process] = []
@@ -74,6 +75,17 @@ def test_stack_serves_restarts_a_killed_web_server_and_stops_everything_on_ctrl_
         assert proc.poll() is None and all(c.is_running() for c in others), "killing web took others down"
         descendants += supervisor.children(recursive=True)
 
+        running = run_python(
+            "import django, time; django.setup(); from apps.experiments.models import Run\n"
+            "for _ in range(120):\n"
+            "    if Run.objects.filter(status='running').exists(): break\n"
+            "    time.sleep(0.5)\n"
+            "print(list(Run.objects.filter(status='running').values_list('pk', flat=True)))",
+            env, timeout=90,
+        )
+        in_training = json.loads(running.stdout.strip().splitlines()[-1])
+        assert in_training, "no demo run started training: " + running.stderr
+
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
         output, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, output
@@ -84,6 +96,10 @@ def test_stack_serves_restarts_a_killed_web_server_and_stops_everything_on_ctrl_
         time.sleep(0.5)
         left = [p.pid for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         assert not left, f"processes outlived Ctrl-C: {left}"
+        after = run_python(
+            "import django; django.setup(); from apps.experiments.models import Run; "
+            f"print(list(Run.objects.filter(pk__in={in_training}).values_list('status', flat=True)))", env)
+        assert json.loads(after.stdout.strip().splitlines()[-1].replace("'", '"')) == ["queued"], after.stdout
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
