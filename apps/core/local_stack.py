@@ -49,7 +49,7 @@ def local_stack_specs(*, host: str, port: int, var_dir: Path, redis_argv: list[s
     """The processes of `make run`, in start order. Training never shares a worker with the
     attribution tick, and alert deliveries (slow webhook receivers) have their own."""
     python = sys.executable
-    celery = [python, "-m", "celery", "-A", "config.celery_app"]
+    celery = [python, "-m", "celery", "-A", "config.celery_app", "--quiet"]  # no ASCII banners over the sign-in
     specs = [ProcessSpec("redis", redis_argv, stop_last=True)] if redis_argv else []
     return specs + [
         ProcessSpec("web", [python, "manage.py", "runserver", "--noreload", f"{host}:{port}"]),
@@ -113,9 +113,12 @@ class LocalStack:
                 child.restarts += 1
                 self.start(name)
 
-    def run(self, should_stop: Callable[[], bool], interval_s: float = 0.2) -> None:
+    def run(self, should_stop: Callable[[], bool], interval_s: float = 0.2,
+            each: Callable[[], None] | None = None) -> None:
         while not should_stop():
             self.supervise_once()
+            if each is not None:
+                each()
             time.sleep(interval_s)
 
     def stop_all(self) -> None:

@@ -1,5 +1,6 @@
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -56,8 +57,20 @@ class Command(BaseCommand):
             connections.close_all()  # the children open their own
             self._seed_lines(seed)
             stack.start_all()
-            self.stdout.write(self.style.SUCCESS(self._where(host, port, seed, "up")))
-            stack.run(should_stop=lambda: bool(stopping))
+            # The banner once the web server listens and the workers answer, so their start-up output
+            # does not push it off screen (or after a minute, whatever is still starting).
+            announce_by = time.monotonic() + 60
+            announced = []
+            workers = sum(" worker " in " ".join(spec.argv) for spec in (c.spec for c in stack.children.values()))
+
+            def announce_when_listening():
+                if announced:
+                    return
+                if time.monotonic() > announce_by or (_listening(host, port) and _workers_answer(workers)):
+                    announced.append(True)
+                    self.stdout.write(self.style.SUCCESS(self._where(host, port, seed, "up")))
+
+            stack.run(should_stop=lambda: bool(stopping), each=announce_when_listening)
         finally:
             self.stdout.write("costlab: stopping web, workers and beat...")
             stack.stop_all()
@@ -83,6 +96,23 @@ class Command(BaseCommand):
         if state == "up":
             lines.append("  Ctrl-C stops everything; a process that dies is restarted.")
         return "\n".join(lines)
+
+
+def _listening(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def _workers_answer(expected: int) -> bool:
+    from config.celery_app import app
+
+    try:
+        return len(app.control.ping(timeout=0.5)) >= expected
+    except Exception:  # the broker is still starting: not yet
+        return False
 
 
 def _redis_answers(*, timeout_s: float) -> bool:
