@@ -91,6 +91,9 @@ def test_stack_serves_restarts_a_killed_web_server_and_stops_everything_on_ctrl_
         assert proc.returncode == 0, output
         assert "web: exited with status -9" in output and "restarting in" in output
         assert "costlab: stopped." in output
+        # The sign-in banner comes after the start-up output, not buried under it.
+        assert output.index("costlab is up.") > output.rindex(" ready.")
+        assert "sign in as 'admin', password " in output[output.index("costlab is up."):]
         closing = output[output.index("costlab: stopped."):]
         assert f"http://127.0.0.1:{port}/admin/" in closing and "changepassword admin" in closing
         time.sleep(0.5)
