@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVICE_VARS = ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DJANGO_SECRET_KEY",
-                "DJANGO_ALLOW_ASYNC_UNSAFE")
+                "DJANGO_ALLOW_ASYNC_UNSAFE", "COSTLAB_EMBEDDED_REDIS")
 
 
 def clean_env(**overrides: str) -> dict[str, str]:
@@ -25,8 +25,8 @@ def run_python(code: str, env: dict[str, str], timeout: float = 60) -> subproces
     )
 
 
-def start_worker(*, lease_s: float | None = None, queues: str = "default,cpu,gpu", pool: str = "prefork",
-                 beat: bool = False, **extra_env: str):
+def start_worker(*, lease_s: float | None = None, queues: str = "default,cpu,gpu,alerts", pool: str = "prefork",
+                 concurrency: int = 1, beat: bool = False, **extra_env: str):
     """Start a real Celery worker on the test database and broker; return (process, name) once it answers.
 
     Prefork with one child, as deployed: the main process keeps answering control pings while
@@ -50,9 +50,9 @@ def start_worker(*, lease_s: float | None = None, queues: str = "default,cpu,gpu
         env["COSTLAB_RUN_LEASE_S"] = str(lease_s)
     env.update(extra_env)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "config.celery_app", "worker", "--pool", pool, "--concurrency", "1",
-         "--queues", queues, "--hostname", name, "--without-gossip", "--without-mingle", "--loglevel", "WARNING",
-         *(["-B"] if beat else [])],
+        [sys.executable, "-m", "celery", "-A", "config.celery_app", "worker", "--pool", pool, "--concurrency",
+         str(concurrency), "--queues", queues, "--hostname", name, "--without-gossip", "--without-mingle",
+         "--loglevel", "WARNING", *(["-B"] if beat else [])],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     pinger = celery_app
