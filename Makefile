@@ -29,10 +29,9 @@ migrate: install
 seed: migrate
 	$(BIN)/python manage.py seed_demo
 
-## Start web, one Celery worker and beat on the embedded default (or DATABASE_URL / REDIS_URL).
+## Start web, the Celery workers and beat, supervised, on the embedded default (or DATABASE_URL / REDIS_URL).
 run: migrate
-	$(BIN)/python manage.py seed_demo --submit-runs 2
-	@bash platform/run-local.sh
+	@bash platform/run-local.sh --submit-runs 2
 
 ## The whole suite. Postgres/Redis when reachable, else SQLite (service tests skip; CI=true fails instead).
 test: install-dev

@@ -1,7 +1,7 @@
 """Hot reload latency: from an arm's live-key change being committed to a running run applying it.
 
 Two real Celery workers train side by side on the same Postgres and Redis, one woken by
-Redis pub/sub (push), one polling the database every second (the embedded default's path).
+Redis pub/sub (push), one polling the database every second (COSTLAB_PUSH_NOTIFICATIONS=false).
 Changes alternate between their two arms, round by round; the applied instant is stamped by
 the worker when the trainer takes the change at a step boundary.
 

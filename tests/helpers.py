@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVICE_VARS = ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DJANGO_SECRET_KEY",
-                "DJANGO_ALLOW_ASYNC_UNSAFE")
+                "DJANGO_ALLOW_ASYNC_UNSAFE", "COSTLAB_EMBEDDED_REDIS")
 
 
 def clean_env(**overrides: str) -> dict[str, str]:
@@ -25,24 +25,23 @@ def run_python(code: str, env: dict[str, str], timeout: float = 60) -> subproces
     )
 
 
-def start_worker(*, lease_s: float | None = None, queues: str = "default,cpu,gpu", pool: str = "prefork",
-                 beat: bool = False, **extra_env: str):
+def start_worker(*, lease_s: float | None = None, queues: str = "default,cpu,gpu,alerts", pool: str = "prefork",
+                 concurrency: int = 1, beat: bool = False, **extra_env: str):
     """Start a real Celery worker on the test database and broker; return (process, name) once it answers.
 
     Prefork with one child, as deployed: the main process keeps answering control pings while
     the child trains. The worker leads its own process group, so a test can kill it whole.
-    DATABASE_URL / REDIS_URL in extra_env point it at private servers; beat=True embeds beat (-B).
+    DATABASE_URL / REDIS_URL / CELERY_BROKER_URL in extra_env point it at private servers; beat=True
+    embeds beat (-B).
     """
     import time
     import uuid
 
     from django.conf import settings
-    from django.db import connection
 
     from config.celery_app import app as celery_app
 
-    db = connection.settings_dict
-    database_url = f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    database_url = db_url_for_subprocesses()
     name = f"test-{uuid.uuid4().hex[:8]}@localhost"
     env = clean_env(
         DJANGO_SETTINGS_MODULE="config.settings.test", DATABASE_URL=database_url, REDIS_URL=settings.REDIS_URL
@@ -51,16 +50,17 @@ def start_worker(*, lease_s: float | None = None, queues: str = "default,cpu,gpu
         env["COSTLAB_RUN_LEASE_S"] = str(lease_s)
     env.update(extra_env)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "config.celery_app", "worker", "--pool", pool, "--concurrency", "1",
-         "--queues", queues, "--hostname", name, "--without-gossip", "--without-mingle", "--loglevel", "WARNING",
-         *(["-B"] if beat else [])],
+        [sys.executable, "-m", "celery", "-A", "config.celery_app", "worker", "--pool", pool, "--concurrency",
+         str(concurrency), "--queues", queues, "--hostname", name, "--without-gossip", "--without-mingle",
+         "--loglevel", "WARNING", *(["-B"] if beat else [])],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )
     pinger = celery_app
-    if env["REDIS_URL"] != settings.REDIS_URL:
+    broker = env.get("CELERY_BROKER_URL") or env["REDIS_URL"]
+    if broker != settings.REDIS_URL:
         from celery import Celery
 
-        pinger = Celery("costlab-test-ping", broker=env["REDIS_URL"])
+        pinger = Celery("costlab-test-ping", broker=broker, set_as_current=False)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -102,3 +102,48 @@ def purge_run_queues() -> None:
                 conn.default_channel.queue_purge(queue.value)
             except Exception:  # the queue was never declared
                 continue
+
+
+
+def db_url_for_subprocesses() -> str:
+    from django.db import connection
+
+    db = connection.settings_dict
+    return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+def start_web(port: int, **extra_env: str):
+    """gunicorn serving the project on the test database and broker (or extra_env's), once it answers."""
+    import time
+
+    import httpx
+    from django.conf import settings
+
+    env = clean_env(DJANGO_SETTINGS_MODULE="config.settings.test", REDIS_URL=settings.REDIS_URL,
+                    DATABASE_URL=db_url_for_subprocesses(), **extra_env)
+    proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "config.wsgi", "-b", f"127.0.0.1:{port}", "-w", "1"],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"gunicorn exited at start with status {proc.returncode}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code in (200, 503):
+                return proc
+        except httpx.TransportError:
+            time.sleep(0.2)
+    stop_group(proc)
+    raise RuntimeError("the web server did not answer within 60 s")
+
+
+def stop_group(proc) -> None:
+    """SIGKILL a process started with start_new_session=True, and all of its children."""
+    import os
+    import signal
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()

@@ -9,7 +9,7 @@ import yaml
 from tests.conftest import IN_CI
 from tests.helpers import ROOT
 
-EXPECTED = {"postgres", "redis", "web", "worker", "platform-worker", "gpu-worker", "beat"}
+EXPECTED = {"postgres", "redis", "web", "worker", "platform-worker", "alerts-worker", "gpu-worker", "beat"}
 
 
 def test_compose_file_is_valid_and_complete():
@@ -36,3 +36,4 @@ def test_compose_file_is_valid_and_complete():
     assert config["services"]["gpu-worker"]["profiles"] == ["gpu"]
     assert "pgdata" in config["volumes"]
     assert "--appendonly" in config["services"]["redis"]["command"]
+    assert "alerts" in config["services"]["alerts-worker"]["command"]

@@ -6,9 +6,18 @@ from celery import shared_task
 @shared_task(name="costlab.attribution_tick", soft_time_limit=50, time_limit=60)
 def attribution_tick() -> None:
     """Beat: attribute every due experiment (single-flight; a second concurrent tick returns at once)."""
-    from apps.attribution.services import attribution_tick as tick
+    import time
 
-    tick()
+    from django.utils import timezone
+
+    from apps.attribution.services import attribution_tick as tick
+    from apps.core.services import periodic_task_run_record
+
+    started_at, t0 = timezone.now(), time.perf_counter()
+    try:
+        tick()
+    finally:  # duration and lag for /metrics, whether or not the tick succeeded
+        periodic_task_run_record(name="attribution_tick", started_at=started_at, duration_s=time.perf_counter() - t0)
 
 
 @shared_task(bind=True, name="costlab.alert_deliver", max_retries=None, soft_time_limit=60, time_limit=90)

@@ -53,10 +53,9 @@ class TelemetrySink:
         if full:
             self._wake.set()
 
-    CLOSE_RETRIES = 5
-
     def close(self, timeout_s: float = 30.0) -> None:
-        """Flush what is left (retrying until timeout_s), then stop the flusher."""
+        """Flush what is left (retrying with backoff until timeout_s: a database blip at the end of a run
+        must not lose its last samples), then stop the flusher."""
         self._closing.set()
         self._wake.set()
         self._thread.join(timeout_s)
@@ -82,7 +81,7 @@ class TelemetrySink:
                     backoff = self.FLUSH_S
                 else:
                     backoff = min(backoff * 2, 10.0)
-                if self._abandoned.is_set() or (closing and (not self.pending or self.failures > self.CLOSE_RETRIES)):
+                if self._abandoned.is_set() or (closing and not self.pending):
                     return
         finally:
             connection.close()

@@ -16,6 +16,7 @@ import threading
 import traceback
 import uuid
 
+from django.conf import settings
 from django.db import close_old_connections, connection
 from django.utils import timezone
 
@@ -179,7 +180,8 @@ def run_execute(run_id: int) -> None:
             error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"
             logger.exception("run %s failed", run_id)
         finally:
-            sink.close()  # every measured sample stored before the run's end is recorded
+            # Every measured sample is stored before the run's end is recorded, through an outage too.
+            sink.close(timeout_s=settings.COSTLAB_WORKER_DB_RETRY_S)
         lease_lost = control is not None and control.lease_lost
         if control is not None:
             control.record_revisions()

@@ -14,7 +14,7 @@ from decimal import Decimal
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from apps.experiments.models import Arm, Experiment, Run
+from apps.experiments.models import Arm, Experiment
 from apps.experiments.services import run_submit, strategy_sha256
 from apps.pricing.models import CostModel, GpuPrice, GpuSku, PricingTable
 from apps.tenants.models import Membership, Tenant
@@ -62,7 +62,7 @@ class DemoSeedResult:
 @transaction.atomic
 def demo_seed(*, admin_username: str = "admin", admin_email: str = "admin@example.com",
               submit_runs_per_arm: int = 0) -> DemoSeedResult:
-    """Seed the demo; with submit_runs_per_arm, also queue runs unless some are already active."""
+    """Seed the demo; with submit_runs_per_arm, also queue runs when the demo experiment has none."""
     tenant, _ = Tenant.objects.get_or_create(slug="demo", defaults={"name": "Demo team"})
 
     table, _ = PricingTable.objects.get_or_create(
@@ -120,7 +120,8 @@ def demo_seed(*, admin_username: str = "admin", admin_email: str = "admin@exampl
         user = User.objects.create_superuser(username=admin_username, email=admin_email, password=password)
     Membership.objects.get_or_create(user=user, tenant=tenant, defaults={"role": Membership.Role.ADMIN})
     submitted = 0
-    if submit_runs_per_arm and not experiment.runs.filter(status__in=Run.ACTIVE_STATUSES).exists():
+    # Only into an empty demo: every `make run` seeds, and finished demo runs must not multiply.
+    if submit_runs_per_arm and not experiment.runs.exists():
         for arm in experiment.arms.order_by("pk"):
             for _ in range(submit_runs_per_arm):
                 run_submit(experiment=experiment, arm=arm)

@@ -31,7 +31,7 @@ def system_health() -> dict:
     db_ok, db_detail = database_reachable()
     broker_ok, broker_detail = broker_reachable()
     return {
-        "status": "ok" if db_ok and broker_ok else "unavailable",
+        "status": "ok" if db_ok and broker_ok else "degraded",
         "database": {"ok": db_ok, "detail": db_detail},
         "broker": {"ok": broker_ok, "detail": broker_detail},
     }

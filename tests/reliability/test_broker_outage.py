@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import time
 
+import httpx
 import pytest
 from django.db.models import Max
 
+from apps.api.services import api_token_create
 from apps.experiments.models import Run
-from apps.experiments.services import run_submit
-from config.celery_app import app as celery_app
-from tests.apps.api.conftest import token_client
 from tests.factories import ArmFactory, ExperimentFactory, GpuPriceFactory
-from tests.helpers import start_worker, stop_worker
-from tests.reliability.private import PrivateRedis
+from tests.helpers import start_web, start_worker, stop_group, stop_worker
+from tests.reliability.private import PrivateRedis, free_port
 from tests.workers.test_runs_on_a_worker import wait_for
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -36,14 +35,11 @@ telemetry: {{interval_s: 0.2}}
 
 @pytest.fixture
 def broker(request):
-    """This test's private Redis, as the broker of this process and of the worker."""
+    """This test's private Redis, as the broker of the worker, beat and the web server."""
     redis = PrivateRedis(persistent=request.param)
-    original = celery_app.conf.broker_url
-    celery_app.conf.broker_url = redis.url
     try:
         yield redis
     finally:
-        celery_app.conf.broker_url = original
         redis.close()
 
 
@@ -55,31 +51,42 @@ def test_a_redis_crash_loses_no_run_and_a_submit_during_it_answers_201(broker):
     tenant.save()
     exp = ExperimentFactory(tenant=tenant, status="active")
     ArmFactory(experiment=exp, name="control", is_control=True, strategy_yaml=STRATEGY)
-    worker, _ = start_worker(beat=True, REDIS_URL=broker.url, COSTLAB_RUN_RESEND_AFTER_S="3",
-                             COSTLAB_RUN_RECONCILE_S="1")
+    _token, secret = api_token_create(tenant=tenant, name="ci")
+    # Cache and results stay on the suite's Redis: only the broker goes down.
+    on_private = {"CELERY_BROKER_URL": broker.url}
+    port = free_port()
+    web = start_web(port, **on_private)
+    worker, _ = start_worker(beat=True, COSTLAB_RUN_RESEND_AFTER_S="3", COSTLAB_RUN_RECONCILE_S="1", **on_private)
+    api = httpx.Client(base_url=f"http://127.0.0.1:{port}/api/v1/", headers={"Authorization": f"Bearer {secret}"},
+                       timeout=30)
+
+    def submit(key):
+        return api.post("runs/", json={"experiment": exp.pk, "run_key": key})
+
     try:
-        first = [run_submit(experiment=exp, run_key=f"before-{i}") for i in range(3)]
-        wait_for(lambda: Run.objects.filter(pk__in=[r.pk for r in first], status="running",
-                                            samples__isnull=False).exists(), 120, "one run training")
-        assert Run.objects.filter(pk__in=[r.pk for r in first], status="queued").count() >= 1
+        first = [submit(f"before-{i}").json()["id"] for i in range(3)]
+        wait_for(lambda: Run.objects.filter(pk__in=first, status="running", samples__isnull=False).exists(), 120,
+                 "one run training")
+        assert Run.objects.filter(pk__in=first, status="queued").count() >= 1
 
         broker.kill()
         asked = time.monotonic()
-        response = token_client(tenant).post("/api/v1/runs/", {"experiment": exp.pk, "run_key": "during"},
-                                             format="json")
+        response = submit("during")
         took = time.monotonic() - asked
-        assert response.status_code == 201, response.content
+        assert response.status_code == 201, response.text
         assert response.json()["status"] == "queued" and took < 5, f"submit took {took:.1f} s"
         during = Run.objects.get(pk=response.json()["id"])
         assert during.sent_at is None  # nothing reached the broker: the reconciler owes it a send
 
         time.sleep(3)
         broker.start()  # empty without persistence; with it, the queued messages come back
-        ids = [r.pk for r in first] + [during.pk]
+        ids = [*first, during.pk]
         wait_for(lambda: not Run.objects.filter(pk__in=ids, status__in=Run.ACTIVE_STATUSES).exists(), 300,
                  "every run to end")
     finally:
+        api.close()
         stop_worker(worker)
+        stop_group(web)
     ended = list(Run.objects.filter(pk__in=ids).order_by("pk"))
     assert [r.status for r in ended] == ["succeeded"] * 4, [(r.pk, r.status, r.error) for r in ended]
     for run in ended:

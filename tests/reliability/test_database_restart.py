@@ -17,7 +17,7 @@ from tests.reliability.private import PrivatePostgres, PrivateRedis
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-STEPS, BATCH, SEQ = 120, 2, 32
+STEPS, BATCH, SEQ = 80, 2, 32
 STRATEGY = f"""\
 model: {{preset: tiny, seq_len: {SEQ}}}
 data: {{source: synthetic}}
@@ -106,9 +106,9 @@ def test_a_postgres_restart_ends_the_run_once_billed_for_one_training(cluster, w
     try:
         run_id = json.loads(_python(SUBMIT.format(strategy=STRATEGY), pg, redis))
         if when == "during training":
-            _wait(lambda: 5 <= _max_step(pg, run_id) < STEPS // 2, 120, "the run to be a few steps in")
+            _wait(lambda: 5 <= _max_step(pg, run_id) < STEPS // 2, 300, "the run to be a few steps in")
         else:  # the last steps: the run ends while the database is down
-            _wait(lambda: _max_step(pg, run_id) >= STEPS - 15, 180, "the run's last steps")
+            _wait(lambda: _max_step(pg, run_id) >= STEPS - 12, 400, "the run's last steps")
         pg.restart(down_s=8)
         row = _wait(lambda: (r := _row(pg, run_id))["status"] not in ("queued", "running") and r, 240,
                     "the run to end")

@@ -94,3 +94,18 @@ def test_a_worker_run_cannot_be_finished_over_http(api, experiment):
     run = RunFactory(arm=experiment.arms.first(), status="running")
     response = api.post(f"/api/v1/runs/{run.pk}/finish/", {"status": "succeeded"}, format="json")
     assert response.status_code == 409 and error(response)["code"] == "not_external"
+
+
+def test_a_run_shows_every_attempt_with_its_outcome(api, experiment):
+    from apps.experiments import runs
+
+    run = RunFactory(experiment=experiment, tenant=experiment.tenant, arm=experiment.arms.first(), status="queued")
+    runs.run_claim(run_id=run.pk, owner="host-a:1:x", host="host-a")
+    runs.run_release(run_id=run.pk, owner="host-a:1:x", reason="worker stopped before the run finished")
+    runs.run_claim(run_id=run.pk, owner="host-b:2:y", host="host-b")
+    runs.run_finish(run_id=run.pk, owner="host-b:2:y", status="succeeded")
+    body = api.get(f"/api/v1/runs/{run.pk}/").json()
+    assert [(a["number"], a["host"], a["outcome"]) for a in body["attempt_log"]] == [
+        (1, "host-a", "stopped"), (2, "host-b", "succeeded")]
+    assert body["attempt_log"][0]["reason"] == "worker stopped before the run finished"
+    assert all(a["started_at"] and a["ended_at"] for a in body["attempt_log"])

@@ -48,3 +48,14 @@ def test_seed_can_queue_demo_runs_once(django_capture_on_commit_callbacks):
         call_command("seed_demo", "--submit-runs", "2")  # runs still queued: nothing more
     assert Run.objects.count() == 4 and len(enqueued) == 4
     assert set(Run.objects.values_list("arm__name", flat=True)) == {"pytorch-baseline", "costlab-optimized"}
+
+
+def test_seeding_again_after_the_demo_runs_finished_queues_nothing(django_capture_on_commit_callbacks):
+    from apps.experiments.models import Run
+
+    with django_capture_on_commit_callbacks(execute=False):
+        call_command("seed_demo", "--submit-runs", "2")
+    Run.objects.update(status=Run.Status.SUCCEEDED)  # the demo ran to the end; make run starts again
+    with django_capture_on_commit_callbacks(execute=False) as enqueued:
+        call_command("seed_demo", "--submit-runs", "2")
+    assert Run.objects.count() == 4 and enqueued == []

@@ -9,7 +9,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--admin-username", default="admin")
         parser.add_argument("--submit-runs", type=int, default=0, metavar="N",
-                            help="Queue N runs per demo arm, unless demo runs are already queued or running.")
+                            help="Queue N runs per demo arm when the demo experiment has no runs yet.")
 
     def handle(self, *args, admin_username: str, submit_runs: int, **options):
         result = demo_seed(admin_username=admin_username, submit_runs_per_arm=submit_runs)

@@ -1,0 +1,76 @@
+"""/metrics for operators, in the Prometheus text format, read from the system of record.
+
+Every process of the platform writes its state to Postgres (runs, samples, the tick's own
+record), so one scrape of any web process sees the whole platform: no per-process counters
+to aggregate. A database that is down yields `costlab_database_up 0` and nothing else from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+from django.db import DatabaseError
+from django.db.models import Count, Min, Sum
+from django.utils import timezone
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from apps.core.models import PeriodicTaskRun
+from apps.core.selectors import broker_reachable, database_reachable
+from apps.experiments.models import Run
+from apps.telemetry.models import TelemetrySample
+
+INGEST_WINDOW_S = 60
+
+
+class PlatformCollector(Collector):
+    def collect(self) -> Iterator[Metric]:
+        db_ok, _ = database_reachable()
+        broker_ok, _ = broker_reachable(timeout_s=1.0)
+        yield GaugeMetricFamily("costlab_database_up", "1 when the database answers.", value=int(db_ok))
+        yield GaugeMetricFamily("costlab_broker_up", "1 when the Celery broker answers.", value=int(broker_ok))
+        if db_ok:
+            try:
+                yield from self._from_database()
+            except DatabaseError:  # went down between the check and the queries: up says 1, the rest is missing
+                return
+
+    def _from_database(self) -> Iterator[Metric]:
+        now = timezone.now()
+        runs = GaugeMetricFamily("costlab_runs", "Runs by state and queue.", labels=["state", "queue"])
+        # A gauge, not a counter: a run's attempts move with it from state to state.
+        attempts = GaugeMetricFamily("costlab_run_attempts", "Attempts made by the runs in each state and queue.",
+                                     labels=["state", "queue"])
+        for row in Run.objects.values("status", "queue").annotate(n=Count("id"), attempts=Sum("attempts")):
+            runs.add_metric([row["status"], row["queue"]], row["n"])
+            attempts.add_metric([row["status"], row["queue"]], row["attempts"] or 0)
+        yield runs
+        yield attempts
+
+        age = GaugeMetricFamily("costlab_queued_run_oldest_age_seconds",
+                                "Seconds the oldest queued run of each queue has waited.", labels=["queue"])
+        for row in Run.objects.filter(status=Run.Status.QUEUED).values("queue").annotate(oldest=Min("queued_at")):
+            age.add_metric([row["queue"]], (now - row["oldest"]).total_seconds())
+        yield age
+
+        running = list(Run.objects.filter(status=Run.Status.RUNNING).values_list("pk", flat=True))
+        recent = TelemetrySample.objects.filter(run_id__in=running, ts__gte=now - timedelta(seconds=INGEST_WINDOW_S))
+        yield GaugeMetricFamily("costlab_ingest_samples_per_second",
+                                f"Telemetry samples of running runs stamped in the last {INGEST_WINDOW_S} s, per second.",
+                                value=(recent.count() / INGEST_WINDOW_S) if running else 0.0)
+
+        tick = PeriodicTaskRun.objects.filter(name="attribution_tick").first()
+        if tick is not None:
+            yield GaugeMetricFamily("costlab_attribution_tick_duration_seconds",
+                                    "How long the latest attribution tick took.", value=tick.last_duration_s)
+            yield GaugeMetricFamily("costlab_attribution_tick_lag_seconds",
+                                    "Seconds since the latest attribution tick started (beat sends one every "
+                                    "COSTLAB_ATTRIBUTION_TICK_S).", value=(now - tick.last_started_at).total_seconds())
+            yield CounterMetricFamily("costlab_attribution_ticks", "Attribution ticks run.", value=tick.runs)
+
+
+def metrics_registry() -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(PlatformCollector())
+    return registry

@@ -1,0 +1,78 @@
+"""make run's supervisor with real processes: a dead one is restarted with backoff, the others keep
+running, and stopping ends every process (the broker last)."""
+
+import logging
+import os
+import sys
+import time
+
+from apps.core.local_stack import LocalStack, ProcessSpec
+from tests.helpers import ROOT
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
+CRASHER = [sys.executable, "-c", "import sys; sys.exit(3)"]
+
+
+def supervise_for(stack: LocalStack, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        stack.supervise_once()
+        time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_killed_process_is_restarted_and_the_others_keep_running(caplog):
+    stack = LocalStack([ProcessSpec("web", SLEEPER), ProcessSpec("worker", SLEEPER)], cwd=ROOT,
+                       backoff_base_s=0.2, stop_timeout_s=5)
+    stack.start_all()
+    try:
+        web, worker = stack.children["web"].proc, stack.children["worker"].proc
+        web.kill()
+        with caplog.at_level(logging.WARNING, logger="costlab.local_stack"):
+            supervise_for(stack, 1.0)
+        assert stack.children["web"].proc.pid != web.pid and stack.children["web"].proc.poll() is None
+        assert stack.children["worker"].proc is worker and worker.poll() is None
+        assert stack.restarts() == {"web": 1, "worker": 0}
+        assert "web: exited with status -9" in caplog.text and "restarting in 0.2 s" in caplog.text
+    finally:
+        stack.stop_all()
+
+
+def test_backoff_doubles_while_a_process_keeps_failing_fast():
+    stack = LocalStack([ProcessSpec("crasher", CRASHER)], cwd=ROOT, backoff_base_s=0.1, backoff_max_s=0.4)
+    stack.start_all()
+    try:
+        supervise_for(stack, 2.0)
+    finally:
+        stack.stop_all()
+    child = stack.children["crasher"]
+    assert child.exits and set(child.exits) == {3}
+    assert 3 <= child.restarts <= 8, child.restarts  # 0.1 + 0.2 + 0.4 + 0.4 ... not a restart every poll
+    assert [stack.backoff_s(n) for n in (1, 2, 3, 4)] == [0.1, 0.2, 0.4, 0.4]
+
+
+def test_stop_all_ends_every_process_and_stops_the_broker_last(tmp_path):
+    marker = tmp_path / "order"
+    # Each writes its name when SIGTERM arrives, then exits.
+    def writer(name: str) -> list[str]:
+        return [sys.executable, "-c",
+                "import signal, sys, time\n"
+                f"def bye(*a): open({str(marker)!r}, 'a').write({name!r} + '\\n'); time.sleep(0.2); sys.exit(0)\n"
+                "signal.signal(signal.SIGTERM, bye)\nprint('ready', flush=True)\ntime.sleep(600)"]
+
+    stack = LocalStack([ProcessSpec("broker", writer("broker"), stop_last=True), ProcessSpec("web", writer("web")),
+                        ProcessSpec("worker", writer("worker"))], cwd=ROOT, stop_timeout_s=5)
+    stack.start_all()
+    time.sleep(1.0)  # let them install their handlers
+    pids = [c.proc.pid for c in stack.children.values()]
+    stack.stop_all()
+    assert not any(alive(pid) for pid in pids)
+    order = marker.read_text().split()
+    assert sorted(order[:2]) == ["web", "worker"] and order[2] == "broker"
