@@ -36,6 +36,13 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--run-key", metavar="KEY",
                    help="Idempotency key: the same key returns the same run (default $COSTLAB_RUN_KEY, else random).")
     s.add_argument("--wait", action="store_true", help="Wait until the run ends; exit 1 unless it succeeded.")
+    s.add_argument("--external", action="store_true",
+                   help="Create an external run: trained elsewhere, telemetry POSTed to /api/v1/runs/ID/telemetry/, "
+                        "ended with POST /api/v1/runs/ID/finish/. Prints the run id.")
+    s.add_argument("--gpu-sku", metavar="NAME", help="External runs: the GPU model held (priced per GPU-hour).")
+    s.add_argument("--gpu-count", type=int, metavar="N", help="External runs: GPUs held (default 1 with --gpu-sku).")
+    s.add_argument("--vcpus", type=int, metavar="N", help="External runs: vCPUs held (priced per vCPU-hour).")
+    s.add_argument("--memory-gb", type=float, metavar="GB", help="External runs: host memory held (priced per GB-hour).")
     s.add_argument("--poll", type=float, default=5.0, metavar="S", help="Seconds between status checks (5).")
     s.add_argument("--timeout", type=float, default=6 * 3600, metavar="S", help="Give up waiting after S seconds.")
     s.add_argument("--retry-for", type=float, default=120.0, metavar="S",

@@ -54,16 +54,29 @@ def arm_for_strategy(api: Api, *, experiment: int, text: str, arm_name: str | No
     return api.patch(f"arms/{arm['id']}/", {"strategy_yaml": text}), "updated"
 
 
+EXTERNAL_ONLY = ("gpu_sku", "gpu_count", "vcpus", "memory_gb")
+
+
 def cmd_submit(api: Api, args) -> int:
+    external = getattr(args, "external", False)
+    if not external:
+        given = [f"--{k.replace('_', '-')}" for k in EXTERNAL_ONLY if getattr(args, k, None) is not None]
+        if given:
+            raise CliError(f"{given[0]}: only for --external runs (a worker measures what it holds)")
+    elif args.wait:
+        raise CliError("--wait: an external run ends when its trainer POSTs /finish/; it cannot be waited on here")
     text = read_strategy(args.strategy)
     arm, how = arm_for_strategy(api, experiment=args.experiment, text=text, arm_name=args.arm, path=args.strategy)
     body = {"experiment": args.experiment, "arm": arm["id"],
             "run_key": args.run_key or os.environ.get("COSTLAB_RUN_KEY") or f"cli-{uuid.uuid4().hex}",
             "git_sha": args.git_sha if args.git_sha is not None else os.environ.get("GITHUB_SHA", "")}
+    if external:
+        body["kind"] = "external"
+        body.update({k: getattr(args, k) for k in EXTERNAL_ONLY if getattr(args, k, None) is not None})
     run = api.post("runs/", body, idempotent=True)  # the run key makes a retried POST return the same run
     revision = f" revision {arm.get('revision', 1)}" if how == "updated" else ""
     print(f"run {run['id']} {run['status']} on arm '{run['arm']['name']}' ({how}{revision}) "
-          f"of experiment {args.experiment}")
+          f"of experiment {args.experiment}" + (" (external: send telemetry, then finish)" if external else ""))
     if not args.wait:
         return 0
     return wait_for(api, run["id"], poll_s=args.poll, timeout_s=args.timeout)

@@ -67,6 +67,20 @@ def test_submit_maps_the_strategy_file_onto_an_arm(lab, capsys, strategy):
     assert again[0] == 0 and Run.objects.filter(run_key="gh-99-1").count() == 1  # the same run
 
 
+def test_submit_external_creates_an_external_run_with_what_it_holds(lab, capsys, strategy):
+    exp = str(lab["experiment"].pk)
+    code, out, err = cli(capsys, "submit", "--experiment", exp, "--strategy", strategy(CANDIDATE), "--external",
+                         "--vcpus", "8", "--memory-gb", "32")
+    assert code == 0 and "(external: send telemetry, then finish)" in out, err
+    run = Run.objects.get()
+    assert run.kind == "external" and run.status == "running" and run.vcpus == 8 and run.memory_gb == 32
+    code, _, err = cli(capsys, "submit", "--experiment", exp, "--strategy", strategy(CANDIDATE), "--vcpus", "8")
+    assert code == 2 and "--vcpus: only for --external runs" in err
+    code, _, err = cli(capsys, "submit", "--experiment", exp, "--strategy", strategy(CANDIDATE), "--external",
+                       "--wait")
+    assert code == 2 and "--wait: an external run ends when its trainer POSTs /finish/" in err
+
+
 def test_submit_refusals_exit_2_with_the_reason(lab, capsys, strategy):
     exp = str(lab["experiment"].pk)
     code, _, err = cli(capsys, "submit", "--experiment", exp, "--strategy", strategy(CONTROL + "# edit\n"),
