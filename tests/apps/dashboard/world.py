@@ -83,4 +83,8 @@ def run_of(arm: Arm, *, status: str = Run.Status.SUCCEEDED, **fields) -> Run:
         defaults["finished_at"] = now - timedelta(minutes=1)
     if status == Run.Status.RUNNING:
         defaults["heartbeat_at"] = now
-    return RunFactory(arm=arm, status=status, **{**defaults, **fields})
+    run = RunFactory(arm=arm, status=status, **{**defaults, **fields})
+    # Created before its telemetry, as a real run is (ingest refuses samples older than the run).
+    Run.objects.filter(pk=run.pk).update(created_at=now - timedelta(minutes=15))
+    run.refresh_from_db()
+    return run
