@@ -40,10 +40,11 @@ def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) 
     run = Run.objects.select_for_update(of=("self",)).select_related("experiment__cost_model", "gpu_sku").get(
         pk=run_id)
     if run.kind == Run.Kind.WORKER and attempt is not None and (
-        run.status != Run.Status.RUNNING or attempt != run.attempts
+        run.status not in Run.ACTIVE_STATUSES or attempt != run.attempts
     ):
         # A worker whose lease was swept must not write into the attempt that replaced it, nor
-        # into a run whose totals are final.
+        # into a run whose totals are final. Swept and not yet taken again (queued, same attempt), its
+        # last samples still land: they are what that attempt measured, and its finish may still count.
         raise ApplicationError(
             f"attempt: attempt {attempt} no longer holds run {run.pk} (now {run.status}, attempt {run.attempts})",
             {"fields": {"attempt": ["stale"]}}, code="stale_attempt", status=409,

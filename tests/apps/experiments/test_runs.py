@@ -176,3 +176,29 @@ def test_the_reconciler_sends_queued_runs_that_never_reached_the_broker_and_back
     assert never.pk not in runs.runs_reconcile_queued(now=timezone.now() + td(seconds=after + 1))
     assert never.pk in runs.runs_reconcile_queued(now=timezone.now() + td(seconds=2 * after + 1))
     assert fresh.pk not in runs.runs_reconcile_queued()
+
+
+def test_a_swept_attempts_last_samples_land_until_another_worker_takes_the_run():
+    from apps.core.exceptions import ApplicationError
+    from apps.telemetry.services import telemetry_ingest
+
+    run = RunFactory(status="queued", arm__strategy_yaml=STEPS_6, config_yaml=STEPS_6)
+    runs.run_claim(run_id=run.pk, owner="w1")
+    expire(run)
+    runs.runs_sweep_lost()  # the database was away longer than the lease: requeued
+
+    def batch(seq):
+        return [{"seq": seq, "ts": timezone.now().isoformat(), "step": 6, "tokens": 384}]
+
+    assert telemetry_ingest(run_id=run.pk, samples=batch(0), attempt=1).inserted == 1
+    assert runs.run_finish(run_id=run.pk, owner="w1", status="succeeded")  # ... and so is its finish
+    run.refresh_from_db()
+    assert run.status == "succeeded" and run.tokens == 384
+
+    other = RunFactory(status="queued")
+    runs.run_claim(run_id=other.pk, owner="w1")
+    expire(other)
+    runs.runs_sweep_lost()
+    runs.run_claim(run_id=other.pk, owner="w2")
+    with pytest.raises(ApplicationError, match="attempt 1 no longer holds run"):
+        telemetry_ingest(run_id=other.pk, samples=batch(0), attempt=1)
