@@ -1,14 +1,49 @@
+from django import forms
 from django.contrib import admin
+from django.core.exceptions import ValidationError
 
+from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Arm, Experiment, Run, RunAttempt
-from apps.experiments.services import arm_update
+from apps.experiments.services import arm_create, arm_delete, arm_update
+from apps.experiments.strategies import strategy_normalise, strategy_validate
+
+ARM_FIELDS = ("name", "is_control", "weight", "strategy_yaml")  # what staff edit; the services write them
+
+
+class ArmAdminForm(forms.ModelForm):
+    """The strategy as a YAML file has it (LF, a final newline, so its SHA-256 matches the file),
+    refused with the key named when gpu_runtime would refuse it."""
+
+    class Meta:
+        model = Arm
+        fields = ["experiment", *ARM_FIELDS]
+
+    def clean_strategy_yaml(self):
+        text = strategy_normalise(self.cleaned_data["strategy_yaml"])
+        try:
+            strategy_validate(text)
+        except ApplicationError as exc:
+            raise ValidationError(exc.extra["fields"]["strategy_yaml"]) from None
+        return text
+
+
+def arm_save(arm: Arm, changed: list[str]) -> Arm:
+    """Create or edit an arm through the services (revision, hash, live reload), whatever changed."""
+    try:
+        if arm.pk is None:
+            return arm_create(experiment=arm.experiment, name=arm.name, strategy_yaml=arm.strategy_yaml,
+                              weight=arm.weight, is_control=arm.is_control)
+        return arm_update(arm=arm, **{f: getattr(arm, f) for f in ARM_FIELDS if f in changed}).arm
+    except ApplicationError as exc:
+        raise ValidationError(exc.message) from None
 
 
 class ArmInline(admin.TabularInline):
     model = Arm
+    form = ArmAdminForm
     extra = 0
-    fields = ["name", "is_control", "weight", "state", "revision", "strategy_sha256"]
-    readonly_fields = ["strategy_sha256", "state"]
+    fields = ["name", "is_control", "weight", "strategy_yaml", "state", "revision", "strategy_sha256"]
+    readonly_fields = ["strategy_sha256", "state", "revision"]
     show_change_link = True
 
 
@@ -20,6 +55,18 @@ class ExperimentAdmin(admin.ModelAdmin):
     list_select_related = ["tenant", "cost_model"]
     inlines = [ArmInline]
 
+    def save_formset(self, request, form, formset, change):
+        if formset.model is not Arm:
+            return super().save_formset(request, form, formset, change)
+        formset.save(commit=False)
+        for arm in formset.deleted_objects:
+            arm_delete(arm=arm)
+        for arm in formset.new_objects:
+            arm.experiment = form.instance
+            arm_save(arm, list(ARM_FIELDS))
+        for arm, changed in formset.changed_objects:
+            arm_save(arm, changed)
+
 
 @admin.register(Arm)
 class ArmAdmin(admin.ModelAdmin):
@@ -29,14 +76,17 @@ class ArmAdmin(admin.ModelAdmin):
     readonly_fields = ["strategy_sha256", "state", "revision"]
     list_select_related = ["experiment"]
 
+    form = ArmAdminForm
+
+    def get_readonly_fields(self, request, obj=None):
+        # An arm's runs and evidence belong to its experiment: it never moves to another one.
+        return [*self.readonly_fields, "experiment"] if obj is not None else self.readonly_fields
+
     def save_model(self, request, obj, form, change):
-        if change and {"strategy_yaml", "weight"} & set(form.changed_data):
-            # Through the service, so a strategy edit bumps the revision and reaches running runs.
-            arm_update(arm=obj, strategy_yaml=obj.strategy_yaml, weight=obj.weight)
-            if set(form.changed_data) - {"strategy_yaml", "weight"}:
-                super().save_model(request, obj, form, change)
-        else:
-            super().save_model(request, obj, form, change)
+        # Every field through the services: one write, so a strategy edit's new revision is never
+        # overwritten by a second save of the form's stale copy.
+        saved = arm_save(obj, form.changed_data if change else list(ARM_FIELDS))
+        obj.pk, obj.revision, obj.strategy_sha256 = saved.pk, saved.revision, saved.strategy_sha256
 
 
 class RunAttemptInline(admin.TabularInline):

@@ -7,6 +7,7 @@ from django.db import models
 from django.db.models import Q
 
 from apps.core.models import TimeStampedModel
+from apps.experiments.strategies import strategy_sha256
 from apps.pricing.models import CostModel, GpuSku, PricingTable
 from apps.tenants.models import Tenant
 
@@ -114,20 +115,11 @@ class Arm(TimeStampedModel):
     def clean(self) -> None:
         from django.core.exceptions import ValidationError
 
-        from apps.core.exceptions import ApplicationError
-        from apps.experiments.services import strategy_validate
-
-        try:
-            strategy_validate(self.strategy_yaml)
-        except ApplicationError as exc:
-            raise ValidationError({"strategy_yaml": exc.extra["fields"]["strategy_yaml"]}) from None
         if self.state == self.State.FROZEN and self.weight:
             raise ValidationError({"weight": "a frozen arm has weight 0; unfreeze it to give it traffic"})
 
     def save(self, *args, **kwargs):
         # The hash is derived from the text: keep them from drifting apart.
-        from apps.experiments.services import strategy_sha256
-
         self.strategy_sha256 = strategy_sha256(self.strategy_yaml)
         super().save(*args, **kwargs)
 

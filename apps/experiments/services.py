@@ -16,26 +16,9 @@ from apps.core.notify import ARM_REVISIONS, publish
 from apps.core.queues import CeleryQueue
 from apps.experiments.models import Arm, Experiment, Run
 from apps.experiments.runs import run_end, run_enqueue
+from apps.experiments.strategies import strategy_sha256, strategy_validate
 from apps.pricing.models import GpuSku
 from apps.tenants.models import Tenant
-
-
-def strategy_sha256(strategy_yaml: str) -> str:
-    """Hash of the strategy text as stored (what the run snapshots)."""
-    return hashlib.sha256(strategy_yaml.encode("utf-8")).hexdigest()
-
-
-def strategy_validate(strategy_yaml: str, *, field: str = "strategy_yaml") -> None:
-    """Refuse a strategy gpu_runtime would refuse, naming the key, before anything is queued."""
-    from gpu_runtime import StrategyError, load_strategy
-
-    try:
-        load_strategy(strategy_yaml)
-    except StrategyError as exc:
-        raise ApplicationError(
-            f"{field}: {exc}", {"fields": {field: [f"{e['key']}: {e['message']}" for e in exc.errors]}},
-            code="invalid_strategy",
-        ) from None
 
 
 @dataclass(frozen=True)
@@ -46,7 +29,8 @@ class ArmUpdate:
 
 
 @transaction.atomic
-def arm_update(*, arm: Arm, strategy_yaml: str | None = None, weight: Decimal | None = None) -> ArmUpdate:
+def arm_update(*, arm: Arm, strategy_yaml: str | None = None, weight: Decimal | None = None,
+               name: str | None = None, is_control: bool | None = None) -> ArmUpdate:
     """Edit an arm. A strategy change bumps its revision; its live keys reach running runs."""
     from gpu_runtime import load_strategy
     from gpu_runtime.live import live_changes
@@ -65,6 +49,16 @@ def arm_update(*, arm: Arm, strategy_yaml: str | None = None, weight: Decimal | 
             raise ApplicationError(f"weight: arm '{arm.name}' is frozen; unfreeze it before giving it traffic",
                                    code="arm_frozen")
         arm.weight = weight
+    if name is not None and name != arm.name:
+        if arm.experiment.arms.filter(name=name).exclude(pk=arm.pk).exists():
+            raise ApplicationError(f"name: experiment '{arm.experiment.name}' already has an arm named '{name}'",
+                                   {"fields": {"name": ["already exists"]}}, code="invalid", status=409)
+        arm.name = name
+    if is_control is not None and is_control != arm.is_control:
+        if is_control and arm.experiment.arms.filter(is_control=True).exclude(pk=arm.pk).exists():
+            raise ApplicationError(f"is_control: experiment '{arm.experiment.name}' already has a control arm",
+                                   {"fields": {"is_control": ["a control arm exists"]}}, code="invalid", status=409)
+        arm.is_control = is_control
     arm.full_clean()
     arm.save()
     if live:

@@ -134,6 +134,56 @@ def test_arm_admin_strategy_edit_bumps_the_revision(staff_client):
     assert arm.revision == 2 and arm.weight == Decimal("2") and "interval_s: 0.5" in arm.strategy_yaml
 
 
+def test_arm_admin_strategy_and_name_edited_together_keep_the_new_revision(staff_client):
+    """The admin used to bump the revision through the service, then save its stale copy over it."""
+    arm = ArmFactory()
+    url = reverse("admin:experiments_arm_change", args=[arm.pk])
+    form = {"name": "renamed", "weight": "1", "is_control": "",
+            "strategy_yaml": arm.strategy_yaml + "telemetry: {interval_s: 0.5}\n"}
+    assert staff_client.post(url, form).status_code == 302
+    arm.refresh_from_db()
+    assert arm.revision == 2 and arm.name == "renamed" and "interval_s: 0.5" in arm.strategy_yaml
+
+
+def test_arm_admin_stores_typed_yaml_as_the_file_has_it(staff_client):
+    """A browser sends CRLF and no final newline; stored so, its SHA-256 never matched the file's."""
+    from apps.experiments.models import Arm
+    from apps.experiments.strategies import strategy_sha256
+
+    arm = ArmFactory()
+    file_text = arm.strategy_yaml.rstrip("\n") + "\ntelemetry: {interval_s: 0.5}\n"
+    form = {"experiment": arm.experiment_id, "name": "typed", "weight": "0", "is_control": "",
+            "strategy_yaml": file_text.replace("\n", "\r\n").rstrip("\r\n")}
+    assert staff_client.post(reverse("admin:experiments_arm_add"), form).status_code == 302
+    typed = Arm.objects.get(experiment=arm.experiment, name="typed")
+    assert typed.strategy_yaml == file_text and typed.strategy_sha256 == strategy_sha256(file_text)
+
+
+def test_experiment_admin_inline_arms_save_their_strategy_through_the_services(staff_client):
+    from apps.experiments.models import Arm
+
+    arm = ArmFactory(is_control=True)
+    exp = arm.experiment
+    url = reverse("admin:experiments_experiment_change", args=[exp.pk])
+    page = staff_client.get(url)
+    form = {k: v for k, v in page.context["adminform"].form.initial.items() if v is not None}
+    form.update({"tenant": exp.tenant_id, "cost_model": exp.cost_model_id, "pricing_table": "",
+                 "target_steps": "", "status": exp.status, "freeze_policy": exp.freeze_policy,
+                 "arms-TOTAL_FORMS": "2", "arms-INITIAL_FORMS": "1", "arms-MIN_NUM_FORMS": "0",
+                 "arms-MAX_NUM_FORMS": "1000",
+                 "arms-0-id": str(arm.pk), "arms-0-experiment": str(exp.pk), "arms-0-name": arm.name,
+                 "arms-0-is_control": "on", "arms-0-weight": "1",
+                 "arms-0-strategy_yaml": arm.strategy_yaml + "telemetry: {interval_s: 0.5}\n",
+                 "arms-1-experiment": str(exp.pk), "arms-1-name": "inline", "arms-1-weight": "0",
+                 "arms-1-strategy_yaml": arm.strategy_yaml})
+    response = staff_client.post(url, form)
+    assert response.status_code == 302, response.context["adminform"].form.errors if response.context else ""
+    arm.refresh_from_db()
+    assert arm.revision == 2
+    assert Arm.objects.get(experiment=exp, name="inline").strategy_yaml == arm.strategy_yaml.replace(
+        "telemetry: {interval_s: 0.5}\n", "")
+
+
 def test_a_price_edit_of_a_table_in_force_keeps_the_old_prices_for_the_time_before(staff_client):
     tenant, sku = TenantFactory(), GpuSkuFactory()
     assert staff_client.post(reverse("admin:pricing_pricingtable_add"), _pricing_form(tenant, sku)).status_code == 302
