@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from config import embedded_redis  # noqa: E402
+from apps.core import embedded_redis  # noqa: E402
 
 PRODUCERS, CONSUMERS = 3, 2
 BODY = {"task": "costlab.run_train", "args": [0], "kwargs": {}, "pad": "x" * 800}

@@ -95,9 +95,9 @@ def main() -> None:
     from django.conf import settings
     from django.test import Client
 
-    from apps.core.demo import demo_seed
     from apps.dashboard import charts
     from apps.dashboard.models import SeriesBlock
+    from apps.demo.services import demo_seed
     from apps.experiments.models import Run
     from apps.telemetry.selectors import samples_downsampled
 

@@ -57,7 +57,7 @@ def main() -> None:
     django_on_postgres()
     from django.utils import timezone
 
-    from apps.core.demo import demo_seed
+    from apps.demo.services import demo_seed
     from apps.experiments.models import Arm, Experiment, Run
     from apps.experiments.services import arm_update, run_submit
 

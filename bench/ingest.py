@@ -39,7 +39,7 @@ def main() -> None:
     from django.db import connection, transaction
     from django.utils import timezone
 
-    from apps.core.demo import demo_seed
+    from apps.demo.services import demo_seed
     from apps.experiments.models import Run
     from apps.telemetry.ingest import COLUMNS
     from apps.telemetry.models import TelemetrySample

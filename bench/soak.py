@@ -98,7 +98,7 @@ def main() -> None:
     django.setup()
     from django.db import connection
 
-    from apps.core.demo import demo_seed
+    from apps.demo.services import demo_seed
     from apps.experiments.models import Arm, Experiment, Run
     from apps.experiments.services import run_submit, strategy_sha256
     from apps.telemetry.models import TelemetrySample

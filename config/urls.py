@@ -1,7 +1,8 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from apps.core.views import healthz, metrics
+from apps.core.views import healthz
+from apps.ops.views import metrics
 
 admin.site.site_header = "costlab administration"
 admin.site.site_title = "costlab admin"

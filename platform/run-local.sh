@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make run` after migrate: the supervised local stack (apps/core/management/commands/run_local.py).
+# `make run` after migrate: the supervised local stack (apps/demo/management/commands/run_local.py).
 # Without REDIS_URL it first starts the embedded Redis under $COSTLAB_VAR_DIR (var/); then it seeds
 # the demo and starts web, the workers and beat. A process that dies is restarted with backoff and
 # the others keep running; Ctrl-C stops everything. Arguments go to run_local (e.g. --submit-runs 2).

@@ -1,7 +1,7 @@
 """Settings shared by every environment.
 
 Two modes, one code path: with DATABASE_URL / REDIS_URL set, Postgres and Redis;
-with neither, SQLite and an embedded redis-server (config/embedded_redis.py) under var/.
+with neither, SQLite and an embedded redis-server (apps/core/embedded_redis.py) under var/.
 Only this module knows which mode is in force.
 """
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import environ
 import plotly
 
-from config import embedded_redis
+from apps.core import embedded_redis
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 env = environ.Env()
@@ -59,6 +59,8 @@ LOCAL_APPS = [
     "apps.attribution",
     "apps.api",
     "apps.dashboard",
+    "apps.demo",
+    "apps.ops",
 ]
 INSTALLED_APPS = DJANGO_APPS + THIRD_PARTY_APPS + LOCAL_APPS
 

@@ -10,7 +10,7 @@ import pytest
 from django.utils import timezone
 
 from apps.attribution.services import arm_freeze, attribution_tick
-from apps.core.demo import demo_seed
+from apps.demo.services import demo_seed
 from apps.experiments.models import Run
 from apps.telemetry.services import telemetry_ingest
 from tests.apps.dashboard.world import run_of, samples, train

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from apps.core.demo import demo_seed
+from apps.demo.services import demo_seed
 
 
 class Command(BaseCommand):

@@ -9,9 +9,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
-from apps.core.demo import demo_seed
+from apps.core import embedded_redis
 from apps.core.local_stack import LocalStack, local_stack_specs
-from config import embedded_redis
+from apps.demo.services import demo_seed
 
 
 class Command(BaseCommand):
@@ -107,7 +107,7 @@ def _listening(host: str, port: int) -> bool:
 
 
 def _workers_answer(expected: int) -> bool:
-    from config.celery_app import app
+    from celery import current_app as app
 
     try:
         return len(app.control.ping(timeout=0.5)) >= expected

@@ -15,7 +15,8 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from apps.experiments.models import Arm, Experiment
-from apps.experiments.services import run_submit, strategy_sha256
+from apps.experiments.services import run_submit
+from apps.experiments.strategies import strategy_sha256
 from apps.pricing.models import CostModel, GpuPrice, GpuSku, PricingTable
 from apps.tenants.models import Membership, Tenant
 
