@@ -92,7 +92,7 @@ def alerts_queue(*, event: FreezeEvent) -> list[AlertDelivery]:
 
 def deliveries_send(*, delivery_ids: list[int], countdown: float | None = None) -> None:
     """Queue the delivery task for each id (a broker that is down leaves them pending for the requeue)."""
-    from config.celery_app import app
+    from celery import current_app as app
 
     for pk in delivery_ids:
         app.send_task(DELIVER_TASK, args=[pk], countdown=countdown)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+from celery import current_app as celery_app
 from django.db import connection
-
-from config.celery_app import app as celery_app
 
 
 def database_reachable() -> tuple[bool, str]:
