@@ -23,16 +23,20 @@ from datetime import timedelta
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Max, Q
+from django.dispatch import Signal
 from django.utils import timezone
 
 from apps.experiments.models import Arm, Run, RunAttempt
 from apps.pricing.models import GpuSku
-from apps.telemetry.services import run_totals_advance
 
 logger = logging.getLogger(__name__)
 
 RUN_TASK = "costlab.run_train"
 Outcome = RunAttempt.Outcome
+
+# Sent inside run_end's transaction, before the outcome is saved: the run's bill is closed by its
+# receiver (apps.telemetry prices every stored sample). Telemetry depends on runs, not the reverse.
+run_ending = Signal()  # sender=Run, run=<Run>
 
 
 def lease_seconds() -> float:
@@ -54,7 +58,7 @@ def run_enqueue(*, run: Run) -> None:
 
 def run_send(*, run_id: int, queue: str) -> bool:
     """Publish one wake-up for the run and record it; False (logged) when the broker is unreachable."""
-    from config.celery_app import app
+    from celery import current_app as app  # config's app, made current when Django loads config
 
     try:
         # Its own connection with one quick retry: a submit must not hang on a broker outage.
@@ -279,7 +283,7 @@ def _attempt_close(run: Run, outcome: str, reason: str, number: int | None = Non
 def run_end(run: Run, status: str, error: str = "", *, attempt_number: int | None = None) -> None:
     """The one way a run ends (worker, sweeper, cancel, external finish): close its totals, record the
     outcome on the run and on its current attempt; earlier attempts' notes are kept."""
-    run_totals_advance(run=run, final=True)
+    run_ending.send(sender=Run, run=run)
     if run.attempts:
         _attempt_close(run, status, error.strip().splitlines()[-1][:4000] if error.strip() else "",
                        number=attempt_number)

@@ -269,7 +269,8 @@ def arm_delete(*, arm: Arm) -> None:
 # ------------------------------------------------------------------------------
 # External runs: trained elsewhere, telemetry over HTTP, finished by the client
 # ------------------------------------------------------------------------------
-def _external_running(run: Run, action: str) -> Run:
+def run_external_running(run: Run, action: str) -> Run:
+    """The external run, locked; refused (naming why) unless it is external and running."""
     run = Run.objects.select_for_update(of=("self",)).select_related("experiment").get(pk=run.pk)
     if run.kind != Run.Kind.EXTERNAL:
         raise ApplicationError(f"kind: run {run.pk} is trained by a costlab worker; only external runs can {action}",
@@ -281,21 +282,12 @@ def _external_running(run: Run, action: str) -> Run:
 
 
 @transaction.atomic
-def run_external_ingest(*, run: Run, samples: list, attempt: int | None = None):
-    """Store a telemetry batch of a running external run (idempotent by seq)."""
-    from apps.telemetry.services import telemetry_ingest
-
-    _external_running(run, "take telemetry")
-    return telemetry_ingest(run_id=run.pk, samples=samples, attempt=attempt)
-
-
-@transaction.atomic
 def run_external_finish(*, run: Run, status: str, error: str = "", dataset_sha256: str = "") -> Run:
     """Close an external run: price everything it sent and record how it ended."""
     if status not in (Run.Status.SUCCEEDED, Run.Status.FAILED):
         raise ApplicationError(f"status: must be 'succeeded' or 'failed', not '{status}'",
                                {"fields": {"status": ["succeeded or failed"]}}, code="invalid")
-    run = _external_running(run, "finish")
+    run = run_external_running(run, "finish")
     run.dataset_sha256 = dataset_sha256 or run.dataset_sha256
     run_end(run, status, error)
     return run

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Run
+from apps.experiments.services import run_external_running
 from apps.pricing import cost_engine
 from apps.pricing.bill import period_sums
 from apps.pricing.models import CostModel, PricingTable
@@ -214,6 +215,13 @@ def _refuse_backwards(seq: int, fresh: set[int], batch: list) -> None:
     raise ApplicationError(f"{where}: {reason}", {"fields": {where: [reason]}}, code="invalid")
 
 
-def run_totals_advance(*, run: Run, final: bool = True) -> None:
-    """Close a run's totals (the name apps.experiments.leases calls): a full recompute."""
+def run_totals_close(sender, *, run: Run, **kwargs) -> None:
+    """Receiver of apps.experiments.runs.run_ending: a run's bill is closed from all its stored samples."""
     run_totals_recompute(run=run)
+
+
+@transaction.atomic
+def run_external_ingest(*, run: Run, samples: list, attempt: int | None = None) -> IngestResult:
+    """Store a telemetry batch of a running external run (idempotent by seq)."""
+    run_external_running(run, "take telemetry")
+    return telemetry_ingest(run_id=run.pk, samples=samples, attempt=attempt)

@@ -32,7 +32,7 @@ from apps.experiments import services
 from apps.experiments.models import Run
 from apps.experiments.selectors import run_list
 from apps.telemetry.selectors import SERIES_UNITS, samples_downsampled
-from apps.telemetry.services import run_reprice
+from apps.telemetry.services import run_external_ingest, run_reprice
 
 
 class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet):
@@ -107,7 +107,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet
         if request.method == "POST":
             batch = TelemetryBatchSerializer(data=request.data)
             batch.is_valid(raise_exception=True)
-            result = services.run_external_ingest(run=run, **batch.validated_data)
+            result = run_external_ingest(run=run, **batch.validated_data)
             return Response(IngestResultSerializer(result).data)
         query = TelemetryQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
