@@ -57,6 +57,7 @@ LOCAL_APPS = [
     "apps.attribution",
     "apps.api",
     "apps.dashboard",
+    "apps.sweeps",
 ]
 INSTALLED_APPS = DJANGO_APPS + THIRD_PARTY_APPS + LOCAL_APPS
 
@@ -151,7 +152,10 @@ CELERY_TASK_ACKS_LATE = False
 CELERY_TIMEZONE = TIME_ZONE
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_TASK_ROUTES = {"costlab.run_train": {"queue": "cpu"}}  # submission picks cpu or gpu per run
+CELERY_TASK_ROUTES = {
+    "costlab.run_train": {"queue": "cpu"},  # submission picks cpu or gpu per run
+    "costlab.sweep_probe": {"queue": "cpu"},  # a sweep picks cpu or gpu, like a run
+}
 # Each experiment is attributed every attribution_interval_s; this is how often beat looks for
 # due ones (the smallest interval an experiment may have). A tick that expires unrun loses
 # nothing: the next one starts from the watermark.

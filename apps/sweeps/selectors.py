@@ -1,0 +1,29 @@
+"""Reads of sweeps: the tenant's sweeps, and a sweep's probes with the frontier marked."""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+
+from apps.sweeps.frontier import Point, pareto_front
+from apps.sweeps.models import Probe, Sweep
+from apps.tenants.models import Tenant
+
+
+def sweep_list(*, tenant: Tenant) -> QuerySet[Sweep]:
+    return Sweep.objects.filter(tenant=tenant).select_related("gpu_sku", "cost_model").order_by("-created_at", "-pk")
+
+
+def sweep_frontier(*, sweep: Sweep) -> list[Probe]:
+    """Every probe of the sweep, in proposal order, each with ``on_frontier`` set (see apps.sweeps.frontier)."""
+    probes = list(Probe.objects.filter(sweep=sweep).order_by("number"))
+    points = [Point(key=p.pk, values=p.objective_values(sweep.objectives), spread=p.step_time_spread or 0.0,
+                    feasible=p.status == Probe.Status.SUCCEEDED) for p in probes]
+    front = set(pareto_front(points, base=float(sweep.tie_tolerance)))
+    for probe in probes:
+        probe.on_frontier = probe.pk in front
+    return probes
+
+
+def sweep_cancel_requested(*, sweep_id: int) -> bool:
+    """What a running probe polls: has its sweep stopped?"""
+    return not Sweep.objects.filter(pk=sweep_id, status=Sweep.Status.RUNNING).exists()
