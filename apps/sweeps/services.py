@@ -152,7 +152,7 @@ def _probe_send(*, probe_id: int, queue: str) -> None:
 @transaction.atomic
 def probe_claim(*, probe_id: int, owner: str) -> Probe | None:
     """Take a queued probe of a running sweep; None when it is gone, taken or cancelled."""
-    probe = Probe.objects.select_for_update().select_related("sweep").filter(pk=probe_id).first()
+    probe = Probe.objects.select_for_update(of=("self",)).select_related("sweep", "sweep__tenant").filter(pk=probe_id).first()
     if probe is not None and probe.status == Probe.Status.RUNNING and probe.worker == owner:
         return probe  # the claim committed but its answer was lost: a retry sees it done
     if probe is None or probe.status != Probe.Status.QUEUED or probe.sweep.status != Sweep.Status.RUNNING:
@@ -199,7 +199,7 @@ def probe_finish(*, probe_id: int, owner: str, samples: list[dict] | None = None
                  error: str = "", cancelled: bool = False, device: str = "", gpu_count: int = 0, vcpus: int = 0,
                  baseline_mem_mb: float = 0.0) -> Probe | None:
     """Record a probe's end (measured, infeasible with the reason, or cancelled) and queue the next one."""
-    probe = Probe.objects.select_for_update().select_related("sweep", "sweep__cost_model").filter(pk=probe_id).first()
+    probe = Probe.objects.select_for_update(of=("self",)).filter(pk=probe_id).first()
     if probe is None or probe.status != Probe.Status.RUNNING or probe.worker != owner:
         return None
     sweep = Sweep.objects.select_for_update().get(pk=probe.sweep_id)
