@@ -1,0 +1,75 @@
+from decimal import Decimal
+
+from rest_framework import serializers
+
+from apps.api.serializers.experiments import STRATEGY_MAX_CHARS
+from apps.api.serializers.fields import TenantPrimaryKeyField
+from apps.experiments.models import Experiment
+from apps.pricing.models import CostModel, GpuSku
+from apps.sweeps.models import OBJECTIVES, Probe, Sweep
+
+
+class ProbeSerializer(serializers.ModelSerializer):
+    on_frontier = serializers.BooleanField(read_only=True, default=False)
+
+    class Meta:
+        model = Probe
+        fields = ["id", "number", "params", "status", "reason", "device", "steps_timed", "step_time_s",
+                  "step_time_spread", "tokens_per_s", "peak_mem_mb", "mem_estimated", "energy_j", "energy_estimated",
+                  "cost_usd", "usd_per_mtok", "final_loss", "started_at", "finished_at", "on_frontier"]
+        read_only_fields = fields
+
+
+class SweepSerializer(serializers.ModelSerializer):
+    gpu_sku = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
+    probes_done = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Sweep
+        fields = ["id", "name", "status", "sampler", "objectives", "space", "probe_count", "probe_steps",
+                  "warmup_steps", "parallelism", "queue", "gpu_sku", "cost_model", "seed", "tie_tolerance",
+                  "probes_done", "note", "created_at", "finished_at"]
+        read_only_fields = fields
+
+    def get_probes_done(self, sweep) -> int:
+        return sweep.probes.exclude(status__in=Probe.PENDING).count()
+
+
+class SweepDetailSerializer(SweepSerializer):
+    class Meta(SweepSerializer.Meta):
+        fields = [*SweepSerializer.Meta.fields, "base_strategy_yaml"]
+        read_only_fields = fields
+
+
+class SweepCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=120)
+    base_strategy_yaml = serializers.CharField(max_length=STRATEGY_MAX_CHARS, trim_whitespace=False)
+    space = serializers.JSONField(help_text="Dotted strategy key -> list of values, or {low, high, step | log2}.")
+    objectives = serializers.ListField(child=serializers.CharField(), required=False,
+                                       help_text="Minimised, from: " + ", ".join(OBJECTIVES))
+    sampler = serializers.ChoiceField(choices=["auto", "grid", "nsga2"], default="auto")
+    seed = serializers.IntegerField(min_value=0, max_value=2**31 - 1, default=0)
+    probe_count = serializers.IntegerField(min_value=1, max_value=10_000)
+    probe_steps = serializers.IntegerField(min_value=2, max_value=100_000)
+    warmup_steps = serializers.IntegerField(min_value=0, max_value=10_000, default=2)
+    parallelism = serializers.IntegerField(min_value=1, max_value=1024, default=2)
+    gpu_sku = serializers.SlugRelatedField(slug_field="name", queryset=GpuSku.objects.all(), required=False,
+                                           allow_null=True, help_text="GPU model by name; omit to probe on CPU.")
+    cost_model = TenantPrimaryKeyField(queryset=CostModel.objects.all(), required=False, allow_null=True)
+    tie_tolerance = serializers.DecimalField(max_digits=5, decimal_places=4, min_value=0, max_value=Decimal("0.5"),
+                                             required=False)
+
+    def validate(self, attrs):
+        unknown = sorted(set(self.initial_data) - set(self.fields))
+        if unknown:
+            raise serializers.ValidationError({unknown[0]: [f"unknown key; allowed: {', '.join(self.fields)}"]})
+        return attrs
+
+
+class SweepPromoteSerializer(serializers.Serializer):
+    probe = serializers.IntegerField(help_text="The probe id of a frontier point.")
+    weight = serializers.DecimalField(max_digits=7, decimal_places=4, min_value=0, default=1)
+    experiment = TenantPrimaryKeyField(queryset=Experiment.objects.all(), required=False, allow_null=True,
+                                       help_text="An existing experiment; omit and give experiment_name for a new one.")
+    experiment_name = serializers.CharField(max_length=120, required=False, default="")
+    arm_name = serializers.CharField(max_length=80, required=False, default="")
