@@ -15,6 +15,7 @@ from costlab_cli.client import Api, CliError
 from costlab_cli.gate import cmd_gate
 from costlab_cli.report import cmd_report
 from costlab_cli.submit import cmd_status, cmd_submit
+from costlab_cli.sweep import add_parser as add_sweep_parser
 
 EXIT_ERROR = 2
 
@@ -61,6 +62,7 @@ def parser() -> argparse.ArgumentParser:
                      help="Candidate arm(s) to judge (repeatable); default every non-control arm with priced runs.")
     who.add_argument("--run", type=int, metavar="RUN", help="Judge this succeeded run against the control arm.")
     g.set_defaults(handler=cmd_gate)
+    add_sweep_parser(sub)
     return p
 
 
