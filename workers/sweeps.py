@@ -6,6 +6,9 @@ apps.sweeps.services.probe_finish, which queues it as a new task (a fan-out, nev
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import gc
 import logging
 import os
 import socket
@@ -37,6 +40,12 @@ def _cancel_poller(sweep_id: int):
         return last[1]
 
     return cancelled
+
+
+def _return_freed_memory() -> None:
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # glibc only
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _failure_reason(exc: BaseException) -> str:
@@ -79,6 +88,7 @@ def probe_execute(probe_id: int) -> None:
             torch.cuda.set_per_process_memory_fraction(float(sweep.tenant.gpu_memory_fraction))
             torch.cuda.empty_cache()
         outcome["vcpus"] = 0 if gpu_count else torch.get_num_threads()
+        _return_freed_memory()  # so the probe's RSS growth on CPU is its own, not refilled free lists
         outcome["baseline_mem_mb"] = psutil.Process().memory_info().rss / MIB
         result = gpu_runtime.train(config, sink=samples.append, cancel=_cancel_poller(sweep.pk), device=device,
                                    steps=sweep.warmup_steps + sweep.probe_steps)

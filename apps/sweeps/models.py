@@ -86,6 +86,8 @@ class Probe(models.Model):
     params = models.JSONField(help_text="The point of the space: dotted key -> value.")
     params_key = models.CharField(max_length=64, help_text="Hash of params: a duplicate is never measured twice.")
     strategy_yaml = models.TextField(help_text="The base strategy with the params applied (what a promoted arm gets).")
+    sampler_attrs = models.JSONField(default=dict, blank=True,
+                                     help_text="Optuna's system attrs of the trial (e.g. its NSGA-II generation).")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     reason = models.TextField(blank=True, default="", help_text="Why it is infeasible.")
     worker = models.CharField(max_length=255, blank=True, default="")

@@ -21,7 +21,7 @@ from apps.pricing.models import CostModel, GpuSku
 from apps.pricing.selectors import price_schedule
 from apps.sweeps.measure import peak_memory_mb, timed_stretch
 from apps.sweeps.models import OBJECTIVES, Probe, Sweep
-from apps.sweeps.proposer import propose
+from apps.sweeps.proposer import Known, propose
 from apps.sweeps.selectors import sweep_frontier
 from apps.sweeps.space import SpaceError, params_key, space_expand, space_size, strategy_with
 from apps.tenants.models import Tenant
@@ -117,27 +117,29 @@ def sweep_create(*, tenant: Tenant, name: str, base_strategy_yaml: str, space: A
     return sweep
 
 
-def _known(sweep: Sweep) -> list[tuple[dict[str, Any], str, list[float] | None]]:
+def _known(sweep: Sweep) -> list[Known]:
     known = []
     for probe in sweep.probes.order_by("number"):
         values = probe.objective_values(sweep.objectives)
         if probe.status == Probe.Status.SUCCEEDED and all(v is not None for v in values):
-            known.append((probe.params, "complete", values))
-        elif probe.status in Probe.PENDING:
-            known.append((probe.params, "running", None))
+            state = "complete"
         else:
-            known.append((probe.params, "fail", None))
+            state = "running" if probe.status in Probe.PENDING else "fail"
+        known.append(Known(params=probe.params, state=state, values=values if state == "complete" else None,
+                           attrs=probe.sampler_attrs))
     return known
 
 
 def _probe_next(sweep: Sweep, base: dict[str, Any], expanded: dict[str, list[Any]]) -> Probe | None:
     """Ask Optuna for the next point and queue its probe (on commit); None when the space is exhausted."""
-    params = propose(sampler=sweep.sampler, seed=sweep.seed, expanded=expanded, directions=len(sweep.objectives),
-                     known=_known(sweep))
-    if params is None:
+    proposal = propose(sampler=sweep.sampler, seed=sweep.seed, expanded=expanded, directions=len(sweep.objectives),
+                       probe_count=sweep.probe_count, known=_known(sweep))
+    if proposal is None:
         return None
+    params = proposal.params
     probe = Probe.objects.create(sweep=sweep, number=sweep.probes.count(), params=params,
-                                 params_key=params_key(params), strategy_yaml=_candidate_yaml(base, params))
+                                 params_key=params_key(params), strategy_yaml=_candidate_yaml(base, params),
+                                 sampler_attrs=proposal.attrs)
     probe_id, queue = probe.pk, sweep.queue
     transaction.on_commit(lambda: _probe_send(probe_id=probe_id, queue=queue), robust=True)
     return probe
