@@ -100,7 +100,8 @@ def add_parser(sub) -> None:
     s.add_argument("--steps", type=int, default=20, metavar="N", help="Timed steps per probe (20).")
     s.add_argument("--objective", action="append", metavar="NAME",
                    help="usd_per_mtok, peak_mem_mb, step_time_s or energy_j (repeatable; default the first two).")
-    s.add_argument("--sampler", choices=["auto", "grid", "nsga2"], default="auto")
+    s.add_argument("--sampler", choices=["auto", "grid", "nsga2", "tpe"], default="auto",
+                   help="auto: grid when the space fits the budget, else tpe.")
     s.add_argument("--parallel", type=int, default=2, metavar="N", help="Probes queued at once (2).")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--gpu-sku", metavar="NAME", help="Probe on this GPU model's queue; omit for CPU.")

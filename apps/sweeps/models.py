@@ -34,6 +34,7 @@ class Sweep(TimeStampedModel):
     class Sampler(models.TextChoices):
         GRID = "grid", "Grid (every point)"
         NSGA2 = "nsga2", "NSGA-II (multi-objective, subsamples)"
+        TPE = "tpe", "TPE (multi-objective, subsamples; fewer probes wasted on small budgets)"
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="sweeps")
     name = models.CharField(max_length=120)

@@ -53,6 +53,8 @@ def study_for(*, sampler: str, seed: int, expanded: dict[str, list[Any]], direct
     """An in-memory study holding every known probe."""
     if sampler == "grid":
         chosen = optuna.samplers.GridSampler(expanded, seed=seed)
+    elif sampler == "tpe":
+        chosen = optuna.samplers.TPESampler(n_startup_trials=max(2, min(10, probe_count // 2)), seed=seed + len(known))
     else:
         chosen = optuna.samplers.NSGAIISampler(population_size=population_size(probe_count), seed=seed + len(known))
     study = optuna.create_study(directions=["minimize"] * directions, sampler=chosen)

@@ -47,7 +47,8 @@ class SweepCreateSerializer(serializers.Serializer):
     space = serializers.JSONField(help_text="Dotted strategy key -> list of values, or {low, high, step | log2}.")
     objectives = serializers.ListField(child=serializers.CharField(), required=False,
                                        help_text="Minimised, from: " + ", ".join(OBJECTIVES))
-    sampler = serializers.ChoiceField(choices=["auto", "grid", "nsga2"], default="auto")
+    sampler = serializers.ChoiceField(choices=["auto", "grid", "nsga2", "tpe"], default="auto",
+                                      help_text="auto: grid when the space fits the budget, else tpe.")
     seed = serializers.IntegerField(min_value=0, max_value=2**31 - 1, default=0)
     probe_count = serializers.IntegerField(min_value=1, max_value=10_000)
     probe_steps = serializers.IntegerField(min_value=2, max_value=100_000)

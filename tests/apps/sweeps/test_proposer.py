@@ -42,3 +42,8 @@ def test_nsga2_never_repeats_a_point_and_records_generations():
 
 def test_population_size_gives_small_budgets_several_generations():
     assert population_size(6) == 2 and population_size(30) == 10 and population_size(1000) == 20
+
+
+def test_tpe_never_repeats_a_point():
+    keys = [params_key(k.params) for k in run("tpe", 9, seed=1)]
+    assert len(keys) == len(set(keys)) == 9

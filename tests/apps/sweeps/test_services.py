@@ -67,7 +67,7 @@ def test_create_picks_the_sampler_and_queues_parallelism_distinct_probes(tenant,
     probes = list(sweep.probes.all())
     assert len(probes) == 3 == len(sent) and len({p.params_key for p in probes}) == 3
     bigger = create(tenant, name="t", space={"train.global_batch": [1, 2, 4], "model.seq_len": [16, 32]})
-    assert bigger.sampler == "nsga2"  # 6 points, 4 probes: subsampled
+    assert bigger.sampler == "tpe"  # 6 points, 4 probes: subsampled
 
 
 def test_probes_train_for_real_are_priced_and_the_next_one_is_queued(tenant, django_capture_on_commit_callbacks):
