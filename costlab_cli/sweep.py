@@ -5,21 +5,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import yaml
-
 from costlab_cli.client import Api, CliError
 
 METRICS = [("step s", "step_time_s", 4), ("peak MiB", "peak_mem_mb", 0), ("USD/1M tok", "usd_per_mtok", 4)]
 
 
 def _space(text: str) -> dict:
-    """Inline JSON, or a JSON/YAML file."""
+    """Inline JSON, or a JSON file (JSON only: the CLI needs nothing but httpx)."""
     path = Path(text)
     source = path.read_text(encoding="utf-8") if not text.lstrip().startswith("{") and path.exists() else text
     try:
-        space = yaml.safe_load(source)  # JSON is YAML
-    except yaml.YAMLError as exc:
-        raise CliError(f"--space: not JSON or YAML ({exc})") from None
+        space = json.loads(source)
+    except json.JSONDecodeError as exc:
+        raise CliError(f"--space: not JSON ({exc})") from None
     if not isinstance(space, dict):
         raise CliError("--space: give a mapping of strategy key -> values, inline or as a file")
     return space
@@ -95,7 +93,7 @@ def add_parser(sub) -> None:
     s.add_argument("--strategy", required=True, metavar="FILE", help="Base strategy YAML.")
     s.add_argument("--space", required=True, metavar="JSON|FILE",
                    help='e.g. \'{"train.global_batch": [2, 4, 8], "model.seq_len": {"low": 64, "high": 256, '
-                        '"log2": true}}\' or a JSON/YAML file.')
+                        '"log2": true}}\' or a JSON file.')
     s.add_argument("--probes", type=int, required=True, metavar="N", help="Probe budget.")
     s.add_argument("--steps", type=int, default=20, metavar="N", help="Timed steps per probe (20).")
     s.add_argument("--objective", action="append", metavar="NAME",

@@ -25,8 +25,8 @@ def test_sweep_start_status_frontier(lab, capsys, tmp_path):
     PricingTableFactory(tenant=lab["experiment"].tenant)
     base = tmp_path / "base.yaml"
     base.write_text(CONTROL)
-    space = tmp_path / "space.yaml"
-    space.write_text("model.seq_len: [16, 32]\n")
+    space = tmp_path / "space.json"
+    space.write_text('{"model.seq_len": [16, 32]}')
     code, out, err = cli(capsys, "sweep", "start", "--name", "cheaper", "--strategy", str(base), "--space",
                          str(space), "--probes", "2", "--steps", "3", "--parallel", "1")
     assert code == 0, err
@@ -44,6 +44,9 @@ def test_sweep_start_status_frontier(lab, capsys, tmp_path):
     assert {p["params"]["model.seq_len"] for p in json.loads(out)} == {16, 32}
     code, _, err = cli(capsys, "sweep", "cancel", sweep_id)
     assert code == 2 and "only a running sweep cancels" in err
+    code, _, err = cli(capsys, "sweep", "start", "--name", "y", "--strategy", str(base), "--space", "{nope",
+                       "--probes", "2")
+    assert code == 2 and "--space: not JSON" in err
 
 
 def test_sweep_start_refuses_a_bad_space_naming_the_key(lab, capsys, tmp_path):
