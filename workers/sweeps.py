@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 SAMPLE_INTERVAL_S = 0.05  # several samples per probe, so the warm-up boundary is close to warmup_steps
 CANCEL_POLL_S = 0.5
 MIB = 1024 * 1024
+_process_warm = False  # the first train() in a process allocates once-only runtime state (thread pools, caches)
 
 
 def _cancel_poller(sweep_id: int):
@@ -40,6 +41,17 @@ def _cancel_poller(sweep_id: int):
         return last[1]
 
     return cancelled
+
+
+def _warm_process(config, device: str) -> None:
+    """One untelemetered step, once per process, so the first probe's memory and time are not the runtime's."""
+    global _process_warm
+    if _process_warm:
+        return
+    quiet = config.model_copy(update={"telemetry": config.telemetry.model_copy(update={"enabled": False})})
+    with contextlib.suppress(Exception):  # the probe itself will say what is wrong with the strategy
+        gpu_runtime.train(quiet, device=device, steps=1)
+    _process_warm = True
 
 
 def _return_freed_memory() -> None:
@@ -88,6 +100,7 @@ def probe_execute(probe_id: int) -> None:
             torch.cuda.set_per_process_memory_fraction(float(sweep.tenant.gpu_memory_fraction))
             torch.cuda.empty_cache()
         outcome["vcpus"] = 0 if gpu_count else torch.get_num_threads()
+        _warm_process(config, device)
         _return_freed_memory()  # so the probe's RSS growth on CPU is its own, not refilled free lists
         outcome["baseline_mem_mb"] = psutil.Process().memory_info().rss / MIB
         result = gpu_runtime.train(config, sink=samples.append, cancel=_cancel_poller(sweep.pk), device=device,
