@@ -29,15 +29,20 @@ MIB = 1024 * 1024
 _process_warm = False  # the first train() in a process allocates once-only runtime state (thread pools, caches)
 
 
-def _cancel_poller(sweep_id: int):
-    from apps.sweeps.selectors import sweep_cancel_requested
+def _heartbeat(probe_id: int, owner: str):
+    """train()'s cancel callback: at most every CANCEL_POLL_S, renew the probe and learn whether to stop."""
+    from apps.sweeps.services import probe_heartbeat
 
     last = [0.0, False]
 
     def cancelled() -> bool:
         now = time.monotonic()
         if not last[1] and now - last[0] >= CANCEL_POLL_S:
-            last[0], last[1] = now, sweep_cancel_requested(sweep_id=sweep_id)
+            try:
+                last[0], last[1] = now, probe_heartbeat(probe_id=probe_id, owner=owner)
+            except Exception as exc:  # the database is away: keep training; the reconciler decides
+                logger.warning("probe %s: heartbeat failed (%s)", probe_id, exc)
+                last[0] = now
         return last[1]
 
     return cancelled
@@ -103,7 +108,7 @@ def probe_execute(probe_id: int) -> None:
         _warm_process(config, device)
         _return_freed_memory()  # so the probe's RSS growth on CPU is its own, not refilled free lists
         outcome["baseline_mem_mb"] = psutil.Process().memory_info().rss / MIB
-        result = gpu_runtime.train(config, sink=samples.append, cancel=_cancel_poller(sweep.pk), device=device,
+        result = gpu_runtime.train(config, sink=samples.append, cancel=_heartbeat(probe_id, owner), device=device,
                                    steps=sweep.warmup_steps + sweep.probe_steps)
         outcome.update(samples=samples, result=result, cancelled=result.status != "completed")
     except Exception as exc:  # OOM, a refused combination, a crash: infeasible, and the sweep goes on
@@ -114,6 +119,14 @@ def probe_execute(probe_id: int) -> None:
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
     db_retry(services.probe_finish, what=f"probe {probe_id}: finish", probe_id=probe_id, owner=owner, **outcome)
+
+
+@shared_task(name="costlab.probes_reconcile", time_limit=60)
+def probes_reconcile() -> None:
+    """Beat: lost probes become infeasible (the sweep goes on); unsent queued probes are sent again."""
+    from apps.sweeps.services import probes_reconcile as reconcile
+
+    reconcile()
 
 
 @shared_task(name="costlab.sweep_probe", acks_late=True, soft_time_limit=3600, time_limit=3600 + 120)

@@ -96,6 +96,8 @@ class Probe(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    sent_at = models.DateTimeField(null=True, blank=True, help_text="When its id last reached the broker.")
+    heartbeat_at = models.DateTimeField(null=True, blank=True, help_text="Renewed by its worker while it trains.")
 
     # Measured over the timed steps only (after warm-up).
     steps_timed = models.PositiveIntegerField(default=0)
@@ -124,3 +126,7 @@ class Probe(models.Model):
 
     def objective_values(self, objectives: list[str]) -> list[float | None]:
         return [getattr(self, name) for name in objectives]
+
+
+# What a request may ask for: a sampler, or auto (grid when the space fits the budget, else tpe).
+SAMPLER_CHOICES = ("auto", *Sweep.Sampler.values)

@@ -23,7 +23,3 @@ def sweep_frontier(*, sweep: Sweep) -> list[Probe]:
         probe.on_frontier = probe.pk in front
     return probes
 
-
-def sweep_cancel_requested(*, sweep_id: int) -> bool:
-    """What a running probe polls: has its sweep stopped?"""
-    return not Sweep.objects.filter(pk=sweep_id, status=Sweep.Status.RUNNING).exists()

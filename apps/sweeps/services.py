@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
 import yaml
+from django.conf import settings
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import Q, Sum
 from django.utils import timezone
 
 from apps.core.exceptions import ApplicationError
@@ -148,9 +149,17 @@ def _probe_next(sweep: Sweep, base: dict[str, Any], expanded: dict[str, list[Any
 
 
 def _probe_send(*, probe_id: int, queue: str) -> None:
+    """Publish the probe's id; a broker that is down is logged, and the reconciler sends it later."""
     from config.celery_app import app
 
-    app.send_task(PROBE_TASK, args=[probe_id], queue=queue, ignore_result=True)
+    try:
+        with app.connection_for_write(transport_options={"max_retries": 1, "interval_start": 0.2}) as conn:
+            app.send_task(PROBE_TASK, args=[probe_id], queue=queue, retry=False, ignore_result=True,
+                          connection=conn)
+    except Exception as exc:  # kombu/redis errors differ by transport; all mean "not sent"
+        logger.warning("probe %s: could not send it to queue %s (%s); the reconciler will", probe_id, queue, exc)
+        return
+    Probe.objects.filter(pk=probe_id).update(sent_at=timezone.now())
 
 
 @transaction.atomic
@@ -240,6 +249,41 @@ def sweep_advance(*, sweep: Sweep) -> None:
         if exhausted:
             sweep.note = "every point of the space was probed before the budget was spent"
         sweep.save(update_fields=["status", "finished_at", "note", "updated_at"])
+
+
+def probe_heartbeat(*, probe_id: int, owner: str) -> bool:
+    """Renew a running probe's heartbeat; True when it should stop (its sweep ended, or it is no longer ours)."""
+    renewed = Probe.objects.filter(pk=probe_id, status=Probe.Status.RUNNING, worker=owner,
+                                   sweep__status=Sweep.Status.RUNNING).update(heartbeat_at=timezone.now())
+    return renewed == 0
+
+
+def probes_reconcile(*, now=None) -> dict[str, list[int]]:
+    """Beat: a running probe whose worker stopped renewing it is infeasible (lost), and its sweep
+    goes on; a queued probe whose message never reached a worker is sent again."""
+    now = now or timezone.now()
+    lost_before = now - timedelta(seconds=settings.COSTLAB_PROBE_LOST_AFTER_S)
+    lost = []
+    for probe_id in Probe.objects.filter(status=Probe.Status.RUNNING).filter(
+            Q(heartbeat_at__lt=lost_before) | Q(heartbeat_at__isnull=True, started_at__lt=lost_before)
+    ).values_list("pk", flat=True):
+        with transaction.atomic():
+            probe = Probe.objects.select_for_update(of=("self",)).filter(pk=probe_id, status=Probe.Status.RUNNING).first()
+            if probe is None:
+                continue
+            probe_finish(probe_id=probe.pk, owner=probe.worker, error=(
+                f"lost: its worker ({probe.worker}) stopped renewing it for "
+                f"{settings.COSTLAB_PROBE_LOST_AFTER_S:g} s (killed, or the host ran out of memory)"))
+            lost.append(probe.pk)
+    resend_before = now - timedelta(seconds=settings.COSTLAB_PROBE_RESEND_AFTER_S)
+    resent = []
+    for probe_id, queue in Probe.objects.filter(
+            status=Probe.Status.QUEUED, sweep__status=Sweep.Status.RUNNING).filter(
+            Q(sent_at__lt=resend_before) | Q(sent_at__isnull=True, created_at__lt=resend_before)
+    ).values_list("pk", "sweep__queue"):
+        _probe_send(probe_id=probe_id, queue=queue)
+        resent.append(probe_id)
+    return {"lost": lost, "resent": resent}
 
 
 @transaction.atomic

@@ -170,7 +170,13 @@ CELERY_BEAT_SCHEDULE = {
     "attribution-tick": {"task": "costlab.attribution_tick", "schedule": COSTLAB_ATTRIBUTION_TICK_S,
                          "options": {"expires": COSTLAB_ATTRIBUTION_TICK_S * 0.9}},
     "alerts-requeue-stale": {"task": "costlab.alerts_requeue_stale", "schedule": 60.0, "options": {"expires": 55}},
+    "reconcile-probes": {"task": "costlab.probes_reconcile", "schedule": 30.0, "options": {"expires": 28}},
 }
+# A sweep's running probe whose worker has not renewed it this long is lost (infeasible); the first
+# renewal comes with the first step, so this also bounds model building. Queued probes not taken
+# this long after their send are sent again (a claim takes a probe once: duplicates are harmless).
+COSTLAB_PROBE_LOST_AFTER_S = env.float("COSTLAB_PROBE_LOST_AFTER_S", default=300.0)
+COSTLAB_PROBE_RESEND_AFTER_S = env.float("COSTLAB_PROBE_RESEND_AFTER_S", default=120.0)
 
 # ------------------------------------------------------------------------------
 # Runs
@@ -239,6 +245,10 @@ SPECTACULAR_SETTINGS = {
         "RunStatusEnum": "apps.experiments.models.Run.Status",
         "RunKindEnum": "apps.experiments.models.Run.Kind",
         "CostModelKindEnum": "apps.pricing.models.CostModel.Kind",
+        "SweepStatusEnum": "apps.sweeps.models.Sweep.Status",
+        "SweepSamplerEnum": "apps.sweeps.models.Sweep.Sampler",
+        "SweepSamplerRequestEnum": "apps.sweeps.models.SAMPLER_CHOICES",
+        "ProbeStatusEnum": "apps.sweeps.models.Probe.Status",
     },
 }
 # Tokens: days until a new token expires (0: never), and the prefix that makes a leaked one recognisable.

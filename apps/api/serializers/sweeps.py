@@ -6,7 +6,7 @@ from apps.api.serializers.experiments import STRATEGY_MAX_CHARS
 from apps.api.serializers.fields import TenantPrimaryKeyField
 from apps.experiments.models import Experiment
 from apps.pricing.models import CostModel, GpuSku
-from apps.sweeps.models import OBJECTIVES, Probe, Sweep
+from apps.sweeps.models import OBJECTIVES, SAMPLER_CHOICES, Probe, Sweep
 
 
 class ProbeSerializer(serializers.ModelSerializer):
@@ -47,7 +47,7 @@ class SweepCreateSerializer(serializers.Serializer):
     space = serializers.JSONField(help_text="Dotted strategy key -> list of values, or {low, high, step | log2}.")
     objectives = serializers.ListField(child=serializers.CharField(), required=False,
                                        help_text="Minimised, from: " + ", ".join(OBJECTIVES))
-    sampler = serializers.ChoiceField(choices=["auto", "grid", "nsga2", "tpe"], default="auto",
+    sampler = serializers.ChoiceField(choices=SAMPLER_CHOICES, default="auto",
                                       help_text="auto: grid when the space fits the budget, else tpe.")
     seed = serializers.IntegerField(min_value=0, max_value=2**31 - 1, default=0)
     probe_count = serializers.IntegerField(min_value=1, max_value=10_000)

@@ -140,3 +140,25 @@ def test_promote_a_frontier_point_into_a_new_experiment_and_refuse_others(tenant
     with pytest.raises(ApplicationError, match="^experiment:"):
         services.sweep_promote(sweep=sweep, probe=on[0], weight=Decimal("1"), experiment=ExperimentFactory(
             tenant=TenantFactory()))
+
+
+def test_reconcile_marks_a_silent_probe_lost_and_resends_an_unsent_one(tenant, monkeypatch, settings):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    sent = []
+    monkeypatch.setattr(services, "_probe_send", lambda **kw: sent.append(kw["probe_id"]))
+    sweep = create(tenant, parallelism=2, probe_count=3)
+    first, second = sweep.probes.order_by("number")
+    assert services.probe_claim(probe_id=first.pk, owner="w1") is not None
+    assert services.probe_heartbeat(probe_id=first.pk, owner="w1") is False  # renewed, keep going
+    assert services.probe_heartbeat(probe_id=first.pk, owner="someone else") is True
+    later = timezone.now() + timedelta(seconds=settings.COSTLAB_PROBE_LOST_AFTER_S + 1)
+    sent.clear()
+    outcome = services.probes_reconcile(now=later)
+    first.refresh_from_db()
+    assert outcome["lost"] == [first.pk] and first.status == "infeasible" and first.reason.startswith("lost:")
+    assert second.pk in outcome["resent"]  # never sent (the broker was "down"): sent again
+    assert sweep.probes.count() == 3  # the lost probe's slot went to a new candidate
+    assert services.probes_reconcile(now=timezone.now()) == {"lost": [], "resent": []}
