@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from costlab_cli.client import Api, CliError
@@ -38,6 +39,8 @@ def cmd_sweep_start(api: Api, args) -> int:
     sweep = api.post("sweeps/", body)
     print(f"sweep {sweep['id']} started: {sweep['sampler']} over {len(sweep['space'])} keys, "
           f"{sweep['probe_count']} probes of {sweep['probe_steps']} steps on queue {sweep['queue']}")
+    for warning in sweep.get("warnings", []):
+        print(f"costlab sweep start: warning: {warning}", file=sys.stderr)
     return 0
 
 

@@ -23,3 +23,15 @@ def sweep_frontier(*, sweep: Sweep) -> list[Probe]:
         probe.on_frontier = probe.pk in front
     return probes
 
+
+def queue_warnings(*, queue: str, timeout_s: float = 0.5) -> list[str]:
+    """A warning when no worker answers for the queue now (probes then wait); none when unsure."""
+    from config.celery_app import app
+
+    try:
+        replies = app.control.inspect(timeout=timeout_s).active_queues() or {}
+    except Exception:  # a transport without broadcast (the embedded one), or the broker away: no claim either way
+        return []
+    if any(q.get("name") == queue for queues in replies.values() for q in queues or []):
+        return []
+    return [f"queue: no worker consumes queue '{queue}' now; the probes wait until one starts"]

@@ -9,7 +9,7 @@ import pytest
 
 from apps.sweeps import services
 from apps.sweeps.models import Probe
-from apps.sweeps.selectors import sweep_frontier
+from apps.sweeps.selectors import queue_warnings, sweep_frontier
 from tests.factories import CostModelFactory, GpuPriceFactory
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -44,6 +44,8 @@ def test_a_four_probe_sweep_lands_a_frontier_and_promotes_an_arm(celery_worker_p
         # global_batch 1 with micro_batch 2 is refused by the runtime: that probe is infeasible.
         space={"train.global_batch": [1, 2, 4], "train.micro_batch": [2], "model.seq_len": [16, 32]},
         sampler="nsga2", seed=3)
+    assert queue_warnings(queue="cpu", timeout_s=2) == []  # the worker consumes cpu
+    assert queue_warnings(queue="nowhere", timeout_s=2)
     wait_for(lambda: sweep.__class__.objects.filter(pk=sweep.pk, status="completed").exists(), 240,
              "the sweep to complete")
     probes = sweep_frontier(sweep=sweep)

@@ -41,6 +41,15 @@ class SweepDetailSerializer(SweepSerializer):
         read_only_fields = fields
 
 
+class SweepCreatedSerializer(SweepDetailSerializer):
+    warnings = serializers.ListField(child=serializers.CharField(), read_only=True,
+                                     help_text="E.g. no worker consumes the sweep's queue now.")
+
+    class Meta(SweepDetailSerializer.Meta):
+        fields = [*SweepDetailSerializer.Meta.fields, "warnings"]
+        read_only_fields = fields
+
+
 class SweepCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=120)
     base_strategy_yaml = serializers.CharField(max_length=STRATEGY_MAX_CHARS, trim_whitespace=False)

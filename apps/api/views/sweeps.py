@@ -10,6 +10,7 @@ from rest_framework.response import Response
 from apps.api.serializers.experiments import ArmSerializer
 from apps.api.serializers.sweeps import (
     ProbeSerializer,
+    SweepCreatedSerializer,
     SweepCreateSerializer,
     SweepDetailSerializer,
     SweepPromoteSerializer,
@@ -19,7 +20,7 @@ from apps.api.views.base import TenantViewSet
 from apps.core.exceptions import ApplicationError
 from apps.sweeps import services
 from apps.sweeps.models import Sweep
-from apps.sweeps.selectors import sweep_frontier, sweep_list
+from apps.sweeps.selectors import queue_warnings, sweep_frontier, sweep_list
 
 
 class SweepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet):
@@ -32,13 +33,15 @@ class SweepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewS
     def get_serializer_class(self):
         return SweepDetailSerializer if self.action == "retrieve" else SweepSerializer
 
-    @extend_schema(request=SweepCreateSerializer, responses={201: SweepDetailSerializer})
+    @extend_schema(request=SweepCreateSerializer, responses={201: SweepCreatedSerializer})
     def create(self, request):
-        """Start a sweep: 201 once its first probes are queued; 400 naming the field, nothing queued."""
+        """Start a sweep: 201 once its first probes are queued (with `warnings` when no worker consumes its
+        queue now); 400 naming the field, nothing queued."""
         serializer = SweepCreateSerializer(data=request.data, context=self.get_serializer_context())
         serializer.is_valid(raise_exception=True)
         sweep = services.sweep_create(tenant=request.tenant, **serializer.validated_data)
-        return Response(SweepDetailSerializer(sweep).data, status=status.HTTP_201_CREATED)
+        data = {**SweepDetailSerializer(sweep).data, "warnings": queue_warnings(queue=sweep.queue)}
+        return Response(data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses=SweepSerializer)
     @action(detail=True, methods=["post"])

@@ -27,6 +27,7 @@ def test_create_list_retrieve_and_cancel(api, other_api, django_capture_on_commi
     sweep = created.json()
     assert sweep["status"] == "running" and sweep["sampler"] == "grid" and sweep["queue"] == "cpu"
     assert sweep["objectives"] == ["usd_per_mtok", "peak_mem_mb"] and len(sent) == 2
+    assert sweep["warnings"] == ["queue: no worker consumes queue 'cpu' now; the probes wait until one starts"]
     assert [s["id"] for s in api.get(URL).json()["results"]] == [sweep["id"]]
     assert other_api.get(f"{URL}{sweep['id']}/").status_code == 404
     assert other_api.post(f"{URL}{sweep['id']}/cancel/").status_code == 404
