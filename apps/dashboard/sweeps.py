@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db.models import QuerySet
 
 from apps.sweeps.models import OBJECTIVES, Sweep
-from apps.sweeps.selectors import sweep_frontier
+from apps.sweeps.selectors import run_sizing_report, sweep_frontier
 from apps.tenants.models import Membership
 
 SWEEP_POLL_MS = 2000
@@ -44,3 +44,10 @@ def sweep_page(*, sweep: Sweep) -> dict:
     return {"sweep": sweep, "keys": [k.split(".")[-1] for k in keys], "full_keys": keys, "rows": rows,
             "objectives": [OBJECTIVES[o] for o in sweep.objectives], "chart": sweep_data(sweep=sweep),
             "frontier_count": sum(1 for p in probes if p.on_frontier)}
+
+
+def run_sizing(*, run) -> dict | None:
+    """The run page's vCPU right-sizing section: only for a finished run with telemetry or a sizing sweep."""
+    if run.status != run.Status.SUCCEEDED:
+        return None
+    return run_sizing_report(run=run)

@@ -99,7 +99,8 @@ def experiment_live(request, pk: int):
 @require_GET
 def run_detail(request, pk: int):
     run = get_object_or_404(selectors.runs_visible(user=request.user), pk=pk)
-    return render(request, "dashboard/run_detail.html", selectors.run_page(run=run))
+    return render(request, "dashboard/run_detail.html",
+                  {**selectors.run_page(run=run), "sizing": sweeps.run_sizing(run=run)})
 
 
 @json_endpoint

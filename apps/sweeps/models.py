@@ -59,6 +59,8 @@ class Sweep(TimeStampedModel):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
     finished_at = models.DateTimeField(null=True, blank=True)
     note = models.TextField(blank=True, default="", help_text="Why it ended early, e.g. the space was exhausted.")
+    run = models.ForeignKey("experiments.Run", on_delete=models.CASCADE, null=True, blank=True,
+                            related_name="sizing_sweeps", help_text="Set on a vCPU sizing sweep: the run it sizes.")
 
     class Meta:
         ordering = ["-created_at", "-pk"]

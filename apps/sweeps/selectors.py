@@ -35,3 +35,44 @@ def queue_warnings(*, queue: str, timeout_s: float = 0.5) -> list[str]:
     if any(q.get("name") == queue for queues in replies.values() for q in queues or []):
         return []
     return [f"queue: no worker consumes queue '{queue}' now; the probes wait until one starts"]
+
+
+def run_profile(*, run) -> dict:
+    """The design document's workload profile from a run's telemetry: cpu_util and io_wait as 0..1,
+    mem_usage_gb. CPU utilisation is only measured on a CPU run (a GPU run's util_pct is the GPU's);
+    I/O wait is not sampled by the runtime: None, counted as 0 in the estimate and said so."""
+    from django.db.models import Avg, Max
+
+    from apps.telemetry.models import TelemetrySample
+
+    agg = TelemetrySample.objects.filter(run=run).aggregate(util=Avg("util_pct"), mem=Max("mem_used_mb"))
+    cpu = run.gpu_count == 0 and agg["util"] is not None
+    return {"cpu_util": agg["util"] / 100 if cpu else None, "io_wait": None,
+            "mem_usage_gb": agg["mem"] / 1024 if agg["mem"] is not None else None}
+
+
+def run_sizing_report(*, run) -> dict:
+    """The estimate beside the measurement (latest sizing sweep of the run), with their difference."""
+    from apps.sweeps.sizing import SizePoint, estimate_vcpus, recommend
+
+    profile = run_profile(run=run)
+    estimate = None
+    if profile["cpu_util"] is not None or profile["mem_usage_gb"] is not None:
+        estimate = estimate_vcpus(cpu_util=profile["cpu_util"] or 0.0, io_wait=profile["io_wait"] or 0.0,
+                                  mem_usage_gb=profile["mem_usage_gb"] or 0.0)
+    sweep = run.sizing_sweeps.order_by("-created_at", "-pk").first()
+    probes = [] if sweep is None else sorted(sweep.probes.all(), key=lambda p: p.params["resources.threads"])
+    points = [SizePoint(threads=p.params["resources.threads"], usd_per_mtok=p.usd_per_mtok, tokens_per_s=p.tokens_per_s)
+              for p in probes if p.status == Probe.Status.SUCCEEDED and p.usd_per_mtok and p.tokens_per_s]
+    measured = recommend(points, actual=run.vcpus or None) if sweep and sweep.status == Sweep.Status.COMPLETED else None
+    return {
+        "profile": profile, "estimate_vcpus": estimate, "actual_vcpus": run.vcpus,
+        "sweep": None if sweep is None else {"id": sweep.pk, "status": sweep.status},
+        "sizes": [{"threads": p.params["resources.threads"], "status": p.status, "usd_per_mtok": p.usd_per_mtok,
+                   "tokens_per_s": p.tokens_per_s, "reason": p.reason} for p in probes],
+        "recommended_vcpus": None if measured is None else measured.recommended,
+        "cheapest_vcpus": None if measured is None else measured.cheapest,
+        "compliance_recommended": None if measured is None else measured.compliance_recommended,
+        "compliance_actual": None if measured is None else measured.compliance_actual,
+        "difference_vcpus": None if measured is None or estimate is None else estimate - measured.recommended,
+    }

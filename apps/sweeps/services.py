@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -323,3 +324,25 @@ def sweep_promote(*, sweep: Sweep, probe: Probe, weight: Decimal, experiment: Ex
     elif experiment.tenant_id != sweep.tenant_id:
         raise _invalid("experiment", f"{experiment.pk} belongs to another tenant")
     return arm_create(experiment=experiment, name=arm_name, strategy_yaml=probe.strategy_yaml, weight=weight)
+
+
+def sizing_max_threads() -> int:
+    return settings.COSTLAB_SIZING_MAX_THREADS or os.cpu_count() or 1
+
+
+@transaction.atomic
+def run_sizing_start(*, run: Run, max_threads: int | None = None, probe_steps: int = 12) -> Sweep:
+    """Probe a finished run's strategy at 1..N CPU threads, one probe at a time (parallel probes would
+    share the cores they are sizing); the report compares it with the design document's estimate."""
+    if run.status != Run.Status.SUCCEEDED:
+        raise _invalid("run", f"run {run.pk} is {run.status}; size a succeeded run (its strategy and profile)")
+    n = max_threads or sizing_max_threads()
+    if not 1 <= n <= 256:
+        raise _invalid("max_threads", f"must be between 1 and 256, got {n}")
+    sweep = sweep_create(tenant=run.tenant, name=f"vCPU sizing of run {run.pk}", base_strategy_yaml=run.config_yaml,
+                         space={"resources.threads": list(range(1, n + 1))}, probe_count=n, probe_steps=probe_steps,
+                         objectives=["usd_per_mtok", "step_time_s"], sampler=Sweep.Sampler.GRID, parallelism=1,
+                         gpu_sku=run.gpu_sku, cost_model=run.experiment.cost_model)
+    sweep.run = run
+    sweep.save(update_fields=["run"])
+    return sweep

@@ -177,6 +177,9 @@ CELERY_BEAT_SCHEDULE = {
 # this long after their send are sent again (a claim takes a probe once: duplicates are harmless).
 COSTLAB_PROBE_LOST_AFTER_S = env.float("COSTLAB_PROBE_LOST_AFTER_S", default=300.0)
 COSTLAB_PROBE_RESEND_AFTER_S = env.float("COSTLAB_PROBE_RESEND_AFTER_S", default=120.0)
+# vCPU right-sizing probes a run's strategy at 1..N threads: N = this, or 0 for this host's cores
+# (the web host's; set it to the workers' cores where they differ).
+COSTLAB_SIZING_MAX_THREADS = env.int("COSTLAB_SIZING_MAX_THREADS", default=0)
 
 # ------------------------------------------------------------------------------
 # Runs

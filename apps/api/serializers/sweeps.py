@@ -83,3 +83,37 @@ class SweepPromoteSerializer(serializers.Serializer):
                                        help_text="An existing experiment; omit and give experiment_name for a new one.")
     experiment_name = serializers.CharField(max_length=120, required=False, default="")
     arm_name = serializers.CharField(max_length=80, required=False, default="")
+
+
+class SizeSerializer(serializers.Serializer):
+    threads = serializers.IntegerField()
+    status = serializers.CharField()
+    usd_per_mtok = serializers.FloatField(allow_null=True)
+    tokens_per_s = serializers.FloatField(allow_null=True)
+    reason = serializers.CharField()
+
+
+class ProfileSerializer(serializers.Serializer):
+    cpu_util = serializers.FloatField(allow_null=True, help_text="0..1; None on a GPU run (util_pct is the GPU's).")
+    io_wait = serializers.FloatField(allow_null=True, help_text="Not sampled by the runtime: None, taken as 0.")
+    mem_usage_gb = serializers.FloatField(allow_null=True)
+
+
+class RunSizingSerializer(serializers.Serializer):
+    profile = ProfileSerializer()
+    estimate_vcpus = serializers.IntegerField(allow_null=True, help_text="The design document's estimate_vcpus.")
+    actual_vcpus = serializers.IntegerField()
+    sweep = serializers.DictField(allow_null=True, help_text="The latest sizing sweep: id and status.")
+    sizes = SizeSerializer(many=True)
+    recommended_vcpus = serializers.IntegerField(allow_null=True,
+                                                 help_text="Smallest size within 5 % of the cheapest USD per 1M tok.")
+    cheapest_vcpus = serializers.IntegerField(allow_null=True)
+    compliance_recommended = serializers.FloatField(allow_null=True, help_text="Tokens/s there / the best measured.")
+    compliance_actual = serializers.FloatField(allow_null=True, help_text="Tokens/s at the run's size / the best.")
+    difference_vcpus = serializers.IntegerField(allow_null=True, help_text="estimate - recommended.")
+
+
+class RunSizingStartSerializer(serializers.Serializer):
+    max_threads = serializers.IntegerField(min_value=1, max_value=256, required=False,
+                                           help_text="Probe 1..N threads (default: COSTLAB_SIZING_MAX_THREADS).")
+    probe_steps = serializers.IntegerField(min_value=2, max_value=10_000, default=12)
