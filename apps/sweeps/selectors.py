@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db.models import QuerySet
+from django.db.models import Count, Q, QuerySet
 
 from apps.sweeps.frontier import Point, pareto_front
 from apps.sweeps.models import Probe, Sweep
@@ -10,7 +10,10 @@ from apps.tenants.models import Tenant
 
 
 def sweep_list(*, tenant: Tenant) -> QuerySet[Sweep]:
-    return Sweep.objects.filter(tenant=tenant).select_related("gpu_sku", "cost_model").order_by("-created_at", "-pk")
+    """The tenant's sweeps, each with ``probes_landed`` (probes no longer queued or running) counted in SQL."""
+    landed = Count("probes", filter=~Q(probes__status__in=Probe.PENDING))
+    return (Sweep.objects.filter(tenant=tenant).select_related("gpu_sku", "cost_model")
+            .annotate(probes_landed=landed).order_by("-created_at", "-pk"))
 
 
 def sweep_frontier(*, sweep: Sweep) -> list[Probe]:

@@ -32,7 +32,8 @@ class SweepSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
     def get_probes_done(self, sweep) -> int:
-        return sweep.probes.exclude(status__in=Probe.PENDING).count()
+        landed = getattr(sweep, "probes_landed", None)  # annotated by sweep_list; a single sweep counts here
+        return landed if landed is not None else sweep.probes.exclude(status__in=Probe.PENDING).count()
 
 
 class SweepDetailSerializer(SweepSerializer):
