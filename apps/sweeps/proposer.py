@@ -2,9 +2,9 @@
 
 The rows are the truth (Postgres): measured probes are added as complete trials, infeasible
 ones as failed, pending ones as running, each with the system attrs Optuna gave it when it was
-proposed (NSGA-II's generation, the grid's point id), so the sampler carries on where it was. A proposal that repeats
-a known point is told that point's result (or failure) and asked again, so a duplicate is never
-measured twice and the sampler still learns from it.
+proposed (NSGA-II's generation, the grid's point id), so the sampler carries on where it was.
+A proposal that repeats a known point is told that point's result (or failure) and asked again,
+so a duplicate is never measured twice and the sampler still learns from it.
 """
 
 from __future__ import annotations
