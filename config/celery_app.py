@@ -13,4 +13,4 @@ app.set_default()
 app.config_from_object("django.conf:settings", namespace="CELERY")
 # Autodiscovery only finds <app>.tasks; the workers package is registered explicitly.
 app.autodiscover_tasks()
-app.conf.imports = ("workers.tasks", "workers.attribution")
+app.conf.imports = ("workers.tasks", "workers.attribution", "workers.sweeps")

@@ -15,6 +15,7 @@ from costlab_cli.client import Api, CliError
 from costlab_cli.gate import cmd_gate
 from costlab_cli.report import cmd_report
 from costlab_cli.submit import cmd_status, cmd_submit
+from costlab_cli.sweep import add_parser as add_sweep_parser
 
 EXIT_ERROR = 2
 
@@ -71,6 +72,7 @@ def parser() -> argparse.ArgumentParser:
                    help="Fail only when the freeze rule's always-valid lower bound clears the limit "
                         "(default: the point estimate, the cautious choice).")
     g.set_defaults(handler=cmd_gate)
+    add_sweep_parser(sub)
     return p
 
 

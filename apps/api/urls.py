@@ -8,6 +8,7 @@ from apps.api.views.experiments import ArmViewSet, ExperimentViewSet
 from apps.api.views.meta import StrategySchemaView, WhoAmIView, api_not_found
 from apps.api.views.pricing import CostModelViewSet, GpuSkuViewSet, PricingTableViewSet
 from apps.api.views.runs import RunViewSet
+from apps.api.views.sweeps import SweepViewSet
 from apps.api.views.tokens import ApiTokenViewSet
 
 app_name = "api"
@@ -21,6 +22,7 @@ router.register("pricing-tables", PricingTableViewSet, basename="pricing-table")
 router.register("cost-models", CostModelViewSet, basename="cost-model")
 router.register("gpu-skus", GpuSkuViewSet, basename="gpu-sku")
 router.register("tokens", ApiTokenViewSet, basename="token")
+router.register("sweeps", SweepViewSet, basename="sweep")
 
 v1 = [
     path("me/", WhoAmIView.as_view(), name="me"),

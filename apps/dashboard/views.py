@@ -12,7 +12,7 @@ from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from apps.dashboard import selectors
+from apps.dashboard import selectors, sweeps
 from apps.dashboard.charts import RUN_FIELDS
 
 # A poll asks for samples since its cursor; a tab that slept longer than this reloads instead.
@@ -99,7 +99,8 @@ def experiment_live(request, pk: int):
 @require_GET
 def run_detail(request, pk: int):
     run = get_object_or_404(selectors.runs_visible(user=request.user), pk=pk)
-    return render(request, "dashboard/run_detail.html", selectors.run_page(run=run))
+    return render(request, "dashboard/run_detail.html",
+                  {**selectors.run_page(run=run), "sizing": sweeps.run_sizing(run=run)})
 
 
 @json_endpoint
@@ -114,3 +115,22 @@ def run_live(request, pk: int):
 @require_GET
 def pricing(request):
     return render(request, "dashboard/pricing.html", {"tenants": selectors.pricing_overview(user=request.user)})
+
+
+@login_required
+@require_GET
+def sweep_list(request):
+    return render(request, "dashboard/sweep_list.html", {"sweeps": sweeps.sweeps_visible(user=request.user)})
+
+
+@login_required
+@require_GET
+def sweep_detail(request, pk: int):
+    sweep = get_object_or_404(sweeps.sweeps_visible(user=request.user), pk=pk)
+    return render(request, "dashboard/sweep_detail.html", sweeps.sweep_page(sweep=sweep))
+
+
+@json_endpoint
+def sweep_live(request, pk: int):
+    sweep = get_object_or_404(sweeps.sweeps_visible(user=request.user), pk=pk)
+    return JsonResponse(sweeps.sweep_data(sweep=sweep))

@@ -59,6 +59,7 @@ LOCAL_APPS = [
     "apps.attribution",
     "apps.api",
     "apps.dashboard",
+    "apps.sweeps",
     "apps.demo",
     "apps.ops",
 ]
@@ -160,6 +161,7 @@ CELERY_TASK_ROUTES = {
     # Webhook/mail deliveries wait on receivers (up to COSTLAB_ALERT_TIMEOUT_S an attempt): never on
     # the worker that runs the attribution tick.
     "costlab.alert_deliver": {"queue": "alerts"},
+    "costlab.sweep_probe": {"queue": "cpu"},  # a sweep picks cpu or gpu, like a run
 }
 # Each experiment is attributed every attribution_interval_s; this is how often beat looks for
 # due ones (the smallest interval an experiment may have). A tick that expires unrun loses
@@ -178,7 +180,16 @@ CELERY_BEAT_SCHEDULE = {
                          "options": {"expire_seconds": max(1, int(COSTLAB_ATTRIBUTION_TICK_S * 0.9))}},
     "alerts-requeue-stale": {"task": "costlab.alerts_requeue_stale", "schedule": 60.0,
                              "options": {"expire_seconds": 55}},
+    "reconcile-probes": {"task": "costlab.probes_reconcile", "schedule": 30.0, "options": {"expire_seconds": 28}},
 }
+# A sweep's running probe whose worker has not renewed it this long is lost (infeasible); the first
+# renewal comes with the first step, so this also bounds model building. Queued probes not taken
+# this long after their send are sent again (a claim takes a probe once: duplicates are harmless).
+COSTLAB_PROBE_LOST_AFTER_S = env.float("COSTLAB_PROBE_LOST_AFTER_S", default=300.0)
+COSTLAB_PROBE_RESEND_AFTER_S = env.float("COSTLAB_PROBE_RESEND_AFTER_S", default=120.0)
+# vCPU right-sizing probes a run's strategy at 1..N threads: N = this, or 0 for this host's cores
+# (the web host's; set it to the workers' cores where they differ).
+COSTLAB_SIZING_MAX_THREADS = env.int("COSTLAB_SIZING_MAX_THREADS", default=0)
 
 # ------------------------------------------------------------------------------
 # Runs
@@ -248,6 +259,10 @@ SPECTACULAR_SETTINGS = {
         "RunStatusEnum": "apps.experiments.models.Run.Status",
         "RunKindEnum": "apps.experiments.models.Run.Kind",
         "CostModelKindEnum": "apps.pricing.models.CostModel.Kind",
+        "SweepStatusEnum": "apps.sweeps.models.Sweep.Status",
+        "SweepSamplerEnum": "apps.sweeps.models.Sweep.Sampler",
+        "SweepSamplerRequestEnum": "apps.sweeps.models.SAMPLER_CHOICES",
+        "ProbeStatusEnum": "apps.sweeps.models.Probe.Status",
     },
 }
 # Tokens: days until a new token expires (0: never), and the prefix that makes a leaked one recognisable.

@@ -20,6 +20,7 @@ from apps.api.serializers.runs import (
     RunSerializer,
     RunSubmitSerializer,
 )
+from apps.api.serializers.sweeps import RunSizingSerializer, RunSizingStartSerializer
 from apps.api.serializers.telemetry import (
     IngestResultSerializer,
     TelemetryBatchSerializer,
@@ -31,6 +32,8 @@ from apps.api.views.base import TenantViewSet
 from apps.experiments import services
 from apps.experiments.models import Run
 from apps.experiments.selectors import run_list
+from apps.sweeps.selectors import run_sizing_report
+from apps.sweeps.services import run_sizing_start
 from apps.telemetry.selectors import SERIES_UNITS, samples_downsampled
 from apps.telemetry.services import run_external_ingest, run_reprice
 
@@ -121,3 +124,17 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet
         }
         return Response({"run": run.pk, "budget": budget, "samples": down.samples.get(run.pk, 0),
                          "estimated": down.estimated.get(run.pk, False), "series": series})
+
+    @extend_schema(methods=["GET"], responses=RunSizingSerializer)
+    @extend_schema(methods=["POST"], request=RunSizingStartSerializer, responses={201: RunSizingSerializer})
+    @action(detail=True, methods=["get", "post"])
+    def sizing(self, request, pk=None):
+        """vCPU right-sizing: the design document's estimate from the run's profile beside a measured
+        recommendation (POST starts the probes at 1..N threads)."""
+        run = self.get_object()
+        if request.method == "POST":
+            start = RunSizingStartSerializer(data=request.data)
+            start.is_valid(raise_exception=True)
+            run_sizing_start(run=run, **start.validated_data)
+        report = RunSizingSerializer(run_sizing_report(run=run)).data
+        return Response(report, status=status.HTTP_201_CREATED if request.method == "POST" else status.HTTP_200_OK)

@@ -9,6 +9,7 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 
 from apps.api.services import api_token_create
 from apps.experiments.models import Arm, Experiment, Run
+from apps.sweeps.models import Sweep
 from tests.apps.api.conftest import GOOD
 from tests.factories import (
     ArmFactory,
@@ -46,8 +47,10 @@ def objects_of(tenant) -> dict[str, int]:
     table = PricingTableFactory(tenant=tenant)
     GpuPriceFactory(pricing_table=table)
     token, _ = api_token_create(tenant=tenant, name="theirs")
+    sweep = Sweep.objects.create(tenant=tenant, name="theirs", base_strategy_yaml=GOOD, space={"model.seq_len": [16]},
+                                 sampler="grid", probe_count=1, probe_steps=2)
     return {"experiment": experiment.pk, "arm": arm.pk, "run": run.pk, "pricing-table": table.pk,
-            "cost-model": experiment.cost_model_id, "token": token.pk}
+            "cost-model": experiment.cost_model_id, "token": token.pk, "sweep": sweep.pk}
 
 
 @pytest.fixture
@@ -83,7 +86,7 @@ def test_every_detail_route_answers_404_for_another_tenants_object(api, staff, t
                 assert response.status_code in (expected if isinstance(expected, tuple) else (expected,)), \
                     (who, method, url, response.status_code)
             checked.add((basename, suffix, method))
-    assert {b for b, _, _ in checked} == {"experiment", "arm", "run", "pricing-table", "cost-model", "token"}
+    assert {b for b, _, _ in checked} == {"experiment", "arm", "run", "pricing-table", "cost-model", "token", "sweep"}
     assert ("run", "telemetry", "post") in checked and ("run", "finish", "post") in checked
     assert ("experiment", "detail", "delete") in checked and ("arm", "detail", "patch") in checked
     assert {("arm", "freeze", "post"), ("arm", "unfreeze", "post"), ("experiment", "report", "get")} <= checked
@@ -106,7 +109,7 @@ def test_lists_never_show_another_tenants_objects(api, staff, theirs, mine):
             assert theirs[basename] not in ids, (who, name)
             assert mine[basename] in ids, (who, name)
         listed.add(basename)
-    assert listed == {"experiment", "arm", "run", "pricing-table", "cost-model", "token"}
+    assert listed == {"experiment", "arm", "run", "pricing-table", "cost-model", "token", "sweep"}
 
 
 def test_creating_with_another_tenants_reference_fails_as_if_it_did_not_exist(api, tenant, theirs, mine):

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class SweepsConfig(AppConfig):
+    name = "apps.sweeps"
+    label = "sweeps"

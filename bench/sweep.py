@@ -1,0 +1,133 @@
+"""The sweep benchmark: an exhaustive grid against Optuna's searches (TPE, NSGA-II) with half the probes.
+
+    python bench/sweep.py [--quick] [--json] [--steps N] [--seed S]
+
+Both are real sweeps on the platform (Postgres, the sweep services, the probe code of the
+workers: gpu_runtime.train() of each candidate on the CPU, warm-up untimed, priced with the
+cost engine on a bench pricing table). The probes run in this process, interleaved (one grid
+probe, one TPE probe, one NSGA-II probe, ...), so the machine's drift hits all three; the Celery fan-out is
+the end-to-end test's subject, not this one's. Probes use one CPU thread (``--threads``): on a
+shared host, more threads than free cores turn a neighbour's burst into a 10x slower step.
+
+Space (12 points): train.global_batch {1, 2, 4} x model.seq_len {32, 64} x precision.compute_dtype
+{fp32, bf16}; objectives USD per 1M tokens and peak memory. Reports:
+
+* ``grid_probes`` and ``probes`` (the search's budget, <= half the grid);
+* ``regret``: the search's cheapest USD/1M tokens / the grid's cheapest - 1 (target <= 0.05),
+  each from its own measurements; ``regret_same_measure`` values the search's points with the
+  grid's measurements, which takes measurement noise out of it;
+* ``frontier_recall``: the share of the grid's frontier points the search also probed;
+* the headline figures are TPE's, the sampler ``auto`` picks when the grid does not fit the
+  budget; NSGA-II's are under ``nsga2``.
+* ``wall_s``: the whole benchmark's wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _setup import django_on_postgres  # noqa: E402
+
+TARGET_REGRET = 0.05
+SPACE = {"train.global_batch": [1, 2, 4], "model.seq_len": [32, 64], "precision.compute_dtype": ["fp32", "bf16"]}
+BASE = "model: {preset: tiny, seq_len: 64}\ndata: {source: synthetic}\ntrain: {steps: 1000, global_batch: 2, seed: 0}\n"
+
+
+def _tenant():
+    from apps.pricing.models import PricingTable
+    from apps.tenants.models import Tenant
+
+    tenant, _ = Tenant.objects.get_or_create(slug="bench-sweep", defaults={"name": "bench: sweep"})
+    PricingTable.objects.get_or_create(
+        tenant=tenant, name="bench prices", defaults={
+            "valid_from": datetime(2026, 1, 1, tzinfo=UTC), "electricity_usd_per_kwh": Decimal("0.15"),
+            "pue": Decimal("1.2"), "vcpu_hour_usd": Decimal("0.04"), "memory_gb_hour_usd": Decimal("0.005")})
+    return tenant
+
+
+def _next_queued(sweep):
+    return sweep.probes.filter(status="queued").order_by("number").first()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer timed steps per probe (under a minute)")
+    ap.add_argument("--json", action="store_true", help="last line: one JSON object with the figures")
+    ap.add_argument("--steps", type=int, help="timed steps per probe (default 12, --quick 6)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1, help="torch CPU threads per probe (1)")
+    args = ap.parse_args()
+    steps = args.steps or (6 if args.quick else 12)
+    started = time.perf_counter()
+    django_on_postgres()
+
+    import torch
+
+    from apps.sweeps import services
+    from apps.sweeps.selectors import sweep_frontier
+    from workers.sweeps import probe_execute
+
+    services._probe_send = lambda **_: None  # probes run here, interleaved; no broker message
+    torch.set_num_threads(args.threads)  # fewer threads than cores: less noise from neighbours on a shared host
+    tenant = _tenant()
+    stamp = datetime.now(UTC).strftime("%H%M%S")
+    common = dict(tenant=tenant, base_strategy_yaml=BASE, space=SPACE, probe_steps=steps, warmup_steps=2,
+                  parallelism=1, seed=args.seed)
+    grid = services.sweep_create(name=f"bench grid {stamp}", probe_count=12, sampler="grid", **common)
+    searches = {name: services.sweep_create(name=f"bench {name} {stamp}", probe_count=6, sampler=name, **common)
+                for name in ("tpe", "nsga2")}
+    while True:
+        pending = [p for p in (_next_queued(s) for s in (grid, *searches.values())) if p is not None]
+        if not pending:
+            break
+        for probe in pending:
+            probe_execute(probe.pk)
+
+    grid_probes = sweep_frontier(sweep=grid)
+    grid_ok = [p for p in grid_probes if p.usd_per_mtok is not None]
+    grid_best = min(p.usd_per_mtok for p in grid_ok)
+    grid_usd = {p.params_key: p.usd_per_mtok for p in grid_ok}
+    grid_front = {p.params_key for p in grid_probes if p.on_frontier}
+    figures, searched = {}, {}
+    for name, sweep in searches.items():
+        probes = sweep_frontier(sweep=sweep)
+        keys = {p.params_key for p in probes}
+        searched[name] = keys
+        figures[name] = {
+            "probes": len(probes),
+            "regret": min(p.usd_per_mtok for p in probes if p.usd_per_mtok is not None) / grid_best - 1,
+            "regret_same_measure": min(grid_usd[k] for k in keys if k in grid_usd) / grid_best - 1,
+            "frontier_recall": len(grid_front & keys) / len(grid_front),
+        }
+    wall = time.perf_counter() - started
+
+    print(f"sweep benchmark: {len(grid_probes)} grid probes vs 6 TPE and 6 NSGA-II probes, "
+          f"{steps} timed steps each, CPU, {args.threads} thread(s)")
+    print(f"{'#':>2}  {'global_batch':>12} {'seq_len':>7} {'dtype':>5}  {'USD/1M tok':>10} {'peak MiB est.':>13}  "
+          f"{'grid front':>10}  {'TPE':>3}  {'NSGA-II':>7}")
+    for p in grid_probes:
+        print(f"{p.number:>2}  {p.params['train.global_batch']:>12} {p.params['model.seq_len']:>7} "
+              f"{p.params['precision.compute_dtype']:>5}  {p.usd_per_mtok or float('nan'):>10.4f} "
+              f"{p.peak_mem_mb or float('nan'):>13.0f}  {'✓' if p.on_frontier else '':>10}  "
+              f"{'✓' if p.params_key in searched['tpe'] else '':>3}  {'✓' if p.params_key in searched['nsga2'] else '':>7}")
+    for name, f in figures.items():
+        print(f"{name:>5}: {f['probes']} probes, regret {f['regret']:+.3f} (target <= {TARGET_REGRET}; "
+              f"on the grid's measurements {f['regret_same_measure']:+.3f}), frontier recall {f['frontier_recall']:.2f}")
+    print(f"grid cheapest {grid_best:.4f} USD/1M tok; wall {wall:.1f} s")
+    if args.json:
+        rounded = {name: {k: round(v, 4) for k, v in f.items()} for name, f in figures.items()}
+        print(json.dumps({"grid_probes": len(grid_probes), **rounded["tpe"], "nsga2": rounded["nsga2"],
+                          "wall_s": round(wall, 1), "steps_per_probe": steps, "threads": args.threads}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+// A sweep's scatter: measured probes, the frontier line, infeasible probes along the top; polled while running.
+(function () {
+  "use strict";
+  var el = document.getElementById("sweep-chart");
+  if (!el || !window.Plotly) return;
+
+  function draw(data) {
+    var ax = data.axes, done = data.probes.filter(function (p) { return p.x !== null && p.y !== null; });
+    var front = done.filter(function (p) { return p.on_frontier; }).sort(function (a, b) { return a.x - b.x; });
+    var bad = data.probes.filter(function (p) { return p.status === "infeasible"; });
+    var xs = done.map(function (p) { return p.x; }), ys = done.map(function (p) { return p.y; });
+    var xmin = xs.length ? Math.min.apply(null, xs) : 0, xmax = xs.length ? Math.max.apply(null, xs) : 1;
+    var ytop = ys.length ? Math.max.apply(null, ys) * 1.1 : 1;
+    function hover(p) { return "#" + p.number + " " + p.strategy + (p.reason ? "<br>" + p.reason : ""); }
+    var traces = [
+      {name: "probes", mode: "markers", type: "scatter", x: xs, y: ys, text: done.map(hover), hoverinfo: "text+x+y",
+       marker: {size: 10, color: done.map(function (p) { return p.on_frontier ? "#2a9d5c" : "#1f6fb4"; })}},
+      {name: "frontier", mode: "lines", type: "scatter", x: front.map(function (p) { return p.x; }),
+       y: front.map(function (p) { return p.y; }), line: {color: "#2a9d5c", shape: "hv"}, hoverinfo: "skip"},
+      {name: "infeasible", mode: "markers", type: "scatter", text: bad.map(hover), hoverinfo: "text",
+       x: bad.map(function (p, i) { return xmin + (xmax - xmin) * (i + 1) / (bad.length + 1); }),
+       y: bad.map(function () { return ytop; }), marker: {symbol: "x", size: 11, color: "#d1495b"}}
+    ];
+    Plotly.react(el, traces, {
+      margin: {t: 20, r: 20}, xaxis: {title: {text: ax[0].label}}, yaxis: {title: {text: ax[1].label}},
+      legend: {orientation: "h"}
+    }, {displaylogo: false, responsive: true});
+  }
+
+  var data = JSON.parse(document.getElementById("sweep-data").textContent);
+  draw(data);
+  var url = el.getAttribute("data-live-url");
+  function poll() {
+    fetch(url, {credentials: "same-origin"}).then(function (r) { return r.ok ? r.json() : null; }).then(function (next) {
+      if (!next) return;
+      draw(next);
+      if (next.status !== data.status) { window.location.reload(); return; }  // the table and badge too
+      if (next.probes.filter(function (p) { return p.status !== "queued" && p.status !== "running"; }).length !==
+          data.probes.filter(function (p) { return p.status !== "queued" && p.status !== "running"; }).length) {
+        window.location.reload();  // a probe landed: refresh the table
+        return;
+      }
+      data = next;
+      if (next.poll_ms) setTimeout(poll, next.poll_ms);
+    });
+  }
+  if (data.poll_ms) setTimeout(poll, data.poll_ms);
+})();
