@@ -22,11 +22,13 @@ from django.db.models import (
 )
 from django.db.models.functions import Cast, Coalesce
 
+from apps.attribution.comparison import Comparison, prices_needed, repricing
 from apps.attribution.decisions import ArmSums, RunMoments
 from apps.attribution.models import AttributionSnapshot, AttributionWindow, FreezeEvent, RunWindow
 from apps.attribution.stats import _dec
 from apps.experiments.models import Arm, Experiment, Run
 from apps.pricing.models import GpuPrice, PricingTable
+from apps.pricing.selectors import pricing_tables_in_force, table_prices
 
 # Beat fires on a fixed period; an experiment is due when its interval has passed, give or
 # take this much jitter, so a 30 s interval on a 5 s beat is attributed every 30 s, not 35.
@@ -111,16 +113,21 @@ def observations_sums(*, experiment_id: int, after_number: dict[int, int], upto_
     return out
 
 
-def run_moments(*, epochs: dict[int, int], upto_number: dict[int, int]) -> dict[int, RunMoments]:
-    """Per arm: its runs' cumulative cost, tokens and steps in windows epochs[arm] < number <= upto_number[arm],
-    reduced to the run-level moments the freeze rule's variance needs, in one query.
+def run_moments(*, epochs: dict[int, int], upto_number: dict[int, int],
+                comparisons: dict[int, Comparison] | None = None) -> dict[int, RunMoments]:
+    """Per arm: its runs' cumulative compared cost, tokens and steps in windows epochs[arm] < number <=
+    upto_number[arm], reduced to the run-level moments the freeze rule's variance needs.
 
-    Windows of an experiment are created in number order, so their ids grow with their numbers:
-    the epoch becomes an id range, read from the (arm, window) index.
+    A run's compared cost is its billed cost, with the usage of windows recorded under another
+    table than comparisons[arm]'s re-priced at that one (apps.attribution.comparison). One query,
+    plus two for prices when some usage was recorded under another table. Windows of an
+    experiment are created in number order, so their ids grow with their numbers: the epoch
+    becomes an id range, read from the (arm, window) index.
     """
     if not epochs:
         return {}
-    rw, win, arm = RunWindow._meta.db_table, AttributionWindow._meta.db_table, Arm._meta.db_table
+    rw, win, arm, run = (RunWindow._meta.db_table, AttributionWindow._meta.db_table, Arm._meta.db_table,
+                         Run._meta.db_table)
     values = ", ".join(["(%s, %s, %s)"] * len(epochs))
     exact = "NUMERIC(40, 0)"
     sql = f"""
@@ -133,25 +140,60 @@ def run_moments(*, epochs: dict[int, int], upto_number: dict[int, int]) -> dict[
             FROM e JOIN {arm} a ON a.id = e.arm_id
         ),
         r AS (
-            SELECT rw.arm_id, SUM(rw.cost_usd) AS c, CAST(SUM(rw.tokens) AS {exact}) AS t,
-                   CAST(SUM(rw.steps) AS {exact}) AS s
+            SELECT rw.arm_id, rw.run_id, w.pricing_table_id AS table_id, SUM(rw.cost_usd) AS c,
+                   CAST(SUM(rw.tokens) AS {exact}) AS t, CAST(SUM(rw.steps) AS {exact}) AS s,
+                   SUM(rw.gpu_seconds) AS g, SUM(rw.wall_s) AS ws, SUM(rw.energy_j) AS en
             FROM b JOIN {rw} rw ON rw.arm_id = b.arm_id AND rw.window_id > b.lo AND rw.window_id <= b.hi
+            JOIN {win} w ON w.id = rw.window_id
             WHERE rw.omitted = %s
-            GROUP BY rw.arm_id, rw.run_id
+            GROUP BY rw.arm_id, rw.run_id, w.pricing_table_id
         )
-        SELECT arm_id, COUNT(*), SUM(c * c), SUM(c * t), SUM(t * t), SUM(c * s), SUM(s * s) FROM r GROUP BY arm_id
+        SELECT r.arm_id, r.run_id, r.table_id, r.c, r.t, r.s, r.g, r.ws, r.en, x.gpu_sku_id, x.vcpus, x.memory_gb
+        FROM r JOIN {run} x ON x.id = r.run_id ORDER BY r.arm_id, r.run_id
     """
     params = [v for arm_id, after in epochs.items() for v in (arm_id, after, upto_number[arm_id])] + [False]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        rows = cursor.fetchall()
+        names = ("key", "run_id", "table_id", "cost", "tokens", "steps", "gpu_seconds", "wall_s", "energy_j",
+                 "gpu_sku_id", "vcpus", "memory_gb")
+        rows = [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
     # Postgres sums exactly at these scales (cost has 6 places); SQLite answers floats: rounded to
     # the same scales, as the snapshot columns store them, so a recompute reproduces a tick.
+    prices = _comparison_prices(rows, comparisons or {})
+    per_run: dict[tuple[int, int], list[Decimal]] = {}
+    for row in rows:
+        for name in ("gpu_seconds", "wall_s", "energy_j"):
+            row[name] = _at(row[name], 6)
+        cost = _at(row["cost"], 6)
+        if comparisons:
+            cost += repricing(row, comparisons[row["key"]], prices)
+        sums = per_run.setdefault((row["key"], row["run_id"]), [Decimal(0), Decimal(0), Decimal(0)])
+        sums[0] += cost
+        sums[1] += _at(row["tokens"], 0)
+        sums[2] += _at(row["steps"], 0)
+    by_arm: dict[int, list] = defaultdict(list)
+    for (arm_id, _), sums in per_run.items():
+        by_arm[arm_id].append(sums)
     with localcontext() as ctx:
         ctx.prec = 80
-        return {arm_id: RunMoments(runs=int(n), cost_sq=_at(cc, 12), cost_tokens=_at(ct, 6), tokens_sq=_at(tt, 0),
-                                   cost_steps=_at(cs, 6), steps_sq=_at(ss, 0))
-                for arm_id, n, cc, ct, tt, cs, ss in rows}
+        return {arm_id: RunMoments.of(runs) for arm_id, runs in by_arm.items()}
+
+
+def _comparison_prices(rows: list[dict], comparisons: dict) -> dict:
+    if not comparisons:
+        return {}
+    tables, skus = prices_needed(rows, comparisons)
+    return table_prices(table_ids=tables, sku_ids=skus) if tables else {}
+
+
+def comparisons_at(*, experiments: list[Experiment], at: datetime) -> dict[int, Comparison]:
+    """Per experiment: the table its arms are compared at (pinned, else in force at `at`), in one query."""
+    tables = pricing_tables_in_force(tenant_ids={e.tenant_id for e in experiments},
+                                     pinned_ids={e.pricing_table_id for e in experiments if e.pricing_table_id},
+                                     at=at)
+    return {e.pk: Comparison.of(table=tables.get(("pinned", e.pricing_table_id) if e.pricing_table_id
+                                                 else ("tenant", e.tenant_id)), cost_model=e.cost_model)
+            for e in experiments}
 
 
 def _at(value, places: int) -> Decimal:
@@ -162,7 +204,7 @@ SNAPSHOT_SUMS = {
     "observations": "observations", "runs": "runs", "samples": "samples", "cost": "total_usd", "tokens": "tokens",
     "steps": "steps", "gpu_seconds": "gpu_seconds", "wall_s": "wall_s", "energy_j": "energy_j",
     "estimated": "energy_estimated", "cost_sq": "cost_sq", "cost_tokens": "cost_tokens", "tokens_sq": "tokens_sq",
-    "cost_steps": "cost_steps", "steps_sq": "steps_sq",
+    "cost_steps": "cost_steps", "steps_sq": "steps_sq", "compared": "compared_usd",
 }
 
 
