@@ -40,10 +40,8 @@ class Comparison:
     tiered: bool
 
     @classmethod
-    def of(cls, *, table, cost_model: CostModel) -> Comparison:
-        return cls(table_id=table.pk if table is not None else None,
-                   valid_from=table.valid_from if table is not None else None,
-                   weights=Weights.from_cost_model(cost_model),
+    def of(cls, *, table_id: int | None, valid_from: datetime | None, cost_model: CostModel) -> Comparison:
+        return cls(table_id=table_id, valid_from=valid_from, weights=Weights.from_cost_model(cost_model),
                    tiered=cost_model.kind == CostModel.Kind.TIERED_PER_CALL)
 
     def needs(self, table_id: int | None) -> bool:

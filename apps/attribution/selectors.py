@@ -191,9 +191,12 @@ def comparisons_at(*, experiments: list[Experiment], at: datetime) -> dict[int, 
     tables = pricing_tables_in_force(tenant_ids={e.tenant_id for e in experiments},
                                      pinned_ids={e.pricing_table_id for e in experiments if e.pricing_table_id},
                                      at=at)
-    return {e.pk: Comparison.of(table=tables.get(("pinned", e.pricing_table_id) if e.pricing_table_id
-                                                 else ("tenant", e.tenant_id)), cost_model=e.cost_model)
-            for e in experiments}
+    out = {}
+    for e in experiments:
+        table = tables.get(("pinned", e.pricing_table_id) if e.pricing_table_id else ("tenant", e.tenant_id))
+        out[e.pk] = Comparison.of(table_id=table.pk if table else None, valid_from=table.valid_from if table else None,
+                                  cost_model=e.cost_model)
+    return out
 
 
 def _at(value, places: int) -> Decimal:
@@ -286,6 +289,26 @@ def _tables_used(e: Experiment, by_tenant: dict, by_pk: dict, start: datetime) -
     tables = by_tenant[e.tenant_id]
     first = max((i for i, t in enumerate(tables) if t["valid_from"] <= start), default=0)
     return tables[first:]
+
+
+def arm_repricing(*, experiment_id: int, comparison: Comparison) -> dict[int, Decimal]:
+    """Per arm: what moving the usage its windows recorded under other tables to the comparison's adds
+    to its billed cost (the report's comparison), in one query over the rollup, plus two for prices."""
+    if comparison.tiered or comparison.table_id is None:
+        return {}
+    rows = [{"key": r["arm_id"], "table_id": r["window__pricing_table_id"], "gpu_sku_id": r["run__gpu_sku_id"],
+             "vcpus": r["run__vcpus"], "memory_gb": r["run__memory_gb"], "gpu_seconds": r["g"], "wall_s": r["ws"],
+             "energy_j": r["en"]}
+            for r in RunWindow.objects.filter(window__experiment_id=experiment_id, window__pricing_table__isnull=False)
+            .exclude(window__pricing_table_id=comparison.table_id)
+            .values("arm_id", "window__pricing_table_id", "run__gpu_sku_id", "run__vcpus", "run__memory_gb")
+            .annotate(g=Sum("gpu_seconds"), ws=Sum("wall_s"), en=Sum("energy_j")).order_by()]
+    comparisons = {row["key"]: comparison for row in rows}
+    prices = _comparison_prices(rows, comparisons)
+    out: dict[int, Decimal] = defaultdict(Decimal)
+    for row in rows:
+        out[row["key"]] += repricing(row, comparison, prices)
+    return out
 
 
 def snapshot_series(*, experiment: Experiment, since: datetime | None = None) -> QuerySet:

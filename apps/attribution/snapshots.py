@@ -96,7 +96,9 @@ def window_recompute(*, window: AttributionWindow) -> list[AttributionSnapshot]:
     experiment = Experiment.objects.select_related("cost_model").get(pk=window.experiment_id)
     policy = policy_for(experiment)
     # The table the window compared at, as it recorded it.
-    comparison = Comparison.of(table=window.pricing_table, cost_model=experiment.cost_model)
+    table = window.pricing_table
+    comparison = Comparison.of(table_id=table.pk if table else None, valid_from=table.valid_from if table else None,
+                               cost_model=experiment.cost_model)
     epochs = {pk: s.epoch_start for pk, s in stored.items()}
     sums = selectors.observations_sums(experiment_id=experiment.pk, upto_number=window.number, after_number=epochs)
     moments = selectors.run_moments(epochs=epochs, upto_number={pk: window.number for pk in stored},
