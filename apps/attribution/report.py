@@ -9,10 +9,9 @@ from decimal import Decimal
 from django.db.models import Avg, Case, Count, F, FloatField, Q, Sum, Value, When
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast
-from django.utils import timezone
 
 from apps.attribution.comparison import Comparison
-from apps.attribution.selectors import arm_repricing, comparisons_at, snapshots_latest
+from apps.attribution.selectors import arm_repricing, snapshots_latest
 from apps.attribution.snapshots import policy_for
 from apps.experiments.models import Experiment, Run
 from apps.pricing.cost_engine import (
@@ -149,10 +148,10 @@ def experiment_report(*, experiment: Experiment) -> ExperimentReport:
 
 
 def report_comparison(*, experiment: Experiment, latest: dict) -> Comparison:
-    """The report compares at its latest window's table, as the bounds beside it were; before the first
-    window, at the pinned table or the one in force now. Usage since that window is compared as billed."""
+    """The report compares at its latest window's table, as the bounds beside it were. Before the first
+    window nothing is rolled up to re-price: arms compare as billed (no table). Usage since the latest
+    window compares as billed too."""
     snapshot = next(iter(latest.values()), None)
-    if snapshot is None:
-        return comparisons_at(experiments=[experiment], at=timezone.now())[experiment.pk]
-    return Comparison.of(table_id=snapshot.pricing_table_id, valid_from=snapshot.pricing_valid_from,
+    return Comparison.of(table_id=snapshot.pricing_table_id if snapshot else None,
+                         valid_from=snapshot.pricing_valid_from if snapshot else None,
                          cost_model=experiment.cost_model)

@@ -57,7 +57,7 @@ class ExperimentReportSerializer(serializers.Serializer):
     window_end = serializers.DateTimeField(allow_null=True, help_text="Latest attribution window; null before the first.")
     pricing_table = PricingTableRefSerializer(
         allow_null=True, help_text="The one table every arm is compared at (the latest window's: pinned, else in "
-                                   "force at its end); null when the tenant has none.")
+                                   "force at its end); null before the first window (compared as billed).")
     arms = ArmReportSerializer(many=True)
 
 
