@@ -60,8 +60,11 @@ def repricing(row: Mapping, comparison: Comparison, prices: Mapping[tuple[int, i
              "energy_j": float(row["energy_j"]), "vcpus": float(row["vcpus"] or 0),
              "memory_gb": float(row["memory_gb"] or 0)}
     sku = row["gpu_sku_id"]
-    at_window = rollup_cost(prices=prices[(comparison.table_id, sku)], weights=comparison.weights, **usage)
-    as_billed = rollup_cost(prices=prices[(row["table_id"], sku)], weights=comparison.weights, **usage)
+    target, billed = prices.get((comparison.table_id, sku)), prices.get((row["table_id"], sku))
+    if target is None or billed is None:  # a table deleted meanwhile: compared as billed
+        return Decimal(0)
+    at_window = rollup_cost(prices=target, weights=comparison.weights, **usage)
+    as_billed = rollup_cost(prices=billed, weights=comparison.weights, **usage)
     return Decimal(repr(at_window - as_billed)).quantize(MICRO)
 
 

@@ -119,64 +119,134 @@ def run_moments(*, epochs: dict[int, int], upto_number: dict[int, int],
     upto_number[arm], reduced to the run-level moments the freeze rule's variance needs.
 
     A run's compared cost is its billed cost, with the usage of windows recorded under another
-    table than comparisons[arm]'s re-priced at that one (apps.attribution.comparison). One query,
-    plus two for prices when some usage was recorded under another table. Windows of an
+    table than comparisons[arm]'s re-priced at that one (apps.attribution.comparison). One query
+    summing in the database; for the arms whose epoch has such windows (after a price edit), one
+    more per run and table, and three for the runs' resources and prices. Windows of an
     experiment are created in number order, so their ids grow with their numbers: the epoch
     becomes an id range, read from the (arm, window) index.
     """
     if not epochs:
         return {}
-    rw, win, arm, run = (RunWindow._meta.db_table, AttributionWindow._meta.db_table, Arm._meta.db_table,
-                         Run._meta.db_table)
-    values = ", ".join(["(%s, %s, %s)"] * len(epochs))
+    comparisons = comparisons or {}
     exact = "NUMERIC(40, 0)"
-    sql = f"""
-        WITH e(arm_id, after_n, upto_n) AS (VALUES {values}),
-        b AS (
-            SELECT e.arm_id,
-                   COALESCE((SELECT w.id FROM {win} w WHERE w.experiment_id = a.experiment_id
-                             AND w.number = e.after_n), 0) AS lo,
-                   (SELECT w.id FROM {win} w WHERE w.experiment_id = a.experiment_id AND w.number = e.upto_n) AS hi
-            FROM e JOIN {arm} a ON a.id = e.arm_id
-        ),
-        r AS (
-            SELECT rw.arm_id, rw.run_id, w.pricing_table_id AS table_id, SUM(rw.cost_usd) AS c,
-                   CAST(SUM(rw.tokens) AS {exact}) AS t, CAST(SUM(rw.steps) AS {exact}) AS s,
-                   SUM(rw.gpu_seconds) AS g, SUM(rw.wall_s) AS ws, SUM(rw.energy_j) AS en
-            FROM b JOIN {rw} rw ON rw.arm_id = b.arm_id AND rw.window_id > b.lo AND rw.window_id <= b.hi
-            JOIN {win} w ON w.id = rw.window_id
-            WHERE rw.omitted = %s
-            GROUP BY rw.arm_id, rw.run_id, w.pricing_table_id
-        )
-        SELECT r.arm_id, r.run_id, r.table_id, r.c, r.t, r.s, r.g, r.ws, r.en, x.gpu_sku_id, x.vcpus, x.memory_gb
-        FROM r JOIN {run} x ON x.id = r.run_id ORDER BY r.arm_id, r.run_id
+    moved_sql = f"""
+        {_epoch_ranges(len(epochs))}
+        SELECT b.arm_id FROM b WHERE b.cmp > 0 AND EXISTS (
+            SELECT 1 FROM {_WIN} w WHERE w.experiment_id = b.experiment_id AND w.id > b.lo AND w.id <= b.hi
+            AND w.pricing_table_id <> b.cmp)
     """
-    params = [v for arm_id, after in epochs.items() for v in (arm_id, after, upto_number[arm_id])] + [False]
+    sql = f"""
+        {_epoch_ranges(len(epochs))},
+        r AS (
+            SELECT rw.arm_id, SUM(rw.cost_usd) AS c, CAST(SUM(rw.tokens) AS {exact}) AS t,
+                   CAST(SUM(rw.steps) AS {exact}) AS s
+            FROM b JOIN {_RW} rw ON rw.arm_id = b.arm_id AND rw.window_id > b.lo AND rw.window_id <= b.hi
+            WHERE rw.omitted = %s
+            GROUP BY rw.arm_id, rw.run_id
+        )
+        SELECT arm_id, COUNT(*), SUM(c), SUM(c * c), SUM(c * t), SUM(t * t), SUM(c * s), SUM(s * s)
+        FROM r GROUP BY arm_id
+    """
+    params = _epoch_params(epochs, upto_number, comparisons)
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        names = ("key", "run_id", "table_id", "cost", "tokens", "steps", "gpu_seconds", "wall_s", "energy_j",
-                 "gpu_sku_id", "vcpus", "memory_gb")
-        rows = [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
+        moved = set()
+        if any(params[3::4]):  # some arm has a table to re-price at
+            cursor.execute(moved_sql, params)
+            moved = {arm_id for (arm_id,) in cursor.fetchall()}
+        cursor.execute(sql, params + [False])
+        rows = [r for r in cursor.fetchall() if r[0] not in moved]
     # Postgres sums exactly at these scales (cost has 6 places); SQLite answers floats: rounded to
     # the same scales, as the snapshot columns store them, so a recompute reproduces a tick.
-    prices = _comparison_prices(rows, comparisons or {})
+    out = {}
+    with localcontext() as ctx:
+        ctx.prec = 80
+        for arm_id, n, c, cc, ct, tt, cs, ss in rows:
+            out[arm_id] = RunMoments(runs=int(n), cost=_at(c, 6), cost_sq=_at(cc, 12), cost_tokens=_at(ct, 6),
+                                     tokens_sq=_at(tt, 0), cost_steps=_at(cs, 6), steps_sq=_at(ss, 0))
+    if moved:
+        out.update(_run_moments_repriced(epochs={a: epochs[a] for a in moved},
+                                         upto_number=upto_number, comparisons=comparisons))
+    return out
+
+
+_WIN, _RW, _ARM = AttributionWindow._meta.db_table, RunWindow._meta.db_table, Arm._meta.db_table
+
+
+def _epoch_ranges(n: int) -> str:
+    """CTEs e and b: per arm, the window-id range of its epoch and its comparison table (0: none to re-price at)."""
+    values = ", ".join(["(%s, %s, %s, %s)"] * n)
+    return f"""
+        WITH e(arm_id, after_n, upto_n, cmp) AS (VALUES {values}),
+        b AS (
+            SELECT e.arm_id, a.experiment_id, e.cmp,
+                   COALESCE((SELECT w.id FROM {_WIN} w WHERE w.experiment_id = a.experiment_id
+                             AND w.number = e.after_n), 0) AS lo,
+                   (SELECT w.id FROM {_WIN} w WHERE w.experiment_id = a.experiment_id AND w.number = e.upto_n) AS hi
+            FROM e JOIN {_ARM} a ON a.id = e.arm_id
+        )"""
+
+
+def _epoch_params(epochs: dict, upto_number: dict, comparisons: dict) -> list:
+    def cmp(arm_id: int) -> int:
+        c = comparisons.get(arm_id)
+        return c.table_id if c is not None and not c.tiered and c.table_id else 0
+
+    return [v for arm_id, after in epochs.items() for v in (arm_id, after, upto_number[arm_id], cmp(arm_id))]
+
+
+def _run_moments_repriced(*, epochs: dict, upto_number: dict, comparisons: dict) -> dict[int, RunMoments]:
+    """run_moments for arms with usage under other tables: per run and table, re-priced, summed here."""
+    exact = "NUMERIC(40, 0)"
+    sql = f"""
+        {_epoch_ranges(len(epochs))}
+        SELECT rw.arm_id, rw.run_id, w.pricing_table_id, SUM(rw.cost_usd), CAST(SUM(rw.tokens) AS {exact}),
+               CAST(SUM(rw.steps) AS {exact}), SUM(rw.gpu_seconds), SUM(rw.wall_s), SUM(rw.energy_j)
+        FROM b JOIN {_RW} rw ON rw.arm_id = b.arm_id AND rw.window_id > b.lo AND rw.window_id <= b.hi
+        JOIN {_WIN} w ON w.id = rw.window_id
+        WHERE rw.omitted = %s
+        GROUP BY rw.arm_id, rw.run_id, w.pricing_table_id
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(sql, _epoch_params(epochs, upto_number, comparisons) + [False])
+        rows = cursor.fetchall()
+    moved = [r for r in rows if comparisons[r[0]].needs(r[2])]
+    repriced = _runs_repricing(moved, comparisons) if moved else {}
     per_run: dict[tuple[int, int], list[Decimal]] = {}
-    for row in rows:
-        for name in ("gpu_seconds", "wall_s", "energy_j"):
-            row[name] = _at(row[name], 6)
-        cost = _at(row["cost"], 6)
-        if comparisons:
-            cost += repricing(row, comparisons[row["key"]], prices)
-        sums = per_run.setdefault((row["key"], row["run_id"]), [Decimal(0), Decimal(0), Decimal(0)])
-        sums[0] += cost
-        sums[1] += _at(row["tokens"], 0)
-        sums[2] += _at(row["steps"], 0)
+    for arm_id, run_id, _table, c, t, s, *_ in rows:
+        sums = per_run.get((arm_id, run_id))
+        if sums is None:
+            sums = per_run[(arm_id, run_id)] = [Decimal(0), Decimal(0), Decimal(0)]
+        sums[0] += _exact_at(c, 6)
+        sums[1] += _exact_at(t, 0)
+        sums[2] += _exact_at(s, 0)
+    for key, extra in repriced.items():
+        per_run[key][0] += extra
     by_arm: dict[int, list] = defaultdict(list)
     for (arm_id, _), sums in per_run.items():
         by_arm[arm_id].append(sums)
     with localcontext() as ctx:
         ctx.prec = 80
         return {arm_id: RunMoments.of(runs) for arm_id, runs in by_arm.items()}
+
+
+def _exact_at(value, places: int) -> Decimal:
+    """A database sum as an exact Decimal at its column's scale (see run_moments)."""
+    return value if isinstance(value, Decimal) else _at(value, places)
+
+
+def _runs_repricing(rows: list[tuple], comparisons: dict) -> dict[tuple[int, int], Decimal]:
+    """Per (arm, run): what re-pricing these rollup rows (recorded under other tables) adds; three queries."""
+    runs = {pk: (sku, vcpus, memory_gb) for pk, sku, vcpus, memory_gb in Run.objects.filter(
+        pk__in={r[1] for r in rows}).values_list("pk", "gpu_sku_id", "vcpus", "memory_gb")}
+    usage = [{"key": arm_id, "run_id": run_id, "table_id": table_id, "gpu_sku_id": runs[run_id][0],
+              "vcpus": runs[run_id][1], "memory_gb": runs[run_id][2], "gpu_seconds": _exact_at(g, 6),
+              "wall_s": _exact_at(ws, 6), "energy_j": _exact_at(en, 6)}
+             for arm_id, run_id, table_id, _c, _t, _s, g, ws, en in rows]
+    prices = _comparison_prices(usage, comparisons)
+    out: dict[tuple[int, int], Decimal] = defaultdict(Decimal)
+    for row in usage:
+        out[(row["key"], row["run_id"])] += repricing(row, comparisons[row["key"]], prices)
+    return out
 
 
 def _comparison_prices(rows: list[dict], comparisons: dict) -> dict:
