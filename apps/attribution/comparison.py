@@ -49,34 +49,40 @@ class Comparison:
         return not self.tiered and self.table_id is not None and table_id is not None and table_id != self.table_id
 
 
-def repricing(row: Mapping, comparison: Comparison, prices: Mapping[tuple[int, int | None], Prices]) -> Decimal:
-    """What moving one rollup row's usage from its table to the comparison's adds to its billed cost (USD).
+@dataclass(frozen=True)
+class PriceDelta:
+    """What moving one unit of rolled-up usage from a run's table to the comparison's adds (USD).
 
-    row: table_id, gpu_sku_id, vcpus, memory_gb and the usage sums gpu_seconds, wall_s, energy_j.
+    The resource-weighted cost is linear in usage, so apps.pricing.bill's formula evaluated at one
+    unit of each resource gives it; the database multiplies (apps.attribution.selectors).
     """
-    if not comparison.needs(row["table_id"]):
-        return Decimal(0)
-    usage = {"device_seconds": float(row["gpu_seconds"]), "wall_s": float(row["wall_s"]),
-             "energy_j": float(row["energy_j"]), "vcpus": float(row["vcpus"] or 0),
-             "memory_gb": float(row["memory_gb"] or 0)}
-    sku = row["gpu_sku_id"]
-    target, billed = prices.get((comparison.table_id, sku)), prices.get((row["table_id"], sku))
-    if target is None or billed is None:  # a table deleted meanwhile: compared as billed
-        return Decimal(0)
-    at_window = rollup_cost(prices=target, weights=comparison.weights, **usage)
-    as_billed = rollup_cost(prices=billed, weights=comparison.weights, **usage)
-    return Decimal(repr(at_window - as_billed)).quantize(MICRO)
+
+    gpu_second: Decimal
+    joule: Decimal
+    vcpu_second: Decimal  # per wall second and vCPU
+    gb_second: Decimal  # per wall second and GB of memory
+
+    @classmethod
+    def between(cls, *, target: Prices, billed: Prices, weights: Weights) -> PriceDelta:
+        units = ({"device_seconds": 1.0}, {"energy_j": 1.0}, {"wall_s": 1.0, "vcpus": 1.0},
+                 {"wall_s": 1.0, "memory_gb": 1.0})
+        zero = {"device_seconds": 0.0, "wall_s": 0.0, "energy_j": 0.0, "vcpus": 0.0, "memory_gb": 0.0}
+        return cls(*(Decimal(repr(rollup_cost(prices=target, weights=weights, **{**zero, **u})
+                                  - rollup_cost(prices=billed, weights=weights, **{**zero, **u}))) for u in units))
+
+    def times(self, *, gpu_seconds, energy_j, wall_s, vcpus, memory_gb) -> Decimal:
+        """USD this delta adds to rolled-up usage (what the database computes, here for one row)."""
+        return (self.gpu_second * gpu_seconds + self.joule * energy_j
+                + wall_s * (self.vcpu_second * vcpus + self.gb_second * Decimal(repr(float(memory_gb)))))
 
 
-def prices_needed(rows: Iterable[Mapping], comparisons: Mapping) -> tuple[set[int], set[int | None]]:
-    """The (tables, SKUs) whose prices the re-pricing of these rows reads; empty when nothing moves.
+def price_deltas(moves: Iterable[tuple[int, Comparison, int]], prices: Mapping[tuple[int, int | None], Prices]
+                 ) -> dict[tuple[int, int, int | None], PriceDelta]:
+    """Per (key, billed table, SKU): the PriceDelta to the key's comparison table, for every SKU priced.
 
-    comparisons: keyed by each row's `key` (arm or experiment).
+    moves: (key, comparison, billed table) with comparison.needs(billed table); key an experiment or arm.
     """
-    tables, skus = set(), set()
-    for row in rows:
-        comparison = comparisons[row["key"]]
-        if comparison.needs(row["table_id"]):
-            tables |= {row["table_id"], comparison.table_id}
-            skus.add(row["gpu_sku_id"])
-    return tables, skus
+    skus = {sku for _, sku in prices}
+    return {(key, billed, sku): PriceDelta.between(target=prices[(c.table_id, sku)], billed=prices[(billed, sku)],
+                                                   weights=c.weights)
+            for key, c, billed in moves for sku in skus if (c.table_id, sku) in prices and (billed, sku) in prices}

@@ -22,7 +22,7 @@ from django.db.models import (
 )
 from django.db.models.functions import Cast, Coalesce
 
-from apps.attribution.comparison import Comparison, prices_needed, repricing
+from apps.attribution.comparison import MICRO, Comparison, price_deltas
 from apps.attribution.decisions import ArmSums, RunMoments
 from apps.attribution.models import AttributionSnapshot, AttributionWindow, FreezeEvent, RunWindow
 from apps.attribution.stats import _dec
@@ -114,59 +114,81 @@ def observations_sums(*, experiment_id: int, after_number: dict[int, int], upto_
 
 
 def run_moments(*, epochs: dict[int, int], upto_number: dict[int, int],
-                comparisons: dict[int, Comparison] | None = None) -> dict[int, RunMoments]:
+                comparisons: dict[int, Comparison] | None = None, mixed: set[int] | None = None
+                ) -> dict[int, RunMoments]:
     """Per arm: its runs' cumulative compared cost, tokens and steps in windows epochs[arm] < number <=
     upto_number[arm], reduced to the run-level moments the freeze rule's variance needs.
 
     A run's compared cost is its billed cost, with the usage of windows recorded under another
-    table than comparisons[arm]'s re-priced at that one (apps.attribution.comparison). One query
-    summing in the database; for the arms whose epoch has such windows (after a price edit), one
-    more per run and table, and three for the runs' resources and prices. Windows of an
-    experiment are created in number order, so their ids grow with their numbers: the epoch
-    becomes an id range, read from the (arm, window) index.
+    table than comparisons[arm]'s re-priced at that one (apps.attribution.comparison), summed in
+    the database: one query. `mixed`: the arms whose epoch may hold such windows (None: look for
+    them, one query); for those, which tables, their prices and their sums: four more.
+    Windows of an experiment are created in number order, so their ids grow with their numbers:
+    the epoch becomes an id range, read from the (arm, window) index.
     """
     if not epochs:
         return {}
     comparisons = comparisons or {}
-    exact = "NUMERIC(40, 0)"
-    moved_sql = f"""
-        {_epoch_ranges(len(epochs))}
-        SELECT b.arm_id FROM b WHERE b.cmp > 0 AND EXISTS (
-            SELECT 1 FROM {_WIN} w WHERE w.experiment_id = b.experiment_id AND w.id > b.lo AND w.id <= b.hi
-            AND w.pricing_table_id <> b.cmp)
-    """
+    suspects = {a: e for a, e in epochs.items() if (mixed is None or a in mixed) and a in comparisons}
+    params = _epoch_params(suspects, upto_number, comparisons)
+    moves = []
+    if any(params[3::4]):  # which of them has usage under another table than its comparison's
+        with connection.cursor() as cursor:
+            cursor.execute(f"""{_epoch_ranges(len(suspects))}
+                SELECT DISTINCT b.arm_id, w.pricing_table_id FROM b JOIN {_WIN} w
+                ON w.experiment_id = b.experiment_id AND w.id > b.lo AND w.id <= b.hi
+                WHERE b.cmp > 0 AND w.pricing_table_id <> b.cmp""", params)
+            moves = [(arm_id, comparisons[arm_id], table_id) for arm_id, table_id in cursor.fetchall()]
+    out = _moments(epochs={a: e for a, e in epochs.items() if a not in {m[0] for m in moves}},
+                   upto_number=upto_number, comparisons=comparisons)
+    if moves:
+        prices = table_prices(table_ids={t for _, _, t in moves} | {c.table_id for _, c, _ in moves})
+        moved = {m[0] for m in moves}
+        out.update(_moments(epochs={a: epochs[a] for a in moved}, upto_number=upto_number,
+                            comparisons=comparisons, deltas=price_deltas(moves, prices)))
+    return out
+
+
+def _moments(*, epochs: dict, upto_number: dict, comparisons: dict, deltas: dict | None = None) -> dict:
+    """run_moments' sums in one query; with deltas ((arm, billed table, SKU) -> PriceDelta), re-priced."""
+    if not epochs:
+        return {}
+    exact, rw, run = "NUMERIC(40, 0)", _RW, Run._meta.db_table
+    cost, joins, k_params = "SUM(rw.cost_usd)", "", []
+    if deltas:
+        k = ", ".join(["(%s, %s, %s, %s, %s, %s, %s)"] * len(deltas))
+        k_params = [v for (arm_id, table_id, sku), d in deltas.items()
+                    for v in (arm_id, table_id, sku or 0, d.gpu_second, d.joule, d.vcpu_second, d.gb_second)]
+        # The per-unit deltas times the usage (PriceDelta.times), rounded per run as a bill is.
+        cost = ("SUM(rw.cost_usd) + ROUND(COALESCE(SUM(rw.gpu_seconds * k.dg + rw.energy_j * k.de + rw.wall_s * "
+                "(x.vcpus * k.dv + CAST(x.memory_gb AS NUMERIC) * k.dm)), 0), 6)")
+        joins = (f"JOIN {_WIN} w ON w.id = rw.window_id JOIN {run} x ON x.id = rw.run_id "
+                 "LEFT JOIN k ON k.arm_id = rw.arm_id AND k.tbl = w.pricing_table_id "
+                 "AND k.sku = COALESCE(x.gpu_sku_id, 0)")
+        k = f", k(arm_id, tbl, sku, dg, de, dv, dm) AS (VALUES {k})"
+    else:
+        k = ""
     sql = f"""
-        {_epoch_ranges(len(epochs))},
+        {_epoch_ranges(len(epochs))}{k},
         r AS (
-            SELECT rw.arm_id, SUM(rw.cost_usd) AS c, CAST(SUM(rw.tokens) AS {exact}) AS t,
-                   CAST(SUM(rw.steps) AS {exact}) AS s
-            FROM b JOIN {_RW} rw ON rw.arm_id = b.arm_id AND rw.window_id > b.lo AND rw.window_id <= b.hi
+            SELECT rw.arm_id, {cost} AS c, CAST(SUM(rw.tokens) AS {exact}) AS t, CAST(SUM(rw.steps) AS {exact}) AS s
+            FROM b JOIN {rw} rw ON rw.arm_id = b.arm_id AND rw.window_id > b.lo AND rw.window_id <= b.hi {joins}
             WHERE rw.omitted = %s
             GROUP BY rw.arm_id, rw.run_id
         )
         SELECT arm_id, COUNT(*), SUM(c), SUM(c * c), SUM(c * t), SUM(t * t), SUM(c * s), SUM(s * s)
         FROM r GROUP BY arm_id
     """
-    params = _epoch_params(epochs, upto_number, comparisons)
     with connection.cursor() as cursor:
-        moved = set()
-        if any(params[3::4]):  # some arm has a table to re-price at
-            cursor.execute(moved_sql, params)
-            moved = {arm_id for (arm_id,) in cursor.fetchall()}
-        cursor.execute(sql, params + [False])
-        rows = [r for r in cursor.fetchall() if r[0] not in moved]
+        cursor.execute(sql, _epoch_params(epochs, upto_number, comparisons) + k_params + [False])
+        rows = cursor.fetchall()
     # Postgres sums exactly at these scales (cost has 6 places); SQLite answers floats: rounded to
     # the same scales, as the snapshot columns store them, so a recompute reproduces a tick.
-    out = {}
     with localcontext() as ctx:
         ctx.prec = 80
-        for arm_id, n, c, cc, ct, tt, cs, ss in rows:
-            out[arm_id] = RunMoments(runs=int(n), cost=_at(c, 6), cost_sq=_at(cc, 12), cost_tokens=_at(ct, 6),
-                                     tokens_sq=_at(tt, 0), cost_steps=_at(cs, 6), steps_sq=_at(ss, 0))
-    if moved:
-        out.update(_run_moments_repriced(epochs={a: epochs[a] for a in moved},
-                                         upto_number=upto_number, comparisons=comparisons))
-    return out
+        return {arm_id: RunMoments(runs=int(n), cost=_at(c, 6), cost_sq=_at(cc, 12), cost_tokens=_at(ct, 6),
+                                   tokens_sq=_at(tt, 0), cost_steps=_at(cs, 6), steps_sq=_at(ss, 0))
+                for arm_id, n, c, cc, ct, tt, cs, ss in rows}
 
 
 _WIN, _RW, _ARM = AttributionWindow._meta.db_table, RunWindow._meta.db_table, Arm._meta.db_table
@@ -194,68 +216,6 @@ def _epoch_params(epochs: dict, upto_number: dict, comparisons: dict) -> list:
     return [v for arm_id, after in epochs.items() for v in (arm_id, after, upto_number[arm_id], cmp(arm_id))]
 
 
-def _run_moments_repriced(*, epochs: dict, upto_number: dict, comparisons: dict) -> dict[int, RunMoments]:
-    """run_moments for arms with usage under other tables: per run and table, re-priced, summed here."""
-    exact = "NUMERIC(40, 0)"
-    sql = f"""
-        {_epoch_ranges(len(epochs))}
-        SELECT rw.arm_id, rw.run_id, w.pricing_table_id, SUM(rw.cost_usd), CAST(SUM(rw.tokens) AS {exact}),
-               CAST(SUM(rw.steps) AS {exact}), SUM(rw.gpu_seconds), SUM(rw.wall_s), SUM(rw.energy_j)
-        FROM b JOIN {_RW} rw ON rw.arm_id = b.arm_id AND rw.window_id > b.lo AND rw.window_id <= b.hi
-        JOIN {_WIN} w ON w.id = rw.window_id
-        WHERE rw.omitted = %s
-        GROUP BY rw.arm_id, rw.run_id, w.pricing_table_id
-    """
-    with connection.cursor() as cursor:
-        cursor.execute(sql, _epoch_params(epochs, upto_number, comparisons) + [False])
-        rows = cursor.fetchall()
-    moved = [r for r in rows if comparisons[r[0]].needs(r[2])]
-    repriced = _runs_repricing(moved, comparisons) if moved else {}
-    per_run: dict[tuple[int, int], list[Decimal]] = {}
-    for arm_id, run_id, _table, c, t, s, *_ in rows:
-        sums = per_run.get((arm_id, run_id))
-        if sums is None:
-            sums = per_run[(arm_id, run_id)] = [Decimal(0), Decimal(0), Decimal(0)]
-        sums[0] += _exact_at(c, 6)
-        sums[1] += _exact_at(t, 0)
-        sums[2] += _exact_at(s, 0)
-    for key, extra in repriced.items():
-        per_run[key][0] += extra
-    by_arm: dict[int, list] = defaultdict(list)
-    for (arm_id, _), sums in per_run.items():
-        by_arm[arm_id].append(sums)
-    with localcontext() as ctx:
-        ctx.prec = 80
-        return {arm_id: RunMoments.of(runs) for arm_id, runs in by_arm.items()}
-
-
-def _exact_at(value, places: int) -> Decimal:
-    """A database sum as an exact Decimal at its column's scale (see run_moments)."""
-    return value if isinstance(value, Decimal) else _at(value, places)
-
-
-def _runs_repricing(rows: list[tuple], comparisons: dict) -> dict[tuple[int, int], Decimal]:
-    """Per (arm, run): what re-pricing these rollup rows (recorded under other tables) adds; three queries."""
-    runs = {pk: (sku, vcpus, memory_gb) for pk, sku, vcpus, memory_gb in Run.objects.filter(
-        pk__in={r[1] for r in rows}).values_list("pk", "gpu_sku_id", "vcpus", "memory_gb")}
-    usage = [{"key": arm_id, "run_id": run_id, "table_id": table_id, "gpu_sku_id": runs[run_id][0],
-              "vcpus": runs[run_id][1], "memory_gb": runs[run_id][2], "gpu_seconds": _exact_at(g, 6),
-              "wall_s": _exact_at(ws, 6), "energy_j": _exact_at(en, 6)}
-             for arm_id, run_id, table_id, _c, _t, _s, g, ws, en in rows]
-    prices = _comparison_prices(usage, comparisons)
-    out: dict[tuple[int, int], Decimal] = defaultdict(Decimal)
-    for row in usage:
-        out[(row["key"], row["run_id"])] += repricing(row, comparisons[row["key"]], prices)
-    return out
-
-
-def _comparison_prices(rows: list[dict], comparisons: dict) -> dict:
-    if not comparisons:
-        return {}
-    tables, skus = prices_needed(rows, comparisons)
-    return table_prices(table_ids=tables, sku_ids=skus) if tables else {}
-
-
 def comparisons_at(*, experiments: list[Experiment], at: datetime) -> dict[int, Comparison]:
     """Per experiment: the table its arms are compared at (pinned, else in force at `at`), in one query."""
     tables = pricing_tables_in_force(tenant_ids={e.tenant_id for e in experiments},
@@ -281,12 +241,12 @@ SNAPSHOT_SUMS = {
 }
 
 
-def snapshot_sums(*, window_ids: list[int]) -> dict[int, tuple[ArmSums, int]]:
-    """Per arm: the cumulative sums its snapshot in one of these windows carried, and its epoch."""
+def snapshot_sums(*, window_ids: list[int]) -> dict[int, tuple[ArmSums, int, int | None]]:
+    """Per arm: the cumulative sums its snapshot in one of these windows carried, its epoch, its comparison table."""
     rows = AttributionSnapshot.objects.filter(window_id__in=window_ids).values(
-        "arm_id", "epoch_start", *SNAPSHOT_SUMS.values())
-    return {r["arm_id"]: (ArmSums.from_row({k: r[v] for k, v in SNAPSHOT_SUMS.items()}), r["epoch_start"])
-            for r in rows}
+        "arm_id", "epoch_start", "pricing_table_id", *SNAPSHOT_SUMS.values())
+    return {r["arm_id"]: (ArmSums.from_row({k: r[v] for k, v in SNAPSHOT_SUMS.items()}), r["epoch_start"],
+                          r["pricing_table_id"]) for r in rows}
 
 
 def unfreeze_epochs(*, experiment_ids: list[int]) -> dict[int, int]:
@@ -363,22 +323,30 @@ def _tables_used(e: Experiment, by_tenant: dict, by_pk: dict, start: datetime) -
 
 def arm_repricing(*, experiment_id: int, comparison: Comparison) -> dict[int, Decimal]:
     """Per arm: what moving the usage its windows recorded under other tables to the comparison's adds
-    to its billed cost (the report's comparison), in one query over the rollup, plus two for prices."""
+    to its billed cost (the report's comparison): one query over the rollup, two more after a price edit."""
     if comparison.tiered or comparison.table_id is None:
         return {}
-    rows = [{"key": r["arm_id"], "table_id": r["window__pricing_table_id"], "gpu_sku_id": r["run__gpu_sku_id"],
-             "vcpus": r["run__vcpus"], "memory_gb": r["run__memory_gb"], "gpu_seconds": r["g"], "wall_s": r["ws"],
-             "energy_j": r["en"]}
-            for r in RunWindow.objects.filter(window__experiment_id=experiment_id, window__pricing_table__isnull=False)
-            .exclude(window__pricing_table_id=comparison.table_id)
-            .values("arm_id", "window__pricing_table_id", "run__gpu_sku_id", "run__vcpus", "run__memory_gb")
-            .annotate(g=Sum("gpu_seconds"), ws=Sum("wall_s"), en=Sum("energy_j")).order_by()]
-    comparisons = {row["key"]: comparison for row in rows}
-    prices = _comparison_prices(rows, comparisons)
+    rows = list(RunWindow.objects.filter(window__experiment_id=experiment_id, window__pricing_table__isnull=False)
+                .exclude(window__pricing_table_id=comparison.table_id)
+                .values("arm_id", "window__pricing_table_id", "run__gpu_sku_id", "run__vcpus", "run__memory_gb")
+                .annotate(g=Sum("gpu_seconds"), ws=Sum("wall_s"), en=Sum("energy_j")).order_by())
+    if not rows:
+        return {}
+    tables = {r["window__pricing_table_id"] for r in rows}
+    deltas = price_deltas([(0, comparison, t) for t in tables], table_prices(table_ids=tables | {comparison.table_id}))
     out: dict[int, Decimal] = defaultdict(Decimal)
-    for row in rows:
-        out[row["key"]] += repricing(row, comparison, prices)
-    return out
+    for r in rows:
+        delta = deltas.get((0, r["window__pricing_table_id"], r["run__gpu_sku_id"]))
+        if delta is not None:
+            out[r["arm_id"]] += delta.times(gpu_seconds=_exact_at(r["g"], 6), energy_j=_exact_at(r["en"], 6),
+                                            wall_s=_exact_at(r["ws"], 6), vcpus=r["run__vcpus"] or 0,
+                                            memory_gb=r["run__memory_gb"] or 0)
+    return {arm_id: usd.quantize(MICRO) for arm_id, usd in out.items()}
+
+
+def _exact_at(value, places: int) -> Decimal:
+    """A database sum as an exact Decimal at its column's scale (see run_moments)."""
+    return value if isinstance(value, Decimal) else _at(value, places)
 
 
 def snapshot_series(*, experiment: Experiment, since: datetime | None = None) -> QuerySet:

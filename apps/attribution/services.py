@@ -96,7 +96,9 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
         deltas = selectors.window_sums(window_ids=window_ids)
         moments = selectors.run_moments(epochs=epochs, upto_number={
             arm.pk: w.number for e, w in zip(experiments, windows, strict=True) for arm in arms_of[e.pk]},
-            comparisons={arm.pk: comparisons[e.pk] for e in experiments for arm in arms_of[e.pk]})
+            comparisons={arm.pk: comparisons[e.pk] for e in experiments for arm in arms_of[e.pk]},
+            mixed={arm.pk for e in experiments for arm in arms_of[e.pk]
+                   if arm.pk not in restarted and _mixed(previous.get(arm.pk), comparisons[e.pk])})
 
         snapshots, freezes, moves = [], [], []
         for experiment, window in zip(experiments, windows, strict=True):
@@ -135,6 +137,15 @@ def _epochs(experiments: list[Experiment], arms_of: dict, previous: dict) -> tup
                 epochs[arm.pk] = experiment.last_number or 0
                 restarted.add(arm.pk)
     return epochs, restarted
+
+
+def _mixed(previous: tuple | None, comparison: Comparison) -> bool:
+    """Whether an arm's epoch may hold usage recorded under another table than this comparison's: its
+    last window compared at another table, or its comparison then already re-priced something."""
+    if previous is None:
+        return False
+    sums, _, table_id = previous
+    return (table_id is not None and table_id != comparison.table_id) or sums.compared != sums.cost
 
 
 def _attribute(experiment: Experiment, window: AttributionWindow, inputs: list[ArmInput], epochs: dict,

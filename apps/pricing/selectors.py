@@ -79,11 +79,11 @@ def pricing_tables_in_force(*, tenant_ids: set[int], pinned_ids: set[int], at: d
     return out
 
 
-def table_prices(*, table_ids: set[int], sku_ids: set[int | None]) -> dict[tuple[int, int | None], Prices]:
-    """Prices of these tables for these GPU SKUs (None: a CPU run, no GPU rate), in two queries."""
+def table_prices(*, table_ids: set[int]) -> dict[tuple[int, int | None], Prices]:
+    """Prices of these tables for every GPU SKU any of them prices (0 where one does not), and for a CPU
+    run (SKU None), keyed (table, SKU), in two queries."""
     tables = list(PricingTable.objects.filter(pk__in=table_ids))
-    rates = dict(((p, s), r) for p, s, r in GpuPrice.objects.filter(
-        pricing_table_id__in=table_ids, sku_id__in=[s for s in sku_ids if s is not None]).values_list(
-        "pricing_table_id", "sku_id", "hourly_usd"))
-    return {(t.pk, sku): Prices.from_table(t, gpu_hour_usd=rates.get((t.pk, sku), 0)) for t in tables
-            for sku in sku_ids}
+    rates = {(p, s): r for p, s, r in GpuPrice.objects.filter(pricing_table_id__in=table_ids).values_list(
+        "pricing_table_id", "sku_id", "hourly_usd")}
+    skus = {None} | {s for _, s in rates}
+    return {(t.pk, sku): Prices.from_table(t, gpu_hour_usd=rates.get((t.pk, sku), 0)) for t in tables for sku in skus}
