@@ -78,18 +78,13 @@ def test_windows_before_the_edit_record_the_table_they_compared_at():
 
 
 def test_a_pinned_table_is_the_one_compared_at():
-    pinned = PricingTableFactory(name="pinned", valid_from=lab_start())
     lab = Lab({"control": 1.0, "b": 1.0}, runs_per_arm=3)
-    pinned.tenant = lab.price.pricing_table.tenant
-    pinned.save()
+    in_force = lab.price.pricing_table
+    # Older than the table in force: only the pin makes it the comparison's.
+    pinned = PricingTableFactory(tenant=in_force.tenant, name="pinned", valid_from=in_force.valid_from - timedelta(days=30))
     GpuPriceFactory(pricing_table=pinned, sku=lab.price.sku, hourly_usd=Decimal("1.00"))
     lab.experiment.pricing_table = pinned
     lab.experiment.save()
     lab.run_ticks(3)
     snap = AttributionSnapshot.objects.filter(arm=lab.arms["b"]).order_by("-window_end").first()
-    assert snap.pricing_table_id == pinned.pk
-
-
-def lab_start():
-    from tests.apps.attribution.lab import T0
-    return T0 - timedelta(days=30)
+    assert (snap.pricing_table_id, snap.pricing_valid_from) == (pinned.pk, pinned.valid_from)
