@@ -40,7 +40,8 @@ class FreezeEventAdmin(ReadOnlyAdmin):
 
 @admin.register(AttributionSnapshot)
 class AttributionSnapshotAdmin(ReadOnlyAdmin):
-    list_display = ["computed_at", "experiment", "arm", "usd_per_mtok", "deviation", "deviation_low", "state"]
+    list_display = ["computed_at", "experiment", "arm", "usd_per_mtok", "deviation", "deviation_low", "state",
+                    "total_usd", "compared_usd", "pricing_valid_from"]
     list_select_related = ["experiment", "arm"]
 
 

@@ -29,12 +29,14 @@ class RunMoments:
     tokens_sq: Decimal = Decimal(0)
     cost_steps: Decimal = Decimal(0)
     steps_sq: Decimal = Decimal(0)
+    cost: Decimal | None = None  # sum C: the compared cost (None: the billed sums' cost stands)
 
     @classmethod
     def of(cls, runs) -> RunMoments:
-        """From (cost, tokens, steps) per run."""
+        """From (cost, tokens, steps) per run; C is the run's compared cost."""
         runs = [(stats._dec(c), stats._dec(t), stats._dec(s)) for c, t, s in runs]
-        return cls(runs=len(runs), cost_sq=sum((c * c for c, _, _ in runs), Decimal(0)),
+        return cls(runs=len(runs), cost=sum((c for c, _, _ in runs), Decimal(0)),
+                   cost_sq=sum((c * c for c, _, _ in runs), Decimal(0)),
                    cost_tokens=sum((c * t for c, t, _ in runs), Decimal(0)),
                    tokens_sq=sum((t * t for _, t, _ in runs), Decimal(0)),
                    cost_steps=sum((c * s for c, _, s in runs), Decimal(0)),
@@ -65,12 +67,15 @@ class ArmSums:
     tokens_sq: Decimal = Decimal(0)
     cost_steps: Decimal = Decimal(0)
     steps_sq: Decimal = Decimal(0)
+    compared: Decimal = Decimal(0)  # `cost` with every arm's usage priced at the comparison table
 
     def with_moments(self, moments: RunMoments | None) -> ArmSums:
-        """These sums with the run-level count and second moments (the window sums' would be per window)."""
+        """These sums with the run-level count, second moments and compared cost (the window sums' would be
+        per window, and billed)."""
         m = moments or RunMoments()
         return replace(self, runs=m.runs, cost_sq=m.cost_sq, cost_tokens=m.cost_tokens, tokens_sq=m.tokens_sq,
-                       cost_steps=m.cost_steps, steps_sq=m.steps_sq)
+                       cost_steps=m.cost_steps, steps_sq=m.steps_sq,
+                       compared=self.cost if m.cost is None else m.cost)
 
     def __add__(self, other: ArmSums) -> ArmSums:
         values = {}
@@ -94,11 +99,11 @@ class ArmSums:
         return cls(**values)
 
     def ratio(self, unit: str) -> stats.RatioSums:
-        """Run-level sufficient statistics: n counts runs, not run-windows."""
+        """Run-level sufficient statistics at the comparison table: n counts runs, not run-windows."""
         if unit == "step":
-            return stats.RatioSums(self.runs, self.cost, Decimal(self.steps), self.cost_sq,
+            return stats.RatioSums(self.runs, self.compared, Decimal(self.steps), self.cost_sq,
                                    self.cost_steps, self.steps_sq)
-        return stats.RatioSums(self.runs, self.cost, Decimal(self.tokens), self.cost_sq,
+        return stats.RatioSums(self.runs, self.compared, Decimal(self.tokens), self.cost_sq,
                                self.cost_tokens, self.tokens_sq)
 
 
@@ -174,14 +179,15 @@ def _arm_figures(arm: ArmInput, policy: Policy) -> tuple[ArmVerdict, stats.Ratio
     if est is not None:
         verdict.metric = stats.ratio_interval(est, alpha=policy.alpha, r2=policy.r2)
     units = s.steps if policy.unit == "step" else s.tokens
-    verdict.metric_value = float(s.cost) / units * policy.scale if units > 0 else None
-    verdict.usd_per_mtok = float(s.cost) / s.tokens * 1e6 if s.tokens > 0 else None
+    # Figures that compare arms use the compared cost; the bill (cost_usd) is kept beside it.
+    verdict.metric_value = float(s.compared) / units * policy.scale if units > 0 else None
+    verdict.usd_per_mtok = float(s.compared) / s.tokens * 1e6 if s.tokens > 0 else None
     verdict.throughput_tok_s = s.tokens / float(s.wall_s) if s.wall_s > 0 else None
     verdict.evidence = {
         "metric": policy.metric, "value": _num(verdict.metric_value),
         "interval": _interval_json(verdict.metric, policy.scale),
         "observations": s.observations, "runs": s.runs, "samples": s.samples,
-        "cost_usd": f"{s.cost:.6f}", "units": units,
+        "cost_usd": f"{s.cost:.6f}", "compared_usd": f"{s.compared:.6f}", "units": units,
     }
     return verdict, est
 
@@ -221,7 +227,7 @@ def experiment_decide(arms: list[ArmInput], policy: Policy) -> ExperimentVerdict
         out.skip_reason = "arms: the experiment has no control arm (mark one arm is_control)"
         return out
     control = controls[0]
-    if control.sums.cost <= 0 and (control.sums.tokens > 0 or control.sums.steps > 0):
+    if control.sums.compared <= 0 and (control.sums.tokens > 0 or control.sums.steps > 0):
         out.skip_reason = (f"control: arm '{control.name}' has zero cost over {control.sums.tokens} tokens; "
                            "deviation is undefined (does the pricing table price its device?)")
         return out

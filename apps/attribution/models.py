@@ -35,6 +35,10 @@ class AttributionWindow(models.Model):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ATTRIBUTED)
     skip_reason = models.TextField(blank=True, default="")
     observations = models.PositiveIntegerField(default=0, help_text="Runs whose totals moved in the window.")
+    # The table this window's comparison priced every arm's usage at (in force at window_end,
+    # or the experiment's pinned one); a later window re-prices this window's usage at its own.
+    pricing_table = models.ForeignKey("pricing.PricingTable", on_delete=models.SET_NULL, null=True, blank=True,
+                                      related_name="+", db_index=False)
 
     class Meta:
         ordering = ["experiment", "-number"]
@@ -113,7 +117,14 @@ class AttributionSnapshot(models.Model):
     gpu_hours = models.FloatField(default=0.0)
     energy_kwh = models.FloatField(default=0.0)
     energy_estimated = models.BooleanField(default=False)
-    total_usd = models.DecimalField(max_digits=16, decimal_places=6, default=0)
+    total_usd = models.DecimalField(max_digits=16, decimal_places=6, default=0, help_text="As billed.")
+    compared_usd = models.DecimalField(
+        max_digits=16, decimal_places=6, default=0,
+        help_text="The same usage priced at the comparison table: what metric and deviation are computed on.")
+    pricing_table = models.ForeignKey("pricing.PricingTable", on_delete=models.SET_NULL, null=True, blank=True,
+                                      related_name="+", db_index=False, help_text="The comparison table.")
+    pricing_valid_from = models.DateTimeField(null=True, blank=True,
+                                              help_text="The comparison table's valid_from (kept if it is deleted).")
     # Exact running sums; the figures above and below are derived from them.
     gpu_seconds = _exact(24, 6)
     wall_s = _exact(24, 6)

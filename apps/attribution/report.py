@@ -10,7 +10,8 @@ from django.db.models import Avg, Case, Count, F, FloatField, Q, Sum, Value, Whe
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast
 
-from apps.attribution.selectors import snapshots_latest
+from apps.attribution.comparison import Comparison
+from apps.attribution.selectors import arm_repricing, snapshots_latest
 from apps.attribution.snapshots import policy_for
 from apps.experiments.models import Experiment, Run
 from apps.pricing.cost_engine import (
@@ -40,7 +41,8 @@ class ArmReport:
     energy_kwh: float
     energy_estimated: bool  # some energy was modelled, not measured: say so wherever it is shown
     electricity_usd: float  # the energy term as billed (PUE and cost-model weight included)
-    total_usd: float
+    total_usd: float  # as billed: each run at the tables in force while it ran
+    compared_usd: float  # the same usage at the report's one comparison table: what the figures below compare
     usd_per_mtok: float | None
     metric: str  # what deviation compares: usd_per_mtok, or usd_per_step for a tiered-per-step model
     metric_value: float | None
@@ -58,6 +60,7 @@ class ExperimentReport:
     name: str
     target_steps: int | None
     window_end: object  # the latest attribution window's end, or None before the first tick
+    pricing_table: dict | None  # {id, valid_from}: the table every arm's usage is compared at
     arms: list[ArmReport]
 
 
@@ -97,6 +100,9 @@ def experiment_report(*, experiment: Experiment) -> ExperimentReport:
                 span_s=Avg(_WALL_S, filter=_SUCCEEDED_EXTERNAL), spanned=Count("pk", filter=_SUCCEEDED_EXTERNAL),
             )}
     latest = snapshots_latest(experiment=experiment)
+    comparison = report_comparison(experiment=experiment, latest=latest)
+    repriced = arm_repricing(experiment_id=experiment.pk, comparison=comparison)
+    compared = {arm_id: float(r["cost"] or 0) + float(repriced.get(arm_id, 0)) for arm_id, r in rows.items()}
     model = experiment.cost_model
     tiered = {"tiers": model.tiers, "unit": model.unit} if model.kind == CostModel.Kind.TIERED_PER_CALL else {}
     arms = list(experiment.arms.order_by("-is_control", "name"))
@@ -104,7 +110,7 @@ def experiment_report(*, experiment: Experiment) -> ExperimentReport:
     for arm in arms:
         r = rows.get(arm.pk, {})
         units = (r.get("steps") or 0) if policy.unit == "step" else (r.get("tokens") or 0)
-        metric_of[arm.pk] = float(r["cost"]) / units * policy.scale if units and r.get("cost") else None
+        metric_of[arm.pk] = compared[arm.pk] / units * policy.scale if units and r.get("cost") else None
     control = next((a for a in arms if a.is_control), None)
     base = metric_of.get(control.pk) if control else None
 
@@ -125,7 +131,9 @@ def experiment_report(*, experiment: Experiment) -> ExperimentReport:
             runs=int(r.get("runs") or 0), runs_succeeded=int(r.get("runs_succeeded") or 0), tokens=tokens,
             steps=steps, gpu_hours=cost.gpu_hours, energy_kwh=cost.energy_kwh,
             energy_estimated=bool(r.get("estimated")), electricity_usd=cost.energy_usd, total_usd=total,
-            usd_per_mtok=cost_per_million_tokens(total, tokens), metric=policy.metric, metric_value=value,
+            compared_usd=compared.get(arm.pk, 0.0),
+            usd_per_mtok=cost_per_million_tokens(compared.get(arm.pk, 0.0), tokens), metric=policy.metric,
+            metric_value=value,
             throughput_tok_s=tokens / wall if wall > 0 else None,
             completion_s=completion,
             deviation=value / base - 1.0 if value is not None and base else None,
@@ -134,5 +142,16 @@ def experiment_report(*, experiment: Experiment) -> ExperimentReport:
             if experiment.target_steps else None,
         ))
     window_end = next(iter(latest.values())).window_end if latest else None
+    table = {"id": comparison.table_id, "valid_from": comparison.valid_from} if comparison.table_id else None
     return ExperimentReport(experiment_id=experiment.pk, name=experiment.name, target_steps=experiment.target_steps,
-                            window_end=window_end, arms=out)
+                            window_end=window_end, pricing_table=table, arms=out)
+
+
+def report_comparison(*, experiment: Experiment, latest: dict) -> Comparison:
+    """The report compares at its latest window's table, as the bounds beside it were. Before the first
+    window nothing is rolled up to re-price: arms compare as billed (no table). Usage since the latest
+    window compares as billed too."""
+    snapshot = next(iter(latest.values()), None)
+    return Comparison.of(table_id=snapshot.pricing_table_id if snapshot else None,
+                         valid_from=snapshot.pricing_valid_from if snapshot else None,
+                         cost_model=experiment.cost_model)

@@ -22,11 +22,13 @@ from django.db.models import (
 )
 from django.db.models.functions import Cast, Coalesce
 
+from apps.attribution.comparison import MICRO, Comparison, price_deltas
 from apps.attribution.decisions import ArmSums, RunMoments
 from apps.attribution.models import AttributionSnapshot, AttributionWindow, FreezeEvent, RunWindow
 from apps.attribution.stats import _dec
 from apps.experiments.models import Arm, Experiment, Run
 from apps.pricing.models import GpuPrice, PricingTable
+from apps.pricing.selectors import pricing_tables_in_force, table_prices
 
 # Beat fires on a fixed period; an experiment is due when its interval has passed, give or
 # take this much jitter, so a 30 s interval on a 5 s beat is attributed every 30 s, not 35.
@@ -111,47 +113,121 @@ def observations_sums(*, experiment_id: int, after_number: dict[int, int], upto_
     return out
 
 
-def run_moments(*, epochs: dict[int, int], upto_number: dict[int, int]) -> dict[int, RunMoments]:
-    """Per arm: its runs' cumulative cost, tokens and steps in windows epochs[arm] < number <= upto_number[arm],
-    reduced to the run-level moments the freeze rule's variance needs, in one query.
+def run_moments(*, epochs: dict[int, int], upto_number: dict[int, int],
+                comparisons: dict[int, Comparison] | None = None, mixed: set[int] | None = None
+                ) -> dict[int, RunMoments]:
+    """Per arm: its runs' cumulative compared cost, tokens and steps in windows epochs[arm] < number <=
+    upto_number[arm], reduced to the run-level moments the freeze rule's variance needs.
 
+    A run's compared cost is its billed cost, with the usage of windows recorded under another
+    table than comparisons[arm]'s re-priced at that one (apps.attribution.comparison), summed in
+    the database: one query. `mixed`: the arms whose epoch may hold such windows (None: look for
+    them, one query); for those, which tables, their prices and their sums: four more.
     Windows of an experiment are created in number order, so their ids grow with their numbers:
     the epoch becomes an id range, read from the (arm, window) index.
     """
     if not epochs:
         return {}
-    rw, win, arm = RunWindow._meta.db_table, AttributionWindow._meta.db_table, Arm._meta.db_table
-    values = ", ".join(["(%s, %s, %s)"] * len(epochs))
-    exact = "NUMERIC(40, 0)"
+    comparisons = comparisons or {}
+    suspects = {a: e for a, e in epochs.items() if (mixed is None or a in mixed) and a in comparisons}
+    params = _epoch_params(suspects, upto_number, comparisons)
+    moves = []
+    if any(params[3::4]):  # which of them has usage under another table than its comparison's
+        with connection.cursor() as cursor:
+            cursor.execute(f"""{_epoch_ranges(len(suspects))}
+                SELECT DISTINCT b.arm_id, w.pricing_table_id FROM (SELECT * FROM b OFFSET 0) b JOIN {_WIN} w
+                ON w.experiment_id = b.experiment_id AND w.id > b.lo AND w.id <= b.hi
+                WHERE b.cmp > 0 AND w.pricing_table_id <> b.cmp""", params)
+            moves = [(arm_id, comparisons[arm_id], table_id) for arm_id, table_id in cursor.fetchall()]
+    out = _moments(epochs={a: e for a, e in epochs.items() if a not in {m[0] for m in moves}},
+                   upto_number=upto_number, comparisons=comparisons)
+    if moves:
+        prices = table_prices(table_ids={t for _, _, t in moves} | {c.table_id for _, c, _ in moves})
+        moved = {m[0] for m in moves}
+        out.update(_moments(epochs={a: epochs[a] for a in moved}, upto_number=upto_number,
+                            comparisons=comparisons, deltas=price_deltas(moves, prices)))
+    return out
+
+
+def _moments(*, epochs: dict, upto_number: dict, comparisons: dict, deltas: dict | None = None) -> dict:
+    """run_moments' sums in one query; with deltas ((arm, billed table, SKU) -> PriceDelta), re-priced."""
+    if not epochs:
+        return {}
+    exact, rw, run = "NUMERIC(40, 0)", _RW, Run._meta.db_table
+    cost, joins, k_params = "SUM(rw.cost_usd)", "", []
+    if deltas:
+        k = ", ".join(["(%s, %s, %s, %s, %s, %s, %s)"] * len(deltas))
+        k_params = [v for (arm_id, table_id, sku), d in deltas.items()
+                    for v in (arm_id, table_id, sku or 0, d.gpu_second, d.joule, d.vcpu_second, d.gb_second)]
+        # The per-unit deltas times the usage (PriceDelta.times), rounded per run as a bill is.
+        cost = ("SUM(rw.cost_usd) + ROUND(COALESCE(SUM(rw.gpu_seconds * k.dg + rw.energy_j * k.de + rw.wall_s * "
+                "(x.vcpus * k.dv + CAST(x.memory_gb AS NUMERIC) * k.dm)), 0), 6)")
+        joins = (f"JOIN {_WIN} w ON w.id = rw.window_id JOIN {run} x ON x.id = rw.run_id "
+                 "LEFT JOIN k ON k.arm_id = rw.arm_id AND k.tbl = w.pricing_table_id "
+                 "AND k.sku = COALESCE(x.gpu_sku_id, 0)")
+        k = f", k(arm_id, tbl, sku, dg, de, dv, dm) AS (VALUES {k})"
+    else:
+        k = ""
     sql = f"""
-        WITH e(arm_id, after_n, upto_n) AS (VALUES {values}),
-        b AS (
-            SELECT e.arm_id,
-                   COALESCE((SELECT w.id FROM {win} w WHERE w.experiment_id = a.experiment_id
-                             AND w.number = e.after_n), 0) AS lo,
-                   (SELECT w.id FROM {win} w WHERE w.experiment_id = a.experiment_id AND w.number = e.upto_n) AS hi
-            FROM e JOIN {arm} a ON a.id = e.arm_id
-        ),
+        {_epoch_ranges(len(epochs))}{k},
         r AS (
-            SELECT rw.arm_id, SUM(rw.cost_usd) AS c, CAST(SUM(rw.tokens) AS {exact}) AS t,
-                   CAST(SUM(rw.steps) AS {exact}) AS s
-            FROM b JOIN {rw} rw ON rw.arm_id = b.arm_id AND rw.window_id > b.lo AND rw.window_id <= b.hi
+            SELECT rw.arm_id, {cost} AS c, CAST(SUM(rw.tokens) AS {exact}) AS t, CAST(SUM(rw.steps) AS {exact}) AS s
+            FROM {"(SELECT * FROM b OFFSET 0) b" if deltas else "b"}  -- b once, not per row (Postgres)
+            JOIN {rw} rw ON rw.arm_id = b.arm_id AND rw.window_id > b.lo AND rw.window_id <= b.hi {joins}
             WHERE rw.omitted = %s
             GROUP BY rw.arm_id, rw.run_id
         )
-        SELECT arm_id, COUNT(*), SUM(c * c), SUM(c * t), SUM(t * t), SUM(c * s), SUM(s * s) FROM r GROUP BY arm_id
+        SELECT arm_id, COUNT(*), SUM(c), SUM(c * c), SUM(c * t), SUM(t * t), SUM(c * s), SUM(s * s)
+        FROM r GROUP BY arm_id
     """
-    params = [v for arm_id, after in epochs.items() for v in (arm_id, after, upto_number[arm_id])] + [False]
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(sql, _epoch_params(epochs, upto_number, comparisons) + k_params + [False])
         rows = cursor.fetchall()
     # Postgres sums exactly at these scales (cost has 6 places); SQLite answers floats: rounded to
     # the same scales, as the snapshot columns store them, so a recompute reproduces a tick.
     with localcontext() as ctx:
         ctx.prec = 80
-        return {arm_id: RunMoments(runs=int(n), cost_sq=_at(cc, 12), cost_tokens=_at(ct, 6), tokens_sq=_at(tt, 0),
-                                   cost_steps=_at(cs, 6), steps_sq=_at(ss, 0))
-                for arm_id, n, cc, ct, tt, cs, ss in rows}
+        return {arm_id: RunMoments(runs=int(n), cost=_at(c, 6), cost_sq=_at(cc, 12), cost_tokens=_at(ct, 6),
+                                   tokens_sq=_at(tt, 0), cost_steps=_at(cs, 6), steps_sq=_at(ss, 0))
+                for arm_id, n, c, cc, ct, tt, cs, ss in rows}
+
+
+_WIN, _RW, _ARM = AttributionWindow._meta.db_table, RunWindow._meta.db_table, Arm._meta.db_table
+
+
+def _epoch_ranges(n: int) -> str:
+    """CTEs e and b: per arm, the window-id range of its epoch and its comparison table (0: none to re-price at)."""
+    values = ", ".join(["(%s, %s, %s, %s)"] * n)
+    return f"""
+        WITH e(arm_id, after_n, upto_n, cmp) AS (VALUES {values}),
+        b AS (
+            SELECT e.arm_id, a.experiment_id, e.cmp,
+                   COALESCE((SELECT w.id FROM {_WIN} w WHERE w.experiment_id = a.experiment_id
+                             AND w.number = e.after_n), 0) AS lo,
+                   (SELECT w.id FROM {_WIN} w WHERE w.experiment_id = a.experiment_id AND w.number = e.upto_n) AS hi
+            FROM e JOIN {_ARM} a ON a.id = e.arm_id
+        )"""
+
+
+def _epoch_params(epochs: dict, upto_number: dict, comparisons: dict) -> list:
+    def cmp(arm_id: int) -> int:
+        c = comparisons.get(arm_id)
+        return c.table_id if c is not None and not c.tiered and c.table_id else 0
+
+    return [v for arm_id, after in epochs.items() for v in (arm_id, after, upto_number[arm_id], cmp(arm_id))]
+
+
+def comparisons_at(*, experiments: list[Experiment], at: datetime) -> dict[int, Comparison]:
+    """Per experiment: the table its arms are compared at (pinned, else in force at `at`), in one query."""
+    tables = pricing_tables_in_force(tenant_ids={e.tenant_id for e in experiments},
+                                     pinned_ids={e.pricing_table_id for e in experiments if e.pricing_table_id},
+                                     at=at)
+    out = {}
+    for e in experiments:
+        table = tables.get(("pinned", e.pricing_table_id) if e.pricing_table_id else ("tenant", e.tenant_id))
+        out[e.pk] = Comparison.of(table_id=table.pk if table else None, valid_from=table.valid_from if table else None,
+                                  cost_model=e.cost_model)
+    return out
 
 
 def _at(value, places: int) -> Decimal:
@@ -162,16 +238,16 @@ SNAPSHOT_SUMS = {
     "observations": "observations", "runs": "runs", "samples": "samples", "cost": "total_usd", "tokens": "tokens",
     "steps": "steps", "gpu_seconds": "gpu_seconds", "wall_s": "wall_s", "energy_j": "energy_j",
     "estimated": "energy_estimated", "cost_sq": "cost_sq", "cost_tokens": "cost_tokens", "tokens_sq": "tokens_sq",
-    "cost_steps": "cost_steps", "steps_sq": "steps_sq",
+    "cost_steps": "cost_steps", "steps_sq": "steps_sq", "compared": "compared_usd",
 }
 
 
-def snapshot_sums(*, window_ids: list[int]) -> dict[int, tuple[ArmSums, int]]:
-    """Per arm: the cumulative sums its snapshot in one of these windows carried, and its epoch."""
+def snapshot_sums(*, window_ids: list[int]) -> dict[int, tuple[ArmSums, int, int | None]]:
+    """Per arm: the cumulative sums its snapshot in one of these windows carried, its epoch, its comparison table."""
     rows = AttributionSnapshot.objects.filter(window_id__in=window_ids).values(
-        "arm_id", "epoch_start", *SNAPSHOT_SUMS.values())
-    return {r["arm_id"]: (ArmSums.from_row({k: r[v] for k, v in SNAPSHOT_SUMS.items()}), r["epoch_start"])
-            for r in rows}
+        "arm_id", "epoch_start", "pricing_table_id", *SNAPSHOT_SUMS.values())
+    return {r["arm_id"]: (ArmSums.from_row({k: r[v] for k, v in SNAPSHOT_SUMS.items()}), r["epoch_start"],
+                          r["pricing_table_id"]) for r in rows}
 
 
 def unfreeze_epochs(*, experiment_ids: list[int]) -> dict[int, int]:
@@ -244,6 +320,34 @@ def _tables_used(e: Experiment, by_tenant: dict, by_pk: dict, start: datetime) -
     tables = by_tenant[e.tenant_id]
     first = max((i for i, t in enumerate(tables) if t["valid_from"] <= start), default=0)
     return tables[first:]
+
+
+def arm_repricing(*, experiment_id: int, comparison: Comparison) -> dict[int, Decimal]:
+    """Per arm: what moving the usage its windows recorded under other tables to the comparison's adds
+    to its billed cost (the report's comparison): one query over the rollup, two more after a price edit."""
+    if comparison.tiered or comparison.table_id is None:
+        return {}
+    rows = list(RunWindow.objects.filter(window__experiment_id=experiment_id, window__pricing_table__isnull=False)
+                .exclude(window__pricing_table_id=comparison.table_id)
+                .values("arm_id", "window__pricing_table_id", "run__gpu_sku_id", "run__vcpus", "run__memory_gb")
+                .annotate(g=Sum("gpu_seconds"), ws=Sum("wall_s"), en=Sum("energy_j")).order_by())
+    if not rows:
+        return {}
+    tables = {r["window__pricing_table_id"] for r in rows}
+    deltas = price_deltas([(0, comparison, t) for t in tables], table_prices(table_ids=tables | {comparison.table_id}))
+    out: dict[int, Decimal] = defaultdict(Decimal)
+    for r in rows:
+        delta = deltas.get((0, r["window__pricing_table_id"], r["run__gpu_sku_id"]))
+        if delta is not None:
+            out[r["arm_id"]] += delta.times(gpu_seconds=_exact_at(r["g"], 6), energy_j=_exact_at(r["en"], 6),
+                                            wall_s=_exact_at(r["ws"], 6), vcpus=r["run__vcpus"] or 0,
+                                            memory_gb=r["run__memory_gb"] or 0)
+    return {arm_id: usd.quantize(MICRO) for arm_id, usd in out.items()}
+
+
+def _exact_at(value, places: int) -> Decimal:
+    """A database sum as an exact Decimal at its column's scale (see run_moments)."""
+    return value if isinstance(value, Decimal) else _at(value, places)
 
 
 def snapshot_series(*, experiment: Experiment, since: datetime | None = None) -> QuerySet:

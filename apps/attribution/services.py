@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from apps.attribution import selectors
 from apps.attribution.alerts import alerts_queue
+from apps.attribution.comparison import Comparison
 from apps.attribution.decisions import ArmInput, ArmSums, ArmVerdict, ExperimentVerdict, experiment_decide
 from apps.attribution.locks import lock_try
 from apps.attribution.models import (
@@ -73,8 +74,10 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
         experiments = [e for e in due if e.pk in moved]
         if not experiments:
             return TickResult(ran=True, note="no experiment due with new data")
+        comparisons = selectors.comparisons_at(experiments=experiments, at=now)
         windows = AttributionWindow.objects.bulk_create([
-            AttributionWindow(experiment=e, number=(e.last_number or 0) + 1, window_start=e.last_end, window_end=now)
+            AttributionWindow(experiment=e, number=(e.last_number or 0) + 1, window_start=e.last_end, window_end=now,
+                              pricing_table_id=comparisons[e.pk].table_id)
             for e in experiments
         ])
         window_ids = [w.pk for w in windows]
@@ -92,7 +95,10 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
             RunWindow.objects.filter(window_id__in=window_ids, run_id__in=omitted).update(omitted=True)
         deltas = selectors.window_sums(window_ids=window_ids)
         moments = selectors.run_moments(epochs=epochs, upto_number={
-            arm.pk: w.number for e, w in zip(experiments, windows, strict=True) for arm in arms_of[e.pk]})
+            arm.pk: w.number for e, w in zip(experiments, windows, strict=True) for arm in arms_of[e.pk]},
+            comparisons={arm.pk: comparisons[e.pk] for e in experiments for arm in arms_of[e.pk]},
+            mixed={arm.pk for e in experiments for arm in arms_of[e.pk]
+                   if arm.pk not in restarted and _mixed(previous.get(arm.pk), comparisons[e.pk])})
 
         snapshots, freezes, moves = [], [], []
         for experiment, window in zip(experiments, windows, strict=True):
@@ -102,7 +108,7 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
                                      + deltas.get(arm.pk, ArmSums())).with_moments(moments.get(arm.pk)))
                       for arm in arms_of[experiment.pk]]
             fault = faults.get(experiment.pk, ("", []))[0]
-            s, f, m = _attribute(experiment, window, inputs, epochs, fault)
+            s, f, m = _attribute(experiment, window, inputs, epochs, fault, comparisons[experiment.pk])
             snapshots += s
             freezes += f
             moves += m
@@ -133,8 +139,17 @@ def _epochs(experiments: list[Experiment], arms_of: dict, previous: dict) -> tup
     return epochs, restarted
 
 
+def _mixed(previous: tuple | None, comparison: Comparison) -> bool:
+    """Whether an arm's epoch may hold usage recorded under another table than this comparison's: its
+    last window compared at another table, or its comparison then already re-priced something."""
+    if previous is None:
+        return False
+    sums, _, table_id = previous
+    return (table_id is not None and table_id != comparison.table_id) or sums.compared != sums.cost
+
+
 def _attribute(experiment: Experiment, window: AttributionWindow, inputs: list[ArmInput], epochs: dict,
-               fault: str) -> tuple[list, list, list]:
+               fault: str, comparison: Comparison) -> tuple[list, list, list]:
     """One experiment's window: its snapshots, the freezes and weight moves it decides (unsaved)."""
     policy = policy_for(experiment)
     verdict = _decide(experiment, inputs, policy)
@@ -145,11 +160,11 @@ def _attribute(experiment: Experiment, window: AttributionWindow, inputs: list[A
     for arm in inputs:
         arm_verdict = verdict.arms.get(arm.arm_id, ArmVerdict())
         snapshot = snapshot_build(window=window, arm=arm, verdict=arm_verdict, policy=policy,
-                                  epoch_start=epochs[arm.arm_id], skip_reason=reason)
+                                  epoch_start=epochs[arm.arm_id], skip_reason=reason, comparison=comparison)
         snapshots.append(snapshot)
         if arm_verdict.freeze and not reason:
             freezes.append(_Freeze(arm.arm_id, window, snapshot, _freeze_reason(arm, arm_verdict), policy.threshold,
-                                   full_evidence(arm_verdict, window, epochs[arm.arm_id])))
+                                   full_evidence(arm_verdict, window, epochs[arm.arm_id], comparison)))
     moves = _weight_moves(inputs, verdict, window) if not reason and verdict.weights else []
     return snapshots, freezes, moves
 

@@ -7,6 +7,7 @@ from decimal import Decimal
 from django.conf import settings
 
 from apps.attribution import selectors, stats
+from apps.attribution.comparison import Comparison
 from apps.attribution.decisions import ArmInput, ArmSums, ArmVerdict, Policy, experiment_decide
 from apps.attribution.models import AttributionSnapshot, AttributionWindow
 from apps.experiments.models import Arm, Experiment
@@ -23,10 +24,16 @@ SNAPSHOT_EVIDENCE = ("metric", "decision", "blocked_by", "threshold", "alpha", "
                      "min_cs_runs")
 
 
-def full_evidence(verdict: ArmVerdict, window: AttributionWindow, epoch_start: int) -> dict:
-    """Everything a decision was made on (what a FreezeEvent keeps): figures, bounds, rule, window."""
+def full_evidence(verdict: ArmVerdict, window: AttributionWindow, epoch_start: int, comparison: Comparison) -> dict:
+    """Everything a decision was made on (what a FreezeEvent keeps): figures, bounds, rule, window, table."""
     return {**verdict.evidence,
-            "window": {"number": window.number, "end": window.window_end.isoformat(), "since": epoch_start}}
+            "window": {"number": window.number, "end": window.window_end.isoformat(), "since": epoch_start},
+            "pricing_table": _table_json(comparison)}
+
+
+def _table_json(comparison: Comparison) -> dict:
+    valid_from = comparison.valid_from.isoformat() if comparison.valid_from else None
+    return {"id": comparison.table_id, "valid_from": valid_from}
 
 
 def policy_for(experiment: Experiment) -> Policy:
@@ -44,7 +51,7 @@ def policy_for(experiment: Experiment) -> Policy:
 
 
 def snapshot_build(*, window: AttributionWindow, arm: ArmInput, verdict: ArmVerdict, policy: Policy,
-                   epoch_start: int, skip_reason: str) -> AttributionSnapshot:
+                   epoch_start: int, skip_reason: str, comparison: Comparison) -> AttributionSnapshot:
     """An unsaved snapshot: the arm's sums, the figures derived from them, and the decision."""
     s: ArmSums = arm.sums
     metric, dev = verdict.metric, verdict.deviation
@@ -59,7 +66,8 @@ def snapshot_build(*, window: AttributionWindow, arm: ArmInput, verdict: ArmVerd
         computed_at=window.window_end, window_end=window.window_end,
         runs=s.runs, samples=s.samples, observations=s.observations, tokens=s.tokens, steps=s.steps,
         gpu_hours=float(s.gpu_seconds) / SECONDS_PER_HOUR, energy_kwh=float(s.energy_j) / JOULES_PER_KWH,
-        energy_estimated=s.estimated, total_usd=s.cost, gpu_seconds=s.gpu_seconds, wall_s=s.wall_s,
+        energy_estimated=s.estimated, total_usd=s.cost, compared_usd=s.compared,
+        pricing_table_id=comparison.table_id, pricing_valid_from=comparison.valid_from, gpu_seconds=s.gpu_seconds, wall_s=s.wall_s,
         energy_j=s.energy_j, cost_sq=s.cost_sq, cost_tokens=s.cost_tokens, tokens_sq=s.tokens_sq,
         cost_steps=s.cost_steps, steps_sq=s.steps_sq,
         metric=policy.metric, metric_value=verdict.metric_value,
@@ -87,13 +95,19 @@ def window_recompute(*, window: AttributionWindow) -> list[AttributionSnapshot]:
         return []
     experiment = Experiment.objects.select_related("cost_model").get(pk=window.experiment_id)
     policy = policy_for(experiment)
+    # The table the window compared at, as it recorded it.
+    table = window.pricing_table
+    comparison = Comparison.of(table_id=table.pk if table else None, valid_from=table.valid_from if table else None,
+                               cost_model=experiment.cost_model)
     epochs = {pk: s.epoch_start for pk, s in stored.items()}
     sums = selectors.observations_sums(experiment_id=experiment.pk, upto_number=window.number, after_number=epochs)
-    moments = selectors.run_moments(epochs=epochs, upto_number={pk: window.number for pk in stored})
+    moments = selectors.run_moments(epochs=epochs, upto_number={pk: window.number for pk in stored},
+                                    comparisons=dict.fromkeys(stored, comparison))
     inputs = [ArmInput(arm_id=pk, name=s.arm.name, is_control=s.arm.is_control, active=s.state == Arm.State.ACTIVE,
                        weight=Decimal(s.weight), sums=sums.get(pk, ArmSums()).with_moments(moments.get(pk)))
               for pk, s in sorted(stored.items())]
     verdict = experiment_decide(inputs, policy)
     reason = window.skip_reason or verdict.skip_reason
     return [snapshot_build(window=window, arm=a, verdict=verdict.arms[a.arm_id], policy=policy,
-                           epoch_start=stored[a.arm_id].epoch_start, skip_reason=reason) for a in inputs]
+                           epoch_start=stored[a.arm_id].epoch_start, skip_reason=reason, comparison=comparison)
+            for a in inputs]

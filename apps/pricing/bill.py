@@ -163,3 +163,14 @@ def run_bill(
         usage = usage + u
     return Bill(periods=periods, usage=usage, cost=price_periods(periods, prices, weights), max_step=sums.max_step,
                 energy_estimated=sums.estimated or sums.modelled > 0)
+
+
+def rollup_cost(*, prices: Prices, weights: Weights, device_seconds: float, wall_s: float, energy_j: float,
+                vcpus: float, memory_gb: float) -> float:
+    """USD of rolled-up usage (a run's summed intervals) at one table: what period_sums' usage costs there.
+
+    Linear in usage under fixed prices, so a sum over any intervals prices like the intervals one by one.
+    """
+    usage = Usage(wall_s=wall_s, device_seconds=device_seconds, busy_device_seconds=device_seconds,
+                  energy_j=energy_j, vcpu_seconds=wall_s * vcpus, memory_gb_seconds=wall_s * memory_gb)
+    return resource_weighted_cost(usage, prices, weights).total_usd

@@ -6,7 +6,7 @@ import bisect
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from apps.pricing.bill import FREE
 from apps.pricing.cost_engine import Prices
@@ -65,3 +65,25 @@ def pricing_table_list(*, tenant) -> QuerySet[PricingTable]:
 
 def cost_model_list(*, tenant) -> QuerySet[CostModel]:
     return CostModel.objects.filter(tenant=tenant).order_by("name", "pk")
+
+
+def pricing_tables_in_force(*, tenant_ids: set[int], pinned_ids: set[int], at: datetime) -> dict:
+    """The comparison tables at `at`, in one query: {("tenant", id): table in force, ("pinned", id): table}."""
+    out: dict = {}
+    rows = PricingTable.objects.filter(Q(tenant_id__in=tenant_ids, valid_from__lte=at) | Q(pk__in=pinned_ids))
+    for table in rows.order_by("valid_from"):  # the latest in force wins
+        if table.pk in pinned_ids:
+            out[("pinned", table.pk)] = table
+        if table.tenant_id in tenant_ids and table.valid_from <= at:
+            out[("tenant", table.tenant_id)] = table
+    return out
+
+
+def table_prices(*, table_ids: set[int]) -> dict[tuple[int, int | None], Prices]:
+    """Prices of these tables for every GPU SKU any of them prices (0 where one does not), and for a CPU
+    run (SKU None), keyed (table, SKU), in two queries."""
+    tables = list(PricingTable.objects.filter(pk__in=table_ids))
+    rates = {(p, s): r for p, s, r in GpuPrice.objects.filter(pricing_table_id__in=table_ids).values_list(
+        "pricing_table_id", "sku_id", "hourly_usd")}
+    skus = {None} | {s for _, s in rates}
+    return {(t.pk, sku): Prices.from_table(t, gpu_hour_usd=rates.get((t.pk, sku), 0)) for t in tables for sku in skus}

@@ -14,6 +14,11 @@ class ProjectionSerializer(serializers.Serializer):
     estimated = serializers.BooleanField(help_text="Always true: every figure here is projected, not measured.")
 
 
+class PricingTableRefSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    valid_from = serializers.DateTimeField()
+
+
 class ArmReportSerializer(serializers.Serializer):
     arm_id = serializers.IntegerField()
     name = serializers.CharField()
@@ -28,8 +33,11 @@ class ArmReportSerializer(serializers.Serializer):
     energy_kwh = serializers.FloatField()
     energy_estimated = serializers.BooleanField(help_text="Some energy was modelled, not measured.")
     electricity_usd = serializers.FloatField()
-    total_usd = serializers.FloatField()
-    usd_per_mtok = serializers.FloatField(allow_null=True, help_text="USD per million tokens.")
+    total_usd = serializers.FloatField(help_text="As billed: each run at the tables in force while it ran.")
+    compared_usd = serializers.FloatField(
+        help_text="The arm's usage priced at the report's one comparison table (pricing_table): what "
+                  "usd_per_mtok, metric_value and deviation compare.")
+    usd_per_mtok = serializers.FloatField(allow_null=True, help_text="USD per million tokens, at the comparison table.")
     metric = serializers.CharField(help_text="What deviation compares: usd_per_mtok, or usd_per_step.")
     metric_value = serializers.FloatField(allow_null=True)
     throughput_tok_s = serializers.FloatField(allow_null=True)
@@ -47,6 +55,9 @@ class ExperimentReportSerializer(serializers.Serializer):
     threshold = serializers.FloatField(help_text="The experiment's freeze threshold (0.05 = 5 %).")
     target_steps = serializers.IntegerField(allow_null=True)
     window_end = serializers.DateTimeField(allow_null=True, help_text="Latest attribution window; null before the first.")
+    pricing_table = PricingTableRefSerializer(
+        allow_null=True, help_text="The one table every arm is compared at (the latest window's: pinned, else in "
+                                   "force at its end); null before the first window (compared as billed).")
     arms = ArmReportSerializer(many=True)
 
 

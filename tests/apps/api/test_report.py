@@ -18,8 +18,9 @@ pytestmark = pytest.mark.django_db
 
 
 def priced_run(arm, usd: str, tokens: int = 1_000_000, **extra):
+    extra.setdefault("device_seconds", 60.0)
     return RunFactory(arm=arm, status="succeeded", priced_seq=10, last_seq=10, tokens=tokens, steps=100,
-                      cost_usd=Decimal(usd), device_seconds=60.0, **extra)
+                      cost_usd=Decimal(usd), **extra)
 
 
 def test_the_report_compares_each_arm_with_the_control(api, experiment, django_assert_max_num_queries):
@@ -46,7 +47,7 @@ def test_an_arm_without_priced_runs_has_no_data(api, experiment):
 
 BASE = ArmReport(arm_id=1, name="b", is_control=False, state="active", weight=Decimal(1), runs=5, runs_succeeded=5,
                  tokens=1, steps=1, gpu_hours=0, energy_kwh=0, energy_estimated=False, electricity_usd=0, total_usd=0,
-                 usd_per_mtok=1, metric="usd_per_mtok", metric_value=1, throughput_tok_s=None, completion_s=None,
+                 compared_usd=0, usd_per_mtok=1, metric="usd_per_mtok", metric_value=1, throughput_tok_s=None, completion_s=None,
                  deviation=0.0, deviation_low=None, deviation_high=None, projected=None)
 
 
@@ -92,3 +93,34 @@ def test_members_and_tokens_cannot_freeze(api, session, experiment):
     Arm.objects.filter(pk=arm.pk).update(state="frozen", weight=0)
     assert api.post(f"/api/v1/arms/{arm.pk}/unfreeze/", {"reason": "x"}, format="json").status_code == 403
     assert not FreezeEvent.objects.exists()
+
+
+def test_the_report_compares_arms_at_one_table_across_a_price_edit(api, experiment):
+    """Identical runs either side of a price doubling: bills differ, the comparison does not."""
+    from datetime import UTC, datetime, timedelta
+
+    from apps.attribution.services import attribution_tick
+    from tests.factories import GpuPriceFactory, GpuSkuFactory, PricingTableFactory
+
+    t0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+    sku = GpuSkuFactory()
+    old = PricingTableFactory(tenant=experiment.tenant, valid_from=t0 - timedelta(days=1))
+    GpuPriceFactory(pricing_table=old, sku=sku, hourly_usd=Decimal("3.00"))
+    gpu_hour = {"gpu_sku": sku, "gpu_count": 1, "device_seconds": 3600.0}  # one GPU-hour each, no energy
+    for _ in range(2):
+        priced_run(experiment.arms.get(name="control"), "3.00", **gpu_hour)
+    assert attribution_tick(now=t0).windows == 1
+    new = PricingTableFactory(tenant=experiment.tenant, valid_from=t0 + timedelta(minutes=1))
+    GpuPriceFactory(pricing_table=new, sku=sku, hourly_usd=Decimal("6.00"))
+    for _ in range(2):
+        priced_run(experiment.arms.get(name="candidate"), "6.00", **gpu_hour)
+    assert attribution_tick(now=t0 + timedelta(minutes=2)).windows == 1
+
+    body = api.get(f"/api/v1/experiments/{experiment.pk}/report/").json()
+    arms = {a["name"]: a for a in body["arms"]}
+    assert body["pricing_table"]["id"] == new.pk
+    assert arms["control"]["total_usd"] == pytest.approx(6.0) and arms["candidate"]["total_usd"] == pytest.approx(12.0)
+    assert arms["control"]["compared_usd"] == pytest.approx(12.0) == arms["candidate"]["compared_usd"]
+    assert arms["candidate"]["usd_per_mtok"] == pytest.approx(arms["control"]["usd_per_mtok"]) == pytest.approx(6.0)
+    assert arms["candidate"]["deviation"] == pytest.approx(0.0, abs=1e-9)
+    assert arms["candidate"]["deviation_low"] <= 0 <= arms["candidate"]["deviation_high"]
