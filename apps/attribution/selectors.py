@@ -135,7 +135,7 @@ def run_moments(*, epochs: dict[int, int], upto_number: dict[int, int],
     if any(params[3::4]):  # which of them has usage under another table than its comparison's
         with connection.cursor() as cursor:
             cursor.execute(f"""{_epoch_ranges(len(suspects))}
-                SELECT DISTINCT b.arm_id, w.pricing_table_id FROM (SELECT * FROM b OFFSET 0) b JOIN {_WIN} w
+                SELECT DISTINCT b.arm_id, w.pricing_table_id FROM {_fenced("b")} JOIN {_WIN} w
                 ON w.experiment_id = b.experiment_id AND w.id > b.lo AND w.id <= b.hi
                 WHERE b.cmp > 0 AND w.pricing_table_id <> b.cmp""", params)
             moves = [(arm_id, comparisons[arm_id], table_id) for arm_id, table_id in cursor.fetchall()]
@@ -172,7 +172,7 @@ def _moments(*, epochs: dict, upto_number: dict, comparisons: dict, deltas: dict
         {_epoch_ranges(len(epochs))}{k},
         r AS (
             SELECT rw.arm_id, {cost} AS c, CAST(SUM(rw.tokens) AS {exact}) AS t, CAST(SUM(rw.steps) AS {exact}) AS s
-            FROM {"(SELECT * FROM b OFFSET 0) b" if deltas else "b"}  -- b once, not per row (Postgres)
+            FROM {_fenced("b") if deltas else "b"}
             JOIN {rw} rw ON rw.arm_id = b.arm_id AND rw.window_id > b.lo AND rw.window_id <= b.hi {joins}
             WHERE rw.omitted = %s
             GROUP BY rw.arm_id, rw.run_id
@@ -193,6 +193,12 @@ def _moments(*, epochs: dict, upto_number: dict, comparisons: dict, deltas: dict
 
 
 _WIN, _RW, _ARM = AttributionWindow._meta.db_table, RunWindow._meta.db_table, Arm._meta.db_table
+
+
+def _fenced(cte: str) -> str:
+    """The CTE evaluated once, not per joined row: Postgres inlines a CTE unless an OFFSET fences it.
+    SQLite has no such planner step, and refuses OFFSET without LIMIT."""
+    return f"(SELECT * FROM {cte} OFFSET 0) {cte}" if connection.vendor == "postgresql" else cte
 
 
 def _epoch_ranges(n: int) -> str:
