@@ -2,8 +2,10 @@
 
 from celery import shared_task
 
+from apps.core.queues import TaskName
 
-@shared_task(name="costlab.attribution_tick", soft_time_limit=50, time_limit=60)
+
+@shared_task(name=TaskName.ATTRIBUTION_TICK, soft_time_limit=50, time_limit=60)
 def attribution_tick() -> None:
     """Beat: attribute every due experiment (single-flight; a second concurrent tick returns at once)."""
     import time
@@ -20,7 +22,7 @@ def attribution_tick() -> None:
         periodic_task_run_record(name="attribution_tick", started_at=started_at, duration_s=time.perf_counter() - t0)
 
 
-@shared_task(bind=True, name="costlab.alert_deliver", max_retries=None, soft_time_limit=60, time_limit=90)
+@shared_task(bind=True, name=TaskName.ALERT_DELIVER, max_retries=None, soft_time_limit=60, time_limit=90)
 def alert_deliver(self, delivery_id: int) -> None:
     """Send one alert; the service says whether and when to try again (backoff, attempts capped)."""
     from apps.attribution.alerts import alert_attempt
@@ -30,7 +32,7 @@ def alert_deliver(self, delivery_id: int) -> None:
         raise self.retry(countdown=outcome.retry_in_s)
 
 
-@shared_task(name="costlab.alerts_requeue_stale", time_limit=60)
+@shared_task(name=TaskName.ALERTS_REQUEUE_STALE, time_limit=60)
 def alerts_requeue_stale() -> None:
     """Beat: pending alerts whose task never ran are queued again."""
     from apps.attribution.alerts import deliveries_requeue_stale

@@ -20,6 +20,7 @@ import psutil
 from celery import shared_task
 
 import gpu_runtime
+from apps.core.queues import TaskName
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ def probe_execute(probe_id: int) -> None:
     db_retry(services.probe_finish, what=f"probe {probe_id}: finish", probe_id=probe_id, owner=owner, **outcome)
 
 
-@shared_task(name="costlab.probes_reconcile", time_limit=60)
+@shared_task(name=TaskName.PROBES_RECONCILE, time_limit=60)
 def probes_reconcile() -> None:
     """Beat: lost probes become infeasible (the sweep goes on); unsent queued probes are sent again."""
     from apps.sweeps.services import probes_reconcile as reconcile
@@ -129,7 +130,7 @@ def probes_reconcile() -> None:
     reconcile()
 
 
-@shared_task(name="costlab.sweep_probe", acks_late=True, soft_time_limit=3600, time_limit=3600 + 120)
+@shared_task(name=TaskName.SWEEP_PROBE, acks_late=True, soft_time_limit=3600, time_limit=3600 + 120)
 def sweep_probe(probe_id: int) -> None:
     """Train one probe of a sweep; a missing, taken or cancelled probe returns quietly."""
     probe_execute(probe_id)

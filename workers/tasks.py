@@ -2,16 +2,17 @@
 
 from celery import shared_task
 
+from apps.core.queues import TaskName
 from workers import signals  # noqa: F401  (registers the graceful-shutdown hook)
 
 
-@shared_task(name="costlab.ping", ignore_result=False, time_limit=10)
+@shared_task(name=TaskName.PING, ignore_result=False, time_limit=10)
 def ping() -> str:
     """Liveness probe: answers 'pong' from whichever worker takes it."""
     return "pong"
 
 
-@shared_task(name="costlab.run_train", acks_late=True, soft_time_limit=6 * 3600, time_limit=6 * 3600 + 120)
+@shared_task(name=TaskName.RUN_TRAIN, acks_late=True, soft_time_limit=6 * 3600, time_limit=6 * 3600 + 120)
 def run_train(run_id: int) -> None:
     """Train one run. A missing or already-taken run returns quietly (see run_claim)."""
     from workers.training import run_execute
@@ -19,7 +20,7 @@ def run_train(run_id: int) -> None:
     run_execute(run_id)
 
 
-@shared_task(name="costlab.runs_sweep_lost", time_limit=60)
+@shared_task(name=TaskName.RUNS_SWEEP_LOST, time_limit=60)
 def runs_sweep_lost() -> None:
     """Beat: runs whose worker stopped renewing its lease are marked lost and requeued or failed."""
     from apps.experiments.runs import runs_sweep_lost as sweep
@@ -27,7 +28,7 @@ def runs_sweep_lost() -> None:
     sweep()
 
 
-@shared_task(name="costlab.runs_reconcile_queued", time_limit=60)
+@shared_task(name=TaskName.RUNS_RECONCILE_QUEUED, time_limit=60)
 def runs_reconcile_queued() -> None:
     """Beat: queued runs whose message never reached a worker (broker down or restarted) are sent again."""
     from apps.experiments.runs import runs_reconcile_queued as reconcile

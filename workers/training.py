@@ -23,6 +23,7 @@ from django.utils import timezone
 import gpu_runtime
 from apps.core.db import db_retry
 from apps.core.notify import ARM_REVISIONS, listen
+from apps.core.queues import CeleryQueue
 from apps.experiments import runs
 from apps.telemetry.services import telemetry_ingest
 from gpu_runtime.live import live_changes
@@ -133,7 +134,7 @@ class RunControl:
 def _device_for(queue: str) -> tuple[str, str | None, int]:
     import torch
 
-    if queue == "gpu" and torch.cuda.is_available():
+    if queue == CeleryQueue.GPU and torch.cuda.is_available():
         index = torch.cuda.current_device()
         return f"cuda:{index}", torch.cuda.get_device_name(index), 1
     return "cpu", None, 0

@@ -23,10 +23,11 @@ from django.db.models import Q
 from django.utils import timezone
 
 from apps.attribution.models import AlertChannel, AlertDelivery, FreezeEvent
+from apps.core.queues import TaskName
 
 logger = logging.getLogger("costlab.attribution")
 
-DELIVER_TASK = "costlab.alert_deliver"
+DELIVER_TASK = TaskName.ALERT_DELIVER
 RETRYABLE_STATUS = {408, 425, 429}
 
 

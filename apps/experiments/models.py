@@ -7,6 +7,7 @@ from django.db import models
 from django.db.models import Q
 
 from apps.core.models import TimeStampedModel
+from apps.core.queues import CeleryQueue
 from apps.experiments.strategies import strategy_sha256
 from apps.pricing.models import CostModel, GpuSku, PricingTable
 from apps.tenants.models import Tenant
@@ -146,7 +147,7 @@ class Run(TimeStampedModel):
     arm = models.ForeignKey(Arm, on_delete=models.PROTECT, related_name="runs")
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.WORKER)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
-    queue = models.CharField(max_length=32, default="cpu")
+    queue = models.CharField(max_length=32, default=CeleryQueue.CPU.value)
     run_key = models.CharField(
         max_length=120, blank=True, default="", help_text="Client key: a retried submission returns the same run."
     )

@@ -26,12 +26,13 @@ from django.db.models import F, Max, Q
 from django.dispatch import Signal
 from django.utils import timezone
 
+from apps.core.queues import TaskName
 from apps.experiments.models import Arm, Run, RunAttempt
 from apps.pricing.models import GpuSku
 
 logger = logging.getLogger(__name__)
 
-RUN_TASK = "costlab.run_train"
+RUN_TASK = TaskName.RUN_TRAIN
 Outcome = RunAttempt.Outcome
 
 # Sent inside run_end's transaction, before the outcome is saved: the run's bill is closed by its

@@ -15,7 +15,7 @@ from django.db.models import Q, Sum
 from django.utils import timezone
 
 from apps.core.exceptions import ApplicationError
-from apps.core.queues import CeleryQueue
+from apps.core.queues import CeleryQueue, TaskName
 from apps.experiments.models import Arm, Experiment, Run
 from apps.experiments.services import arm_create, experiment_create
 from apps.experiments.strategies import strategy_validate
@@ -31,7 +31,7 @@ from apps.tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
 
-PROBE_TASK = "costlab.sweep_probe"
+PROBE_TASK = TaskName.SWEEP_PROBE
 MAX_PROBES = 500
 
 

@@ -11,6 +11,7 @@ import environ
 import plotly
 
 from apps.core import embedded_redis
+from apps.core.queues import CeleryQueue, TaskName
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 env = environ.Env()
@@ -157,11 +158,11 @@ CELERY_TIMEZONE = TIME_ZONE
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_ROUTES = {
-    "costlab.run_train": {"queue": "cpu"},  # submission picks cpu or gpu per run
+    TaskName.RUN_TRAIN: {"queue": CeleryQueue.CPU},  # submission picks cpu or gpu per run
     # Webhook/mail deliveries wait on receivers (up to COSTLAB_ALERT_TIMEOUT_S an attempt): never on
     # the worker that runs the attribution tick.
-    "costlab.alert_deliver": {"queue": "alerts"},
-    "costlab.sweep_probe": {"queue": "cpu"},  # a sweep picks cpu or gpu, like a run
+    TaskName.ALERT_DELIVER: {"queue": CeleryQueue.ALERTS},
+    TaskName.SWEEP_PROBE: {"queue": CeleryQueue.CPU},  # a sweep picks cpu or gpu, like a run
 }
 # Each experiment is attributed every attribution_interval_s; this is how often beat looks for
 # due ones (the smallest interval an experiment may have). A tick that expires unrun loses
@@ -173,14 +174,14 @@ COSTLAB_RUN_RECONCILE_S = env.float("COSTLAB_RUN_RECONCILE_S", default=5.0)
 # Its DatabaseScheduler reads `expire_seconds` (whole seconds) and ignores `expires`: a message
 # not consumed by then is discarded, so stale ticks never pile up behind a busy worker.
 CELERY_BEAT_SCHEDULE = {
-    "sweep-lost-runs": {"task": "costlab.runs_sweep_lost", "schedule": 15.0, "options": {"expire_seconds": 14}},
-    "reconcile-queued-runs": {"task": "costlab.runs_reconcile_queued", "schedule": COSTLAB_RUN_RECONCILE_S,
+    "sweep-lost-runs": {"task": TaskName.RUNS_SWEEP_LOST, "schedule": 15.0, "options": {"expire_seconds": 14}},
+    "reconcile-queued-runs": {"task": TaskName.RUNS_RECONCILE_QUEUED, "schedule": COSTLAB_RUN_RECONCILE_S,
                               "options": {"expire_seconds": max(1, int(COSTLAB_RUN_RECONCILE_S * 0.9))}},
-    "attribution-tick": {"task": "costlab.attribution_tick", "schedule": COSTLAB_ATTRIBUTION_TICK_S,
+    "attribution-tick": {"task": TaskName.ATTRIBUTION_TICK, "schedule": COSTLAB_ATTRIBUTION_TICK_S,
                          "options": {"expire_seconds": max(1, int(COSTLAB_ATTRIBUTION_TICK_S * 0.9))}},
-    "alerts-requeue-stale": {"task": "costlab.alerts_requeue_stale", "schedule": 60.0,
+    "alerts-requeue-stale": {"task": TaskName.ALERTS_REQUEUE_STALE, "schedule": 60.0,
                              "options": {"expire_seconds": 55}},
-    "reconcile-probes": {"task": "costlab.probes_reconcile", "schedule": 30.0, "options": {"expire_seconds": 28}},
+    "reconcile-probes": {"task": TaskName.PROBES_RECONCILE, "schedule": 30.0, "options": {"expire_seconds": 28}},
 }
 # A sweep's running probe whose worker has not renewed it this long is lost (infeasible); the first
 # renewal comes with the first step, so this also bounds model building. Queued probes not taken
