@@ -1,0 +1,18 @@
+"""One definition of a telemetry sample: gpu_runtime's SAMPLE_KEYS (what a worker's sink sends). The
+ingest schema (apps.telemetry.ingest.SampleIn) and the stored row (TelemetrySample) must have exactly
+those fields, so a key added in one place and forgotten in another fails here, not in production."""
+
+from apps.telemetry.ingest import SampleIn
+from apps.telemetry.models import TelemetrySample
+from gpu_runtime.telemetry import SAMPLE_KEYS
+
+STORED_ONLY = {"id", "run", "attempt"}  # set by the platform, never sent
+
+
+def test_the_ingest_schema_takes_exactly_the_runtimes_sample():
+    assert set(SampleIn.__annotations__) == set(SAMPLE_KEYS)
+
+
+def test_the_stored_row_has_exactly_the_runtimes_sample_plus_its_keys():
+    stored = {f.name for f in TelemetrySample._meta.concrete_fields}
+    assert stored - STORED_ONLY == set(SAMPLE_KEYS)
