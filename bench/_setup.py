@@ -1,7 +1,9 @@
 """Shared start-up for benchmarks that need the Django platform on a real Postgres.
 
-Uses BENCH_DATABASE_URL (default: a `costlab_bench` database on the local Postgres),
-creating and migrating it when needed. Benchmarks are not tests: CI does not run them.
+Each benchmark has a database of its own, BENCH_DATABASE_URL with `_<benchmark>` appended (default:
+`costlab_bench_ingest`, `costlab_bench_attribution` ... on the local Postgres), created and migrated
+when needed: what one benchmark leaves behind never changes another's result, in any order.
+Benchmarks are not tests: CI does not run them.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/costlab_bench"
 
 
 def django_on_postgres() -> None:
-    url = os.environ.get("BENCH_DATABASE_URL", DEFAULT_URL)
+    bench = Path(getattr(sys.modules["__main__"], "__file__", "bench")).stem
+    url = f"{os.environ.get('BENCH_DATABASE_URL', DEFAULT_URL)}_{bench}"
     os.environ["DATABASE_URL"] = url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.local")
     os.environ.setdefault("DJANGO_LOG_LEVEL", "WARNING")
