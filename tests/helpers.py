@@ -147,3 +147,16 @@ def stop_group(proc) -> None:
     except ProcessLookupError:
         pass
     proc.wait()
+
+
+def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.1):
+    """predicate()'s first truthy value, polled until timeout_s; an AssertionError naming `what` after."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")

@@ -1,6 +1,10 @@
-"""Celery's names that must match across workers, settings and services: queues and tasks, in one place."""
+"""Celery's names that must match across workers, settings and services: queues and tasks, in one place;
+and the one way a service sends a wake-up message."""
 
+import logging
 from enum import StrEnum
+
+logger = logging.getLogger(__name__)
 
 
 class CeleryQueue(StrEnum):
@@ -22,3 +26,21 @@ class TaskName(StrEnum):
     ALERTS_REQUEUE_STALE = "costlab.alerts_requeue_stale"
     SWEEP_PROBE = "costlab.sweep_probe"
     PROBES_RECONCILE = "costlab.probes_reconcile"
+
+
+def task_send(task: TaskName, *, args: list, queue: str) -> bool:
+    """Publish a task on its own connection with one quick retry; False (logged) when the broker is away.
+
+    For wake-ups whose truth is a database row (a queued run, a queued probe): a submit must not hang on
+    a broker outage, and a reconciler on beat sends again what never arrived.
+    """
+    from celery import current_app as app  # config's app, the default in every thread
+
+    try:
+        with app.connection_for_write(transport_options={"max_retries": 1, "interval_start": 0.2}) as conn:
+            app.send_task(task, args=args, queue=queue, retry=False, ignore_result=True, connection=conn)
+    except Exception as exc:  # kombu/redis errors differ by transport; all mean "not sent"
+        logger.warning("%s%s: could not send it to queue %s (%s: %s); the reconciler will send it again",
+                       task, args, queue, type(exc).__name__, exc)
+        return False
+    return True

@@ -26,7 +26,7 @@ from django.db.models import F, Max, Q
 from django.dispatch import Signal
 from django.utils import timezone
 
-from apps.core.queues import TaskName
+from apps.core.queues import TaskName, task_send
 from apps.experiments.models import Arm, Run, RunAttempt
 from apps.pricing.models import GpuSku
 
@@ -59,15 +59,7 @@ def run_enqueue(*, run: Run) -> None:
 
 def run_send(*, run_id: int, queue: str) -> bool:
     """Publish one wake-up for the run and record it; False (logged) when the broker is unreachable."""
-    from celery import current_app as app  # config's app, made current when Django loads config
-
-    try:
-        # Its own connection with one quick retry: a submit must not hang on a broker outage.
-        with app.connection_for_write(transport_options={"max_retries": 1, "interval_start": 0.2}) as conn:
-            app.send_task(RUN_TASK, args=[run_id], queue=queue, retry=False, ignore_result=True, connection=conn)
-    except Exception as exc:  # kombu/redis errors differ by transport; all mean "not sent"
-        logger.warning("run %s: could not send it to queue %s (%s: %s); the reconciler will send it again",
-                       run_id, queue, type(exc).__name__, exc)
+    if not task_send(RUN_TASK, args=[run_id], queue=queue):
         return False
     Run.objects.filter(pk=run_id).update(sent_at=timezone.now(), sends=F("sends") + 1)
     return True

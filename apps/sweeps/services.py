@@ -15,7 +15,7 @@ from django.db.models import Q, Sum
 from django.utils import timezone
 
 from apps.core.exceptions import ApplicationError
-from apps.core.queues import CeleryQueue, TaskName
+from apps.core.queues import CeleryQueue, TaskName, task_send
 from apps.experiments.models import Arm, Experiment, Run
 from apps.experiments.services import arm_create, experiment_create
 from apps.experiments.strategies import strategy_validate
@@ -152,16 +152,8 @@ def _probe_next(sweep: Sweep, base: dict[str, Any], expanded: dict[str, list[Any
 
 def _probe_send(*, probe_id: int, queue: str) -> None:
     """Publish the probe's id; a broker that is down is logged, and the reconciler sends it later."""
-    from celery import current_app as app
-
-    try:
-        with app.connection_for_write(transport_options={"max_retries": 1, "interval_start": 0.2}) as conn:
-            app.send_task(PROBE_TASK, args=[probe_id], queue=queue, retry=False, ignore_result=True,
-                          connection=conn)
-    except Exception as exc:  # kombu/redis errors differ by transport; all mean "not sent"
-        logger.warning("probe %s: could not send it to queue %s (%s); the reconciler will", probe_id, queue, exc)
-        return
-    Probe.objects.filter(pk=probe_id).update(sent_at=timezone.now())
+    if task_send(PROBE_TASK, args=[probe_id], queue=queue):
+        Probe.objects.filter(pk=probe_id).update(sent_at=timezone.now())
 
 
 @transaction.atomic

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import wait_for
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -29,15 +31,6 @@ def _reachable(port: int) -> bool:
             return True
     except OSError:
         return False
-
-
-def _wait(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 class PrivatePostgres:
@@ -69,7 +62,7 @@ class PrivatePostgres:
     def start(self) -> None:
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.dir / "log"), "-w", "-t", "60",
                   "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
-        _wait(lambda: _reachable(self.port), 30, "the private Postgres to listen")
+        wait_for(lambda: _reachable(self.port), 30, "the private Postgres to listen")
 
     def stop(self, mode: str = "immediate") -> None:
         self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
@@ -128,7 +121,7 @@ class PrivateRedis:
         self.proc = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir), *persistence],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _wait(lambda: _reachable(self.port), 20, "the private Redis to listen")
+        wait_for(lambda: _reachable(self.port), 20, "the private Redis to listen")
 
     def kill(self) -> None:
         self.proc.kill()

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.helpers import clean_env, run_python, start_worker, stop_worker
+from tests.helpers import clean_env, run_python, start_worker, stop_worker, wait_for
 from tests.reliability.private import PrivatePostgres, PrivateRedis
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -86,16 +86,6 @@ def _max_step(pg, run_id: int) -> int:
         return -1
 
 
-def _wait(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
 @pytest.mark.parametrize("when", ["during training", "at the finish"])
 def test_a_postgres_restart_ends_the_run_once_billed_for_one_training(cluster, when):
     pg, redis = cluster
@@ -106,11 +96,11 @@ def test_a_postgres_restart_ends_the_run_once_billed_for_one_training(cluster, w
     try:
         run_id = json.loads(_python(SUBMIT.format(strategy=STRATEGY), pg, redis))
         if when == "during training":
-            _wait(lambda: 5 <= _max_step(pg, run_id) < STEPS // 2, 300, "the run to be a few steps in")
+            wait_for(lambda: 5 <= _max_step(pg, run_id) < STEPS // 2, 300, "the run to be a few steps in")
         else:  # the last steps: the run ends while the database is down
-            _wait(lambda: _max_step(pg, run_id) >= STEPS - 12, 400, "the run's last steps")
+            wait_for(lambda: _max_step(pg, run_id) >= STEPS - 12, 400, "the run's last steps")
         pg.restart(down_s=8)
-        row = _wait(lambda: (r := _row(pg, run_id))["status"] not in ("queued", "running") and r, 240,
+        row = wait_for(lambda: (r := _row(pg, run_id))["status"] not in ("queued", "running") and r, 240,
                     "the run to end")
         time.sleep(6)  # a sweep after the end must change nothing
         row = _row(pg, run_id)

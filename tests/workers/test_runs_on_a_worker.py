@@ -9,6 +9,7 @@ from apps.experiments.models import Run
 from apps.experiments.services import run_cancel, run_submit
 from apps.telemetry.models import TelemetrySample
 from tests.factories import ArmFactory, ExperimentFactory, GpuPriceFactory
+from tests.helpers import wait_for  # noqa: F401  (other modules import it from here too)
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -28,14 +29,6 @@ def experiment_with(strategy):
     return exp
 
 
-def wait_for(predicate, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def test_a_submitted_run_trains_and_ends_with_telemetry_and_a_cost(celery_worker_process):

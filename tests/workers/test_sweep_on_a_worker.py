@@ -11,6 +11,7 @@ from apps.sweeps import services
 from apps.sweeps.models import Probe
 from apps.sweeps.selectors import queue_warnings, sweep_frontier
 from tests.factories import CostModelFactory, GpuPriceFactory
+from tests.helpers import wait_for
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -21,14 +22,6 @@ train: {steps: 1000, global_batch: 2, seed: 1}
 """
 
 
-def wait_for(predicate, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def tenant_with_prices():
