@@ -202,3 +202,17 @@ def test_a_swept_attempts_last_samples_land_until_another_worker_takes_the_run()
     runs.run_claim(run_id=other.pk, owner="w2")
     with pytest.raises(ApplicationError, match="attempt 1 no longer holds run"):
         telemetry_ingest(run_id=other.pk, samples=batch(0), attempt=1)
+
+
+def test_a_retried_submit_sends_again_a_run_whose_message_never_left(django_capture_on_commit_callbacks):
+    """Resubmitting the same run key used to answer 200 and leave a never-sent run queued for good."""
+    from apps.experiments.services import run_submit
+
+    run = RunFactory(status="queued", run_key="gh-1")  # committed, but its send never happened
+    with django_capture_on_commit_callbacks(execute=False) as sends:
+        assert run_submit(experiment=run.experiment, run_key="gh-1").pk == run.pk
+    assert len(sends) == 1
+    Run.objects.filter(pk=run.pk).update(sent_at=timezone.now())
+    with django_capture_on_commit_callbacks(execute=False) as sends:
+        run_submit(experiment=run.experiment, run_key="gh-1")
+    assert sends == []  # sent already: the reconciler, not every retry, decides when to send again
