@@ -39,6 +39,7 @@ def main() -> None:
     from django.db import connection, transaction
     from django.utils import timezone
 
+    from apps.core.db import copy_rows as db_copy_rows
     from apps.demo.services import demo_seed
     from apps.experiments.models import Run
     from apps.telemetry.ingest import COLUMNS
@@ -87,9 +88,7 @@ def main() -> None:
 
     def copy_rows(rows: list[tuple]) -> None:
         with transaction.atomic(), connection.cursor() as cursor:
-            with cursor.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
-                for row in rows:
-                    copy.write_row(row)
+            db_copy_rows(cursor, f"{table} ({cols})", rows)
 
     pick, ts_at = operator.itemgetter(*COLUMNS), COLUMNS.index("ts")
 

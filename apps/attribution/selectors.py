@@ -26,6 +26,7 @@ from apps.attribution.comparison import MICRO, Comparison, price_deltas
 from apps.attribution.decisions import ArmSums, RunMoments
 from apps.attribution.models import AttributionSnapshot, AttributionWindow, FreezeEvent, RunWindow
 from apps.attribution.stats import _dec
+from apps.core.db import cte_fenced
 from apps.experiments.models import Arm, Experiment, Run
 from apps.pricing.models import GpuPrice, PricingTable
 from apps.pricing.selectors import pricing_tables_in_force, table_prices
@@ -135,7 +136,7 @@ def run_moments(*, epochs: dict[int, int], upto_number: dict[int, int],
     if any(params[3::4]):  # which of them has usage under another table than its comparison's
         with connection.cursor() as cursor:
             cursor.execute(f"""{_epoch_ranges(len(suspects))}
-                SELECT DISTINCT b.arm_id, w.pricing_table_id FROM {_fenced("b")} JOIN {_WIN} w
+                SELECT DISTINCT b.arm_id, w.pricing_table_id FROM {cte_fenced("b")} JOIN {_WIN} w
                 ON w.experiment_id = b.experiment_id AND w.id > b.lo AND w.id <= b.hi
                 WHERE b.cmp > 0 AND w.pricing_table_id <> b.cmp""", params)
             moves = [(arm_id, comparisons[arm_id], table_id) for arm_id, table_id in cursor.fetchall()]
@@ -172,7 +173,7 @@ def _moments(*, epochs: dict, upto_number: dict, comparisons: dict, deltas: dict
         {_epoch_ranges(len(epochs))}{k},
         r AS (
             SELECT rw.arm_id, {cost} AS c, CAST(SUM(rw.tokens) AS {exact}) AS t, CAST(SUM(rw.steps) AS {exact}) AS s
-            FROM {_fenced("b") if deltas else "b"}
+            FROM {cte_fenced("b") if deltas else "b"}
             JOIN {rw} rw ON rw.arm_id = b.arm_id AND rw.window_id > b.lo AND rw.window_id <= b.hi {joins}
             WHERE rw.omitted = %s
             GROUP BY rw.arm_id, rw.run_id
@@ -193,12 +194,6 @@ def _moments(*, epochs: dict, upto_number: dict, comparisons: dict, deltas: dict
 
 
 _WIN, _RW, _ARM = AttributionWindow._meta.db_table, RunWindow._meta.db_table, Arm._meta.db_table
-
-
-def _fenced(cte: str) -> str:
-    """The CTE evaluated once, not per joined row: Postgres inlines a CTE unless an OFFSET fences it.
-    SQLite has no such planner step, and refuses OFFSET without LIMIT."""
-    return f"(SELECT * FROM {cte} OFFSET 0) {cte}" if connection.vendor == "postgresql" else cte
 
 
 def _epoch_ranges(n: int) -> str:

@@ -26,6 +26,7 @@ class TaskName(StrEnum):
     ALERTS_REQUEUE_STALE = "costlab.alerts_requeue_stale"
     SWEEP_PROBE = "costlab.sweep_probe"
     PROBES_RECONCILE = "costlab.probes_reconcile"
+    SERIES_BLOCKS_ROLL = "costlab.series_blocks_roll"
 
 
 def task_send(task: TaskName, *, args: list, queue: str) -> bool:

@@ -170,6 +170,9 @@ CELERY_TASK_ROUTES = {
 COSTLAB_ATTRIBUTION_TICK_S = env.float("COSTLAB_ATTRIBUTION_TICK_S", default=5.0)
 # How often beat looks for queued runs that no worker claimed (their message lost or never sent).
 COSTLAB_RUN_RECONCILE_S = env.float("COSTLAB_RUN_RECONCILE_S", default=5.0)
+# How often beat rolls settled telemetry up into the dashboard's chart blocks (pages only read them;
+# samples past the last block are read raw, so a slower rollup costs page time, never points).
+COSTLAB_SERIES_ROLLUP_S = env.float("COSTLAB_SERIES_ROLLUP_S", default=5.0)
 # Synced into django-celery-beat's tables at beat start-up; staff can change the interval in the admin.
 # Its DatabaseScheduler reads `expire_seconds` (whole seconds) and ignores `expires`: a message
 # not consumed by then is discarded, so stale ticks never pile up behind a busy worker.
@@ -182,6 +185,8 @@ CELERY_BEAT_SCHEDULE = {
     "alerts-requeue-stale": {"task": TaskName.ALERTS_REQUEUE_STALE, "schedule": 60.0,
                              "options": {"expire_seconds": 55}},
     "reconcile-probes": {"task": TaskName.PROBES_RECONCILE, "schedule": 30.0, "options": {"expire_seconds": 28}},
+    "roll-up-series": {"task": TaskName.SERIES_BLOCKS_ROLL, "schedule": COSTLAB_SERIES_ROLLUP_S,
+                       "options": {"expire_seconds": max(1, int(COSTLAB_SERIES_ROLLUP_S * 0.9))}},
 }
 # A sweep's running probe whose worker has not renewed it this long is lost (infeasible); the first
 # renewal comes with the first step, so this also bounds model building. Queued probes not taken
