@@ -236,7 +236,7 @@ def _at(value, places: int) -> Decimal:
 
 
 SNAPSHOT_SUMS = {
-    "observations": "observations", "runs": "runs", "samples": "samples", "cost": "total_usd", "tokens": "tokens",
+    "observations": "observations", "runs": "runs", "samples": "samples", "cost": "cost_usd", "tokens": "tokens",
     "steps": "steps", "gpu_seconds": "gpu_seconds", "wall_s": "wall_s", "energy_j": "energy_j",
     "estimated": "energy_estimated", "cost_sq": "cost_sq", "cost_tokens": "cost_tokens", "tokens_sq": "tokens_sq",
     "cost_steps": "cost_steps", "steps_sq": "steps_sq", "compared": "compared_usd",

@@ -59,7 +59,7 @@ def test_identical_arms_either_side_of_a_price_doubling_compare_equal_while_bill
     # The comparison prices both arms' usage at the table in force at the window's end.
     assert snap.deviation == pytest.approx(0.0, abs=1e-6)
     assert snap.usd_per_mtok == pytest.approx(control_snap.usd_per_mtok, rel=1e-6)
-    assert float(snap.total_usd) == pytest.approx(2 * float(control_snap.total_usd), rel=1e-6)  # the bills, as billed
+    assert float(snap.cost_usd) == pytest.approx(2 * float(control_snap.cost_usd), rel=1e-6)  # the bills, as billed
     assert float(control_snap.compared_usd) == pytest.approx(float(snap.compared_usd), rel=1e-6)
     assert (snap.pricing_table_id, snap.pricing_valid_from) == (new.pk, new.valid_from)
     assert snap.evidence["decision"] != "freeze"

@@ -262,9 +262,9 @@ def test_a_tiered_per_step_cost_model_compares_usd_per_step():
     lab.run_ticks(2)
     snap = latest_snapshot(lab.arms["b"])
     assert snap.metric == "usd_per_step" and snap.evidence["metric"] == "usd_per_step"
-    assert snap.metric_value == pytest.approx(float(snap.total_usd) / snap.steps)
+    assert snap.metric_value == pytest.approx(float(snap.cost_usd) / snap.steps)
     assert snap.metric_ci_low < snap.metric_value < snap.metric_ci_high
-    assert snap.usd_per_mtok == pytest.approx(float(snap.total_usd) / snap.tokens * 1e6)
+    assert snap.usd_per_mtok == pytest.approx(float(snap.cost_usd) / snap.tokens * 1e6)
     assert snap.usd_per_mtok_ci_low is None  # the interval is on what is compared
 
 
