@@ -20,9 +20,10 @@ def _exact(max_digits: int = 24, decimal_places: int = 6, **kwargs) -> models.De
 
 
 class UsageTotals(models.Model):
-    """What runs consumed and cost, summed exactly: one run's delta in a window (RunWindow), one run's
-    cumulative attributed totals (RunCursor), or an arm's sums over its epoch (AttributionSnapshot).
-    One width for all three: a snapshot adds up many observations, so every total is sized for that."""
+    """What runs consumed and cost, summed exactly: one run's delta in a window (RunWindow), one
+    run's cumulative attributed totals (RunCursor), or an arm's sums over its epoch
+    (AttributionSnapshot). One width for all three: a snapshot adds up many observations,
+    so every total is sized for that."""
 
     cost_usd = _exact(16, 6, help_text="As billed: each run at the tables in force while it ran.")
     tokens = models.BigIntegerField(default=0)
@@ -208,7 +209,8 @@ class WeightChange(models.Model):
 
 
 class AlertChannel(models.Model):
-    """Where freeze alerts go: for one experiment, or (experiment empty) every experiment of a tenant."""
+    """Where freeze alerts go: for one experiment, or (experiment empty) every experiment of a
+    tenant."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="alert_channels")
     experiment = models.ForeignKey(

@@ -1,11 +1,11 @@
 """The attribution rollup: run totals -> one observation per run and window, set-based.
 
-Run totals already move as telemetry lands (apps.telemetry.services), so a window's observation of a run is its totals now minus its RunCursor (what earlier windows took). One
-INSERT ... SELECT records every observation of every due experiment; one upsert moves the
-cursors by exactly what was recorded, so a run's totals are counted once however long the
-gap between ticks. A late sample re-prices a run below its priced_seq, so a run is observed
-when its cost or tokens moved, not only its seq. Nothing here reads telemetry samples. Plain SQL that Postgres and SQLite
-both accept.
+Run totals already move as telemetry lands (apps.telemetry.services), so a window's observation of a
+run is its totals now minus its RunCursor (what earlier windows took). One INSERT ... SELECT records
+every observation of every due experiment; one upsert moves the cursors by exactly what was
+recorded, so a run's totals are counted once however long the gap between ticks. A late sample
+re-prices a run below its priced_seq, so a run is observed when its cost or tokens moved, not only
+its seq. Nothing here reads telemetry samples. Plain SQL that Postgres and SQLite both accept.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ _DELTA_COLUMNS = ("cost_usd", "tokens", "steps", "gpu_seconds", "wall_s", "energ
 
 
 def observations_record(*, window_ids: list[int], restarted_arm_ids: list[int] = ()) -> int:
-    """Record what every run of these windows' experiments added since its cursor; advance the cursors.
+    """Record what every run of these windows' experiments added since its cursor;
+    advance the cursors.
 
     first_seen marks a run's first observation in its arm's epoch (the evidence since the arm's
     last unfreeze): a run not observed since the epoch began, by the previous snapshot's epoch;

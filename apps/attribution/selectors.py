@@ -71,7 +71,8 @@ def experiments_moved(*, experiment_ids: list[int]) -> set[int]:
 
 
 def _sums_annotations() -> dict:
-    """ArmSums' fields as aggregates, named a_<field> (a bare name would shadow the column it sums)."""
+    """ArmSums' fields as aggregates, named a_<field> (a bare name would shadow the column it
+    sums)."""
     return {f"a_{k}": v for k, v in {
         "observations": Count("pk"),
         "runs": Count("pk", filter=Q(first_seen=True)),
@@ -103,7 +104,8 @@ def window_sums(*, window_ids: list[int]) -> dict[int, ArmSums]:
 
 
 def observations_sums(*, experiment_id: int, after_number: dict[int, int], upto_number: int) -> dict[int, ArmSums]:
-    """Per arm: every counted observation in windows after_number[arm] < number <= upto_number (a recompute)."""
+    """Per arm: every counted observation in windows after_number[arm] < number <= upto_number
+    (a recompute)."""
     rows = (RunWindow.objects.filter(window__experiment_id=experiment_id, window__number__lte=upto_number,
                                      omitted=False)
             .values("arm_id", "window__number").annotate(**_sums_annotations()).order_by("arm_id", "window__number"))
@@ -117,8 +119,8 @@ def observations_sums(*, experiment_id: int, after_number: dict[int, int], upto_
 def run_moments(*, epochs: dict[int, int], upto_number: dict[int, int],
                 comparisons: dict[int, Comparison] | None = None, mixed: set[int] | None = None
                 ) -> dict[int, RunMoments]:
-    """Per arm: its runs' cumulative compared cost, tokens and steps in windows epochs[arm] < number <=
-    upto_number[arm], reduced to the run-level moments the freeze rule's variance needs.
+    """Per arm: its runs' cumulative compared cost, tokens and steps in windows epochs[arm] < number
+    <= upto_number[arm], reduced to the run-level moments the freeze rule's variance needs.
 
     A run's compared cost is its billed cost, with the usage of windows recorded under another
     table than comparisons[arm]'s re-priced at that one (apps.attribution.comparison), summed in
@@ -151,7 +153,8 @@ def run_moments(*, epochs: dict[int, int], upto_number: dict[int, int],
 
 
 def _moments(*, epochs: dict, upto_number: dict, comparisons: dict, deltas: dict | None = None) -> dict:
-    """run_moments' sums in one query; with deltas ((arm, billed table, SKU) -> PriceDelta), re-priced."""
+    """run_moments' sums in one query; with deltas ((arm, billed table, SKU) -> PriceDelta),
+    re-priced."""
     if not epochs:
         return {}
     exact, rw, run = "NUMERIC(40, 0)", _RW, Run._meta.db_table
@@ -197,7 +200,8 @@ _WIN, _RW, _ARM = AttributionWindow._meta.db_table, RunWindow._meta.db_table, Ar
 
 
 def _epoch_ranges(n: int) -> str:
-    """CTEs e and b: per arm, the window-id range of its epoch and its comparison table (0: none to re-price at)."""
+    """CTEs e and b: per arm, the window-id range of its epoch and its comparison table
+    (0: none to re-price at)."""
     values = ", ".join(["(%s, %s, %s, %s)"] * n)
     return f"""
         WITH e(arm_id, after_n, upto_n, cmp) AS (VALUES {values}),
@@ -219,7 +223,8 @@ def _epoch_params(epochs: dict, upto_number: dict, comparisons: dict) -> list:
 
 
 def comparisons_at(*, experiments: list[Experiment], at: datetime) -> dict[int, Comparison]:
-    """Per experiment: the table its arms are compared at (pinned, else in force at `at`), in one query."""
+    """Per experiment: the table its arms are compared at (pinned, else in force at `at`),
+    in one query."""
     tables = pricing_tables_in_force(tenant_ids={e.tenant_id for e in experiments},
                                      pinned_ids={e.pricing_table_id for e in experiments if e.pricing_table_id},
                                      at=at)
@@ -244,7 +249,8 @@ SNAPSHOT_SUMS = {
 
 
 def snapshot_sums(*, window_ids: list[int]) -> dict[int, tuple[ArmSums, int, int | None]]:
-    """Per arm: the cumulative sums its snapshot in one of these windows carried, its epoch, its comparison table."""
+    """Per arm: the cumulative sums its snapshot in one of these windows carried, its epoch,
+    its comparison table."""
     rows = AttributionSnapshot.objects.filter(window_id__in=window_ids).values(
         "arm_id", "epoch_start", "pricing_table_id", *SNAPSHOT_SUMS.values())
     return {r["arm_id"]: (ArmSums.from_row({k: r[v] for k, v in SNAPSHOT_SUMS.items()}), r["epoch_start"],
@@ -252,7 +258,8 @@ def snapshot_sums(*, window_ids: list[int]) -> dict[int, tuple[ArmSums, int, int
 
 
 def unfreeze_epochs(*, experiment_ids: list[int]) -> dict[int, int]:
-    """Per arm: the window number its evidence restarts after (its last unfreeze), for arms ever unfrozen."""
+    """Per arm: the window number its evidence restarts after (its last unfreeze),
+    for arms ever unfrozen."""
     rows = (FreezeEvent.objects.filter(action=FreezeEvent.Action.UNFREEZE, experiment_id__in=experiment_ids)
             .values("arm_id").annotate(n=Max("window__number")).order_by())
     return {r["arm_id"]: r["n"] or 0 for r in rows}
@@ -260,7 +267,8 @@ def unfreeze_epochs(*, experiment_ids: list[int]) -> dict[int, int]:
 
 def pricing_faults(*, experiments: list[Experiment], window_ids: list[int], now: datetime
                    ) -> dict[int, tuple[str, list[int]]]:
-    """Experiments whose runs of these windows would be priced at 0 for lack of a price: reason, run ids.
+    """Experiments whose runs of these windows would be priced at 0 for lack of a price: reason,
+    run ids.
 
     A GPU run needs a SKU, and that SKU a price in every table it was priced with (the pinned
     table, or the tenant's tables in force from its start until now). Checked per (experiment,
@@ -324,8 +332,9 @@ def _tables_used(e: Experiment, by_tenant: dict, by_pk: dict, start: datetime) -
 
 
 def arm_repricing(*, experiment_id: int, comparison: Comparison) -> dict[int, Decimal]:
-    """Per arm: what moving the usage its windows recorded under other tables to the comparison's adds
-    to its billed cost (the report's comparison): one query over the rollup, two more after a price edit."""
+    """Per arm: what moving the usage its windows recorded under other tables to the comparison's
+    adds to its billed cost (the report's comparison): one query over the rollup,
+    two more after a price edit."""
     if comparison.tiered or comparison.table_id is None:
         return {}
     rows = list(RunWindow.objects.filter(window__experiment_id=experiment_id, window__pricing_table__isnull=False)

@@ -25,7 +25,8 @@ SNAPSHOT_EVIDENCE = ("metric", "decision", "blocked_by", "threshold", "alpha", "
 
 
 def full_evidence(verdict: ArmVerdict, window: AttributionWindow, epoch_start: int, comparison: Comparison) -> dict:
-    """Everything a decision was made on (what a FreezeEvent keeps): figures, bounds, rule, window, table."""
+    """Everything a decision was made on (what a FreezeEvent keeps): figures, bounds, rule, window,
+    table."""
     return {**verdict.evidence,
             "window": {"number": window.number, "end": window.window_end.isoformat(), "since": epoch_start},
             "pricing_table": _table_json(comparison)}

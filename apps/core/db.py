@@ -1,4 +1,5 @@
-"""The one place that knows which database is in use, and database calls that must survive a dropped connection.
+"""The one place that knows which database is in use, and database calls that must survive a dropped
+connection.
 
 Every branch on the database vendor lives here: the SQL that differs between Postgres and SQLite
 (epoch arithmetic, CTE fences, advisory locks, COPY) is asked for by what it does, never by vendor.
@@ -22,11 +23,13 @@ T = TypeVar("T")
 
 
 def db_retry(fn: Callable[..., T], /, *, what: str, budget_s: float | None = None, **kwargs) -> T:
-    """Call fn(**kwargs); on a lost or refused connection close it, back off and try again for up to budget_s.
+    """Call fn(**kwargs); on a lost or refused connection close it,
+    back off and try again for up to budget_s.
 
-    A connection kept since the task began (CONN_MAX_AGE) may have died with a database restart; Django
-    only learns it on the next query. fn must be safe to repeat: the services it wraps are idempotent
-    for the same owner (a claim or finish that committed before the answer was lost is seen as done).
+    A connection kept since the task began (CONN_MAX_AGE) may have died with a database restart;
+    Django only learns it on the next query. fn must be safe to repeat: the services it wraps are
+    idempotent for the same owner (a claim or finish that committed before the answer was lost is
+    seen as done).
     """
     budget = settings.COSTLAB_WORKER_DB_RETRY_S if budget_s is None else budget_s
     deadline = time.monotonic() + budget
@@ -49,13 +52,15 @@ def db_retry(fn: Callable[..., T], /, *, what: str, budget_s: float | None = Non
 
 
 def is_postgres() -> bool:
-    """Postgres (COPY, advisory locks, a planner that inlines CTEs); otherwise SQLite, the embedded default."""
+    """Postgres (COPY, advisory locks, a planner that inlines CTEs); otherwise SQLite,
+    the embedded default."""
     return connection.vendor == "postgresql"
 
 
 def copy_rows(cursor, target: str, rows: Iterable[tuple]) -> None:
-    """COPY rows into ``target`` ("table (columns)"), Postgres only. COPY goes to psycopg's own cursor,
-    past Django's wrapper: wrap_database_errors turns its errors into Django's (IntegrityError...)."""
+    """COPY rows into ``target`` ("table (columns)"), Postgres only. COPY goes to psycopg's own
+    cursor, past Django's wrapper: wrap_database_errors turns its errors into Django's
+    (IntegrityError...)."""
     with connection.wrap_database_errors, cursor.copy(f"COPY {target} FROM STDIN") as copy:
         for row in rows:
             copy.write_row(row)

@@ -1,4 +1,5 @@
-"""`make run`'s local stack: web, workers, beat (and the embedded Redis), each restarted when it dies.
+"""`make run`'s local stack: web, workers, beat (and the embedded Redis),
+each restarted when it dies.
 
 A process that exits on its own is logged and started again after a backoff that doubles
 with each quick failure (1 s, 2 s, 4 s ... capped) and resets once it has stayed up; the
@@ -95,7 +96,8 @@ class LocalStack:
         return min(self.backoff_base_s * 2 ** max(quick_failures - 1, 0), self.backoff_max_s)
 
     def supervise_once(self) -> None:
-        """Notice exited processes (log, schedule a restart) and start those whose backoff is over."""
+        """Notice exited processes (log, schedule a restart) and start those whose backoff is
+        over."""
         now = self.clock()
         for name, child in self.children.items():
             if child.proc is not None and child.restart_at is None:

@@ -178,7 +178,8 @@ class Run(TimeStampedModel):
     error = models.TextField(blank=True, default="")
     queued_at = models.DateTimeField(auto_now_add=True)
     # Durable enqueue: the row is the truth, the broker message only a wake-up. A queued run whose
-    # message never left (broker down) or was lost (broker restarted) is sent again by the reconciler.
+    # message never left (broker down) or was lost (broker restarted) is sent again by the
+    # reconciler.
     sent_at = models.DateTimeField(null=True, blank=True, help_text="When its id last reached the broker.")
     sends = models.PositiveIntegerField(default=0, help_text="Messages sent for it (re-sends included).")
     started_at = models.DateTimeField(null=True, blank=True)

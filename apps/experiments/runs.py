@@ -6,7 +6,8 @@ The row is the truth; the broker message only wakes a worker.
   duplicate message harmless (a second claim is refused).
 - A worker claims a queued run under a lease that its heartbeat keeps fresh, and each claim is a
   RunAttempt with its own record. A worker that dies stops renewing; the sweeper marks the attempt
-  lost and requeues the run, up to max_attempts failed attempts, then fails it. Never a requeue loop.
+  lost and requeues the run, up to max_attempts failed attempts, then fails it.
+  Never a requeue loop.
 - A graceful stop (SIGTERM, Ctrl-C, a deploy) hands the run back without using an attempt.
 - Finishing is idempotent for its owner, and a run whose training completed is never trained
   again: when the finish could not be recorded in time, the sweeper sees the completed steps in
@@ -58,7 +59,8 @@ def run_enqueue(*, run: Run) -> None:
 
 
 def run_send(*, run_id: int, queue: str) -> bool:
-    """Publish one wake-up for the run and record it; False (logged) when the broker is unreachable."""
+    """Publish one wake-up for the run and record it; False (logged) when the broker is
+    unreachable."""
     if not task_send(RUN_TASK, args=[run_id], queue=queue):
         return False
     Run.objects.filter(pk=run_id).update(sent_at=timezone.now(), sends=F("sends") + 1)
@@ -274,8 +276,8 @@ def _attempt_close(run: Run, outcome: str, reason: str, number: int | None = Non
 
 
 def run_end(run: Run, status: str, error: str = "", *, attempt_number: int | None = None) -> None:
-    """The one way a run ends (worker, sweeper, cancel, external finish): close its totals, record the
-    outcome on the run and on its current attempt; earlier attempts' notes are kept."""
+    """The one way a run ends (worker, sweeper, cancel, external finish): close its totals, record
+    the outcome on the run and on its current attempt; earlier attempts' notes are kept."""
     run_ending.send(sender=Run, run=run)
     if run.attempts:
         _attempt_close(run, status, error.strip().splitlines()[-1][:4000] if error.strip() else "",

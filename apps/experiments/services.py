@@ -239,7 +239,8 @@ def experiment_delete(*, experiment: Experiment) -> None:
 @transaction.atomic
 def arm_create(*, experiment: Experiment, name: str, strategy_yaml: str, weight: Decimal = Decimal("1"),
                is_control: bool = False) -> Arm:
-    """Add an arm; its strategy is validated by gpu_runtime's schema first, errors naming the key."""
+    """Add an arm; its strategy is validated by gpu_runtime's schema first,
+    errors naming the key."""
     strategy_validate(strategy_yaml)
     if is_control and experiment.arms.filter(is_control=True).exists():
         raise ApplicationError(f"is_control: experiment '{experiment.name}' already has a control arm",
@@ -256,7 +257,8 @@ def arm_create(*, experiment: Experiment, name: str, strategy_yaml: str, weight:
 
 @transaction.atomic
 def arm_delete(*, arm: Arm) -> None:
-    """Delete an arm that never ran; an arm with runs keeps its history (freeze it or set weight 0)."""
+    """Delete an arm that never ran; an arm with runs keeps its history
+    (freeze it or set weight 0)."""
     runs = arm.runs.count()
     if runs:
         raise ApplicationError(

@@ -37,7 +37,8 @@ class PricingTableAdmin(admin.ModelAdmin):
         return form
 
     def save_model(self, request, obj, form, change):
-        # The table as stored, before the form's edit lands: the old version, if this edit starts a new one.
+        # The table as stored, before the form's edit lands: the old version,
+        # if this edit starts a new one.
         request._pricing_stored = PricingTable.objects.get(pk=obj.pk) if change else None
         super().save_model(request, obj, form, change)
 

@@ -150,7 +150,8 @@ def run_bill(
     memory_gb: float = 0.0,
     modelled_power_w: float = 0.0,
 ) -> Bill:
-    """Bill the samples of one run (any order; one per seq, each with its attempt) under a price schedule.
+    """Bill the samples of one run (any order; one per seq, each with its attempt) under a price
+    schedule.
 
     `starts[i]` is when `prices[i]` comes into force; `modelled_power_w`: board power of all
     the run's GPUs, used for intervals that report neither energy nor power (0: none).
@@ -167,9 +168,11 @@ def run_bill(
 
 def rollup_cost(*, prices: Prices, weights: Weights, device_seconds: float, wall_s: float, energy_j: float,
                 vcpus: float, memory_gb: float) -> float:
-    """USD of rolled-up usage (a run's summed intervals) at one table: what period_sums' usage costs there.
+    """USD of rolled-up usage (a run's summed intervals) at one table:
+    what period_sums' usage costs there.
 
-    Linear in usage under fixed prices, so a sum over any intervals prices like the intervals one by one.
+    Linear in usage under fixed prices, so a sum over any intervals prices like the intervals one by
+    one.
     """
     usage = Usage(wall_s=wall_s, device_seconds=device_seconds, busy_device_seconds=device_seconds,
                   energy_j=energy_j, vcpu_seconds=wall_s * vcpus, memory_gb_seconds=wall_s * memory_gb)

@@ -24,7 +24,8 @@ def default_objectives() -> list[str]:
 
 
 class Sweep(TimeStampedModel):
-    """A search over a base strategy's keys: probes proposed by Optuna, kept on a Pareto frontier."""
+    """A search over a base strategy's keys: probes proposed by Optuna,
+    kept on a Pareto frontier."""
 
     class Status(models.TextChoices):
         RUNNING = "running", "Running"

@@ -61,7 +61,8 @@ def batch_ranges(*, run_id: int, seqs: list[int]) -> list[tuple[int, int]]:
 
 
 def contiguous_end(*, run_id: int, after_seq: int) -> int | None:
-    """The last seq of the gap-free stretch that follows after_seq (None: after_seq + 1 is missing)."""
+    """The last seq of the gap-free stretch that follows after_seq
+    (None: after_seq + 1 is missing)."""
     table = TelemetrySample._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
