@@ -1,6 +1,7 @@
 """`make run`'s supervised stack on the embedded default: the embedded Redis, web, workers and beat
 come up together, a worker answers a ping over Redis, killing the web server only restarts it, and
-Ctrl-C stops every process (a run in training goes back to the queue) and repeats where to sign in."""
+Ctrl-C stops every process (a run in training goes back to the queue) and repeats where to sign
+in."""
 
 import json
 import os

@@ -1,4 +1,5 @@
-"""The costlab CLI end to end against a live server: submit (arm mapping, --wait), status, report, gate.
+"""The costlab CLI end to end against a live server: submit (arm mapping, --wait), status, report,
+gate.
 
 Most calls run main() in this process (over real HTTP); one runs the installed console script."""
 
@@ -200,7 +201,8 @@ def test_the_console_script_exits_with_the_gate_verdict(lab):
     priced_run(lab["candidate"], "1.20")
     script = Path(sys.executable).with_name("costlab")
     assert script.exists(), "pip install -e . creates the costlab console script"
-    # The script of the installed package, running this checkout's code (the venv may serve several).
+    # The script of the installed package, running this checkout's code
+    # (the venv may serve several).
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     result = subprocess.run([str(script), "gate", str(lab["experiment"].pk), "--max-regression", "5%"],
                             capture_output=True, text=True, timeout=60, env=env)

@@ -26,7 +26,8 @@ SMALL = {"model": {"seq_len": 16}, "train": {"global_batch": 8, "steps": 4}}
 
 
 def train_on_cpu(config, **kwargs):
-    """CPU unless a test says otherwise: the assertions below name CPU backends (function, torch int8)."""
+    """CPU unless a test says otherwise: the assertions below name CPU backends
+    (function, torch int8)."""
     return train(config, **{"device": "cpu", **kwargs})
 
 
@@ -45,7 +46,8 @@ def config(tiny_config):
 
 @pytest.fixture
 def spy(monkeypatch):
-    """The trainers train_on_cpu() builds, recording each step's plan; `around_step` may wrap every step."""
+    """The trainers train_on_cpu() builds, recording each step's plan;
+    `around_step` may wrap every step."""
     class Built(list):
         cls: type
 
@@ -144,7 +146,8 @@ def test_on_cuda_only_the_embedding_table_stays_on_the_host(config, spy):
 
 
 def _saved_activation_bytes(parameters):
-    """Context manager factory summing the storages autograd saves for backward, parameters excluded."""
+    """Context manager factory summing the storages autograd saves for backward,
+    parameters excluded."""
     totals = []
 
     @contextlib.contextmanager
@@ -171,7 +174,8 @@ def test_gradient_checkpointing_lowers_the_activations_kept_for_backward(config,
         spy.cls.around_step = staticmethod(contextlib.nullcontext)
         cfg = config(memory={"gradient_checkpointing": {"enabled": enabled}}, train={"steps": 1},
                      telemetry={"enabled": False})
-        # measured inside the real training step: checkpointed blocks hand autograd only their inputs
+        # measured inside the real training step: checkpointed blocks hand autograd only their
+        # inputs
         measure, totals = _saved_activation_bytes(lambda: spy[0].model.parameters())
         spy.cls.around_step = staticmethod(measure)
         result = train_on_cpu(cfg)

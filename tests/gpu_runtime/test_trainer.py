@@ -1,4 +1,5 @@
-"""Training: loss falls, resume is exact, cancel and SIGTERM stop cleanly, precision does what it says."""
+"""Training: loss falls, resume is exact, cancel and SIGTERM stop cleanly,
+precision does what it says."""
 
 from __future__ import annotations
 

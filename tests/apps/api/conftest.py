@@ -1,4 +1,5 @@
-"""Two tenants, a token and a session for each kind of caller, and an API client that speaks JSON."""
+"""Two tenants, a token and a session for each kind of caller,
+and an API client that speaks JSON."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Experiments and arms through the API: CRUD, strategy validation naming the key, filters, pages."""
+"""Experiments and arms through the API: CRUD, strategy validation naming the key, filters,
+pages."""
 
 from __future__ import annotations
 

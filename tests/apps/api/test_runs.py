@@ -1,4 +1,5 @@
-"""Runs through the API: submit (201 + chosen arm, idempotent by run_key), status, cancel, external finish."""
+"""Runs through the API: submit (201 + chosen arm, idempotent by run_key), status, cancel,
+external finish."""
 
 from __future__ import annotations
 

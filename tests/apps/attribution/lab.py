@@ -1,4 +1,5 @@
-"""A simulated experiment for attribution tests: runs whose priced totals move as ingest would move them.
+"""A simulated experiment for attribution tests: runs whose priced totals move as ingest would move
+them.
 
 The tick reads run totals, never samples, so moving the totals directly (one bulk UPDATE per
 step) tests it on exactly its input, and fast enough for hundreds of ticks. Seeded.
@@ -57,7 +58,8 @@ class Lab:
         return run
 
     def step(self, *, seconds: float = 30.0, samples: int = 30, runs: list[Run] | None = None) -> None:
-        """Every run (or the given ones) trains `seconds` more: tokens, cost, samples, energy move."""
+        """Every run (or the given ones) trains `seconds` more: tokens, cost, samples,
+        energy move."""
         moved = []
         for run in runs if runs is not None else self.runs:
             if run.arm_id not in self.factor:

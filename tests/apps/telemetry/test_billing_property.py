@@ -56,7 +56,8 @@ def sample_sets(draw):
 
 @st.composite
 def deliveries(draw, n):
-    """Batches of indexes into the sorted set: any order, any size, some sent twice, the first late."""
+    """Batches of indexes into the sorted set: any order, any size, some sent twice,
+    the first late."""
     order = draw(st.permutations(range(n))) if draw(st.booleans()) else list(range(n))
     size = draw(st.integers(1, max(1, n)))
     batches = [order[i:i + size] for i in range(0, n, size)]

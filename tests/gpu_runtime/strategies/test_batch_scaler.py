@@ -246,7 +246,8 @@ def _accumulated_step(model, tracker, tokens, plan):
 
 
 def test_statistics_read_each_gradient_twice_a_step_and_copy_none():
-    """The cost in operations, free of timing noise: two fused norms a step, whatever the accumulation."""
+    """The cost in operations, free of timing noise: two fused norms a step,
+    whatever the accumulation."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class LargestOutput(TorchDispatchMode):
@@ -280,7 +281,8 @@ def test_statistics_read_each_gradient_twice_a_step_and_copy_none():
 
 
 def test_statistics_cost_at_most_two_percent_of_step_time(one_torch_thread):
-    """Timed on a real step: the tiny preset at the schema's default seq_len (256) and global batch (8).
+    """Timed on a real step: the tiny preset at the schema's default seq_len (256) and global batch
+    (8).
 
     The statistics read every gradient twice a step whatever the tokens; the step's work
     grows with them. So the share falls as 1/tokens-per-step: at 2048 tokens it is ~0.6 %
