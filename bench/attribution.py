@@ -46,7 +46,8 @@ def _drop(experiments) -> None:
 
 
 def build_world(n_samples: int, log) -> dict:
-    """The experiments, arms and runs, and the samples generated server-side (reused when present)."""
+    """The experiments, arms and runs, and the samples generated server-side
+    (reused when present)."""
     from django.db import connection
 
     from apps.experiments.models import Arm, Experiment, Run
@@ -101,7 +102,8 @@ def build_world(n_samples: int, log) -> dict:
 
 
 def reset(world: dict) -> list[int]:
-    """Attribution state cleared, run totals back to what their samples add up to; the experiment ids."""
+    """Attribution state cleared, run totals back to what their samples add up to;
+    the experiment ids."""
     from django.db import connection
 
     from apps.attribution.models import AttributionWindow, FreezeEvent, RunCursor, WeightChange
@@ -126,7 +128,8 @@ def reset(world: dict) -> list[int]:
 
 
 def advance(tenant_id: int, seconds: int, seed: int) -> None:
-    """Every run trains `seconds` more (what ingest would add to the totals), with a little noise."""
+    """Every run trains `seconds` more (what ingest would add to the totals),
+    with a little noise."""
     from django.db import connection
 
     from apps.experiments.models import Arm, Run

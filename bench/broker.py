@@ -67,8 +67,9 @@ def consume(url: str, options: dict, results, idle_s: float) -> None:
 
 
 def declare(url: str, options: dict) -> None:
-    """Create the queue once before the round, as a first start would: this measures steady state, not
-    the SQLAlchemy transport's race to create its tables (which crashes concurrent first users)."""
+    """Create the queue once before the round, as a first start would: this measures steady state,
+    not the SQLAlchemy transport's race to create its tables
+    (which crashes concurrent first users)."""
     with connection(url, options) as conn:
         conn.SimpleQueue("bench").close()
 

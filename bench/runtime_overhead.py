@@ -82,7 +82,8 @@ def _direct_costs(device: str | None, n: int = 300) -> tuple[float, float]:
         sampler.sample()
         costs.append(time.thread_time() - start)
     sampler.probe.close()
-    # The loop's own share: one Progress tuple and one StepWindow per step (stamps are taken anyway).
+    # The loop's own share: one Progress tuple and one StepWindow per step
+    # (stamps are taken anyway).
     start = time.perf_counter()
     for step in range(n * 100):
         counters.progress = Progress(step, step * 256, 0.1 * step, step, 2.5, 4)

@@ -1,4 +1,5 @@
-"""A small client of costlab's REST API v1: bearer token, retries on transient failures, one error type."""
+"""A small client of costlab's REST API v1: bearer token, retries on transient failures,
+one error type."""
 
 from __future__ import annotations
 
@@ -51,8 +52,9 @@ class Api:
         return self.request("PATCH", path, json=body, idempotent=True)
 
     def request(self, method: str, path: str, *, idempotent: bool | None = None, **kwargs: Any) -> Any:
-        """JSON of a 2xx answer. Retries connection failures and 429/502/503/504 when the call is safe to repeat:
-        `attempts` times, or for up to `retry_for_s` seconds of outage (saying so on stderr)."""
+        """JSON of a 2xx answer. Retries connection failures and 429/502/503/504 when the call is
+        safe to repeat: `attempts` times, or for up to `retry_for_s` seconds of outage
+        (saying so on stderr)."""
         retry = method in ("GET", "HEAD") if idempotent is None else idempotent
         attempt, outage_since = 0, None
         while True:

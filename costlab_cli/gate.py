@@ -22,7 +22,8 @@ RESOLUTION_PP = Decimal("0.01")  # percentage points
 
 
 def parse_regression(text: str) -> Decimal:
-    """The limit in percentage points: '5%' -> 5.00; '0.05' -> 5.00. A bare number above 1 is refused: say '5%'."""
+    """The limit in percentage points: '5%' -> 5.00; '0.05' -> 5.00.
+    A bare number above 1 is refused: say '5%'."""
     raw = text.strip()
     try:
         value = Decimal(raw[:-1]) if raw.endswith("%") else Decimal(raw) * 100

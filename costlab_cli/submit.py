@@ -1,11 +1,15 @@
-"""`costlab submit` and `costlab status`: which arm a strategy file runs on, the run, and waiting for it.
+"""`costlab submit` and `costlab status`: which arm a strategy file runs on, the run,
+and waiting for it.
 
-How --strategy maps onto an arm (the file's exact bytes are hashed with SHA-256, as the server does):
-  --arm NAME given:  the arm NAME of the experiment. Missing: created with this strategy and weight 0
-                     (it gets runs only when named, so routed submissions keep their split). Present
-                     with another strategy: its strategy is replaced (a new revision). The control arm
-                     is never changed from here: the baseline changes deliberately, not from a branch.
-  no --arm:          the experiment's arm whose strategy has this hash; none is an error naming the hash.
+How --strategy maps onto an arm (the file's exact bytes are hashed with SHA-256, as the server
+does):
+  --arm NAME given:  the arm NAME of the experiment. Missing: created with this strategy and
+                     weight 0 (it gets runs only when named, so routed submissions keep their
+                     split). Present with another strategy: its strategy is replaced (a new
+                     revision). The control arm is never changed from here: the baseline changes
+                     deliberately, not from a branch.
+  no --arm:          the experiment's arm whose strategy has this hash; none is an error naming
+                     the hash.
 """
 
 from __future__ import annotations
@@ -83,7 +87,8 @@ def cmd_submit(api: Api, args) -> int:
 
 
 def wait_for(api: Api, run_id: int, *, poll_s: float, timeout_s: float) -> int:
-    """0 when the run succeeded, 1 when it ended otherwise; CliError (2) when it outlives the timeout."""
+    """0 when the run succeeded, 1 when it ended otherwise;
+    CliError (2) when it outlives the timeout."""
     deadline = time.monotonic() + timeout_s
     while True:
         run = api.get(f"runs/{run_id}/")

@@ -1,4 +1,5 @@
-"""`costlab sweep start|status|frontier|cancel`: search for a cheaper strategy, read its Pareto frontier."""
+"""`costlab sweep start|status|frontier|cancel`: search for a cheaper strategy,
+read its Pareto frontier."""
 
 from __future__ import annotations
 

@@ -74,7 +74,8 @@ def capability_problems(config: StrategyConfig, device: torch.device) -> list[di
 
 
 def check_capability(config: StrategyConfig, device: str | torch.device | None = None) -> torch.device:
-    """Resolve the device and refuse (StrategyError) what it cannot run, naming the device and why."""
+    """Resolve the device and refuse (StrategyError) what it cannot run,
+    naming the device and why."""
     dev = device if isinstance(device, torch.device) else resolve_device(device)
     problems = capability_problems(config, dev)
     if problems:

@@ -89,7 +89,8 @@ def _alpaca_records(path: Path) -> list[bytes]:
 
 
 def synthetic_documents(seed: int, n_tokens: int = SYNTHETIC_TOKENS) -> list[bytes]:
-    """Zipf-distributed words from a seeded 512-word vocabulary: learnable, and the same for a seed."""
+    """Zipf-distributed words from a seeded 512-word vocabulary: learnable,
+    and the same for a seed."""
     rng = random.Random(seed)
     letters = "abcdefghijklmnopqrstuvwxyz"
     words = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 9))).encode() + b" " for _ in range(512)]
@@ -117,7 +118,8 @@ def load_corpus(data: DataSection, *, seed: int) -> Corpus:
 
 
 class StepBatches:
-    """The rows of step s: ``global_batch`` random windows of seq_len+1 tokens, fixed by (seed, s)."""
+    """The rows of step s: ``global_batch`` random windows of seq_len+1 tokens, fixed by
+    (seed, s)."""
 
     def __init__(self, corpus: Corpus, *, seq_len: int, global_batch: int, seed: int):
         if corpus.tokens.numel() < seq_len + 1:

@@ -46,7 +46,8 @@ def _check_fusable(named_params: list[tuple[str, torch.Tensor]]) -> None:
 
 
 def lr_at(step: int, train: TrainSection, total_steps: int) -> float:
-    """LR for a step (0-based): linear warmup to ``lr``, then cosine down to ``lr * min_lr_ratio``."""
+    """LR for a step (0-based): linear warmup to ``lr``, then cosine down to
+    ``lr * min_lr_ratio``."""
     peak, floor = train.lr, train.lr * train.min_lr_ratio
     warmup = min(train.warmup_steps, max(total_steps - 1, 0))
     if step < warmup:

@@ -27,7 +27,8 @@ class RunResult:
     device: str
     status: RunStatus
     samples: int  # telemetry samples emitted (the sink saw each)
-    # dynamic batching's decisions: {step, kind (grow, shrink, memory_cap, oom, bounds), old/new micro-batch, detail}
+    # dynamic batching's decisions: {step, kind (grow, shrink, memory_cap, oom, bounds), old/new
+    # micro-batch, detail}
     micro_batch_events: list[dict[str, Any]] = field(default_factory=list)
     # what each strategy key did, by key: modules swapped, bytes saved, devices chosen ...
     strategies: dict[str, Any] = field(default_factory=dict)
