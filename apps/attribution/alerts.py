@@ -140,7 +140,8 @@ def _post(delivery: AlertDelivery) -> tuple[bool, bool, int | None, str]:
 
 def _mail(delivery: AlertDelivery) -> tuple[bool, bool, int | None, str]:
     p = delivery.payload
-    subject = f"[costlab] {p['experiment']['name']}: arm '{p['arm']['name']}' {p['event'].removeprefix('arm_')}"
+    event = p["event"].removeprefix("arm_")
+    subject = f"[costlab] {p['experiment']['name']}: arm '{p['arm']['name']}' {event}"
     lines = [p["reason"], "", json.dumps(p, indent=2, sort_keys=True)]
     recipients = [a.strip() for a in delivery.target.split(",") if a.strip()]
     try:

@@ -122,7 +122,8 @@ class AttributionSnapshot(UsageTotals):
     energy_estimated = models.BooleanField(default=False)
     compared_usd = models.DecimalField(
         max_digits=16, decimal_places=6, default=0,
-        help_text="The same usage priced at the comparison table: what metric and deviation are computed on.")
+        help_text="The same usage priced at the comparison table: "
+                  "what metric and deviation are computed on.")
     pricing_table = models.ForeignKey("pricing.PricingTable", on_delete=models.SET_NULL, null=True, blank=True,
                                       related_name="+", db_index=False, help_text="The comparison table.")
     pricing_valid_from = models.DateTimeField(null=True, blank=True,

@@ -164,7 +164,8 @@ def _moments(*, epochs: dict, upto_number: dict, comparisons: dict, deltas: dict
         k_params = [v for (arm_id, table_id, sku), d in deltas.items()
                     for v in (arm_id, table_id, sku or 0, d.gpu_second, d.joule, d.vcpu_second, d.gb_second)]
         # The per-unit deltas times the usage (PriceDelta.times), rounded per run as a bill is.
-        cost = ("SUM(rw.cost_usd) + ROUND(COALESCE(SUM(rw.gpu_seconds * k.dg + rw.energy_j * k.de + rw.wall_s * "
+        cost = ("SUM(rw.cost_usd) + ROUND(COALESCE(SUM("
+                "rw.gpu_seconds * k.dg + rw.energy_j * k.de + rw.wall_s * "
                 "(x.vcpus * k.dv + CAST(x.memory_gb AS NUMERIC) * k.dm)), 0), 6)")
         joins = (f"JOIN {_WIN} w ON w.id = rw.window_id JOIN {run} x ON x.id = rw.run_id "
                  "LEFT JOIN k ON k.arm_id = rw.arm_id AND k.tbl = w.pricing_table_id "
@@ -175,9 +176,11 @@ def _moments(*, epochs: dict, upto_number: dict, comparisons: dict, deltas: dict
     sql = f"""
         {_epoch_ranges(len(epochs))}{k},
         r AS (
-            SELECT rw.arm_id, {cost} AS c, CAST(SUM(rw.tokens) AS {exact}) AS t, CAST(SUM(rw.steps) AS {exact}) AS s
+            SELECT rw.arm_id, {cost} AS c, CAST(SUM(rw.tokens) AS {exact}) AS t,
+                   CAST(SUM(rw.steps) AS {exact}) AS s
             FROM {cte_fenced("b") if deltas else "b"}
-            JOIN {rw} rw ON rw.arm_id = b.arm_id AND rw.window_id > b.lo AND rw.window_id <= b.hi {joins}
+            JOIN {rw} rw ON rw.arm_id = b.arm_id AND rw.window_id > b.lo AND rw.window_id <= b.hi
+            {joins}
             WHERE rw.omitted = %s
             GROUP BY rw.arm_id, rw.run_id
         )
@@ -209,7 +212,8 @@ def _epoch_ranges(n: int) -> str:
             SELECT e.arm_id, a.experiment_id, e.cmp,
                    COALESCE((SELECT w.id FROM {_WIN} w WHERE w.experiment_id = a.experiment_id
                              AND w.number = e.after_n), 0) AS lo,
-                   (SELECT w.id FROM {_WIN} w WHERE w.experiment_id = a.experiment_id AND w.number = e.upto_n) AS hi
+                   (SELECT w.id FROM {_WIN} w WHERE w.experiment_id = a.experiment_id
+                    AND w.number = e.upto_n) AS hi
             FROM e JOIN {_ARM} a ON a.id = e.arm_id
         )"""
 
@@ -310,7 +314,8 @@ def pricing_faults(*, experiments: list[Experiment], window_ids: list[int], now:
                                           "run__device", "run__started_at", "run__created_at").order_by("run_id"):
             e = experiment_of[r["window__experiment_id"]]
             if r["run__gpu_sku_id"] is None:
-                reason = (f"device: run {r['run_id']} ran on '{r['run__device'] or 'an unknown GPU'}', which "
+                reason = (f"device: run {r['run_id']} ran on "
+                          f"'{r['run__device'] or 'an unknown GPU'}', which "
                           "matches no GPU SKU, so its GPU time has no price")
             else:
                 gaps = missing(e, r["run__gpu_sku_id"], r["run__started_at"] or r["run__created_at"])

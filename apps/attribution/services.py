@@ -183,7 +183,8 @@ def _decide(experiment: Experiment, inputs: list[ArmInput], policy) -> Experimen
 def _freeze_reason(arm: ArmInput, verdict: ArmVerdict) -> str:
     dev, control = verdict.deviation, verdict.evidence.get("control", {})
     return (f"cost deviation {dev.estimate:+.2%} vs control '{control.get('name')}' "
-            f"(always-valid lower bound {dev.low:+.2%}) above the threshold {verdict.evidence['threshold']:.2%}, "
+            f"(always-valid lower bound {dev.low:+.2%}) "
+            f"above the threshold {verdict.evidence['threshold']:.2%}, "
             f"over {arm.sums.runs} runs and {arm.sums.samples} samples")
 
 

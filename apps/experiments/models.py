@@ -41,7 +41,8 @@ class Experiment(TimeStampedModel):
         decimal_places=4,
         default=Decimal("0.05"),
         validators=[MinValueValidator(Decimal("0.0001"))],
-        help_text="Relative cost deviation from the control above which an arm may be frozen (0.05 = 5 %).",
+        help_text="Relative cost deviation from the control above which an arm may be frozen "
+                  "(0.05 = 5 %).",
     )
     attribution_interval_s = models.PositiveIntegerField(
         default=30, validators=[MinValueValidator(5)], help_text="Seconds between attribution ticks."
@@ -198,7 +199,8 @@ class Run(TimeStampedModel):
     config_revision = models.PositiveIntegerField(default=1, help_text="Arm revision the run applies now.")
     config_history = models.JSONField(
         default=list, blank=True,
-        help_text="Live changes applied while running: [{revision, applied_at, live, not_applied}].",
+        help_text="Live changes applied while running: "
+                  "[{revision, applied_at, live, not_applied}].",
     )
 
     class Meta:

@@ -196,7 +196,8 @@ def run_finish(*, run_id: int, owner: str, status: str, error: str = "", dataset
     if run.status == Run.Status.RUNNING and run.lease_owner == owner:
         pass
     elif attempt is not None and attempt.outcome == status and run.status == status:
-        return True  # already recorded: by our own earlier try, or by the sweeper seeing training complete
+        # already recorded: by our own earlier try, or by the sweeper seeing training complete
+        return True
     elif (attempt is not None and status == Run.Status.SUCCEEDED and run.status == Run.Status.QUEUED
           and run.attempts == attempt.number and attempt.outcome == Outcome.LOST):
         # Swept while we could not reach the database, and nobody took it since: training completed.
@@ -237,10 +238,12 @@ def runs_sweep_lost(*, now=None) -> list[int]:
         for run in expired:
             logger.warning("run %s lost: lease held by %s expired at %s", run.pk, run.lease_owner,
                            run.lease_expires_at.isoformat())
-            reason = f"worker {run.lease_owner or '?'} lost (lease expired {run.lease_expires_at:%H:%M:%S})"
+            reason = (f"worker {run.lease_owner or '?'} lost "
+                      f"(lease expired {run.lease_expires_at:%H:%M:%S})")
             if _training_completed(run):
                 run_end(run, Run.Status.SUCCEEDED,
-                     f"attempt {run.attempts}: {reason} after training every step; not trained again")
+                     f"attempt {run.attempts}: {reason} after training every step; "
+                     "not trained again")
             else:
                 _requeue_or_fail(run, Outcome.LOST, reason)
             swept.append(run.pk)

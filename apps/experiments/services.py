@@ -99,7 +99,8 @@ def _quota_check(*, tenant: Tenant) -> None:
     if spent >= tenant.monthly_budget_usd:
         raise ApplicationError(
             f"monthly_budget_usd: tenant '{tenant.slug}' has spent {spent:.2f} USD this month "
-            f"(budget {tenant.monthly_budget_usd} USD); new runs are refused until the budget is raised",
+            f"(budget {tenant.monthly_budget_usd} USD); "
+            "new runs are refused until the budget is raised",
             {"budget_usd": str(tenant.monthly_budget_usd), "spent_usd": f"{spent:.6f}"}, code="budget_exceeded",
         )
 
@@ -229,7 +230,8 @@ def experiment_delete(*, experiment: Experiment) -> None:
     active = Run.objects.filter(experiment=experiment, status__in=Run.ACTIVE_STATUSES).count()
     if active:
         raise ApplicationError(
-            f"experiment '{experiment.name}' has {active} queued or running runs; cancel them before deleting it",
+            f"experiment '{experiment.name}' has {active} queued or running runs; "
+            "cancel them before deleting it",
             {"active_runs": active}, code="experiment_busy", status=409,
         )
     Run.objects.filter(experiment=experiment).delete()  # runs protect their arm: remove them first

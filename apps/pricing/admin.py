@@ -32,7 +32,8 @@ class PricingTableAdmin(admin.ModelAdmin):
         form = super().get_form(request, obj, **kwargs)
         if obj is not None and obj.valid_from <= timezone.now():
             form.base_fields["valid_from"].help_text = (
-                "In force: a price edit takes effect from now. This table moves to now with the new prices and a "
+                "In force: a price edit takes effect from now. "
+                "This table moves to now with the new prices and a "
                 "copy keeps the old ones for the time before; history is never rewritten.")
         return form
 

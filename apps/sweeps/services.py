@@ -187,7 +187,8 @@ def _measure(probe: Probe, *, samples: list[dict], result: Any, device: str, gpu
     timed = timed_stretch(samples, warmup_steps=sweep.warmup_steps)
     if timed is None:
         probe.status = Probe.Status.INFEASIBLE
-        probe.reason = (f"probe_steps: too few steps were timed after the {sweep.warmup_steps} warm-up steps to "
+        probe.reason = ("probe_steps: too few steps were timed "
+                        f"after the {sweep.warmup_steps} warm-up steps to "
                         f"measure anything; raise probe_steps")
         return
     schedule = price_schedule(tenant_id=sweep.tenant_id, gpu_sku_id=sweep.gpu_sku_id)
@@ -276,7 +277,8 @@ def probes_reconcile(*, now=None) -> dict[str, list[int]]:
                 continue
             probe_finish(probe_id=probe.pk, owner=probe.worker, error=(
                 f"lost: its worker ({probe.worker}) stopped renewing it for "
-                f"{settings.COSTLAB_PROBE_LOST_AFTER_S:g} s (killed, or the host ran out of memory)"))
+                f"{settings.COSTLAB_PROBE_LOST_AFTER_S:g} s "
+                "(killed, or the host ran out of memory)"))
             lost.append(probe.pk)
     resend_before = now - timedelta(seconds=settings.COSTLAB_PROBE_RESEND_AFTER_S)
     resent = []

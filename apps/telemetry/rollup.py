@@ -66,7 +66,8 @@ def contiguous_end(*, run_id: int, after_seq: int) -> int | None:
     table = TelemetrySample._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT MAX(seq) FROM (SELECT seq, ROW_NUMBER() OVER (ORDER BY seq) AS rn FROM {table} "
+            "SELECT MAX(seq) FROM ("
+            f"SELECT seq, ROW_NUMBER() OVER (ORDER BY seq) AS rn FROM {table} "
             f"WHERE run_id = %s AND seq > %s) AS t WHERE seq - %s = rn",
             [run_id, after_seq, after_seq],
         )
