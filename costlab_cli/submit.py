@@ -41,7 +41,8 @@ def arm_for_strategy(api: Api, *, experiment: int, text: str, arm_name: str | No
     if arm_name is None:
         arms = api.get("arms/", experiment=experiment, strategy_sha256=digest)["results"]
         if not arms:
-            raise CliError(f"no arm of experiment {experiment} has the strategy in {path} (sha256 {digest[:12]}); "
+            raise CliError(f"no arm of experiment {experiment} has the strategy in {path} "
+                           f"(sha256 {digest[:12]}); "
                            "pass --arm NAME to create or update one")
         active = [a for a in arms if a["state"] == "active"]
         return (active or arms)[0], "matched"
@@ -68,7 +69,8 @@ def cmd_submit(api: Api, args) -> int:
         if given:
             raise CliError(f"{given[0]}: only for --external runs (a worker measures what it holds)")
     elif args.wait:
-        raise CliError("--wait: an external run ends when its trainer POSTs /finish/; it cannot be waited on here")
+        raise CliError("--wait: an external run ends when its trainer POSTs /finish/; "
+                       "it cannot be waited on here")
     text = read_strategy(args.strategy)
     arm, how = arm_for_strategy(api, experiment=args.experiment, text=text, arm_name=args.arm, path=args.strategy)
     body = {"experiment": args.experiment, "arm": arm["id"],
