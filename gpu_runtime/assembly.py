@@ -49,8 +49,10 @@ def strategy_conflicts(config: StrategyConfig) -> list[dict[str, str]]:
     fused_targets = sorted(set(quant.target_modules) & set(QKV)) if quant.enabled else []
     if config.kernels.fused_rmsnorm_qkv and fused_targets:
         return [{"key": "kernels.fused_rmsnorm_qkv", "message": (
-            f"the fused RMSNorm+QKV path multiplies by plain q/k/v weights, but {', '.join(fused_targets)} "
-            "are int8-quantized (precision.quantization.target_modules); drop them from target_modules "
+            "the fused RMSNorm+QKV path multiplies by plain q/k/v weights, "
+            f"but {', '.join(fused_targets)} "
+            "are int8-quantized (precision.quantization.target_modules); "
+            "drop them from target_modules "
             "or turn the fused path off")}]
     return []
 

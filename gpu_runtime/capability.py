@@ -58,14 +58,16 @@ def capability_problems(config: StrategyConfig, device: torch.device) -> list[di
             major, minor = torch.cuda.get_device_capability(device.index)
             if dtype == "bf16" and (major, minor) < (8, 0):
                 problems.append({"key": key, "message": (
-                    f"bf16 needs CUDA compute capability >= 8.0 (Ampere or newer); {label} has {major}.{minor}")})
+                    "bf16 needs CUDA compute capability >= 8.0 (Ampere or newer); "
+                    f"{label} has {major}.{minor}")})
         elif key == "precision.compute_dtype":
             reason = _cpu_autocast_problem(TORCH_DTYPES[dtype])
             if reason is not None:
                 problems.append({"key": key, "message": f"{dtype} autocast does not run on {label}: {reason}"})
     if config.offload.embedding == "npu":
         problems.append({"key": "offload.embedding", "message": (
-            f"npu offload needs an NPU backend; this torch build has none (training on {label})")})
+            "npu offload needs an NPU backend; "
+            f"this torch build has none (training on {label})")})
     available = torch.cuda.device_count() if device.type == "cuda" else 0
     if config.placement.gpus > max(available, 1):
         problems.append({"key": "placement.gpus", "message": (

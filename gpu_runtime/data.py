@@ -124,7 +124,8 @@ class StepBatches:
     def __init__(self, corpus: Corpus, *, seq_len: int, global_batch: int, seed: int):
         if corpus.tokens.numel() < seq_len + 1:
             raise StrategyError.single(
-                "model.seq_len", f"the corpus has {corpus.tokens.numel()} tokens; a window needs seq_len+1 = {seq_len + 1}")
+                "model.seq_len", f"the corpus has {corpus.tokens.numel()} tokens; "
+                f"a window needs seq_len+1 = {seq_len + 1}")
         self.tokens = corpus.tokens
         self.seq_len, self.global_batch, self.seed = seq_len, global_batch, seed
         self._offsets = torch.arange(seq_len + 1)

@@ -110,7 +110,8 @@ def probe_execute(probe_id: int) -> None:
             torch.cuda.empty_cache()
         outcome["vcpus"] = 0 if gpu_count else torch.get_num_threads()
         _warm_process(config, device)
-        _return_freed_memory()  # so the probe's RSS growth on CPU is its own, not refilled free lists
+        # so the probe's RSS growth on CPU is its own, not refilled free lists
+        _return_freed_memory()
         outcome["baseline_mem_mb"] = psutil.Process().memory_info().rss / MIB
         result = gpu_runtime.train(config, sink=samples.append, cancel=_heartbeat(probe_id, owner), device=device,
                                    steps=sweep.warmup_steps + sweep.probe_steps)
