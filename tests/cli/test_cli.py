@@ -42,7 +42,9 @@ def strategy(tmp_path):
 
 def test_the_cli_imports_neither_django_nor_torch():
     code = ("import sys, costlab_cli.main; heavy = sorted({m.split('.')[0] for m in sys.modules} & "
-            "{'django', 'torch', 'rest_framework', 'apps', 'gpu_runtime', 'config', 'yaml', 'optuna'}); print(heavy); "
+            "{'django', 'torch', 'rest_framework', 'apps', 'gpu_runtime', 'config', 'yaml', "
+            "'optuna'}); "
+            "print(heavy); "
             "sys.exit(1 if heavy else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr

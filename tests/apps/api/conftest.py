@@ -19,7 +19,8 @@ from tests.factories import (
     UserFactory,
 )
 
-GOOD = "model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\ntrain: {steps: 5, global_batch: 2}\n"
+GOOD = ("model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\n"
+        "train: {steps: 5, global_batch: 2}\n")
 OTHER = GOOD.replace("steps: 5", "steps: 7")
 
 

@@ -77,7 +77,8 @@ class Lab:
             moved.append(run)
         with connection.cursor() as cursor:  # what run_totals_advance writes, for many runs at once
             cursor.executemany(
-                f"UPDATE {Run._meta.db_table} SET tokens = %s, steps = %s, priced_seq = %s, last_seq = %s, "
+                f"UPDATE {Run._meta.db_table} SET tokens = %s, steps = %s, "
+                "priced_seq = %s, last_seq = %s, "
                 "device_seconds = %s, energy_j = %s, cost_usd = %s WHERE id = %s",
                 [(r.tokens, r.steps, r.priced_seq, r.last_seq, r.device_seconds, r.energy_j, r.cost_usd, r.pk)
                  for r in moved])

@@ -51,7 +51,7 @@ def straddling_lab(**experiment):
     return lab, old, new, control, b
 
 
-def test_identical_arms_either_side_of_a_price_doubling_compare_equal_while_bills_keep_their_tables():
+def test_identical_arms_either_side_of_a_price_doubling_compare_equal_while_bills_keep_tables():
     lab, old, new, control, b = straddling_lab()
     # Each run's bill follows the table in force when it ran:
     # the candidate's cost twice the control's.

@@ -64,7 +64,8 @@ def test_stop_all_ends_every_process_and_stops_the_broker_last(tmp_path):
     def writer(name: str) -> list[str]:
         return [sys.executable, "-c",
                 "import signal, sys, time\n"
-                f"def bye(*a): open({str(marker)!r}, 'a').write({name!r} + '\\n'); time.sleep(0.2); sys.exit(0)\n"
+                f"def bye(*a): open({str(marker)!r}, 'a').write({name!r} + '\\n'); "
+                "time.sleep(0.2); sys.exit(0)\n"
                 "signal.signal(signal.SIGTERM, bye)\nprint('ready', flush=True)\ntime.sleep(600)"]
 
     stack = LocalStack([ProcessSpec("broker", writer("broker"), stop_last=True), ProcessSpec("web", writer("web")),

@@ -102,7 +102,8 @@ def test_claim_and_finish_repeated_by_their_owner_are_idempotent():
     assert run.status == "succeeded" and run.attempt_log.count() == 1
 
 
-STEPS_6 = "model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\ntrain: {steps: 6, global_batch: 2}\n"
+STEPS_6 = ("model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\n"
+           "train: {steps: 6, global_batch: 2}\n")
 
 
 def _samples(run, attempt, steps):
