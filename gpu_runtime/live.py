@@ -46,8 +46,8 @@ def _nest(flat: dict[str, Any]) -> dict[str, Any]:
 
 
 def live_changes(old: StrategyConfig, new: StrategyConfig) -> tuple[dict[str, Any], list[str]]:
-    """(the live keys that changed, nested like the YAML; the dotted keys that changed but are not
-    live)."""
+    """(the live keys that changed, nested like the YAML; the dotted keys that changed but
+    are not live)."""
     before, after = _flatten(old.model_dump()), _flatten(new.model_dump())
     changed = sorted(k for k in after.keys() | before.keys() if before.get(k) != after.get(k))
     live = {k: after[k] for k in changed if k in LIVE_KEYS}

@@ -52,8 +52,8 @@ def _heartbeat(probe_id: int, owner: str):
 
 
 def _warm_process(config, device: str) -> None:
-    """One untelemetered step, once per process, so the first probe's memory and time are not the
-    runtime's."""
+    """One untelemetered step, once per process,
+    so the first probe's memory and time are not the runtime's."""
     global _process_warm
     if _process_warm:
         return

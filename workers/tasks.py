@@ -38,8 +38,8 @@ def series_blocks_roll() -> None:
 
 @shared_task(name=TaskName.RUNS_RECONCILE_QUEUED, time_limit=60)
 def runs_reconcile_queued() -> None:
-    """Beat: queued runs whose message never reached a worker (broker down or restarted) are sent
-    again."""
+    """Beat: queued runs whose message never reached a worker (broker down or restarted)
+    are sent again."""
     from apps.experiments.runs import runs_reconcile_queued as reconcile
 
     reconcile()

@@ -93,8 +93,8 @@ def alerts_queue(*, event: FreezeEvent) -> list[AlertDelivery]:
 
 
 def deliveries_send(*, delivery_ids: list[int], countdown: float | None = None) -> None:
-    """Queue the delivery task for each id (a broker that is down leaves them pending for the
-    requeue)."""
+    """Queue the delivery task for each id
+    (a broker that is down leaves them pending for the requeue)."""
     from celery import current_app as app
 
     for pk in delivery_ids:

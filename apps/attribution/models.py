@@ -210,8 +210,8 @@ class WeightChange(models.Model):
 
 
 class AlertChannel(models.Model):
-    """Where freeze alerts go: for one experiment, or (experiment empty) every experiment of a
-    tenant."""
+    """Where freeze alerts go: for one experiment,
+    or (experiment empty) every experiment of a tenant."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="alert_channels")
     experiment = models.ForeignKey(

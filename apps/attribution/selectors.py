@@ -71,8 +71,8 @@ def experiments_moved(*, experiment_ids: list[int]) -> set[int]:
 
 
 def _sums_annotations() -> dict:
-    """ArmSums' fields as aggregates, named a_<field> (a bare name would shadow the column it
-    sums)."""
+    """ArmSums' fields as aggregates, named a_<field>
+    (a bare name would shadow the column it sums)."""
     return {f"a_{k}": v for k, v in {
         "observations": Count("pk"),
         "runs": Count("pk", filter=Q(first_seen=True)),

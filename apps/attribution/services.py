@@ -280,8 +280,8 @@ def _weight_moves(inputs: list[ArmInput], verdict: ExperimentVerdict, window: At
 
 
 def weights_shift(*, moves: list[WeightMove]) -> int:
-    """Apply dynamic weight moves; an arm frozen or re-weighted since the tick read it is left
-    alone."""
+    """Apply dynamic weight moves; an arm frozen or re-weighted since the tick read it
+    is left alone."""
     if not moves:
         return 0
     locked = dict(Arm.objects.select_for_update().filter(pk__in=[m.arm_id for m in moves], state=Arm.State.ACTIVE)

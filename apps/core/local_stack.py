@@ -96,8 +96,8 @@ class LocalStack:
         return min(self.backoff_base_s * 2 ** max(quick_failures - 1, 0), self.backoff_max_s)
 
     def supervise_once(self) -> None:
-        """Notice exited processes (log, schedule a restart) and start those whose backoff is
-        over."""
+        """Notice exited processes (log, schedule a restart) and start those whose
+        backoff is over."""
         now = self.clock()
         for name, child in self.children.items():
             if child.proc is not None and child.restart_at is None:

@@ -59,8 +59,8 @@ def run_enqueue(*, run: Run) -> None:
 
 
 def run_send(*, run_id: int, queue: str) -> bool:
-    """Publish one wake-up for the run and record it; False (logged) when the broker is
-    unreachable."""
+    """Publish one wake-up for the run and record it;
+    False (logged) when the broker is unreachable."""
     if not task_send(RUN_TASK, args=[run_id], queue=queue):
         return False
     Run.objects.filter(pk=run_id).update(sent_at=timezone.now(), sends=F("sends") + 1)

@@ -42,8 +42,8 @@ def timed_stretch(samples: list[dict[str, Any]], *, warmup_steps: int) -> Timed 
 
 def peak_memory_mb(samples: list[dict[str, Any]], result_peak_mb: float | None, *, cuda: bool,
                    baseline_mb: float) -> float | None:
-    """CUDA: the runtime's max allocated. CPU: the highest RSS seen minus the process's RSS before
-    the probe."""
+    """CUDA: the runtime's max allocated.
+    CPU: the highest RSS seen minus the process's RSS before the probe."""
     if cuda:
         return result_peak_mb
     seen = [s["mem_used_mb"] for s in samples if s.get("mem_used_mb") is not None]

@@ -10,8 +10,8 @@ from apps.tenants.models import Tenant
 
 
 def sweep_list(*, tenant: Tenant) -> QuerySet[Sweep]:
-    """The tenant's sweeps, each with ``probes_landed`` (probes no longer queued or running) counted
-    in SQL."""
+    """The tenant's sweeps, each with ``probes_landed`` (probes no longer queued or running)
+    counted in SQL."""
     landed = Count("probes", filter=~Q(probes__status__in=Probe.PENDING))
     return (Sweep.objects.filter(tenant=tenant).select_related("gpu_sku", "cost_model")
             .annotate(probes_landed=landed).order_by("-created_at", "-pk"))

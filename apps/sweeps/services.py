@@ -212,8 +212,8 @@ def _measure(probe: Probe, *, samples: list[dict], result: Any, device: str, gpu
 def probe_finish(*, probe_id: int, owner: str, samples: list[dict] | None = None, result: Any = None,
                  error: str = "", cancelled: bool = False, device: str = "", gpu_count: int = 0, vcpus: int = 0,
                  baseline_mem_mb: float = 0.0) -> Probe | None:
-    """Record a probe's end (measured, infeasible with the reason, or cancelled) and queue the next
-    one."""
+    """Record a probe's end (measured, infeasible with the reason, or cancelled) and queue
+    the next one."""
     probe = Probe.objects.select_for_update(of=("self",)).filter(pk=probe_id).first()
     if probe is None or probe.status != Probe.Status.RUNNING or probe.worker != owner:
         return None

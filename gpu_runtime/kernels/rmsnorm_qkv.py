@@ -16,8 +16,8 @@ BACKENDS = ("auto", "triton", "function", "reference")
 
 @functools.cache
 def triton_available() -> bool:
-    """True when Triton imports and a CUDA device exists (never imports Triton on CPU-only
-    hosts)."""
+    """True when Triton imports and a CUDA device exists
+    (never imports Triton on CPU-only hosts)."""
     if not torch.cuda.is_available():
         return False
     try:

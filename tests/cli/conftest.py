@@ -1,5 +1,5 @@
-"""A live server with one tenant's experiment (control + candidate, priced runs) and a token for the
-CLI."""
+"""A live server with one tenant's experiment (control + candidate, priced runs) and a token
+for the CLI."""
 
 from __future__ import annotations
 

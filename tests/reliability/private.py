@@ -105,8 +105,8 @@ class PrivatePostgres:
 
 
 class PrivateRedis:
-    """A redis-server on a free port; `kill` is kill -9; `start` again keeps the data only when
-    persistent."""
+    """A redis-server on a free port; `kill` is kill -9;
+    `start` again keeps the data only when persistent."""
 
     def __init__(self, *, persistent: bool):
         if not shutil.which("redis-server"):

@@ -1,5 +1,5 @@
-"""Arms are compared on usage priced at one table, so a price edit never favours the arm that ran
-first."""
+"""Arms are compared on usage priced at one table,
+so a price edit never favours the arm that ran first."""
 
 from datetime import timedelta
 from decimal import Decimal

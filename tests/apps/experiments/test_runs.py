@@ -206,8 +206,8 @@ def test_a_swept_attempts_last_samples_land_until_another_worker_takes_the_run()
 
 
 def test_a_retried_submit_sends_again_a_run_whose_message_never_left(django_capture_on_commit_callbacks):
-    """Resubmitting the same run key used to answer 200 and leave a never-sent run queued for
-    good."""
+    """Resubmitting the same run key used to answer 200 and leave a never-sent run
+    queued for good."""
     from apps.experiments.services import run_submit
 
     run = RunFactory(status="queued", run_key="gh-1")  # committed, but its send never happened
