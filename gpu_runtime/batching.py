@@ -13,6 +13,8 @@ Memory: on CUDA the allocator's peak against the device's capacity; on CPU the
 process's peak RSS (Linux: VmHWM, reset each step through /proc/self/clear_refs;
 elsewhere the current RSS) against `cpu_memory_budget_mb` (unset: half the host's RAM).
 
+Throughput is timed with the wall clock on CUDA and with the process's CPU time on CPU
+(on a shared host, other tenants move the wall clock by tens of per cent, not this).
 Nothing here adds a host sync: a step's compute time is read on the host after the
 trainer's one sync per step (the loss), and the two gradient norms of the adaptive
 global batch stay on the device until that same sync.
@@ -107,7 +109,10 @@ class MicroBatching:
         self.host: HostMemory | None = None
         self.run_peak_bytes = 0  # CUDA: the largest step peak (per-step peaks reset the allocator's)
         self._baseline = 0
-        self._started: float | None = None  # perf_counter at the step's start; None after an OOM retry
+        self._started: float | None = None  # the clock at the step's start; None after an OOM retry
+        # CPU: this process's CPU time, which other tenants' load on a shared host does not move (the
+        # wall clock swings by tens of per cent there); CUDA: the wall clock, after the step's sync
+        self._clock = time.perf_counter if device.type == "cuda" else time.process_time
         if dyn.enabled:
             self.scaler = BatchScaler(
                 global_batch=self.global_batch, min_micro_batch=dyn.min_micro_batch,
@@ -155,7 +160,7 @@ class MicroBatching:
         elif self.host is not None:
             self.host.reset_peak()
             self._baseline = self.host.rss()
-        self._started = time.perf_counter()
+        self._started = self._clock()
         ran: list[AccumulationPlan] = []
         seen = len(self.scaler.events)
 
@@ -183,7 +188,7 @@ class MicroBatching:
         """After the step's one sync: feed the scaler its time, memory peak and statistics; it plans the next."""
         if self.scaler is None:
             return
-        seconds = None if self._started is None else time.perf_counter() - self._started
+        seconds = None if self._started is None else self._clock() - self._started
         stats = self.tracker.stats_from(*norms) if self.tracker is not None and norms is not None else None
         peak = None
         if self.device.type == "cuda":

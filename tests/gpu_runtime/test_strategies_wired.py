@@ -73,11 +73,16 @@ def spy(monkeypatch):
 
 
 def test_dynamic_batching_grows_the_micro_batch_while_faster_and_keeps_the_global_batch(config, spy, monkeypatch):
-    """Each micro-batch costs 20 ms of fixed overhead (a sleep in accumulation): larger ones are faster."""
+    """Each micro-batch costs 20 ms of fixed CPU work (a busy loop in accumulation): larger ones are faster.
+
+    On CPU the scaler times steps in process CPU time, so the overhead burns CPU rather than sleeps.
+    """
     accumulate = Trainer._accumulate
 
     def with_overhead(self, plan, inputs, targets):
-        time.sleep(0.02 * plan.accumulation_steps)
+        until = time.process_time() + 0.02 * plan.accumulation_steps
+        while time.process_time() < until:
+            pass
         return accumulate(self, plan, inputs, targets)
 
     monkeypatch.setattr(spy.cls, "_accumulate", with_overhead)
