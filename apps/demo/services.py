@@ -62,7 +62,7 @@ DEMO_DESCRIPTION = (
     "while it is measurably faster (the global batch of 8 unchanged). "
     "Everything else is the same: tiny preset, seq_len 256, 30 steps, synthetic data."
 )
-DEMO_RUNS_PER_ARM = 4
+DEMO_RUNS_PER_ARM = 6
 # Evidence minimums sized to a demo: a verdict ("cheaper", or a freeze) after a few runs, not a few hundred.
 DEMO_EXPERIMENT = {"min_runs_per_arm": 3, "min_samples_per_arm": 20, "attribution_interval_s": 10,
                    "freeze_threshold": Decimal("0.05")}
