@@ -77,12 +77,32 @@ class TrainSection(_Section):
 
 
 class DynamicBatchingSection(_Section):
-    enabled: bool = Field(False, description="Adapt the micro-batch to gradient statistics (BatchScaler).")
+    enabled: bool = Field(False, description=(
+        "Grow the micro-batch (the global batch fixed) while it fits in memory and raises throughput; "
+        "halve it on out-of-memory (BatchScaler)."))
     min_micro_batch: int = Field(4, ge=1, description="Smallest micro-batch in sequences.")
     max_micro_batch: int = Field(64, ge=1, description="Largest micro-batch in sequences.")
-    stability_window: int = Field(128, ge=1, description="Steps between two micro-batch changes, at least.")
+    stability_window: int = Field(128, ge=1, description="Steps between two global-batch changes, at least (adaptive_global_batch).")
+    probe_steps: int = Field(4, ge=1, le=10_000, description=(
+        "Steps timed at each micro-batch size (after one warm-up step) before the scaler compares throughput."))
+    min_speedup: Float = Field(0.03, ge=0, le=1.0, description=(
+        "A larger micro-batch is kept only if its measured tokens/s beats the smaller one's by this fraction; "
+        "otherwise the scaler steps back and stops probing."))
+    cpu_memory_budget_mb: int | None = Field(None, ge=64, description=(
+        "On CPU, the process's peak RSS in MiB that a micro-batch may be predicted to reach; "
+        "unset: half the host's physical memory. (CUDA uses the allocator's capacity.)"))
+    adaptive_global_batch: bool = Field(False, description=(
+        "Opt-in: let gradient statistics (policy) choose the global batch in [min_global_batch, "
+        "train.global_batch], the learning rate scaled by lr_scaling. Off: the global batch never changes."))
+    min_global_batch: int | None = Field(None, ge=1, description=(
+        "adaptive_global_batch's smallest (starting) global batch; unset: train.global_batch // 8 (at least min_micro_batch)."))
+    lr_scaling: Literal["sqrt", "linear"] = Field("sqrt", description=(
+        "adaptive_global_batch: the LR is train.lr x (batch / train.global_batch) ** 0.5 (sqrt, Adam-like, "
+        "as Pollux) or ** 1 (linear, as AdaptDL's SGD scaling)."))
     policy: Literal["noise_scale", "grad_variance"] = Field(
-        "noise_scale", description="noise_scale: gradient noise scale B_simple; grad_variance: tanh of gradient-norm variance.")
+        "noise_scale", description=(
+            "adaptive_global_batch's rule: noise_scale: gradient noise scale B_simple; "
+            "grad_variance: tanh of gradient-norm variance."))
 
     @model_validator(mode="after")
     def _bounds(self) -> DynamicBatchingSection:
@@ -90,6 +110,10 @@ class DynamicBatchingSection(_Section):
             raise PydanticCustomError(
                 "min_gt_max", "min_micro_batch ({min}) is larger than max_micro_batch ({max})",
                 {"field": "min_micro_batch", "min": self.min_micro_batch, "max": self.max_micro_batch})
+        if self.min_global_batch is not None and self.min_global_batch < self.min_micro_batch:
+            raise PydanticCustomError(
+                "min_global_lt_micro", "min_global_batch ({gb}) is smaller than min_micro_batch ({min})",
+                {"field": "min_global_batch", "gb": self.min_global_batch, "min": self.min_micro_batch})
         return self
 
 
@@ -199,6 +223,10 @@ class StrategyConfig(_Section):
             raise PydanticCustomError(
                 "min_gt_global", "min_micro_batch ({min}) is larger than train.global_batch ({gb})",
                 {"field": "optimizer.dynamic_batching.min_micro_batch", "min": dyn.min_micro_batch, "gb": gb})
+        if dyn.min_global_batch is not None and dyn.min_global_batch > gb:
+            raise PydanticCustomError(
+                "min_global_gt_global", "min_global_batch ({min}) is larger than train.global_batch ({gb})",
+                {"field": "optimizer.dynamic_batching.min_global_batch", "min": dyn.min_global_batch, "gb": gb})
         return self
 
 
@@ -220,7 +248,8 @@ def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
 
 
 _OWN_ERROR_TYPES = {"missing_path", "min_gt_max", "quantized_full_finetune", "storage_below_compute",
-                    "micro_gt_global", "min_gt_global"}
+                    "micro_gt_global", "min_gt_global", "min_global_lt_micro",
+                    "min_global_gt_global"}
 
 
 def _message(err: dict[str, Any]) -> str:

@@ -118,7 +118,8 @@ class Trainer:
 
     def train_step(self, step: int, total_steps: int, tokens: torch.Tensor) -> StepOutput:
         """One optimizer step on a (global_batch, seq_len + 1) batch; the loss stays on the device."""
-        set_lr(self.optimizer, lr_at(step, self.config.train, total_steps))
+        # adaptive_global_batch scales the LR with the batch it chose (1.0 otherwise)
+        set_lr(self.optimizer, lr_at(step, self.config.train, total_steps) * self.batching.lr_scale)
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
         loss_sum, plan = self.batching.run(lambda p: self._accumulate(p, inputs, targets), cleanup=self._drop_grads)
         scaler = self.precision.scaler
@@ -153,7 +154,6 @@ class Trainer:
 
         ``before_step`` runs at every step boundary (live strategy updates come in there).
         """
-        tokens_per_step = self.config.train.global_batch * self.config.model.seq_len
         every = self.config.train.checkpoint_every
         step, tokens, loss_value = start_step, start_tokens, None
         time_total, timed = 0.0, 0
@@ -175,7 +175,7 @@ class Trainer:
             compute_end = clock.stamp()
             loss_value, norms = out.read()  # the one host sync per step
             self.batching.finish_step(norms)
-            step, tokens = step + 1, tokens + tokens_per_step
+            step, tokens = step + 1, tokens + out.plan.global_batch * self.config.model.seq_len
             time_total, timed = time_total + (time.perf_counter() - t0), timed + 1
             windows.append(StepWindow(step, compute_start, compute_end, batch.io_start, batch.io_end))
             counters.progress = Progress(step, tokens, time_total, timed, loss_value, out.plan.micro_batch)
