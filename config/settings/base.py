@@ -50,6 +50,8 @@ THIRD_PARTY_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI assets served locally, no CDN
     "django_celery_beat",
+    "axes",  # login throttling (per user and address) on /login/ and /admin/login/
+    "csp",
 ]
 LOCAL_APPS = [
     "apps.core",
@@ -77,6 +79,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: turns a locked-out sign-in into the lockout page
 ]
 
 TEMPLATES = [
@@ -124,9 +128,50 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses a locked-out user+address before the password check
+    "django.contrib.auth.backends.ModelBackend",
+]
 LOGIN_URL = "dashboard:login"
 LOGIN_REDIRECT_URL = "dashboard:experiments"
 LOGOUT_REDIRECT_URL = "dashboard:login"
+
+# ------------------------------------------------------------------------------
+# Sign-in throttling (django-axes): after this many failed sign-ins of one username from one
+# address (dashboard or admin), that pair is refused for the cool-off period, even with the right
+# password. Failures are kept in the database, so every web process sees them; staff can clear a
+# lockout in the admin (Axes > Access attempts) or with `manage.py axes_reset`.
+# ------------------------------------------------------------------------------
+AXES_FAILURE_LIMIT = env.int("COSTLAB_LOGIN_FAILURE_LIMIT", default=10)
+AXES_COOLOFF_TIME = env.float("COSTLAB_LOGIN_COOLOFF_MIN", default=15.0) / 60  # hours
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "locked_out.html"
+AXES_HTTP_RESPONSE_CODE = 429
+AXES_VERBOSE = False
+# The same client address as the API's per-address throttles (COSTLAB_API_NUM_PROXIES hops back).
+AXES_CLIENT_IP_CALLABLE = "apps.core.http.client_address"
+
+# ------------------------------------------------------------------------------
+# Content-Security-Policy (django-csp): scripts and styles only from this site's files, never
+# inline, never eval'd. plotly.js 3 needs no eval; its global style rules come from a static file
+# (apps/dashboard/plotly_css.py) instead of the <style> element it would insert. tests/e2e/
+# test_security.py visits every page in Chromium and fails on any violation.
+# ------------------------------------------------------------------------------
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    },
+}
 
 # ------------------------------------------------------------------------------
 # Celery: REDIS_URL, or the embedded Redis under var/
