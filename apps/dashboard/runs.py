@@ -150,9 +150,11 @@ class ConfigRow:
 
 def config_diff(runs: list[Run]) -> list[ConfigRow]:
     """Every key of the runs' strategies; the ones whose values differ first, then the rest."""
-    configs = [run_config(r) for r in runs]
+    import json
+
+    configs = [{k: v if isinstance(v, str) else json.dumps(v) for k, v in run_config(r).items()} for r in runs]
     keys = sorted(set().union(*configs))
-    rows = [ConfigRow(k, [c.get(k, "—") for c in configs], len({repr(c.get(k, "—")) for c in configs}) > 1)
+    rows = [ConfigRow(k, [c.get(k, "—") for c in configs], len({c.get(k, "—") for c in configs}) > 1)
             for k in keys]
     return [r for r in rows if r.differs] + [r for r in rows if not r.differs]
 
@@ -247,7 +249,7 @@ def spend_overview(*, user, month: date | None = None) -> dict:
         chart[str(tenant.pk)] = _spend_chart(tenant, arms, [d for d in daily if d["tenant_id"] == tenant.pk],
                                              start, end)
     return {"month": start.date(), "previous": (start - timedelta(days=1)).date().replace(day=1),
-            "next": end.date() if end <= _next_month(month_start(timezone.now().date())) else None,
+            "next": end.date() if end <= month_start(timezone.now().date()) else None,
             "tenants": out, "chart": chart}
 
 
