@@ -8,7 +8,6 @@ Only this module knows which mode is in force.
 from pathlib import Path
 
 import environ
-import plotly
 
 from apps.core import embedded_redis
 from apps.core.queues import CeleryQueue, TaskName
@@ -41,6 +40,7 @@ DJANGO_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "whitenoise.runserver_nostatic",  # runserver (make run) leaves /static/ to whitenoise: compressed, cached
     "django.contrib.staticfiles",
 ]
 THIRD_PARTY_APPS = [
@@ -97,11 +97,17 @@ TEMPLATES = [
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "staticfiles"
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)
-# plotly.js comes from the installed plotly package (static/plotly/plotly.min.js): no CDN.
-STATICFILES_DIRS = [BASE_DIR / "frontend" / "static", ("plotly", Path(plotly.__file__).parent / "package_data")]
+STATICFILES_DIRS = [BASE_DIR / "frontend" / "static"]
+STATICFILES_FINDERS = [
+    "django.contrib.staticfiles.finders.FileSystemFinder",
+    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
+    "apps.core.staticfiles.PlotlyFinder",  # plotly/plotly.min.js from the installed plotly package: no CDN
+]
+# Hashed names and gzip copies written by collectstatic (make run, the Docker image and the benchmarks
+# run it); whitenoise serves the hashed names cached for good (apps/core/staticfiles.py).
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
-    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+    "staticfiles": {"BACKEND": "apps.core.staticfiles.HashedStaticStorage"},
 }
 
 # ------------------------------------------------------------------------------
