@@ -97,12 +97,8 @@ TEMPLATES = [
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "staticfiles"
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+# plotly.js: its basic bundle at the Python package's version, in frontend/static/plotly/ (no CDN).
 STATICFILES_DIRS = [BASE_DIR / "frontend" / "static"]
-STATICFILES_FINDERS = [
-    "django.contrib.staticfiles.finders.FileSystemFinder",
-    "django.contrib.staticfiles.finders.AppDirectoriesFinder",
-    "apps.core.staticfiles.PlotlyFinder",  # plotly/plotly.min.js from the installed plotly package: no CDN
-]
 # Hashed names and gzip copies written by collectstatic (make run, the Docker image and the benchmarks
 # run it); whitenoise serves the hashed names cached for good (apps/core/staticfiles.py).
 STORAGES = {
