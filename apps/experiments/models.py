@@ -218,6 +218,10 @@ class Run(TimeStampedModel):
             models.Index(fields=["arm", "status"], name="run_arm_status_idx"),
             models.Index(fields=["status", "lease_expires_at"], name="run_status_lease_idx"),
             models.Index(fields=["status", "sent_at"], name="run_status_sent_idx"),
+            # The dashboard's runs page: a team's runs by date (its default order and date filter), and a
+            # git commit by prefix (LIKE 'abc%' needs the pattern operator class on Postgres).
+            models.Index(fields=["tenant", "queued_at"], name="run_tenant_queued_idx"),
+            models.Index(fields=["git_sha"], name="run_git_sha_prefix_idx", opclasses=["varchar_pattern_ops"]),
         ]
 
     def __str__(self) -> str:

@@ -8,7 +8,6 @@ Only this module knows which mode is in force.
 from pathlib import Path
 
 import environ
-import plotly
 
 from apps.core import embedded_redis
 from apps.core.queues import CeleryQueue, TaskName
@@ -41,6 +40,7 @@ DJANGO_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "whitenoise.runserver_nostatic",  # runserver (make run) leaves /static/ to whitenoise: compressed, cached
     "django.contrib.staticfiles",
 ]
 THIRD_PARTY_APPS = [
@@ -101,11 +101,13 @@ TEMPLATES = [
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "staticfiles"
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)
-# plotly.js comes from the installed plotly package (static/plotly/plotly.min.js): no CDN.
-STATICFILES_DIRS = [BASE_DIR / "frontend" / "static", ("plotly", Path(plotly.__file__).parent / "package_data")]
+# plotly.js: its basic bundle at the Python package's version, in frontend/static/plotly/ (no CDN).
+STATICFILES_DIRS = [BASE_DIR / "frontend" / "static"]
+# Hashed names and gzip copies written by collectstatic (make run, the Docker image and the benchmarks
+# run it); whitenoise serves the hashed names cached for good (apps/core/staticfiles.py).
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
-    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+    "staticfiles": {"BACKEND": "apps.core.staticfiles.HashedStaticStorage"},
 }
 
 # ------------------------------------------------------------------------------
