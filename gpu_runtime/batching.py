@@ -125,6 +125,11 @@ class MicroBatching:
         self.scaler.update(stats, peak_memory_bytes=peak, baseline_memory_bytes=self._baseline if peak else None)
         self._log_new(seen)
 
+    def adopt(self, micro_batch: int) -> None:
+        """Follow another process's decision (a DDP rank takes rank 0's micro-batch)."""
+        if self.scaler is not None:
+            self.scaler.micro_batch = micro_batch
+
     def reconfigure(self, section: DynamicBatchingSection) -> None:
         """A live update of the bounds or the window, applied at this step boundary."""
         if self.scaler is None:
