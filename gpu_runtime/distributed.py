@@ -345,7 +345,8 @@ def _gather(ranks: list[dict[str, Any]], *, wall_s: float, samples: int, extra: 
     strategies["distributed"] = {**extra, "ranks": [
         {"rank": i, "device": r["device"], "steps": r["steps"], "status": r["status"], "final_loss": r["final_loss"],
          "config_sha256": r["config_sha256"], "energy_j": r["energy_j"], "samples": r["samples"],
-         "live_applied": r["live_applied"], "live_config_sha256": r["live_config_sha256"]}
+         "live_applied": r["live_applied"], "live_config_sha256": r["live_config_sha256"],
+         "scaler_events": len(r["micro_batch_events"])}
         for i, r in enumerate(ranks)]}
     return RunResult(
         steps=lead["steps"], tokens=lead["tokens"], wall_s=wall_s, device_s=wall_s * len(ranks),

@@ -190,7 +190,8 @@ class Trainer:
             out = self.train_step(step, total_steps, batch.tokens)
             compute_end = clock.stamp()
             loss_value, norms = out.read()  # the one host sync per step
-            self.batching.finish_step(norms)
+            if self.world is None or self.world.lead:
+                self.batching.finish_step(norms)
             if self.world is not None and self.batching.enabled:  # rank 0's BatchScaler decides for all
                 self.batching.adopt(self.world.broadcast_int(self.batching.plan.micro_batch, self.device))
             step, tokens = step + 1, tokens + tokens_per_step

@@ -149,3 +149,21 @@ def test_more_processes_than_devices_on_a_gpu_host_is_refused_by_key(tiny_config
     assert "4 processes" in problems[0]["message"] and "has 2" in problems[0]["message"]
     assert distributed_problems(config, cuda=True, devices=4, where="this host") == []
     assert distributed_problems(config, cuda=False, devices=0, where="this host") == []  # gloo on CPU
+
+
+def test_rank_0s_batch_scaler_decides_the_micro_batch_of_every_rank(tiny_config):
+    config = tiny_config(train={"steps": 10, "global_batch": 8}, telemetry={"interval_s": 0.02},
+                         optimizer={"dynamic_batching": {"enabled": True, "min_micro_batch": 1, "max_micro_batch": 8,
+                                                         "stability_window": 2}}, **DDP)
+    samples: list[dict] = []
+    result = train(config, sink=samples.append)
+    ranks = result.strategies["distributed"]["ranks"]
+    assert result.micro_batch_events, "the micro-batch never changed"
+    assert [r["scaler_events"] for r in ranks] == [len(result.micro_batch_events), 0]  # rank 1 follows
+    by_rank: dict[int, dict[int, int]] = {0: {}, 1: {}}
+    for s in samples:
+        if s["step"]:
+            by_rank[s["rank"]][s["step"]] = s["micro_batch"]
+    common = set(by_rank[0]) & set(by_rank[1])
+    assert common and all(by_rank[0][step] == by_rank[1][step] for step in common), by_rank
+    assert len({*by_rank[0].values(), *by_rank[1].values()}) > 1
