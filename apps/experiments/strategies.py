@@ -58,6 +58,10 @@ def strategy_world_size(strategy_yaml: str, *, gpu: bool, gpu_count: int | None,
     else:
         devices, where = settings.COSTLAB_GPUS_PER_NODE, "a GPU worker (COSTLAB_GPUS_PER_NODE)"
     problems = distributed_problems(config, cuda=gpu, devices=devices, where=where)
+    if nodes > 1:
+        problems.append({"key": "distributed.nnodes", "message": (
+            f"{nodes} nodes asked for; workers do not gang-schedule a run across nodes yet: "
+            "use nnodes: 1 (nproc_per_node processes on one worker)")})
     if problems:
         raise _refused(field, StrategyError(problems))
     return config.distributed.world_size
