@@ -201,6 +201,11 @@ class MicroBatching:
                            step_seconds=seconds)
         self._log_new(seen)
 
+    def adopt(self, micro_batch: int) -> None:
+        """Follow another process's decision (a DDP rank takes rank 0's micro-batch)."""
+        if self.scaler is not None:
+            self.scaler.micro_batch = micro_batch
+
     def reconfigure(self, section: DynamicBatchingSection) -> None:
         """A live update of the bounds or the window, applied at this step boundary."""
         if self.scaler is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from gpu_runtime.errors import StrategyError
-from gpu_runtime.schema import StrategyConfig
+from gpu_runtime.schema import StrategyConfig, distributed_problems
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -69,6 +69,7 @@ def capability_problems(config: StrategyConfig, device: torch.device) -> list[di
             "npu offload needs an NPU backend; "
             f"this torch build has none (training on {label})")})
     available = torch.cuda.device_count() if device.type == "cuda" else 0
+    problems += distributed_problems(config, cuda=device.type == "cuda", devices=available, where=f"this host ({label})")
     if config.placement.gpus > max(available, 1):
         problems.append({"key": "placement.gpus", "message": (
             f"{config.placement.gpus} GPUs asked for; this host has {available}")})

@@ -165,6 +165,8 @@ class Run(TimeStampedModel):
     gpu_sku = models.ForeignKey(GpuSku, on_delete=models.PROTECT, null=True, blank=True, related_name="runs",
                                 verbose_name="GPU")
     gpu_count = models.PositiveIntegerField("held GPUs", default=0, help_text="Accelerators held by the run (0: CPU only).")
+    world_size = models.PositiveIntegerField(
+        default=1, help_text="Processes the run trains in (DDP ranks, one device each); one telemetry stream each.")
     vcpus = models.PositiveIntegerField("held vCPUs", default=0, help_text="vCPUs held by the run, priced per vCPU-hour.")
     memory_gb = models.FloatField("memory (GB)", default=0.0, help_text="Host memory held by the run (GB), priced per GB-hour.")
 

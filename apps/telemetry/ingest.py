@@ -28,7 +28,7 @@ MAX_BATCH = 10_000
 
 # Columns written, in COPY order (run_id and attempt are per batch).
 COLUMNS = (
-    "seq", "ts", "step", "device", "util_pct", "mem_used_mb", "mem_total_mb", "power_w", "energy_j",
+    "seq", "ts", "step", "rank", "device", "util_pct", "mem_used_mb", "mem_total_mb", "power_w", "energy_j",
     "step_time_s", "tokens", "tokens_per_s", "micro_batch", "loss", "overlap_ratio", "mfu",
     "sm_clock_mhz", "temperature_c", "estimated",
 )
@@ -56,6 +56,7 @@ class SampleIn(TypedDict):
     # Unix seconds, or ISO 8601 with a zone ("Z" or an offset): pydantic-core parses both, no Python hop.
     ts: AwareDatetime
     step: NotRequired[Annotated[Count, Field(default=0)]]
+    rank: NotRequired[Annotated[int, Field(strict=True, default=0, ge=0, le=65535)]]
     device: NotRequired[Annotated[str, Field(default="", max_length=120, pattern=NoNul)]]
     util_pct: NotRequired[Annotated[float | None, Field(strict=True, default=None, ge=0, le=100)]]
     mem_used_mb: NotRequired[Reading]

@@ -249,6 +249,8 @@ COSTLAB_SIZING_MAX_THREADS = env.int("COSTLAB_SIZING_MAX_THREADS", default=0)
 # ------------------------------------------------------------------------------
 # A worker renews its lease every second; a run whose lease is older than this is lost.
 COSTLAB_RUN_LEASE_S = env.float("COSTLAB_RUN_LEASE_S", default=30.0)
+# GPUs on a GPU worker's host: a run asking for more DDP processes per node is refused at submit.
+COSTLAB_GPUS_PER_NODE = env.int("COSTLAB_GPUS_PER_NODE", default=8)
 # A queued run sent this long ago with no claim is sent again (then after 2x, 4x ... up to 16x).
 COSTLAB_RUN_RESEND_AFTER_S = env.float("COSTLAB_RUN_RESEND_AFTER_S", default=15.0)
 # A worker's database calls (claim, finish, release) ride out an outage this long before giving up.
