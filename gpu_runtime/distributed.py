@@ -89,12 +89,13 @@ def free_port(host: str = "127.0.0.1") -> int:
 class World:
     """This rank's place in the world and the few collectives training needs besides DDP's own."""
 
-    def __init__(self, *, rank: int, world_size: int, control: Path | None):
+    def __init__(self, *, rank: int, world_size: int, control: Path | None, device: torch.device | None = None):
         self.rank, self.world_size, self.control = rank, world_size, control
         self.cancelled = False
         self.live_version = 0
         self.live_config: StrategyConfig | None = None  # the config after the last live update taken
-        self._flags = torch.zeros(3, dtype=torch.int64)
+        # On the rank's device: nccl reduces CUDA tensors only (gloo, CPU ones)
+        self._flags = torch.zeros(3, dtype=torch.int64, device=device or torch.device("cpu"))
 
     @property
     def lead(self) -> bool:
@@ -126,9 +127,8 @@ class World:
         def agree() -> None:
             control = (read_json(self.control) or {}) if self.control is not None else {}
             flags = self._flags
-            flags[0] = int(stop.is_set() or bool(control.get("stop")))
-            flags[1] = int(bool(control.get("cancel")))
-            flags[2] = int(control.get("live_version", 0))
+            flags.copy_(torch.tensor([int(stop.is_set() or bool(control.get("stop"))), int(bool(control.get("cancel"))),
+                                      int(control.get("live_version", 0))], dtype=torch.int64))
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
             stopping, cancel, version = (int(v) for v in flags.tolist())
             if stopping:
@@ -438,7 +438,8 @@ def rank_main(workdir: str) -> None:
     else:
         device = torch.device("cpu")
     config = strategy_from_dict(spec["config"])
-    world = World(rank=rank, world_size=world_size, control=root / CONTROL if local_rank == 0 else None)
+    world = World(rank=rank, world_size=world_size, control=root / CONTROL if local_rank == 0 else None,
+                  device=device)
     sink = JsonlSink(root / f"samples-{local_rank}.jsonl")
     try:
         with process_group(spec["backend"], device):
