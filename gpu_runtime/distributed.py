@@ -89,12 +89,13 @@ def free_port(host: str = "127.0.0.1") -> int:
 class World:
     """This rank's place in the world and the few collectives training needs besides DDP's own."""
 
-    def __init__(self, *, rank: int, world_size: int, control: Path | None):
+    def __init__(self, *, rank: int, world_size: int, control: Path | None, device: torch.device | None = None):
         self.rank, self.world_size, self.control = rank, world_size, control
         self.cancelled = False
         self.live_version = 0
         self.live_config: StrategyConfig | None = None  # the config after the last live update taken
-        self._flags = torch.zeros(3, dtype=torch.int64)
+        # On the rank's device: nccl reduces CUDA tensors only (gloo, CPU ones)
+        self._flags = torch.zeros(3, dtype=torch.int64, device=device or torch.device("cpu"))
 
     @property
     def lead(self) -> bool:
@@ -119,14 +120,15 @@ class World:
 
     def boundary(self, *, stop: threading.Event, current: Callable[[], StrategyConfig],
                  apply: Callable[[StrategyConfig], None]) -> Callable[[], None]:
-        """The step-boundary agreement (the trainer's ``agree`` hook): stop, cancel and live keys, world-wide."""
+        """The step-boundary agreement (the trainer's ``agree`` hook): stop, cancel and live keys, world-wide.
+
+        Each node's local rank 0 reads its node's control file (``control``; None on other ranks)."""
 
         def agree() -> None:
-            control = (read_json(self.control) or {}) if self.lead and self.control is not None else {}
+            control = (read_json(self.control) or {}) if self.control is not None else {}
             flags = self._flags
-            flags[0] = int(stop.is_set() or bool(control.get("stop")))
-            flags[1] = int(bool(control.get("cancel")))
-            flags[2] = int(control.get("live_version", 0))
+            flags.copy_(torch.tensor([int(stop.is_set() or bool(control.get("stop"))), int(bool(control.get("cancel"))),
+                                      int(control.get("live_version", 0))], dtype=torch.int64))
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
             stopping, cancel, version = (int(v) for v in flags.tolist())
             if stopping:
@@ -134,10 +136,13 @@ class World:
             if cancel:
                 self.cancelled = True
             if version > self.live_version:
-                box = [control.get("live") if self.lead else None]
-                dist.broadcast_object_list(box, src=0)
+                # The owner's node holds the live keys; in a run across nodes it need not host rank 0.
+                mine = (int(control.get("live_version", 0)), control.get("live"))
+                gathered: list[Any] = [None] * self.world_size
+                dist.all_gather_object(gathered, mine)
+                live = max(gathered, key=lambda item: item[0])[1]
                 self.live_version = version
-                live_poller(lambda: box[0], current=current, apply=self._recording(apply))()
+                live_poller(lambda: live, current=current, apply=self._recording(apply))()
 
         return agree
 
@@ -147,6 +152,22 @@ class World:
             self.live_config = updated
 
         return take
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the nodes of a run across nodes meet (c10d): every node passes the same endpoint and id.
+
+    ``is_host``: this node serves the rendezvous store on the endpoint's port. ``join_timeout_s``:
+    how long the nodes wait for each other before all give up. ``local_addr``: this node's address
+    as the others reach it.
+    """
+
+    endpoint: str
+    id: str
+    is_host: bool
+    join_timeout_s: float = 60.0
+    local_addr: str | None = None
 
 
 # ------------------------------------------------------------------------------
@@ -182,9 +203,9 @@ def _deep_update(into: dict[str, Any], changes: dict[str, Any]) -> None:
 class _Forwarder:
     """Tails each rank's samples file and hands every complete line to the run's sink, in one seq order."""
 
-    def __init__(self, workdir: Path, world_size: int, sink: Callable[[dict[str, Any]], None] | None):
-        self.paths = [workdir / f"samples-{r}.jsonl" for r in range(world_size)]
-        self.offsets = [0] * world_size
+    def __init__(self, workdir: Path, local_ranks: int, sink: Callable[[dict[str, Any]], None] | None):
+        self.paths = [workdir / f"samples-{r}.jsonl" for r in range(local_ranks)]
+        self.offsets = [0] * local_ranks
         self.sink, self.seq, self.errors = sink, 0, 0
 
     def pump(self) -> None:
@@ -223,6 +244,10 @@ def _failure_message(exc: BaseException) -> str:
         also = f" (then rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} stopped)" if others else ""
         return (f"distributed: rank {rank} (pid {failure.pid}) failed with exit code {failure.exitcode}: "
                 f"{reason[-1] if reason else 'no message'}{also}")
+    from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
+
+    if isinstance(exc, RendezvousTimeoutError):
+        return f"distributed.rendezvous: not every node joined in time: {exc}"
     return f"distributed: the launch failed: {type(exc).__name__}: {exc}"
 
 
@@ -261,8 +286,13 @@ def ddp_devices(config: StrategyConfig, requested: str | None) -> tuple[str, lis
 def train_distributed(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None] | None,
                       cancel: Callable[[], bool] | None, live: Callable[[], dict[str, Any] | None] | None,
                       device: str | None, checkpoint_dir: str | None, resume_from: str | None,
-                      stop: threading.Event, threads: int | None = None) -> RunResult:
-    """Train on ``nproc_per_node`` local ranks; return what the world measured (see the module docstring)."""
+                      stop: threading.Event, threads: int | None = None,
+                      rendezvous: Rendezvous | None = None) -> RunResult:
+    """Train on ``nproc_per_node`` local ranks; return what the world measured (see the module docstring).
+
+    Without ``rendezvous`` this node is the whole world and hosts the rendezvous on a free local
+    port; with one, it is one of ``nnodes`` nodes meeting there (its result covers its own ranks).
+    """
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     wall_start = time.perf_counter()
@@ -272,18 +302,23 @@ def train_distributed(config: StrategyConfig, *, sink: Callable[[dict[str, Any]]
     backend = backend_for(config, device_type)
     threads = threads or threads_per_rank(dist_cfg.nproc_per_node)
     workdir = Path(tempfile.mkdtemp(prefix="costlab-ddp-"))
-    port = free_port()
-    endpoint, run_id = f"127.0.0.1:{port}", f"costlab-{uuid.uuid4().hex[:12]}"
+    if rendezvous is None:
+        rendezvous = Rendezvous(endpoint=f"127.0.0.1:{free_port()}", id=f"costlab-{uuid.uuid4().hex[:12]}",
+                                is_host=True, join_timeout_s=120, local_addr="127.0.0.1")
+    endpoint, run_id = rendezvous.endpoint, rendezvous.id
+    nproc = dist_cfg.nproc_per_node
     write_json(workdir / SPEC, {
         "config": config.model_dump(mode="json"), "device_type": device_type, "devices": devices,
         "backend": backend, "threads": threads, "checkpoint_dir": checkpoint_dir, "resume_from": resume_from,
         "owner_pid": os.getpid()})
     control = _Control(workdir / CONTROL)
-    forwarder = _Forwarder(workdir, world_size, sink)
+    forwarder = _Forwarder(workdir, nproc, sink)
     launch_config = LaunchConfig(
-        min_nodes=dist_cfg.nnodes, max_nodes=dist_cfg.nnodes, nproc_per_node=dist_cfg.nproc_per_node,
-        run_id=run_id, rdzv_backend="c10d", rdzv_endpoint=endpoint, rdzv_configs={"timeout": 120},
-        max_restarts=0, monitor_interval=0.1, local_addr="127.0.0.1", shutdown_timeout=SHUTDOWN_S)
+        min_nodes=dist_cfg.nnodes, max_nodes=dist_cfg.nnodes, nproc_per_node=nproc,
+        run_id=run_id, rdzv_backend="c10d", rdzv_endpoint=endpoint,
+        rdzv_configs={"join_timeout": int(rendezvous.join_timeout_s), "timeout": int(rendezvous.join_timeout_s),
+                      "is_host": rendezvous.is_host},
+        max_restarts=0, monitor_interval=0.1, local_addr=rendezvous.local_addr, shutdown_timeout=SHUTDOWN_S)
     launch = _Launch()
     entry, args = _rank_command()
 
@@ -307,10 +342,10 @@ def train_distributed(config: StrategyConfig, *, sink: Callable[[dict[str, Any]]
         forwarder.pump()
         if launch.error is not None:
             raise DistributedError(_failure_message(launch.error)) from None
-        ranks = [read_json(workdir / f"result-{r}.json") for r in range(world_size)]
+        ranks = [read_json(workdir / f"result-{r}.json") for r in range(nproc)]
         missing = [r for r, res in enumerate(ranks) if res is None]
         if missing:
-            raise DistributedError(f"distributed: rank {missing[0]} ended without a result")
+            raise DistributedError(f"distributed: local rank {missing[0]} ended without a result")
         return _gather(ranks, wall_s=time.perf_counter() - wall_start, samples=forwarder.seq, extra={
             "world_size": world_size, "nproc_per_node": dist_cfg.nproc_per_node, "nnodes": dist_cfg.nnodes,
             "backend": backend, "launcher": "torch.distributed.launcher.api.elastic_launch",
@@ -343,11 +378,11 @@ def _gather(ranks: list[dict[str, Any]], *, wall_s: float, samples: int, extra: 
     strategies.pop("placement", None)
     strategies["placement"] = extra.pop("placement")
     strategies["distributed"] = {**extra, "ranks": [
-        {"rank": i, "device": r["device"], "steps": r["steps"], "status": r["status"], "final_loss": r["final_loss"],
+        {"rank": r["rank"], "device": r["device"], "steps": r["steps"], "status": r["status"], "final_loss": r["final_loss"],
          "config_sha256": r["config_sha256"], "energy_j": r["energy_j"], "samples": r["samples"],
          "live_applied": r["live_applied"], "live_config_sha256": r["live_config_sha256"],
          "scaler_events": len(r["micro_batch_events"])}
-        for i, r in enumerate(ranks)]}
+        for r in ranks]}
     return RunResult(
         steps=lead["steps"], tokens=lead["tokens"], wall_s=wall_s, device_s=wall_s * len(ranks),
         energy_j=None if any(e is None for e in energies) else sum(energies),
@@ -403,8 +438,9 @@ def rank_main(workdir: str) -> None:
     else:
         device = torch.device("cpu")
     config = strategy_from_dict(spec["config"])
-    world = World(rank=rank, world_size=world_size, control=root / CONTROL if rank == 0 else None)
-    sink = JsonlSink(root / f"samples-{rank}.jsonl")
+    world = World(rank=rank, world_size=world_size, control=root / CONTROL if local_rank == 0 else None,
+                  device=device)
+    sink = JsonlSink(root / f"samples-{local_rank}.jsonl")
     try:
         with process_group(spec["backend"], device):
             result = train_local(config, sink=sink, device=str(device), world=world,
@@ -413,6 +449,7 @@ def rank_main(workdir: str) -> None:
     finally:
         sink.close()
     live_sha = None if world.live_config is None else config_sha256(world.live_config)
-    write_json(root / f"result-{rank}.json", {**result.to_dict(), "live_applied": world.live_version,
-                                               "live_config_sha256": live_sha})
+    write_json(root / f"result-{local_rank}.json", {**result.to_dict(), "rank": rank,
+                                                     "live_applied": world.live_version,
+                                                     "live_config_sha256": live_sha})
 

@@ -24,7 +24,7 @@ from gpu_runtime.batching import MicroBatching
 from gpu_runtime.capability import capability_problems, device_label, resolve_device
 from gpu_runtime.checkpoint import load_checkpoint
 from gpu_runtime.data import StepBatches, load_corpus
-from gpu_runtime.distributed import World, train_distributed
+from gpu_runtime.distributed import Rendezvous, World, train_distributed
 from gpu_runtime.errors import StrategyError
 from gpu_runtime.live import live_poller
 from gpu_runtime.mfu import peak_flops
@@ -44,10 +44,7 @@ log = logging.getLogger(__name__)
 
 # Strategy keys this runtime cannot apply. Refusing them beats training without them and
 # reporting a cost the strategy never had.
-_UNWIRED: list[tuple[str, Callable[[StrategyConfig], bool], str]] = [
-    ("distributed.nnodes", lambda c: c.distributed.nnodes > 1,
-     "a run spans one node (worker) in this runtime; its processes are distributed.nproc_per_node"),
-]
+_UNWIRED: list[tuple[str, Callable[[StrategyConfig], bool], str]] = []
 
 
 def unwired_strategies(config: StrategyConfig) -> list[dict[str, str]]:
@@ -140,7 +137,7 @@ def _refuse_what_the_host_cannot_run(config: StrategyConfig, dev: torch.device) 
 def train(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None] | None = None,
           cancel: Callable[[], bool] | None = None, device: str | None = None, steps: int | None = None,
           checkpoint_dir: str | None = None, resume_from: str | None = None,
-          live: Callable[[], dict[str, Any] | None] | None = None) -> RunResult:
+          live: Callable[[], dict[str, Any] | None] | None = None, rendezvous: Rendezvous | None = None) -> RunResult:
     """Train with a strategy, streaming telemetry samples to ``sink``; return what was measured.
 
     ``steps`` overrides ``train.steps`` (also the LR schedule's length). ``cancel`` is
@@ -152,7 +149,9 @@ def train(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None] | No
 
     With ``distributed.nproc_per_node`` above 1 the ranks train in their own processes,
     launched by torch's elastic launcher (``gpu_runtime.distributed``); this call owns them,
-    forwards their samples (each with its ``rank``) and returns the world's result.
+    forwards their samples (each with its ``rank``) and returns the world's result. A run
+    across ``distributed.nnodes`` nodes needs the ``rendezvous`` every node meets at; each
+    node's call returns its own ranks' result.
     """
     config = _with_steps(config, steps)
     if config.distributed.world_size == 1:
@@ -160,9 +159,14 @@ def train(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None] | No
                            resume_from=resume_from, live=live)
     dev = resolve_device(device if device not in (None, "cuda") else ("cuda" if torch.cuda.is_available() else "cpu"))
     _refuse_what_the_host_cannot_run(config, dev)
+    if config.distributed.nnodes > 1 and rendezvous is None:
+        raise StrategyError.single("distributed.nnodes", (
+            f"a run across {config.distributed.nnodes} nodes needs the rendezvous its nodes meet at "
+            "(gpu_runtime.distributed.Rendezvous); none was given"))
     with _stop_on_sigterm() as stop:
         return train_distributed(config, sink=sink, cancel=cancel, live=live, device=dev.type,
-                                 checkpoint_dir=checkpoint_dir, resume_from=resume_from, stop=stop)
+                                 checkpoint_dir=checkpoint_dir, resume_from=resume_from, stop=stop,
+                                 rendezvous=rendezvous)
 
 
 class _Shard:

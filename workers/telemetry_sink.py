@@ -23,8 +23,11 @@ logger = logging.getLogger(__name__)
 
 class TelemetrySink:
     def __init__(self, *, run_id: int, attempt: int, seq_base: int, ingest: Callable[..., object],
+                 seq_stride: int = 1, seq_offset: int = 0,
                  flush_s: float = 1.0, batch: int = 500, max_buffered: int = 100_000):
         self.run_id, self.attempt, self.seq_base = run_id, attempt, seq_base
+        # A run across nodes: node k of n stores its samples at seq_base + i * n + k (disjoint, interleaved).
+        self.seq_stride, self.seq_offset = seq_stride, seq_offset
         self.FLUSH_S, self.BATCH, self.MAX_BUFFERED = flush_s, batch, max_buffered
         self._ingest = ingest
         self._buffer: deque[dict] = deque()
@@ -40,7 +43,7 @@ class TelemetrySink:
 
     def put(self, sample: dict) -> None:
         """Called by the runtime (any thread). Never blocks on I/O."""
-        sample = dict(sample, seq=self.seq_base + int(sample["seq"]))
+        sample = dict(sample, seq=self.seq_base + int(sample["seq"]) * self.seq_stride + self.seq_offset)
         with self._lock:
             self._buffer.append(sample)
             if len(self._buffer) > self.MAX_BUFFERED:

@@ -157,7 +157,11 @@ def run_execute(run_id: int) -> None:
     owner = f"{host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     run = db_retry(runs.run_claim, what=f"run {run_id}: claim", run_id=run_id, owner=owner, host=host)
     if run is None:
-        logger.info("run %s: not claimable (gone, taken, cancelled or out of attempts)", run_id)
+        seat = _gang_seat(run_id)
+        if seat is None:
+            logger.info("run %s: not claimable (gone, taken, cancelled or out of attempts)", run_id)
+        else:
+            _train_as_node(run_id, seat)
         return
     world = run.world_size
     device, gpu_name, gpu_count = _device_for(run.queue, world)
@@ -168,10 +172,17 @@ def run_execute(run_id: int) -> None:
     db_retry(runs.run_device_record, what=f"run {run_id}: device record",
              run_id=run.pk, owner=owner, host=host, device=label if world == 1 else f"{label} x{world}",
              gpu_name=gpu_name, gpu_count=gpu_count,
-             vcpus=0 if gpu_count else threads_per_rank(world) * world if world > 1 else torch.get_num_threads(),
+             vcpus=0 if gpu_count else threads_per_rank(world // run.nnodes) * world if world > 1
+             else torch.get_num_threads(),
              memory_gb=0.0)
-    sink = TelemetrySink(run_id=run.pk, attempt=run.attempts, seq_base=run.last_seq + 1, ingest=telemetry_ingest)
+    rendezvous, gang = None, None
+    if run.nnodes > 1:  # this node claimed a run across nodes: it hosts the rendezvous, the others join
+        rendezvous = _host_rendezvous(run, owner)
+        gang = _GangCall(run)
+    sink = TelemetrySink(run_id=run.pk, attempt=run.attempts, seq_base=run.last_seq + 1, ingest=telemetry_ingest,
+                         seq_stride=run.nnodes)
     status, error, dataset_sha, result_status = Run.Status.FAILED, "", "", ""
+    gang_timeout = ""
     control = None
     try:
         try:
@@ -179,7 +190,7 @@ def run_execute(run_id: int) -> None:
             control = RunControl(run_id=run.pk, owner=owner, arm_id=run.arm_id, revision=run.config_revision,
                                  config=config)
             result = gpu_runtime.train(config, sink=sink.put, cancel=control.should_stop, device=device,
-                                       live=control.live_updates)
+                                       live=control.live_updates, rendezvous=rendezvous)
             dataset_sha, result_status = result.dataset_sha256 or "", result.status
             if result.status == "completed":
                 status = Run.Status.SUCCEEDED
@@ -188,15 +199,22 @@ def run_execute(run_id: int) -> None:
             else:
                 status = None  # interrupted (worker shutting down) or lease lost: not ours to end
         except Exception as exc:
+            if rendezvous is not None and str(exc).startswith("distributed.rendezvous"):
+                gang_timeout, status = str(exc)[:2000], None
             error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"
             logger.exception("run %s failed", run_id)
         finally:
+            if gang is not None:
+                gang.stop()
             # Every measured sample is stored before the run's end is recorded, through an outage too.
             sink.close(timeout_s=settings.COSTLAB_WORKER_DB_RETRY_S)
         lease_lost = control is not None and control.lease_lost
         if control is not None:
             control.record_revisions()
-        if status is not None:
+        if gang_timeout:
+            db_retry(runs.run_gang_timeout, what=f"run {run_id}: gang timeout", run_id=run.pk, owner=owner,
+                     reason=gang_timeout)
+        elif status is not None:
             db_retry(runs.run_finish, what=f"run {run_id}: finish", run_id=run.pk, owner=owner, status=status,
                      error=error, dataset_sha256=dataset_sha)
         elif not lease_lost:
@@ -208,4 +226,98 @@ def run_execute(run_id: int) -> None:
     if result_status == "interrupted":
         # gpu_runtime took SIGTERM to stop at a step boundary; hand it back to this process's
         # own handler (Celery's) so the shutdown that sent it carries on.
+        signal.raise_signal(signal.SIGTERM)
+
+
+# ------------------------------------------------------------------------------
+# A run across nodes (distributed.nnodes > 1): a gang of tasks at one c10d rendezvous
+# ------------------------------------------------------------------------------
+def _host_rendezvous(run, owner: str):
+    """Node 0 (the task that claimed the run) serves the rendezvous and records where it is."""
+    from gpu_runtime.distributed import Rendezvous, free_port
+
+    host = settings.COSTLAB_RDZV_HOST
+    port = settings.COSTLAB_RDZV_PORT or free_port("127.0.0.1" if host == "127.0.0.1" else "")
+    endpoint, rdzv_id = f"{host}:{port}", f"costlab-run-{run.pk}-{run.attempts}"
+    db_retry(runs.run_rendezvous_record, what=f"run {run.pk}: rendezvous", run_id=run.pk, owner=owner,
+             endpoint=endpoint, rdzv_id=rdzv_id, seq_base=run.last_seq + 1)
+    return Rendezvous(endpoint=endpoint, id=rdzv_id, is_host=True,
+                      join_timeout_s=settings.COSTLAB_RDZV_JOIN_TIMEOUT_S, local_addr=host)
+
+
+class _GangCall:
+    """While the gang is not complete, call its missing nodes again every few seconds (a wake-up that
+    a busy worker prefetched would otherwise wait behind this very run); a surplus one finds no seat."""
+
+    EVERY_S = 3.0
+
+    def __init__(self, run):
+        self.run_id, self.queue, self.nnodes = run.pk, run.queue, run.nnodes
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"gang-call-{run.pk}", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        from apps.core.queues import task_send
+        from apps.experiments.models import Run
+
+        try:
+            while not self._done.wait(self.EVERY_S):
+                joined = Run.objects.filter(pk=self.run_id).values_list("nodes_joined", flat=True).first() or 0
+                if joined >= self.nnodes:
+                    return
+                for _ in range(self.nnodes - joined):
+                    task_send(runs.RUN_TASK, args=[self.run_id], queue=self.queue)
+        except Exception as exc:  # a wake-up is only a nudge: the join timeout decides
+            logger.warning("run %s: calling the gang's nodes failed (%s)", self.run_id, exc)
+        finally:
+            connection.close()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(5)
+
+
+def _gang_seat(run_id: int):
+    """A seat in the run's gang, waiting (up to the join timeout) for node 0 to record its rendezvous."""
+    import time
+
+    from apps.experiments.models import Run
+
+    deadline = time.monotonic() + settings.COSTLAB_RDZV_JOIN_TIMEOUT_S
+    while True:
+        seat = db_retry(runs.run_node_join, what=f"run {run_id}: join", run_id=run_id)
+        if seat is not None:
+            return seat
+        row = Run.objects.filter(pk=run_id).values("status", "nnodes", "rdzv_id").first()
+        waiting = row is not None and row["nnodes"] > 1 and row["status"] == Run.Status.RUNNING and not row["rdzv_id"]
+        if not waiting or time.monotonic() > deadline:
+            return None
+        time.sleep(0.5)
+
+
+def _train_as_node(run_id: int, seat) -> None:
+    """Train this node's ranks of a run another node owns: no lease, no finish; its telemetry goes to
+    the run under the owner's attempt (seqs interleaved by node). Cancel, live keys and the end come
+    through the world from node 0; a SIGTERM here stops the whole world at one step boundary."""
+    from apps.experiments.models import Run
+    from gpu_runtime.distributed import Rendezvous
+
+    queue, world = Run.objects.filter(pk=run_id).values_list("queue", "world_size").get()
+    device, _, _ = _device_for(queue, world)
+    sink = TelemetrySink(run_id=run_id, attempt=seat.attempt, seq_base=seat.seq_base, ingest=telemetry_ingest,
+                         seq_stride=seat.nnodes, seq_offset=seat.node)
+    logger.info("run %s: joining as node %d of %d at %s", run_id, seat.node, seat.nnodes, seat.endpoint)
+    result_status = ""
+    try:
+        config = gpu_runtime.load_strategy(seat.config_yaml)
+        result = gpu_runtime.train(config, sink=sink.put, device=device, rendezvous=Rendezvous(
+            endpoint=seat.endpoint, id=seat.rdzv_id, is_host=False,
+            join_timeout_s=settings.COSTLAB_RDZV_JOIN_TIMEOUT_S, local_addr=settings.COSTLAB_RDZV_HOST))
+        result_status = result.status
+    except Exception:
+        logger.exception("run %s: node %d failed (node 0 records how the run ends)", run_id, seat.node)
+    finally:
+        sink.close(timeout_s=settings.COSTLAB_WORKER_DB_RETRY_S)
+    if result_status == "interrupted":
         signal.raise_signal(signal.SIGTERM)

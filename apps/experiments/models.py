@@ -167,6 +167,15 @@ class Run(TimeStampedModel):
     gpu_count = models.PositiveIntegerField("held GPUs", default=0, help_text="Accelerators held by the run (0: CPU only).")
     world_size = models.PositiveIntegerField(
         default=1, help_text="Processes the run trains in (DDP ranks, one device each); one telemetry stream each.")
+    # A run across nodes: gang-scheduled as `nnodes` tasks meeting at one c10d rendezvous.
+    nnodes = models.PositiveSmallIntegerField(default=1, help_text="Workers (nodes) the run trains on at once.")
+    rdzv_endpoint = models.CharField(max_length=255, blank=True, default="",
+                                     help_text="host:port of the rendezvous, served by the node that claimed the run.")
+    rdzv_id = models.CharField(max_length=120, blank=True, default="", help_text="The rendezvous (run) id.")
+    rdzv_seq_base = models.BigIntegerField(default=0, help_text="The attempt's first telemetry seq (nodes interleave).")
+    nodes_joined = models.PositiveSmallIntegerField(default=0, help_text="Nodes of this attempt's gang so far.")
+    gang_requeues = models.PositiveSmallIntegerField(
+        default=0, help_text="Times the run went back to the queue because not every node joined (at most once).")
     vcpus = models.PositiveIntegerField("held vCPUs", default=0, help_text="vCPUs held by the run, priced per vCPU-hour.")
     memory_gb = models.FloatField("memory (GB)", default=0.0, help_text="Host memory held by the run (GB), priced per GB-hour.")
 

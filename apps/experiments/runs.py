@@ -54,14 +54,14 @@ def run_enqueue(*, run: Run) -> None:
     A broker that is down does not fail the caller (robust on_commit, no long publish retries):
     the run stays queued with no send recorded, and the reconciler sends it when the broker is back.
     """
-    run_id, queue = run.pk, run.queue
-    transaction.on_commit(lambda: run_send(run_id=run_id, queue=queue), robust=True)
+    run_id, queue, nodes = run.pk, run.queue, run.nnodes
+    transaction.on_commit(lambda: run_send(run_id=run_id, queue=queue, nodes=nodes), robust=True)
 
 
-def run_send(*, run_id: int, queue: str) -> bool:
-    """Publish one wake-up for the run and record it;
+def run_send(*, run_id: int, queue: str, nodes: int = 1) -> bool:
+    """Publish the run's wake-ups (one per node: a run across nodes is a gang of tasks) and record it;
     False (logged) when the broker is unreachable."""
-    if not task_send(RUN_TASK, args=[run_id], queue=queue):
+    if not all(task_send(RUN_TASK, args=[run_id], queue=queue) for _ in range(nodes)):
         return False
     Run.objects.filter(pk=run_id).update(sent_at=timezone.now(), sends=F("sends") + 1)
     return True
@@ -79,17 +79,69 @@ def runs_reconcile_queued(*, now=None) -> list[int]:
     rows = (
         Run.objects.filter(status=Run.Status.QUEUED, kind=Run.Kind.WORKER, cancel_requested=False)
         .filter(Q(sent_at__isnull=True, updated_at__lt=now - grace) | Q(sent_at__lt=now - after))
-        .order_by("pk").values_list("pk", "queue", "sent_at", "sends")[:1000]
+        .order_by("pk").values_list("pk", "queue", "sent_at", "sends", "nnodes")[:1000]
     )
     sent = []
-    for run_id, queue, sent_at, sends in rows:
+    for run_id, queue, sent_at, sends, nodes in rows:
         if sent_at is not None and now - sent_at < after * 2 ** min(max(sends - 1, 0), 4):
             continue
         logger.info("run %s: queued with no claim (last sent %s); sending it again", run_id,
                     sent_at.isoformat() if sent_at else "never")
-        if run_send(run_id=run_id, queue=queue):
+        if run_send(run_id=run_id, queue=queue, nodes=nodes):
             sent.append(run_id)
     return sent
+
+
+# ------------------------------------------------------------------------------
+# A run across nodes: the claiming node hosts the rendezvous, the others join it
+# ------------------------------------------------------------------------------
+def run_rendezvous_record(*, run_id: int, owner: str, endpoint: str, rdzv_id: str, seq_base: int) -> bool:
+    """The claiming node (node 0) records where the gang meets; the other nodes read it to join."""
+    return bool(Run.objects.filter(pk=run_id, lease_owner=owner, status=Run.Status.RUNNING).update(
+        rdzv_endpoint=endpoint, rdzv_id=rdzv_id, rdzv_seq_base=seq_base, nodes_joined=1))
+
+
+@dataclass(frozen=True)
+class NodeSeat:
+    node: int  # 1 .. nnodes - 1 (node 0 claimed the run)
+    endpoint: str
+    rdzv_id: str
+    attempt: int
+    seq_base: int
+    nnodes: int
+    config_yaml: str
+
+
+@transaction.atomic
+def run_node_join(*, run_id: int) -> NodeSeat | None:
+    """A seat in a running gang whose rendezvous is recorded and not yet full; None otherwise."""
+    run = Run.objects.select_for_update().filter(pk=run_id).first()
+    if run is None or run.status != Run.Status.RUNNING or run.nnodes < 2 or not run.rdzv_id \
+            or run.nodes_joined >= run.nnodes:
+        return None
+    run.nodes_joined += 1
+    run.save(update_fields=["nodes_joined", "updated_at"])
+    return NodeSeat(node=run.nodes_joined - 1, endpoint=run.rdzv_endpoint, rdzv_id=run.rdzv_id,
+                    attempt=run.attempts, seq_base=run.rdzv_seq_base, nnodes=run.nnodes,
+                    config_yaml=run.config_yaml)
+
+
+@transaction.atomic
+def run_gang_timeout(*, run_id: int, owner: str, reason: str) -> bool:
+    """Not every node joined in time: back to the queue once (the attempt recorded with the reason,
+    not counted as failed), then the run fails. False when the run is no longer ours."""
+    run = Run.objects.select_for_update().filter(pk=run_id, lease_owner=owner, status=Run.Status.RUNNING).first()
+    if run is None:
+        return False
+    run.rdzv_endpoint, run.rdzv_id, run.nodes_joined = "", "", 0
+    run.save(update_fields=["rdzv_endpoint", "rdzv_id", "nodes_joined", "updated_at"])
+    if run.gang_requeues >= 1:
+        run_end(run, Run.Status.FAILED, f"{reason} (again after one requeue)")
+        return True
+    run.gang_requeues += 1
+    run.save(update_fields=["gang_requeues", "updated_at"])
+    _requeue_or_fail(run, Outcome.STOPPED, reason)
+    return True
 
 
 # ------------------------------------------------------------------------------

@@ -150,12 +150,12 @@ def run_submit(
     _quota_check(tenant=tenant)
 
     queue = CeleryQueue.GPU if gpu_sku is not None else CeleryQueue.CPU
-    world_size = strategy_world_size(arm.strategy_yaml, gpu=gpu_sku is not None, gpu_count=gpu_count)
+    world_size, nnodes = strategy_world_size(arm.strategy_yaml, gpu=gpu_sku is not None, gpu_count=gpu_count)
     run = Run.objects.create(
         tenant=tenant, experiment=experiment, arm=arm, kind=kind, run_key=run_key, queue=queue,
         config_yaml=arm.strategy_yaml, config_sha256=arm.strategy_sha256, config_revision=arm.revision,
         git_sha=git_sha, dataset_sha256=dataset_sha256, gpu_sku=gpu_sku,
-        gpu_count=gpu_count if gpu_count is not None else (world_size if gpu_sku else 0), world_size=world_size,
+        gpu_count=gpu_count if gpu_count is not None else (world_size if gpu_sku else 0), world_size=world_size, nnodes=nnodes,
         vcpus=vcpus, memory_gb=memory_gb,
         status=Run.Status.QUEUED if kind == Run.Kind.WORKER else Run.Status.RUNNING,
         started_at=None if kind == Run.Kind.WORKER else timezone.now(),

@@ -40,8 +40,8 @@ def strategy_validate(strategy_yaml: str, *, field: str = "strategy_yaml") -> No
 
 
 def strategy_world_size(strategy_yaml: str, *, gpu: bool, gpu_count: int | None,
-                        field: str = "strategy_yaml") -> int:
-    """The run's world size (DDP processes, one device each), after refusing what its queue cannot give:
+                        field: str = "strategy_yaml") -> tuple[int, int]:
+    """The run's world size (DDP processes, one device each) and nodes, after refusing what its queue cannot give:
     nccl on the CPU queue, more processes per node than a node's GPUs (the run's declared gpu_count
     over its nodes, else COSTLAB_GPUS_PER_NODE). The strategy is already valid (strategy_validate)."""
     from django.conf import settings
@@ -58,10 +58,6 @@ def strategy_world_size(strategy_yaml: str, *, gpu: bool, gpu_count: int | None,
     else:
         devices, where = settings.COSTLAB_GPUS_PER_NODE, "a GPU worker (COSTLAB_GPUS_PER_NODE)"
     problems = distributed_problems(config, cuda=gpu, devices=devices, where=where)
-    if nodes > 1:
-        problems.append({"key": "distributed.nnodes", "message": (
-            f"{nodes} nodes asked for; workers do not gang-schedule a run across nodes yet: "
-            "use nnodes: 1 (nproc_per_node processes on one worker)")})
     if problems:
         raise _refused(field, StrategyError(problems))
-    return config.distributed.world_size
+    return config.distributed.world_size, nodes

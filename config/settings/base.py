@@ -251,6 +251,12 @@ COSTLAB_SIZING_MAX_THREADS = env.int("COSTLAB_SIZING_MAX_THREADS", default=0)
 COSTLAB_RUN_LEASE_S = env.float("COSTLAB_RUN_LEASE_S", default=30.0)
 # GPUs on a GPU worker's host: a run asking for more DDP processes per node is refused at submit.
 COSTLAB_GPUS_PER_NODE = env.int("COSTLAB_GPUS_PER_NODE", default=8)
+# A run across nodes: the node that claims it serves the c10d rendezvous on this address (as the other
+# workers reach it) and port (0: any free one; open a fixed one, e.g. 29400, between real hosts); the
+# others wait this long for all to join, then the run is requeued once, then it fails.
+COSTLAB_RDZV_HOST = env("COSTLAB_RDZV_HOST", default="127.0.0.1")
+COSTLAB_RDZV_PORT = env.int("COSTLAB_RDZV_PORT", default=0)
+COSTLAB_RDZV_JOIN_TIMEOUT_S = env.float("COSTLAB_RDZV_JOIN_TIMEOUT_S", default=120.0)
 # A queued run sent this long ago with no claim is sent again (then after 2x, 4x ... up to 16x).
 COSTLAB_RUN_RESEND_AFTER_S = env.float("COSTLAB_RUN_RESEND_AFTER_S", default=15.0)
 # A worker's database calls (claim, finish, release) ride out an outage this long before giving up.

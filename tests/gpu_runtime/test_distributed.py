@@ -172,3 +172,51 @@ def test_rank_0s_batch_scaler_decides_the_micro_batch_of_every_rank(tiny_config)
     common = set(by_rank[0]) & set(by_rank[1])
     assert common and all(by_rank[0][step] == by_rank[1][step] for step in common), by_rank
     assert len({*by_rank[0].values(), *by_rank[1].values()}) > 1
+
+
+def test_two_nodes_meet_at_one_rendezvous_and_train_as_one_process(tiny_config):
+    import threading
+
+    from gpu_runtime.distributed import Rendezvous, free_port
+
+    twenty = {**PARITY, "train": {**PARITY["train"], "steps": 20}}
+    config = tiny_config(**twenty, distributed={"nproc_per_node": 1, "nnodes": 2})
+    endpoint = f"127.0.0.1:{free_port()}"
+    results: dict[int, object] = {}
+
+    def node(index: int) -> None:
+        try:
+            results[index] = train(config, rendezvous=Rendezvous(
+                endpoint=endpoint, id="test-two-nodes", is_host=index == 0, join_timeout_s=60,
+                local_addr="127.0.0.1"))
+        except Exception as exc:  # noqa: BLE001 - asserted below
+            results[index] = exc
+
+    threads = [threading.Thread(target=node, args=(i,)) for i in (1, 0)]  # the guest may come first
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(240)
+    alone = train(tiny_config(**twenty))
+    for index in (0, 1):
+        result = results[index]
+        assert not isinstance(result, Exception), result
+        assert result.status == "completed" and result.steps == 20
+        assert abs(result.final_loss - alone.final_loss) / alone.final_loss <= 0.01
+        assert result.strategies["distributed"]["rendezvous"] == {"backend": "c10d", "endpoint": endpoint,
+                                                                 "id": "test-two-nodes"}
+    assert sorted(r["rank"] for i in (0, 1) for r in results[i].strategies["distributed"]["ranks"]) == [0, 1]
+
+
+def test_a_node_alone_gives_up_at_the_join_timeout(tiny_config):
+    from gpu_runtime.distributed import Rendezvous, free_port
+
+    config = tiny_config(distributed={"nproc_per_node": 1, "nnodes": 2})
+    with pytest.raises(StrategyError) as refused:
+        train(config)  # across nodes, a rendezvous is needed
+    assert refused.value.errors[0]["key"] == "distributed.nnodes"
+    with pytest.raises(DistributedError) as info:
+        train(config, rendezvous=Rendezvous(endpoint=f"127.0.0.1:{free_port()}", id="test-alone", is_host=True,
+                                            join_timeout_s=3, local_addr="127.0.0.1"))
+    assert "distributed.rendezvous" in str(info.value) and "not every node joined" in str(info.value)
+    assert not _rank_processes()

@@ -127,11 +127,11 @@ def test_submit_refuses_distributed_keys_the_queue_cannot_give_naming_the_key(ap
     crowded = submit("{nproc_per_node: 4}", gpu_sku="H100 SXM", gpu_count=2)
     assert crowded.status_code == 400 and "distributed.nproc_per_node" in error(crowded)["message"]
     assert any("distributed.nproc_per_node" in m for m in error(crowded)["fields"]["strategy_yaml"])
-    nodes = submit("{nproc_per_node: 1, nnodes: 2}")
-    assert nodes.status_code == 400 and "distributed.nnodes" in error(nodes)["message"]
     assert Run.objects.count() == 0
     two = submit("{nproc_per_node: 2}", gpu_sku="H100 SXM")
     assert two.status_code == 201 and two.json()["gpu_count"] == 2  # one GPU per process
     assert Run.objects.get(pk=two.json()["id"]).world_size == 2
     on_cpu = submit("{nproc_per_node: 2}")
     assert on_cpu.status_code == 201 and Run.objects.get(pk=on_cpu.json()["id"]).world_size == 2
+    gang = Run.objects.get(pk=submit("{nproc_per_node: 2, nnodes: 2}").json()["id"])
+    assert (gang.world_size, gang.nnodes) == (4, 2)
