@@ -64,9 +64,11 @@ class ExperimentReport:
     arms: list[ArmReport]
 
 
-# A run's wall time as billed: a GPU run's device-seconds per device, a CPU run's wall seconds.
-_WALL_S = Case(When(gpu_count__gt=0, then=F("device_seconds") / F("gpu_count")), default=F("device_seconds"),
-               output_field=FloatField())
+# A run's wall time as billed: a GPU run's device-seconds per device, a CPU run's wall seconds
+# (a CPU DDP run's device-seconds per rank).
+_WALL_S = Case(When(gpu_count__gt=0, then=F("device_seconds") / F("gpu_count")),
+               When(world_size__gt=1, then=F("device_seconds") / F("world_size")),  # CPU DDP: summed per rank
+               default=F("device_seconds"), output_field=FloatField())
 _SUCCEEDED_WORKER = Q(status=Run.Status.SUCCEEDED, kind=Run.Kind.WORKER)
 _SUCCEEDED_EXTERNAL = Q(status=Run.Status.SUCCEEDED, kind=Run.Kind.EXTERNAL)
 

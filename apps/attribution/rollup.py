@@ -31,7 +31,8 @@ def observations_record(*, window_ids: list[int], restarted_arm_ids: list[int] =
     rw, cur, run, win, snap = (RunWindow._meta.db_table, RunCursor._meta.db_table, Run._meta.db_table,
                                AttributionWindow._meta.db_table, AttributionSnapshot._meta.db_table)
     ids = ", ".join(["%s"] * len(window_ids))
-    # Devices: a GPU run's device_seconds are GPU-seconds; a CPU run's are wall seconds.
+    # Devices: a GPU run's device_seconds are GPU-seconds; a CPU run's are wall seconds per rank
+    # (a DDP run's summed over its world_size processes).
     insert = f"""
         INSERT INTO {rw} (window_id, run_id, arm_id, first_seen, omitted, upto_seq, samples,
                           cost_usd, tokens, steps, gpu_seconds, wall_s, energy_j, energy_estimated)
@@ -47,6 +48,7 @@ def observations_record(*, window_ids: list[int], restarted_arm_ids: list[int] =
                CAST(CASE WHEN r.gpu_count > 0 THEN r.device_seconds ELSE 0 END
                     - COALESCE(c.gpu_seconds, 0) AS NUMERIC(20, 6)),
                CAST(CASE WHEN r.gpu_count > 0 THEN r.device_seconds / r.gpu_count
+                         WHEN r.world_size > 1 THEN r.device_seconds / r.world_size
                          ELSE r.device_seconds END
                     - COALESCE(c.wall_s, 0) AS NUMERIC(20, 6)),
                CAST(r.energy_j - COALESCE(c.energy_j, 0) AS NUMERIC(24, 6)),

@@ -130,6 +130,17 @@ def blocks_upto(runs: list[Run]) -> dict[int, int]:
             .values_list("pk", "last")}
 
 
+def _ranks(run: Run) -> int:
+    return max(1, run.world_size)
+
+
+def _per_bucket(samples: int, points: int, run: Run) -> int:
+    """Samples per bucket: a multiple of a DDP run's ranks (their samples interleave in one seq order),
+    so a point is the mean over its devices, not one rank then the other (a zigzag)."""
+    ranks = _ranks(run)
+    return ranks * max(1, math.ceil(math.ceil(samples / points) / ranks))
+
+
 def run_series(*, runs: list[Run], fields: tuple[str, ...], budget: int) -> RunSeries:
     """Each run's whole history of these fields in about `budget` points per run and field.
 
@@ -152,7 +163,7 @@ def run_series(*, runs: list[Run], fields: tuple[str, ...], budget: int) -> RunS
             blocks[run.pk] = (rolled, max(1, math.ceil(rolled / SeriesBlock.SEQS / budget)))
         first = max(rolled, run.last_seq + 1 - TAIL_MAX, 0)
         points = budget if rolled == 0 else max(1, budget // 4)
-        samples[run.pk] = (first, max(1, math.ceil((run.last_seq + 1 - first) / points)))
+        samples[run.pk] = (first, _per_bucket(run.last_seq + 1 - first, points, run))
     out = RunSeries(series={r.pk: {f: Band() for f in fields} for r in runs},
                     estimated={r.pk for r in runs if r.energy_estimated})
     _block_buckets(blocks, fields, out)  # history first: rows arrive in time order per run
@@ -165,11 +176,15 @@ def live_series(*, runs: list[Run], fields: tuple[str, ...], since: datetime) ->
     data = samples_downsampled(run_ids=[r.pk for r in runs], fields=list(fields), budget=LIVE_BUDGET,
                                since=since - timedelta(seconds=LIVE_OVERLAP_S))
     out = RunSeries(series={}, estimated={r for r, est in data.estimated.items() if est})
+    ranks = {r.pk: _ranks(r) for r in runs}
     for run_id, by_field in data.series.items():
         bands = {f: Band() for f in fields}
+        n = ranks.get(run_id, 1)
         for f, points in by_field.items():
-            for ts, value in points:
-                bands[f].add(epoch_ms(ts), value, value, value)
+            for i in range(0, len(points), n):  # a DDP run: one point per step of its ranks (their mean)
+                group = [v for _, v in points[i:i + n]]
+                x = epoch_ms(points[i + len(group) // 2][0]) if n > 1 else epoch_ms(points[i][0])
+                bands[f].add(x, sum(group) / len(group), min(group), max(group))
         out.series[run_id] = bands
     return out
 

@@ -92,3 +92,19 @@ def test_a_tiered_model_projects_piecewise_through_its_tiers():
     # One run of 1000 steps: 100 x 0.01 + 900 x 0.005 USD, not 10 x the first hundred.
     assert p.total_usd == pytest.approx(100 * 0.01 + 900 * 0.005) == pytest.approx(5.50)
     assert p.estimated is True
+
+
+def test_a_cpu_ddp_runs_wall_time_is_its_device_seconds_per_rank():
+    """A CPU run's device-seconds add up over its DDP ranks; its wall time (completion, throughput, the
+    observation's wall_s) is the time one rank took, not the sum."""
+    price = priced_tenant()
+    exp = ExperimentFactory(tenant=price.pricing_table.tenant, status="active")
+    arm = ArmFactory(experiment=exp, name="ddp", is_control=True)
+    run = RunFactory(arm=arm, status=Run.Status.SUCCEEDED, gpu_count=0, world_size=2, tokens=1_000_000, steps=100,
+                     priced_seq=99, device_seconds=7200.0, energy_j=0.0, cost_usd=Decimal("1.0"),
+                     cost_breakdown={"total_usd": 1.0}, started_at=T0, finished_at=T0 + timedelta(hours=1))
+    report = experiment_report(experiment=exp).arms[0]
+    assert report.completion_s == pytest.approx(3600.0)
+    assert report.throughput_tok_s == pytest.approx(1_000_000 / 3600)
+    attribution_tick(now=T0 + timedelta(hours=2))
+    assert float(run.attribution_windows.get().wall_s) == pytest.approx(3600.0)

@@ -112,6 +112,20 @@ def test_beat_rolls_up_only_the_runs_with_a_new_settled_block(w):
     assert series_blocks_roll_due() == 1
 
 
+def test_a_ddp_runs_line_is_the_mean_of_its_ranks_not_a_zigzag(w):
+    run = run_of(w.control, world_size=2)
+    TelemetrySample.objects.bulk_create([  # the ranks' samples interleave in one seq order
+        TelemetrySample(run=run, seq=i, rank=i % 2, ts=T0 + timedelta(seconds=i // 2), util_pct=90.0 if i % 2 else 30.0,
+                        power_w=300.0) for i in range(40)])
+    Run.objects.filter(pk=run.pk).update(last_seq=39, priced_seq=39)
+    run.refresh_from_db()
+    band = run_series(runs=[run], fields=FIELDS, budget=100).series[run.pk]["util_pct"]
+    assert len(band.x) == 20 and set(band.y) == {60.0}, "one point per step of both ranks"
+    assert set(band.lo) == {30.0} and set(band.hi) == {90.0}, "the band shows the spread across devices"
+    live = live_series(runs=[run], fields=FIELDS, since=T0 + timedelta(seconds=15)).series[run.pk]["util_pct"]
+    assert live.y and set(live.y) == {60.0}
+
+
 def test_live_series_returns_only_samples_since_the_cursor(w):
     run = stored(run_of(w.control), 100, priced=100)
     since = T0 + timedelta(seconds=80)
