@@ -191,48 +191,59 @@ def _timer(clock: str):
     return time.process_time if clock == "cpu" else time.perf_counter
 
 
-def gemm_shapes(ns: argparse.Namespace, micro_batch: int) -> list[tuple[int, int, int, int]]:
-    """(count, m, k, n) of every matmul one micro-batch's forward and backward runs (per optimizer step: x accumulation).
+def gemm_shapes(ns: argparse.Namespace, micro_batch: int) -> list[tuple[int, str, int, int, int]]:
+    """(count, layout, m, k, n) of every matmul one micro-batch's forward and backward runs (per step: x accumulation).
 
-    Each linear layer (x @ W.T) runs three GEMMs: forward (M x in @ in x out), the input's
-    gradient (M x out @ out x in) and the weight's (out x M @ M x in), M = micro-batch x seq_len
-    tokens. Attention's two products (per batch x head: S x hd @ hd x S, S x S @ S x hd) run
-    forward and twice backward, here as the same-sized GEMMs.
+    Each linear layer runs three GEMMs, in the operand layouts autograd gives them: forward
+    `F.linear(x, W)` (M x in, W out x in), the input's gradient `dy @ W` (M x out @ out x in) and
+    the weight's `dy.T @ x` (a transposed M x out @ M x in), M = micro-batch x seq_len tokens.
+    Attention's two products (per batch x head: S x hd @ hd x S, S x S @ S x hd) run forward and
+    twice backward, here as the same-sized plain GEMMs.
     """
     args = preset_args(ns.preset, ns.seq_len)
     m, d, kv, h, s, hd = micro_batch * ns.seq_len, args.dim, args.kv_heads * args.head_dim, args.hidden_dim, \
         ns.seq_len, args.head_dim
     linears = [(d, d), (d, kv), (d, kv), (d, d), (d, h), (d, h), (h, d)]
-    shapes: dict[tuple[int, int, int], int] = {}
+    shapes: dict[tuple[str, int, int, int], int] = {}
 
-    def add(count: int, mkn: tuple[int, int, int]) -> None:
-        shapes[mkn] = shapes.get(mkn, 0) + count
+    def add(count: int, shape: tuple[str, int, int, int]) -> None:
+        shapes[shape] = shapes.get(shape, 0) + count
 
     for fan_in, fan_out in linears * args.n_layers + [(d, args.vocab_size)]:
-        add(1, (m, fan_in, fan_out))
-        add(1, (m, fan_out, fan_in))
-        add(1, (fan_out, m, fan_in))
+        add(1, ("linear", m, fan_in, fan_out))
+        add(1, ("mm", m, fan_out, fan_in))
+        add(1, ("mm_tn", fan_out, m, fan_in))
     heads = micro_batch * args.n_heads * args.n_layers
-    add(3 * heads, (s, hd, s))  # q @ k.T, and its two gradients have the same FLOPs
-    add(3 * heads, (s, s, hd))  # p @ v, likewise
-    return [(count, *mkn) for mkn, count in shapes.items()]
+    add(3 * heads, ("mm", s, hd, s))  # q @ k.T, and its two gradients have the same FLOPs
+    add(3 * heads, ("mm", s, s, hd))  # p @ v, likewise
+    return [(count, *shape) for shape, count in shapes.items()]
+
+
+def _gemm(layout: str, m: int, k: int, n: int, device: torch.device, dtype: torch.dtype):
+    """A callable running one GEMM of (m x k) @ (k x n) in the given operand layout."""
+    if layout == "linear":
+        x, w = torch.randn(m, k, device=device, dtype=dtype), torch.randn(n, k, device=device, dtype=dtype)
+        return lambda: torch.nn.functional.linear(x, w)
+    a = torch.randn(k, m, device=device, dtype=dtype).t() if layout == "mm_tn" else \
+        torch.randn(m, k, device=device, dtype=dtype)
+    b = torch.randn(k, n, device=device, dtype=dtype)
+    return lambda: a @ b
 
 
 def gemm_step_seconds(ns: argparse.Namespace, device: torch.device, dtype: torch.dtype, micro_batch: int,
                       clock: str) -> float:
     """Seconds of GEMM one optimizer step needs at this micro-batch and dtype: each shape timed (best of 5)."""
     now, total = _timer(clock), 0.0
-    for count, m, k, n in gemm_shapes(ns, micro_batch):
-        a = torch.randn(m, k, device=device, dtype=dtype)
-        b = torch.randn(k, n, device=device, dtype=dtype)
+    for count, layout, m, k, n in gemm_shapes(ns, micro_batch):
+        run = _gemm(layout, m, k, n, device, dtype)
         for _ in range(2):
-            a @ b
+            run()
         best = float("inf")
         for _ in range(5):
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             start = now()
-            a @ b
+            run()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             best = min(best, now() - start)
@@ -240,19 +251,29 @@ def gemm_step_seconds(ns: argparse.Namespace, device: torch.device, dtype: torch
     return total * ns.global_batch / micro_batch
 
 
-def gemm_floor(ns: argparse.Namespace, device: torch.device, optimized_micro_batch: int, clock: str) -> dict[str, Any]:
+def gemm_floor(ns: argparse.Namespace, device: torch.device, optimized_micro_batch: int, clock: str,
+               repeats: int = 3) -> dict[str, Any]:
     """What dtype alone allows: bf16 / fp32 GEMM time of one step at the model's own shapes.
 
     `gemm_floor` compares both dtypes at the baseline's micro-batch (dtype alone);
-    `gemm_floor_at_optimized_micro_batch` puts bf16 at the largest micro-batch the optimized arm reached.
+    `gemm_floor_at_optimized_micro_batch` puts bf16 at the largest micro-batch the optimized arm
+    reached. fp32 and bf16 are timed back to back, `repeats` times, and the ratios' median kept: on
+    a shared CPU (hyperthread siblings share the matrix units) one pass can be off by 2x.
     """
-    fp32 = gemm_step_seconds(ns, device, torch.float32, ns.baseline_micro_batch, clock)
-    bf16 = gemm_step_seconds(ns, device, torch.bfloat16, ns.baseline_micro_batch, clock)
-    bf16_opt = (bf16 if optimized_micro_batch == ns.baseline_micro_batch
-                else gemm_step_seconds(ns, device, torch.bfloat16, optimized_micro_batch, clock))
-    flops = sum(2 * c * m * k * n for c, m, k, n in gemm_shapes(ns, ns.baseline_micro_batch)) \
+    passes = []
+    for _ in range(repeats):
+        fp32 = gemm_step_seconds(ns, device, torch.float32, ns.baseline_micro_batch, clock)
+        bf16 = gemm_step_seconds(ns, device, torch.bfloat16, ns.baseline_micro_batch, clock)
+        bf16_opt = (bf16 if optimized_micro_batch == ns.baseline_micro_batch
+                    else gemm_step_seconds(ns, device, torch.bfloat16, optimized_micro_batch, clock))
+        passes.append((fp32, bf16, bf16_opt))
+    floors = [b / f for f, b, _ in passes]
+    at_opt = [o / f for f, _, o in passes]
+    fp32, bf16, bf16_opt = (statistics.median(p[i] for p in passes) for i in range(3))
+    flops = sum(2 * c * m * k * n for c, _, m, k, n in gemm_shapes(ns, ns.baseline_micro_batch)) \
         * ns.global_batch / ns.baseline_micro_batch
-    return {"gemm_floor": bf16 / fp32, "gemm_floor_at_optimized_micro_batch": bf16_opt / fp32,
+    return {"gemm_floor": statistics.median(floors), "gemm_floor_per_pass": floors,
+            "gemm_floor_at_optimized_micro_batch": statistics.median(at_opt),
             "gemm_step_s": {"fp32": fp32, "bf16": bf16, f"bf16_micro_batch_{optimized_micro_batch}": bf16_opt},
             "gemm_gflops": {"fp32": flops / fp32 / 1e9, "bf16": flops / bf16 / 1e9}}
 
@@ -421,6 +442,7 @@ def report(ns, dev, price, per_round, alone_rows, skipped, rates, compile_optimi
     print(f"\nGEMM at the model's own shapes (one step, baseline micro-batch {ns.baseline_micro_batch}): "
           f"fp32 {g['fp32']:.0f} GFLOP/s, bf16 {g['bf16']:.0f} GFLOP/s")
     print(f"gemm_floor (bf16 / fp32 GEMM time: the cost ratio dtype alone allows) = {rates['gemm_floor']:.3f}"
+          f" (passes: {', '.join(f'{x:.3f}' for x in rates['gemm_floor_per_pass'])})"
           f"; with bf16 at micro-batch {max(used)}: {rates['gemm_floor_at_optimized_micro_batch']:.3f}")
     print(f"floor_ratio (ratio / gemm_floor) = {floor_ratio:.3f}  target <= {FLOOR_TARGET:.2f}: "
           f"{'MET' if floor_ratio <= FLOOR_TARGET else 'NOT MET'}")
@@ -442,6 +464,7 @@ def report(ns, dev, price, per_round, alone_rows, skipped, rates, compile_optimi
             "strategies_alone": alone_rows, "strategies_skipped": skipped,
             "gemm_floor": rates["gemm_floor"], "floor_ratio": floor_ratio, "floor_target": FLOOR_TARGET,
             "floor_met": floor_ratio <= FLOOR_TARGET,
+            "gemm_floor_per_pass": rates["gemm_floor_per_pass"],
             "gemm_floor_at_optimized_micro_batch": rates["gemm_floor_at_optimized_micro_batch"],
             "gemm_step_s": rates["gemm_step_s"], "gemm_gflops": rates["gemm_gflops"],
             "loss_delta": delta, "loss_target": LOSS_TARGET, "loss_flagged": flagged,

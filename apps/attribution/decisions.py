@@ -30,6 +30,8 @@ class RunMoments:
     cost_steps: Decimal = Decimal(0)
     steps_sq: Decimal = Decimal(0)
     cost: Decimal | None = None  # sum C: the compared cost (None: the billed sums' cost stands)
+    tokens: int | None = None  # sum T and sum S over these runs (None: not summed)
+    steps: int | None = None
 
     @classmethod
     def of(cls, runs) -> RunMoments:
@@ -69,13 +71,16 @@ class ArmSums:
     steps_sq: Decimal = Decimal(0)
     compared: Decimal = Decimal(0)  # `cost` with every arm's usage priced at the comparison table
 
-    def with_moments(self, moments: RunMoments | None) -> ArmSums:
+    def with_moments(self, moments: RunMoments | None, *, runs_excluded: bool = False) -> ArmSums:
         """These sums with the run-level count, second moments and compared cost (the window sums'
-        would be per window, and billed)."""
+        would be per window, and billed). `runs_excluded`: the moments leave some runs out
+        (outliers), so the tokens and steps are the kept runs' too, and the ratio compares like
+        with like."""
         m = moments or RunMoments()
-        return replace(self, runs=m.runs, cost_sq=m.cost_sq, cost_tokens=m.cost_tokens, tokens_sq=m.tokens_sq,
-                       cost_steps=m.cost_steps, steps_sq=m.steps_sq,
-                       compared=self.cost if m.cost is None else m.cost)
+        out = replace(self, runs=m.runs, cost_sq=m.cost_sq, cost_tokens=m.cost_tokens, tokens_sq=m.tokens_sq,
+                      cost_steps=m.cost_steps, steps_sq=m.steps_sq,
+                      compared=self.cost if m.cost is None else m.cost)
+        return replace(out, tokens=int(m.tokens or 0), steps=int(m.steps or 0)) if runs_excluded else out
 
     def __add__(self, other: ArmSums) -> ArmSums:
         values = {}

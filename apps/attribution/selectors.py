@@ -117,8 +117,8 @@ def observations_sums(*, experiment_id: int, after_number: dict[int, int], upto_
 
 
 def run_moments(*, epochs: dict[int, int], upto_number: dict[int, int],
-                comparisons: dict[int, Comparison] | None = None, mixed: set[int] | None = None
-                ) -> dict[int, RunMoments]:
+                comparisons: dict[int, Comparison] | None = None, mixed: set[int] | None = None,
+                exclude_runs: set[int] | None = None) -> dict[int, RunMoments]:
     """Per arm: its runs' cumulative compared cost, tokens and steps in windows epochs[arm] < number
     <= upto_number[arm], reduced to the run-level moments the freeze rule's variance needs.
 
@@ -143,18 +143,19 @@ def run_moments(*, epochs: dict[int, int], upto_number: dict[int, int],
                 WHERE b.cmp > 0 AND w.pricing_table_id <> b.cmp""", params)
             moves = [(arm_id, comparisons[arm_id], table_id) for arm_id, table_id in cursor.fetchall()]
     out = _moments(epochs={a: e for a, e in epochs.items() if a not in {m[0] for m in moves}},
-                   upto_number=upto_number, comparisons=comparisons)
+                   upto_number=upto_number, comparisons=comparisons, exclude=exclude_runs)
     if moves:
         prices = table_prices(table_ids={t for _, _, t in moves} | {c.table_id for _, c, _ in moves})
         moved = {m[0] for m in moves}
         out.update(_moments(epochs={a: epochs[a] for a in moved}, upto_number=upto_number,
-                            comparisons=comparisons, deltas=price_deltas(moves, prices)))
+                            comparisons=comparisons, deltas=price_deltas(moves, prices), exclude=exclude_runs))
     return out
 
 
-def _moments(*, epochs: dict, upto_number: dict, comparisons: dict, deltas: dict | None = None) -> dict:
+def _moments(*, epochs: dict, upto_number: dict, comparisons: dict, deltas: dict | None = None,
+             exclude: set[int] | None = None) -> dict:
     """run_moments' sums in one query; with deltas ((arm, billed table, SKU) -> PriceDelta),
-    re-priced."""
+    re-priced; the runs in `exclude` left out."""
     if not epochs:
         return {}
     exact, rw, run = "NUMERIC(40, 0)", _RW, Run._meta.db_table
@@ -173,6 +174,7 @@ def _moments(*, epochs: dict, upto_number: dict, comparisons: dict, deltas: dict
         k = f", k(arm_id, tbl, sku, dg, de, dv, dm) AS (VALUES {k})"
     else:
         k = ""
+    excluded = f" AND rw.run_id NOT IN ({', '.join(['%s'] * len(exclude))})" if exclude else ""
     sql = f"""
         {_epoch_ranges(len(epochs))}{k},
         r AS (
@@ -181,22 +183,24 @@ def _moments(*, epochs: dict, upto_number: dict, comparisons: dict, deltas: dict
             FROM {cte_fenced("b") if deltas else "b"}
             JOIN {rw} rw ON rw.arm_id = b.arm_id AND rw.window_id > b.lo AND rw.window_id <= b.hi
             {joins}
-            WHERE rw.omitted = %s
+            WHERE rw.omitted = %s{excluded}
             GROUP BY rw.arm_id, rw.run_id
         )
-        SELECT arm_id, COUNT(*), SUM(c), SUM(c * c), SUM(c * t), SUM(t * t), SUM(c * s), SUM(s * s)
+        SELECT arm_id, COUNT(*), SUM(c), SUM(c * c), SUM(c * t), SUM(t * t), SUM(c * s), SUM(s * s), SUM(t), SUM(s)
         FROM r GROUP BY arm_id
     """
     with connection.cursor() as cursor:
-        cursor.execute(sql, _epoch_params(epochs, upto_number, comparisons) + k_params + [False])
+        cursor.execute(sql, _epoch_params(epochs, upto_number, comparisons) + k_params + [False]
+                       + sorted(exclude or ()))
         rows = cursor.fetchall()
     # Postgres sums exactly at these scales (cost has 6 places); SQLite answers floats: rounded to
     # the same scales, as the snapshot columns store them, so a recompute reproduces a tick.
     with localcontext() as ctx:
         ctx.prec = 80
         return {arm_id: RunMoments(runs=int(n), cost=_at(c, 6), cost_sq=_at(cc, 12), cost_tokens=_at(ct, 6),
-                                   tokens_sq=_at(tt, 0), cost_steps=_at(cs, 6), steps_sq=_at(ss, 0))
-                for arm_id, n, c, cc, ct, tt, cs, ss in rows}
+                                   tokens_sq=_at(tt, 0), cost_steps=_at(cs, 6), steps_sq=_at(ss, 0),
+                                   tokens=int(t or 0), steps=int(st or 0))
+                for arm_id, n, c, cc, ct, tt, cs, ss, t, st in rows}
 
 
 _WIN, _RW, _ARM = AttributionWindow._meta.db_table, RunWindow._meta.db_table, Arm._meta.db_table

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, OuterRef, Subquery
 from django.utils import timezone
@@ -28,6 +29,7 @@ from apps.attribution.rollup import observations_record
 from apps.attribution.snapshots import full_evidence, policy_for, snapshot_build
 from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Arm, Experiment, Run
+from apps.experiments.selectors import runs_outliers
 from apps.experiments.services import run_cancel
 
 logger = logging.getLogger("costlab.attribution")
@@ -95,7 +97,9 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
         if omitted:
             RunWindow.objects.filter(window_id__in=window_ids, run_id__in=omitted).update(omitted=True)
         deltas = selectors.window_sums(window_ids=window_ids)
-        moments = selectors.run_moments(epochs=epochs, upto_number={
+        excluded = _outliers_excluded(experiments)
+        moments = selectors.run_moments(epochs=epochs, exclude_runs={o.run_id for e in excluded.values() for o in e},
+                                        upto_number={
             arm.pk: w.number for e, w in zip(experiments, windows, strict=True) for arm in arms_of[e.pk]},
             comparisons={arm.pk: comparisons[e.pk] for e in experiments for arm in arms_of[e.pk]},
             mixed={arm.pk for e in experiments for arm in arms_of[e.pk]
@@ -106,10 +110,12 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
             inputs = [ArmInput(arm_id=arm.pk, name=arm.name, is_control=arm.is_control,
                                active=arm.state == Arm.State.ACTIVE, weight=arm.weight,
                                sums=((ArmSums() if arm.pk in restarted else previous.get(arm.pk, (ArmSums(), 0))[0])
-                                     + deltas.get(arm.pk, ArmSums())).with_moments(moments.get(arm.pk)))
+                                     + deltas.get(arm.pk, ArmSums())).with_moments(moments.get(arm.pk),
+                                                                                   runs_excluded=arm.pk in excluded))
                       for arm in arms_of[experiment.pk]]
             fault = faults.get(experiment.pk, ("", []))[0]
-            s, f, m = _attribute(experiment, window, inputs, epochs, fault, comparisons[experiment.pk])
+            s, f, m = _attribute(experiment, window, inputs, epochs, fault, comparisons[experiment.pk],
+                                 excluded=excluded)
             snapshots += s
             freezes += f
             moves += m
@@ -125,6 +131,16 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
             AttributionWindow.objects.bulk_update(skipped, ["status", "skip_reason"])
         result.weight_changes = weights_shift(moves=moves)
     return result
+
+
+def _outliers_excluded(experiments: list[Experiment]) -> dict[int, list]:
+    """Arm id -> its outlier runs to leave out, when COSTLAB_ATTRIBUTION_EXCLUDE_OUTLIERS is on (one query)."""
+    if not settings.COSTLAB_ATTRIBUTION_EXCLUDE_OUTLIERS or not experiments:
+        return {}
+    by_arm: dict[int, list] = defaultdict(list)
+    for outlier in runs_outliers(experiment_ids=[e.pk for e in experiments]).values():
+        by_arm[outlier.arm_id].append(outlier)
+    return {arm_id: sorted(found, key=lambda o: o.run_id) for arm_id, found in by_arm.items()}
 
 
 def _epochs(experiments: list[Experiment], arms_of: dict, previous: dict) -> tuple[dict[int, int], set[int]]:
@@ -152,10 +168,16 @@ def _mixed(previous: tuple | None, comparison: Comparison) -> bool:
 
 
 def _attribute(experiment: Experiment, window: AttributionWindow, inputs: list[ArmInput], epochs: dict,
-               fault: str, comparison: Comparison) -> tuple[list, list, list]:
-    """One experiment's window: its snapshots, the freezes and weight moves it decides (unsaved)."""
+               fault: str, comparison: Comparison, excluded: dict | None = None) -> tuple[list, list, list]:
+    """One experiment's window: its snapshots, the freezes and weight moves it decides (unsaved).
+
+    `excluded`: arm id -> outlier runs left out of its statistics, recorded in its evidence.
+    """
     policy = policy_for(experiment)
     verdict = _decide(experiment, inputs, policy)
+    for arm_id, outliers in (excluded or {}).items():
+        if arm_id in verdict.arms:
+            verdict.arms[arm_id].evidence["excluded_runs"] = [o.as_dict() for o in outliers]
     reason = fault or verdict.skip_reason
     if reason:
         window.status, window.skip_reason = AttributionWindow.Status.SKIPPED, reason

@@ -21,7 +21,7 @@ COMPARED_FIELDS = [
 
 
 SNAPSHOT_EVIDENCE = ("metric", "decision", "blocked_by", "threshold", "alpha", "min_runs", "min_samples",
-                     "min_cs_runs")
+                     "min_cs_runs", "excluded_runs")
 
 
 def full_evidence(verdict: ArmVerdict, window: AttributionWindow, epoch_start: int, comparison: Comparison) -> dict:
@@ -102,12 +102,18 @@ def window_recompute(*, window: AttributionWindow) -> list[AttributionSnapshot]:
                                cost_model=experiment.cost_model)
     epochs = {pk: s.epoch_start for pk, s in stored.items()}
     sums = selectors.observations_sums(experiment_id=experiment.pk, upto_number=window.number, after_number=epochs)
+    # the outlier runs the tick left out, as its snapshots recorded them
+    excluded = {pk: s.evidence["excluded_runs"] for pk, s in stored.items() if (s.evidence or {}).get("excluded_runs")}
     moments = selectors.run_moments(epochs=epochs, upto_number={pk: window.number for pk in stored},
-                                    comparisons=dict.fromkeys(stored, comparison))
+                                    comparisons=dict.fromkeys(stored, comparison),
+                                    exclude_runs={r["run"] for runs in excluded.values() for r in runs})
     inputs = [ArmInput(arm_id=pk, name=s.arm.name, is_control=s.arm.is_control, active=s.state == Arm.State.ACTIVE,
-                       weight=Decimal(s.weight), sums=sums.get(pk, ArmSums()).with_moments(moments.get(pk)))
+                       weight=Decimal(s.weight),
+                       sums=sums.get(pk, ArmSums()).with_moments(moments.get(pk), runs_excluded=pk in excluded))
               for pk, s in sorted(stored.items())]
     verdict = experiment_decide(inputs, policy)
+    for pk, runs in excluded.items():
+        verdict.arms[pk].evidence["excluded_runs"] = runs
     reason = window.skip_reason or verdict.skip_reason
     return [snapshot_build(window=window, arm=a, verdict=verdict.arms[a.arm_id], policy=policy,
                            epoch_start=stored[a.arm_id].epoch_start, skip_reason=reason, comparison=comparison)

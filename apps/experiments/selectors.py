@@ -30,8 +30,11 @@ def run_list(*, tenant: Tenant) -> QuerySet[Run]:
     return Run.objects.filter(tenant=tenant).select_related("arm", "gpu_sku").order_by("-created_at", "-pk")
 
 
-# A run's device time per token beyond this many MADs from its arm's median is an outlier.
+# A run's device time per token beyond this many MADs from its arm's median is an outlier. The MAD is
+# scaled by 1.4826 (MAD_SCALE) so that it estimates a standard deviation (the usual robust z-score):
+# a raw 3 x MAD is only ~2 sigma and would flag one normal run in twenty.
 OUTLIER_MADS = 3.0
+MAD_SCALE = 1.4826
 # The MAD is floored at this share of the median: runs alike to rounding are not outliers of each other.
 OUTLIER_MAD_FLOOR = 0.01
 OUTLIER_MIN_RUNS = 3  # fewer runs in an arm: no median to stand out from
@@ -46,7 +49,7 @@ class RunOutlier:
     arm_id: int
     device_s_per_token: float
     arm_median: float
-    mad: float  # median absolute deviation of the arm's runs (floored: OUTLIER_MAD_FLOOR x median)
+    mad: float  # the arm's runs' median absolute deviation x MAD_SCALE (at least OUTLIER_MAD_FLOOR x median)
     distance_mads: float  # |value - median| / mad
 
     def as_dict(self) -> dict:
@@ -61,7 +64,8 @@ def mad_outliers(values: dict[int, float], *, k: float = OUTLIER_MADS) -> dict[i
     if len(values) < OUTLIER_MIN_RUNS:
         return {}
     median = statistics.median(values.values())
-    mad = max(statistics.median(abs(v - median) for v in values.values()), OUTLIER_MAD_FLOOR * abs(median))
+    mad = max(MAD_SCALE * statistics.median(abs(v - median) for v in values.values()),
+              OUTLIER_MAD_FLOOR * abs(median))
     if mad <= 0:
         return {}
     out = {}

@@ -272,6 +272,9 @@ COSTLAB_PUSH_NOTIFICATIONS = env.bool("COSTLAB_PUSH_NOTIFICATIONS", default=True
 COSTLAB_CS_EXPECTED_RUNS = env.float("COSTLAB_CS_EXPECTED_RUNS", default=50.0)
 # ... and, being asymptotic, is not consulted before each arm has this many runs.
 COSTLAB_CS_MIN_RUNS = env.int("COSTLAB_CS_MIN_RUNS", default=10)
+# Leave outlier runs (device time per token beyond 3 x MAD from their arm's median) out of the
+# statistics; each exclusion is recorded in the window's snapshot evidence (`excluded_runs`). Off: all count.
+COSTLAB_ATTRIBUTION_EXCLUDE_OUTLIERS = env.bool("COSTLAB_ATTRIBUTION_EXCLUDE_OUTLIERS", default=False)
 # Dynamic weights: each active arm keeps at least this share of traffic; no share moves more per tick.
 COSTLAB_WEIGHT_MIN_SHARE = env.float("COSTLAB_WEIGHT_MIN_SHARE", default=0.05)
 COSTLAB_WEIGHT_MAX_STEP = env.float("COSTLAB_WEIGHT_MAX_STEP", default=0.05)

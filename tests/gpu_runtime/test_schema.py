@@ -195,3 +195,14 @@ def test_arbitrary_text_either_loads_or_is_refused_cleanly(text):
         load_strategy(text)
     except StrategyError as exc:
         assert exc.errors and all(e["key"] and e["message"] for e in exc.errors)
+
+
+def test_every_example_strategy_loads():
+    from pathlib import Path
+
+    examples = sorted((Path(__file__).resolve().parents[2] / "gpu_runtime" / "examples").glob("*.yaml"))
+    assert len(examples) >= 2
+    for path in examples:
+        load_strategy(path.read_bytes())
+    batching = load_strategy((examples[0].parent / "dynamic_batching.yaml").read_bytes()).optimizer.dynamic_batching
+    assert batching.enabled and not batching.adaptive_global_batch

@@ -46,7 +46,7 @@ class RunSerializer(serializers.ModelSerializer):
     arm = ArmRefSerializer(read_only=True)
     gpu_sku = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
     outlier = serializers.SerializerMethodField(
-        help_text="Set when the run's device seconds per token lie beyond 3 x MAD from its arm's median: "
+        help_text="Set when the run's device seconds per token lie beyond 3 MADs (scaled to a standard deviation) from its arm's median: "
                   "the figures and why (attribution may exclude such runs: COSTLAB_ATTRIBUTION_EXCLUDE_OUTLIERS).")
 
     class Meta:

@@ -12,15 +12,16 @@ pytestmark = pytest.mark.django_db
 
 def test_mad_flags_only_what_lies_beyond_three_mads():
     values = {1: 1.00, 2: 1.10, 3: 0.90, 4: 1.05, 5: 0.95, 6: 1.0}  # with a 7th: median 1.0, MAD 0.05
+    sigma = 1.4826 * 0.05  # the MAD as a standard deviation: 0.074
     assert mad_outliers(values) == {}
-    assert set(mad_outliers({**values, 9: 1.16})) == {9}  # 3.2 MADs
-    assert mad_outliers({**values, 9: 1.14}) == {}  # 2.8 MADs
+    assert set(mad_outliers({**values, 9: 1.0 + 3.1 * sigma})) == {9}
+    assert mad_outliers({**values, 9: 1.0 + 2.9 * sigma}) == {}
     median, mad, distance = mad_outliers({**values, 7: 20.0})[7]  # the 4.3 s against 85 s, in spirit
-    assert median == pytest.approx(1.0) and mad == pytest.approx(0.05) and distance > 100
-    assert set(mad_outliers({**values, 7: 0.84})) == {7}  # too fast is flagged too
+    assert median == pytest.approx(1.0) and mad == pytest.approx(sigma) and distance > 100
+    assert set(mad_outliers({**values, 7: 1.0 - 3.1 * sigma})) == {7}  # too fast is flagged too
     assert mad_outliers({1: 1.0, 2: 50.0}) == {}  # two runs: no median to stand out from
     # identical runs: the MAD floor (1 % of the median) keeps rounding from being an outlier
-    assert mad_outliers({1: 1.0, 2: 1.0, 3: 1.0, 4: 1.02}) == {}
+    assert mad_outliers({1: 1.0, 2: 1.0, 3: 1.0, 4: 1.025}) == {}
     assert set(mad_outliers({1: 1.0, 2: 1.0, 3: 1.0, 4: 1.2})) == {4}
 
 
