@@ -7,7 +7,8 @@ from apps.api.services import api_token_revoke
 
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
-    """Tokens are minted with `manage.py api_token_create` (or POST /api/v1/tokens/); here they are audited and revoked."""
+    """Tokens are minted with `manage.py api_token_create` (or POST /api/v1/tokens/); here they are
+    audited and revoked."""
 
     list_display = ["name", "tenant", "token_key", "created", "expiry", "revoked_at", "last_used_at", "created_by"]
     list_filter = ["tenant", "revoked_at"]

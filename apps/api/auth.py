@@ -41,7 +41,8 @@ class ApiClient:
 
 
 class TenantTokenAuthentication(authentication.BaseAuthentication):
-    """Knox-style digests, looked up by the token's first characters; refuses revoked or expired tokens."""
+    """Knox-style digests, looked up by the token's first characters; refuses revoked or expired
+    tokens."""
 
     keywords = (b"bearer", b"token")
 
@@ -81,7 +82,8 @@ class TenantTokenAuthentication(authentication.BaseAuthentication):
 
     @staticmethod
     def _refuse(request, message: str) -> NoReturn:
-        """401, or 429 once this address has failed too often (COSTLAB_API_THROTTLE_RATES['auth_failures'])."""
+        """401, or 429 once this address has failed too often
+        (COSTLAB_API_THROTTLE_RATES['auth_failures'])."""
         throttle = AuthFailureThrottle()
         if not throttle.allow_request(request, None):
             raise exceptions.Throttled(wait=throttle.wait(),
@@ -98,4 +100,5 @@ class TenantTokenScheme(OpenApiAuthenticationExtension):
 
     def get_security_definition(self, auto_schema):
         return {"type": "http", "scheme": "bearer",
-                "description": "A tenant's API token: `python manage.py api_token_create --tenant SLUG --name ci`."}
+                "description": "A tenant's API token: "
+                    "`python manage.py api_token_create --tenant SLUG --name ci`."}

@@ -1,4 +1,5 @@
-"""Query filters of the list endpoints (django-filter); every list is already scoped to the tenant."""
+"""Query filters of the list endpoints (django-filter); every list is already scoped to the
+tenant."""
 
 from datetime import UTC
 

@@ -1,4 +1,5 @@
-"""Guards in front of /api/: a body-size cap (413 before anything is read) and JSON for every error."""
+"""Guards in front of /api/: a body-size cap (413 before anything is read) and JSON for every
+error."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ logger = logging.getLogger(__name__)
 
 
 class ApiGuardMiddleware:
-    """Refuse an /api/ request whose declared body is over its view's cap, and turn a crash into JSON.
+    """Refuse an /api/ request whose declared body is over its view's cap, and turn a crash into
+    JSON.
 
     The cap is the view's `max_body_bytes` (telemetry ingest takes bigger batches:
-    COSTLAB_API_MAX_INGEST_BODY_BYTES) or COSTLAB_API_MAX_BODY_BYTES. The check runs on Content-Length, before the body is read,
-    so nothing of an oversized request is parsed or stored.
+    COSTLAB_API_MAX_INGEST_BODY_BYTES) or COSTLAB_API_MAX_BODY_BYTES. The check runs on
+    Content-Length, before the body is read, so nothing of an oversized request is parsed or
+    stored.
     """
 
     def __init__(self, get_response):

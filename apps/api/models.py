@@ -1,4 +1,5 @@
-"""API clients: tokens bound to one tenant, stored as digests (knox's hashing), with expiry and revocation."""
+"""API clients: tokens bound to one tenant, stored as digests (knox's hashing), with expiry and
+revocation."""
 
 from django.conf import settings
 from django.db import models
@@ -10,15 +11,16 @@ from apps.tenants.models import Tenant
 
 
 class ApiToken(AbstractAuthToken):
-    """One client's token (a CI pipeline, a script). Only its digest is stored; the secret is shown once.
+    """One client's token (a CI pipeline, a script). Only its digest is stored; the secret is shown
+    once.
 
     The token acts for its tenant, with member rights, and for no one else: it is not tied to a
     person (`created_by` is kept for audit only), so a CI pipeline keeps working when its author
     leaves. Staff-only actions need a staff user's session, never a token.
     """
 
-    # knox's abstract token belongs to a user and is keyed by its digest; ours belongs to a tenant and
-    # has a plain id, so URLs and audit logs never carry the digest.
+    # knox's abstract token belongs to a user and is keyed by its digest; ours belongs to a tenant
+    # and has a plain id, so URLs and audit logs never carry the digest.
     id = models.BigAutoField(primary_key=True)
     digest = models.CharField(max_length=CONSTANTS.DIGEST_LENGTH, unique=True)
     user = None

@@ -3,7 +3,8 @@ from rest_framework.pagination import PageNumberPagination
 
 
 class ApiPagination(PageNumberPagination):
-    """?page=N&page_size=M; page_size is capped at COSTLAB_API_MAX_PAGE_SIZE (a larger ask gets the cap)."""
+    """?page=N&page_size=M; page_size is capped at COSTLAB_API_MAX_PAGE_SIZE (a larger ask gets the
+    cap)."""
 
     page_size_query_param = "page_size"
     page_size_query_description = "Items per page (capped at COSTLAB_API_MAX_PAGE_SIZE)."

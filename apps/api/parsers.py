@@ -22,7 +22,8 @@ def json_depth_exceeds(value, limit: int) -> bool:
 
 
 class SafeJSONParser(JSONParser):
-    """Strict JSON (no NaN/Infinity), nesting capped at COSTLAB_API_MAX_JSON_DEPTH; every refusal is a 400."""
+    """Strict JSON (no NaN/Infinity), nesting capped at COSTLAB_API_MAX_JSON_DEPTH; every refusal
+    is a 400."""
 
     def parse(self, stream, media_type=None, parser_context=None):
         raw = stream.read() if stream is not None else b""

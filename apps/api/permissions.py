@@ -1,4 +1,5 @@
-"""Who may do what: members read and write their tenant's experiments; staff edit prices and freeze arms."""
+"""Who may do what: members read and write their tenant's experiments; staff edit prices and freeze
+arms."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ class StaffOnly(TenantMember):
 
 
 class TenantAdminSession(TenantMember):
-    """Token management: a tenant admin (or staff) in a dashboard session; tokens cannot mint tokens."""
+    """Token management: a tenant admin (or staff) in a dashboard session; tokens cannot mint
+    tokens."""
 
     message = "permission: managing API tokens needs a tenant admin signed in to the dashboard"
 

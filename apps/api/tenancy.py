@@ -39,7 +39,8 @@ def request_tenant(request) -> Tenant:
         if tenant:
             return tenant
     if found:
-        raise NoTenant("tenant: you belong to several tenants; name one with the X-Costlab-Tenant header (its slug)")
+        raise NoTenant("tenant: you belong to several tenants; name one with the "
+            "X-Costlab-Tenant header (its slug)")
     if wanted:
         raise NoTenant(f"tenant: you are not a member of tenant '{wanted}'")
     raise NoTenant("tenant: your account is not a member of any tenant")

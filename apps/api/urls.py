@@ -1,4 +1,5 @@
-"""/api/: v1 resources, the OpenAPI schema and Swagger UI; anything else under /api/ is a JSON 404."""
+"""/api/: v1 resources, the OpenAPI schema and Swagger UI; anything else under /api/ is a JSON
+404."""
 
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
@@ -30,7 +31,8 @@ v1 = [
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
-    # The split view serves Swagger UI's start-up script as a file: no inline script (CSP script-src 'self').
+    # The split view serves Swagger UI's start-up script as a file: no inline script (CSP script-src
+    # 'self').
     path("schema/swagger/", SpectacularSwaggerSplitView.as_view(url_name="api:schema"), name="swagger"),
     path("v1/", include(v1)),
     re_path(r"^.*$", api_not_found),

@@ -39,7 +39,8 @@ class ExperimentSerializer(serializers.ModelSerializer):
             "min_samples_per_arm": {"max_value": 1_000_000_000},
             "target_steps": {"max_value": 10**12},
         }
-        validators = []  # (tenant, name) uniqueness is checked by the service, which knows the tenant
+        # (tenant, name) uniqueness is checked by the service, which knows the tenant
+        validators = []
 
 
     @extend_schema_field(RunOutlierSerializer(many=True))

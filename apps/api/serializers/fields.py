@@ -2,7 +2,8 @@ from rest_framework import serializers
 
 
 class TenantPrimaryKeyField(serializers.PrimaryKeyRelatedField):
-    """A reference to one of the caller's own objects: another tenant's id reads as 'does not exist'."""
+    """A reference to one of the caller's own objects: another tenant's id reads as 'does not
+    exist'."""
 
     def __init__(self, *, tenant_path: str = "tenant", **kwargs):
         self.tenant_path = tenant_path

@@ -35,8 +35,8 @@ class ArmReportSerializer(serializers.Serializer):
     electricity_usd = serializers.FloatField()
     total_usd = serializers.FloatField(help_text="As billed: each run at the tables in force while it ran.")
     compared_usd = serializers.FloatField(
-        help_text="The arm's usage priced at the report's one comparison table (pricing_table): what "
-                  "usd_per_mtok, metric_value and deviation compare.")
+        help_text="The arm's usage priced at the report's one comparison table (pricing_table): "
+            "what usd_per_mtok, metric_value and deviation compare.")
     usd_per_mtok = serializers.FloatField(allow_null=True, help_text="USD per million tokens, at the comparison table.")
     metric = serializers.CharField(help_text="What deviation compares: usd_per_mtok, or usd_per_step.")
     metric_value = serializers.FloatField(allow_null=True)

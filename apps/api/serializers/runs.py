@@ -28,7 +28,8 @@ class RunOutlierSerializer(serializers.Serializer):
 
 
 def outliers_of(field: serializers.Field, experiment_id: int) -> dict:
-    """Outlier runs (run id -> RunOutlier) of the experiment, and of every experiment on the same page:
+    """Outlier runs (run id -> RunOutlier) of the experiment, and of every experiment on the same
+    page:
     one query per serialization, however many rows."""
     cache = field.context.setdefault("_run_outliers", {})
     if experiment_id not in cache:
@@ -46,8 +47,9 @@ class RunSerializer(serializers.ModelSerializer):
     arm = ArmRefSerializer(read_only=True)
     gpu_sku = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
     outlier = serializers.SerializerMethodField(
-        help_text="Set when the run's device seconds per token lie beyond 3 MADs (scaled to a standard deviation) from its arm's median: "
-                  "the figures and why (attribution may exclude such runs: COSTLAB_ATTRIBUTION_EXCLUDE_OUTLIERS).")
+        help_text="Set when the run's device seconds per token lie beyond 3 MADs (scaled to a "
+            "standard deviation) from its arm's median: the figures and why (attribution may "
+            "exclude such runs: COSTLAB_ATTRIBUTION_EXCLUDE_OUTLIERS).")
 
     class Meta:
         model = Run

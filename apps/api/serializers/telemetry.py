@@ -6,7 +6,8 @@ from apps.telemetry.selectors import SERIES_UNITS
 
 
 class TelemetrySampleSerializer(serializers.Serializer):
-    """One sample, as gpu_runtime's sink emits it. Documentation only: the ingest service validates."""
+    """One sample, as gpu_runtime's sink emits it. Documentation only: the ingest service
+    validates."""
 
     seq = serializers.IntegerField(min_value=0, help_text="Per-run sequence number; a seq sent twice is stored once.")
     ts = serializers.DateTimeField(help_text="ISO 8601, or Unix seconds.")
@@ -32,7 +33,8 @@ class TelemetrySampleSerializer(serializers.Serializer):
 
 @extend_schema_field(TelemetrySampleSerializer(many=True))
 class SampleListField(serializers.Field):
-    """A list of objects, checked for shape only: each sample is validated once, by the ingest service."""
+    """A list of objects, checked for shape only: each sample is validated once, by the ingest
+    service."""
 
     def to_internal_value(self, data):
         if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
@@ -68,7 +70,8 @@ class TelemetryQuerySerializer(serializers.Serializer):
         unknown = [n for n in names if n not in SERIES_UNITS]
         if unknown or not names:
             raise serializers.ValidationError(
-                f"'{unknown[0] if unknown else value}' is not a series; choose from {', '.join(SERIES_UNITS)}")
+                f"'{unknown[0] if unknown else value}' is not a series; choose from "
+                    f"{', '.join(SERIES_UNITS)}")
         return list(dict.fromkeys(names))
 
 

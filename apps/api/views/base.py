@@ -8,7 +8,8 @@ from apps.api.permissions import TenantMember
 
 
 class TenantViewSet(viewsets.GenericViewSet):
-    """Subclasses name a `selector(*, tenant)`; an object outside it answers 404, like a missing one."""
+    """Subclasses name a `selector(*, tenant)`; an object outside it answers 404, like a missing
+    one."""
 
     permission_classes = [TenantMember]
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]

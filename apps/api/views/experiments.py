@@ -66,7 +66,8 @@ class ExperimentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
     @extend_schema(responses=ExperimentReportSerializer)
     @action(detail=True, methods=["get"])
     def report(self, request, pk=None):
-        """Per arm: runs, GPU hours, energy, USD, USD per 1M tokens, deviation from the control and a verdict."""
+        """Per arm: runs, GPU hours, energy, USD, USD per 1M tokens, deviation from the control and
+        a verdict."""
         experiment = self.get_object()
         report = experiment_report(experiment=experiment)
         threshold = float(experiment.freeze_threshold)

@@ -55,7 +55,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet
 
     @extend_schema(request=RunSubmitSerializer, responses={201: RunSerializer, 200: RunSerializer})
     def create(self, request):
-        """Submit a run: 201 with its id and the arm chosen; 200 with the same run when run_key was seen."""
+        """Submit a run: 201 with its id and the arm chosen; 200 with the same run when run_key was
+        seen."""
         serializer = RunSubmitSerializer(data=request.data, context=self.get_serializer_context())
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
@@ -83,7 +84,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet
     @extend_schema(request=RunRepriceSerializer, responses={201: RunRepricingSerializer})
     @action(detail=True, methods=["post"], permission_classes=[StaffOnly])
     def reprice(self, request, pk=None):
-        """Re-price a finished run (staff): at one pricing table, or again at the tables in force when it ran. Audited."""
+        """Re-price a finished run (staff): at one pricing table, or again at the tables in force
+        when it ran. Audited."""
         run = self.get_object()
         serializer = RunRepriceSerializer(data=request.data, context=self.get_serializer_context())
         serializer.is_valid(raise_exception=True)
@@ -97,12 +99,14 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet
 
     @extend_schema(
         methods=["GET"], parameters=[TelemetryQuerySerializer], responses=TelemetrySeriesSerializer,
-        description="Series downsampled in SQL (min/max per bucket) to at most `budget` points each.",
+        description="Series downsampled in SQL (min/max per bucket) to at most `budget` points "
+            "each.",
     )
     @extend_schema(
         methods=["POST"], request=TelemetryBatchSerializer,
         responses={200: OpenApiResponse(IngestResultSerializer, description="Stored; duplicates ignored.")},
-        description="A batch of an external run's samples; idempotent by seq (a retried batch stores nothing twice).",
+        description="A batch of an external run's samples; idempotent by seq (a retried batch "
+            "stores nothing twice).",
     )
     @action(detail=True, methods=["get", "post"], max_body_bytes="COSTLAB_API_MAX_INGEST_BODY_BYTES")
     def telemetry(self, request, pk=None):
@@ -129,8 +133,8 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet
     @extend_schema(methods=["POST"], request=RunSizingStartSerializer, responses={201: RunSizingSerializer})
     @action(detail=True, methods=["get", "post"])
     def sizing(self, request, pk=None):
-        """vCPU right-sizing: the design document's estimate from the run's profile beside a measured
-        recommendation (POST starts the probes at 1..N threads)."""
+        """vCPU right-sizing: the design document's estimate from the run's profile beside a
+        measured recommendation (POST starts the probes at 1..N threads)."""
         run = self.get_object()
         if request.method == "POST":
             start = RunSizingStartSerializer(data=request.data)

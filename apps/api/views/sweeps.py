@@ -35,8 +35,8 @@ class SweepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewS
 
     @extend_schema(request=SweepCreateSerializer, responses={201: SweepCreatedSerializer})
     def create(self, request):
-        """Start a sweep: 201 once its first probes are queued (with `warnings` when no worker consumes its
-        queue now); 400 naming the field, nothing queued."""
+        """Start a sweep: 201 once its first probes are queued (with `warnings` when no worker
+        consumes its queue now); 400 naming the field, nothing queued."""
         serializer = SweepCreateSerializer(data=request.data, context=self.get_serializer_context())
         serializer.is_valid(raise_exception=True)
         sweep = services.sweep_create(tenant=request.tenant, **serializer.validated_data)
@@ -58,7 +58,8 @@ class SweepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewS
     @extend_schema(request=SweepPromoteSerializer, responses={201: ArmSerializer})
     @action(detail=True, methods=["post"])
     def promote(self, request, pk=None):
-        """Turn a frontier point into an arm of an experiment (existing, or new with the base as control)."""
+        """Turn a frontier point into an arm of an experiment (existing, or new with the base as
+        control)."""
         sweep = self.get_object()
         serializer = SweepPromoteSerializer(data=request.data, context=self.get_serializer_context())
         serializer.is_valid(raise_exception=True)

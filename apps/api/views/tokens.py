@@ -1,4 +1,5 @@
-"""API tokens of the caller's tenant: listed, minted (secret shown once) and revoked by a tenant admin."""
+"""API tokens of the caller's tenant: listed, minted (secret shown once) and revoked by a tenant
+admin."""
 
 from __future__ import annotations
 
