@@ -186,7 +186,8 @@ def _moments(*, epochs: dict, upto_number: dict, comparisons: dict, deltas: dict
             WHERE rw.omitted = %s{excluded}
             GROUP BY rw.arm_id, rw.run_id
         )
-        SELECT arm_id, COUNT(*), SUM(c), SUM(c * c), SUM(c * t), SUM(t * t), SUM(c * s), SUM(s * s), SUM(t), SUM(s)
+        SELECT arm_id, COUNT(*), SUM(c), SUM(c * c), SUM(c * t), SUM(t * t), SUM(c * s), SUM(s * s),
+               SUM(t), SUM(s)
         FROM r GROUP BY arm_id
     """
     with connection.cursor() as cursor:

@@ -134,7 +134,8 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
 
 
 def _outliers_excluded(experiments: list[Experiment]) -> dict[int, list]:
-    """Arm id -> its outlier runs to leave out, when COSTLAB_ATTRIBUTION_EXCLUDE_OUTLIERS is on (one query)."""
+    """Arm id -> its outlier runs to leave out, when COSTLAB_ATTRIBUTION_EXCLUDE_OUTLIERS is on
+    (one query)."""
     if not settings.COSTLAB_ATTRIBUTION_EXCLUDE_OUTLIERS or not experiments:
         return {}
     by_arm: dict[int, list] = defaultdict(list)

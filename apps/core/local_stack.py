@@ -33,13 +33,15 @@ class ProcessSpec:
     argv: list[str]
     # Stopped after every other process (the broker: workers still talk to it while stopping).
     stop_last: bool = False
-    # CPUs the process (and its children: Celery's pool) may run on; None: wherever the supervisor may
+    # CPUs the process (and its children: Celery's pool) may run on; None: wherever the supervisor
+    # may
     cpus: frozenset[int] | None = None
     env: dict[str, str] = field(default_factory=dict)  # added to the supervisor's environment
 
 
 def core_sets(available: set[int] | None = None) -> tuple[frozenset[int] | None, frozenset[int] | None]:
-    """(training's CPUs, everything else's): training runs never share a core with each other or the platform.
+    """(training's CPUs, everything else's): training runs never share a core with each other or
+    the platform.
 
     The training worker runs one run at a time (concurrency 1) on the upper half of the CPUs,
     with as many torch threads as it has cores; web, the other workers and beat get the rest.

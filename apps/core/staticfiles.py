@@ -27,8 +27,9 @@ class HashedStaticStorage(CompressedManifestStaticFilesStorage):
 
 
 def static_collect_if_stale() -> bool:
-    """Run collectstatic when the storage serves from a manifest and the manifest is missing or older
-    than a source file (make run, the benchmarks); True when it ran. A no-op under the test settings."""
+    """Run collectstatic when the storage serves from a manifest and the manifest is missing or
+    older than a source file (make run, the benchmarks); True when it ran. A no-op under the test
+    settings."""
     from django.conf import settings
     from django.contrib.staticfiles import finders
     from django.contrib.staticfiles.storage import ManifestFilesMixin, staticfiles_storage

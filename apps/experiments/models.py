@@ -166,7 +166,8 @@ class Run(TimeStampedModel):
                                 verbose_name="GPU")
     gpu_count = models.PositiveIntegerField("held GPUs", default=0, help_text="Accelerators held by the run (0: CPU only).")
     world_size = models.PositiveIntegerField(
-        default=1, help_text="Processes the run trains in (DDP ranks, one device each); one telemetry stream each.")
+        default=1, help_text="Processes the run trains in (DDP ranks, one device each); one "
+            "telemetry stream each.")
     # A run across nodes: gang-scheduled as `nnodes` tasks meeting at one c10d rendezvous.
     nnodes = models.PositiveSmallIntegerField(default=1, help_text="Workers (nodes) the run trains on at once.")
     rdzv_endpoint = models.CharField(max_length=255, blank=True, default="",
@@ -175,7 +176,8 @@ class Run(TimeStampedModel):
     rdzv_seq_base = models.BigIntegerField(default=0, help_text="The attempt's first telemetry seq (nodes interleave).")
     nodes_joined = models.PositiveSmallIntegerField(default=0, help_text="Nodes of this attempt's gang so far.")
     gang_requeues = models.PositiveSmallIntegerField(
-        default=0, help_text="Times the run went back to the queue because not every node joined (at most once).")
+        default=0, help_text="Times the run went back to the queue because not every node joined "
+            "(at most once).")
     vcpus = models.PositiveIntegerField("held vCPUs", default=0, help_text="vCPUs held by the run, priced per vCPU-hour.")
     memory_gb = models.FloatField("memory (GB)", default=0.0, help_text="Host memory held by the run (GB), priced per GB-hour.")
 
@@ -229,8 +231,8 @@ class Run(TimeStampedModel):
             models.Index(fields=["arm", "status"], name="run_arm_status_idx"),
             models.Index(fields=["status", "lease_expires_at"], name="run_status_lease_idx"),
             models.Index(fields=["status", "sent_at"], name="run_status_sent_idx"),
-            # The dashboard's runs page: a team's runs by date (its default order and date filter), and a
-            # git commit by prefix (LIKE 'abc%' needs the pattern operator class on Postgres).
+            # The dashboard's runs page: a team's runs by date (its default order and date filter),
+            # and a git commit by prefix (LIKE 'abc%' needs the pattern operator class on Postgres).
             models.Index(fields=["tenant", "queued_at"], name="run_tenant_queued_idx"),
             models.Index(fields=["git_sha"], name="run_git_sha_prefix_idx", opclasses=["varchar_pattern_ops"]),
         ]

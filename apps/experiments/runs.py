@@ -59,8 +59,8 @@ def run_enqueue(*, run: Run) -> None:
 
 
 def run_send(*, run_id: int, queue: str, nodes: int = 1) -> bool:
-    """Publish the run's wake-ups (one per node: a run across nodes is a gang of tasks) and record it;
-    False (logged) when the broker is unreachable."""
+    """Publish the run's wake-ups (one per node: a run across nodes is a gang of tasks) and record
+    it; False (logged) when the broker is unreachable."""
     if not all(task_send(RUN_TASK, args=[run_id], queue=queue) for _ in range(nodes)):
         return False
     Run.objects.filter(pk=run_id).update(sent_at=timezone.now(), sends=F("sends") + 1)

@@ -30,12 +30,14 @@ def run_list(*, tenant: Tenant) -> QuerySet[Run]:
     return Run.objects.filter(tenant=tenant).select_related("arm", "gpu_sku").order_by("-created_at", "-pk")
 
 
-# A run's device time per token beyond this many MADs from its arm's median is an outlier. The MAD is
-# scaled by 1.4826 (MAD_SCALE) so that it estimates a standard deviation (the usual robust z-score):
+# A run's device time per token beyond this many MADs from its arm's median is an outlier. The MAD
+# is scaled by 1.4826 (MAD_SCALE) so that it estimates a standard deviation (the usual robust
+# z-score):
 # a raw 3 x MAD is only ~2 sigma and would flag one normal run in twenty.
 OUTLIER_MADS = 3.0
 MAD_SCALE = 1.4826
-# The MAD is floored at this share of the median: runs alike to rounding are not outliers of each other.
+# The MAD is floored at this share of the median: runs alike to rounding are not outliers of each
+# other.
 OUTLIER_MAD_FLOOR = 0.01
 OUTLIER_MIN_RUNS = 3  # fewer runs in an arm: no median to stand out from
 
@@ -49,7 +51,8 @@ class RunOutlier:
     arm_id: int
     device_s_per_token: float
     arm_median: float
-    mad: float  # the arm's runs' median absolute deviation x MAD_SCALE (at least OUTLIER_MAD_FLOOR x median)
+    # the arm's runs' median absolute deviation x MAD_SCALE (at least OUTLIER_MAD_FLOOR x median)
+    mad: float
     distance_mads: float  # |value - median| / mad
 
     def as_dict(self) -> dict:
@@ -60,7 +63,8 @@ class RunOutlier:
 
 
 def mad_outliers(values: dict[int, float], *, k: float = OUTLIER_MADS) -> dict[int, tuple[float, float, float]]:
-    """Keys whose value lies beyond k x MAD from the median: key -> (median, MAD, distance in MADs)."""
+    """Keys whose value lies beyond k x MAD from the median: key -> (median, MAD, distance in
+    MADs)."""
     if len(values) < OUTLIER_MIN_RUNS:
         return {}
     median = statistics.median(values.values())
@@ -77,7 +81,8 @@ def mad_outliers(values: dict[int, float], *, k: float = OUTLIER_MADS) -> dict[i
 
 
 def run_outliers(*, experiment_id: int) -> dict[int, RunOutlier]:
-    """The experiment's outlier runs by device time per token, each judged against its own arm's runs."""
+    """The experiment's outlier runs by device time per token, each judged against its own arm's
+    runs."""
     return runs_outliers(experiment_ids=[experiment_id])
 
 

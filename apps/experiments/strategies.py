@@ -41,9 +41,11 @@ def strategy_validate(strategy_yaml: str, *, field: str = "strategy_yaml") -> No
 
 def strategy_world_size(strategy_yaml: str, *, gpu: bool, gpu_count: int | None,
                         field: str = "strategy_yaml") -> tuple[int, int]:
-    """The run's world size (DDP processes, one device each) and nodes, after refusing what its queue cannot give:
+    """The run's world size (DDP processes, one device each) and nodes, after refusing what its
+    queue cannot give:
     nccl on the CPU queue, more processes per node than a node's GPUs (the run's declared gpu_count
-    over its nodes, else COSTLAB_GPUS_PER_NODE). The strategy is already valid (strategy_validate)."""
+    over its nodes, else COSTLAB_GPUS_PER_NODE). The strategy is already valid
+    (strategy_validate)."""
     from django.conf import settings
 
     from gpu_runtime import StrategyError, load_strategy

@@ -7,8 +7,9 @@ The rules, in the README's "External runs and billing rules":
 - Samples are taken in seq order; each one closes the interval since the sample before it
   of the same rank (a DDP run has one stream per device), when that sample belongs to the
   same attempt. Time and energy add up over the streams; tokens and steps (the world's
-  progress, which every rank reports) are counted from rank 0's stream only. An attempt's first sample has no interval
-  (billed time starts at it), but its cumulative counters (energy, tokens, step) count from 0.
+  progress, which every rank reports) are counted from rank 0's stream only. An attempt's first
+  sample has no interval (billed time starts at it), but its cumulative counters (energy, tokens,
+  step) count from 0.
 - An interval's time is split exactly at the price schedule's boundaries (``valid_from``):
   each part is priced with the table in force over it. Its energy is split in proportion
   to time; its tokens and steps fall where the closing sample was taken.

@@ -53,8 +53,8 @@ class PricingTable(TimeStampedModel):
         decimal_places=2,
         default=Decimal("1.20"),
         validators=[MinValueValidator(Decimal("1"))],
-        help_text="Power usage effectiveness: the facility's power over the IT equipment's (1.0 or more; "
-                  "1.2 means cooling and the rest add 20 % to the energy a run uses).",
+        help_text="Power usage effectiveness: the facility's power over the IT equipment's (1.0 "
+            "or more; 1.2 means cooling and the rest add 20 % to the energy a run uses).",
     )
     vcpu_hour_usd = _money(verbose_name="price per vCPU-hour (USD)", default=Decimal("0"), help_text="Price of one vCPU for one hour.")
     memory_gb_hour_usd = _money(verbose_name="price per GB-hour of memory (USD)", default=Decimal("0"),

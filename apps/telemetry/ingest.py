@@ -53,7 +53,8 @@ class SampleIn(TypedDict):
     """
 
     seq: Count
-    # Unix seconds, or ISO 8601 with a zone ("Z" or an offset): pydantic-core parses both, no Python hop.
+    # Unix seconds, or ISO 8601 with a zone ("Z" or an offset): pydantic-core parses both, no Python
+    # hop.
     ts: AwareDatetime
     step: NotRequired[Annotated[Count, Field(default=0)]]
     rank: NotRequired[Annotated[int, Field(strict=True, default=0, ge=0, le=65535)]]
@@ -148,7 +149,8 @@ def samples_insert(*, run_id: int, attempt: int, samples: list[SampleIn], after_
 
 
 def out_of_range(samples: list) -> ApplicationError:
-    """The error for a batch Postgres refused as out of range (a number it cannot store or compute with)."""
+    """The error for a batch Postgres refused as out of range (a number it cannot store or compute
+    with)."""
     return _invalid("samples", "a number is out of the range the database stores or computes with")
 
 

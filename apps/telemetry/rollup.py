@@ -46,10 +46,10 @@ def batch_ranges(*, run_id: int, seqs: list[int], ranks: int = 1) -> list[tuple[
     table = TelemetrySample._meta.db_table
     values = ", ".join(["(%s, %s)"] * len(clusters))
     if ranks > 1:
-        before = (f"(SELECT MIN(m) FROM (SELECT MAX(seq) AS m FROM {table} WHERE run_id = %s AND seq < c.lo "
-                  f"GROUP BY rank) AS b)")
-        after = (f"(SELECT MAX(m) FROM (SELECT MIN(seq) AS m FROM {table} WHERE run_id = %s AND seq > c.hi "
-                 f"GROUP BY rank) AS a)")
+        before = (f"(SELECT MIN(m) FROM (SELECT MAX(seq) AS m FROM {table} WHERE run_id = %s AND "
+            "seq < c.lo GROUP BY rank) AS b)")
+        after = (f"(SELECT MAX(m) FROM (SELECT MIN(seq) AS m FROM {table} WHERE run_id = %s AND "
+            "seq > c.hi GROUP BY rank) AS a)")
     else:
         before = f"(SELECT MAX(seq) FROM {table} WHERE run_id = %s AND seq < c.lo)"
         after = f"(SELECT MIN(seq) FROM {table} WHERE run_id = %s AND seq > c.hi)"

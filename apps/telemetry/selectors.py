@@ -95,7 +95,8 @@ def samples_downsampled(*, run_ids: list[int], fields: list[str], budget: int,
 
 def telemetry_by_rank(*, run_id: int) -> list[dict]:
     """Per device (DDP rank) of a run: its samples, mean utilisation and step time, peak memory, the
-    last device name. A straggler shows as the rank with the longest steps or the lowest utilisation."""
+    last device name. A straggler shows as the rank with the longest steps or the lowest
+    utilisation."""
     from django.db.models import Avg, Count, Max
 
     return list(TelemetrySample.objects.filter(run_id=run_id).values("rank").annotate(

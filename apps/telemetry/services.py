@@ -1,5 +1,5 @@
-"""Telemetry lands here: stored once per (run, seq) (a DDP run's ranks share its seq space), and the run's
-totals move forward."""
+"""Telemetry lands here: stored once per (run, seq) (a DDP run's ranks share its seq space), and
+the run's totals move forward."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ from apps.telemetry.rollup import (
 )
 
 _SEQ = itemgetter("seq")
-# Samples stored beyond a gap before the gap-free mark stops waiting for it (about 2 minutes at 1 s).
+# Samples stored beyond a gap before the gap-free mark stops waiting for it (about 2 minutes at 1
+# s).
 GAP_PATIENCE_SAMPLES = 120
 
 
@@ -52,10 +53,12 @@ def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) 
         run.status not in Run.ACTIVE_STATUSES or attempt != run.attempts
     ):
         # A worker whose lease was swept must not write into the attempt that replaced it, nor
-        # into a run whose totals are final. Swept and not yet taken again (queued, same attempt), its
-        # last samples still land: they are what that attempt measured, and its finish may still count.
+        # into a run whose totals are final. Swept and not yet taken again (queued, same attempt),
+        # its last samples still land: they are what that attempt measured, and its finish may still
+        # count.
         raise ApplicationError(
-            f"attempt: attempt {attempt} no longer holds run {run.pk} (now {run.status}, attempt {run.attempts})",
+            f"attempt: attempt {attempt} no longer holds run {run.pk} (now {run.status}, "
+                f"attempt {run.attempts})",
             {"fields": {"attempt": ["stale"]}}, code="stale_attempt", status=409,
         )
     skew = timedelta(seconds=settings.COSTLAB_TELEMETRY_CLOCK_SKEW_S)
@@ -167,7 +170,8 @@ def run_totals_apply(*, run: Run, ranges: list[tuple[int, int]], now: list[list[
 
 
 def _settled_seq(run: Run, *, last: int, rows: list[dict] | None) -> int:
-    """The seq up to which the run's samples are gap-free (what the dashboard rolls up and attribution counts).
+    """The seq up to which the run's samples are gap-free (what the dashboard rolls up and
+    attribution counts).
 
     Every stored sample is in the totals whatever its seq; a gap only holds this mark back, until
     it fills, for GAP_PATIENCE_SAMPLES (a sample lost for good), or until the run ends.
@@ -191,7 +195,8 @@ def run_totals_recompute(*, run: Run, pricing_table_id: int | None = None) -> No
 
 @transaction.atomic
 def run_reprice(*, run_id: int, actor, reason: str, pricing_table: PricingTable | None = None) -> RunRepricing:
-    """Re-price a finished run, audited: at one table (all of it), or again at the tables in force when it ran.
+    """Re-price a finished run, audited: at one table (all of it), or again at the tables in force
+    when it ran.
 
     A finished run's bill is final; this is the one deliberate way to change it (a newer price
     list, a correction). The run's moved cost reaches attribution at its next window.
@@ -227,13 +232,16 @@ def _refuse_backwards(seq: int, fresh: set[int], batch: list) -> None:
     culprit = seq if seq in mine else max((s for s in mine if isinstance(s, int) and s < seq), default=seq)
     index = next((i for i, s in enumerate(batch) if isinstance(s, dict) and s.get("seq") == culprit), 0)
     where = f"samples[{index}].ts"
-    reason = f"goes backwards against seq (seq {culprit} is timed before a sample with a lower seq, or after one " \
-             f"with a higher seq)"
+    reason = (
+        f"goes backwards against seq (seq {culprit} is timed before a sample with a lower "
+        "seq, or after one with a higher seq)"
+    )
     raise ApplicationError(f"{where}: {reason}", {"fields": {where: [reason]}}, code="invalid")
 
 
 def run_totals_close(sender, *, run: Run, **kwargs) -> None:
-    """Receiver of apps.experiments.runs.run_ending: a run's bill is closed from all its stored samples."""
+    """Receiver of apps.experiments.runs.run_ending: a run's bill is closed from all its stored
+    samples."""
     run_totals_recompute(run=run)
 
 

@@ -40,7 +40,8 @@ DJANGO_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
-    "whitenoise.runserver_nostatic",  # runserver (make run) leaves /static/ to whitenoise: compressed, cached
+    # runserver (make run) leaves /static/ to whitenoise: compressed, cached
+    "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
 ]
 THIRD_PARTY_APPS = [
@@ -74,7 +75,8 @@ MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "apps.api.middleware.ApiGuardMiddleware",  # /api/ only: body-size cap (413), JSON error bodies
-    "apps.core.middleware.ServiceUnavailableMiddleware",  # database/broker down: 503 + Retry-After, not 500
+    # database/broker down: 503 + Retry-After, not 500
+    "apps.core.middleware.ServiceUnavailableMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
@@ -103,8 +105,8 @@ STATIC_ROOT = VAR_DIR / "staticfiles"
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 # plotly.js: its basic bundle at the Python package's version, in frontend/static/plotly/ (no CDN).
 STATICFILES_DIRS = [BASE_DIR / "frontend" / "static"]
-# Hashed names and gzip copies written by collectstatic (make run, the Docker image and the benchmarks
-# run it); whitenoise serves the hashed names cached for good (apps/core/staticfiles.py).
+# Hashed names and gzip copies written by collectstatic (make run, the Docker image and the
+# benchmarks run it); whitenoise serves the hashed names cached for good (apps/core/staticfiles.py).
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "apps.core.staticfiles.HashedStaticStorage"},
@@ -131,7 +133,8 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 AUTHENTICATION_BACKENDS = [
-    "axes.backends.AxesStandaloneBackend",  # first: refuses a locked-out user+address before the password check
+    # first: refuses a locked-out user+address before the password check
+    "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
 LOGIN_URL = "dashboard:login"
@@ -220,7 +223,8 @@ COSTLAB_RUN_RECONCILE_S = env.float("COSTLAB_RUN_RECONCILE_S", default=5.0)
 # How often beat rolls settled telemetry up into the dashboard's chart blocks (pages only read them;
 # samples past the last block are read raw, so a slower rollup costs page time, never points).
 COSTLAB_SERIES_ROLLUP_S = env.float("COSTLAB_SERIES_ROLLUP_S", default=5.0)
-# Synced into django-celery-beat's tables at beat start-up; staff can change the interval in the admin.
+# Synced into django-celery-beat's tables at beat start-up; staff can change the interval in the
+# admin.
 # Its DatabaseScheduler reads `expire_seconds` (whole seconds) and ignores `expires`: a message
 # not consumed by then is discarded, so stale ticks never pile up behind a busy worker.
 CELERY_BEAT_SCHEDULE = {
@@ -251,9 +255,9 @@ COSTLAB_SIZING_MAX_THREADS = env.int("COSTLAB_SIZING_MAX_THREADS", default=0)
 COSTLAB_RUN_LEASE_S = env.float("COSTLAB_RUN_LEASE_S", default=30.0)
 # GPUs on a GPU worker's host: a run asking for more DDP processes per node is refused at submit.
 COSTLAB_GPUS_PER_NODE = env.int("COSTLAB_GPUS_PER_NODE", default=8)
-# A run across nodes: the node that claims it serves the c10d rendezvous on this address (as the other
-# workers reach it) and port (0: any free one; open a fixed one, e.g. 29400, between real hosts); the
-# others wait this long for all to join, then the run is requeued once, then it fails.
+# A run across nodes: the node that claims it serves the c10d rendezvous on this address (as the
+# other workers reach it) and port (0: any free one; open a fixed one, e.g. 29400, between real
+# hosts); the others wait this long for all to join, then the run is requeued once, then it fails.
 COSTLAB_RDZV_HOST = env("COSTLAB_RDZV_HOST", default="127.0.0.1")
 COSTLAB_RDZV_PORT = env.int("COSTLAB_RDZV_PORT", default=0)
 COSTLAB_RDZV_JOIN_TIMEOUT_S = env.float("COSTLAB_RDZV_JOIN_TIMEOUT_S", default=120.0)
@@ -261,7 +265,8 @@ COSTLAB_RDZV_JOIN_TIMEOUT_S = env.float("COSTLAB_RDZV_JOIN_TIMEOUT_S", default=1
 COSTLAB_RUN_RESEND_AFTER_S = env.float("COSTLAB_RUN_RESEND_AFTER_S", default=15.0)
 # A worker's database calls (claim, finish, release) ride out an outage this long before giving up.
 COSTLAB_WORKER_DB_RETRY_S = env.float("COSTLAB_WORKER_DB_RETRY_S", default=300.0)
-# Redis pub/sub wakes workers when an arm's live keys change; off (or no Redis): they poll each second.
+# Redis pub/sub wakes workers when an arm's live keys change; off (or no Redis): they poll each
+# second.
 COSTLAB_PUSH_NOTIFICATIONS = env.bool("COSTLAB_PUSH_NOTIFICATIONS", default=True)
 
 # ------------------------------------------------------------------------------
@@ -273,9 +278,11 @@ COSTLAB_CS_EXPECTED_RUNS = env.float("COSTLAB_CS_EXPECTED_RUNS", default=50.0)
 # ... and, being asymptotic, is not consulted before each arm has this many runs.
 COSTLAB_CS_MIN_RUNS = env.int("COSTLAB_CS_MIN_RUNS", default=10)
 # Leave outlier runs (device time per token beyond 3 x MAD from their arm's median) out of the
-# statistics; each exclusion is recorded in the window's snapshot evidence (`excluded_runs`). Off: all count.
+# statistics; each exclusion is recorded in the window's snapshot evidence (`excluded_runs`). Off:
+# all count.
 COSTLAB_ATTRIBUTION_EXCLUDE_OUTLIERS = env.bool("COSTLAB_ATTRIBUTION_EXCLUDE_OUTLIERS", default=False)
-# Dynamic weights: each active arm keeps at least this share of traffic; no share moves more per tick.
+# Dynamic weights: each active arm keeps at least this share of traffic; no share moves more per
+# tick.
 COSTLAB_WEIGHT_MIN_SHARE = env.float("COSTLAB_WEIGHT_MIN_SHARE", default=0.05)
 COSTLAB_WEIGHT_MAX_STEP = env.float("COSTLAB_WEIGHT_MAX_STEP", default=0.05)
 # Alerts for every freeze/unfreeze, besides the channels kept per tenant/experiment in the admin.
@@ -309,8 +316,11 @@ REST_FRAMEWORK = {
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "costlab API",
-    "DESCRIPTION": "Experiments over training strategies, their runs, telemetry and cost. Authenticate with a "
-    "tenant's API token (`Authorization: Bearer <token>`) or a dashboard session. Every error answers "
+    "DESCRIPTION": "Experiments over training strategies, their runs, "
+        "telemetry and cost. Authenticate with "
+        "a "
+    "tenant's API token (`Authorization: Bearer <token>`) or a dashboard session. Every "
+        "error answers "
     '`{"error": {"message", "code", "fields"?}}`.',
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
@@ -329,7 +339,8 @@ SPECTACULAR_SETTINGS = {
         "ProbeStatusEnum": "apps.sweeps.models.Probe.Status",
     },
 }
-# Tokens: days until a new token expires (0: never), and the prefix that makes a leaked one recognisable.
+# Tokens: days until a new token expires (0: never), and the prefix that makes a leaked one
+# recognisable.
 COSTLAB_API_TOKEN_TTL_DAYS = env.int("COSTLAB_API_TOKEN_TTL_DAYS", default=90)
 COSTLAB_API_TOKEN_PREFIX = "clb_"
 COSTLAB_API_PAGE_SIZE = env.int("COSTLAB_API_PAGE_SIZE", default=50)
