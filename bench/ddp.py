@@ -1,4 +1,4 @@
-"""Data parallelism: one process against 2-rank DDP (torch's elastic launcher), same seed and global batch.
+"""Data parallelism: one process against 2-rank DDP (torch elastic), same seed and global batch.
 
     python bench/ddp.py [--quick] [--json] [--device cpu|cuda] [--steps N]
 
@@ -15,12 +15,13 @@ first sample past the warm-up and the last one), so start-up (the ranks' interpr
 rendezvous) is left out. Reported:
 
 - ``world_size``: 2;
-- ``loss_delta``: |final loss of ddp - single| / single (same seed, global batch, steps). Target <= 0.01;
+- ``loss_delta``: |final loss of ddp - single| / single (same seed, global batch, steps).
+  Target <= 0.01;
 - ``scaling_efficiency``: ddp tokens/s / (2 x single tokens/s), one thread per rank. No target on a
   2-core shared machine;
-- ``allreduce_share``: 1 - (shard step time / ddp step time): the share of a rank's step spent beyond
-  its own compute — the gradient all-reduce, the step-boundary flag and loss all-reduces, and waiting
-  for the slower rank.
+- ``allreduce_share``: 1 - (shard step time / ddp step time): the share of a rank's step spent
+  beyond its own compute — the gradient all-reduce, the step-boundary flag and loss all-reduces,
+  and waiting for the slower rank.
 
 Each figure is the median over rounds, with its min and max. Not a test: CI does not run it.
 """
@@ -54,7 +55,8 @@ def _config(*, steps: int, global_batch: int, nproc: int, device: str):
 
 
 def _run(config, device: str) -> dict:
-    """One training run: its final loss, and tokens/s and s/step past the warm-up (rank 0's telemetry)."""
+    """One training run: its final loss, and tokens/s and s/step past the warm-up (rank 0's
+    telemetry)."""
     samples: list[dict] = []
     result = train(config, sink=samples.append, device=device)
     lead = [s for s in samples if s.get("rank", 0) == 0]
@@ -99,8 +101,9 @@ def main() -> int:
         rows.append({name: _run(arms[name], ns.device) for name in order})
 
     backend = "nccl" if ns.device == "cuda" else "gloo"
-    print(f"DDP: tiny preset, seq_len 64, global_batch {global_batch}, {steps} steps/run, {rounds} rounds, "
-          f"{ns.device} ({backend}), one thread per process; warm-up {WARMUP_STEPS} steps dropped")
+    print(f"DDP: tiny preset, seq_len 64, global_batch {global_batch}, {steps} steps/run, "
+        f"{rounds} rounds, {ns.device} ({backend}), one thread per process; warm-up "
+        f"{WARMUP_STEPS} steps dropped")
     print(f"{'round':>5}  {'single tok/s':>12}  {'ddp tok/s':>10}  {'shard ms':>9}  {'ddp ms':>8}  "
           f"{'loss single':>11}  {'loss ddp':>9}")
     for r, row in enumerate(rows):

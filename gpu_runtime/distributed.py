@@ -48,7 +48,8 @@ SHUTDOWN_S = 5  # a rank that ignores SIGTERM this long after a peer died is kil
 
 
 class DistributedError(RuntimeError):
-    """A distributed run failed: names the rank and the reason (or the rendezvous that did not form)."""
+    """A distributed run failed: names the rank and the reason (or the rendezvous that did not
+    form)."""
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -102,7 +103,8 @@ class World:
         return self.rank == 0
 
     def shard(self, rows: torch.Tensor) -> torch.Tensor:
-        """This rank's contiguous share of a global batch (the same rows a single process trains on)."""
+        """This rank's contiguous share of a global batch (the same rows a single process trains
+        on)."""
         share = rows.shape[0] // self.world_size
         return rows[self.rank * share:(self.rank + 1) * share]
 
@@ -120,9 +122,11 @@ class World:
 
     def boundary(self, *, stop: threading.Event, current: Callable[[], StrategyConfig],
                  apply: Callable[[StrategyConfig], None]) -> Callable[[], None]:
-        """The step-boundary agreement (the trainer's ``agree`` hook): stop, cancel and live keys, world-wide.
+        """The step-boundary agreement (the trainer's ``agree`` hook): stop, cancel and live keys,
+        world-wide.
 
-        Each node's local rank 0 reads its node's control file (``control``; None on other ranks)."""
+        Each node's local rank 0 reads its node's control file (``control``; None on other
+        ranks)."""
 
         def agree() -> None:
             control = (read_json(self.control) or {}) if self.control is not None else {}
@@ -136,7 +140,8 @@ class World:
             if cancel:
                 self.cancelled = True
             if version > self.live_version:
-                # The owner's node holds the live keys; in a run across nodes it need not host rank 0.
+                # The owner's node holds the live keys; in a run across nodes it need not host rank
+                # 0.
                 mine = (int(control.get("live_version", 0)), control.get("live"))
                 gathered: list[Any] = [None] * self.world_size
                 dist.all_gather_object(gathered, mine)
@@ -156,7 +161,8 @@ class World:
 
 @dataclass(frozen=True)
 class Rendezvous:
-    """Where the nodes of a run across nodes meet (c10d): every node passes the same endpoint and id.
+    """Where the nodes of a run across nodes meet (c10d): every node passes the same endpoint and
+    id.
 
     ``is_host``: this node serves the rendezvous store on the endpoint's port. ``join_timeout_s``:
     how long the nodes wait for each other before all give up. ``local_addr``: this node's address
@@ -201,7 +207,8 @@ def _deep_update(into: dict[str, Any], changes: dict[str, Any]) -> None:
 
 
 class _Forwarder:
-    """Tails each rank's samples file and hands every complete line to the run's sink, in one seq order."""
+    """Tails each rank's samples file and hands every complete line to the run's sink, in one seq
+    order."""
 
     def __init__(self, workdir: Path, local_ranks: int, sink: Callable[[dict[str, Any]], None] | None):
         self.paths = [workdir / f"samples-{r}.jsonl" for r in range(local_ranks)]
@@ -242,8 +249,8 @@ def _failure_message(exc: BaseException) -> str:
         reason = str(message or f"exit code {failure.exitcode}").strip().splitlines()
         others = sorted(set(exc.failures) - {rank})
         also = f" (then rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} stopped)" if others else ""
-        return (f"distributed: rank {rank} (pid {failure.pid}) failed with exit code {failure.exitcode}: "
-                f"{reason[-1] if reason else 'no message'}{also}")
+        return (f"distributed: rank {rank} (pid {failure.pid}) failed with exit code "
+            f"{failure.exitcode}: {reason[-1] if reason else 'no message'}{also}")
     from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
 
     if isinstance(exc, RendezvousTimeoutError):
@@ -259,7 +266,8 @@ class _Launch:
 
 
 def _rank_command() -> tuple[str, tuple[str, ...]]:
-    """The rank's command line: this interpreter, with this copy of gpu_runtime first on the path."""
+    """The rank's command line: this interpreter, with this copy of gpu_runtime first on the
+    path."""
     root = str(Path(__file__).resolve().parent.parent)
     bootstrap = ("import runpy, sys; sys.path.insert(0, sys.argv[1]); "
                  "runpy.run_module('gpu_runtime.rank', run_name='__main__')")
@@ -267,7 +275,8 @@ def _rank_command() -> tuple[str, tuple[str, ...]]:
 
 
 def ddp_devices(config: StrategyConfig, requested: str | None) -> tuple[str, list[int], dict[str, Any]]:
-    """The device type the ranks train on and, on CUDA, their device indices in placement's order."""
+    """The device type the ranks train on and, on CUDA, their device indices in placement's
+    order."""
     from gpu_runtime.placement import choose_device
 
     nproc = config.distributed.nproc_per_node
@@ -288,7 +297,8 @@ def train_distributed(config: StrategyConfig, *, sink: Callable[[dict[str, Any]]
                       device: str | None, checkpoint_dir: str | None, resume_from: str | None,
                       stop: threading.Event, threads: int | None = None,
                       rendezvous: Rendezvous | None = None) -> RunResult:
-    """Train on ``nproc_per_node`` local ranks; return what the world measured (see the module docstring).
+    """Train on ``nproc_per_node`` local ranks; return what the world measured (see the module
+    docstring).
 
     Without ``rendezvous`` this node is the whole world and hosts the rendezvous on a free local
     port; with one, it is one of ``nnodes`` nodes meeting there (its result covers its own ranks).
@@ -396,7 +406,8 @@ def _gather(ranks: list[dict[str, Any]], *, wall_s: float, samples: int, extra: 
 # A rank's process
 # ------------------------------------------------------------------------------
 def _exit_with_owner(owner_pid: int) -> None:
-    """A rank whose owner died (killed outright, no time to close the launcher) ends too: no orphans."""
+    """A rank whose owner died (killed outright, no time to close the launcher) ends too: no
+    orphans."""
 
     def watch() -> None:
         while True:
@@ -422,7 +433,8 @@ def process_group(backend: str, device: torch.device) -> Iterator[None]:
 
 
 def rank_main(workdir: str) -> None:
-    """Entry point of one rank (``python -m gpu_runtime.rank WORKDIR``), started by the elastic agent."""
+    """Entry point of one rank (``python -m gpu_runtime.rank WORKDIR``), started by the elastic
+    agent."""
     from gpu_runtime.result import JsonlSink
     from gpu_runtime.runtime import train_local
 

@@ -73,13 +73,15 @@ def _check_memory(args: ModelArgs, config: StrategyConfig, device: torch.device,
         free = psutil.virtual_memory().available
     if need > free:
         raise StrategyError.single("model.preset", (
-            f"{preset} ({n / 1e9:.2f}B parameters) needs about {need / 2**30:.1f} GiB for weights, gradients and "
-            f"optimizer state; {device_label(device)} has {free / 2**30:.1f} GiB free"))
+            f"{preset} ({n / 1e9:.2f}B parameters) needs about {need / 2**30:.1f} GiB for "
+                f"weights, gradients and optimizer state; {device_label(device)} has "
+                f"{free / 2**30:.1f} GiB free"))
 
 
 @contextlib.contextmanager
 def _stop_on_sigterm() -> Iterator[threading.Event]:
-    """A flag set by SIGTERM while training (main thread only: signals cannot be caught elsewhere)."""
+    """A flag set by SIGTERM while training (main thread only: signals cannot be caught
+    elsewhere)."""
     stop = threading.Event()
     if threading.current_thread() is not threading.main_thread():
         yield stop
@@ -161,8 +163,8 @@ def train(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None] | No
     _refuse_what_the_host_cannot_run(config, dev)
     if config.distributed.nnodes > 1 and rendezvous is None:
         raise StrategyError.single("distributed.nnodes", (
-            f"a run across {config.distributed.nnodes} nodes needs the rendezvous its nodes meet at "
-            "(gpu_runtime.distributed.Rendezvous); none was given"))
+            f"a run across {config.distributed.nnodes} nodes needs the rendezvous its "
+                "nodes meet at (gpu_runtime.distributed.Rendezvous); none was given"))
     with _stop_on_sigterm() as stop:
         return train_distributed(config, sink=sink, cancel=cancel, live=live, device=dev.type,
                                  checkpoint_dir=checkpoint_dir, resume_from=resume_from, stop=stop,
@@ -170,7 +172,8 @@ def train(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None] | No
 
 
 class _Shard:
-    """A rank's share of every step's global batch: the same rows a single process trains on, split."""
+    """A rank's share of every step's global batch: the same rows a single process trains on,
+    split."""
 
     def __init__(self, batches: StepBatches, world: World):
         self.batches, self.world = batches, world
@@ -180,7 +183,8 @@ class _Shard:
 
 
 def _per_rank(config: StrategyConfig, world_size: int) -> StrategyConfig:
-    """The batch keys as one rank sees them: its share of the global batch, micro-batches within it."""
+    """The batch keys as one rank sees them: its share of the global batch, micro-batches within
+    it."""
     share = config.train.global_batch // world_size
     micro = None if config.train.micro_batch is None else min(config.train.micro_batch, share)
     return config.model_copy(update={"train": config.train.model_copy(
@@ -200,7 +204,8 @@ def train_local(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None
                 cancel: Callable[[], bool] | None = None, device: str | None = None,
                 checkpoint_dir: str | None = None, resume_from: str | None = None,
                 live: Callable[[], dict[str, Any] | None] | None = None, world: World | None = None) -> RunResult:
-    """``train()`` in this process: alone, or as one rank of a ``world`` (its process group initialised)."""
+    """``train()`` in this process: alone, or as one rank of a ``world`` (its process group
+    initialised)."""
     wall_start = time.perf_counter()
     device, placement = choose_device(strategy=config.placement.strategy, gpus=config.placement.gpus,
                                       requested=device)

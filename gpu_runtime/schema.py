@@ -43,13 +43,15 @@ class _Section(BaseModel):
 class ModelSection(_Section):
     family: Literal["llama"] = Field("llama", description="Architecture family: a LLaMA-style decoder.")
     preset: Literal["tiny", "small", "125m", "350m", "1b", "7b"] = Field(
-        "tiny", description="Model size: tiny ~4M, small ~25M parameters; 125m/350m/1b/7b follow the public shapes.")
+        "tiny", description="Model size: tiny ~4M, small ~25M parameters; 125m/350m/1b/7b follow "
+            "the public shapes.")
     seq_len: int = Field(256, ge=8, le=32768, description="Context length in tokens (bytes).")
 
 
 class DataSection(_Section):
     source: Literal["text", "jsonl", "synthetic"] = Field(
-        "synthetic", description="text: a glob of local text files; jsonl: Alpaca records; synthetic: generated from the seed.")
+        "synthetic", description="text: a glob of local text files; jsonl: Alpaca records; "
+            "synthetic: generated from the seed.")
     path: str | None = Field(None, description="Glob of local files (text, jsonl); relative to the working directory.")
     pin_memory: bool = Field(True, description="Stage batches in pinned host memory (CUDA only).")
     prefetch: int = Field(2, ge=0, le=64, description="Batches loaded ahead by a background thread; 0 loads inline.")
@@ -66,7 +68,8 @@ class TrainSection(_Section):
     steps: int = Field(200, ge=1, le=10_000_000, description="Optimizer steps; also the LR schedule's length.")
     global_batch: int = Field(8, ge=1, le=65536, description="Sequences per optimizer step (reached by accumulation).")
     micro_batch: int | None = Field(
-        None, ge=1, description="Sequences per forward/backward when dynamic batching is off; unset = global_batch.")
+        None, ge=1, description="Sequences per forward/backward when dynamic batching is off; "
+            "unset = global_batch.")
     lr: Float = Field(3.0e-4, gt=0, le=1.0, description="Peak learning rate (per step).")
     min_lr_ratio: Float = Field(0.1, ge=0, le=1.0, description="Final LR as a fraction of the peak (cosine floor).")
     warmup_steps: int = Field(10, ge=0, description="Linear warmup length in steps.")
@@ -78,27 +81,30 @@ class TrainSection(_Section):
 
 class DynamicBatchingSection(_Section):
     enabled: bool = Field(False, description=(
-        "Grow the micro-batch (the global batch fixed) while it fits in memory and raises throughput; "
-        "halve it on out-of-memory (BatchScaler)."))
+        "Grow the micro-batch (the global batch fixed) while it fits in memory and "
+            "raises throughput; halve it on out-of-memory (BatchScaler)."))
     min_micro_batch: int = Field(4, ge=1, description="Smallest micro-batch in sequences.")
     max_micro_batch: int = Field(64, ge=1, description="Largest micro-batch in sequences.")
     stability_window: int = Field(128, ge=1, description="Steps between two global-batch changes, at least (adaptive_global_batch).")
     probe_steps: int = Field(4, ge=1, le=10_000, description=(
-        "Steps timed at each micro-batch size (after one warm-up step) before the scaler compares throughput."))
+        "Steps timed at each micro-batch size (after one warm-up step) before the scaler "
+            "compares throughput."))
     min_speedup: Float = Field(0.03, ge=0, le=1.0, description=(
-        "A larger micro-batch is kept only if its measured tokens/s beats the smaller one's by this fraction; "
-        "otherwise the scaler steps back and stops probing."))
+        "A larger micro-batch is kept only if its measured tokens/s beats the smaller "
+            "one's by this fraction; otherwise the scaler steps back and stops probing."))
     cpu_memory_budget_mb: int | None = Field(None, ge=64, description=(
         "On CPU, the process's peak RSS in MiB that a micro-batch may be predicted to reach; "
         "unset: half the host's physical memory. (CUDA uses the allocator's capacity.)"))
     adaptive_global_batch: bool = Field(False, description=(
-        "Opt-in: let gradient statistics (policy) choose the global batch in [min_global_batch, "
-        "train.global_batch], the learning rate scaled by lr_scaling. Off: the global batch never changes."))
+        "Opt-in: let gradient statistics (policy) choose the global batch in "
+            "[min_global_batch, train.global_batch], the learning rate scaled by lr_scaling. "
+            "Off: the global batch never changes."))
     min_global_batch: int | None = Field(None, ge=1, description=(
-        "adaptive_global_batch's smallest (starting) global batch; unset: train.global_batch // 8 (at least min_micro_batch)."))
+        "adaptive_global_batch's smallest (starting) global batch; unset: "
+            "train.global_batch // 8 (at least min_micro_batch)."))
     lr_scaling: Literal["sqrt", "linear"] = Field("sqrt", description=(
-        "adaptive_global_batch: the LR is train.lr x (batch / train.global_batch) ** 0.5 (sqrt, Adam-like, "
-        "as Pollux) or ** 1 (linear, as AdaptDL's SGD scaling)."))
+        "adaptive_global_batch: the LR is train.lr x (batch / train.global_batch) ** 0.5 "
+            "(sqrt, Adam-like, as Pollux) or ** 1 (linear, as AdaptDL's SGD scaling)."))
     policy: Literal["noise_scale", "grad_variance"] = Field(
         "noise_scale", description=(
             "adaptive_global_batch's rule: noise_scale: gradient noise scale B_simple; "
@@ -132,7 +138,8 @@ class QuantizationSection(_Section):
     weight_bits: Literal[8] = Field(8, description="Weight bits; int8 only.")
     adapter_rank: int = Field(8, ge=1, le=1024, description="LoRA adapter rank trained beside each frozen weight.")
     adapter_alpha: Float = Field(
-        16.0, gt=0, le=65536, description="LoRA scale numerator: the adapters add (adapter_alpha / adapter_rank) x B A x.")
+        16.0, gt=0, le=65536, description="LoRA scale numerator: the adapters add (adapter_alpha "
+            "/ adapter_rank) x B A x.")
     trainable: Literal["adapters", "full"] = Field("adapters", description="What trains: adapters (full is refused).")
 
     @model_validator(mode="after")
@@ -140,7 +147,8 @@ class QuantizationSection(_Section):
         if self.enabled and self.trainable == "full":
             raise PydanticCustomError(
                 "quantized_full_finetune",
-                "full fine-tuning of int8-quantized modules ({modules}) is not possible: their weights are frozen; "
+                "full fine-tuning of int8-quantized modules ({modules}) is not possible: "
+                    "their weights are frozen; "
                 "use trainable: adapters or disable quantization",
                 {"field": "trainable", "modules": ", ".join(self.target_modules)})
         return self
@@ -180,8 +188,8 @@ class KernelsSection(_Section):
     fused_rmsnorm_qkv: bool = Field(False, description="Fuse RMSNorm and the q/k/v projections (Triton on CUDA).")
     compile: bool = Field(False, description="Wrap the model in torch.compile.")
     fused_optimizer: bool = Field(False, description=(
-        "AdamW as PyTorch's fused kernel (one pass over each parameter's state, on CUDA and CPU) instead of "
-        "the default per-tensor implementation."))
+        "AdamW as PyTorch's fused kernel (one pass over each parameter's state, on CUDA "
+            "and CPU) instead of the default per-tensor implementation."))
 
 
 class PlacementSection(_Section):
@@ -236,7 +244,8 @@ class StrategyConfig(_Section):
         if gb % world:
             raise PydanticCustomError(
                 "batch_not_divisible", "train.global_batch ({gb}) must divide evenly over the world's {world} "
-                "processes (distributed.nproc_per_node x distributed.nnodes): each rank takes global_batch / world",
+                "processes (distributed.nproc_per_node x distributed.nnodes): each rank "
+                    "takes global_batch / world",
                 {"field": "train.global_batch", "gb": gb, "world": world})
         dyn = self.optimizer.dynamic_batching
         if dyn.enabled and dyn.min_micro_batch > gb // world:
@@ -251,20 +260,23 @@ class StrategyConfig(_Section):
         if dyn.enabled and dyn.adaptive_global_batch and world > 1:
             raise PydanticCustomError(
                 "adaptive_global_ddp", "adaptive_global_batch is not available with DDP yet ({world} processes): "
-                "every rank would have to agree on each new global batch; leave it off, or train in one process",
+                "every rank would have to agree on each new global batch; leave it off, or "
+                    "train in one process",
                 {"field": "optimizer.dynamic_batching.adaptive_global_batch", "world": world})
         nproc = self.distributed.nproc_per_node
         if self.placement.gpus > 1 and self.placement.gpus != nproc:
             raise PydanticCustomError(
                 "gpus_not_nproc", "placement.gpus ({gpus}) differs from distributed.nproc_per_node ({nproc}): a DDP "
-                "rank trains on one device, so a job holds one GPU per process; set distributed.nproc_per_node "
+                "rank trains on one device, so a job holds one GPU per process; set "
+                    "distributed.nproc_per_node "
                 "to {gpus} (placement.gpus may then be left out)",
                 {"field": "placement.gpus", "gpus": self.placement.gpus, "nproc": nproc})
         return self
 
     @property
     def devices_per_node(self) -> int:
-        """How many devices a node of this job holds: one per DDP process (placement.gpus agrees or is 1)."""
+        """How many devices a node of this job holds: one per DDP process (placement.gpus agrees or
+        is 1)."""
         return max(self.distributed.nproc_per_node, self.placement.gpus)
 
 
@@ -341,9 +353,10 @@ def distributed_problems(config: StrategyConfig, *, cuda: bool, devices: int, wh
     problems = []
     if dist.backend == "nccl" and not cuda:
         problems.append({"key": "distributed.backend", "message": (
-            f"nccl needs CUDA devices and {where} has none; use gloo (or auto, which picks gloo on CPU)")})
+            f"nccl needs CUDA devices and {where} has none; use gloo (or auto, which "
+                "picks gloo on CPU)")})
     if cuda and dist.nproc_per_node > devices:
         problems.append({"key": "distributed.nproc_per_node", "message": (
-            f"{dist.nproc_per_node} processes per node need {dist.nproc_per_node} devices (one each); "
-            f"{where} has {devices}")})
+            f"{dist.nproc_per_node} processes per node need {dist.nproc_per_node} devices "
+                f"(one each); {where} has {devices}")})
     return problems

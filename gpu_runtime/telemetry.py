@@ -72,7 +72,8 @@ class Sampler:
         return self
 
     def set_interval(self, interval_s: float) -> None:
-        """Sample every ``interval_s`` from now on (a live strategy update); wakes the thread to retime."""
+        """Sample every ``interval_s`` from now on (a live strategy update); wakes the thread to
+        retime."""
         self.interval_s = interval_s
         self._retime.set()
 
@@ -107,7 +108,8 @@ class Sampler:
         return final
 
     def _energy(self, power_w: float | None, counter_j: float | None, dt: float) -> tuple[float | None, float | None]:
-        """Cumulative energy since the start, from the counter where there is one, else power x time."""
+        """Cumulative energy since the start, from the counter where there is one, else power x
+        time."""
         if counter_j is not None and self._energy_base is not None:
             if power_w is None and self._last_energy_counter is not None and dt > 0:
                 power_w = max(0.0, counter_j - self._last_energy_counter) / dt

@@ -69,7 +69,8 @@ def _loss_scale(scaler: torch.amp.GradScaler) -> torch.Tensor | None:
 
 
 class Trainer:
-    """Owns the model, optimizer, precision policy and micro-batch policy of one run and steps them."""
+    """Owns the model, optimizer, precision policy and micro-batch policy of one run and steps
+    them."""
 
     # Test hook: an object whose check(micro_batch_rows) may raise an out-of-memory error
     # before a micro-batch's forward (strategies.batch_scaler.SimulatedOom).
@@ -116,7 +117,8 @@ class Trainer:
         return loss_sum
 
     def _sync(self, *, last: bool) -> contextlib.AbstractContextManager:
-        """DDP all-reduces the gradients in the last micro-step's backward only (``no_sync`` before it)."""
+        """DDP all-reduces the gradients in the last micro-step's backward only (``no_sync`` before
+        it)."""
         if self.world is None or last:
             return contextlib.nullcontext()
         return self.forward.no_sync()
@@ -127,7 +129,8 @@ class Trainer:
             p.grad = None
 
     def train_step(self, step: int, total_steps: int, tokens: torch.Tensor) -> StepOutput:
-        """One optimizer step on a (global_batch, seq_len + 1) batch; the loss stays on the device."""
+        """One optimizer step on a (global_batch, seq_len + 1) batch; the loss stays on the
+        device."""
         # adaptive_global_batch scales the LR with the batch it chose (1.0 otherwise)
         set_lr(self.optimizer, lr_at(step, self.config.train, total_steps) * self.batching.lr_scale)
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
@@ -162,7 +165,8 @@ class Trainer:
             counters: RunCounters, clock: Clock, windows: deque[StepWindow],
             cancel: Callable[[], bool] | None, stop: threading.Event,
             before_step: Callable[[], None] | None = None, agree: Callable[[], None] | None = None) -> LoopOutcome:
-        """Train from ``start_step`` to ``total_steps`` unless cancelled or stopped; then checkpoint.
+        """Train from ``start_step`` to ``total_steps`` unless cancelled or stopped; then
+        checkpoint.
 
         ``before_step`` runs at every step boundary (live strategy updates come in there).
         ``agree`` runs first at every boundary: a DDP rank learns there, with every other

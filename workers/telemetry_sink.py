@@ -26,7 +26,8 @@ class TelemetrySink:
                  seq_stride: int = 1, seq_offset: int = 0,
                  flush_s: float = 1.0, batch: int = 500, max_buffered: int = 100_000):
         self.run_id, self.attempt, self.seq_base = run_id, attempt, seq_base
-        # A run across nodes: node k of n stores its samples at seq_base + i * n + k (disjoint, interleaved).
+        # A run across nodes: node k of n stores its samples at seq_base + i * n + k (disjoint,
+        # interleaved).
         self.seq_stride, self.seq_offset = seq_stride, seq_offset
         self.FLUSH_S, self.BATCH, self.MAX_BUFFERED = flush_s, batch, max_buffered
         self._ingest = ingest

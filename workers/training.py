@@ -59,7 +59,8 @@ class RunControl:
         return self.stop_requested.is_set()
 
     def live_updates(self) -> dict | None:
-        """Called by the trainer before a step: the live keys to apply now, if a revision brought any."""
+        """Called by the trainer before a step: the live keys to apply now, if a revision brought
+        any."""
         with self._lock:
             pending, self._pending = self._pending, None
             if pending is None:
@@ -77,7 +78,8 @@ class RunControl:
             logger.warning("run %s: could not record applied revisions (%s)", self.run_id, exc)
 
     def close(self) -> None:
-        """Stop the heartbeat. Called after the run's end is recorded: until then the lease stays fresh."""
+        """Stop the heartbeat. Called after the run's end is recorded: until then the lease stays
+        fresh."""
         if self._stop_listening:
             self._stop_listening()
         self._done.set()
@@ -206,7 +208,8 @@ def run_execute(run_id: int) -> None:
         finally:
             if gang is not None:
                 gang.stop()
-            # Every measured sample is stored before the run's end is recorded, through an outage too.
+            # Every measured sample is stored before the run's end is recorded, through an outage
+            # too.
             sink.close(timeout_s=settings.COSTLAB_WORKER_DB_RETRY_S)
         lease_lost = control is not None and control.lease_lost
         if control is not None:
@@ -246,8 +249,9 @@ def _host_rendezvous(run, owner: str):
 
 
 class _GangCall:
-    """While the gang is not complete, call its missing nodes again every few seconds (a wake-up that
-    a busy worker prefetched would otherwise wait behind this very run); a surplus one finds no seat."""
+    """While the gang is not complete, call its missing nodes again every few seconds (a wake-up
+    that a busy worker prefetched would otherwise wait behind this very run); a surplus one finds
+    no seat."""
 
     EVERY_S = 3.0
 
@@ -279,7 +283,8 @@ class _GangCall:
 
 
 def _gang_seat(run_id: int):
-    """A seat in the run's gang, waiting (up to the join timeout) for node 0 to record its rendezvous."""
+    """A seat in the run's gang, waiting (up to the join timeout) for node 0 to record its
+    rendezvous."""
     import time
 
     from apps.experiments.models import Run
@@ -297,9 +302,10 @@ def _gang_seat(run_id: int):
 
 
 def _train_as_node(run_id: int, seat) -> None:
-    """Train this node's ranks of a run another node owns: no lease, no finish; its telemetry goes to
-    the run under the owner's attempt (seqs interleaved by node). Cancel, live keys and the end come
-    through the world from node 0; a SIGTERM here stops the whole world at one step boundary."""
+    """Train this node's ranks of a run another node owns: no lease, no finish; its telemetry
+    goes to the run under the owner's attempt (seqs interleaved by node). Cancel, live keys and
+    the end come through the world from node 0; a SIGTERM here stops the whole world at one
+    step boundary."""
     from apps.experiments.models import Run
     from gpu_runtime.distributed import Rendezvous
 
