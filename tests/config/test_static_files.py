@@ -1,6 +1,7 @@
 """Static files as served after collectstatic (make run, the Docker image): hashed names, gzip, and
 cache headers that let a browser keep plotly.js for good; hashed URLs in pages even with DEBUG on.
-plotly.js is its basic bundle, at the Python package's version, and covers every trace type drawn."""
+plotly.js is its basic bundle, at the Python package's version, and covers every trace type
+drawn."""
 
 import re
 from pathlib import Path
@@ -57,7 +58,10 @@ def test_the_basic_bundle_is_the_python_packages_plotly_js():
     full = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
     assert "(basic" in BASIC.read_text(encoding="utf-8")[:200]
     assert plotly_version(BASIC) == plotly_version(full), \
-        "the plotly pin moved: replace frontend/static/plotly/plotly-basic.min.js with that version's basic bundle"
+        (
+            "the plotly pin moved: replace frontend/static/plotly/plotly-basic.min.js "
+            "with that version's basic bundle"
+        )
 
 
 def test_every_trace_type_drawn_is_in_the_basic_bundle():
@@ -65,7 +69,8 @@ def test_every_trace_type_drawn_is_in_the_basic_bundle():
     assert scripts
     drawn = set()
     for script in scripts:
-        # traces: {type: "scatter", mode: ...}, {type: "bar", orientation: ...}; not axes ("date") or shapes ("line")
+        # traces: {type: "scatter", mode: ...}, {type: "bar", orientation: ...}; not axes ("date")
+        # or shapes ("line")
         drawn |= set(re.findall(r'type:\s*"(\w+)",\s*(?:mode|orientation|x|y|name|stackgroup|marker|hovertemplate|text)\s*:',
                                 script.read_text(encoding="utf-8")))
     assert drawn, "found the traces"

@@ -75,7 +75,8 @@ def spy(monkeypatch):
 
 
 def test_dynamic_batching_grows_the_micro_batch_while_faster_and_keeps_the_global_batch(config, spy, monkeypatch):
-    """Each micro-batch costs 20 ms of fixed CPU work (a busy loop in accumulation): larger ones are faster.
+    """Each micro-batch costs 20 ms of fixed CPU work (a busy loop in accumulation): larger ones
+    are faster.
 
     On CPU the scaler times steps in process CPU time, so the overhead burns CPU rather than sleeps.
     """

@@ -1,5 +1,5 @@
-"""Outlier runs can be left out of attribution (COSTLAB_ATTRIBUTION_EXCLUDE_OUTLIERS, off by default),
-and every exclusion is recorded in the window's evidence and reproduced by a recompute."""
+"""Outlier runs can be left out of attribution (COSTLAB_ATTRIBUTION_EXCLUDE_OUTLIERS, off by
+default), and every exclusion is recorded in the window's evidence and reproduced by a recompute."""
 
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ def test_outliers_count_by_default_and_are_left_out_and_recorded_when_asked(sett
     assert b.deviation == pytest.approx(-0.1, abs=0.03)
     assert kept.usd_per_mtok < counted.usd_per_mtok / 2
 
-    # the exclusion is part of the record: recomputing the window reproduces it, and window 1's inclusion
+    # the exclusion is part of the record: recomputing the window reproduces it, and window 1's
+    # inclusion
     for number in (1, 2):
         window = AttributionWindow.objects.get(experiment=lab.experiment, number=number)
         stored = {s.arm_id: s for s in window.snapshots.all()}

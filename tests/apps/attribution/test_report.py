@@ -95,8 +95,8 @@ def test_a_tiered_model_projects_piecewise_through_its_tiers():
 
 
 def test_a_cpu_ddp_runs_wall_time_is_its_device_seconds_per_rank():
-    """A CPU run's device-seconds add up over its DDP ranks; its wall time (completion, throughput, the
-    observation's wall_s) is the time one rank took, not the sum."""
+    """A CPU run's device-seconds add up over its DDP ranks; its wall time (completion, throughput,
+    the observation's wall_s) is the time one rank took, not the sum."""
     price = priced_tenant()
     exp = ExperimentFactory(tenant=price.pricing_table.tenant, status="active")
     arm = ArmFactory(experiment=exp, name="ddp", is_control=True)

@@ -86,7 +86,8 @@ def _world(gpu_count: int, vcpus: int, memory_gb: float, table_offsets: list[flo
 
 
 def reference(run: Run):
-    """The bill of the stored rows; a DDP run's rank streams each hold their share of its resources."""
+    """The bill of the stored rows; a DDP run's rank streams each hold their share of its
+    resources."""
     rows = list(TelemetrySample.objects.filter(run=run).values())
     schedule = price_schedule(tenant_id=run.tenant_id, gpu_sku_id=run.gpu_sku_id)
     w = run.world_size

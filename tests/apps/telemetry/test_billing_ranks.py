@@ -1,4 +1,5 @@
-"""A DDP run's telemetry: one stream per rank in the run's one seq space, stored once per (run, seq).
+"""A DDP run's telemetry: one stream per rank in the run's one seq space, stored once per (run,
+seq).
 
 Each rank's samples close their own intervals; time and energy add up over the devices, the
 world's progress (tokens, steps) counts once. The stored totals equal apps.pricing.bill over
@@ -57,7 +58,8 @@ def test_stored_totals_of_a_world_equal_the_bill_whatever_the_delivery(data, wor
     deliver_and_check(data, run, data.draw(world_sample_sets(world)), t0)
 
 def test_two_devices_bill_twice_the_time_and_the_world_progress_once():
-    """Hand check: two ranks, each sampled at 0 s and 100 s, on a 2-GPU run at 3.6 USD per GPU-hour."""
+    """Hand check: two ranks, each sampled at 0 s and 100 s, on a 2-GPU run at 3.6 USD per
+    GPU-hour."""
     t0 = datetime(2026, 5, 1, tzinfo=UTC)
     prices = cost_engine.Prices(gpu_hour_usd=3.6, electricity_usd_per_kwh=0, pue=1, vcpu_hour_usd=0,
                                 memory_gb_hour_usd=0)
