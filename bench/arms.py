@@ -1,6 +1,7 @@
 """The cost benchmark: plain PyTorch against costlab's strategies, on the same model, data and machine.
 
     python bench/arms.py [--quick] [--json] [--device cpu|cuda] [--price-per-hour USD] [--compile auto|on|off]
+    python bench/arms.py --ddp N [--quick] [--json] [--device cpu|cuda]
 
 The shape: the `small` preset (26M parameters) at seq_len 256, global batch 8 (64 on CUDA).
 At seq_len 64 and micro-batch 2 a forward pass is 128 tokens: per-op overhead, norms and the
@@ -39,6 +40,14 @@ Then each strategy alone against the baseline: tokens/s, peak memory and loss de
 memory is the CUDA allocator's maximum on a GPU; on CPU the growth of the process's resident
 set over the run, sampled every 10 ms after returning freed memory to the OS (an estimate).
 Telemetry is off in every arm: its cost is bench/runtime_overhead.py's subject.
+
+`--ddp N`: the design document's comparison, native DDP against costlab's strategies on the
+same world size. Both arms train as N-process DDP (torch's elastic launcher; gloo and one
+thread per rank on a CPU, nccl on CUDA), interleaved over rounds, and the table gives per arm
+what the seed's does: device-hours (N devices x the call's wall time, start-up included),
+electricity (kWh; modelled from the CPU's TDP on a CPU, so marked estimated), completion time,
+and tokens/s and USD per 1M tokens at steady state (rank 0's telemetry past the first steps,
+as bench/ddp.py reads it). `ratio` is optimized / baseline USD per 1M tokens.
 """
 
 from __future__ import annotations
@@ -303,6 +312,55 @@ def loss_delta(baseline_loss: float, loss: float) -> float:
     return abs(loss - baseline_loss) / baseline_loss
 
 
+def ddp_main(ns: argparse.Namespace, baseline: dict, optimized: dict, price: float, rounds: int) -> int:
+    """Both arms as ns.ddp-process DDP: device-hours, electricity, completion time, cost per token."""
+    from ddp import run_measured  # bench/ddp.py: one DDP run measured from rank 0's telemetry
+
+    world = ns.ddp
+    extra = {"distributed": {"nproc_per_node": world}, "telemetry": {"enabled": True, "interval_s": 0.2}}
+    arms = {"baseline": _merge(baseline, extra), "optimized": _merge(optimized, extra)}
+    run_measured(strategy_from_dict(_merge(arms["baseline"], {"train": {"steps": 3}})), ns.device,
+                 warmup_steps=1)  # warm the process: first-call costs are no arm's
+    rows = []
+    for r in range(rounds):
+        order = ["baseline", "optimized"] if r % 2 == 0 else ["optimized", "baseline"]
+        rows.append({name: run_measured(strategy_from_dict(arms[name]), ns.device, warmup_steps=1) for name in order})
+    figures: dict[str, dict[str, Any]] = {}
+    for name in arms:
+        runs = [row[name] for row in rows]
+        tps = statistics.median(x["tokens_per_s"] for x in runs)
+        energy = [x["energy_j"] for x in runs if x["energy_j"] is not None]
+        figures[name] = {
+            "device_hours": statistics.median(x["device_s"] for x in runs) / 3600,
+            "electricity_kwh": statistics.median(energy) / 3.6e6 if energy else None,
+            "electricity_estimated": any(x["energy_estimated"] for x in runs),
+            "completion_s": statistics.median(x["wall_s"] for x in runs),
+            "tokens_per_s": tps, "usd_per_1m_tokens": usd_per_million(tps, price * world),
+            "final_loss": statistics.median(x["final_loss"] for x in runs)}
+    ratios = [row["baseline"]["tokens_per_s"] / row["optimized"]["tokens_per_s"] for row in rows]
+    s = spread(ratios)
+    unit = "GPU-hours" if ns.device.startswith("cuda") else "device-hours (CPU)"
+    print(f"DDP comparison: {world} processes per arm ({'nccl' if ns.device.startswith('cuda') else 'gloo, one thread each'}), "
+          f"{ns.preset} preset, seq_len {ns.seq_len}, global batch {ns.global_batch}, {ns.steps} steps, "
+          f"{rounds} interleaved rounds; price ${price:.2f} per device-hour"
+          f"{' (ASSUMED)' if ns.price_per_hour is None else ''}")
+    print(f"{'arm':<10} {unit:>19} {'electricity kWh':>16} {'completion s':>13} {'tokens/s':>9} {'USD/1M tok':>11}")
+    for name, f in figures.items():
+        kwh = "n/a" if f["electricity_kwh"] is None else \
+            f"{f['electricity_kwh']:.6f}{' est.' if f['electricity_estimated'] else ''}"
+        print(f"{name:<10} {f['device_hours']:>19.5f} {kwh:>16} {f['completion_s']:>13.1f} {f['tokens_per_s']:>9.0f} "
+              f"{f['usd_per_1m_tokens']:>11.4f}")
+    print(f"ratio (optimized / baseline USD per 1M tokens, both as {world}-process DDP): {s['median']:.3f} "
+          f"(min {s['min']:.3f}, max {s['max']:.3f}); loss delta "
+          f"{loss_delta(figures['baseline']['final_loss'], figures['optimized']['final_loss']):.4f}")
+    if ns.json:
+        print(json.dumps({"mode": "ddp", "world_size": world, "device": ns.device, "rounds": rounds,
+                          "ratio": s["median"], "ratio_spread": s, "arms": figures,
+                          "loss_delta": loss_delta(figures["baseline"]["final_loss"],
+                                                   figures["optimized"]["final_loss"])}))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds, steps and strategies alone: about 3 minutes on a 2-core CPU")
@@ -320,6 +378,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch intra-op threads on CPU (default 1: OpenMP threads spinning against other "
                              "processes on a small shared box swamp what is measured; 0 keeps torch's default)")
+    parser.add_argument("--ddp", type=int, default=0, metavar="N",
+                        help="both arms as N-process DDP: device-hours, electricity, completion time (the seed's table)")
     ns = parser.parse_args()
     dev = resolve_device(ns.device)
     cuda = dev.type == "cuda"
@@ -347,6 +407,10 @@ def main() -> int:
     for name in skipped:
         alone.pop(name)
 
+    if ns.ddp:
+        if ns.ddp < 2 or ns.global_batch % ns.ddp:
+            parser.error(f"--ddp: {ns.ddp} processes must be 2 or more and divide the global batch {ns.global_batch}")
+        return ddp_main(ns, baseline, optimized, price, rounds)
     started = time.perf_counter()
     run_arm(_merge(baseline, {"train": {"steps": 2}}), ns.device)  # warm the process: first-call costs are no arm's
     # compile, and meet every micro-batch shape the scaler can reach, before anything is timed

@@ -54,19 +54,22 @@ def _config(*, steps: int, global_batch: int, nproc: int, device: str):
     })
 
 
-def _run(config, device: str) -> dict:
+def run_measured(config, device: str, *, warmup_steps: int = 3) -> dict:
     """One training run: its final loss, and tokens/s and s/step past the warm-up (rank 0's
-    telemetry)."""
+    telemetry); also the whole call's wall time, device-seconds and energy (bench/arms.py --ddp
+    reports them)."""
     samples: list[dict] = []
     result = train(config, sink=samples.append, device=device)
     lead = [s for s in samples if s.get("rank", 0) == 0]
-    start = next((s for s in lead if s["step"] >= WARMUP_STEPS), None)
+    start = next((s for s in lead if s["step"] >= warmup_steps), None)
     end = lead[-1]
     if start is None or end["step"] <= start["step"] or end["ts"] <= start["ts"]:
         raise SystemExit("too few samples past the warm-up: raise --steps")
     seconds = end["ts"] - start["ts"]
     return {"final_loss": result.final_loss, "tokens_per_s": (end["tokens"] - start["tokens"]) / seconds,
-            "step_s": seconds / (end["step"] - start["step"]), "status": result.status}
+            "step_s": seconds / (end["step"] - start["step"]), "status": result.status,
+            "wall_s": result.wall_s, "device_s": result.device_s, "tokens": result.tokens,
+            "energy_j": result.energy_j, "energy_estimated": result.energy_estimated}
 
 
 def _spread(values: list[float]) -> dict:
@@ -93,12 +96,12 @@ def main() -> int:
         "ddp": _config(steps=steps, global_batch=global_batch, nproc=WORLD, device=ns.device),
         "shard": _config(steps=steps, global_batch=global_batch // WORLD, nproc=1, device=ns.device),
     }
-    _run(arms["single"], ns.device)  # warm the process: first-call costs belong to no arm
+    run_measured(arms["single"], ns.device, warmup_steps=WARMUP_STEPS)  # warm the process: first-call costs belong to no arm
     names = list(arms)
     rows = []
     for r in range(rounds):
         order = names[r % len(names):] + names[:r % len(names)]
-        rows.append({name: _run(arms[name], ns.device) for name in order})
+        rows.append({name: run_measured(arms[name], ns.device, warmup_steps=WARMUP_STEPS) for name in order})
 
     backend = "nccl" if ns.device == "cuda" else "gloo"
     print(f"DDP: tiny preset, seq_len 64, global_batch {global_batch}, {steps} steps/run, "
