@@ -1,6 +1,7 @@
-"""The cost benchmark: plain PyTorch against costlab's strategies, on the same model, data and machine.
+"""The cost benchmark: plain PyTorch against costlab's strategies, same model, data and machine.
 
-    python bench/arms.py [--quick] [--json] [--device cpu|cuda] [--price-per-hour USD] [--compile auto|on|off]
+    python bench/arms.py [--quick] [--json] [--device cpu|cuda] [--price-per-hour USD]
+                         [--compile auto|on|off]
     python bench/arms.py --ddp N [--quick] [--json] [--device cpu|cuda]
 
 The shape: the `small` preset (26M parameters) at seq_len 256, global batch 8 (64 on CUDA).
@@ -77,9 +78,11 @@ from gpu_runtime.model import preset_args  # noqa: E402
 
 TARGET = 0.40
 MIB = 2**20
-# Assumed on-demand prices per device-hour (USD), only to put a unit on the cost: the ratio does not depend on it.
+# Assumed on-demand prices per device-hour (USD), only to put a unit on the cost: the ratio does not
+# depend on it.
 ASSUMED_PRICE = {"cpu": 0.10, "cuda": 3.50}  # a 2-vCPU cloud VM; one H200-class GPU
-PROBE_STEPS = 1  # timed steps per micro-batch size (after one warm-up step): short runs must see the scaler act
+# timed steps per micro-batch size (after one warm-up step): short runs must see the scaler act
+PROBE_STEPS = 1
 FLOOR_TARGET = 1.10  # ratio / gemm_floor
 LOSS_TARGET = 0.02  # |optimized - baseline final loss| / baseline, at equal tokens
 
@@ -163,7 +166,8 @@ class PeakMemory:
 
 
 def run_arm(config: dict, device: str) -> dict[str, Any]:
-    """One train() call: tokens/s over the steps after the first (wall and CPU clocks), peak memory, loss."""
+    """One train() call: tokens/s over the steps after the first (wall and CPU clocks), peak
+    memory, loss."""
     wall: list[float] = []
     cpu: list[float] = []
 
@@ -201,7 +205,8 @@ def _timer(clock: str):
 
 
 def gemm_shapes(ns: argparse.Namespace, micro_batch: int) -> list[tuple[int, str, int, int, int]]:
-    """(count, layout, m, k, n) of every matmul one micro-batch's forward and backward runs (per step: x accumulation).
+    """(count, layout, m, k, n) of every matmul one micro-batch's forward and backward runs (per
+    step: x accumulation).
 
     Each linear layer runs three GEMMs, in the operand layouts autograd gives them: forward
     `F.linear(x, W)` (M x in, W out x in), the input's gradient `dy @ W` (M x out @ out x in) and
@@ -241,7 +246,8 @@ def _gemm(layout: str, m: int, k: int, n: int, device: torch.device, dtype: torc
 
 def gemm_step_seconds(ns: argparse.Namespace, device: torch.device, dtype: torch.dtype, micro_batch: int,
                       clock: str) -> float:
-    """Seconds of GEMM one optimizer step needs at this micro-batch and dtype: each shape timed (best of 5)."""
+    """Seconds of GEMM one optimizer step needs at this micro-batch and dtype: each shape timed
+    (best of 5)."""
     now, total = _timer(clock), 0.0
     for count, layout, m, k, n in gemm_shapes(ns, micro_batch):
         run = _gemm(layout, m, k, n, device, dtype)
@@ -308,12 +314,14 @@ def _alone_row(runs: list[dict[str, dict]], name: str, clock: str) -> dict[str, 
 
 
 def loss_delta(baseline_loss: float, loss: float) -> float:
-    """|loss - baseline| / baseline: both ran the same steps of the same global batch, so equal tokens."""
+    """|loss - baseline| / baseline: both ran the same steps of the same global batch, so equal
+    tokens."""
     return abs(loss - baseline_loss) / baseline_loss
 
 
 def ddp_main(ns: argparse.Namespace, baseline: dict, optimized: dict, price: float, rounds: int) -> int:
-    """Both arms as ns.ddp-process DDP: device-hours, electricity, completion time, cost per token."""
+    """Both arms as ns.ddp-process DDP: device-hours, electricity, completion time, cost per
+    token."""
     from ddp import run_measured  # bench/ddp.py: one DDP run measured from rank 0's telemetry
 
     world = ns.ddp
@@ -340,18 +348,20 @@ def ddp_main(ns: argparse.Namespace, baseline: dict, optimized: dict, price: flo
     ratios = [row["baseline"]["tokens_per_s"] / row["optimized"]["tokens_per_s"] for row in rows]
     s = spread(ratios)
     unit = "GPU-hours" if ns.device.startswith("cuda") else "device-hours (CPU)"
-    print(f"DDP comparison: {world} processes per arm ({'nccl' if ns.device.startswith('cuda') else 'gloo, one thread each'}), "
-          f"{ns.preset} preset, seq_len {ns.seq_len}, global batch {ns.global_batch}, {ns.steps} steps, "
-          f"{rounds} interleaved rounds; price ${price:.2f} per device-hour"
-          f"{' (ASSUMED)' if ns.price_per_hour is None else ''}")
-    print(f"{'arm':<10} {unit:>19} {'electricity kWh':>16} {'completion s':>13} {'tokens/s':>9} {'USD/1M tok':>11}")
+    print(f"DDP comparison: {world} processes per arm "
+          f"({'nccl' if ns.device.startswith('cuda') else 'gloo, one thread each'}), {ns.preset} "
+          f"preset, seq_len {ns.seq_len}, global batch {ns.global_batch}, {ns.steps} steps, "
+          f"{rounds} interleaved rounds; price ${price:.2f} per "
+          f"device-hour{' (ASSUMED)' if ns.price_per_hour is None else ''}")
+    print(f"{'arm':<10} {unit:>19} {'electricity kWh':>16} {'completion s':>13} {'tokens/s':>9} "
+          f"{'USD/1M tok':>11}")
     for name, f in figures.items():
         kwh = "n/a" if f["electricity_kwh"] is None else \
             f"{f['electricity_kwh']:.6f}{' est.' if f['electricity_estimated'] else ''}"
-        print(f"{name:<10} {f['device_hours']:>19.5f} {kwh:>16} {f['completion_s']:>13.1f} {f['tokens_per_s']:>9.0f} "
-              f"{f['usd_per_1m_tokens']:>11.4f}")
-    print(f"ratio (optimized / baseline USD per 1M tokens, both as {world}-process DDP): {s['median']:.3f} "
-          f"(min {s['min']:.3f}, max {s['max']:.3f}); loss delta "
+        print(f"{name:<10} {f['device_hours']:>19.5f} {kwh:>16} {f['completion_s']:>13.1f} "
+              f"{f['tokens_per_s']:>9.0f} {f['usd_per_1m_tokens']:>11.4f}")
+    print(f"ratio (optimized / baseline USD per 1M tokens, both as {world}-process DDP): "
+          f"{s['median']:.3f} (min {s['min']:.3f}, max {s['max']:.3f}); loss delta "
           f"{loss_delta(figures['baseline']['final_loss'], figures['optimized']['final_loss']):.4f}")
     if ns.json:
         print(json.dumps({"mode": "ddp", "world_size": world, "device": ns.device, "rounds": rounds,
@@ -379,7 +389,8 @@ def main() -> int:
                         help="torch intra-op threads on CPU (default 1: OpenMP threads spinning against other "
                              "processes on a small shared box swamp what is measured; 0 keeps torch's default)")
     parser.add_argument("--ddp", type=int, default=0, metavar="N",
-                        help="both arms as N-process DDP: device-hours, electricity, completion time (the seed's table)")
+                        help="both arms as N-process DDP: device-hours, electricity, completion "
+                             "time (the seed's table)")
     ns = parser.parse_args()
     dev = resolve_device(ns.device)
     cuda = dev.type == "cuda"
@@ -409,7 +420,8 @@ def main() -> int:
 
     if ns.ddp:
         if ns.ddp < 2 or ns.global_batch % ns.ddp:
-            parser.error(f"--ddp: {ns.ddp} processes must be 2 or more and divide the global batch {ns.global_batch}")
+            parser.error(f"--ddp: {ns.ddp} processes must be 2 or more and divide the global "
+                         f"batch {ns.global_batch}")
         return ddp_main(ns, baseline, optimized, price, rounds)
     started = time.perf_counter()
     run_arm(_merge(baseline, {"train": {"steps": 2}}), ns.device)  # warm the process: first-call costs are no arm's
@@ -472,49 +484,60 @@ def report(ns, dev, price, per_round, alone_rows, skipped, rates, compile_optimi
     mem = "CUDA max allocated" if dev.type == "cuda" else "RSS growth, sampled every 10 ms (estimate)"
     clock = ("wall clock" if ns.clock == "wall" else
              "this process's CPU time (time.process_time; wall-clock figures alongside)")
-    print(f"cost benchmark: {ns.preset} preset ({args.num_params() / 1e6:.1f}M parameters), seq_len {ns.seq_len}, "
-          f"global batch {ns.global_batch}, baseline micro-batch {ns.baseline_micro_batch}, on {label}"
-          f"{'' if dev.type == 'cuda' else f', torch threads {torch.get_num_threads()}'}")
-    print(f"{len(per_round)} interleaved rounds x {ns.steps} steps (the first of each run untimed); step time: {clock}")
-    print(f"optimized = bf16 autocast + bf16 storage (fp32 masters) + dynamic batching [{ns.baseline_micro_batch}, {ns.global_batch}] + fused "
-          f"RMSNorm+QKV + fused AdamW + prefetch{' + torch.compile' if compile_optimized else ' (no compile)'}")
-    print(f"price: ${price:.2f} per device-hour, {'ASSUMED (--price-per-hour sets it)' if ns.price_per_hour is None else 'given'}"
-          "; cost = device time only, energy excluded")
+    print(f"cost benchmark: {ns.preset} preset ({args.num_params() / 1e6:.1f}M parameters), "
+          f"seq_len {ns.seq_len}, global batch {ns.global_batch}, baseline micro-batch "
+          f"{ns.baseline_micro_batch}, on "
+          f"{label}{'' if dev.type == 'cuda' else f', torch threads {torch.get_num_threads()}'}")
+    print(f"{len(per_round)} interleaved rounds x {ns.steps} steps (the first of each run "
+          f"untimed); step time: {clock}")
+    print("optimized = bf16 autocast + bf16 storage (fp32 masters) + dynamic batching "
+          f"[{ns.baseline_micro_batch}, {ns.global_batch}] + fused RMSNorm+QKV + fused AdamW + "
+          f"prefetch{' + torch.compile' if compile_optimized else ' (no compile)'}")
+    print(f"price: ${price:.2f} per device-hour, "
+          f"{'ASSUMED (--price-per-hour sets it)' if ns.price_per_hour is None else 'given'}; "
+          "cost = device time only, energy excluded")
     print()
-    print(f"{'arm':<10} {'tokens/s':>9} {'(wall)':>8} {'peak MiB':>9} {'USD/1M tok':>11} {'MFU':>7} {'loss':>7}"
-          "  micro-batches")
+    print(f"{'arm':<10} {'tokens/s':>9} {'(wall)':>8} {'peak MiB':>9} {'USD/1M tok':>11} "
+          f"{'MFU':>7} {'loss':>7}  micro-batches")
     for name, a in arms.items():
         mfu = "-" if a["mfu"] is None else f"{a['mfu']:.3f}"
-        print(f"{name:<10} {a['tokens_per_s']:>9.1f} {a['tokens_per_s_wall']:>8.1f} {a['peak_mem_mb']:>9.1f} "
-              f"{a['usd_per_1m_tokens']:>11.4f} {mfu:>7} {a['final_loss']:>7.3f}  {a['micro_batches']}")
+        print(f"{name:<10} {a['tokens_per_s']:>9.1f} {a['tokens_per_s_wall']:>8.1f} "
+              f"{a['peak_mem_mb']:>9.1f} {a['usd_per_1m_tokens']:>11.4f} {mfu:>7} "
+              f"{a['final_loss']:>7.3f}  {a['micro_batches']}")
     met = s["median"] <= TARGET
-    print(f"\nratio (optimized / baseline USD per 1M tokens) = {s['median']:.3f}  spread: min {s['min']:.3f}, "
-          f"max {s['max']:.3f}, IQR [{s['q1']:.3f}, {s['q3']:.3f}]  target <= {TARGET:.2f}: "
-          f"{'MET' if met else 'NOT MET'}")
-    print(f"per round: {', '.join(f'{x:.3f}' for x in ratios)}   (wall clock: {', '.join(f'{x:.3f}' for x in wall_ratios)})")
+    print(f"\nratio (optimized / baseline USD per 1M tokens) = {s['median']:.3f}  spread: min "
+          f"{s['min']:.3f}, max {s['max']:.3f}, IQR [{s['q1']:.3f}, {s['q3']:.3f}]  target <= "
+          f"{TARGET:.2f}: {'MET' if met else 'NOT MET'}")
+    print(f"per round: {', '.join(f'{x:.3f}' for x in ratios)}   (wall clock: "
+          f"{', '.join(f'{x:.3f}' for x in wall_ratios)})")
     print(f"\neach strategy alone vs baseline (median; peak memory: {mem})")
-    print(f"{'strategy':<26} {'tokens/s':>9} {'x base':>7} {'peak MiB':>9} {'x base':>7}  micro-batches")
+    print(f"{'strategy':<26} {'tokens/s':>9} {'x base':>7} {'peak MiB':>9} {'x base':>7}  "
+          "micro-batches")
     for name, row in alone_rows.items():
-        print(f"{name:<26} {row['tokens_per_s']:>9.1f} {row['tokens_per_s_ratio']:>7.3f} {row['peak_mem_mb']:>9.1f} "
-              f"{row['peak_mem_ratio']:>7.3f}  {row['micro_batches']}")
+        print(f"{name:<26} {row['tokens_per_s']:>9.1f} {row['tokens_per_s_ratio']:>7.3f} "
+              f"{row['peak_mem_mb']:>9.1f} {row['peak_mem_ratio']:>7.3f}  {row['micro_batches']}")
     for name, why in skipped.items():
         print(f"{name:<26} skipped: {why}")
     print(f"{'strategy':<26} loss delta vs baseline (target <= {LOSS_TARGET})")
     for name, row in alone_rows.items():
-        print(f"{name:<26} {row['loss_delta']:.4f}{'  FLAGGED: speed bought with loss' if name in flagged else ''}")
+        print(f"{name:<26} {row['loss_delta']:.4f}"
+              f"{'  FLAGGED: speed bought with loss' if name in flagged else ''}")
     g = rates["gemm_gflops"]
-    print(f"\nGEMM at the model's own shapes (one step, baseline micro-batch {ns.baseline_micro_batch}): "
-          f"fp32 {g['fp32']:.0f} GFLOP/s, bf16 {g['bf16']:.0f} GFLOP/s")
-    print(f"gemm_floor (bf16 / fp32 GEMM time: the cost ratio dtype alone allows) = {rates['gemm_floor']:.3f}"
-          f" (passes: {', '.join(f'{x:.3f}' for x in rates['gemm_floor_per_pass'])})"
-          f"; with bf16 at micro-batch {max(used)}: {rates['gemm_floor_at_optimized_micro_batch']:.3f}")
+    print("\nGEMM at the model's own shapes (one step, baseline micro-batch "
+          f"{ns.baseline_micro_batch}): fp32 {g['fp32']:.0f} GFLOP/s, bf16 {g['bf16']:.0f} GFLOP/s")
+    print("gemm_floor (bf16 / fp32 GEMM time: the cost ratio dtype alone allows) = "
+          f"{rates['gemm_floor']:.3f} (passes: "
+          f"{', '.join(f'{x:.3f}' for x in rates['gemm_floor_per_pass'])}); with bf16 at "
+          f"micro-batch {max(used)}: {rates['gemm_floor_at_optimized_micro_batch']:.3f}")
     print(f"floor_ratio (ratio / gemm_floor) = {floor_ratio:.3f}  target <= {FLOOR_TARGET:.2f}: "
           f"{'MET' if floor_ratio <= FLOOR_TARGET else 'NOT MET'}")
-    print(f"loss_delta (|optimized - baseline| / baseline final loss, equal tokens) = {delta:.4f}  target <= "
-          f"{LOSS_TARGET}: {'MET' if delta <= LOSS_TARGET else 'NOT MET: the optimized arm buys speed with loss'}")
+    print(f"loss_delta (|optimized - baseline| / baseline final loss, equal tokens) = {delta:.4f}"
+          f"  target <= {LOSS_TARGET}: "
+          f"{'MET' if delta <= LOSS_TARGET else 'NOT MET: the optimized arm buys speed with loss'}")
     above = max(used) > ns.baseline_micro_batch
     print(f"optimized micro-batches {used}: {'above' if above else 'NOT above'} the baseline's "
-          f"{ns.baseline_micro_batch}; events per run: {[r['optimized']['micro_batch_events'] for r in per_round]}")
+          f"{ns.baseline_micro_batch}; events per run: "
+          f"{[r['optimized']['micro_batch_events'] for r in per_round]}")
     print(f"wall time {elapsed:.0f} s")
     if ns.json:
         print(json.dumps({

@@ -49,7 +49,8 @@ def _memory_capacity(device: torch.device, budget_mb: int | None) -> int:
 
 
 class HostMemory:
-    """This process's resident memory: now, and its peak since the last reset (Linux), host-side reads only."""
+    """This process's resident memory: now, and its peak since the last reset (Linux), host-side
+    reads only."""
 
     _CLEAR_REFS, _STATUS = "/proc/self/clear_refs", "/proc/self/status"
 
@@ -110,8 +111,9 @@ class MicroBatching:
         self.run_peak_bytes = 0  # CUDA: the largest step peak (per-step peaks reset the allocator's)
         self._baseline = 0
         self._started: float | None = None  # the clock at the step's start; None after an OOM retry
-        # CPU: this process's CPU time, which other tenants' load on a shared host does not move (the
-        # wall clock swings by tens of per cent there); CUDA: the wall clock, after the step's sync
+        # CPU: this process's CPU time, which other tenants' load on a shared host does not move
+        # (the wall clock swings by tens of per cent there); CUDA: the wall clock, after the step's
+        # sync
         self._clock = time.perf_counter if device.type == "cuda" else time.process_time
         if dyn.enabled:
             self.scaler = BatchScaler(
@@ -125,8 +127,8 @@ class MicroBatching:
             if device.type != "cuda":
                 self.host = HostMemory()
             if dyn.adaptive_global_batch:  # statistics only where they decide something
-                # device parameters first: a norm over mixed devices lands on the first one's device,
-                # and a CPU-first order would pull the device's norm to the host (a sync)
+                # device parameters first: a norm over mixed devices lands on the first one's
+                # device, and a CPU-first order would pull the device's norm to the host (a sync)
                 ordered = sorted(params, key=lambda p: p.device.type == "cpu")
                 self.tracker = GradientNormTracker(ordered)
         else:
@@ -151,7 +153,8 @@ class MicroBatching:
 
     def run(self, accumulate: Callable[[AccumulationPlan], T], *, cleanup: Callable[[], None]
             ) -> tuple[T, AccumulationPlan]:
-        """Accumulate one step's gradients; with dynamic batching, survive out-of-memory by halving."""
+        """Accumulate one step's gradients; with dynamic batching, survive out-of-memory by
+        halving."""
         if self.scaler is None:
             return accumulate(self._plan), self._plan
         if self.device.type == "cuda":  # host-side allocator counters: no sync
@@ -179,13 +182,15 @@ class MicroBatching:
             self.tracker.after_micro_batch(plan, index)
 
     def pending_norms(self, *, loss_scale: torch.Tensor | None) -> torch.Tensor | None:
-        """The step's two squared gradient norms, unscaled, still on the device (read with the loss)."""
+        """The step's two squared gradient norms, unscaled, still on the device (read with the
+        loss)."""
         if self.tracker is None:
             return None
         return self.tracker.pending_sq_norms(divide_by=None if loss_scale is None else loss_scale.square())
 
     def finish_step(self, norms: list[float] | None) -> None:
-        """After the step's one sync: feed the scaler its time, memory peak and statistics; it plans the next."""
+        """After the step's one sync: feed the scaler its time, memory peak and statistics; it
+        plans the next."""
         if self.scaler is None:
             return
         seconds = None if self._started is None else self._clock() - self._started

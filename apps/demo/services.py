@@ -63,7 +63,8 @@ DEMO_DESCRIPTION = (
     "Everything else is the same: tiny preset, seq_len 256, 30 steps, synthetic data."
 )
 DEMO_RUNS_PER_ARM = 6
-# Evidence minimums sized to a demo: a verdict ("cheaper", or a freeze) after a few runs, not a few hundred.
+# Evidence minimums sized to a demo: a verdict ("cheaper", or a freeze) after a few runs, not a few
+# hundred.
 DEMO_EXPERIMENT = {"min_runs_per_arm": 3, "min_samples_per_arm": 20, "attribution_interval_s": 10,
                    "freeze_threshold": Decimal("0.05")}
 
@@ -81,7 +82,8 @@ class DemoSeedResult:
 @transaction.atomic
 def demo_seed(*, admin_username: str = "admin", admin_email: str = "admin@example.com",
               submit_runs_per_arm: int = 0) -> DemoSeedResult:
-    """Seed the demo; with submit_runs_per_arm, also queue runs when the demo experiment has none."""
+    """Seed the demo; with submit_runs_per_arm, also queue runs when the demo experiment has
+    none."""
     tenant, _ = Tenant.objects.get_or_create(slug="demo", defaults={"name": "Demo team"})
 
     table, _ = PricingTable.objects.get_or_create(
@@ -94,7 +96,8 @@ def demo_seed(*, admin_username: str = "admin", admin_email: str = "admin@exampl
             "vcpu_hour_usd": Decimal("0.04"),
             "memory_gb_hour_usd": Decimal("0.005"),
             "is_example": True,
-            "notes": "EXAMPLE PRICES for the demo only. Not a quote from any provider; replace them.",
+            "notes": "EXAMPLE PRICES for the demo only. "
+                     "Not a quote from any provider; replace them.",
         },
     )
     for name, memory_gb, tdp_w, peak, price in EXAMPLE_SKUS:

@@ -1,4 +1,5 @@
-"""Dynamic batching (`optimizer.dynamic_batching`): the micro-batch for throughput, the global batch opt-in.
+"""Dynamic batching (`optimizer.dynamic_batching`): the micro-batch for throughput, the global
+batch opt-in.
 
 The micro-batch changes throughput and memory, never the optimisation: the global batch
 is fixed and accumulation adds the micro-batches up to it. So the scaler moves the
@@ -105,7 +106,8 @@ class ScalerEvent:
 
 
 class BatchScaler:
-    """Chooses the micro-batch in [min, max] by measured throughput; with the opt-in key, the global batch too."""
+    """Chooses the micro-batch in [min, max] by measured throughput; with the opt-in key, the
+    global batch too."""
 
     def __init__(
         self, *, global_batch: int, min_micro_batch: int, max_micro_batch: int, stability_window: int,
@@ -126,8 +128,8 @@ class BatchScaler:
         self.adaptive = adaptive_global_batch
         floor = max(min_micro_batch, global_batch // 8) if min_global_batch is None else min_global_batch
         if self.adaptive and not min_micro_batch <= floor <= global_batch:
-            raise ValueError(f"{_KEY}.min_global_batch ({floor}) must lie in [min_micro_batch ({min_micro_batch}), "
-                             f"train.global_batch ({global_batch})]")
+            raise ValueError(f"{_KEY}.min_global_batch ({floor}) must lie in [min_micro_batch "
+                             f"({min_micro_batch}), train.global_batch ({global_batch})]")
         self.min_global_batch = floor if self.adaptive else global_batch
         self.global_batch = self.min_global_batch
         self.lr_scaling = lr_scaling
@@ -180,7 +182,8 @@ class BatchScaler:
 
     @property
     def lr_scale(self) -> float:
-        """The learning rate's factor for the current global batch (1.0 unless adaptive_global_batch)."""
+        """The learning rate's factor for the current global batch (1.0 unless
+        adaptive_global_batch)."""
         ratio = self.global_batch / self.base_global_batch
         return ratio if self.lr_scaling == "linear" else math.sqrt(ratio)
 
@@ -217,7 +220,8 @@ class BatchScaler:
         self, stats: GradientStats | None = None, *, peak_memory_bytes: int | None = None,
         baseline_memory_bytes: int | None = None, step_seconds: float | None = None,
     ) -> AccumulationPlan:
-        """Record a finished optimizer step (its compute time, memory peak, gradient stats); plan the next."""
+        """Record a finished optimizer step (its compute time, memory peak, gradient stats); plan
+        the next."""
         self.step += 1
         self._floor_failures = 0
         if peak_memory_bytes is not None:
@@ -260,7 +264,8 @@ class BatchScaler:
             if gain < self.min_speedup:
                 self._probing = False
                 self._change("shrink", self._smaller, detail | {
-                    "reason": f"not faster: {gain:+.1%} < min_speedup {self.min_speedup:.0%}; probing stops"})
+                    "reason": f"not faster: {gain:+.1%} < min_speedup {self.min_speedup:.0%}; "
+                              "probing stops"})
                 return
         larger = [c for c in self._candidates() if c > self.micro_batch]
         if not larger:
@@ -329,7 +334,8 @@ class BatchScaler:
     # -- out of memory ---------------------------------------------------------------------
 
     def on_out_of_memory(self, error: BaseException | None = None) -> AccumulationPlan:
-        """Halve the micro-batch (never below min), keep it below the size that failed, stop probing."""
+        """Halve the micro-batch (never below min), keep it below the size that failed, stop
+        probing."""
         detail = {"reason": "out of memory", "error": str(error)[:200] if error else "out of memory"}
         self._probing = False
         if self.micro_batch == self.min_micro_batch:
@@ -338,7 +344,8 @@ class BatchScaler:
             if self._floor_failures > self.max_floor_retries:
                 raise MicroBatchFloorError(
                     f"{_KEY}.min_micro_batch: out of memory at the minimum micro-batch "
-                    f"({self.min_micro_batch}) {self._floor_failures} times; lower it or free memory")
+                    f"({self.min_micro_batch}) {self._floor_failures} times; "
+                    "lower it or free memory")
             return self.plan
         self._oom_limit = max(self.min_micro_batch, self.micro_batch - 1)
         self._change("oom", max(self.min_micro_batch, self.micro_batch // 2), detail)
@@ -396,4 +403,5 @@ class SimulatedOom:
         if micro_batch > self.fits_up_to:
             self.raised += 1
             raise torch.OutOfMemoryError(
-                f"simulated out of memory: micro-batch {micro_batch} > {self.fits_up_to} (test hook)")
+                f"simulated out of memory: micro-batch {micro_batch} > {self.fits_up_to} "
+                "(test hook)")

@@ -92,8 +92,8 @@ def test_the_demo_description_says_exactly_what_its_arms_configs_differ_in():
             f"{optimized[dyn + 'max_micro_batch']}") in optimized_part
     assert optimized["train.micro_batch"] == control["train.micro_batch"] == optimized[dyn + "min_micro_batch"]
     assert f"global batch of {control['train.global_batch']}" in text
-    assert (f"{control['model.preset']} preset, seq_len {control['model.seq_len']}, {control['train.steps']} steps, "
-            f"{control['data.source']} data") in text
+    assert (f"{control['model.preset']} preset, seq_len {control['model.seq_len']}, "
+            f"{control['train.steps']} steps, {control['data.source']} data") in text
     # nothing promised that neither arm does
     switched_on = {
         "checkpointing": optimized["memory.gradient_checkpointing.enabled"],

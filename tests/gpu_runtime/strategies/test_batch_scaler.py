@@ -69,7 +69,8 @@ def test_noise_scale_needs_two_micro_batches():
 
 
 def timed(s, steps, seconds_per_sample):
-    """Feed `steps` finished steps whose compute time is seconds_per_sample(micro_batch) per sample."""
+    """Feed `steps` finished steps whose compute time is seconds_per_sample(micro_batch) per
+    sample."""
     seen = []
     for _ in range(steps):
         plan = s.plan

@@ -16,8 +16,9 @@ from apps.demo.services import demo_seed
 
 
 class Command(BaseCommand):
-    help = ("make run: start the embedded Redis (without REDIS_URL), seed the demo, then web, workers and "
-            "beat; a process that dies is restarted with backoff; Ctrl-C stops everything.")
+    help = ("make run: start the embedded Redis (without REDIS_URL), seed the demo, then web, "
+            "workers and beat; a process that dies is restarted with backoff; "
+            "Ctrl-C stops everything.")
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default=os.environ.get("COSTLAB_HOST", "127.0.0.1"))
@@ -61,8 +62,8 @@ class Command(BaseCommand):
             connections.close_all()  # the children open their own
             self._seed_lines(seed)
             stack.start_all()
-            # The banner once the web server listens and the workers answer, so their start-up output
-            # does not push it off screen (or after a minute, whatever is still starting).
+            # The banner once the web server listens and the workers answer, so their start-up
+            # output does not push it off screen (or after a minute, whatever is still starting).
             announce_by = time.monotonic() + 60
             announced = []
             workers = sum(" worker " in " ".join(spec.argv) for spec in (c.spec for c in stack.children.values()))
@@ -88,7 +89,8 @@ class Command(BaseCommand):
 
     @staticmethod
     def _where(host: str, port: int, seed, state: str) -> str:
-        """The banner, printed when the stack is up and again when it stops: where to sign in, how to reset."""
+        """The banner, printed when the stack is up and again when it stops: where to sign in, how
+        to reset."""
         base = f"http://{host}:{port}"
         password = (f"password {seed.admin_password} (shown only this time)" if seed.admin_password
                     else "password unchanged")

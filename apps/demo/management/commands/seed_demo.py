@@ -18,7 +18,8 @@ class Command(BaseCommand):
             self.stdout.write(f"Queued {result.runs_submitted} demo runs on '{result.experiment.name}'.")
         if result.admin_password:
             self.stdout.write(self.style.SUCCESS(
-                f"Admin user created: {result.admin_username} / password: {result.admin_password}  "
+                f"Admin user created: {result.admin_username} / password: "
+                f"{result.admin_password}  "
                 "(shown once; change it with: manage.py changepassword)"
             ))
         else:
