@@ -11,6 +11,7 @@ from django.utils import timezone
 from apps.attribution.models import AttributionSnapshot, FreezeEvent, WeightChange
 from apps.attribution.selectors import snapshot_series
 from apps.dashboard.series import EpochMs, RunSeries, epoch_ms, series_meta
+from apps.dashboard.verdicts import clip_low
 from apps.experiments.models import Arm, Experiment, Run
 
 # Telemetry charts of the experiment page (a run's page adds throughput and loss).
@@ -89,7 +90,7 @@ def attribution_json(*, experiment: Experiment, arms: list[Arm], now: datetime |
             points = [r for r in rows if r[2] is not None]
             deviation[str(arm.pk)] = {
                 "x": [int(r[1]) for r in points], "y": [_pct(r[2]) for r in points],
-                "lo": [_pct(r[3]) for r in points], "hi": [_pct(r[4]) for r in points],
+                "lo": [_pct(clip_low(r[3])) for r in points], "hi": [_pct(r[4]) for r in points],
             }
         weights[arm.pk] = [(r[1], float(r[5])) for r in rows]
 

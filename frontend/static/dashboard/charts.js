@@ -226,16 +226,34 @@
   var lastSample = null;
   var timer = null;
 
+  // The verdict card, run counts, comparison and recent runs: one server-rendered fragment (escaped by
+  // the template engine); each of its [data-fragment] elements replaces the page's element of that id.
   function refreshComparison() {
     var url = root.dataset.comparisonUrl;
-    var target = document.getElementById("comparison-fragment");
-    if (!url || !target) { return; }
+    if (!url) { return; }
     lastTableRefresh = Date.now();
     fetch(url, { credentials: "same-origin" }).then(function (r) {
       return r.ok ? r.text() : null;
     }).then(function (html) {
-      if (html !== null) { target.innerHTML = html; } // server-rendered, escaped by the template engine
+      if (html === null) { return; }
+      var doc = new DOMParser().parseFromString(html, "text/html");
+      Array.prototype.forEach.call(doc.querySelectorAll("[data-fragment]"), function (part) {
+        var target = document.getElementById(part.id);
+        if (target) { target.replaceWith(document.importNode(part, true)); }
+      });
     }).catch(function () { /* the next poll retries */ });
+  }
+
+  // A run that appears, or whose status changes, changes the counts and the recent runs: refresh now.
+  var runStatus = {};
+  Object.keys(tele.runs).forEach(function (id) { runStatus[id] = tele.runs[id].status; });
+  function runsMoved(update) {
+    var moved = false;
+    Object.keys(update.runs || {}).forEach(function (id) {
+      if (runStatus[id] !== update.runs[id].status) { moved = true; }
+      runStatus[id] = update.runs[id].status;
+    });
+    return moved;
   }
 
   function poll() {
@@ -251,11 +269,12 @@
       cursor = update.cursor;
       var newest = appendTelemetry(update);
       if (newest) { lastSample = newest; }
+      var moved = runsMoved(update);
       if (update.attribution) {
         attributionVersion = update.attribution.version;
         drawAttribution(update.attribution);
         refreshComparison();
-      } else if (update.active && Date.now() - lastTableRefresh > 10000) {
+      } else if (moved || Date.now() - lastTableRefresh > (update.active ? 10000 : 30000)) {
         refreshComparison();
       }
       var when = lastSample ? " · last sample " + new Date(lastSample).toISOString().slice(11, 19) + " UTC" : "";

@@ -12,8 +12,8 @@ from tests.factories import ArmFactory, ExperimentFactory
 pytestmark = pytest.mark.django_db
 
 # Session and user are two of each. Counted, so that a query per row (an N+1) fails the large case.
-LIST_QUERIES = 4
-EXPERIMENT_QUERIES = 18  # the report re-prices usage recorded under other tables: one query over the rollup
+LIST_QUERIES = 6  # + the latest snapshots (verdicts) and freeze events of every listed experiment
+EXPERIMENT_QUERIES = 19  # the report re-prices usage recorded under other tables: one query over the rollup; + freezes (verdict card)
 LIVE_QUERIES = 11
 RUN_QUERIES = 5  # the run, its samples, its attempts ...
 PRICING_QUERIES = 5
