@@ -28,13 +28,24 @@
       height: 300, margin: { l: 64, r: 16, t: 30, b: 40 },
       xaxis: { type: "date", title: { text: "time (UTC)", standoff: 4 } },
       yaxis: { title: { text: yTitle }, rangemode: "tozero" },
-      legend: { orientation: "h", y: -0.42, yanchor: "top", font: { size: 11 } }, hovermode: "closest",
+      // A click on a legend entry shows that run (or arm) alone; a double click brings the others back.
+      legend: { orientation: "h", y: -0.42, yanchor: "top", font: { size: 11 }, itemclick: "toggleothers",
+        itemdoubleclick: "toggle" }, hovermode: "closest",
       paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "#fff"
     };
     return Object.assign(base, extra || {});
   }
 
   var plain = window.costlabPlain; // labels from data are text, never markup (plain.js)
+
+  // An empty chart says so in words, with no axes (Plotly would draw a Jan-Dec 2000 date axis).
+  function emptyLayout(extra, text) {
+    extra.annotations = (extra.annotations || []).concat([{ text: text, showarrow: false, xref: "paper",
+      yref: "paper", x: 0.5, y: 0.5, font: { color: "#888", size: 13 } }]);
+    extra.xaxis = { visible: false };
+    extra.yaxis = { visible: false };
+    return extra;
+  }
 
   function axisTitle(meta) {
     return plain(meta.unit ? meta.label + " (" + meta.unit + ")" : meta.label);
@@ -45,10 +56,49 @@
   var charts = {}; // field -> {el, index: {runId: [lo, hi, mean] trace indices}, lastX: {runId: x}, count}
   var anyEstimated = false;
 
+  // Runs of one arm: distinct shades of the arm's colour (the first run the colour itself, then
+  // alternately darker and lighter), in the order the page first sees them.
+  var shadeOf = {}, shadesUsed = {};
+  var SHADES = [0, -0.3, 0.35, -0.5, 0.55, -0.15, 0.2, -0.4, 0.45, 0.65];
+  function shade(hex, amount) {
+    var n = parseInt(hex.slice(1), 16), rgb = [n >> 16, (n >> 8) & 255, n & 255];
+    return "#" + rgb.map(function (c) {
+      var v = amount < 0 ? c * (1 + amount) : c + (255 - c) * amount;
+      return ("0" + Math.round(v).toString(16)).slice(-2);
+    }).join("");
+  }
   function armColor(runId) {
     var run = tele.runs[runId];
     var arm = run && cfg.arms[String(run.arm)];
-    return arm ? arm.color : "#555";
+    if (!arm) { return "#555"; }
+    if (shadeOf[runId] === undefined) {
+      var k = shadesUsed[run.arm] || 0;
+      shadesUsed[run.arm] = k + 1;
+      shadeOf[runId] = SHADES[k % SHADES.length];
+    }
+    return shade(arm.color, shadeOf[runId]);
+  }
+
+  // A gap in a run's samples (a retried run waiting for its next attempt, a lost worker) is a break
+  // in its line, not a straight segment across: a null point where consecutive samples are further
+  // apart than GAP_FACTOR times the run's usual interval (and at least GAP_MIN_MS).
+  var GAP_FACTOR = 5, GAP_MIN_MS = 10000;
+  function usualStep(xs) {
+    var d = [];
+    for (var i = 1; i < xs.length; i++) { d.push(xs[i] - xs[i - 1]); }
+    d.sort(function (a, b) { return a - b; });
+    return d.length ? d[Math.floor(d.length / 2)] : 1000;
+  }
+  function withBreaks(band, lastX, step) {
+    var out = emptyBand(), prev = lastX, limit = Math.max(GAP_MIN_MS, GAP_FACTOR * step);
+    for (var i = 0; i < band.x.length; i++) {
+      if (prev !== undefined && prev !== null && isFinite(prev) && band.x[i] - prev > limit) {
+        out.x.push(prev + 1); out.y.push(null); out.lo.push(null); out.hi.push(null);
+      }
+      out.x.push(band.x[i]); out.y.push(band.y[i]); out.lo.push(band.lo[i]); out.hi.push(band.hi[i]);
+      prev = band.x[i];
+    }
+    return out;
   }
 
   function runTraces(field, runId, band) {
@@ -80,7 +130,9 @@
       var traces = [];
       var state = { el: el, index: {}, lastX: {}, count: 0 };
       Object.keys(series).forEach(function (runId) {
-        var band = series[runId];
+        state.step = state.step || {};
+        state.step[runId] = usualStep(series[runId].x);
+        var band = withBreaks(series[runId], undefined, state.step[runId]);
         state.index[runId] = [traces.length, traces.length + 1, traces.length + 2];
         state.lastX[runId] = band.x.length ? band.x[band.x.length - 1] : -Infinity;
         state.count += 3;
@@ -88,10 +140,7 @@
       });
       charts[field] = state;
       var extra = { title: { text: plain(meta.label), font: { size: 14 }, x: 0.01 } };
-      if (!traces.length) {
-        extra.annotations = [{ text: "no telemetry yet", showarrow: false, xref: "paper", yref: "paper",
-          x: 0.5, y: 0.5, font: { color: "#888" } }];
-      }
+      if (!traces.length) { emptyLayout(extra, "no telemetry yet: this fills in when a run starts training"); }
       Plotly.newPlot(el, traces, layout(axisTitle(meta), extra), PLOT_CONFIG);
     });
     showEstimatedNote();
@@ -121,10 +170,15 @@
           }
         }
         if (!fresh.x.length) { return; }
+        state.step = state.step || {};
+        if (!state.step[runId]) { state.step[runId] = usualStep(fresh.x); }
+        fresh = withBreaks(fresh, state.lastX[runId], state.step[runId]);
         state.lastX[runId] = fresh.x[fresh.x.length - 1];
         newest = Math.max(newest || 0, state.lastX[runId]);
         if (state.index[runId] === undefined) {
-          if (state.count === 0) { Plotly.relayout(state.el, { annotations: [] }); }
+          if (state.count === 0) {
+            Plotly.relayout(state.el, { annotations: [], "xaxis.visible": true, "yaxis.visible": true });
+          }
           state.index[runId] = [state.count, state.count + 1, state.count + 2];
           state.count += 3;
           Plotly.addTraces(state.el, runTraces(field, runId, fresh));
@@ -178,14 +232,19 @@
     });
     var annotations = [{ xref: "paper", x: 1, xanchor: "right", yref: "y", y: attr.threshold_pct, yanchor: "bottom",
       text: "freeze threshold +" + attr.threshold_pct + " %", showarrow: false, font: { color: "#c0392b", size: 11 } }];
+    var devExtra = {};
     if (!Object.keys(attr.deviation).some(function (k) { return attr.deviation[k].x.length; })) {
-      annotations.push({ text: "no attribution window yet", showarrow: false, xref: "paper", yref: "paper",
-        x: 0.5, y: 0.5, font: { color: "#888" } });
+      // Say why, as the header does: windows may exist while no deviation is estimable yet.
+      emptyLayout(devExtra, attr.attributed
+        ? "attributed, but no deviation yet: each arm needs 2 priced runs"
+        : "no attribution window yet");
+      annotations = devExtra.annotations;
+      shapes = [];
     }
-    Plotly.react(devEl, traces, layout("deviation vs control (%)", {
+    Plotly.react(devEl, traces, layout("deviation vs control (%)", Object.assign({
       shapes: shapes, annotations: annotations, yaxis: { title: { text: "deviation vs control (%)" }, zeroline: true },
       title: { text: "Deviation timeline", font: { size: 14 }, x: 0.01 }
-    }), PLOT_CONFIG);
+    }, devExtra.xaxis ? { xaxis: devExtra.xaxis, yaxis: devExtra.yaxis } : {})), PLOT_CONFIG);
 
     var wTraces = Object.keys(attr.weights).map(function (armId) {
       var arm = cfg.arms[armId] || { name: "arm " + armId, color: "#555" };
