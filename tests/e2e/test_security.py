@@ -79,8 +79,15 @@ def visit(page, url: str, problems: list[str], *, settle: str | None = None) -> 
     problems.extend(f"{url}: {v}" for v in page.evaluate("window.__violations || []"))
 
 
-def test_no_csp_violation_on_any_page(page, live_server, demo):
+def test_no_csp_violation_on_any_page(page, live_server, demo, monkeypatch):
+    from apps.sweeps import services as sweeps
+
     seed, experiment, runs = demo
+    monkeypatch.setattr(sweeps, "_probe_send", lambda **_: None)  # the page only: no probe runs
+    sweep = sweeps.sweep_create(
+        tenant=experiment.tenant, name="batch", probe_count=2, probe_steps=2, parallelism=1, sampler="grid",
+        base_strategy_yaml="model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\ntrain: {steps: 5, global_batch: 2}\n",
+        space={"train.global_batch": [1, 2]})
     problems = watch(page)
     base = live_server.url
     visit(page, base + "/login/", problems)
@@ -88,7 +95,8 @@ def test_no_csp_violation_on_any_page(page, live_server, demo):
     charts = "() => document.querySelectorAll('.chart .main-svg').length >= 2"
     for path, settle in [
         ("/", None), (f"/experiments/{experiment.pk}/", charts), (f"/runs/{runs[0].pk}/", charts),
-        ("/pricing/", None), ("/sweeps/", None), ("/no-such-page/", None),
+        ("/pricing/", None), ("/sweeps/", None), (f"/sweeps/{sweep.pk}/", "() => !!document.getElementById('sweep-chart').data"),
+        ("/no-such-page/", None),
         ("/admin/", None), (f"/admin/experiments/experiment/{experiment.pk}/change/", None),
         ("/admin/pricing/pricingtable/", None), ("/admin/experiments/arm/add/", None),
         ("/api/schema/swagger/", "() => !!document.querySelector('.swagger-ui .info')"),
