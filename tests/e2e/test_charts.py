@@ -100,3 +100,25 @@ def test_recent_runs_and_counts_follow_the_runs_without_a_reload(page, live_serv
         .innerText.includes('Succeeded')""", timeout=8000)
     assert "running" not in page.locator("#facts").inner_text()
     assert not page.js_errors, page.js_errors
+
+
+def test_x_axis_toggle_lays_runs_over_each_other(page, live_server, lab):
+    """'since run start': each run's x is seconds from its first sample, so runs started minutes apart
+    overlap; 'time (UTC)' brings the time of day back."""
+    w, gapped, plain, other, _ = lab
+    sign_in(page, live_server.url, w.user.username, f"/experiments/{w.experiment.pk}/")
+    page.wait_for_function("() => document.querySelectorAll('.chart .main-svg').length >= 6")
+    first_x = """() => (document.getElementById('chart-step_time_s').data || [])
+        .filter(t => t.showlegend !== false).map(t => [t.name, t.x[0]])"""
+    before = dict(page.evaluate(first_x))
+    assert all(x > 1e12 for x in before.values()), "time of day: epoch ms"
+    page.click('[data-xaxis="elapsed"]')
+    page.wait_for_function("() => document.getElementById('chart-step_time_s').layout.xaxis.type === 'linear'")
+    after = dict(page.evaluate(first_x))
+    assert all(x == 0 for x in after.values()), ("every run starts at 0 s", after)
+    assert "since the run started" in page.evaluate(
+        "() => document.getElementById('chart-util_pct').layout.xaxis.title.text")
+    page.click('[data-xaxis="time"]')
+    page.wait_for_function("() => document.getElementById('chart-step_time_s').layout.xaxis.type === 'date'")
+    assert dict(page.evaluate(first_x)) == before
+    assert not page.js_errors, page.js_errors

@@ -101,20 +101,60 @@
     return out;
   }
 
+  // ---------------------------------------------------------------- x axis: time of day, or since each run started
+  // "since start" lays runs that trained at different times over each other (seconds from each run's
+  // first sample). Traces carry their run id (meta); the data stay in epoch ms, shown shifted.
+  var xMode = "time";
+  var runOrigin = {}; // run id -> its first sample's x (epoch ms)
+  function noteOrigin(runId, xs) {
+    for (var i = 0; i < xs.length; i++) {
+      if (xs[i] !== null && (runOrigin[runId] === undefined || xs[i] < runOrigin[runId])) { runOrigin[runId] = xs[i]; }
+    }
+  }
+  function convert(runId, xs, from, to) {
+    var x0 = runOrigin[runId] || 0;
+    var abs = from === "time" ? xs : xs.map(function (v) { return v * 1000 + x0; });
+    return to === "time" ? abs : abs.map(function (v) { return (v - x0) / 1000; });
+  }
+  function shown(runId, xs) { return convert(runId, xs, "time", xMode); }
+  function xAxis() {
+    return xMode === "time" ? { type: "date", title: { text: "time (UTC)", standoff: 4 } }
+      : { type: "linear", title: { text: "time since the run started (s)", standoff: 4 }, rangemode: "tozero" };
+  }
+  function setXMode(mode) {
+    if (mode === xMode) { return; }
+    var from = xMode;
+    xMode = mode;
+    Object.keys(charts).forEach(function (field) {
+      var el = charts[field].el;
+      if (!el.data || !el.data.length) { return; }
+      Plotly.restyle(el, { x: el.data.map(function (t) { return convert(t.meta, t.x, from, mode); }) });
+      Plotly.relayout(el, { xaxis: xAxis() });
+    });
+    Array.prototype.forEach.call(document.querySelectorAll("[data-xaxis]"), function (b) {
+      b.setAttribute("aria-pressed", String(b.dataset.xaxis === mode));
+    });
+  }
+  Array.prototype.forEach.call(document.querySelectorAll("[data-xaxis]"), function (b) {
+    b.addEventListener("click", function () { setXMode(b.dataset.xaxis); });
+  });
+
   function runTraces(field, runId, band) {
     var run = tele.runs[runId] || { label: "run " + runId, estimated: false };
+    noteOrigin(runId, band.x);
+    var x = shown(runId, band.x);
     var color = armColor(runId);
     var estimated = run.estimated && field === "power_w";
     if (estimated) { anyEstimated = true; }
     var name = plain(run.label + (estimated ? " (estimated)" : ""));
     var group = "run-" + runId;
     return [
-      { x: band.x, y: band.lo, type: "scatter", mode: "lines", line: { width: 0, color: color },
+      { x: x, y: band.lo, type: "scatter", mode: "lines", line: { width: 0, color: color }, meta: runId,
         hoverinfo: "skip", showlegend: false, legendgroup: group, name: name + " min" },
-      { x: band.x, y: band.hi, type: "scatter", mode: "lines", line: { width: 0, color: color },
+      { x: x, y: band.hi, type: "scatter", mode: "lines", line: { width: 0, color: color }, meta: runId,
         fill: "tonexty", fillcolor: rgba(color, 0.15), hoverinfo: "skip", showlegend: false,
         legendgroup: group, name: name + " max" },
-      { x: band.x, y: band.y, type: "scatter", mode: "lines", name: name, legendgroup: group,
+      { x: x, y: band.y, type: "scatter", mode: "lines", name: name, legendgroup: group, meta: runId,
         line: { width: 1.6, color: color, dash: estimated ? "dot" : "solid" } }
     ];
   }
@@ -122,6 +162,9 @@
   function emptyBand() { return { x: [], y: [], lo: [], hi: [] }; }
 
   function drawTelemetry() {
+    Object.keys(tele.series).forEach(function (field) {
+      Object.keys(tele.series[field]).forEach(function (runId) { noteOrigin(runId, tele.series[field][runId].x); });
+    });
     var els = root.querySelectorAll('.chart[data-kind="telemetry"]');
     Array.prototype.forEach.call(els, function (el) {
       var field = el.dataset.field;
@@ -177,13 +220,14 @@
         newest = Math.max(newest || 0, state.lastX[runId]);
         if (state.index[runId] === undefined) {
           if (state.count === 0) {
-            Plotly.relayout(state.el, { annotations: [], "xaxis.visible": true, "yaxis.visible": true });
+            Plotly.relayout(state.el, { annotations: [], xaxis: xAxis(), "yaxis.visible": true });
           }
           state.index[runId] = [state.count, state.count + 1, state.count + 2];
           state.count += 3;
           Plotly.addTraces(state.el, runTraces(field, runId, fresh));
         } else {
-          Plotly.extendTraces(state.el, { x: [fresh.x, fresh.x, fresh.x], y: [fresh.lo, fresh.hi, fresh.y] },
+          var fx = shown(runId, fresh.x);
+          Plotly.extendTraces(state.el, { x: [fx, fx, fx], y: [fresh.lo, fresh.hi, fresh.y] },
             state.index[runId], MAX_POINTS);
         }
       });
