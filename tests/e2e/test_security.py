@@ -120,6 +120,13 @@ def test_hostile_arm_name_is_text_in_charts(page, live_server, demo):
         legends = page.evaluate("() => Array.from(document.querySelectorAll('.chart .legendtext'))"
                                 ".map(t => t.textContent)")
         assert any(HOSTILE in text for text in legends), (path, legends)
+        # Hover labels too: hover the hostile run's line (its third trace) programmatically.
+        hover = page.evaluate("""(name) => { const el = document.getElementById('chart-util_pct');
+            const i = el.data.findIndex(t => t.name && t.name.includes('SIGN IN AGAIN') && t.showlegend !== false);
+            Plotly.Fx.hover(el, [{curveNumber: i, pointNumber: 1}]);
+            const layer = el.querySelector('.hoverlayer');
+            return {text: layer.textContent, links: layer.querySelectorAll('a').length}; }""", HOSTILE)
+        assert hover["links"] == 0 and "SIGN IN AGAIN</a>" in hover["text"], (path, hover)
         # The page's tables escape it too (Django's autoescape).
         assert page.locator('a[href="https://evil.example/login"]').count() == 0
     assert not problems, problems

@@ -30,7 +30,7 @@
       yaxis: { title: { text: yTitle }, rangemode: "tozero" },
       // A click on a legend entry shows that run (or arm) alone; a double click brings the others back.
       legend: { orientation: "h", y: -0.42, yanchor: "top", font: { size: 11 }, itemclick: "toggleothers",
-        itemdoubleclick: "toggle" }, hovermode: "closest",
+        itemdoubleclick: "toggle" }, hovermode: "closest", hoverlabel: { namelength: -1 }, // whole run names
       paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "#fff"
     };
     return Object.assign(base, extra || {});
