@@ -33,7 +33,9 @@ from apps.attribution.report import ExperimentReport, experiment_report
 from apps.dashboard import charts, verdicts
 from apps.dashboard.series import live_series, run_series
 from apps.experiments.models import Arm, Experiment, Run
+from apps.experiments.selectors import run_outliers
 from apps.pricing.models import GpuPrice, PricingTable
+from apps.telemetry.selectors import telemetry_by_rank
 from apps.tenants.models import Membership, Tenant
 
 # Runs listed on an experiment's page, and runs drawn on its charts (running ones first).
@@ -239,6 +241,7 @@ def experiment_parts(*, experiment: Experiment, now: datetime | None = None, arm
             "verdicts": verdict_list, "verdict_of": {v.arm_id: v for v in verdict_list},
             "run_counts": stats.counts,
             "recent_runs": list(experiment.runs.select_related("arm").order_by("-pk")[:RECENT_RUNS]),
+            "outlier_ids": set(run_outliers(experiment_id=experiment.pk)),
             "notices": attribution_notices(experiment=experiment, report=report, stats=stats,
                                            last_window=last_window) + worker_notices(stats=stats, now=now)}
 
@@ -289,6 +292,7 @@ def run_page(*, run: Run, now: datetime | None = None) -> dict:
     return {
         "run": run, "notices": notices, "breakdown": run.cost_breakdown or {},
         "attempts": list(run.attempt_log.all()),
+        "ranks": telemetry_by_rank(run_id=run.pk) if run.world_size > 1 else [],
         "charts": {
             "cursor": charts.epoch_ms(now), "poll_ms": charts.LIVE_POLL_MS,
             "arms": {str(run.arm_id): {"name": run.arm.name, "color": charts.arm_color(0), "control": False}},

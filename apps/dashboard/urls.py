@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from apps.dashboard import views
+from apps.dashboard import views, views_authoring, views_runs
 
 app_name = "dashboard"
 
@@ -19,4 +19,14 @@ urlpatterns = [
     path("sweeps/", views.sweep_list, name="sweeps"),
     path("sweeps/<int:pk>/", views.sweep_detail, name="sweep"),
     path("sweeps/<int:pk>/live.json", views.sweep_live, name="sweep-live"),
+    # Authoring in the browser, the runs page, compare, CSV exports, spend.
+    path("experiments/new/", views_authoring.experiment_new, name="experiment-new"),
+    path("experiments/<int:pk>/edit/", views_authoring.experiment_edit, name="experiment-edit"),
+    path("experiments/<int:pk>/runs/new/", views_authoring.runs_new, name="runs-new"),
+    path("experiments/<int:pk>/comparison.csv", views_runs.experiment_comparison_csv, name="experiment-comparison-csv"),
+    path("runs/", views_runs.run_list, name="runs"),
+    path("runs.csv", views_runs.run_list_csv, name="runs-csv"),
+    path("runs/compare/", views_runs.run_compare, name="runs-compare"),
+    path("runs/<int:pk>/cancel/", views_authoring.run_cancel_view, name="run-cancel"),
+    path("spend/", views_runs.spend, name="spend"),
 ]

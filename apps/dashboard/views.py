@@ -14,6 +14,7 @@ from django.views.decorators.http import require_GET
 
 from apps.dashboard import selectors, sweeps
 from apps.dashboard.charts import RUN_FIELDS
+from apps.experiments.selectors import run_outliers
 
 # A poll asks for samples since its cursor; a tab that slept longer than this reloads instead.
 LIVE_MAX_GAP = timedelta(minutes=15)
@@ -101,7 +102,8 @@ def experiment_live(request, pk: int):
 def run_detail(request, pk: int):
     run = get_object_or_404(selectors.runs_visible(user=request.user), pk=pk)
     return render(request, "dashboard/run_detail.html",
-                  {**selectors.run_page(run=run), "sizing": sweeps.run_sizing(run=run)})
+                  {**selectors.run_page(run=run), "sizing": sweeps.run_sizing(run=run),
+                   "outlier": run_outliers(experiment_id=run.experiment_id).get(run.pk)})
 
 
 @json_endpoint

@@ -41,7 +41,8 @@ class Experiment(TimeStampedModel):
         decimal_places=4,
         default=Decimal("0.05"),
         validators=[MinValueValidator(Decimal("0.0001"))],
-        help_text="Relative cost deviation from the control above which an arm may be frozen (0.05 = 5 %).",
+        help_text="Relative cost deviation from the control above which an arm may be frozen "
+                  "(0.05 = 5 %).",
     )
     attribution_interval_s = models.PositiveIntegerField(
         "attribution interval (s)", default=30, validators=[MinValueValidator(5)], help_text="Seconds between attribution ticks."
@@ -165,6 +166,8 @@ class Run(TimeStampedModel):
     gpu_sku = models.ForeignKey(GpuSku, on_delete=models.PROTECT, null=True, blank=True, related_name="runs",
                                 verbose_name="GPU")
     gpu_count = models.PositiveIntegerField("held GPUs", default=0, help_text="Accelerators held by the run (0: CPU only).")
+    world_size = models.PositiveIntegerField(
+        default=1, help_text="Processes the run trains in (DDP ranks, one device each); one telemetry stream each.")
     vcpus = models.PositiveIntegerField("held vCPUs", default=0, help_text="vCPUs held by the run, priced per vCPU-hour.")
     memory_gb = models.FloatField("memory (GB)", default=0.0, help_text="Host memory held by the run (GB), priced per GB-hour.")
 
@@ -181,7 +184,8 @@ class Run(TimeStampedModel):
     error = models.TextField(blank=True, default="")
     queued_at = models.DateTimeField(auto_now_add=True)
     # Durable enqueue: the row is the truth, the broker message only a wake-up. A queued run whose
-    # message never left (broker down) or was lost (broker restarted) is sent again by the reconciler.
+    # message never left (broker down) or was lost (broker restarted) is sent again by the
+    # reconciler.
     sent_at = models.DateTimeField(null=True, blank=True, help_text="When its id last reached the broker.")
     sends = models.PositiveIntegerField(default=0, help_text="Messages sent for it (re-sends included).")
     started_at = models.DateTimeField(null=True, blank=True)
@@ -200,7 +204,8 @@ class Run(TimeStampedModel):
     config_revision = models.PositiveIntegerField(default=1, help_text="Arm revision the run applies now.")
     config_history = models.JSONField(
         default=list, blank=True,
-        help_text="Live changes applied while running: [{revision, applied_at, live, not_applied}].",
+        help_text="Live changes applied while running: "
+                  "[{revision, applied_at, live, not_applied}].",
     )
 
     class Meta:
@@ -216,6 +221,10 @@ class Run(TimeStampedModel):
             models.Index(fields=["arm", "status"], name="run_arm_status_idx"),
             models.Index(fields=["status", "lease_expires_at"], name="run_status_lease_idx"),
             models.Index(fields=["status", "sent_at"], name="run_status_sent_idx"),
+            # The dashboard's runs page: a team's runs by date (its default order and date filter), and a
+            # git commit by prefix (LIKE 'abc%' needs the pattern operator class on Postgres).
+            models.Index(fields=["tenant", "queued_at"], name="run_tenant_queued_idx"),
+            models.Index(fields=["git_sha"], name="run_git_sha_prefix_idx", opclasses=["varchar_pattern_ops"]),
         ]
 
     def __str__(self) -> str:

@@ -8,7 +8,6 @@ Only this module knows which mode is in force.
 from pathlib import Path
 
 import environ
-import plotly
 
 from apps.core import embedded_redis
 from apps.core.queues import CeleryQueue, TaskName
@@ -41,6 +40,7 @@ DJANGO_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "whitenoise.runserver_nostatic",  # runserver (make run) leaves /static/ to whitenoise: compressed, cached
     "django.contrib.staticfiles",
 ]
 THIRD_PARTY_APPS = [
@@ -101,11 +101,13 @@ TEMPLATES = [
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "staticfiles"
 STATIC_ROOT.mkdir(parents=True, exist_ok=True)
-# plotly.js comes from the installed plotly package (static/plotly/plotly.min.js): no CDN.
-STATICFILES_DIRS = [BASE_DIR / "frontend" / "static", ("plotly", Path(plotly.__file__).parent / "package_data")]
+# plotly.js: its basic bundle at the Python package's version, in frontend/static/plotly/ (no CDN).
+STATICFILES_DIRS = [BASE_DIR / "frontend" / "static"]
+# Hashed names and gzip copies written by collectstatic (make run, the Docker image and the benchmarks
+# run it); whitenoise serves the hashed names cached for good (apps/core/staticfiles.py).
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
-    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+    "staticfiles": {"BACKEND": "apps.core.staticfiles.HashedStaticStorage"},
 }
 
 # ------------------------------------------------------------------------------
@@ -215,6 +217,9 @@ CELERY_TASK_ROUTES = {
 COSTLAB_ATTRIBUTION_TICK_S = env.float("COSTLAB_ATTRIBUTION_TICK_S", default=5.0)
 # How often beat looks for queued runs that no worker claimed (their message lost or never sent).
 COSTLAB_RUN_RECONCILE_S = env.float("COSTLAB_RUN_RECONCILE_S", default=5.0)
+# How often beat rolls settled telemetry up into the dashboard's chart blocks (pages only read them;
+# samples past the last block are read raw, so a slower rollup costs page time, never points).
+COSTLAB_SERIES_ROLLUP_S = env.float("COSTLAB_SERIES_ROLLUP_S", default=5.0)
 # Synced into django-celery-beat's tables at beat start-up; staff can change the interval in the admin.
 # Its DatabaseScheduler reads `expire_seconds` (whole seconds) and ignores `expires`: a message
 # not consumed by then is discarded, so stale ticks never pile up behind a busy worker.
@@ -227,6 +232,8 @@ CELERY_BEAT_SCHEDULE = {
     "alerts-requeue-stale": {"task": TaskName.ALERTS_REQUEUE_STALE, "schedule": 60.0,
                              "options": {"expire_seconds": 55}},
     "reconcile-probes": {"task": TaskName.PROBES_RECONCILE, "schedule": 30.0, "options": {"expire_seconds": 28}},
+    "roll-up-series": {"task": TaskName.SERIES_BLOCKS_ROLL, "schedule": COSTLAB_SERIES_ROLLUP_S,
+                       "options": {"expire_seconds": max(1, int(COSTLAB_SERIES_ROLLUP_S * 0.9))}},
 }
 # A sweep's running probe whose worker has not renewed it this long is lost (infeasible); the first
 # renewal comes with the first step, so this also bounds model building. Queued probes not taken
@@ -242,6 +249,8 @@ COSTLAB_SIZING_MAX_THREADS = env.int("COSTLAB_SIZING_MAX_THREADS", default=0)
 # ------------------------------------------------------------------------------
 # A worker renews its lease every second; a run whose lease is older than this is lost.
 COSTLAB_RUN_LEASE_S = env.float("COSTLAB_RUN_LEASE_S", default=30.0)
+# GPUs on a GPU worker's host: a run asking for more DDP processes per node is refused at submit.
+COSTLAB_GPUS_PER_NODE = env.int("COSTLAB_GPUS_PER_NODE", default=8)
 # A queued run sent this long ago with no claim is sent again (then after 2x, 4x ... up to 16x).
 COSTLAB_RUN_RESEND_AFTER_S = env.float("COSTLAB_RUN_RESEND_AFTER_S", default=15.0)
 # A worker's database calls (claim, finish, release) ride out an outage this long before giving up.

@@ -8,4 +8,3 @@ from .base import env
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
 # A development-only key; production refuses to start without DJANGO_SECRET_KEY.
 SECRET_KEY = env("DJANGO_SECRET_KEY", default="costlab-local-development-only-not-secret")
-WHITENOISE_USE_FINDERS = True  # serve app static files without collectstatic in development

@@ -46,7 +46,7 @@ if "REDIS_URL" not in os.environ:
 os.environ.setdefault("COSTLAB_VAR_DIR", str(Path(__file__).resolve().parent.parent.parent / "var" / "test"))
 
 from .base import *  # noqa: E402,F403
-from .base import DATABASES, env  # noqa: E402
+from .base import DATABASES, STORAGES, env  # noqa: E402
 
 SECRET_KEY = env("DJANGO_SECRET_KEY", default="costlab-test-only-not-secret")
 DEBUG = False
@@ -54,4 +54,8 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
 USING_POSTGRES = DATABASES["default"]["ENGINE"].startswith("django.db.backends.postgresql")
 DATABASES["default"]["CONN_MAX_AGE"] = 0
+# Static files straight from the sources (no collectstatic before every test run): the live server
+# serves them through Django's finders. tests/config/test_static_files.py checks what is served for
+# real: collectstatic's hashed, gzipped files with far-future cache headers.
 WHITENOISE_USE_FINDERS = True
+STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"}}

@@ -96,6 +96,9 @@ def test_no_csp_violation_on_any_page(page, live_server, demo, monkeypatch):
     for path, settle in [
         ("/", None), (f"/experiments/{experiment.pk}/", charts), (f"/runs/{runs[0].pk}/", charts),
         ("/pricing/", None), ("/sweeps/", None), (f"/sweeps/{sweep.pk}/", "() => !!document.getElementById('sweep-chart').data"),
+        ("/runs/", None), (f"/runs/compare/?run={runs[0].pk}&run={runs[2].pk}", None), ("/spend/", None),
+        ("/experiments/new/", None), (f"/experiments/{experiment.pk}/edit/", None),
+        (f"/experiments/{experiment.pk}/runs/new/", None),
         ("/no-such-page/", None),
         ("/admin/", None), (f"/admin/experiments/experiment/{experiment.pk}/change/", None),
         ("/admin/pricing/pricingtable/", None), ("/admin/experiments/arm/add/", None),

@@ -196,3 +196,15 @@ def test_page_charts_stay_within_the_point_budget(member, w):
         assert set(by_run) == {str(r.pk) for r in runs}, field
         for band in by_run.values():
             assert budget_per_run(2) // 2 < len(band["x"]) <= budget_per_run(2) < 3000, field
+
+
+def test_outlier_runs_are_flagged_on_the_run_and_experiment_pages(member, w):
+    from tests.apps.dashboard.world import run_of
+
+    normal = [run_of(w.control, tokens=1000, device_seconds=s) for s in (10.0, 10.5, 9.5, 10.2)]
+    slow = run_of(w.control, tokens=1000, device_seconds=85.0)
+    page = member.get(f"/experiments/{w.experiment.pk}/").content.decode()
+    assert page.count(">outlier</abbr>") == 1 and f"run {slow.pk}</a> <abbr" in page
+    run_page = member.get(f"/runs/{slow.pk}/").content.decode()
+    assert 'id="outlier"' in run_page and "MADs from its arm&#x27;s median" in run_page
+    assert 'id="outlier"' not in member.get(f"/runs/{normal[0].pk}/").content.decode()

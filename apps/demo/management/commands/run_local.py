@@ -11,6 +11,7 @@ from django.db import connections
 
 from apps.core import embedded_redis
 from apps.core.local_stack import LocalStack, local_stack_specs
+from apps.core.staticfiles import static_collect_if_stale
 from apps.demo.services import demo_seed
 
 
@@ -27,6 +28,9 @@ class Command(BaseCommand):
     def handle(self, *args, host: str, port: int, submit_runs: int, **options):
         var_dir = Path(settings.VAR_DIR)
         var_dir.mkdir(parents=True, exist_ok=True)
+        # Hashed, gzipped static files for whitenoise (plotly.js cached by the browser for good).
+        if static_collect_if_stale():
+            self.stdout.write(f"static files collected into {settings.STATIC_ROOT}")
         redis_argv = None
         if settings.COSTLAB_EMBEDDED_REDIS:
             try:

@@ -1,0 +1,174 @@
+"""The dashboard's forms: authoring experiments and arms, submitting runs, filtering the runs list.
+
+Forms only parse and shape input; every rule (names, quotas, strategies) is the services', so the
+browser and the API refuse the same things with the same messages (apps.experiments.services).
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django import forms
+from django.core.exceptions import ValidationError
+
+from apps.core.exceptions import ApplicationError
+from apps.experiments.models import Arm, Experiment, Run
+from apps.experiments.strategies import strategy_normalise
+from apps.pricing.models import CostModel, PricingTable
+
+STRATEGY_MAX_CHARS = 64 * 1024  # as the API (gpu_runtime refuses larger documents too)
+SUBMIT_MAX_RUNS = 20
+
+
+def name_the_fields(form: forms.BaseForm) -> None:
+    """Django's stock messages ("This field is required.") say the field by their place only: say its name."""
+    for name, field in form.fields.items():
+        field.error_messages = {**field.error_messages, "required": f"{name}: required",
+                                "invalid_choice": f"{name}: not one of the choices",
+                                "invalid": field.error_messages.get("invalid", "") if name == "git_sha"
+                                else f"{name}: not a valid value"}
+
+
+def error_to_form(form: forms.BaseForm, exc: ApplicationError) -> None:
+    """A service's refusal on the form: on the field its message names ("field: reason") when the form
+    has that field, else on the form. A strategy's errors come one per key ("train.steps: ...")."""
+    named = exc.message.partition(":")[0].strip()
+    if named not in form.fields or form.fields[named].widget.is_hidden:
+        form.add_error(None, exc.message)
+        return
+    per_key = (exc.extra.get("fields") or {}).get(named) if named == "strategy_yaml" else None
+    for reason in per_key or [exc.message]:
+        form.add_error(named, reason)
+
+
+class ExperimentForm(forms.ModelForm):
+    """An experiment's settings; the tenant is chosen on creation only (from the user's tenants)."""
+
+    tenant = forms.ModelChoiceField(queryset=None, to_field_name="slug", empty_label=None,
+                                    help_text="The team that owns the experiment and pays for its runs.")
+
+    class Meta:
+        model = Experiment
+        fields = ["name", "description", "status", "cost_model", "pricing_table", "freeze_threshold", "alpha",
+                  "attribution_interval_s", "min_runs_per_arm", "min_samples_per_arm", "freeze_policy",
+                  "dynamic_weights", "target_steps"]
+        widgets = {"description": forms.Textarea(attrs={"rows": 2})}
+        labels = {"freeze_threshold": "Freeze threshold", "alpha": "α (false-freeze rate)",
+                  "attribution_interval_s": "Attribution interval (s)", "target_steps": "Target steps"}
+
+    field_order = ["tenant", "name"]
+
+    def __init__(self, *args, tenants, **kwargs):
+        super().__init__(*args, **kwargs)
+        tenant_ids = [t.pk for t in tenants]
+        many = len(tenant_ids) > 1
+        self.fields["tenant"].queryset = tenants
+        if self.instance.pk:
+            del self.fields["tenant"]  # an experiment never changes team
+            tenant_ids = [self.instance.tenant_id]
+        cost_models = CostModel.objects.filter(tenant_id__in=tenant_ids).select_related("tenant").order_by("name")
+        tables = PricingTable.objects.filter(tenant_id__in=tenant_ids).select_related("tenant").order_by("-valid_from")
+        self.fields["cost_model"].queryset = cost_models
+        self.fields["pricing_table"].queryset = tables
+        if many and not self.instance.pk:
+            self.fields["cost_model"].label_from_instance = lambda m: f"{m.name} ({m.tenant.name})"
+            self.fields["pricing_table"].label_from_instance = lambda t: f"{t} ({t.tenant.name})"
+        self.fields["pricing_table"].empty_label = "the table in force when each sample was taken"
+        if not self.instance.pk:
+            self.initial.setdefault("cost_model", next(iter(cost_models.values_list("pk", flat=True)[:1]), None))
+        name_the_fields(self)
+
+    def _post_clean(self):
+        """Skip the model's own validation here: the service validates, naming the field."""
+
+    def service_fields(self) -> dict:
+        return {name: value for name, value in self.cleaned_data.items() if name != "tenant"}
+
+
+class ArmForm(forms.Form):
+    """One arm: its name, strategy (YAML), traffic weight and whether it is the control."""
+
+    arm_id = forms.IntegerField(widget=forms.HiddenInput, required=False)
+    name = forms.CharField(max_length=80)
+    strategy_yaml = forms.CharField(
+        label="Strategy (YAML)", max_length=STRATEGY_MAX_CHARS, strip=False,
+        widget=forms.Textarea(attrs={"rows": 9, "spellcheck": "false", "data-strategy-editor": "1",
+                                     "class": "code"}),
+        help_text="Checked against the training runtime's schema as you type; errors name the key.")
+    weight = forms.DecimalField(max_digits=7, decimal_places=4, min_value=Decimal("0"), initial=Decimal("1"),
+                                help_text="Relative share of new runs (>= 0).")
+    is_control = forms.BooleanField(required=False, label="Control arm")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        name_the_fields(self)
+
+    def clean_strategy_yaml(self) -> str:
+        return strategy_normalise(self.cleaned_data["strategy_yaml"])
+
+
+class BaseArmFormSet(forms.BaseFormSet):
+    def clean(self):
+        if any(self.errors):
+            return
+        arms = [f.cleaned_data for f in self.forms if f.cleaned_data and not f.cleaned_data.get("DELETE")]
+        if not arms:
+            raise ValidationError("arms: an experiment needs at least one arm (fill in a name and a strategy)")
+        names = [a["name"] for a in arms]
+        duplicate = next((n for n in names if names.count(n) > 1), None)
+        if duplicate:
+            raise ValidationError(f"name: two arms are named '{duplicate}'; arm names are unique per experiment")
+        if sum(1 for a in arms if a["is_control"]) > 1:
+            raise ValidationError("is_control: only one arm can be the control")
+
+    def arms(self) -> list[dict]:
+        """The filled-in arms, in order, each with its form's index."""
+        return [{**f.cleaned_data, "index": i} for i, f in enumerate(self.forms) if f.cleaned_data]
+
+
+ArmFormSet = forms.formset_factory(ArmForm, formset=BaseArmFormSet, extra=2, max_num=12, absolute_max=12)
+
+
+class SubmitRunsForm(forms.Form):
+    count = forms.IntegerField(min_value=1, max_value=SUBMIT_MAX_RUNS, initial=2, label="Runs",
+                               help_text=f"How many runs to queue (1-{SUBMIT_MAX_RUNS}); all or none are queued.")
+    arm = forms.ModelChoiceField(queryset=None, required=False, empty_label="any arm, by traffic weight",
+                                 help_text="Route every run to this arm, or let the weights choose per run.")
+    git_sha = forms.RegexField(regex=r"^[0-9a-fA-F]{0,40}$", max_length=40, required=False, label="Git commit",
+                               error_messages={"invalid": "git_sha: hexadecimal, up to 40 characters"})
+
+    def __init__(self, *args, experiment: Experiment, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["arm"].queryset = experiment.arms.filter(state=Arm.State.ACTIVE).order_by("-is_control", "name")
+        name_the_fields(self)
+
+
+class RunFilterForm(forms.Form):
+    """The runs page's filters and sort, from the query string; a bad value is named, never a 500."""
+
+    SORTS = {
+        "created": "created_at", "cost": "cost_usd", "tokens": "tokens", "steps": "steps",
+        "experiment": "experiment__name", "arm": "arm__name", "status": "status", "finished": "finished_at",
+    }
+
+    experiment = forms.ModelChoiceField(queryset=None, required=False, empty_label="all experiments")
+    arm = forms.ModelChoiceField(queryset=None, required=False, empty_label="all arms")
+    status = forms.ChoiceField(choices=[("", "any status"), *Run.Status.choices], required=False)
+    git_sha = forms.RegexField(regex=r"^[0-9a-fA-F]{1,40}$", max_length=40, required=False, label="Git commit",
+                               error_messages={"invalid": "git_sha: hexadecimal, a prefix of the commit"})
+    since = forms.DateField(required=False, label="Queued from", widget=forms.DateInput(attrs={"type": "date"}))
+    until = forms.DateField(required=False, label="Queued until", widget=forms.DateInput(attrs={"type": "date"}))
+    sort = forms.ChoiceField(required=False, choices=[(f"{d}{k}", k) for k in SORTS for d in ("-", "")])
+
+    def __init__(self, *args, experiments, arms, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["experiment"].queryset = experiments
+        self.fields["arm"].queryset = arms
+        self.fields["arm"].label_from_instance = lambda a: f"{a.experiment.name} / {a.name}"
+        name_the_fields(self)
+
+    def clean(self):
+        data = super().clean()
+        if data.get("since") and data.get("until") and data["since"] > data["until"]:
+            self.add_error("until", "until: must be on or after 'queued from'")
+        return data

@@ -1,0 +1,273 @@
+"""Reads of the runs page, the compare view, the CSV exports and the spend page.
+
+Set-based: a page of runs is two queries (count, page) whatever the filters; the compare view a
+fixed handful; spend one grouped query per page. Always scoped to the user's tenants."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
+
+from django.db.models import Count, DecimalField, F, Q, QuerySet, Sum
+from django.db.models.functions import Coalesce, TruncDate
+from django.utils import timezone
+
+from apps.attribution.report import experiment_report
+from apps.dashboard import charts
+from apps.dashboard.selectors import runs_visible, tenants_of
+from apps.dashboard.series import run_series
+from apps.experiments.models import Arm, Experiment, Run
+from apps.tenants.models import Tenant
+
+COMPARE_MIN, COMPARE_MAX = 2, 4
+SORTS = {
+    "queued": "queued_at", "cost": "cost_usd", "tokens": "tokens", "steps": "steps", "finished": "finished_at",
+    "experiment": "experiment__name", "arm": "arm__name", "status": "status",
+}
+DEFAULT_SORT = "-queued"
+
+
+# ---------------------------------------------------------------------------------------------
+# The runs list (and its CSV)
+# ---------------------------------------------------------------------------------------------
+def _day_start(day: date) -> datetime:
+    return datetime.combine(day, time.min, tzinfo=timezone.get_current_timezone())
+
+
+def runs_filtered(*, user, experiment: Experiment | None = None, arm: Arm | None = None, status: str = "",
+                  git_sha: str = "", since: date | None = None, until: date | None = None,
+                  sort: str = DEFAULT_SORT) -> QuerySet[Run]:
+    """Every run of the user's tenants matching the filters (dates are UTC days, `until` included)."""
+    runs = runs_visible(user=user)
+    if experiment is not None:
+        runs = runs.filter(experiment=experiment)
+    if arm is not None:
+        runs = runs.filter(arm=arm)
+    if status:
+        runs = runs.filter(status=status)
+    if git_sha:
+        runs = runs.filter(git_sha__startswith=git_sha.lower())
+    if since:
+        runs = runs.filter(queued_at__gte=_day_start(since))
+    if until:
+        runs = runs.filter(queued_at__lt=_day_start(until + timedelta(days=1)))
+    key = sort.lstrip("-")
+    field = SORTS.get(key, SORTS[DEFAULT_SORT.lstrip("-")])
+    descending = sort.startswith("-") if key in SORTS else True
+    # Nulls (not finished yet) last in both directions; the id breaks ties, so pages never overlap.
+    order = F(field).desc(nulls_last=True) if descending else F(field).asc(nulls_last=True)
+    return runs.order_by(order, "-pk" if descending else "pk")
+
+
+def usd_per_mtok(run: Run) -> Decimal | None:
+    return run.cost_usd / Decimal(run.tokens) * Decimal(1_000_000) if run.tokens else None
+
+
+RUN_CSV_HEADER = [
+    "run_id", "team", "experiment", "arm", "status", "kind", "git_sha", "queued_at", "started_at", "finished_at",
+    "steps", "tokens", "device_hours", "energy_kwh", "energy_estimated", "cost_usd", "usd_per_1m_tokens",
+]
+
+
+def _iso(value: datetime | None) -> str:
+    return value.isoformat() if value else ""
+
+
+def runs_csv_rows(runs: QuerySet[Run]) -> Iterator[list]:
+    """The header, then one row per run; streamed in chunks, never the whole table in memory."""
+    yield RUN_CSV_HEADER
+    for run in runs.iterator(chunk_size=2000):
+        per_mtok = usd_per_mtok(run)
+        yield [run.pk, run.experiment.tenant.name, run.experiment.name, run.arm.name, run.status, run.kind,
+               run.git_sha, _iso(run.queued_at), _iso(run.started_at), _iso(run.finished_at), run.steps, run.tokens,
+               f"{run.device_seconds / 3600:.6f}", f"{run.energy_j / 3.6e6:.6f}",
+               "estimated" if run.energy_estimated else "measured", f"{run.cost_usd:.6f}",
+               "" if per_mtok is None else f"{per_mtok:.6f}"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The experiment comparison as CSV
+# ---------------------------------------------------------------------------------------------
+def comparison_csv_rows(*, experiment: Experiment) -> Iterator[list]:
+    """One row per arm of experiment_report: what the comparison table shows, with units in the header."""
+    report = experiment_report(experiment=experiment)
+    fields = [f for f in _report_fields(report) if f not in ("arm_id",)]
+    yield ["experiment", *fields]
+    for arm in report.arms:
+        yield [experiment.name, *(_csv_value(getattr(arm, f)) for f in fields)]
+
+
+def _report_fields(report) -> list[str]:
+    import dataclasses
+
+    return [f.name for f in dataclasses.fields(report.arms[0])] if report.arms else ["name"]
+
+
+def _csv_value(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, (list, dict, tuple)):
+        import json
+
+        return json.dumps(value, default=str)
+    return str(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Compare 2-4 runs
+# ---------------------------------------------------------------------------------------------
+def _flatten(prefix: str, value, out: dict) -> None:
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            _flatten(f"{prefix}.{key}" if prefix else key, inner, out)
+    else:
+        out[prefix] = value
+
+
+def run_config(run: Run) -> dict:
+    """The run's strategy as the runtime reads it (defaults filled in), flattened to dotted keys."""
+    from gpu_runtime import StrategyError, load_strategy
+
+    try:
+        config = load_strategy(run.config_yaml).model_dump(mode="json")
+    except StrategyError:
+        return {"(unreadable strategy)": run.config_sha256}
+    flat: dict = {}
+    _flatten("", config, flat)
+    return flat
+
+
+@dataclass(frozen=True)
+class ConfigRow:
+    key: str
+    values: list
+    differs: bool
+
+
+def config_diff(runs: list[Run]) -> list[ConfigRow]:
+    """Every key of the runs' strategies; the ones whose values differ first, then the rest."""
+    import json
+
+    configs = [{k: v if isinstance(v, str) else json.dumps(v) for k, v in run_config(r).items()} for r in runs]
+    keys = sorted(set().union(*configs))
+    rows = [ConfigRow(k, [c.get(k, "—") for c in configs], len({c.get(k, "—") for c in configs}) > 1)
+            for k in keys]
+    return [r for r in rows if r.differs] + [r for r in rows if not r.differs]
+
+
+BREAKDOWN_TERMS = (("gpu_usd", "device-hours"), ("energy_usd", "energy"), ("cpu_usd", "vCPU"),
+                   ("memory_usd", "memory"), ("tiered_usd", "tiered (per unit)"), ("used_usd", "device time used"),
+                   ("idle_usd", "device time idle"))
+
+
+def cost_rows(runs: list[Run]) -> list[tuple[str, list]]:
+    """The cost breakdown side by side: one row per term any run has, USD."""
+    rows = [(label, [(r.cost_breakdown or {}).get(key) for r in runs]) for key, label in BREAKDOWN_TERMS
+            if any(key in (r.cost_breakdown or {}) for r in runs)]
+    rows.append(("total", [r.cost_usd for r in runs]))
+    rows.append(("per 1M tokens", [usd_per_mtok(r) for r in runs]))
+    return rows
+
+
+def runs_compare(*, user, ids: list[int]) -> dict:
+    """2-4 of the user's runs side by side: config diff, cost breakdown, overlaid telemetry charts."""
+    runs = list(runs_visible(user=user).filter(pk__in=ids).order_by("pk"))
+    series = run_series(runs=runs, fields=charts.RUN_FIELDS, budget=charts.budget_per_run(len(runs)))
+    arm_ids = list(dict.fromkeys(r.arm_id for r in runs))
+    names = {r.arm_id: f"{r.experiment.name} / {r.arm.name}" for r in runs}
+    return {
+        "runs": runs, "config": config_diff(runs), "costs": cost_rows(runs),
+        "charts": {
+            "cursor": charts.epoch_ms(timezone.now()), "poll_ms": charts.LIVE_POLL_MS,
+            "arms": {str(a): {"name": names[a], "color": charts.arm_color(i), "control": False}
+                     for i, a in enumerate(arm_ids)},
+            "telemetry": charts.telemetry_json(runs=runs, arm_names={r.arm_id: r.arm.name for r in runs},
+                                               series=series, fields=charts.RUN_FIELDS),
+        },
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Spend against the monthly budget
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TenantSpend:
+    tenant: Tenant
+    month: date
+    spent_usd: Decimal
+    budget_usd: Decimal
+    active_runs: int
+    max_concurrent_runs: int
+    by_arm: list[dict]  # experiment, arm, runs, cost_usd, estimated
+
+    @property
+    def budget_share(self) -> float | None:
+        return float(self.spent_usd / self.budget_usd) if self.budget_usd else None
+
+
+def month_start(day: date) -> datetime:
+    return _day_start(day.replace(day=1))
+
+
+def _next_month(start: datetime) -> datetime:
+    return (start + timedelta(days=32)).replace(day=1)
+
+
+def spend_overview(*, user, month: date | None = None) -> dict:
+    """Per tenant of the user, for one calendar month (UTC): spend per experiment and arm, per day and
+    cumulative, against the monthly budget, with the run quota. Spend is counted as the budget check
+    counts it (apps.experiments.services): the cost of runs queued in the month."""
+    start = month_start(month or timezone.now().date())
+    end = _next_month(start)
+    tenants = list(tenants_of(user=user))
+    month_runs = Run.objects.filter(tenant__in=tenants, queued_at__gte=start, queued_at__lt=end)
+    money = DecimalField(max_digits=16, decimal_places=6)
+    by_arm = list(month_runs.values("tenant_id", "experiment_id", "experiment__name", "arm_id", "arm__name")
+                  .annotate(runs=Count("pk"), cost_usd=Coalesce(Sum("cost_usd"), Decimal(0), output_field=money),
+                            estimated=Count("pk", filter=Q(energy_estimated=True)))
+                  .order_by("tenant_id", "experiment__name", "arm__name"))
+    daily = list(month_runs.annotate(day=TruncDate("queued_at", tzinfo=timezone.get_current_timezone()))
+                 .values("tenant_id", "experiment_id", "arm_id", "day")
+                 .annotate(cost_usd=Coalesce(Sum("cost_usd"), Decimal(0), output_field=money))
+                 .order_by("day"))
+    active = dict(Run.objects.filter(tenant__in=tenants, status__in=Run.ACTIVE_STATUSES).values("tenant_id")
+                  .annotate(n=Count("pk")).values_list("tenant_id", "n"))
+    out, chart = [], {}
+    for tenant in tenants:
+        arms = [row for row in by_arm if row["tenant_id"] == tenant.pk]
+        budget = tenant.monthly_budget_usd
+        for row in arms:
+            row["share"] = float(row["cost_usd"] / budget) if budget else None
+        spent = sum((row["cost_usd"] for row in arms), Decimal(0))
+        out.append(TenantSpend(tenant=tenant, month=start.date(), spent_usd=spent,
+                               budget_usd=tenant.monthly_budget_usd, active_runs=active.get(tenant.pk, 0),
+                               max_concurrent_runs=tenant.max_concurrent_runs, by_arm=arms))
+        chart[str(tenant.pk)] = _spend_chart(tenant, arms, [d for d in daily if d["tenant_id"] == tenant.pk],
+                                             start, end)
+    return {"month": start.date(), "previous": (start - timedelta(days=1)).date().replace(day=1),
+            "next": end.date() if end <= month_start(timezone.now().date()) else None,
+            "tenants": out, "chart": chart}
+
+
+def _spend_chart(tenant: Tenant, arms: list[dict], daily: list[dict], start: datetime, end: datetime) -> dict:
+    """Cumulative spend per arm over the month's days (stacked by the page) and the budget line."""
+    days = [(start + timedelta(days=i)).date() for i in range((end - start).days)]
+    today = timezone.now().date()
+    shown = [d for d in days if d <= today] or days[:1]
+    labels = {(a["experiment_id"], a["arm_id"]): f"{a['experiment__name']} / {a['arm__name']}" for a in arms}
+    per_day: dict = {}
+    for row in daily:
+        per_day.setdefault((row["experiment_id"], row["arm_id"]), {})[row["day"]] = float(row["cost_usd"])
+    traces = []
+    for i, (key, label) in enumerate(labels.items()):
+        total, ys = 0.0, []
+        for d in shown:
+            total += per_day.get(key, {}).get(d, 0.0)
+            ys.append(round(total, 6))
+        traces.append({"name": label, "color": charts.arm_color(i), "x": [d.isoformat() for d in shown], "y": ys})
+    return {"tenant": tenant.name, "budget_usd": float(tenant.monthly_budget_usd),
+            "x_range": [days[0].isoformat(), days[-1].isoformat()], "traces": traces}
