@@ -5,6 +5,8 @@ fixed handful; spend one grouped query per page. Always scoped to the user's ten
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
@@ -100,8 +102,6 @@ def comparison_csv_rows(*, experiment: Experiment) -> Iterator[list]:
 
 
 def _report_fields(report) -> list[str]:
-    import dataclasses
-
     return [f.name for f in dataclasses.fields(report.arms[0])] if report.arms else ["name"]
 
 
@@ -111,8 +111,6 @@ def _csv_value(value) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"
     if isinstance(value, (list, dict, tuple)):
-        import json
-
         return json.dumps(value, default=str)
     return str(value)
 
@@ -150,8 +148,6 @@ class ConfigRow:
 
 def config_diff(runs: list[Run]) -> list[ConfigRow]:
     """Every key of the runs' strategies; the ones whose values differ first, then the rest."""
-    import json
-
     configs = [{k: v if isinstance(v, str) else json.dumps(v) for k, v in run_config(r).items()} for r in runs]
     keys = sorted(set().union(*configs))
     rows = [ConfigRow(k, [c.get(k, "—") for c in configs], len({c.get(k, "—") for c in configs}) > 1)

@@ -84,7 +84,8 @@ def test_a_taken_name_and_two_controls_are_refused_naming_the_field(member, w):
     assert response.status_code == 400
     assert any(e.startswith("is_control:") for e in response.context["arms"].non_form_errors())
     response = member.post(reverse("dashboard:experiment-new"), form_data(w, arms=(("", "", False),)))
-    assert response.context["arms"].errors[0]["name"] == ["name: required"]
+    assert response.context["arms"].errors[0]["name"] == ["name: This field is required."]
+    assert response.context["arms"].errors[0]["strategy_yaml"] == ["strategy_yaml: This field is required."]
     response = member.post(reverse("dashboard:experiment-new"), form_data(w, arms=()))
     assert any(e.startswith("arms:") for e in response.context["arms"].non_form_errors())
     assert Experiment.objects.count() == 1
@@ -140,7 +141,8 @@ def test_a_submission_over_the_quota_queues_none_and_says_why(member, w):
     assert "none of the 3 runs was queued" in error and "max_concurrent_runs" in error and "limit 2" in error
     assert not Run.objects.exists()
     response = member.post(reverse("dashboard:runs-new", args=[w.experiment.pk]), {"count": "99"})
-    assert response.status_code == 400 and "count" in response.context["form"].errors
+    assert response.status_code == 400
+    assert response.context["form"].errors["count"] == ["count: Ensure this value is less than or equal to 20."]
 
 
 def test_a_frozen_arm_is_not_offered(member, w):

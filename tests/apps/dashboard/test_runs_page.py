@@ -4,6 +4,7 @@ against the monthly budget."""
 
 import csv
 import io
+import re
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
@@ -180,3 +181,17 @@ def test_spend_per_arm_this_month_against_the_budget(member, w):
     page = member.get(reverse("dashboard:spend"), {"month": "2026-03"})
     assert page.status_code == 200 and "70 %" in page.content.decode()
     assert member.get(reverse("dashboard:spend"), {"month": "March"}).status_code == 400
+
+
+def test_every_column_header_sorts_and_a_bad_sort_is_named(member, w, runs):
+    page = member.get(reverse("dashboard:runs")).content.decode()
+    headers = set(re.findall(r'data-sort="(\w+)"', page))
+    assert headers == set(selectors.SORTS), "a header per sortable column"
+    for key in selectors.SORTS:
+        for sort in (key, f"-{key}"):
+            response = member.get(reverse("dashboard:runs"), {"sort": sort})
+            assert response.status_code == 200, sort
+            assert len(response.context["runs"]) == 5
+    response = member.get(reverse("dashboard:runs"), {"sort": "-password"})
+    assert response.status_code == 400
+    assert response.context["form"].errors["sort"][0].startswith("sort: one of queued, cost")
