@@ -131,6 +131,8 @@ def test_experiment_comparison_csv_has_a_row_per_arm(member, w):
     assert [r["name"] for r in rows] == ["baseline", "optimized"]
     assert float(rows[0]["total_usd"]) > 0 and float(rows[0]["usd_per_mtok"]) > 0
     assert rows[0]["deviation"] == "" or float(rows[0]["deviation"]) == 0.0
+    assert float(rows[0]["projected.total_usd"]) > 0 and rows[0]["projected.estimated"] == "True", \
+        "the projection is columns of its own, flagged estimated"
     assert member.get(reverse("dashboard:experiment-comparison-csv", args=[world().experiment.pk])).status_code == 404
 
 
