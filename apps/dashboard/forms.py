@@ -110,7 +110,7 @@ class BaseArmFormSet(forms.BaseFormSet):
     def clean(self):
         if any(self.errors):
             return
-        arms = [f.cleaned_data for f in self.forms if f.cleaned_data and not f.cleaned_data.get("DELETE")]
+        arms = [f.cleaned_data for f in self.forms if f.cleaned_data and not self._should_delete_form(f)]
         if not arms:
             raise ValidationError("arms: an experiment needs at least one arm (fill in a name and a strategy)")
         names = [a["name"] for a in arms]
@@ -121,11 +121,18 @@ class BaseArmFormSet(forms.BaseFormSet):
             raise ValidationError("is_control: only one arm can be the control")
 
     def arms(self) -> list[dict]:
-        """The filled-in arms, in order, each with its form's index."""
-        return [{**f.cleaned_data, "index": i} for i, f in enumerate(self.forms) if f.cleaned_data]
+        """The filled-in arms, in order, each with its form's index; `delete` for an existing arm ticked
+        for deletion (a new one ticked is left out)."""
+        out = []
+        for i, form in enumerate(self.forms):
+            if not form.cleaned_data or (self._should_delete_form(form) and not form.cleaned_data.get("arm_id")):
+                continue
+            out.append({**form.cleaned_data, "index": i, "delete": self._should_delete_form(form)})
+        return out
 
 
-ArmFormSet = forms.formset_factory(ArmForm, formset=BaseArmFormSet, extra=2, max_num=12, absolute_max=12)
+ArmFormSet = forms.formset_factory(ArmForm, formset=BaseArmFormSet, extra=2, max_num=12, absolute_max=12,
+                                   can_delete=True)
 
 
 class SubmitRunsForm(NamedErrors, forms.Form):

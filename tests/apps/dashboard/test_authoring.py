@@ -174,3 +174,19 @@ def test_another_teams_experiment_and_run_are_404(member, w):
     assert member.post(reverse("dashboard:run-cancel", args=[run.pk])).status_code == 404
     run.refresh_from_db()
     assert run.status == "queued"
+
+
+def test_edit_deletes_an_arm_without_runs_and_refuses_one_with_runs(member, w):
+    url = reverse("dashboard:experiment-edit", args=[w.experiment.pk])
+    base = form_data(w, name=w.experiment.name, arms=(("baseline", GOOD, True), ("optimized", GOOD, False)),
+                     **{"arms-INITIAL_FORMS": "2", "arms-0-arm_id": str(w.control.pk),
+                        "arms-1-arm_id": str(w.candidate.pk)})
+    base.pop("tenant")
+    run_of(w.control)
+    response = member.post(url, {**base, "arms-0-DELETE": "on"})
+    assert response.status_code == 400
+    assert any("has 1 runs" in e for e in response.context["arms"].forms[0].non_field_errors())
+    assert Arm.objects.filter(pk=w.control.pk).exists()
+    response = member.post(url, {**base, "arms-1-DELETE": "on", "arms-1-strategy_yaml": ""})
+    assert response.status_code == 302, "a deleted arm's fields are not checked"
+    assert list(w.experiment.arms.values_list("name", flat=True)) == ["baseline"]
