@@ -16,6 +16,7 @@ from apps.dashboard.runs import SORTS
 from apps.experiments.models import Arm, Experiment, Run
 from apps.experiments.strategies import strategy_normalise
 from apps.pricing.models import CostModel, PricingTable
+from apps.sweeps.models import DEFAULT_OBJECTIVES, OBJECTIVES, SAMPLER_CHOICES
 
 STRATEGY_MAX_CHARS = 64 * 1024  # as the API (gpu_runtime refuses larger documents too)
 SUBMIT_MAX_RUNS = 20
@@ -34,9 +35,10 @@ class NamedErrors:
 
 
 def error_to_form(form: forms.BaseForm, exc: ApplicationError) -> None:
-    """A service's refusal on the form: on the field its message names ("field: reason") when the form
-    has that field, else on the form. A strategy's errors come one per key ("train.steps: ...")."""
-    named = exc.message.partition(":")[0].strip()
+    """A service's refusal on the form: on the field its message names ("field: reason", or
+    "field.key: reason") when the form has that field, else on the form. A strategy's errors come one
+    per key ("train.steps: ...")."""
+    named = exc.message.partition(":")[0].strip().split(".")[0]  # "space.train.bogus: ..." is on space
     if named not in form.fields or form.fields[named].widget.is_hidden:
         form.add_error(None, exc.message)
         return
@@ -173,3 +175,36 @@ class RunFilterForm(NamedErrors, forms.Form):
         if data.get("since") and data.get("until") and data["since"] > data["until"]:
             self.add_error("until", "must be on or after 'queued from' (since)")
         return data
+
+
+class SweepForm(NamedErrors, forms.Form):
+    """A strategy search: a base strategy, the space of values to try, how many probes, what to minimise."""
+
+    EXAMPLE_SPACE = '{\n  "train.global_batch": [4, 8],\n  "precision.compute_dtype": ["fp32", "bf16"]\n}'
+
+    tenant = forms.ModelChoiceField(queryset=None, to_field_name="slug", empty_label=None,
+                                    help_text="The team that pays for the probes.")
+    name = forms.CharField(max_length=120)
+    base_strategy_yaml = forms.CharField(
+        label="Base strategy (YAML)", max_length=STRATEGY_MAX_CHARS, strip=False,
+        widget=forms.Textarea(attrs={"rows": 8, "spellcheck": "false", "data-strategy-editor": "1", "class": "code"}),
+        help_text="Every probe trains this strategy with the space's values put in.")
+    space = forms.JSONField(
+        widget=forms.Textarea(attrs={"rows": 5, "spellcheck": "false", "class": "code"}), initial=EXAMPLE_SPACE,
+        help_text='JSON: dotted strategy key -> a list of values, or {"low", "high", "step" | "log2"}.')
+    objectives = forms.MultipleChoiceField(choices=list(OBJECTIVES.items()), initial=DEFAULT_OBJECTIVES,
+                                           widget=forms.CheckboxSelectMultiple, help_text="Minimised together.")
+    sampler = forms.ChoiceField(choices=[(s, s) for s in SAMPLER_CHOICES], initial="auto",
+                                help_text="auto: the whole grid when it fits the probes, else TPE.")
+    probe_count = forms.IntegerField(min_value=1, max_value=500, initial=4, label="Probes")
+    probe_steps = forms.IntegerField(min_value=2, max_value=100_000, initial=20, label="Steps per probe")
+    warmup_steps = forms.IntegerField(min_value=0, max_value=10_000, initial=2, label="Warm-up steps (not timed)")
+    parallelism = forms.IntegerField(min_value=1, max_value=1024, initial=2, label="Probes at once")
+    seed = forms.IntegerField(min_value=0, max_value=2**31 - 1, initial=0)
+
+    def __init__(self, *args, tenants, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["tenant"].queryset = tenants
+
+    def clean_base_strategy_yaml(self) -> str:
+        return strategy_normalise(self.cleaned_data["base_strategy_yaml"])

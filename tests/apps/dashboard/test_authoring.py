@@ -190,3 +190,37 @@ def test_edit_deletes_an_arm_without_runs_and_refuses_one_with_runs(member, w):
     response = member.post(url, {**base, "arms-1-DELETE": "on", "arms-1-strategy_yaml": ""})
     assert response.status_code == 302, "a deleted arm's fields are not checked"
     assert list(w.experiment.arms.values_list("name", flat=True)) == ["baseline"]
+
+
+def sweep_data(w, **overrides):
+    return {"tenant": w.experiment.tenant.slug, "name": "batch x dtype", "base_strategy_yaml": GOOD,
+            "space": '{"train.global_batch": [1, 2], "model.seq_len": [16, 32]}', "objectives": ["usd_per_mtok"],
+            "sampler": "auto", "probe_count": "4", "probe_steps": "4", "warmup_steps": "1", "parallelism": "2",
+            "seed": "0", **overrides}
+
+
+def test_start_a_sweep_from_the_browser(member, w):
+    from apps.sweeps.models import Sweep
+
+    assert reverse("dashboard:sweep-new") in member.get(reverse("dashboard:sweeps")).content.decode()
+    form = member.get(reverse("dashboard:sweep-new"))
+    assert form.status_code == 200 and 'id="strategy-examples"' in form.content.decode()
+    response = member.post(reverse("dashboard:sweep-new"), sweep_data(w))
+    sweep = Sweep.objects.get(name="batch x dtype")
+    assert response.status_code == 302 and response["Location"] == reverse("dashboard:sweep", args=[sweep.pk])
+    assert sweep.tenant == w.experiment.tenant and sweep.sampler == "grid" and sweep.objectives == ["usd_per_mtok"]
+    assert sweep.probes.count() == 2, "the first probes (parallelism 2) are queued"
+
+
+def test_a_sweep_refused_names_the_field_and_key(member, w):
+    from apps.sweeps.models import Sweep
+
+    response = member.post(reverse("dashboard:sweep-new"), sweep_data(w, space='{"train.bogus": [1]}'))
+    assert response.status_code == 400
+    assert any("space.train.bogus" in e for e in response.context["form"].errors["space"])
+    response = member.post(reverse("dashboard:sweep-new"), sweep_data(w, space="{not json", probe_count="0"))
+    errors = response.context["form"].errors
+    assert errors["space"][0].startswith("space: ") and errors["probe_count"][0].startswith("probe_count: ")
+    response = member.post(reverse("dashboard:sweep-new"), sweep_data(w, base_strategy_yaml=BAD))
+    assert any("train.steps" in e for e in response.context["form"].errors["base_strategy_yaml"])
+    assert not Sweep.objects.exists()
