@@ -197,3 +197,19 @@ def test_every_column_header_sorts_and_a_bad_sort_is_named(member, w, runs):
     response = member.get(reverse("dashboard:runs"), {"sort": "-password"})
     assert response.status_code == 400
     assert response.context["form"].errors["sort"][0].startswith("sort: one of queued, cost")
+
+
+def test_the_new_pages_need_a_signed_in_user(client, w):
+    run = run_of(w.control, status=Run.Status.QUEUED)
+    gets = [reverse("dashboard:runs"), reverse("dashboard:runs-csv"), reverse("dashboard:runs-compare"),
+            reverse("dashboard:spend"), reverse("dashboard:experiment-new"), reverse("dashboard:sweep-new"),
+            reverse("dashboard:experiment-edit", args=[w.experiment.pk]),
+            reverse("dashboard:runs-new", args=[w.experiment.pk]),
+            reverse("dashboard:experiment-comparison-csv", args=[w.experiment.pk])]
+    for url in gets:
+        response = client.get(url)
+        assert response.status_code == 302 and response["Location"].startswith(reverse("dashboard:login")), url
+    response = client.post(reverse("dashboard:run-cancel", args=[run.pk]))
+    assert response.status_code == 302 and response["Location"].startswith(reverse("dashboard:login"))
+    run.refresh_from_db()
+    assert run.status == Run.Status.QUEUED
