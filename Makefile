@@ -31,7 +31,7 @@ seed: migrate
 
 ## Start web, the Celery workers and beat, supervised, on the embedded default (or DATABASE_URL / REDIS_URL).
 run: migrate
-	@bash platform/run-local.sh --submit-runs 2
+	@bash platform/run-local.sh --submit-runs 6
 
 ## The whole suite. Postgres/Redis when reachable, else SQLite (service tests skip; CI=true fails instead).
 test: install-dev

@@ -2,14 +2,22 @@
 
     python bench/arms.py [--quick] [--json] [--device cpu|cuda] [--price-per-hour USD] [--compile auto|on|off]
 
+The shape: the `small` preset (26M parameters) at seq_len 256, global batch 8 (64 on CUDA).
+At seq_len 64 and micro-batch 2 a forward pass is 128 tokens: per-op overhead, norms and the
+optimizer dominate, and a dtype or a batching strategy barely shows. Real LLM training is
+matmul-bound; at seq_len 256 the model's GEMMs are most of a step on this CPU too, so what
+bf16 and larger micro-batches buy here is what they buy there. `--quick` (2 rounds of 6
+steps, bf16 and dynamic batching alone only) takes about 3 minutes on a 2-core CPU.
+
 Arms, each a strategy run through gpu_runtime.train() (the real code path):
 
 * baseline: fp32, a static micro-batch (`--baseline-micro-batch`), eager, no prefetch;
 * optimized: bf16 mixed precision (autocast compute, bf16 parameter storage with fp32
-  master weights) + dynamic batching (starting at the baseline's micro-batch, bounded by
-  the global batch) + fused kernels (RMSNorm+QKV, and AdamW: `kernels.fused_optimizer`)
-  + prefetch + torch.compile (`--compile auto` and `on`: on; measured on the CPU too, where
-  it fuses the elementwise work that bf16 matmuls leave as the bulk of a step).
+  master weights) + dynamic batching (starting at the baseline's micro-batch and growing
+  toward the global batch while each larger size is measurably faster: one timed step per
+  size, so it acts within the run) + fused kernels (RMSNorm+QKV, and AdamW:
+  `kernels.fused_optimizer`) + prefetch + torch.compile (`--compile on`; `auto`: on CUDA
+  only, as a CPU compile of every micro-batch shape costs minutes).
 
 Both arms run in one process, interleaved over rounds (baseline first in even rounds),
 so the machine's drift hits both. A step's time is the gap between two calls of the
@@ -19,9 +27,17 @@ device-hour price to both arms (an assumed price: pass your own), so the headlin
 `ratio` (optimized / baseline cost per token) is the inverse throughput ratio, with its
 spread over rounds. Target: ratio <= 0.40.
 
-Then each strategy alone against the baseline: tokens/s and peak memory. Peak memory is
-the CUDA allocator's maximum on a GPU; on CPU the growth of the process's resident set
-over the run, sampled every 10 ms after returning freed memory to the OS (an estimate).
+Held to the machine's floor: every GEMM one step runs (each linear layer's forward and two
+backward products, attention's products) is timed at the model's own shapes in fp32 and
+bf16. `gemm_floor` = bf16 / fp32 GEMM time at the baseline's micro-batch: the cost ratio
+the dtype alone allows. `floor_ratio` = ratio / gemm_floor (target <= 1.10): how close the
+optimized arm comes to it. `loss_delta` = |optimized - baseline final loss| / baseline at
+equal tokens (target <= 0.02); a strategy above it buys speed with loss and is flagged.
+`optimized_micro_batches` lists every micro-batch the optimized arm ran.
+
+Then each strategy alone against the baseline: tokens/s, peak memory and loss delta. Peak
+memory is the CUDA allocator's maximum on a GPU; on CPU the growth of the process's resident
+set over the run, sampled every 10 ms after returning freed memory to the OS (an estimate).
 Telemetry is off in every arm: its cost is bench/runtime_overhead.py's subject.
 """
 
@@ -54,7 +70,9 @@ TARGET = 0.40
 MIB = 2**20
 # Assumed on-demand prices per device-hour (USD), only to put a unit on the cost: the ratio does not depend on it.
 ASSUMED_PRICE = {"cpu": 0.10, "cuda": 3.50}  # a 2-vCPU cloud VM; one H200-class GPU
-DYNAMIC_WINDOW = 2  # steps between micro-batch changes: short runs must see the scaler act
+PROBE_STEPS = 1  # timed steps per micro-batch size (after one warm-up step): short runs must see the scaler act
+FLOOR_TARGET = 1.10  # ratio / gemm_floor
+LOSS_TARGET = 0.02  # |optimized - baseline final loss| / baseline, at equal tokens
 
 
 def _merge(base: dict, extra: dict) -> dict:
@@ -76,7 +94,7 @@ def arm_configs(ns: argparse.Namespace, compile_optimized: bool) -> tuple[dict, 
     }
     dynamic = {"optimizer": {"dynamic_batching": {
         "enabled": True, "min_micro_batch": ns.baseline_micro_batch, "max_micro_batch": ns.global_batch,
-        "stability_window": DYNAMIC_WINDOW}}, "train": {"micro_batch": None}}
+        "probe_steps": PROBE_STEPS}}, "train": {"micro_batch": None}}
     alone = {
         "bf16 autocast": {"precision": {"compute_dtype": "bf16"}},
         "bf16 autocast + storage": {"precision": {"compute_dtype": "bf16", "storage_dtype": "bf16"}},
@@ -159,7 +177,9 @@ def run_arm(config: dict, device: str) -> dict[str, Any]:
     return {"tokens_per_s": {"wall": tokens_per_step * timed / (wall[-1] - wall[first]),
                              "cpu": tokens_per_step * timed / max(cpu[-1] - cpu[first], 1e-9)},
             "peak_mem_mb": memory.mib(result), "final_loss": result.final_loss,
-            "micro_batches": sorted({start_mb} | {e["new_micro_batch"] for e in result.micro_batch_events})}
+            "micro_batches": sorted({start_mb} | {e["new_micro_batch"] for e in result.micro_batch_events}),
+            "micro_batch_events": [(e["step"], e["kind"], e["old_micro_batch"], e["new_micro_batch"])
+                                   for e in result.micro_batch_events]}
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -167,26 +187,74 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "q1": q[0], "q3": q[2]}
 
 
-def matmul_rates(device: torch.device) -> dict[str, float]:
-    """GFLOP/s of one training-sized matmul in fp32 and bf16: why bf16 does or does not pay here."""
-    rates = {}
-    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        a = torch.randn(1024, 512, device=device, dtype=dtype)
-        b = torch.randn(1408, 512, device=device, dtype=dtype)
-        for _ in range(3):
-            a @ b.t()
+def _timer(clock: str):
+    return time.process_time if clock == "cpu" else time.perf_counter
+
+
+def gemm_shapes(ns: argparse.Namespace, micro_batch: int) -> list[tuple[int, int, int, int]]:
+    """(count, m, k, n) of every matmul one micro-batch's forward and backward runs (per optimizer step: x accumulation).
+
+    Each linear layer (x @ W.T) runs three GEMMs: forward (M x in @ in x out), the input's
+    gradient (M x out @ out x in) and the weight's (out x M @ M x in), M = micro-batch x seq_len
+    tokens. Attention's two products (per batch x head: S x hd @ hd x S, S x S @ S x hd) run
+    forward and twice backward, here as the same-sized GEMMs.
+    """
+    args = preset_args(ns.preset, ns.seq_len)
+    m, d, kv, h, s, hd = micro_batch * ns.seq_len, args.dim, args.kv_heads * args.head_dim, args.hidden_dim, \
+        ns.seq_len, args.head_dim
+    linears = [(d, d), (d, kv), (d, kv), (d, d), (d, h), (d, h), (h, d)]
+    shapes: dict[tuple[int, int, int], int] = {}
+
+    def add(count: int, mkn: tuple[int, int, int]) -> None:
+        shapes[mkn] = shapes.get(mkn, 0) + count
+
+    for fan_in, fan_out in linears * args.n_layers + [(d, args.vocab_size)]:
+        add(1, (m, fan_in, fan_out))
+        add(1, (m, fan_out, fan_in))
+        add(1, (fan_out, m, fan_in))
+    heads = micro_batch * args.n_heads * args.n_layers
+    add(3 * heads, (s, hd, s))  # q @ k.T, and its two gradients have the same FLOPs
+    add(3 * heads, (s, s, hd))  # p @ v, likewise
+    return [(count, *mkn) for mkn, count in shapes.items()]
+
+
+def gemm_step_seconds(ns: argparse.Namespace, device: torch.device, dtype: torch.dtype, micro_batch: int,
+                      clock: str) -> float:
+    """Seconds of GEMM one optimizer step needs at this micro-batch and dtype: each shape timed (best of 5)."""
+    now, total = _timer(clock), 0.0
+    for count, m, k, n in gemm_shapes(ns, micro_batch):
+        a = torch.randn(m, k, device=device, dtype=dtype)
+        b = torch.randn(k, n, device=device, dtype=dtype)
+        for _ in range(2):
+            a @ b
         best = float("inf")
         for _ in range(5):
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            start = time.perf_counter()
-            for _ in range(10):
-                a @ b.t()
+            start = now()
+            a @ b
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            best = min(best, (time.perf_counter() - start) / 10)
-        rates[name] = 2 * 1024 * 512 * 1408 / best / 1e9
-    return rates
+            best = min(best, now() - start)
+        total += count * best
+    return total * ns.global_batch / micro_batch
+
+
+def gemm_floor(ns: argparse.Namespace, device: torch.device, optimized_micro_batch: int, clock: str) -> dict[str, Any]:
+    """What dtype alone allows: bf16 / fp32 GEMM time of one step at the model's own shapes.
+
+    `gemm_floor` compares both dtypes at the baseline's micro-batch (dtype alone);
+    `gemm_floor_at_optimized_micro_batch` puts bf16 at the largest micro-batch the optimized arm reached.
+    """
+    fp32 = gemm_step_seconds(ns, device, torch.float32, ns.baseline_micro_batch, clock)
+    bf16 = gemm_step_seconds(ns, device, torch.bfloat16, ns.baseline_micro_batch, clock)
+    bf16_opt = (bf16 if optimized_micro_batch == ns.baseline_micro_batch
+                else gemm_step_seconds(ns, device, torch.bfloat16, optimized_micro_batch, clock))
+    flops = sum(2 * c * m * k * n for c, m, k, n in gemm_shapes(ns, ns.baseline_micro_batch)) \
+        * ns.global_batch / ns.baseline_micro_batch
+    return {"gemm_floor": bf16 / fp32, "gemm_floor_at_optimized_micro_batch": bf16_opt / fp32,
+            "gemm_step_s": {"fp32": fp32, "bf16": bf16, f"bf16_micro_batch_{optimized_micro_batch}": bf16_opt},
+            "gemm_gflops": {"fp32": flops / fp32 / 1e9, "bf16": flops / bf16 / 1e9}}
 
 
 def usd_per_million(tokens_per_s: float, price_per_hour: float) -> float:
@@ -204,16 +272,23 @@ def _alone_row(runs: list[dict[str, dict]], name: str, clock: str) -> dict[str, 
         "peak_mem_ratio": statistics.median(x[name]["peak_mem_mb"] / max(x["baseline"]["peak_mem_mb"], 1e-9)
                                             for x in runs),
         "micro_batches": sorted({m for x in runs for m in x[name]["micro_batches"]}),
+        "loss_delta": loss_delta(statistics.median(x["baseline"]["final_loss"] for x in runs),
+                                 statistics.median(x[name]["final_loss"] for x in runs)),
     }
+
+
+def loss_delta(baseline_loss: float, loss: float) -> float:
+    """|loss - baseline| / baseline: both ran the same steps of the same global batch, so equal tokens."""
+    return abs(loss - baseline_loss) / baseline_loss
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer rounds and steps: about a minute on CPU")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds, steps and strategies alone: about 3 minutes on a 2-core CPU")
     parser.add_argument("--json", action="store_true", help="last line: one JSON object with ratio and per-arm figures")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     parser.add_argument("--preset", default="small")
-    parser.add_argument("--seq-len", type=int, default=None, help="default 64 on CPU, 256 on CUDA")
+    parser.add_argument("--seq-len", type=int, default=None, help="default 256 (matmuls dominate a step)")
     parser.add_argument("--global-batch", type=int, default=None, help="default 8 on CPU, 64 on CUDA")
     parser.add_argument("--baseline-micro-batch", type=int, default=None, help="default 2 on CPU, 8 on CUDA")
     parser.add_argument("--price-per-hour", type=float, default=None, help="USD per device-hour (default: assumed)")
@@ -231,28 +306,30 @@ def main() -> int:
     if ns.threads and not cuda:
         torch.set_num_threads(ns.threads)
     ns.clock = ns.clock if ns.clock != "auto" else ("wall" if cuda else "cpu")
-    ns.seq_len = ns.seq_len or (256 if cuda else 64)
+    ns.seq_len = ns.seq_len or 256
     ns.global_batch = ns.global_batch or (64 if cuda else 8)
     ns.baseline_micro_batch = ns.baseline_micro_batch or (8 if cuda else 2)
     if cuda:
         rounds, ns.steps, alone_rounds = (3, 12, 1) if ns.quick else (6, 30, 2)
     else:
-        rounds, ns.steps, alone_rounds = (2, 2, 0) if ns.quick else (5, 5, 2)
-    compile_optimized = ns.compile != "off"
+        rounds, ns.steps, alone_rounds = (2, 6, 0) if ns.quick else (5, 10, 1)
+    compile_optimized = ns.compile == "on" or (ns.compile == "auto" and cuda)
     price = ns.price_per_hour if ns.price_per_hour is not None else ASSUMED_PRICE[dev.type]
     baseline, optimized, alone = arm_configs(ns, compile_optimized)
     skipped = {}
     if not cuda:
         skipped["embedding offload (cpu)"] = "no device memory to spare on a CPU run: the table is already there"
-        if ns.quick and ns.compile != "on":
-            skipped["torch.compile"] = "alone, its one-time compile would take a third of --quick's minute on CPU"
+        if ns.quick:
+            for name in alone:
+                if name not in ("bf16 autocast", "dynamic batching", "embedding offload (cpu)"):
+                    skipped[name] = "--quick keeps bf16 and dynamic batching alone; the full run measures it"
     for name in skipped:
         alone.pop(name)
 
     started = time.perf_counter()
     run_arm(_merge(baseline, {"train": {"steps": 2}}), ns.device)  # warm the process: first-call costs are no arm's
-    if compile_optimized:
-        run_arm(_merge(optimized, {"train": {"steps": 2}}), ns.device)  # compile once, before anything is timed
+    # compile, and meet every micro-batch shape the scaler can reach, before anything is timed
+    run_arm(_merge(optimized, {"train": {"steps": 2 + 2 * (PROBE_STEPS + 1) if compile_optimized else 2}}), ns.device)
     per_round: list[dict[str, dict]] = []
     for r in range(rounds):
         order = [("baseline", baseline), ("optimized", optimized)]
@@ -272,7 +349,8 @@ def main() -> int:
                     pair.reverse()
                 runs.append({arm: run_arm(config, ns.device) for arm, config in pair})
         alone_rows[name] = _alone_row(runs, name, ns.clock)
-    rates = matmul_rates(dev)
+    reached = max(m for r in per_round for m in r["optimized"]["micro_batches"])
+    rates = gemm_floor(ns, dev, reached, ns.clock)
     elapsed = time.perf_counter() - started
     return report(ns, dev, price, per_round, alone_rows, skipped, rates, compile_optimized, elapsed,
                   baseline, optimized)
@@ -300,6 +378,12 @@ def report(ns, dev, price, per_round, alone_rows, skipped, rates, compile_optimi
     ratios = [r["baseline"]["tokens_per_s"][ns.clock] / r["optimized"]["tokens_per_s"][ns.clock] for r in per_round]
     wall_ratios = [r["baseline"]["tokens_per_s"]["wall"] / r["optimized"]["tokens_per_s"]["wall"] for r in per_round]
     s = spread(ratios)
+    floor_ratio = s["median"] / rates["gemm_floor"]
+    delta = loss_delta(arms["baseline"]["final_loss"], arms["optimized"]["final_loss"])
+    used = arms["optimized"]["micro_batches"]
+    flagged = {name: row["loss_delta"] for name, row in alone_rows.items() if row["loss_delta"] > LOSS_TARGET}
+    if delta > LOSS_TARGET:
+        flagged["optimized"] = delta
     mem = "CUDA max allocated" if dev.type == "cuda" else "RSS growth, sampled every 10 ms (estimate)"
     clock = ("wall clock" if ns.clock == "wall" else
              "this process's CPU time (time.process_time; wall-clock figures alongside)")
@@ -330,8 +414,22 @@ def report(ns, dev, price, per_round, alone_rows, skipped, rates, compile_optimi
               f"{row['peak_mem_ratio']:>7.3f}  {row['micro_batches']}")
     for name, why in skipped.items():
         print(f"{name:<26} skipped: {why}")
-    print(f"\nmatmul 1024x512 @ 512x1408 here: fp32 {rates['fp32']:.0f} GFLOP/s, bf16 {rates['bf16']:.0f} GFLOP/s "
-          f"(bf16/fp32 = {rates['bf16'] / rates['fp32']:.2f}); wall time {elapsed:.0f} s")
+    print(f"{'strategy':<26} loss delta vs baseline (target <= {LOSS_TARGET})")
+    for name, row in alone_rows.items():
+        print(f"{name:<26} {row['loss_delta']:.4f}{'  FLAGGED: speed bought with loss' if name in flagged else ''}")
+    g = rates["gemm_gflops"]
+    print(f"\nGEMM at the model's own shapes (one step, baseline micro-batch {ns.baseline_micro_batch}): "
+          f"fp32 {g['fp32']:.0f} GFLOP/s, bf16 {g['bf16']:.0f} GFLOP/s")
+    print(f"gemm_floor (bf16 / fp32 GEMM time: the cost ratio dtype alone allows) = {rates['gemm_floor']:.3f}"
+          f"; with bf16 at micro-batch {max(used)}: {rates['gemm_floor_at_optimized_micro_batch']:.3f}")
+    print(f"floor_ratio (ratio / gemm_floor) = {floor_ratio:.3f}  target <= {FLOOR_TARGET:.2f}: "
+          f"{'MET' if floor_ratio <= FLOOR_TARGET else 'NOT MET'}")
+    print(f"loss_delta (|optimized - baseline| / baseline final loss, equal tokens) = {delta:.4f}  target <= "
+          f"{LOSS_TARGET}: {'MET' if delta <= LOSS_TARGET else 'NOT MET: the optimized arm buys speed with loss'}")
+    above = max(used) > ns.baseline_micro_batch
+    print(f"optimized micro-batches {used}: {'above' if above else 'NOT above'} the baseline's "
+          f"{ns.baseline_micro_batch}; events per run: {[r['optimized']['micro_batch_events'] for r in per_round]}")
+    print(f"wall time {elapsed:.0f} s")
     if ns.json:
         print(json.dumps({
             "ratio": s["median"], "ratio_spread": (s["max"] - s["min"]) / 2, "ratio_min": s["min"],
@@ -341,7 +439,14 @@ def report(ns, dev, price, per_round, alone_rows, skipped, rates, compile_optimi
             "device": label, "preset": ns.preset, "seq_len": ns.seq_len, "global_batch": ns.global_batch,
             "baseline_micro_batch": ns.baseline_micro_batch, "steps_per_run": ns.steps, "rounds": len(per_round),
             "compile_in_optimized": compile_optimized, "peak_memory_method": mem, "arms": arms,
-            "strategies_alone": alone_rows, "strategies_skipped": skipped, "matmul_gflops": rates,
+            "strategies_alone": alone_rows, "strategies_skipped": skipped,
+            "gemm_floor": rates["gemm_floor"], "floor_ratio": floor_ratio, "floor_target": FLOOR_TARGET,
+            "floor_met": floor_ratio <= FLOOR_TARGET,
+            "gemm_floor_at_optimized_micro_batch": rates["gemm_floor_at_optimized_micro_batch"],
+            "gemm_step_s": rates["gemm_step_s"], "gemm_gflops": rates["gemm_gflops"],
+            "loss_delta": delta, "loss_target": LOSS_TARGET, "loss_flagged": flagged,
+            "optimized_micro_batches": used, "optimized_above_baseline_micro_batch": above,
+            "optimized_micro_batch_events": [r["optimized"]["micro_batch_events"] for r in per_round],
             "wall_s": elapsed,
         }))
     return 0

@@ -1,6 +1,7 @@
 """Attribution tick: 100 active experiments x 4 arms over millions of telemetry samples.
 
-    python bench/attribution.py [--quick] [--json] [--samples N]   (targets: tick_s <= 1, freeze_latency_s <= 7)
+    python bench/attribution.py [--quick] [--json] [--samples N]
+    (targets: tick_s <= 1, freeze_latency_s <= 7)
 
 Two measures, on a real Postgres (bench/_setup.py):
 
@@ -46,7 +47,8 @@ def _drop(experiments) -> None:
 
 
 def build_world(n_samples: int, log) -> dict:
-    """The experiments, arms and runs, and the samples generated server-side (reused when present)."""
+    """The experiments, arms and runs, and the samples generated server-side
+    (reused when present)."""
     from django.db import connection
 
     from apps.experiments.models import Arm, Experiment, Run
@@ -68,7 +70,8 @@ def build_world(n_samples: int, log) -> dict:
                            f"(SELECT id FROM {Run._meta.db_table} WHERE tenant_id = %s)", [tenant.pk])
         _drop(Experiment.objects.filter(tenant=tenant))
         tenant.delete()
-    log(f"generating {per_run * EXPERIMENTS * ARMS * RUNS_PER_ARM:,} samples (once; kept for later runs)")
+    log(f"generating {per_run * EXPERIMENTS * ARMS * RUNS_PER_ARM:,} samples "
+        "(once; kept for later runs)")
     tenant = Tenant.objects.create(slug="bench-attribution", name="Bench attribution", max_concurrent_runs=100_000)
     table = PricingTable.objects.create(tenant=tenant, name="bench", valid_from="2026-01-01T00:00:00Z",
                                         electricity_usd_per_kwh=Decimal("0.15"))
@@ -91,9 +94,10 @@ def build_world(n_samples: int, log) -> dict:
         for e in experiments:
             cursor.execute(f"""
                 INSERT INTO {TelemetrySample._meta.db_table}
-                    (run_id, seq, attempt, ts, step, device, util_pct, power_w, energy_j, tokens, estimated)
-                SELECT r.id, g.i, 1, TIMESTAMPTZ '2026-06-01' + g.i * INTERVAL '1 second', g.i, 'cuda:0 Bench GPU',
-                       90.0, 650.0, 650.0 * g.i, 4096 * g.i, FALSE
+                    (run_id, seq, attempt, ts, step, device, util_pct, power_w, energy_j, tokens,
+                     estimated)
+                SELECT r.id, g.i, 1, TIMESTAMPTZ '2026-06-01' + g.i * INTERVAL '1 second', g.i,
+                       'cuda:0 Bench GPU', 90.0, 650.0, 650.0 * g.i, 4096 * g.i, FALSE
                 FROM {Run._meta.db_table} r CROSS JOIN generate_series(0, %s - 1) AS g(i)
                 WHERE r.experiment_id = %s""", [per_run, e.pk])
         cursor.execute(f"ANALYZE {TelemetrySample._meta.db_table}")
@@ -101,7 +105,8 @@ def build_world(n_samples: int, log) -> dict:
 
 
 def reset(world: dict) -> list[int]:
-    """Attribution state cleared, run totals back to what their samples add up to; the experiment ids."""
+    """Attribution state cleared, run totals back to what their samples add up to;
+    the experiment ids."""
     from django.db import connection
 
     from apps.attribution.models import AttributionWindow, FreezeEvent, RunCursor, WeightChange
@@ -117,16 +122,18 @@ def reset(world: dict) -> list[int]:
     with connection.cursor() as cursor:
         for j, factor in enumerate(FACTORS):
             cursor.execute(f"""
-                UPDATE {Run._meta.db_table} r SET priced_seq = %s, last_seq = %s, steps = %s, tokens = %s,
-                    device_seconds = %s, energy_j = %s, cost_usd = %s
-                FROM {Arm._meta.db_table} a WHERE a.id = r.arm_id AND r.tenant_id = %s AND a.name = %s""",
+                UPDATE {Run._meta.db_table} r SET priced_seq = %s, last_seq = %s, steps = %s,
+                    tokens = %s, device_seconds = %s, energy_j = %s, cost_usd = %s
+                FROM {Arm._meta.db_table} a
+                WHERE a.id = r.arm_id AND r.tenant_id = %s AND a.name = %s""",
                 [last, last, last, 4096 * last, float(last), 650.0 * last,
                  round(4096 * last * USD_PER_TOKEN * factor, 6), tenant.pk, f"arm{j}"])
     return list(Experiment.objects.filter(tenant=tenant).values_list("pk", flat=True))
 
 
 def advance(tenant_id: int, seconds: int, seed: int) -> None:
-    """Every run trains `seconds` more (what ingest would add to the totals), with a little noise."""
+    """Every run trains `seconds` more (what ingest would add to the totals),
+    with a little noise."""
     from django.db import connection
 
     from apps.experiments.models import Arm, Run
@@ -135,12 +142,15 @@ def advance(tenant_id: int, seconds: int, seed: int) -> None:
         cursor.execute("SELECT setseed(%s)", [seed / 1000.0])
         for j, factor in enumerate(FACTORS):
             cursor.execute(f"""
-                UPDATE {Run._meta.db_table} r SET priced_seq = priced_seq + %s, last_seq = last_seq + %s,
+                UPDATE {Run._meta.db_table} r
+                SET priced_seq = priced_seq + %s, last_seq = last_seq + %s,
                     steps = steps + %s, tokens = tokens + %s, device_seconds = device_seconds + %s,
-                    energy_j = energy_j + %s, cost_usd = cost_usd + ROUND(CAST(%s * (0.98 + 0.04 * random()) AS NUMERIC), 6)
+                    energy_j = energy_j + %s,
+                    cost_usd = cost_usd + ROUND(CAST(%s * (0.98 + 0.04 * random()) AS NUMERIC), 6)
                 FROM {Arm._meta.db_table} a
                 WHERE a.id = r.arm_id AND r.tenant_id = %s AND a.name = %s AND r.experiment_id IN (
-                    SELECT id FROM experiments_experiment WHERE tenant_id = %s AND name LIKE 'bench %%')""",
+                    SELECT id FROM experiments_experiment
+                    WHERE tenant_id = %s AND name LIKE 'bench %%')""",
                 [seconds, seconds, seconds, 4096 * seconds, float(seconds), 650.0 * seconds,
                  4096 * seconds * USD_PER_TOKEN * factor, tenant_id, f"arm{j}", tenant_id])
 
@@ -264,14 +274,17 @@ def main() -> None:
     latency = [m[0] for m in measured]
 
     t, s, q, lat = spread(tick_s), spread(rescan_s), spread(ratios), spread(latency)
-    print(f"{EXPERIMENTS} experiments x {ARMS} arms x {RUNS_PER_ARM} runs, {total:,} telemetry samples, "
+    print(f"{EXPERIMENTS} experiments x {ARMS} arms x {RUNS_PER_ARM} runs, "
+          f"{total:,} telemetry samples, "
           f"every run moved since the last tick")
     print(f"{'measure':<44}{'median':>10}{'q1':>10}{'q3':>10}{'min':>10}{'max':>10}")
     for label, v in (("tick (rollups) s", t), ("rescan of raw samples, lower bound s", s),
                      ("ratio rescan / tick", q), (f"freeze latency s (interval {INTERVAL_S} s)", lat)):
         print(f"{label:<44}{v['median']:>10.3f}{v['q1']:>10.3f}{v['q3']:>10.3f}{v['min']:>10.3f}{v['max']:>10.3f}")
-    print(f"tick: target <= 1 s ({rounds} interleaved rounds). freeze latency: worst of {latency_rounds} phases "
-          f"{lat['max']:.2f} s, target <= {INTERVAL_S + 2} s (interval + 2 s); the freezing tick itself took "
+    print(f"tick: target <= 1 s ({rounds} interleaved rounds). "
+          f"freeze latency: worst of {latency_rounds} phases "
+          f"{lat['max']:.2f} s, target <= {INTERVAL_S + 2} s (interval + 2 s); "
+          "the freezing tick itself took "
           f"{max(m[1] for m in measured):.3f} s at most")
     if args.json:
         print(json.dumps({"tick_s": round(t["median"], 4), "tick_s_q1": round(t["q1"], 4),

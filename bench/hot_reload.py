@@ -81,8 +81,8 @@ def main() -> None:
         while time.monotonic() < deadline and Run.objects.filter(pk__in=[r.pk for r in runs.values()],
                                                                  status="running", steps__gt=0).count() < 2:
             time.sleep(0.2)
-        # Which worker holds which run does not matter for a fair comparison only if push/poll match:
-        # each run is driven by whichever worker took it, so label by the worker's pid.
+        # Which worker holds which run does not matter for a fair comparison only if push/poll
+        # match: each run is driven by whichever worker took it, so label by the worker's pid.
         pids = {str(p.pid): m for m, p in workers.items()}
         holder = {m: pids.get(Run.objects.get(pk=r.pk).lease_owner.split(":")[1], "?") for m, r in runs.items()}
         latencies: dict[str, list[float]] = {"push": [], "poll": []}

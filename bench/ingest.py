@@ -39,6 +39,7 @@ def main() -> None:
     from django.db import connection, transaction
     from django.utils import timezone
 
+    from apps.core.db import copy_rows as db_copy_rows
     from apps.demo.services import demo_seed
     from apps.experiments.models import Run
     from apps.telemetry.ingest import COLUMNS
@@ -87,9 +88,7 @@ def main() -> None:
 
     def copy_rows(rows: list[tuple]) -> None:
         with transaction.atomic(), connection.cursor() as cursor:
-            with cursor.copy(f"COPY {table} ({cols}) FROM STDIN") as copy:
-                for row in rows:
-                    copy.write_row(row)
+            db_copy_rows(cursor, f"{table} ({cols})", rows)
 
     pick, ts_at = operator.itemgetter(*COLUMNS), COLUMNS.index("ts")
 
@@ -141,10 +140,13 @@ def main() -> None:
         p = spread(rates[name])
         print(f"{label:<30}{p['median']:>20,.0f}{p['min']:>12,.0f}{p['max']:>12,.0f}")
     s, b, late = spread(ratios["raw"]), spread(ratios["raw_prepared"]), spread(ratios["late"])
-    print(f"ratio platform/raw COPY: {s['median']:.3f} (IQR {s['q1']:.3f}-{s['q3']:.3f}, min {s['min']:.3f}, "
-          f"max {s['max']:.3f}); against prebuilt rows: {b['median']:.3f} (IQR {b['q1']:.3f}-{b['q3']:.3f}); "
+    print(f"ratio platform/raw COPY: {s['median']:.3f} "
+          f"(IQR {s['q1']:.3f}-{s['q3']:.3f}, min {s['min']:.3f}, "
+          f"max {s['max']:.3f}); against prebuilt rows: {b['median']:.3f} "
+          f"(IQR {b['q1']:.3f}-{b['q3']:.3f}); "
           f"{rounds} interleaved rounds of {n} samples; target >= 0.5")
-    print(f"late_ratio (10 % of batches late and reversed)/raw COPY: {late['median']:.3f} (IQR {late['q1']:.3f}-"
+    print(f"late_ratio (10 % of batches late and reversed)/raw COPY: {late['median']:.3f} "
+          f"(IQR {late['q1']:.3f}-"
           f"{late['q3']:.3f}, min {late['min']:.3f}, max {late['max']:.3f}); target >= 0.4")
     if args.json:
         print(json.dumps({"ratio": round(s["median"], 4), "ratio_q1": round(s["q1"], 4),

@@ -1,6 +1,7 @@
 """What telemetry costs: step time of the tiny preset with the sampler on vs off.
 
-    python bench/runtime_overhead.py [--quick] [--json] [--interval 0.1] [--threads 1] [--device cpu]
+    python bench/runtime_overhead.py [--quick] [--json] [--interval 0.1] [--threads 1]
+        [--device cpu]
 
 Side by side: the two arms run interleaved in one process (on, off, off, on, ...) so
 drift in the machine's load hits both alike. A step's time is the gap between two calls
@@ -82,7 +83,8 @@ def _direct_costs(device: str | None, n: int = 300) -> tuple[float, float]:
         sampler.sample()
         costs.append(time.thread_time() - start)
     sampler.probe.close()
-    # The loop's own share: one Progress tuple and one StepWindow per step (stamps are taken anyway).
+    # The loop's own share: one Progress tuple and one StepWindow per step
+    # (stamps are taken anyway).
     start = time.perf_counter()
     for step in range(n * 100):
         counters.progress = Progress(step, step * 256, 0.1 * step, step, 2.5, 4)
@@ -115,7 +117,8 @@ def main() -> int:
         rows.append((off_s, on_s, on_s / off_s, n_samples))
     sample_cost_s, step_bookkeeping_s = _direct_costs(ns.device)
 
-    print(f"telemetry overhead: tiny preset, seq_len 64, global_batch 4, {steps} steps/run, {rounds} rounds, "
+    print("telemetry overhead: tiny preset, seq_len 64, global_batch 4, "
+          f"{steps} steps/run, {rounds} rounds, "
           f"sampler every {ns.interval} s, torch threads {torch.get_num_threads()}")
     print(f"{'round':>5}  {'off ms/step':>11}  {'on ms/step':>10}  {'on/off':>7}  {'samples':>7}")
     for r, (off_s, on_s, ratio, n) in enumerate(rows):
@@ -127,8 +130,10 @@ def main() -> int:
     direct = sample_cost_s / ns.interval + step_bookkeeping_s / step_s
     print(f"overhead_ratio (median on/off) = {median:.4f}  spread: min {low:.4f}, max {high:.4f}, "
           f"IQR [{q1:.4f}, {q3:.4f}]  (budget < 1.01)")
-    print(f"direct: sampler {sample_cost_s * 1e6:.0f} us CPU per sample (every {ns.interval} s), loop bookkeeping "
-          f"{step_bookkeeping_s * 1e6:.2f} us per {step_s * 1e3:.0f} ms step -> {direct * 100:.3f} % of step time")
+    print(f"direct: sampler {sample_cost_s * 1e6:.0f} us CPU per sample "
+          f"(every {ns.interval} s), loop bookkeeping "
+          f"{step_bookkeeping_s * 1e6:.2f} us per {step_s * 1e3:.0f} ms step "
+          f"-> {direct * 100:.3f} % of step time")
     if ns.json:
         print(json.dumps({
             "overhead_ratio": median, "overhead_ratio_spread": (high - low) / 2, "overhead_ratio_min": low,

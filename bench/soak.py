@@ -118,7 +118,8 @@ def main() -> None:
         Arm.objects.create(experiment=experiment, name=name, strategy_yaml=SOAK_STRATEGY,
                            strategy_sha256=strategy_sha256(SOAK_STRATEGY), is_control=control)
 
-    print(f"soak: {minutes:g} min on the embedded default in {var_dir} (web :{port}), beat tick every 1 s")
+    print(f"soak: {minutes:g} min on the embedded default in {var_dir} (web :{port}), "
+          "beat tick every 1 s")
     submitted, started = 0, time.monotonic()
     next_tick = started
     end = started + minutes * 60

@@ -1,13 +1,15 @@
-"""The sweep benchmark: an exhaustive grid against Optuna's searches (TPE, NSGA-II) with half the probes.
+"""The sweep benchmark: an exhaustive grid against Optuna's searches (TPE, NSGA-II)
+with half the probes.
 
     python bench/sweep.py [--quick] [--json] [--steps N] [--seed S]
 
 Both are real sweeps on the platform (Postgres, the sweep services, the probe code of the
 workers: gpu_runtime.train() of each candidate on the CPU, warm-up untimed, priced with the
 cost engine on a bench pricing table). The probes run in this process, interleaved (one grid
-probe, one TPE probe, one NSGA-II probe, ...), so the machine's drift hits all three; the Celery fan-out is
-the end-to-end test's subject, not this one's. Probes use one CPU thread (``--threads``): on a
-shared host, more threads than free cores turn a neighbour's burst into a 10x slower step.
+probe, one TPE probe, one NSGA-II probe, ...), so the machine's drift hits all three; the Celery
+fan-out is the end-to-end test's subject, not this one's. Probes use one CPU thread
+(``--threads``): on a shared host, more threads than free cores turn a neighbour's burst into a
+10x slower step.
 
 Space (12 points): train.global_batch {1, 2, 4} x model.seq_len {32, 64} x precision.compute_dtype
 {fp32, bf16}; objectives USD per 1M tokens and peak memory. Reports:
@@ -38,7 +40,8 @@ from _setup import django_on_postgres  # noqa: E402
 
 TARGET_REGRET = 0.05
 SPACE = {"train.global_batch": [1, 2, 4], "model.seq_len": [32, 64], "precision.compute_dtype": ["fp32", "bf16"]}
-BASE = "model: {preset: tiny, seq_len: 64}\ndata: {source: synthetic}\ntrain: {steps: 1000, global_batch: 2, seed: 0}\n"
+BASE = ("model: {preset: tiny, seq_len: 64}\ndata: {source: synthetic}\n"
+        "train: {steps: 1000, global_batch: 2, seed: 0}\n")
 
 
 def _tenant():
@@ -111,16 +114,20 @@ def main() -> int:
 
     print(f"sweep benchmark: {len(grid_probes)} grid probes vs 6 TPE and 6 NSGA-II probes, "
           f"{steps} timed steps each, CPU, {args.threads} thread(s)")
-    print(f"{'#':>2}  {'global_batch':>12} {'seq_len':>7} {'dtype':>5}  {'USD/1M tok':>10} {'peak MiB est.':>13}  "
+    print(f"{'#':>2}  {'global_batch':>12} {'seq_len':>7} {'dtype':>5}  "
+          f"{'USD/1M tok':>10} {'peak MiB est.':>13}  "
           f"{'grid front':>10}  {'TPE':>3}  {'NSGA-II':>7}")
     for p in grid_probes:
         print(f"{p.number:>2}  {p.params['train.global_batch']:>12} {p.params['model.seq_len']:>7} "
               f"{p.params['precision.compute_dtype']:>5}  {p.usd_per_mtok or float('nan'):>10.4f} "
               f"{p.peak_mem_mb or float('nan'):>13.0f}  {'✓' if p.on_frontier else '':>10}  "
-              f"{'✓' if p.params_key in searched['tpe'] else '':>3}  {'✓' if p.params_key in searched['nsga2'] else '':>7}")
+              f"{'✓' if p.params_key in searched['tpe'] else '':>3}  "
+              f"{'✓' if p.params_key in searched['nsga2'] else '':>7}")
     for name, f in figures.items():
-        print(f"{name:>5}: {f['probes']} probes, regret {f['regret']:+.3f} (target <= {TARGET_REGRET}; "
-              f"on the grid's measurements {f['regret_same_measure']:+.3f}), frontier recall {f['frontier_recall']:.2f}")
+        print(f"{name:>5}: {f['probes']} probes, regret {f['regret']:+.3f} "
+              f"(target <= {TARGET_REGRET}; "
+              f"on the grid's measurements {f['regret_same_measure']:+.3f}), "
+              f"frontier recall {f['frontier_recall']:.2f}")
     print(f"grid cheapest {grid_best:.4f} USD/1M tok; wall {wall:.1f} s")
     if args.json:
         rounded = {name: {k: round(v, 4) for k, v in f.items()} for name, f in figures.items()}

@@ -1,4 +1,5 @@
-"""A small client of costlab's REST API v1: bearer token, retries on transient failures, one error type."""
+"""A small client of costlab's REST API v1: bearer token, retries on transient failures,
+one error type."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ class Api:
         if not url:
             raise CliError("COSTLAB_URL is not set (e.g. https://costlab.example.com)")
         if not token:
-            raise CliError("COSTLAB_TOKEN is not set (mint one: manage.py api_token_create --tenant SLUG --name ci)")
+            raise CliError("COSTLAB_TOKEN is not set "
+                           "(mint one: manage.py api_token_create --tenant SLUG --name ci)")
         if not url.startswith(("http://", "https://")):
             raise CliError(f"COSTLAB_URL must start with http:// or https://, got {url!r}")
         self.attempts = attempts
@@ -51,8 +53,9 @@ class Api:
         return self.request("PATCH", path, json=body, idempotent=True)
 
     def request(self, method: str, path: str, *, idempotent: bool | None = None, **kwargs: Any) -> Any:
-        """JSON of a 2xx answer. Retries connection failures and 429/502/503/504 when the call is safe to repeat:
-        `attempts` times, or for up to `retry_for_s` seconds of outage (saying so on stderr)."""
+        """JSON of a 2xx answer. Retries connection failures and 429/502/503/504 when the call is
+        safe to repeat: `attempts` times, or for up to `retry_for_s` seconds of outage
+        (saying so on stderr)."""
         retry = method in ("GET", "HEAD") if idempotent is None else idempotent
         attempt, outage_since = 0, None
         while True:
@@ -66,19 +69,22 @@ class Api:
                 problem = f"{method} {path}: HTTP {response.status_code}: {_reason(response)}"
             if problem is None:
                 if outage_since is not None and self.retry_for_s:
-                    print(f"costlab: reached the site again after {time.monotonic() - outage_since:.0f} s",
+                    print("costlab: reached the site again after "
+                          f"{time.monotonic() - outage_since:.0f} s",
                           file=sys.stderr, flush=True)
                 return self._answer(response, method, path)
             now = time.monotonic()
             if outage_since is None:
                 outage_since = now
                 if retry and self.retry_for_s:
-                    print(f"costlab: {problem}; retrying for up to {self.retry_for_s:g} s (--retry-for)",
+                    print(f"costlab: {problem}; "
+                          f"retrying for up to {self.retry_for_s:g} s (--retry-for)",
                           file=sys.stderr, flush=True)
             left = self.retry_for_s - (now - outage_since) if self.retry_for_s else None
             if not retry or (left is None and attempt >= self.attempts) or (left is not None and left <= 0):
                 if self.retry_for_s and retry:
-                    problem += f" (still failing after {now - outage_since:.0f} s; --retry-for {self.retry_for_s:g})"
+                    problem += (f" (still failing after {now - outage_since:.0f} s; "
+                                f"--retry-for {self.retry_for_s:g})")
                 raise CliError(problem)
             self._sleep(attempt, response.headers.get("Retry-After") if response is not None else None,
                         cap=left)

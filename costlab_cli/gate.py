@@ -22,7 +22,8 @@ RESOLUTION_PP = Decimal("0.01")  # percentage points
 
 
 def parse_regression(text: str) -> Decimal:
-    """The limit in percentage points: '5%' -> 5.00; '0.05' -> 5.00. A bare number above 1 is refused: say '5%'."""
+    """The limit in percentage points: '5%' -> 5.00; '0.05' -> 5.00.
+    A bare number above 1 is refused: say '5%'."""
     raw = text.strip()
     try:
         value = Decimal(raw[:-1]) if raw.endswith("%") else Decimal(raw) * 100
@@ -31,11 +32,13 @@ def parse_regression(text: str) -> Decimal:
     if not value.is_finite():
         raise CliError(f"--max-regression: {text!r} is not a finite number")
     if not raw.endswith("%") and value > 100:
-        raise CliError(f"--max-regression: {text!r} is ambiguous; write {raw}% (percent) or a fraction like 0.05")
+        raise CliError(f"--max-regression: {text!r} is ambiguous; "
+                       f"write {raw}% (percent) or a fraction like 0.05")
     if value < 0:
         raise CliError("--max-regression: must be >= 0")
     if value != value.quantize(RESOLUTION_PP):
-        raise CliError(f"--max-regression: {text!r} is finer than the gate's resolution of 0.01 percentage points")
+        raise CliError(f"--max-regression: {text!r} is finer than the gate's resolution "
+                       "of 0.01 percentage points")
     return value.quantize(RESOLUTION_PP)
 
 
@@ -71,7 +74,8 @@ def cmd_gate(api: Api, args) -> int:
             raise CliError("--evidence: a single run has no confidence bound; gate its arm (--arm) instead")
         run = api.get(f"runs/{args.run}/")
         if run["experiment"] != report["experiment_id"]:
-            raise CliError(f"--run: run {args.run} belongs to experiment {run['experiment']}, not {args.experiment}")
+            raise CliError(f"--run: run {args.run} belongs to experiment {run['experiment']}, "
+                           f"not {args.experiment}")
         if run["status"] != "succeeded":
             raise CliError(f"--run: run {args.run} is {run['status']}; gate a succeeded run (submit --wait)")
         value = run_metric(run, control["metric"])
@@ -106,9 +110,11 @@ def cmd_gate(api: Api, args) -> int:
     failed = score > limit
     bounds = ""
     if arm is not None and arm.get("deviation_low") is not None:
-        bounds = f"; always-valid bounds {as_pp(arm['deviation_low']):+}% .. {as_pp(arm['deviation_high']):+}%"
+        bounds = (f"; always-valid bounds {as_pp(arm['deviation_low']):+}% "
+                  f".. {as_pp(arm['deviation_high']):+}%")
     judged_by = "lower bound" if evidence else "estimate"
-    print(f"{'REGRESSION' if failed else 'PASS'}: {who} costs {as_pp(deviation):+}% {label} vs control "
+    print(f"{'REGRESSION' if failed else 'PASS'}: "
+          f"{who} costs {as_pp(deviation):+}% {label} vs control "
           f"'{control['name']}' ({value:.4f} vs {control['metric_value']:.4f}{bounds}; {judged_by} "
           f"{score:+}% vs limit +{limit}%)")
     return REGRESSION if failed else PASS

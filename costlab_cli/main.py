@@ -1,6 +1,8 @@
-"""costlab CLI: submit runs, read their status and the experiment report, and gate a CI build on cost.
+"""costlab CLI: submit runs, read their status and the experiment report,
+and gate a CI build on cost.
 
-Reads COSTLAB_URL (the site, e.g. https://costlab.example.com) and COSTLAB_TOKEN (a tenant's API token).
+Reads COSTLAB_URL (the site, e.g. https://costlab.example.com) and COSTLAB_TOKEN
+(a tenant's API token).
 Exit status: 0 success / pass, 1 regression (gate) or a run that did not succeed (submit --wait),
 2 error. Every outcome prints one line that says why.
 """
@@ -35,10 +37,12 @@ def parser() -> argparse.ArgumentParser:
                         "(never the control's). Without it: the arm whose strategy has the file's SHA-256.")
     s.add_argument("--git-sha", metavar="SHA", help="Commit trained (default $GITHUB_SHA).")
     s.add_argument("--run-key", metavar="KEY",
-                   help="Idempotency key: the same key returns the same run (default $COSTLAB_RUN_KEY, else random).")
+                   help="Idempotency key: the same key returns the same run "
+                        "(default $COSTLAB_RUN_KEY, else random).")
     s.add_argument("--wait", action="store_true", help="Wait until the run ends; exit 1 unless it succeeded.")
     s.add_argument("--external", action="store_true",
-                   help="Create an external run: trained elsewhere, telemetry POSTed to /api/v1/runs/ID/telemetry/, "
+                   help="Create an external run: trained elsewhere, "
+                        "telemetry POSTed to /api/v1/runs/ID/telemetry/, "
                         "ended with POST /api/v1/runs/ID/finish/. Prints the run id.")
     s.add_argument("--gpu-sku", metavar="NAME", help="External runs: the GPU model held (priced per GPU-hour).")
     s.add_argument("--gpu-count", type=int, metavar="N", help="External runs: GPUs held (default 1 with --gpu-sku).")
@@ -66,7 +70,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--max-regression", required=True, metavar="PCT", help="e.g. 5%% (or the fraction 0.05).")
     who = g.add_mutually_exclusive_group()
     who.add_argument("--arm", action="append", metavar="NAME",
-                     help="Candidate arm(s) to judge (repeatable); default every non-control arm with priced runs.")
+                     help="Candidate arm(s) to judge (repeatable); "
+                          "default every non-control arm with priced runs.")
     who.add_argument("--run", type=int, metavar="RUN", help="Judge this succeeded run against the control arm.")
     g.add_argument("--evidence", action="store_true",
                    help="Fail only when the freeze rule's always-valid lower bound clears the limit "

@@ -31,7 +31,8 @@ def as_table(report: dict) -> str:
     body = rows(report)
     widths = [max(len(c), *(len(r[i]) for r in body)) if body else len(c) for i, c in enumerate(COLUMNS)]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()  # noqa: E731
-    title = f"experiment {report['experiment_id']} '{report['name']}' (freeze threshold {report['threshold'] * 100:g}%)"
+    title = (f"experiment {report['experiment_id']} '{report['name']}' "
+             f"(freeze threshold {report['threshold'] * 100:g}%)")
     return "\n".join([title, line(COLUMNS), line(["-" * w for w in widths]), *(line(r) for r in body)])
 
 

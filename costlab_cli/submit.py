@@ -1,11 +1,15 @@
-"""`costlab submit` and `costlab status`: which arm a strategy file runs on, the run, and waiting for it.
+"""`costlab submit` and `costlab status`: which arm a strategy file runs on, the run,
+and waiting for it.
 
-How --strategy maps onto an arm (the file's exact bytes are hashed with SHA-256, as the server does):
-  --arm NAME given:  the arm NAME of the experiment. Missing: created with this strategy and weight 0
-                     (it gets runs only when named, so routed submissions keep their split). Present
-                     with another strategy: its strategy is replaced (a new revision). The control arm
-                     is never changed from here: the baseline changes deliberately, not from a branch.
-  no --arm:          the experiment's arm whose strategy has this hash; none is an error naming the hash.
+How --strategy maps onto an arm (the file's exact bytes are hashed with SHA-256, as the server
+does):
+  --arm NAME given:  the arm NAME of the experiment. Missing: created with this strategy and
+                     weight 0 (it gets runs only when named, so routed submissions keep their
+                     split). Present with another strategy: its strategy is replaced (a new
+                     revision). The control arm is never changed from here: the baseline changes
+                     deliberately, not from a branch.
+  no --arm:          the experiment's arm whose strategy has this hash; none is an error naming
+                     the hash.
 """
 
 from __future__ import annotations
@@ -37,7 +41,8 @@ def arm_for_strategy(api: Api, *, experiment: int, text: str, arm_name: str | No
     if arm_name is None:
         arms = api.get("arms/", experiment=experiment, strategy_sha256=digest)["results"]
         if not arms:
-            raise CliError(f"no arm of experiment {experiment} has the strategy in {path} (sha256 {digest[:12]}); "
+            raise CliError(f"no arm of experiment {experiment} has the strategy in {path} "
+                           f"(sha256 {digest[:12]}); "
                            "pass --arm NAME to create or update one")
         active = [a for a in arms if a["state"] == "active"]
         return (active or arms)[0], "matched"
@@ -64,7 +69,8 @@ def cmd_submit(api: Api, args) -> int:
         if given:
             raise CliError(f"{given[0]}: only for --external runs (a worker measures what it holds)")
     elif args.wait:
-        raise CliError("--wait: an external run ends when its trainer POSTs /finish/; it cannot be waited on here")
+        raise CliError("--wait: an external run ends when its trainer POSTs /finish/; "
+                       "it cannot be waited on here")
     text = read_strategy(args.strategy)
     arm, how = arm_for_strategy(api, experiment=args.experiment, text=text, arm_name=args.arm, path=args.strategy)
     body = {"experiment": args.experiment, "arm": arm["id"],
@@ -83,7 +89,8 @@ def cmd_submit(api: Api, args) -> int:
 
 
 def wait_for(api: Api, run_id: int, *, poll_s: float, timeout_s: float) -> int:
-    """0 when the run succeeded, 1 when it ended otherwise; CliError (2) when it outlives the timeout."""
+    """0 when the run succeeded, 1 when it ended otherwise;
+    CliError (2) when it outlives the timeout."""
     deadline = time.monotonic() + timeout_s
     while True:
         run = api.get(f"runs/{run_id}/")

@@ -1,4 +1,5 @@
-"""`costlab sweep start|status|frontier|cancel`: search for a cheaper strategy, read its Pareto frontier."""
+"""`costlab sweep start|status|frontier|cancel`: search for a cheaper strategy,
+read its Pareto frontier."""
 
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ def cmd_sweep_status(api: Api, args) -> int:
         return 0
     front = sum(1 for p in api.get(f"sweeps/{args.sweep}/frontier/") if p["on_frontier"])
     note = f" ({sweep['note']})" if sweep["note"] else ""
-    print(f"sweep {sweep['id']} '{sweep['name']}': {sweep['status']}, {sweep['probes_done']}/{sweep['probe_count']} "
+    print(f"sweep {sweep['id']} '{sweep['name']}': {sweep['status']}, "
+          f"{sweep['probes_done']}/{sweep['probe_count']} "
           f"probes landed, {front} on the frontier{note}")
     return 0
 
@@ -100,7 +102,8 @@ def add_parser(sub) -> None:
     s.add_argument("--probes", type=int, required=True, metavar="N", help="Probe budget.")
     s.add_argument("--steps", type=int, default=20, metavar="N", help="Timed steps per probe (20).")
     s.add_argument("--objective", action="append", metavar="NAME",
-                   help="usd_per_mtok, peak_mem_mb, step_time_s or energy_j (repeatable; default the first two).")
+                   help="usd_per_mtok, peak_mem_mb, step_time_s or energy_j "
+                        "(repeatable; default the first two).")
     s.add_argument("--sampler", choices=["auto", "grid", "nsga2", "tpe"], default="auto",
                    help="auto: grid when the space fits the budget, else tpe.")
     s.add_argument("--parallel", type=int, default=2, metavar="N", help="Probes queued at once (2).")

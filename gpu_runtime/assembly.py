@@ -1,4 +1,5 @@
-"""Build the model a strategy asks for: every model-shaping key applied, in the one order that works.
+"""Build the model a strategy asks for: every model-shaping key applied,
+in the one order that works.
 
 1. `offload.embedding: cpu` swaps the embedding for a CPU-resident one *before* the model
    moves, so `.to(device)` leaves the table (and later its optimizer state) in host memory.
@@ -42,13 +43,16 @@ class AssembledModel:
 
 
 def strategy_conflicts(config: StrategyConfig) -> list[dict[str, str]]:
-    """Strategy combinations this runtime cannot honour together, refused rather than half applied."""
+    """Strategy combinations this runtime cannot honour together,
+    refused rather than half applied."""
     quant = config.precision.quantization
     fused_targets = sorted(set(quant.target_modules) & set(QKV)) if quant.enabled else []
     if config.kernels.fused_rmsnorm_qkv and fused_targets:
         return [{"key": "kernels.fused_rmsnorm_qkv", "message": (
-            f"the fused RMSNorm+QKV path multiplies by plain q/k/v weights, but {', '.join(fused_targets)} "
-            "are int8-quantized (precision.quantization.target_modules); drop them from target_modules "
+            "the fused RMSNorm+QKV path multiplies by plain q/k/v weights, "
+            f"but {', '.join(fused_targets)} "
+            "are int8-quantized (precision.quantization.target_modules); "
+            "drop them from target_modules "
             "or turn the fused path off")}]
     return []
 
@@ -68,7 +72,8 @@ def _fused_qkv(x: torch.Tensor, norm: RMSNorm, attn: Attention, *, backend: str)
 
 
 def install_fused_rmsnorm_qkv(model: Transformer, *, backend: str) -> int:
-    """Route every attention block's norm+q/k/v through the fused function; returns how many blocks."""
+    """Route every attention block's norm+q/k/v through the fused function;
+    returns how many blocks."""
     qkv = functools.partial(_fused_qkv, backend=backend)
     for block in model.blocks:
         projections = [getattr(block.attn, name) for name in QKV]
@@ -99,7 +104,8 @@ def _measure_checkpointing(module: Transformer, precision: Precision, sample: to
 
 def assemble_model(model: Transformer, config: StrategyConfig, device: torch.device, precision: Precision,
                    sample: torch.Tensor) -> AssembledModel:
-    """Apply the strategy's model keys to a freshly built CPU model; see the module docstring for the order."""
+    """Apply the strategy's model keys to a freshly built CPU model;
+    see the module docstring for the order."""
     report: dict[str, Any] = {}
     if config.offload.embedding == "cpu":
         names = offload_embeddings(model, target="cpu", names=["tok_embeddings"])
@@ -122,7 +128,8 @@ def assemble_model(model: Transformer, config: StrategyConfig, device: torch.dev
     if checkpointing.enabled:
         report["memory.gradient_checkpointing"] = _measure_checkpointing(
             model, precision, sample, checkpointing.every_n_blocks, device)
-        # the measurement leaves it applied; said again here so the strategy never rests on a side effect
+        # the measurement leaves it applied; said again here so the strategy never rests on a side
+        # effect
         apply_gradient_checkpointing(model.blocks, every_n_blocks=checkpointing.every_n_blocks)
     if config.kernels.fused_rmsnorm_qkv:
         backend = fused_backend(device)

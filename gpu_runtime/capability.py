@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from gpu_runtime.errors import StrategyError
-from gpu_runtime.schema import StrategyConfig
+from gpu_runtime.schema import StrategyConfig, distributed_problems
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -58,15 +58,18 @@ def capability_problems(config: StrategyConfig, device: torch.device) -> list[di
             major, minor = torch.cuda.get_device_capability(device.index)
             if dtype == "bf16" and (major, minor) < (8, 0):
                 problems.append({"key": key, "message": (
-                    f"bf16 needs CUDA compute capability >= 8.0 (Ampere or newer); {label} has {major}.{minor}")})
+                    "bf16 needs CUDA compute capability >= 8.0 (Ampere or newer); "
+                    f"{label} has {major}.{minor}")})
         elif key == "precision.compute_dtype":
             reason = _cpu_autocast_problem(TORCH_DTYPES[dtype])
             if reason is not None:
                 problems.append({"key": key, "message": f"{dtype} autocast does not run on {label}: {reason}"})
     if config.offload.embedding == "npu":
         problems.append({"key": "offload.embedding", "message": (
-            f"npu offload needs an NPU backend; this torch build has none (training on {label})")})
+            "npu offload needs an NPU backend; "
+            f"this torch build has none (training on {label})")})
     available = torch.cuda.device_count() if device.type == "cuda" else 0
+    problems += distributed_problems(config, cuda=device.type == "cuda", devices=available, where=f"this host ({label})")
     if config.placement.gpus > max(available, 1):
         problems.append({"key": "placement.gpus", "message": (
             f"{config.placement.gpus} GPUs asked for; this host has {available}")})
@@ -74,7 +77,8 @@ def capability_problems(config: StrategyConfig, device: torch.device) -> list[di
 
 
 def check_capability(config: StrategyConfig, device: str | torch.device | None = None) -> torch.device:
-    """Resolve the device and refuse (StrategyError) what it cannot run, naming the device and why."""
+    """Resolve the device and refuse (StrategyError) what it cannot run,
+    naming the device and why."""
     dev = device if isinstance(device, torch.device) else resolve_device(device)
     problems = capability_problems(config, dev)
     if problems:

@@ -22,7 +22,8 @@ FILENAME = "checkpoint.pt"
 
 @dataclass
 class TrainState:
-    """Everything a resumed run needs besides the config and the data (which are pure functions of it)."""
+    """Everything a resumed run needs besides the config and the data
+    (which are pure functions of it)."""
 
     step: int  # steps completed
     tokens: int

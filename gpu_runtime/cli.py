@@ -31,9 +31,11 @@ def _progress_line(sample: dict[str, Any]) -> str:
         return "-" if value is None else format(value, spec)
 
     energy = fmt(sample["energy_j"], ".1f") + ("~" if sample["estimated"] else "")
-    return (f"step {sample['step']:>6}  loss {fmt(sample['loss'], '.4f')}  {fmt(sample['tokens_per_s'], ',.0f')} tok/s  "
+    return (f"step {sample['step']:>6}  loss {fmt(sample['loss'], '.4f')}  "
+            f"{fmt(sample['tokens_per_s'], ',.0f')} tok/s  "
             f"step {fmt(sample['step_time_s'], '.3f')} s  util {fmt(sample['util_pct'], '.0f')} %  "
-            f"power {fmt(sample['power_w'], '.1f')} W  energy {energy} J  mfu {fmt(sample['mfu'], '.3f')}")
+            f"power {fmt(sample['power_w'], '.1f')} W  energy {energy} J  "
+            f"mfu {fmt(sample['mfu'], '.3f')}")
 
 
 def _train(ns: argparse.Namespace) -> int:

@@ -89,7 +89,8 @@ def _alpaca_records(path: Path) -> list[bytes]:
 
 
 def synthetic_documents(seed: int, n_tokens: int = SYNTHETIC_TOKENS) -> list[bytes]:
-    """Zipf-distributed words from a seeded 512-word vocabulary: learnable, and the same for a seed."""
+    """Zipf-distributed words from a seeded 512-word vocabulary: learnable,
+    and the same for a seed."""
     rng = random.Random(seed)
     letters = "abcdefghijklmnopqrstuvwxyz"
     words = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 9))).encode() + b" " for _ in range(512)]
@@ -117,12 +118,14 @@ def load_corpus(data: DataSection, *, seed: int) -> Corpus:
 
 
 class StepBatches:
-    """The rows of step s: ``global_batch`` random windows of seq_len+1 tokens, fixed by (seed, s)."""
+    """The rows of step s: ``global_batch`` random windows of seq_len+1 tokens, fixed by
+    (seed, s)."""
 
     def __init__(self, corpus: Corpus, *, seq_len: int, global_batch: int, seed: int):
         if corpus.tokens.numel() < seq_len + 1:
             raise StrategyError.single(
-                "model.seq_len", f"the corpus has {corpus.tokens.numel()} tokens; a window needs seq_len+1 = {seq_len + 1}")
+                "model.seq_len", f"the corpus has {corpus.tokens.numel()} tokens; "
+                f"a window needs seq_len+1 = {seq_len + 1}")
         self.tokens = corpus.tokens
         self.seq_len, self.global_batch, self.seed = seq_len, global_batch, seed
         self._offsets = torch.arange(seq_len + 1)

@@ -46,7 +46,8 @@ def _nest(flat: dict[str, Any]) -> dict[str, Any]:
 
 
 def live_changes(old: StrategyConfig, new: StrategyConfig) -> tuple[dict[str, Any], list[str]]:
-    """(the live keys that changed, nested like the YAML; the dotted keys that changed but are not live)."""
+    """(the live keys that changed, nested like the YAML; the dotted keys that changed but
+    are not live)."""
     before, after = _flatten(old.model_dump()), _flatten(new.model_dump())
     changed = sorted(k for k in after.keys() | before.keys() if before.get(k) != after.get(k))
     live = {k: after[k] for k in changed if k in LIVE_KEYS}
@@ -55,7 +56,8 @@ def live_changes(old: StrategyConfig, new: StrategyConfig) -> tuple[dict[str, An
 
 def live_poller(live: Callable[[], dict[str, Any] | None], *, current: Callable[[], StrategyConfig],
                 apply: Callable[[StrategyConfig], None]) -> Callable[[], None]:
-    """A step-boundary callback: poll `live` for changed live keys, validate, hand the new config to `apply`.
+    """A step-boundary callback: poll `live` for changed live keys, validate,
+    hand the new config to `apply`.
 
     Keys a running job cannot take are logged and ignored; an update the schema refuses
     leaves the run as it is (a bad edit must not end a run that trains fine).

@@ -49,7 +49,8 @@ class ModelArgs:
         return total + (self.vocab_size * d if embedding else 0)
 
     def flops_per_token(self, seq_len: int) -> int:
-        """Training FLOPs per token: 6N + 12*L*d*T (PaLM, appendix B), N without the embedding table."""
+        """Training FLOPs per token: 6N + 12*L*d*T (PaLM, appendix B),
+        N without the embedding table."""
         return 6 * self.num_params(embedding=False) + 12 * self.n_layers * self.dim * seq_len
 
 

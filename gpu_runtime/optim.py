@@ -36,17 +36,20 @@ def _check_fusable(named_params: list[tuple[str, torch.Tensor]]) -> None:
         # With loss scaling, the fused kernel hands the overflow flag between devices without
         # a sync: the CPU half could step on a stale flag. Refused rather than risked.
         raise StrategyError.single("kernels.fused_optimizer", (
-            f"parameters live on {' and '.join(sorted(device_types))} (offload.embedding: cpu); the fused AdamW "
+            f"parameters live on {' and '.join(sorted(device_types))} "
+            "(offload.embedding: cpu); the fused AdamW "
             "steps one device's tensors: turn one of the two off"))
     for name, p in named_params:
         if p.device.type not in FUSED_DEVICE_TYPES or not p.is_floating_point():
             raise StrategyError.single("kernels.fused_optimizer", (
-                f"parameter {name} is {p.dtype} on {p.device.type}; the fused AdamW steps floating-point "
+                f"parameter {name} is {p.dtype} on {p.device.type}; "
+                "the fused AdamW steps floating-point "
                 f"tensors on {'/'.join(FUSED_DEVICE_TYPES)}"))
 
 
 def lr_at(step: int, train: TrainSection, total_steps: int) -> float:
-    """LR for a step (0-based): linear warmup to ``lr``, then cosine down to ``lr * min_lr_ratio``."""
+    """LR for a step (0-based): linear warmup to ``lr``, then cosine down to
+    ``lr * min_lr_ratio``."""
     peak, floor = train.lr, train.lr * train.min_lr_ratio
     warmup = min(train.warmup_steps, max(total_steps - 1, 0))
     if step < warmup:

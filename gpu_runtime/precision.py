@@ -34,7 +34,8 @@ def cast_storage(model: nn.Module, storage_dtype: str) -> None:
 
 
 class MasterWeights:
-    """fp32 copies of the trainable parameters, which the optimizer owns when storage is below fp32."""
+    """fp32 copies of the trainable parameters,
+    which the optimizer owns when storage is below fp32."""
 
     def __init__(self, named_params: list[tuple[str, nn.Parameter]]):
         self.pairs = [(name, p, p.detach().float().clone().requires_grad_(True)) for name, p in named_params]
@@ -76,7 +77,8 @@ class Precision:
         self.masters: MasterWeights | None = None
 
     def prepare(self, model: nn.Module) -> list[tuple[str, torch.Tensor]]:
-        """Cast the model to its storage dtype; return the (name, tensor) pairs the optimizer steps on."""
+        """Cast the model to its storage dtype;
+        return the (name, tensor) pairs the optimizer steps on."""
         cast_storage(model, self.section.storage_dtype)
         trainable = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not self.needs_masters:

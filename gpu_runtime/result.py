@@ -17,7 +17,8 @@ class RunResult:
     steps: int  # optimizer steps completed (including those before a resume)
     tokens: int  # tokens trained on, cumulative
     wall_s: float  # seconds this call took, setup included
-    device_s: float  # device-seconds held: wall_s x devices used (one per call), what an hourly price applies to
+    # device-seconds held: wall_s x devices used (one per call), what an hourly price applies to
+    device_s: float
     energy_j: float | None  # joules over this call, measured or modelled (see energy_estimated)
     energy_estimated: bool
     peak_mem_mb: float | None  # MiB: CUDA max allocated, or the process's peak RSS seen on CPU
@@ -27,7 +28,8 @@ class RunResult:
     device: str
     status: RunStatus
     samples: int  # telemetry samples emitted (the sink saw each)
-    # dynamic batching's decisions: {step, kind (grow, shrink, memory_cap, oom, bounds), old/new micro-batch, detail}
+    # dynamic batching's decisions: {step, kind (grow, shrink, memory_cap, oom, bounds), old/new
+    # micro-batch, detail}
     micro_batch_events: list[dict[str, Any]] = field(default_factory=list)
     # what each strategy key did, by key: modules swapped, bytes saved, devices chosen ...
     strategies: dict[str, Any] = field(default_factory=dict)

@@ -10,18 +10,21 @@ import logging
 import signal
 import threading
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import psutil
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from gpu_runtime.assembly import assemble_model, strategy_conflicts
 from gpu_runtime.batching import MicroBatching
 from gpu_runtime.capability import capability_problems, device_label, resolve_device
 from gpu_runtime.checkpoint import load_checkpoint
 from gpu_runtime.data import StepBatches, load_corpus
+from gpu_runtime.distributed import World, train_distributed
 from gpu_runtime.errors import StrategyError
 from gpu_runtime.live import live_poller
 from gpu_runtime.mfu import peak_flops
@@ -42,8 +45,8 @@ log = logging.getLogger(__name__)
 # Strategy keys this runtime cannot apply. Refusing them beats training without them and
 # reporting a cost the strategy never had.
 _UNWIRED: list[tuple[str, Callable[[StrategyConfig], bool], str]] = [
-    ("placement.gpus", lambda c: c.placement.gpus > 1,
-     "a job trains on one device in this runtime (no data parallelism yet); placement picks that device"),
+    ("distributed.nnodes", lambda c: c.distributed.nnodes > 1,
+     "a run spans one node (worker) in this runtime; its processes are distributed.nproc_per_node"),
 ]
 
 
@@ -127,6 +130,13 @@ def _resume(path: str, config: StrategyConfig, module: torch.nn.Module, optimize
     return state.step, state.tokens
 
 
+def _refuse_what_the_host_cannot_run(config: StrategyConfig, dev: torch.device) -> None:
+    problems = capability_problems(config, dev)
+    problems += [p for p in unwired_strategies(config) if p["key"] not in {q["key"] for q in problems}]
+    if problems:
+        raise StrategyError(problems)
+
+
 def train(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None] | None = None,
           cancel: Callable[[], bool] | None = None, device: str | None = None, steps: int | None = None,
           checkpoint_dir: str | None = None, resume_from: str | None = None,
@@ -138,22 +148,68 @@ def train(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None] | No
     live keys (``gpu_runtime.live.LIVE_KEYS``) to apply from that step on. SIGTERM (in
     the main thread) stops after the current step. Every ending writes a checkpoint to
     ``checkpoint_dir`` when one is given. ``device`` None (or a bare ``cuda``) lets
-    ``placement.strategy`` pick the GPU.
+    ``placement.strategy`` pick the GPU(s).
+
+    With ``distributed.nproc_per_node`` above 1 the ranks train in their own processes,
+    launched by torch's elastic launcher (``gpu_runtime.distributed``); this call owns them,
+    forwards their samples (each with its ``rank``) and returns the world's result.
     """
-    wall_start = time.perf_counter()
     config = _with_steps(config, steps)
+    if config.distributed.world_size == 1:
+        return train_local(config, sink=sink, cancel=cancel, device=device, checkpoint_dir=checkpoint_dir,
+                           resume_from=resume_from, live=live)
+    dev = resolve_device(device if device not in (None, "cuda") else ("cuda" if torch.cuda.is_available() else "cpu"))
+    _refuse_what_the_host_cannot_run(config, dev)
+    with _stop_on_sigterm() as stop:
+        return train_distributed(config, sink=sink, cancel=cancel, live=live, device=dev.type,
+                                 checkpoint_dir=checkpoint_dir, resume_from=resume_from, stop=stop)
+
+
+class _Shard:
+    """A rank's share of every step's global batch: the same rows a single process trains on, split."""
+
+    def __init__(self, batches: StepBatches, world: World):
+        self.batches, self.world = batches, world
+
+    def batch(self, step: int) -> torch.Tensor:
+        return self.world.shard(self.batches.batch(step))
+
+
+def _per_rank(config: StrategyConfig, world_size: int) -> StrategyConfig:
+    """The batch keys as one rank sees them: its share of the global batch, micro-batches within it."""
+    share = config.train.global_batch // world_size
+    micro = None if config.train.micro_batch is None else min(config.train.micro_batch, share)
+    return config.model_copy(update={"train": config.train.model_copy(
+        update={"global_batch": share, "micro_batch": micro})})
+
+
+def _ddp(module: torch.nn.Module, dev: torch.device) -> DistributedDataParallel:
+    """DDP over the assembled model. Its buffers (the rotary tables) are the same on every rank by
+    construction: no per-forward buffer broadcast (the flag is deprecated in name only)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return DistributedDataParallel(module, device_ids=[dev.index] if dev.type == "cuda" else None,
+                                       broadcast_buffers=False)
+
+
+def train_local(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None] | None = None,
+                cancel: Callable[[], bool] | None = None, device: str | None = None,
+                checkpoint_dir: str | None = None, resume_from: str | None = None,
+                live: Callable[[], dict[str, Any] | None] | None = None, world: World | None = None) -> RunResult:
+    """``train()`` in this process: alone, or as one rank of a ``world`` (its process group initialised)."""
+    wall_start = time.perf_counter()
     device, placement = choose_device(strategy=config.placement.strategy, gpus=config.placement.gpus,
                                       requested=device)
     dev = resolve_device(device)
-    problems = capability_problems(config, dev)
-    problems += [p for p in unwired_strategies(config) if p["key"] not in {q["key"] for q in problems}]
-    if problems:
-        raise StrategyError(problems)
+    if world is None:
+        _refuse_what_the_host_cannot_run(config, dev)
     args = preset_args(config.model.preset, config.model.seq_len)
     _check_memory(args, config, dev, config.model.preset)
     corpus = load_corpus(config.data, seed=config.train.seed)
     batches = StepBatches(corpus, seq_len=config.model.seq_len, global_batch=config.train.global_batch,
                           seed=config.train.seed)
+    if world is not None:
+        batches = _Shard(batches, world)
 
     torch.manual_seed(config.train.seed)
     precision = Precision(config.precision, dev)
@@ -164,10 +220,12 @@ def train(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None] | No
     if config.kernels.fused_optimizer:
         strategies["kernels.fused_optimizer"] = {"implementation": "torch.optim.AdamW(fused=True)",
                                                  "parameters": len(built.named_params)}
-    batching = MicroBatching(config, params=built.module.parameters(), device=dev)
-    trainer = Trainer(config=config, model=built.module, forward=built.forward, optimizer=optimizer,
+    world_size = 1 if world is None else world.world_size
+    batching = MicroBatching(_per_rank(config, world_size), params=built.module.parameters(), device=dev)
+    forward = built.forward if world is None else _ddp(built.forward, dev)
+    trainer = Trainer(config=config, model=built.module, forward=forward, optimizer=optimizer,
                       precision=precision, device=dev, batching=batching, dataset_sha256=corpus.sha256,
-                      checkpoint_dir=checkpoint_dir)
+                      checkpoint_dir=checkpoint_dir, world=world)
     start_step = start_tokens = 0
     if resume_from is not None:
         start_step, start_tokens = _resume(resume_from, config, built.module, optimizer, precision, corpus.sha256)
@@ -185,7 +243,8 @@ def train(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None] | No
             probe=open_probe(dev, cpu_tdp_w=config.telemetry.cpu_tdp_w), counters=counters,
             interval_s=config.telemetry.interval_s, sink=sink, flops_per_token=args.flops_per_token(config.model.seq_len),
             peak=peak_flops(label, config.precision.compute_dtype, config.telemetry.peak_flops),
-            overlap=OverlapMeter(clock, windows, io_log)).start()
+            overlap=OverlapMeter(clock, windows, io_log), rank=0 if world is None else world.rank,
+            devices=world_size).start()
 
     def apply_live(updated: StrategyConfig) -> None:
         trainer.apply_config(updated)  # the micro-batch bounds and window reach the BatchScaler here
@@ -198,11 +257,14 @@ def train(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None] | No
         try:
             prefetcher = Prefetcher(batches, start_step=start_step, end_step=total, device=dev, depth=config.data.prefetch,
                                     pin_memory=config.data.pin_memory, clock=clock, io_log=io_log)
+            agree = None if world is None else world.boundary(stop=stop, current=lambda: trainer.config,
+                                                               apply=apply_live)
             outcome = trainer.run(prefetcher=prefetcher, start_step=start_step, total_steps=total,
                                   start_tokens=start_tokens, counters=counters, clock=clock, windows=windows,
-                                  cancel=cancel, stop=stop,
+                                  cancel=cancel if world is None else lambda: world.cancelled, stop=stop,
                                   before_step=None if live is None else live_poller(
-                                      live, current=lambda: trainer.config, apply=apply_live))
+                                      live, current=lambda: trainer.config, apply=apply_live),
+                                  agree=agree)
         finally:
             if prefetcher is not None:
                 prefetcher.close()
@@ -211,7 +273,7 @@ def train(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None] | No
 
     wall_s = time.perf_counter() - wall_start
     return RunResult(
-        steps=outcome.steps, tokens=outcome.tokens, wall_s=wall_s, device_s=wall_s,  # one device per train() call
+        steps=outcome.steps, tokens=outcome.tokens, wall_s=wall_s, device_s=wall_s,  # one device per process
         energy_j=None if sampler is None else sampler.energy_j,
         energy_estimated=True if sampler is None else bool(sampler.probe.estimated),
         peak_mem_mb=_peak_mem_mb(dev, sampler, batching), final_loss=outcome.final_loss,

@@ -77,12 +77,32 @@ class TrainSection(_Section):
 
 
 class DynamicBatchingSection(_Section):
-    enabled: bool = Field(False, description="Adapt the micro-batch to gradient statistics (BatchScaler).")
+    enabled: bool = Field(False, description=(
+        "Grow the micro-batch (the global batch fixed) while it fits in memory and raises throughput; "
+        "halve it on out-of-memory (BatchScaler)."))
     min_micro_batch: int = Field(4, ge=1, description="Smallest micro-batch in sequences.")
     max_micro_batch: int = Field(64, ge=1, description="Largest micro-batch in sequences.")
-    stability_window: int = Field(128, ge=1, description="Steps between two micro-batch changes, at least.")
+    stability_window: int = Field(128, ge=1, description="Steps between two global-batch changes, at least (adaptive_global_batch).")
+    probe_steps: int = Field(4, ge=1, le=10_000, description=(
+        "Steps timed at each micro-batch size (after one warm-up step) before the scaler compares throughput."))
+    min_speedup: Float = Field(0.03, ge=0, le=1.0, description=(
+        "A larger micro-batch is kept only if its measured tokens/s beats the smaller one's by this fraction; "
+        "otherwise the scaler steps back and stops probing."))
+    cpu_memory_budget_mb: int | None = Field(None, ge=64, description=(
+        "On CPU, the process's peak RSS in MiB that a micro-batch may be predicted to reach; "
+        "unset: half the host's physical memory. (CUDA uses the allocator's capacity.)"))
+    adaptive_global_batch: bool = Field(False, description=(
+        "Opt-in: let gradient statistics (policy) choose the global batch in [min_global_batch, "
+        "train.global_batch], the learning rate scaled by lr_scaling. Off: the global batch never changes."))
+    min_global_batch: int | None = Field(None, ge=1, description=(
+        "adaptive_global_batch's smallest (starting) global batch; unset: train.global_batch // 8 (at least min_micro_batch)."))
+    lr_scaling: Literal["sqrt", "linear"] = Field("sqrt", description=(
+        "adaptive_global_batch: the LR is train.lr x (batch / train.global_batch) ** 0.5 (sqrt, Adam-like, "
+        "as Pollux) or ** 1 (linear, as AdaptDL's SGD scaling)."))
     policy: Literal["noise_scale", "grad_variance"] = Field(
-        "noise_scale", description="noise_scale: gradient noise scale B_simple; grad_variance: tanh of gradient-norm variance.")
+        "noise_scale", description=(
+            "adaptive_global_batch's rule: noise_scale: gradient noise scale B_simple; "
+            "grad_variance: tanh of gradient-norm variance."))
 
     @model_validator(mode="after")
     def _bounds(self) -> DynamicBatchingSection:
@@ -90,6 +110,10 @@ class DynamicBatchingSection(_Section):
             raise PydanticCustomError(
                 "min_gt_max", "min_micro_batch ({min}) is larger than max_micro_batch ({max})",
                 {"field": "min_micro_batch", "min": self.min_micro_batch, "max": self.max_micro_batch})
+        if self.min_global_batch is not None and self.min_global_batch < self.min_micro_batch:
+            raise PydanticCustomError(
+                "min_global_lt_micro", "min_global_batch ({gb}) is smaller than min_micro_batch ({min})",
+                {"field": "min_global_batch", "gb": self.min_global_batch, "min": self.min_micro_batch})
         return self
 
 
@@ -166,6 +190,19 @@ class PlacementSection(_Section):
     gpus: int = Field(1, ge=1, le=1024, description="GPUs per job.")
 
 
+class DistributedSection(_Section):
+    nproc_per_node: int = Field(
+        1, ge=1, le=64, description=("Processes per node, one device each (DDP ranks); above 1 the run is launched "
+                                     "with torch.distributed's elastic launcher."))
+    nnodes: int = Field(1, ge=1, le=1024, description="Nodes (workers) the run spans; they meet at a c10d rendezvous.")
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="Collective backend: auto is nccl on CUDA and gloo on CPU.")
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc_per_node * self.nnodes
+
+
 class TelemetrySection(_Section):
     enabled: bool = Field(True, description="Run the sampler thread (off only for overhead measurements).")
     interval_s: Float = Field(1.0, ge=0.01, le=3600, description="Seconds between telemetry samples.")
@@ -186,6 +223,7 @@ class StrategyConfig(_Section):
     memory: MemorySection = Field(default_factory=MemorySection)
     kernels: KernelsSection = Field(default_factory=KernelsSection)
     placement: PlacementSection = Field(default_factory=PlacementSection)
+    distributed: DistributedSection = Field(default_factory=DistributedSection)
     telemetry: TelemetrySection = Field(default_factory=TelemetrySection)
 
     @model_validator(mode="after")
@@ -194,12 +232,40 @@ class StrategyConfig(_Section):
         if self.train.micro_batch is not None and self.train.micro_batch > gb:
             raise PydanticCustomError("micro_gt_global", "micro_batch ({mb}) is larger than global_batch ({gb})",
                                       {"field": "train.micro_batch", "mb": self.train.micro_batch, "gb": gb})
+        world = self.distributed.world_size
+        if gb % world:
+            raise PydanticCustomError(
+                "batch_not_divisible", "train.global_batch ({gb}) must divide evenly over the world's {world} "
+                "processes (distributed.nproc_per_node x distributed.nnodes): each rank takes global_batch / world",
+                {"field": "train.global_batch", "gb": gb, "world": world})
         dyn = self.optimizer.dynamic_batching
-        if dyn.enabled and dyn.min_micro_batch > gb:
+        if dyn.enabled and dyn.min_micro_batch > gb // world:
             raise PydanticCustomError(
                 "min_gt_global", "min_micro_batch ({min}) is larger than train.global_batch ({gb})",
-                {"field": "optimizer.dynamic_batching.min_micro_batch", "min": dyn.min_micro_batch, "gb": gb})
+                {"field": "optimizer.dynamic_batching.min_micro_batch", "min": dyn.min_micro_batch,
+                 "gb": gb if world == 1 else f"{gb} / {world} processes = {gb // world} per rank"})
+        if dyn.min_global_batch is not None and dyn.min_global_batch > gb:
+            raise PydanticCustomError(
+                "min_global_gt_global", "min_global_batch ({min}) is larger than train.global_batch ({gb})",
+                {"field": "optimizer.dynamic_batching.min_global_batch", "min": dyn.min_global_batch, "gb": gb})
+        if dyn.enabled and dyn.adaptive_global_batch and world > 1:
+            raise PydanticCustomError(
+                "adaptive_global_ddp", "adaptive_global_batch is not available with DDP yet ({world} processes): "
+                "every rank would have to agree on each new global batch; leave it off, or train in one process",
+                {"field": "optimizer.dynamic_batching.adaptive_global_batch", "world": world})
+        nproc = self.distributed.nproc_per_node
+        if self.placement.gpus > 1 and self.placement.gpus != nproc:
+            raise PydanticCustomError(
+                "gpus_not_nproc", "placement.gpus ({gpus}) differs from distributed.nproc_per_node ({nproc}): a DDP "
+                "rank trains on one device, so a job holds one GPU per process; set distributed.nproc_per_node "
+                "to {gpus} (placement.gpus may then be left out)",
+                {"field": "placement.gpus", "gpus": self.placement.gpus, "nproc": nproc})
         return self
+
+    @property
+    def devices_per_node(self) -> int:
+        """How many devices a node of this job holds: one per DDP process (placement.gpus agrees or is 1)."""
+        return max(self.distributed.nproc_per_node, self.placement.gpus)
 
 
 def _dotted(loc: tuple[Any, ...], ctx: dict[str, Any] | None) -> str:
@@ -220,7 +286,8 @@ def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
 
 
 _OWN_ERROR_TYPES = {"missing_path", "min_gt_max", "quantized_full_finetune", "storage_below_compute",
-                    "micro_gt_global", "min_gt_global"}
+                    "micro_gt_global", "min_gt_global", "min_global_lt_micro",
+                    "min_global_gt_global", "adaptive_global_ddp", "gpus_not_nproc", "batch_not_divisible"}
 
 
 def _message(err: dict[str, Any]) -> str:
@@ -264,3 +331,19 @@ def config_sha256(config: StrategyConfig) -> str:
     """SHA-256 of the config's canonical JSON (sorted keys, defaults filled in)."""
     canonical = json.dumps(config.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def distributed_problems(config: StrategyConfig, *, cuda: bool, devices: int, where: str) -> list[dict[str, str]]:
+    """What the ``distributed`` keys ask of a host that it cannot give: nccl without CUDA, more
+    processes than devices. ``where`` names the host or queue in the message. Torch-free, so
+    the web side refuses at submit what a worker would refuse at claim."""
+    dist = config.distributed
+    problems = []
+    if dist.backend == "nccl" and not cuda:
+        problems.append({"key": "distributed.backend", "message": (
+            f"nccl needs CUDA devices and {where} has none; use gloo (or auto, which picks gloo on CPU)")})
+    if cuda and dist.nproc_per_node > devices:
+        problems.append({"key": "distributed.nproc_per_node", "message": (
+            f"{dist.nproc_per_node} processes per node need {dist.nproc_per_node} devices (one each); "
+            f"{where} has {devices}")})
+    return problems

@@ -21,7 +21,7 @@ from gpu_runtime.timeline import OverlapMeter
 
 log = logging.getLogger(__name__)
 
-SAMPLE_KEYS = ("seq", "ts", "step", "device", "util_pct", "mem_used_mb", "mem_total_mb", "power_w", "energy_j",
+SAMPLE_KEYS = ("seq", "ts", "step", "rank", "device", "util_pct", "mem_used_mb", "mem_total_mb", "power_w", "energy_j",
                "step_time_s", "tokens", "tokens_per_s", "micro_batch", "loss", "overlap_ratio", "mfu",
                "sm_clock_mhz", "temperature_c", "estimated")
 
@@ -47,9 +47,12 @@ class Sampler:
 
     def __init__(self, *, probe: CpuProbe | NvmlProbe, counters: RunCounters, interval_s: float,
                  sink: Callable[[dict[str, Any]], None] | None, flops_per_token: float, peak: float | None,
-                 overlap: OverlapMeter | None):
+                 overlap: OverlapMeter | None, rank: int = 0, devices: int = 1):
         self.probe, self.counters, self.interval_s, self.sink = probe, counters, interval_s, sink
-        self.flops_per_token, self.peak, self.overlap = flops_per_token, peak, overlap
+        # A DDP rank samples its own device; its progress is the world's, so MFU is the world's
+        # tokens/s over every device's peak (equal shards in lockstep: the same as each rank's).
+        self.rank = rank
+        self.flops_per_token, self.peak, self.overlap = flops_per_token, None if peak is None else peak * devices, overlap
         self.seq = 0
         self.peak_mem_mb = 0.0
         self.sink_errors = 0
@@ -128,7 +131,8 @@ class Sampler:
             if reading.mem_used_mb is not None:
                 self.peak_mem_mb = max(self.peak_mem_mb, reading.mem_used_mb)
             sample = {
-                "seq": self.seq, "ts": time.time(), "step": progress.step, "device": self.probe.label,
+                "seq": self.seq, "ts": time.time(), "step": progress.step, "rank": self.rank,
+                "device": self.probe.label,
                 "util_pct": reading.util_pct, "mem_used_mb": reading.mem_used_mb,
                 "mem_total_mb": reading.mem_total_mb, "power_w": power_w, "energy_j": energy_j,
                 "step_time_s": step_time, "tokens": progress.tokens, "tokens_per_s": tokens_per_s,

@@ -9,6 +9,7 @@ the BatchScaler's). It checks the cancel callback and the SIGTERM flag before ev
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -21,6 +22,7 @@ from torch import nn
 
 from gpu_runtime.batching import MicroBatching
 from gpu_runtime.checkpoint import TrainState, save_checkpoint
+from gpu_runtime.distributed import World
 from gpu_runtime.optim import lr_at, set_lr
 from gpu_runtime.precision import Precision
 from gpu_runtime.prefetch import Prefetcher
@@ -75,8 +77,9 @@ class Trainer:
 
     def __init__(self, *, config: StrategyConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
                  precision: Precision, device: torch.device, batching: MicroBatching, dataset_sha256: str,
-                 checkpoint_dir: str | None = None, forward: nn.Module | None = None):
+                 checkpoint_dir: str | None = None, forward: nn.Module | None = None, world: World | None = None):
         self.config, self.model, self.optimizer, self.precision = config, model, optimizer, precision
+        self.world = world  # a DDP rank: `forward` is the DistributedDataParallel wrapper
         self.device, self.batching, self.dataset_sha256 = device, batching, dataset_sha256
         self.forward = model if forward is None else forward  # a torch.compile wrapper when kernels.compile
         self.checkpoint_dir = checkpoint_dir
@@ -104,12 +107,19 @@ class Trainer:
             x, y = inputs[start:start + rows], targets[start:start + rows]
             start += rows
             weight = plan.loss_weight(index)  # a short last micro-batch counts for its rows only
-            with self.precision.autocast():
-                _, loss = self.forward(x, y)
-            scaler.scale(loss * weight).backward()
+            with self._sync(last=index == len(plan.micro_batch_sizes) - 1):
+                with self.precision.autocast():
+                    _, loss = self.forward(x, y)
+                scaler.scale(loss * weight).backward()
             self.batching.after_micro_batch(plan, index)
             loss_sum += loss.detach() * weight
         return loss_sum
+
+    def _sync(self, *, last: bool) -> contextlib.AbstractContextManager:
+        """DDP all-reduces the gradients in the last micro-step's backward only (``no_sync`` before it)."""
+        if self.world is None or last:
+            return contextlib.nullcontext()
+        return self.forward.no_sync()
 
     def _drop_grads(self) -> None:
         """What a step that ran out of memory half way leaves behind."""
@@ -118,9 +128,12 @@ class Trainer:
 
     def train_step(self, step: int, total_steps: int, tokens: torch.Tensor) -> StepOutput:
         """One optimizer step on a (global_batch, seq_len + 1) batch; the loss stays on the device."""
-        set_lr(self.optimizer, lr_at(step, self.config.train, total_steps))
+        # adaptive_global_batch scales the LR with the batch it chose (1.0 otherwise)
+        set_lr(self.optimizer, lr_at(step, self.config.train, total_steps) * self.batching.lr_scale)
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
         loss_sum, plan = self.batching.run(lambda p: self._accumulate(p, inputs, targets), cleanup=self._drop_grads)
+        if self.world is not None:
+            loss_sum = self.world.mean(loss_sum)  # the world's loss, as one process over the global batch
         scaler = self.precision.scaler
         norms = self.batching.pending_norms(loss_scale=_loss_scale(scaler))
         if self.precision.masters is not None:
@@ -148,18 +161,22 @@ class Trainer:
     def run(self, *, prefetcher: Prefetcher, start_step: int, total_steps: int, start_tokens: int,
             counters: RunCounters, clock: Clock, windows: deque[StepWindow],
             cancel: Callable[[], bool] | None, stop: threading.Event,
-            before_step: Callable[[], None] | None = None) -> LoopOutcome:
+            before_step: Callable[[], None] | None = None, agree: Callable[[], None] | None = None) -> LoopOutcome:
         """Train from ``start_step`` to ``total_steps`` unless cancelled or stopped; then checkpoint.
 
         ``before_step`` runs at every step boundary (live strategy updates come in there).
+        ``agree`` runs first at every boundary: a DDP rank learns there, with every other
+        rank, whether to stop or cancel and which live keys to take.
         """
-        tokens_per_step = self.config.train.global_batch * self.config.model.seq_len
         every = self.config.train.checkpoint_every
+        ranks = 1 if self.world is None else self.world.world_size  # each rank trains global_batch / ranks
         step, tokens, loss_value = start_step, start_tokens, None
         time_total, timed = 0.0, 0
         status: StopReason = "completed"
         self.model.train()
         while step < total_steps:
+            if agree is not None:
+                agree()
             if stop.is_set():
                 status = "interrupted"
                 break
@@ -174,8 +191,11 @@ class Trainer:
             out = self.train_step(step, total_steps, batch.tokens)
             compute_end = clock.stamp()
             loss_value, norms = out.read()  # the one host sync per step
-            self.batching.finish_step(norms)
-            step, tokens = step + 1, tokens + tokens_per_step
+            if self.world is None or self.world.lead:
+                self.batching.finish_step(norms)
+            if self.world is not None and self.batching.enabled:  # rank 0's BatchScaler decides for all
+                self.batching.adopt(self.world.broadcast_int(self.batching.plan.micro_batch, self.device))
+            step, tokens = step + 1, tokens + out.plan.global_batch * ranks * self.config.model.seq_len
             time_total, timed = time_total + (time.perf_counter() - t0), timed + 1
             windows.append(StepWindow(step, compute_start, compute_end, batch.io_start, batch.io_end))
             counters.progress = Progress(step, tokens, time_total, timed, loss_value, out.plan.micro_batch)

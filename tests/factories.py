@@ -111,7 +111,8 @@ class RunFactory(factory.django.DjangoModelFactory):
 
     @factory.post_generation
     def created(obj, create, extracted, **kwargs):
-        """created=<datetime>: a run made back then (telemetry is only taken after a run's creation)."""
+        """created=<datetime>: a run made back then
+        (telemetry is only taken after a run's creation)."""
         if extracted is not None:
             Run.objects.filter(pk=obj.pk).update(created_at=extracted)
             obj.created_at = extracted

@@ -27,7 +27,8 @@ def run_python(code: str, env: dict[str, str], timeout: float = 60) -> subproces
 
 def start_worker(*, lease_s: float | None = None, queues: str = "default,cpu,gpu,alerts", pool: str = "prefork",
                  concurrency: int = 1, beat: bool = False, **extra_env: str):
-    """Start a real Celery worker on the test database and broker; return (process, name) once it answers.
+    """Start a real Celery worker on the test database and broker;
+    return (process, name) once it answers.
 
     Prefork with one child, as deployed: the main process keeps answering control pings while
     the child trains. The worker leads its own process group, so a test can kill it whole.
@@ -88,7 +89,8 @@ def stop_worker(proc) -> None:
 
 
 def purge_run_queues() -> None:
-    """Drop messages waiting on costlab's queues of the test broker (run ids restart per test DB)."""
+    """Drop messages waiting on costlab's queues of the test broker
+    (run ids restart per test DB)."""
     from django.conf import settings
 
     if not settings.REDIS_URL:
@@ -113,7 +115,8 @@ def db_url_for_subprocesses() -> str:
 
 
 def start_web(port: int, **extra_env: str):
-    """gunicorn serving the project on the test database and broker (or extra_env's), once it answers."""
+    """gunicorn serving the project on the test database and broker (or extra_env's),
+    once it answers."""
     import time
 
     import httpx
@@ -150,7 +153,8 @@ def stop_group(proc) -> None:
 
 
 def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.1):
-    """predicate()'s first truthy value, polled until timeout_s; an AssertionError naming `what` after."""
+    """predicate()'s first truthy value, polled until timeout_s;
+    an AssertionError naming `what` after."""
     import time
 
     deadline = time.monotonic() + timeout_s

@@ -1,4 +1,5 @@
-"""Layers that point one way: config -> apps -> core, workers -> apps, gpu_runtime and the CLI alone.
+"""Layers that point one way: config -> apps -> core, workers -> apps,
+gpu_runtime and the CLI alone.
 
 The contracts live in pyproject.toml ([tool.importlinter]) and are checked by import-linter over the
 real import graph: an import cycle between two apps, core importing a domain app, an app importing
@@ -23,8 +24,8 @@ def test_the_import_contracts_hold():
 
 
 def test_models_import_no_services():
-    """Models hold data: a model module importing a services or selectors module (even lazily, inside a
-    method) is how the six-module loop through experiments and telemetry began."""
+    """Models hold data: a model module importing a services or selectors module (even lazily,
+    inside a method) is how the six-module loop through experiments and telemetry began."""
     offenders = []
     for path in sorted((ROOT / "apps").glob("*/models.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -35,5 +36,6 @@ def test_models_import_no_services():
 
 
 def test_platform_holds_no_python():
-    """A `platform` package would shadow the standard library's module (and break uuid, then Django)."""
+    """A `platform` package would shadow the standard library's module
+    (and break uuid, then Django)."""
     assert not list((ROOT / "platform").rglob("*.py"))

@@ -1,6 +1,7 @@
 """`make run`'s supervised stack on the embedded default: the embedded Redis, web, workers and beat
 come up together, a worker answers a ping over Redis, killing the web server only restarts it, and
-Ctrl-C stops every process (a run in training goes back to the queue) and repeats where to sign in."""
+Ctrl-C stops every process (a run in training goes back to the queue) and repeats where to sign
+in."""
 
 import json
 import os
@@ -57,7 +58,8 @@ def test_stack_serves_restarts_a_killed_web_server_and_stops_everything_on_ctrl_
         assert health["status"] == "ok", health
 
         pong = run_python(
-            "import django; django.setup(); from workers.tasks import ping; print(ping.delay().get(timeout=45))",
+            "import django; django.setup(); from workers.tasks import ping; "
+            "print(ping.delay().get(timeout=45))",
             env, timeout=90,
         )
         assert pong.stdout.strip().endswith("pong"), pong.stdout + pong.stderr
@@ -101,7 +103,8 @@ def test_stack_serves_restarts_a_killed_web_server_and_stops_everything_on_ctrl_
         assert not left, f"processes outlived Ctrl-C: {left}"
         after = run_python(
             "import django; django.setup(); from apps.experiments.models import Run; "
-            f"print(list(Run.objects.filter(pk__in={in_training}).values_list('status', flat=True)))", env)
+            f"print(list(Run.objects.filter(pk__in={in_training})"
+            ".values_list('status', flat=True)))", env)
         assert json.loads(after.stdout.strip().splitlines()[-1].replace("'", '"')) == ["queued"], after.stdout
     finally:
         if proc.poll() is None:

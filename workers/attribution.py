@@ -7,7 +7,8 @@ from apps.core.queues import TaskName
 
 @shared_task(name=TaskName.ATTRIBUTION_TICK, soft_time_limit=50, time_limit=60)
 def attribution_tick() -> None:
-    """Beat: attribute every due experiment (single-flight; a second concurrent tick returns at once)."""
+    """Beat: attribute every due experiment
+    (single-flight; a second concurrent tick returns at once)."""
     import time
 
     from django.utils import timezone

@@ -1,4 +1,5 @@
-"""A sweep's probe on this worker: claim it, train the candidate briefly, hand back what was measured.
+"""A sweep's probe on this worker: claim it, train the candidate briefly,
+hand back what was measured.
 
 The task is the thin entry point; the proposal of the next probe happens in
 apps.sweeps.services.probe_finish, which queues it as a new task (a fan-out, never a loop here).
@@ -31,7 +32,8 @@ _process_warm = False  # the first train() in a process allocates once-only runt
 
 
 def _heartbeat(probe_id: int, owner: str):
-    """train()'s cancel callback: at most every CANCEL_POLL_S, renew the probe and learn whether to stop."""
+    """train()'s cancel callback: at most every CANCEL_POLL_S,
+    renew the probe and learn whether to stop."""
     from apps.sweeps.services import probe_heartbeat
 
     last = [0.0, False]
@@ -50,7 +52,8 @@ def _heartbeat(probe_id: int, owner: str):
 
 
 def _warm_process(config, device: str) -> None:
-    """One untelemetered step, once per process, so the first probe's memory and time are not the runtime's."""
+    """One untelemetered step, once per process,
+    so the first probe's memory and time are not the runtime's."""
     global _process_warm
     if _process_warm:
         return
@@ -107,7 +110,8 @@ def probe_execute(probe_id: int) -> None:
             torch.cuda.empty_cache()
         outcome["vcpus"] = 0 if gpu_count else torch.get_num_threads()
         _warm_process(config, device)
-        _return_freed_memory()  # so the probe's RSS growth on CPU is its own, not refilled free lists
+        # so the probe's RSS growth on CPU is its own, not refilled free lists
+        _return_freed_memory()
         outcome["baseline_mem_mb"] = psutil.Process().memory_info().rss / MIB
         result = gpu_runtime.train(config, sink=samples.append, cancel=_heartbeat(probe_id, owner), device=device,
                                    steps=sweep.warmup_steps + sweep.probe_steps)
@@ -124,7 +128,8 @@ def probe_execute(probe_id: int) -> None:
 
 @shared_task(name=TaskName.PROBES_RECONCILE, time_limit=60)
 def probes_reconcile() -> None:
-    """Beat: lost probes become infeasible (the sweep goes on); unsent queued probes are sent again."""
+    """Beat: lost probes become infeasible (the sweep goes on);
+    unsent queued probes are sent again."""
     from apps.sweeps.services import probes_reconcile as reconcile
 
     reconcile()

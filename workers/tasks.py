@@ -28,9 +28,18 @@ def runs_sweep_lost() -> None:
     sweep()
 
 
+@shared_task(name=TaskName.SERIES_BLOCKS_ROLL, time_limit=120)
+def series_blocks_roll() -> None:
+    """Beat: settled telemetry rolled up into the dashboard's blocks, so no page view writes."""
+    from apps.dashboard.services import series_blocks_roll_due
+
+    series_blocks_roll_due()
+
+
 @shared_task(name=TaskName.RUNS_RECONCILE_QUEUED, time_limit=60)
 def runs_reconcile_queued() -> None:
-    """Beat: queued runs whose message never reached a worker (broker down or restarted) are sent again."""
+    """Beat: queued runs whose message never reached a worker (broker down or restarted)
+    are sent again."""
     from apps.experiments.runs import runs_reconcile_queued as reconcile
 
     reconcile()

@@ -54,8 +54,8 @@ class TelemetrySink:
             self._wake.set()
 
     def close(self, timeout_s: float = 30.0) -> None:
-        """Flush what is left (retrying with backoff until timeout_s: a database blip at the end of a run
-        must not lose its last samples), then stop the flusher."""
+        """Flush what is left (retrying with backoff until timeout_s: a database blip at the end of
+        a run must not lose its last samples), then stop the flusher."""
         self._closing.set()
         self._wake.set()
         self._thread.join(timeout_s)

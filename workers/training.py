@@ -131,11 +131,17 @@ class RunControl:
                                         not_applied=not_applied, applied_at=applied_at)
 
 
-def _device_for(queue: str) -> tuple[str, str | None, int]:
+def _device_for(queue: str, world_size: int) -> tuple[str, str | None, int]:
+    """The device this worker trains the run on, its GPU name, and the GPUs the run holds.
+
+    A DDP run (world_size > 1) asks for a bare ``cuda``: gpu_runtime's placement picks its GPUs.
+    """
     import torch
 
     if queue == CeleryQueue.GPU and torch.cuda.is_available():
         index = torch.cuda.current_device()
+        if world_size > 1:
+            return "cuda", torch.cuda.get_device_name(index), world_size
         return f"cuda:{index}", torch.cuda.get_device_name(index), 1
     return "cpu", None, 0
 
@@ -145,6 +151,7 @@ def run_execute(run_id: int) -> None:
     import torch
 
     from apps.experiments.models import Run
+    from gpu_runtime.distributed import threads_per_rank
 
     host = socket.gethostname()
     owner = f"{host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -152,14 +159,17 @@ def run_execute(run_id: int) -> None:
     if run is None:
         logger.info("run %s: not claimable (gone, taken, cancelled or out of attempts)", run_id)
         return
-    device, gpu_name, gpu_count = _device_for(run.queue)
-    if device.startswith("cuda"):
+    world = run.world_size
+    device, gpu_name, gpu_count = _device_for(run.queue, world)
+    if device.startswith("cuda:"):
         # Tenants are isolated by process (one task per child) and by this memory cap.
         torch.cuda.set_per_process_memory_fraction(float(run.tenant.gpu_memory_fraction))
+    label = f"{device} {gpu_name}" if gpu_name else device
     db_retry(runs.run_device_record, what=f"run {run_id}: device record",
-             run_id=run.pk, owner=owner, host=host,
-             device=f"{device} {gpu_name}" if gpu_name else device, gpu_name=gpu_name, gpu_count=gpu_count,
-             vcpus=torch.get_num_threads() if not gpu_count else 0, memory_gb=0.0)
+             run_id=run.pk, owner=owner, host=host, device=label if world == 1 else f"{label} x{world}",
+             gpu_name=gpu_name, gpu_count=gpu_count,
+             vcpus=0 if gpu_count else threads_per_rank(world) * world if world > 1 else torch.get_num_threads(),
+             memory_gb=0.0)
     sink = TelemetrySink(run_id=run.pk, attempt=run.attempts, seq_base=run.last_seq + 1, ingest=telemetry_ingest)
     status, error, dataset_sha, result_status = Run.Status.FAILED, "", "", ""
     control = None

@@ -1,4 +1,5 @@
 from django.contrib import admin, messages
+from knox.models import AuthToken as KnoxAuthToken
 
 from apps.api.models import ApiToken
 from apps.api.services import api_token_revoke
@@ -24,3 +25,9 @@ class ApiTokenAdmin(admin.ModelAdmin):
         for token in queryset:
             api_token_revoke(token=token)
         self.message_user(request, f"Revoked {queryset.count()} tokens.", messages.SUCCESS)
+
+
+# One token section: costlab's tenant tokens above. knox's own per-user token model (the table its
+# app brings) is never used for sign-in here, so it is not shown beside them.
+if admin.site.is_registered(KnoxAuthToken):
+    admin.site.unregister(KnoxAuthToken)

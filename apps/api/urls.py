@@ -1,11 +1,10 @@
 """/api/: v1 resources, the OpenAPI schema and Swagger UI; anything else under /api/ is a JSON 404."""
 
 from django.urls import include, path, re_path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
-from rest_framework.routers import DefaultRouter
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from apps.api.views.experiments import ArmViewSet, ExperimentViewSet
-from apps.api.views.meta import StrategySchemaView, WhoAmIView, api_not_found
+from apps.api.views.meta import ApiRouter, StrategySchemaView, WhoAmIView, api_not_found
 from apps.api.views.pricing import CostModelViewSet, GpuSkuViewSet, PricingTableViewSet
 from apps.api.views.runs import RunViewSet
 from apps.api.views.sweeps import SweepViewSet
@@ -13,8 +12,7 @@ from apps.api.views.tokens import ApiTokenViewSet
 
 app_name = "api"
 
-router = DefaultRouter(trailing_slash=True)
-router.include_root_view = False
+router = ApiRouter(trailing_slash=True)  # GET /api/v1/ answers the API root
 router.register("experiments", ExperimentViewSet, basename="experiment")
 router.register("arms", ArmViewSet, basename="arm")
 router.register("runs", RunViewSet, basename="run")
@@ -32,7 +30,8 @@ v1 = [
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("schema/swagger/", SpectacularSwaggerView.as_view(url_name="api:schema"), name="swagger"),
+    # The split view serves Swagger UI's start-up script as a file: no inline script (CSP script-src 'self').
+    path("schema/swagger/", SpectacularSwaggerSplitView.as_view(url_name="api:schema"), name="swagger"),
     path("v1/", include(v1)),
     re_path(r"^.*$", api_not_found),
 ]

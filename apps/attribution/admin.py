@@ -41,7 +41,7 @@ class FreezeEventAdmin(ReadOnlyAdmin):
 @admin.register(AttributionSnapshot)
 class AttributionSnapshotAdmin(ReadOnlyAdmin):
     list_display = ["computed_at", "experiment", "arm", "usd_per_mtok", "deviation", "deviation_low", "state",
-                    "total_usd", "compared_usd", "pricing_valid_from"]
+                    "cost_usd", "compared_usd", "pricing_valid_from"]
     list_select_related = ["experiment", "arm"]
 
 

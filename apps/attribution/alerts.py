@@ -59,7 +59,8 @@ def alert_payload(*, event: FreezeEvent) -> dict:
 
 
 def _targets(event: FreezeEvent) -> list[tuple[str, str, str]]:
-    """(kind, target, secret) for every enabled channel of the experiment or its tenant, and the defaults."""
+    """(kind, target, secret) for every enabled channel of the experiment or its tenant,
+    and the defaults."""
     experiment = event.experiment
     channels = AlertChannel.objects.filter(tenant_id=experiment.tenant_id, enabled=True).filter(
         Q(experiment__isnull=True) | Q(experiment=experiment)).order_by("pk")
@@ -92,7 +93,8 @@ def alerts_queue(*, event: FreezeEvent) -> list[AlertDelivery]:
 
 
 def deliveries_send(*, delivery_ids: list[int], countdown: float | None = None) -> None:
-    """Queue the delivery task for each id (a broker that is down leaves them pending for the requeue)."""
+    """Queue the delivery task for each id
+    (a broker that is down leaves them pending for the requeue)."""
     from celery import current_app as app
 
     for pk in delivery_ids:
@@ -138,7 +140,8 @@ def _post(delivery: AlertDelivery) -> tuple[bool, bool, int | None, str]:
 
 def _mail(delivery: AlertDelivery) -> tuple[bool, bool, int | None, str]:
     p = delivery.payload
-    subject = f"[costlab] {p['experiment']['name']}: arm '{p['arm']['name']}' {p['event'].removeprefix('arm_')}"
+    event = p["event"].removeprefix("arm_")
+    subject = f"[costlab] {p['experiment']['name']}: arm '{p['arm']['name']}' {event}"
     lines = [p["reason"], "", json.dumps(p, indent=2, sort_keys=True)]
     recipients = [a.strip() for a in delivery.target.split(",") if a.strip()]
     try:
@@ -191,7 +194,8 @@ def alert_attempt(*, delivery_id: int) -> AttemptOutcome:
 
 
 def deliveries_requeue_stale(*, now=None, grace_s: float = 60.0) -> list[int]:
-    """Pending deliveries whose task never ran (broker down at commit, worker lost): queue them again."""
+    """Pending deliveries whose task never ran (broker down at commit, worker lost):
+    queue them again."""
     now = now or timezone.now()
     ids = list(AlertDelivery.objects.filter(status=AlertDelivery.Status.PENDING,
                                             next_attempt_at__lt=now - timedelta(seconds=grace_s))

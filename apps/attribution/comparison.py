@@ -78,9 +78,11 @@ class PriceDelta:
 
 def price_deltas(moves: Iterable[tuple[int, Comparison, int]], prices: Mapping[tuple[int, int | None], Prices]
                  ) -> dict[tuple[int, int, int | None], PriceDelta]:
-    """Per (key, billed table, SKU): the PriceDelta to the key's comparison table, for every SKU priced.
+    """Per (key, billed table, SKU): the PriceDelta to the key's comparison table,
+    for every SKU priced.
 
-    moves: (key, comparison, billed table) with comparison.needs(billed table); key an experiment or arm.
+    moves: (key, comparison, billed table) with comparison.needs(billed table);
+    key an experiment or arm.
     """
     skus = {sku for _, sku in prices}
     return {(key, billed, sku): PriceDelta.between(target=prices[(c.table_id, sku)], billed=prices[(billed, sku)],

@@ -20,8 +20,8 @@ MIN_SHARE_CHANGE = 0.005
 
 @dataclass(frozen=True)
 class RunMoments:
-    """Over an arm's runs in its epoch, each run's cumulative cost C, tokens T, steps S: how many, and
-    sum C^2, C T, T^2, C S, S^2."""
+    """Over an arm's runs in its epoch, each run's cumulative cost C, tokens T, steps S: how many,
+    and sum C^2, C T, T^2, C S, S^2."""
 
     runs: int = 0
     cost_sq: Decimal = Decimal(0)
@@ -70,8 +70,8 @@ class ArmSums:
     compared: Decimal = Decimal(0)  # `cost` with every arm's usage priced at the comparison table
 
     def with_moments(self, moments: RunMoments | None) -> ArmSums:
-        """These sums with the run-level count, second moments and compared cost (the window sums' would be
-        per window, and billed)."""
+        """These sums with the run-level count, second moments and compared cost (the window sums'
+        would be per window, and billed)."""
         m = moments or RunMoments()
         return replace(self, runs=m.runs, cost_sq=m.cost_sq, cost_tokens=m.cost_tokens, tokens_sq=m.tokens_sq,
                        cost_steps=m.cost_steps, steps_sq=m.steps_sq,
@@ -99,7 +99,8 @@ class ArmSums:
         return cls(**values)
 
     def ratio(self, unit: str) -> stats.RatioSums:
-        """Run-level sufficient statistics at the comparison table: n counts runs, not run-windows."""
+        """Run-level sufficient statistics at the comparison table: n counts runs,
+        not run-windows."""
         if unit == "step":
             return stats.RatioSums(self.runs, self.compared, Decimal(self.steps), self.cost_sq,
                                    self.cost_steps, self.steps_sq)

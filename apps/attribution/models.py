@@ -19,6 +19,23 @@ def _exact(max_digits: int = 24, decimal_places: int = 6, **kwargs) -> models.De
     return models.DecimalField(max_digits=max_digits, decimal_places=decimal_places, default=0, **kwargs)
 
 
+class UsageTotals(models.Model):
+    """What runs consumed and cost, summed exactly: one run's delta in a window (RunWindow), one
+    run's cumulative attributed totals (RunCursor), or an arm's sums over its epoch
+    (AttributionSnapshot). One width for all three: a snapshot adds up many observations,
+    so every total is sized for that."""
+
+    cost_usd = _exact(16, 6, help_text="As billed: each run at the tables in force while it ran.")
+    tokens = models.BigIntegerField(default=0)
+    steps = models.BigIntegerField(default=0)
+    gpu_seconds = _exact(24, 6, help_text="Device-seconds (GPU, or CPU for CPU runs).")
+    wall_s = _exact(24, 6)
+    energy_j = _exact(28, 6)
+
+    class Meta:
+        abstract = True
+
+
 class AttributionWindow(models.Model):
     """One tick's window of one experiment: the watermark the next tick starts from."""
 
@@ -51,7 +68,7 @@ class AttributionWindow(models.Model):
         return f"{self.experiment} window {self.number}"
 
 
-class RunWindow(models.Model):
+class RunWindow(UsageTotals):
     """One observation: what one run added to its totals during one window."""
 
     window = models.ForeignKey(AttributionWindow, on_delete=models.CASCADE, related_name="run_windows",
@@ -63,12 +80,6 @@ class RunWindow(models.Model):
     omitted = models.BooleanField(default=False, help_text="Left out of the statistics (see the window's reason).")
     upto_seq = models.BigIntegerField(help_text="The run's priced_seq at the window's end.")
     samples = models.BigIntegerField(default=0)
-    cost_usd = _exact(16, 6)
-    tokens = models.BigIntegerField(default=0)
-    steps = models.BigIntegerField(default=0)
-    gpu_seconds = _exact(20, 6)
-    wall_s = _exact(20, 6)
-    energy_j = _exact(24, 6)
     energy_estimated = models.BooleanField(default=False)
 
     class Meta:
@@ -79,25 +90,19 @@ class RunWindow(models.Model):
         return f"run {self.run_id} in window {self.window_id}"
 
 
-class RunCursor(models.Model):
+class RunCursor(UsageTotals):
     """Per run: its totals as attributed so far (the sum of its observations)."""
 
     run = models.OneToOneField(Run, on_delete=models.CASCADE, primary_key=True, related_name="attribution_cursor")
     window = models.ForeignKey(AttributionWindow, on_delete=models.CASCADE, related_name="+",
                                db_index=False)  # never looked up by; one row per run
     priced_seq = models.BigIntegerField(default=-1)
-    cost_usd = _exact(16, 6)
-    tokens = models.BigIntegerField(default=0)
-    steps = models.BigIntegerField(default=0)
-    gpu_seconds = _exact(20, 6)
-    wall_s = _exact(20, 6)
-    energy_j = _exact(24, 6)
 
     def __str__(self) -> str:
         return f"run {self.run_id} attributed to seq {self.priced_seq}"
 
 
-class AttributionSnapshot(models.Model):
+class AttributionSnapshot(UsageTotals):
     # Snapshots are the widest rows the tick writes: no index that another one already covers.
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="snapshots",
                                    db_index=False)  # indexed by (experiment, computed_at)
@@ -112,23 +117,18 @@ class AttributionSnapshot(models.Model):
     runs = models.PositiveIntegerField(default=0)
     samples = models.BigIntegerField(default=0)
     observations = models.BigIntegerField(default=0, help_text="Run-window observations in the sums.")
-    tokens = models.BigIntegerField(default=0)
-    steps = models.BigIntegerField(default=0)
     gpu_hours = models.FloatField(default=0.0)
     energy_kwh = models.FloatField(default=0.0)
     energy_estimated = models.BooleanField(default=False)
-    total_usd = models.DecimalField(max_digits=16, decimal_places=6, default=0, help_text="As billed.")
     compared_usd = models.DecimalField(
         max_digits=16, decimal_places=6, default=0,
-        help_text="The same usage priced at the comparison table: what metric and deviation are computed on.")
+        help_text="The same usage priced at the comparison table: "
+                  "what metric and deviation are computed on.")
     pricing_table = models.ForeignKey("pricing.PricingTable", on_delete=models.SET_NULL, null=True, blank=True,
                                       related_name="+", db_index=False, help_text="The comparison table.")
     pricing_valid_from = models.DateTimeField(null=True, blank=True,
                                               help_text="The comparison table's valid_from (kept if it is deleted).")
-    # Exact running sums; the figures above and below are derived from them.
-    gpu_seconds = _exact(24, 6)
-    wall_s = _exact(24, 6)
-    energy_j = _exact(28, 6)
+    # Exact running sums (with UsageTotals'); the figures above and below are derived from them.
     cost_sq = _exact(48, 12, help_text="Sum of cost^2 over observations.")
     cost_tokens = _exact(48, 6, help_text="Sum of cost x tokens over observations.")
     tokens_sq = _exact(48, 0, help_text="Sum of tokens^2 over observations.")
@@ -210,7 +210,8 @@ class WeightChange(models.Model):
 
 
 class AlertChannel(models.Model):
-    """Where freeze alerts go: for one experiment, or (experiment empty) every experiment of a tenant."""
+    """Where freeze alerts go: for one experiment,
+    or (experiment empty) every experiment of a tenant."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="alert_channels")
     experiment = models.ForeignKey(

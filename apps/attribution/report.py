@@ -72,7 +72,8 @@ _SUCCEEDED_EXTERNAL = Q(status=Run.Status.SUCCEEDED, kind=Run.Kind.EXTERNAL)
 
 
 def _completion_s(r: dict) -> float | None:
-    """Mean completion time of the succeeded runs: worker runs start to finish, external runs their telemetry span."""
+    """Mean completion time of the succeeded runs: worker runs start to finish,
+    external runs their telemetry span."""
     worker = (r.get("completed") or 0) if r.get("completion") is not None else 0
     external = (r.get("spanned") or 0) if r.get("span_s") is not None else 0
     if not worker + external:
@@ -82,7 +83,8 @@ def _completion_s(r: dict) -> float | None:
 
 
 def experiment_report(*, experiment: Experiment) -> ExperimentReport:
-    """Per arm: GPU hours, electricity USD, total USD, completion time, USD/1M tokens, deviation, state."""
+    """Per arm: GPU hours, electricity USD, total USD, completion time, USD/1M tokens, deviation,
+    state."""
     policy = policy_for(experiment)
     rows = {r["arm_id"]: r for r in Run.objects.filter(experiment=experiment, priced_seq__gte=0)
             .values("arm_id").order_by("arm_id").annotate(
@@ -148,9 +150,9 @@ def experiment_report(*, experiment: Experiment) -> ExperimentReport:
 
 
 def report_comparison(*, experiment: Experiment, latest: dict) -> Comparison:
-    """The report compares at its latest window's table, as the bounds beside it were. Before the first
-    window nothing is rolled up to re-price: arms compare as billed (no table). Usage since the latest
-    window compares as billed too."""
+    """The report compares at its latest window's table, as the bounds beside it were. Before the
+    first window nothing is rolled up to re-price: arms compare as billed (no table). Usage since
+    the latest window compares as billed too."""
     snapshot = next(iter(latest.values()), None)
     return Comparison.of(table_id=snapshot.pricing_table_id if snapshot else None,
                          valid_from=snapshot.pricing_valid_from if snapshot else None,

@@ -26,6 +26,7 @@ from apps.attribution.comparison import MICRO, Comparison, price_deltas
 from apps.attribution.decisions import ArmSums, RunMoments
 from apps.attribution.models import AttributionSnapshot, AttributionWindow, FreezeEvent, RunWindow
 from apps.attribution.stats import _dec
+from apps.core.db import cte_fenced
 from apps.experiments.models import Arm, Experiment, Run
 from apps.pricing.models import GpuPrice, PricingTable
 from apps.pricing.selectors import pricing_tables_in_force, table_prices
@@ -70,7 +71,8 @@ def experiments_moved(*, experiment_ids: list[int]) -> set[int]:
 
 
 def _sums_annotations() -> dict:
-    """ArmSums' fields as aggregates, named a_<field> (a bare name would shadow the column it sums)."""
+    """ArmSums' fields as aggregates, named a_<field>
+    (a bare name would shadow the column it sums)."""
     return {f"a_{k}": v for k, v in {
         "observations": Count("pk"),
         "runs": Count("pk", filter=Q(first_seen=True)),
@@ -102,7 +104,8 @@ def window_sums(*, window_ids: list[int]) -> dict[int, ArmSums]:
 
 
 def observations_sums(*, experiment_id: int, after_number: dict[int, int], upto_number: int) -> dict[int, ArmSums]:
-    """Per arm: every counted observation in windows after_number[arm] < number <= upto_number (a recompute)."""
+    """Per arm: every counted observation in windows after_number[arm] < number <= upto_number
+    (a recompute)."""
     rows = (RunWindow.objects.filter(window__experiment_id=experiment_id, window__number__lte=upto_number,
                                      omitted=False)
             .values("arm_id", "window__number").annotate(**_sums_annotations()).order_by("arm_id", "window__number"))
@@ -116,8 +119,8 @@ def observations_sums(*, experiment_id: int, after_number: dict[int, int], upto_
 def run_moments(*, epochs: dict[int, int], upto_number: dict[int, int],
                 comparisons: dict[int, Comparison] | None = None, mixed: set[int] | None = None
                 ) -> dict[int, RunMoments]:
-    """Per arm: its runs' cumulative compared cost, tokens and steps in windows epochs[arm] < number <=
-    upto_number[arm], reduced to the run-level moments the freeze rule's variance needs.
+    """Per arm: its runs' cumulative compared cost, tokens and steps in windows epochs[arm] < number
+    <= upto_number[arm], reduced to the run-level moments the freeze rule's variance needs.
 
     A run's compared cost is its billed cost, with the usage of windows recorded under another
     table than comparisons[arm]'s re-priced at that one (apps.attribution.comparison), summed in
@@ -135,7 +138,7 @@ def run_moments(*, epochs: dict[int, int], upto_number: dict[int, int],
     if any(params[3::4]):  # which of them has usage under another table than its comparison's
         with connection.cursor() as cursor:
             cursor.execute(f"""{_epoch_ranges(len(suspects))}
-                SELECT DISTINCT b.arm_id, w.pricing_table_id FROM {_fenced("b")} JOIN {_WIN} w
+                SELECT DISTINCT b.arm_id, w.pricing_table_id FROM {cte_fenced("b")} JOIN {_WIN} w
                 ON w.experiment_id = b.experiment_id AND w.id > b.lo AND w.id <= b.hi
                 WHERE b.cmp > 0 AND w.pricing_table_id <> b.cmp""", params)
             moves = [(arm_id, comparisons[arm_id], table_id) for arm_id, table_id in cursor.fetchall()]
@@ -150,7 +153,8 @@ def run_moments(*, epochs: dict[int, int], upto_number: dict[int, int],
 
 
 def _moments(*, epochs: dict, upto_number: dict, comparisons: dict, deltas: dict | None = None) -> dict:
-    """run_moments' sums in one query; with deltas ((arm, billed table, SKU) -> PriceDelta), re-priced."""
+    """run_moments' sums in one query; with deltas ((arm, billed table, SKU) -> PriceDelta),
+    re-priced."""
     if not epochs:
         return {}
     exact, rw, run = "NUMERIC(40, 0)", _RW, Run._meta.db_table
@@ -160,7 +164,8 @@ def _moments(*, epochs: dict, upto_number: dict, comparisons: dict, deltas: dict
         k_params = [v for (arm_id, table_id, sku), d in deltas.items()
                     for v in (arm_id, table_id, sku or 0, d.gpu_second, d.joule, d.vcpu_second, d.gb_second)]
         # The per-unit deltas times the usage (PriceDelta.times), rounded per run as a bill is.
-        cost = ("SUM(rw.cost_usd) + ROUND(COALESCE(SUM(rw.gpu_seconds * k.dg + rw.energy_j * k.de + rw.wall_s * "
+        cost = ("SUM(rw.cost_usd) + ROUND(COALESCE(SUM("
+                "rw.gpu_seconds * k.dg + rw.energy_j * k.de + rw.wall_s * "
                 "(x.vcpus * k.dv + CAST(x.memory_gb AS NUMERIC) * k.dm)), 0), 6)")
         joins = (f"JOIN {_WIN} w ON w.id = rw.window_id JOIN {run} x ON x.id = rw.run_id "
                  "LEFT JOIN k ON k.arm_id = rw.arm_id AND k.tbl = w.pricing_table_id "
@@ -171,9 +176,11 @@ def _moments(*, epochs: dict, upto_number: dict, comparisons: dict, deltas: dict
     sql = f"""
         {_epoch_ranges(len(epochs))}{k},
         r AS (
-            SELECT rw.arm_id, {cost} AS c, CAST(SUM(rw.tokens) AS {exact}) AS t, CAST(SUM(rw.steps) AS {exact}) AS s
-            FROM {_fenced("b") if deltas else "b"}
-            JOIN {rw} rw ON rw.arm_id = b.arm_id AND rw.window_id > b.lo AND rw.window_id <= b.hi {joins}
+            SELECT rw.arm_id, {cost} AS c, CAST(SUM(rw.tokens) AS {exact}) AS t,
+                   CAST(SUM(rw.steps) AS {exact}) AS s
+            FROM {cte_fenced("b") if deltas else "b"}
+            JOIN {rw} rw ON rw.arm_id = b.arm_id AND rw.window_id > b.lo AND rw.window_id <= b.hi
+            {joins}
             WHERE rw.omitted = %s
             GROUP BY rw.arm_id, rw.run_id
         )
@@ -195,14 +202,9 @@ def _moments(*, epochs: dict, upto_number: dict, comparisons: dict, deltas: dict
 _WIN, _RW, _ARM = AttributionWindow._meta.db_table, RunWindow._meta.db_table, Arm._meta.db_table
 
 
-def _fenced(cte: str) -> str:
-    """The CTE evaluated once, not per joined row: Postgres inlines a CTE unless an OFFSET fences it.
-    SQLite has no such planner step, and refuses OFFSET without LIMIT."""
-    return f"(SELECT * FROM {cte} OFFSET 0) {cte}" if connection.vendor == "postgresql" else cte
-
-
 def _epoch_ranges(n: int) -> str:
-    """CTEs e and b: per arm, the window-id range of its epoch and its comparison table (0: none to re-price at)."""
+    """CTEs e and b: per arm, the window-id range of its epoch and its comparison table
+    (0: none to re-price at)."""
     values = ", ".join(["(%s, %s, %s, %s)"] * n)
     return f"""
         WITH e(arm_id, after_n, upto_n, cmp) AS (VALUES {values}),
@@ -210,7 +212,8 @@ def _epoch_ranges(n: int) -> str:
             SELECT e.arm_id, a.experiment_id, e.cmp,
                    COALESCE((SELECT w.id FROM {_WIN} w WHERE w.experiment_id = a.experiment_id
                              AND w.number = e.after_n), 0) AS lo,
-                   (SELECT w.id FROM {_WIN} w WHERE w.experiment_id = a.experiment_id AND w.number = e.upto_n) AS hi
+                   (SELECT w.id FROM {_WIN} w WHERE w.experiment_id = a.experiment_id
+                    AND w.number = e.upto_n) AS hi
             FROM e JOIN {_ARM} a ON a.id = e.arm_id
         )"""
 
@@ -224,7 +227,8 @@ def _epoch_params(epochs: dict, upto_number: dict, comparisons: dict) -> list:
 
 
 def comparisons_at(*, experiments: list[Experiment], at: datetime) -> dict[int, Comparison]:
-    """Per experiment: the table its arms are compared at (pinned, else in force at `at`), in one query."""
+    """Per experiment: the table its arms are compared at (pinned, else in force at `at`),
+    in one query."""
     tables = pricing_tables_in_force(tenant_ids={e.tenant_id for e in experiments},
                                      pinned_ids={e.pricing_table_id for e in experiments if e.pricing_table_id},
                                      at=at)
@@ -241,7 +245,7 @@ def _at(value, places: int) -> Decimal:
 
 
 SNAPSHOT_SUMS = {
-    "observations": "observations", "runs": "runs", "samples": "samples", "cost": "total_usd", "tokens": "tokens",
+    "observations": "observations", "runs": "runs", "samples": "samples", "cost": "cost_usd", "tokens": "tokens",
     "steps": "steps", "gpu_seconds": "gpu_seconds", "wall_s": "wall_s", "energy_j": "energy_j",
     "estimated": "energy_estimated", "cost_sq": "cost_sq", "cost_tokens": "cost_tokens", "tokens_sq": "tokens_sq",
     "cost_steps": "cost_steps", "steps_sq": "steps_sq", "compared": "compared_usd",
@@ -249,7 +253,8 @@ SNAPSHOT_SUMS = {
 
 
 def snapshot_sums(*, window_ids: list[int]) -> dict[int, tuple[ArmSums, int, int | None]]:
-    """Per arm: the cumulative sums its snapshot in one of these windows carried, its epoch, its comparison table."""
+    """Per arm: the cumulative sums its snapshot in one of these windows carried, its epoch,
+    its comparison table."""
     rows = AttributionSnapshot.objects.filter(window_id__in=window_ids).values(
         "arm_id", "epoch_start", "pricing_table_id", *SNAPSHOT_SUMS.values())
     return {r["arm_id"]: (ArmSums.from_row({k: r[v] for k, v in SNAPSHOT_SUMS.items()}), r["epoch_start"],
@@ -257,7 +262,8 @@ def snapshot_sums(*, window_ids: list[int]) -> dict[int, tuple[ArmSums, int, int
 
 
 def unfreeze_epochs(*, experiment_ids: list[int]) -> dict[int, int]:
-    """Per arm: the window number its evidence restarts after (its last unfreeze), for arms ever unfrozen."""
+    """Per arm: the window number its evidence restarts after (its last unfreeze),
+    for arms ever unfrozen."""
     rows = (FreezeEvent.objects.filter(action=FreezeEvent.Action.UNFREEZE, experiment_id__in=experiment_ids)
             .values("arm_id").annotate(n=Max("window__number")).order_by())
     return {r["arm_id"]: r["n"] or 0 for r in rows}
@@ -265,7 +271,8 @@ def unfreeze_epochs(*, experiment_ids: list[int]) -> dict[int, int]:
 
 def pricing_faults(*, experiments: list[Experiment], window_ids: list[int], now: datetime
                    ) -> dict[int, tuple[str, list[int]]]:
-    """Experiments whose runs of these windows would be priced at 0 for lack of a price: reason, run ids.
+    """Experiments whose runs of these windows would be priced at 0 for lack of a price: reason,
+    run ids.
 
     A GPU run needs a SKU, and that SKU a price in every table it was priced with (the pinned
     table, or the tenant's tables in force from its start until now). Checked per (experiment,
@@ -307,7 +314,8 @@ def pricing_faults(*, experiments: list[Experiment], window_ids: list[int], now:
                                           "run__device", "run__started_at", "run__created_at").order_by("run_id"):
             e = experiment_of[r["window__experiment_id"]]
             if r["run__gpu_sku_id"] is None:
-                reason = (f"device: run {r['run_id']} ran on '{r['run__device'] or 'an unknown GPU'}', which "
+                reason = (f"device: run {r['run_id']} ran on "
+                          f"'{r['run__device'] or 'an unknown GPU'}', which "
                           "matches no GPU SKU, so its GPU time has no price")
             else:
                 gaps = missing(e, r["run__gpu_sku_id"], r["run__started_at"] or r["run__created_at"])
@@ -329,8 +337,9 @@ def _tables_used(e: Experiment, by_tenant: dict, by_pk: dict, start: datetime) -
 
 
 def arm_repricing(*, experiment_id: int, comparison: Comparison) -> dict[int, Decimal]:
-    """Per arm: what moving the usage its windows recorded under other tables to the comparison's adds
-    to its billed cost (the report's comparison): one query over the rollup, two more after a price edit."""
+    """Per arm: what moving the usage its windows recorded under other tables to the comparison's
+    adds to its billed cost (the report's comparison): one query over the rollup,
+    two more after a price edit."""
     if comparison.tiered or comparison.table_id is None:
         return {}
     rows = list(RunWindow.objects.filter(window__experiment_id=experiment_id, window__pricing_table__isnull=False)

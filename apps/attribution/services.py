@@ -57,7 +57,8 @@ class _Freeze:
 
 
 def attribution_tick(*, now: datetime | None = None) -> TickResult:
-    """Attribute every due experiment: one window each, from the watermark to now, in one transaction.
+    """Attribute every due experiment: one window each, from the watermark to now,
+    in one transaction.
 
     Single-flight: a tick that finds another running returns at once, and the next one finds
     nothing due that the first has covered. A fault in one experiment skips it with a reason.
@@ -127,7 +128,8 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
 
 
 def _epochs(experiments: list[Experiment], arms_of: dict, previous: dict) -> tuple[dict[int, int], set[int]]:
-    """Per arm, the window number its evidence counts after; and the arms unfrozen since the last window."""
+    """Per arm, the window number its evidence counts after;
+    and the arms unfrozen since the last window."""
     unfrozen_after = selectors.unfreeze_epochs(experiment_ids=[e.pk for e in experiments])
     epochs, restarted = {}, set()
     for experiment in experiments:
@@ -140,8 +142,9 @@ def _epochs(experiments: list[Experiment], arms_of: dict, previous: dict) -> tup
 
 
 def _mixed(previous: tuple | None, comparison: Comparison) -> bool:
-    """Whether an arm's epoch may hold usage recorded under another table than this comparison's: its
-    last window compared at another table, or its comparison then already re-priced something."""
+    """Whether an arm's epoch may hold usage recorded under another table than this comparison's:
+    its last window compared at another table, or its comparison then already re-priced
+    something."""
     if previous is None:
         return False
     sums, _, table_id = previous
@@ -180,7 +183,8 @@ def _decide(experiment: Experiment, inputs: list[ArmInput], policy) -> Experimen
 def _freeze_reason(arm: ArmInput, verdict: ArmVerdict) -> str:
     dev, control = verdict.deviation, verdict.evidence.get("control", {})
     return (f"cost deviation {dev.estimate:+.2%} vs control '{control.get('name')}' "
-            f"(always-valid lower bound {dev.low:+.2%}) above the threshold {verdict.evidence['threshold']:.2%}, "
+            f"(always-valid lower bound {dev.low:+.2%}) "
+            f"above the threshold {verdict.evidence['threshold']:.2%}, "
             f"over {arm.sums.runs} runs and {arm.sums.samples} samples")
 
 
@@ -199,8 +203,8 @@ def _freeze_in_savepoint(f: _Freeze) -> FreezeEvent | None:
 def arm_freeze(*, arm_id: int, reason: str, evidence: dict, window: AttributionWindow | None = None,
                deviation: float | None = None, deviation_low: float | None = None,
                threshold: float | None = None) -> FreezeEvent | None:
-    """Freeze an arm: no new runs, weight 0 (recorded), running runs cancelled if the policy says so,
-    the evidence stored, alerts queued for after the commit. None when it was frozen already."""
+    """Freeze an arm: no new runs, weight 0 (recorded), running runs cancelled if the policy says
+    so, the evidence stored, alerts queued for after the commit. None when it was frozen already."""
     with transaction.atomic():
         arm = Arm.objects.select_for_update().select_related("experiment__tenant").filter(pk=arm_id).first()
         if arm is None or arm.state == Arm.State.FROZEN:
@@ -230,7 +234,8 @@ def arm_freeze(*, arm_id: int, reason: str, evidence: dict, window: AttributionW
 
 @transaction.atomic
 def arm_unfreeze(*, arm: Arm, actor, reason: str, weight: Decimal | None = None) -> FreezeEvent:
-    """Staff give a frozen arm traffic again, saying why; audited, alerted, and its evidence starts over."""
+    """Staff give a frozen arm traffic again, saying why; audited, alerted,
+    and its evidence starts over."""
     reason = (reason or "").strip()
     if not reason:
         raise ApplicationError("reason: say why the arm is unfrozen; the reason is kept for audit",
@@ -275,14 +280,16 @@ def _weight_moves(inputs: list[ArmInput], verdict: ExperimentVerdict, window: At
 
 
 def weights_shift(*, moves: list[WeightMove]) -> int:
-    """Apply dynamic weight moves; an arm frozen or re-weighted since the tick read it is left alone."""
+    """Apply dynamic weight moves; an arm frozen or re-weighted since the tick read it
+    is left alone."""
     if not moves:
         return 0
     locked = dict(Arm.objects.select_for_update().filter(pk__in=[m.arm_id for m in moves], state=Arm.State.ACTIVE)
                   .order_by("pk").values_list("pk", "weight"))
     applied = [m for m in moves if locked.get(m.arm_id) == m.old]
     now = timezone.now()
-    # One statement per arm in a single round trip (bulk_update's CASE costs more to build than to run).
+    # One statement per arm in a single round trip (bulk_update's CASE costs more to build than to
+    # run).
     with connection.cursor() as cursor:
         cursor.executemany(f"UPDATE {Arm._meta.db_table} SET weight = %s, updated_at = %s WHERE id = %s",
                            [(m.new, now, m.arm_id) for m in applied])

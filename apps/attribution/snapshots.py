@@ -25,7 +25,8 @@ SNAPSHOT_EVIDENCE = ("metric", "decision", "blocked_by", "threshold", "alpha", "
 
 
 def full_evidence(verdict: ArmVerdict, window: AttributionWindow, epoch_start: int, comparison: Comparison) -> dict:
-    """Everything a decision was made on (what a FreezeEvent keeps): figures, bounds, rule, window, table."""
+    """Everything a decision was made on (what a FreezeEvent keeps): figures, bounds, rule, window,
+    table."""
     return {**verdict.evidence,
             "window": {"number": window.number, "end": window.window_end.isoformat(), "since": epoch_start},
             "pricing_table": _table_json(comparison)}
@@ -66,7 +67,7 @@ def snapshot_build(*, window: AttributionWindow, arm: ArmInput, verdict: ArmVerd
         computed_at=window.window_end, window_end=window.window_end,
         runs=s.runs, samples=s.samples, observations=s.observations, tokens=s.tokens, steps=s.steps,
         gpu_hours=float(s.gpu_seconds) / SECONDS_PER_HOUR, energy_kwh=float(s.energy_j) / JOULES_PER_KWH,
-        energy_estimated=s.estimated, total_usd=s.cost, compared_usd=s.compared,
+        energy_estimated=s.estimated, cost_usd=s.cost, compared_usd=s.compared,
         pricing_table_id=comparison.table_id, pricing_valid_from=comparison.valid_from, gpu_seconds=s.gpu_seconds, wall_s=s.wall_s,
         energy_j=s.energy_j, cost_sq=s.cost_sq, cost_tokens=s.cost_tokens, tokens_sq=s.tokens_sq,
         cost_steps=s.cost_steps, steps_sq=s.steps_sq,

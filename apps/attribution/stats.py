@@ -43,7 +43,8 @@ def _dec(value) -> Decimal:
 
 @dataclass(frozen=True)
 class RatioSums:
-    """Sufficient statistics of n (cost, units) observations: one per run (its cumulative figures)."""
+    """Sufficient statistics of n (cost, units) observations: one per run
+    (its cumulative figures)."""
 
     n: int
     cost: Decimal
@@ -84,7 +85,8 @@ class Interval:
 
 
 def ratio_estimate(sums: RatioSums) -> RatioEstimate | None:
-    """R = sum(cost) / sum(units) and its delta-method variance; None without 2 observations or units."""
+    """R = sum(cost) / sum(units) and its delta-method variance;
+    None without 2 observations or units."""
     if sums.n < 2 or _dec(sums.units) <= 0:
         return None
     with localcontext() as ctx:
@@ -136,7 +138,8 @@ def relative_deviation(arm: RatioEstimate, control: RatioEstimate, *, alpha: flo
 
 
 def fixed_n_deviation(arm: RatioEstimate, control: RatioEstimate, *, z: float = 1.96) -> Interval | None:
-    """The naive fixed-sample interval, valid for one look only: kept to show what repeated looks do to it."""
+    """The naive fixed-sample interval, valid for one look only:
+    kept to show what repeated looks do to it."""
     if control.value <= 0:
         return None
     c2 = control.value * control.value

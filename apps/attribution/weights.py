@@ -14,7 +14,8 @@ def _normalized(values: Mapping[Hashable, float]) -> dict:
 
 
 def _with_floor(raw: Mapping[Hashable, float], floor: float) -> dict:
-    """Shares proportional to raw, none below floor (water-filling: floored arms are fixed, the rest rescaled)."""
+    """Shares proportional to raw, none below floor
+    (water-filling: floored arms are fixed, the rest rescaled)."""
     fixed: set = set()
     while True:
         free = [k for k in raw if k not in fixed]

@@ -1,14 +1,21 @@
-"""Database calls that must survive a dropped connection (a worker's main path)."""
+"""The one place that knows which database is in use, and database calls that must survive a dropped
+connection.
+
+Every branch on the database vendor lives here: the SQL that differs between Postgres and SQLite
+(epoch arithmetic, CTE fences, advisory locks, COPY) is asked for by what it does, never by vendor.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
+from django.db.models import FloatField, Func
 
 logger = logging.getLogger(__name__)
 
@@ -16,11 +23,13 @@ T = TypeVar("T")
 
 
 def db_retry(fn: Callable[..., T], /, *, what: str, budget_s: float | None = None, **kwargs) -> T:
-    """Call fn(**kwargs); on a lost or refused connection close it, back off and try again for up to budget_s.
+    """Call fn(**kwargs); on a lost or refused connection close it,
+    back off and try again for up to budget_s.
 
-    A connection kept since the task began (CONN_MAX_AGE) may have died with a database restart; Django
-    only learns it on the next query. fn must be safe to repeat: the services it wraps are idempotent
-    for the same owner (a claim or finish that committed before the answer was lost is seen as done).
+    A connection kept since the task began (CONN_MAX_AGE) may have died with a database restart;
+    Django only learns it on the next query. fn must be safe to repeat: the services it wraps are
+    idempotent for the same owner (a claim or finish that committed before the answer was lost is
+    seen as done).
     """
     budget = settings.COSTLAB_WORKER_DB_RETRY_S if budget_s is None else budget_s
     deadline = time.monotonic() + budget
@@ -40,3 +49,59 @@ def db_retry(fn: Callable[..., T], /, *, what: str, budget_s: float | None = Non
                            min(delay, left), left)
             time.sleep(min(delay, left))
             delay = min(delay * 2, 5.0)
+
+
+def is_postgres() -> bool:
+    """Postgres (COPY, advisory locks, a planner that inlines CTEs); otherwise SQLite,
+    the embedded default."""
+    return connection.vendor == "postgresql"
+
+
+def copy_rows(cursor, target: str, rows: Iterable[tuple]) -> None:
+    """COPY rows into ``target`` ("table (columns)"), Postgres only. COPY goes to psycopg's own
+    cursor, past Django's wrapper: wrap_database_errors turns its errors into Django's
+    (IntegrityError...)."""
+    with connection.wrap_database_errors, cursor.copy(f"COPY {target} FROM STDIN") as copy:
+        for row in rows:
+            copy.write_row(row)
+
+
+def epoch_ms_sql(column: str) -> str:
+    """SQL for a timestamp column as ms since the epoch: charts need numbers, and parsing thousands
+    of timestamps in Python costs more than the query."""
+    if is_postgres():
+        return f"(EXTRACT(EPOCH FROM {column}) * 1000)"
+    return f"((julianday({column}) - 2440587.5) * 86400000.0)"  # SQLite stores UTC text
+
+
+class EpochMs(Func):
+    """A DateTimeField as ms since the epoch, computed by the database."""
+
+    output_field = FloatField()
+
+    def as_sql(self, compiler, connection, **extra):
+        column, params = compiler.compile(self.source_expressions[0])
+        return epoch_ms_sql(column), params
+
+
+def cte_fenced(cte: str) -> str:
+    """A FROM item that evaluates the CTE once, not per joined row: Postgres inlines a CTE unless an
+    OFFSET fences it. SQLite has no such planner step, and refuses OFFSET without LIMIT."""
+    return f"(SELECT * FROM {cte} OFFSET 0) {cte}" if is_postgres() else cte
+
+
+def advisory_key(name: str) -> int:
+    """A stable signed 64-bit key per lock name (Python's hash() changes per process)."""
+    return int.from_bytes(hashlib.sha256(f"costlab:{name}".encode()).digest()[:8], "big", signed=True)
+
+
+def advisory_xact_lock_try(name: str) -> bool | None:
+    """Take a transaction-scoped advisory lock: True, or False when another transaction holds it.
+
+    None where the database has no advisory locks (SQLite): the caller locks a row instead.
+    """
+    if not is_postgres():
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_xact_lock(%s)", [advisory_key(name)])
+        return bool(cursor.fetchone()[0])

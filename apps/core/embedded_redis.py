@@ -17,7 +17,8 @@ _MAX_SOCKET_PATH = 100
 
 
 def socket_path(var_dir: Path) -> Path:
-    """The server's socket: var/redis/redis.sock, or a short path in the temp directory when that is too long."""
+    """The server's socket: var/redis/redis.sock,
+    or a short path in the temp directory when that is too long."""
     path = Path(var_dir).resolve() / "redis" / "redis.sock"
     if len(str(path)) <= _MAX_SOCKET_PATH:
         return path

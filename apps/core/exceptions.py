@@ -70,7 +70,8 @@ def api_exception_handler(exc: Exception, context: dict) -> Response | None:
 
 
 def _first_error(detail: Any, path: str = "") -> tuple[str, str]:
-    """The first leaf of a (nested) DRF error detail, with its dotted path: 'gpu_prices[0].sku', reason."""
+    """The first leaf of a (nested) DRF error detail, with its dotted path: 'gpu_prices[0].sku',
+    reason."""
     if isinstance(detail, dict):
         for key, value in detail.items():
             if value:

@@ -1,4 +1,5 @@
-"""`make run`'s local stack: web, workers, beat (and the embedded Redis), each restarted when it dies.
+"""`make run`'s local stack: web, workers, beat (and the embedded Redis),
+each restarted when it dies.
 
 A process that exits on its own is logged and started again after a backoff that doubles
 with each quick failure (1 s, 2 s, 4 s ... capped) and resets once it has stayed up; the
@@ -32,6 +33,23 @@ class ProcessSpec:
     argv: list[str]
     # Stopped after every other process (the broker: workers still talk to it while stopping).
     stop_last: bool = False
+    # CPUs the process (and its children: Celery's pool) may run on; None: wherever the supervisor may
+    cpus: frozenset[int] | None = None
+    env: dict[str, str] = field(default_factory=dict)  # added to the supervisor's environment
+
+
+def core_sets(available: set[int] | None = None) -> tuple[frozenset[int] | None, frozenset[int] | None]:
+    """(training's CPUs, everything else's): training runs never share a core with each other or the platform.
+
+    The training worker runs one run at a time (concurrency 1) on the upper half of the CPUs,
+    with as many torch threads as it has cores; web, the other workers and beat get the rest.
+    One CPU: no pinning (None, None).
+    """
+    cpus = sorted(available if available is not None else os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None, None
+    half = len(cpus) // 2
+    return frozenset(cpus[half:]), frozenset(cpus[:half])
 
 
 @dataclass
@@ -47,19 +65,26 @@ class Supervised:
 
 def local_stack_specs(*, host: str, port: int, var_dir: Path, redis_argv: list[str] | None) -> list[ProcessSpec]:
     """The processes of `make run`, in start order. Training never shares a worker with the
-    attribution tick, and alert deliveries (slow webhook receivers) have their own."""
+    attribution tick, and alert deliveries (slow webhook receivers) have their own. With two or
+    more CPUs the training worker (one run at a time) has its own cores (`core_sets`)."""
     python = sys.executable
     celery = [python, "-m", "celery", "-A", "config.celery_app", "--quiet"]  # no ASCII banners over the sign-in
+    train_cpus, other_cpus = core_sets()
+    threads = {} if train_cpus is None else {name: str(len(train_cpus)) for name in ("OMP_NUM_THREADS",
+                                                                                    "MKL_NUM_THREADS")}
     specs = [ProcessSpec("redis", redis_argv, stop_last=True)] if redis_argv else []
     return specs + [
-        ProcessSpec("web", [python, "manage.py", "runserver", "--noreload", f"{host}:{port}"]),
+        ProcessSpec("web", [python, "manage.py", "runserver", "--noreload", f"{host}:{port}"], cpus=other_cpus),
         ProcessSpec("train-worker", [*celery, "worker", "-Q", f"{CeleryQueue.CPU},{CeleryQueue.GPU}",
-                                     "--concurrency", "1", "--hostname", "train@%h", "--loglevel", "INFO"]),
+                                     "--concurrency", "1", "--hostname", "train@%h", "--loglevel", "INFO"],
+                    cpus=train_cpus, env=threads),
         ProcessSpec("platform-worker", [*celery, "worker", "-Q", str(CeleryQueue.DEFAULT), "--concurrency", "1",
-                                        "--hostname", "platform@%h", "--loglevel", "INFO"]),
+                                        "--hostname", "platform@%h", "--loglevel", "INFO"], cpus=other_cpus),
         ProcessSpec("alerts-worker", [*celery, "worker", "-Q", str(CeleryQueue.ALERTS), "--pool", "threads",
-                                      "--concurrency", "4", "--hostname", "alerts@%h", "--loglevel", "INFO"]),
-        ProcessSpec("beat", [*celery, "beat", "--loglevel", "INFO", "--pidfile", str(var_dir / "celerybeat.pid")]),
+                                      "--concurrency", "4", "--hostname", "alerts@%h", "--loglevel", "INFO"],
+                    cpus=other_cpus),
+        ProcessSpec("beat", [*celery, "beat", "--loglevel", "INFO", "--pidfile", str(var_dir / "celerybeat.pid")],
+                    cpus=other_cpus),
     ]
 
 
@@ -81,7 +106,11 @@ class LocalStack:
         child = self.children[name]
         # Own session: Ctrl-C reaches only the supervisor, which stops children in order,
         # and a child's own children (Celery's pool) are stopped with it.
-        child.proc = subprocess.Popen(child.spec.argv, cwd=self.cwd, start_new_session=True)
+        cpus, env = child.spec.cpus, child.spec.env
+        child.proc = subprocess.Popen(
+            child.spec.argv, cwd=self.cwd, start_new_session=True, env={**os.environ, **env} if env else None,
+            # in the child before exec: its threads and Celery's forked pool inherit the CPU set
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         child.started_at = self.clock()
         child.restart_at = None
         logger.info("%s: started (pid %d)", name, child.proc.pid)
@@ -95,7 +124,8 @@ class LocalStack:
         return min(self.backoff_base_s * 2 ** max(quick_failures - 1, 0), self.backoff_max_s)
 
     def supervise_once(self) -> None:
-        """Notice exited processes (log, schedule a restart) and start those whose backoff is over."""
+        """Notice exited processes (log, schedule a restart) and start those whose
+        backoff is over."""
         now = self.clock()
         for name, child in self.children.items():
             if child.proc is not None and child.restart_at is None:

@@ -36,7 +36,8 @@ def publish(channel: str, message: str) -> None:
 
 
 def listen(channel: str, on_message: Callable[[str], None]) -> Callable[[], None] | None:
-    """Call on_message for every message on channel, from a daemon thread; returns a stop function."""
+    """Call on_message for every message on channel, from a daemon thread;
+    returns a stop function."""
     if not push_enabled():
         return None
     import redis

@@ -1,5 +1,5 @@
-"""Celery's names that must match across workers, settings and services: queues and tasks, in one place;
-and the one way a service sends a wake-up message."""
+"""Celery's names that must match across workers, settings and services: queues and tasks, in one
+place; and the one way a service sends a wake-up message."""
 
 import logging
 from enum import StrEnum
@@ -15,7 +15,8 @@ class CeleryQueue(StrEnum):
 
 
 class TaskName(StrEnum):
-    """Registered task names: the workers register them, settings route and schedule them, services send them."""
+    """Registered task names: the workers register them, settings route and schedule them,
+    services send them."""
 
     PING = "costlab.ping"
     RUN_TRAIN = "costlab.run_train"
@@ -26,13 +27,15 @@ class TaskName(StrEnum):
     ALERTS_REQUEUE_STALE = "costlab.alerts_requeue_stale"
     SWEEP_PROBE = "costlab.sweep_probe"
     PROBES_RECONCILE = "costlab.probes_reconcile"
+    SERIES_BLOCKS_ROLL = "costlab.series_blocks_roll"
 
 
 def task_send(task: TaskName, *, args: list, queue: str) -> bool:
-    """Publish a task on its own connection with one quick retry; False (logged) when the broker is away.
+    """Publish a task on its own connection with one quick retry;
+    False (logged) when the broker is away.
 
-    For wake-ups whose truth is a database row (a queued run, a queued probe): a submit must not hang on
-    a broker outage, and a reconciler on beat sends again what never arrived.
+    For wake-ups whose truth is a database row (a queued run, a queued probe): a submit must not
+    hang on a broker outage, and a reconciler on beat sends again what never arrived.
     """
     from celery import current_app as app  # config's app, the default in every thread
 

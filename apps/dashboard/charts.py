@@ -10,7 +10,8 @@ from django.utils import timezone
 
 from apps.attribution.models import AttributionSnapshot, FreezeEvent, WeightChange
 from apps.attribution.selectors import snapshot_series
-from apps.dashboard.series import EpochMs, RunSeries, epoch_ms, series_meta
+from apps.core.db import EpochMs
+from apps.dashboard.series import RunSeries, epoch_ms, series_meta
 from apps.experiments.models import Arm, Experiment, Run
 
 # Telemetry charts of the experiment page (a run's page adds throughput and loss).

@@ -34,6 +34,7 @@ from apps.dashboard import charts
 from apps.dashboard.series import live_series, run_series
 from apps.experiments.models import Arm, Experiment, Run
 from apps.pricing.models import GpuPrice, PricingTable
+from apps.telemetry.selectors import telemetry_by_rank
 from apps.tenants.models import Membership, Tenant
 
 # Runs listed on an experiment's page, and runs drawn on its charts (running ones first).
@@ -290,6 +291,7 @@ def run_page(*, run: Run, now: datetime | None = None) -> dict:
     return {
         "run": run, "notices": notices, "breakdown": run.cost_breakdown or {},
         "attempts": list(run.attempt_log.all()),
+        "ranks": telemetry_by_rank(run_id=run.pk) if run.world_size > 1 else [],
         "charts": {
             "cursor": charts.epoch_ms(now), "poll_ms": charts.LIVE_POLL_MS,
             "arms": {str(run.arm_id): {"name": run.arm.name, "color": charts.arm_color(0), "control": False}},

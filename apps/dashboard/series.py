@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db import connection
-from django.db.models import FloatField, Func
+from django.db.models import OuterRef, Subquery
 
+from apps.core.db import epoch_ms_sql
 from apps.dashboard.models import CHART_FIELDS, SeriesBlock
-from apps.dashboard.services import series_blocks_refresh
 from apps.experiments.models import Run
 from apps.telemetry.models import TelemetrySample
 from apps.telemetry.selectors import SERIES_UNITS, samples_downsampled
@@ -38,24 +38,6 @@ SERIES_LABELS = {
 
 def epoch_ms(ts: datetime) -> int:
     return int(ts.timestamp() * 1000)
-
-
-def epoch_ms_sql(column: str) -> str:
-    """SQL for a timestamp column as ms since the epoch: charts need numbers, and parsing thousands
-    of timestamps in Python costs more than the query."""
-    if connection.vendor == "postgresql":
-        return f"(EXTRACT(EPOCH FROM {column}) * 1000)"
-    return f"((julianday({column}) - 2440587.5) * 86400000.0)"  # SQLite stores UTC text
-
-
-class EpochMs(Func):
-    """A DateTimeField as ms since the epoch, computed by the database."""
-
-    output_field = FloatField()
-
-    def as_sql(self, compiler, connection, **extra):
-        column, params = compiler.compile(self.source_expressions[0])
-        return epoch_ms_sql(column), params
 
 
 def _num(value: float) -> float:
@@ -133,18 +115,34 @@ def _union(per_run: str, params: list[tuple], fields: tuple[str, ...], series: R
         _bucket_rows(sql, [v for p in params for v in p], fields, series)
 
 
+def last_block() -> Subquery:
+    """A Run annotation: the run's last rolled-up block (None: none yet), read backwards from the
+    (run, block) index, so no scan of the blocks."""
+    return Subquery(SeriesBlock.objects.filter(run_id=OuterRef("pk")).order_by("-block").values("block")[:1])
+
+
+def blocks_upto(runs: list[Run]) -> dict[int, int]:
+    """Per run, the first seq after its rolled-up blocks (0: none). A read: blocks are built on beat."""
+    if not runs:
+        return {}
+    return {pk: 0 if block is None else (block + 1) * SeriesBlock.SEQS
+            for pk, block in Run.objects.filter(pk__in=[r.pk for r in runs]).annotate(last=last_block())
+            .values_list("pk", "last")}
+
+
 def run_series(*, runs: list[Run], fields: tuple[str, ...], budget: int) -> RunSeries:
     """Each run's whole history of these fields in about `budget` points per run and field.
 
     The cost depends on blocks, not samples: a run past RAW_MAX samples is read from its blocks
-    (rolled up here first, incrementally), merged to `budget` buckets, plus its recent tail in
-    up to budget/4 more; a smaller run is bucketed straight from its samples. Four queries.
+    (built on beat, apps.dashboard.services), merged to `budget` buckets, plus the samples after
+    them in up to budget/4 more (at most TAIL_MAX: a rollup far behind shows as a gap, not a slow
+    page); a smaller run is bucketed straight from its samples. Three or four queries; no writes.
     """
     unknown = [f for f in fields if f not in CHART_FIELDS]
     if unknown:
         raise ValueError(f"fields: {unknown[0]} is not a charted series ({', '.join(CHART_FIELDS)})")
     big = [r for r in runs if r.last_seq + 1 > RAW_MAX]
-    upto = series_blocks_refresh(runs=big)
+    upto = blocks_upto(big)
     blocks, samples = {}, {}
     for run in runs:
         if run.last_seq < 0:

@@ -1,13 +1,18 @@
-"""Writes of the dashboard: rolling settled telemetry up into SeriesBlocks (its read model)."""
+"""Writes of the dashboard: rolling settled telemetry up into SeriesBlocks (its read model).
+
+Blocks are built on beat (`series_blocks_roll_due`, every COSTLAB_SERIES_ROLLUP_S), never on a page
+view: a GET reads the blocks there are and the raw samples after them (apps.dashboard.series).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
 from django.db import connection
-from django.db.models import OuterRef, Subquery
+from django.db.models import F, Q
 
 from apps.dashboard.models import CHART_FIELDS, SeriesBlock
+from apps.dashboard.series import last_block
 from apps.experiments.models import Run
 from apps.telemetry.models import TelemetrySample
 
@@ -33,17 +38,15 @@ def _rollup_sql(ranges: int) -> str:
 def series_blocks_refresh(*, runs: Iterable[Run]) -> dict[int, int]:
     """Roll up every block of these runs whose samples are all settled; per run, the first seq not rolled up.
 
-    Incremental: only blocks after the run's last one are read, so a page view of a training
-    run adds a block or two. Idempotent (ON CONFLICT DO NOTHING): concurrent views are harmless.
+    Incremental: only blocks after the run's last one are read, so a training run adds a block or
+    two per call. Idempotent (ON CONFLICT DO NOTHING): concurrent calls are harmless.
     Two queries when nothing is new, three otherwise.
     """
     runs = list(runs)
     if not runs:
         return {}
-    # The last block of each run, read backwards from the (run, block) index: no scan of the blocks.
-    last = SeriesBlock.objects.filter(run_id=OuterRef("pk")).order_by("-block").values("block")[:1]
     done = {pk: block for pk, block in Run.objects.filter(pk__in=[r.pk for r in runs])
-            .annotate(last=Subquery(last)).values_list("pk", "last") if block is not None}
+            .annotate(last=last_block()).values_list("pk", "last") if block is not None}
     upto, ranges = {}, []
     for run in runs:
         start = (done[run.pk] + 1) * SeriesBlock.SEQS if run.pk in done else 0
@@ -55,3 +58,19 @@ def series_blocks_refresh(*, runs: Iterable[Run]) -> dict[int, int]:
         with connection.cursor() as cursor:
             cursor.execute(_rollup_sql(len(ranges)), [v for r in ranges for v in r])
     return upto
+
+
+def series_blocks_roll_due(*, limit: int = 500) -> int:
+    """Beat: roll up the runs with a whole settled block past their last one; how many runs were rolled.
+
+    One query finds them (the last block of each run read backwards from the (run, block) index),
+    the newest first; `limit` bounds one call's work, the next call takes the rest.
+    """
+    seqs = SeriesBlock.SEQS
+    due = list(
+        Run.objects.filter(priced_seq__gte=seqs - 1).annotate(last=last_block())
+        .filter(Q(last__isnull=True) | Q(priced_seq__gte=(F("last") + 2) * seqs - 1))
+        .order_by("-updated_at").only("pk", "priced_seq")[:limit]
+    )
+    series_blocks_refresh(runs=due)
+    return len(due)

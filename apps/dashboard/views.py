@@ -14,6 +14,7 @@ from django.views.decorators.http import require_GET
 
 from apps.dashboard import selectors, sweeps
 from apps.dashboard.charts import RUN_FIELDS
+from apps.experiments.selectors import run_outliers
 
 # A poll asks for samples since its cursor; a tab that slept longer than this reloads instead.
 LIVE_MAX_GAP = timedelta(minutes=15)
@@ -77,7 +78,8 @@ def experiment_list(request):
 @require_GET
 def experiment_detail(request, pk: int):
     experiment = get_object_or_404(selectors.experiments_visible(user=request.user), pk=pk)
-    return render(request, "dashboard/experiment_detail.html", {"page": selectors.experiment_page(experiment=experiment)})
+    return render(request, "dashboard/experiment_detail.html", {"page": selectors.experiment_page(experiment=experiment),
+                                                                 "outlier_ids": set(run_outliers(experiment_id=pk))})
 
 
 @login_required
@@ -100,7 +102,8 @@ def experiment_live(request, pk: int):
 def run_detail(request, pk: int):
     run = get_object_or_404(selectors.runs_visible(user=request.user), pk=pk)
     return render(request, "dashboard/run_detail.html",
-                  {**selectors.run_page(run=run), "sizing": sweeps.run_sizing(run=run)})
+                  {**selectors.run_page(run=run), "sizing": sweeps.run_sizing(run=run),
+                   "outlier": run_outliers(experiment_id=run.experiment_id).get(run.pk)})
 
 
 @json_endpoint

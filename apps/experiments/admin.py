@@ -28,7 +28,8 @@ class ArmAdminForm(forms.ModelForm):
 
 
 def arm_save(arm: Arm, changed: list[str]) -> Arm:
-    """Create or edit an arm through the services (revision, hash, live reload), whatever changed."""
+    """Create or edit an arm through the services (revision, hash, live reload),
+    whatever changed."""
     try:
         if arm.pk is None:
             return arm_create(experiment=arm.experiment, name=arm.name, strategy_yaml=arm.strategy_yaml,
@@ -90,7 +91,8 @@ class ArmAdmin(admin.ModelAdmin):
 
 
 class RunAttemptInline(admin.TabularInline):
-    """Every time a worker held the run, and how that ended; written by the workers, read-only here."""
+    """Every time a worker held the run, and how that ended; written by the workers,
+    read-only here."""
 
     model = RunAttempt
     extra = 0

@@ -41,10 +41,11 @@ class Experiment(TimeStampedModel):
         decimal_places=4,
         default=Decimal("0.05"),
         validators=[MinValueValidator(Decimal("0.0001"))],
-        help_text="Relative cost deviation from the control above which an arm may be frozen (0.05 = 5 %).",
+        help_text="Relative cost deviation from the control above which an arm may be frozen "
+                  "(0.05 = 5 %).",
     )
     attribution_interval_s = models.PositiveIntegerField(
-        default=30, validators=[MinValueValidator(5)], help_text="Seconds between attribution ticks."
+        "attribution interval (s)", default=30, validators=[MinValueValidator(5)], help_text="Seconds between attribution ticks."
     )
     min_runs_per_arm = models.PositiveIntegerField(default=3, help_text="Evidence needed before a freeze.")
     min_samples_per_arm = models.PositiveIntegerField(default=30, help_text="Evidence needed before a freeze.")
@@ -58,7 +59,8 @@ class Experiment(TimeStampedModel):
     freeze_policy = models.CharField(max_length=16, choices=FreezePolicy.choices, default=FreezePolicy.LET_FINISH)
     dynamic_weights = models.BooleanField(default=True, help_text="Shift traffic toward cheaper arms.")
     target_steps = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Steps to project cost and completion time to (design document: 100k)."
+        null=True, blank=True, help_text="Steps of a full run: the page projects each arm's cost and completion time to "
+                                    "this many (e.g. 100000). Empty: no projection."
     )
 
     class Meta:
@@ -84,7 +86,7 @@ class Arm(TimeStampedModel):
 
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="arms")
     name = models.CharField(max_length=80)
-    strategy_yaml = models.TextField()
+    strategy_yaml = models.TextField("strategy (YAML)", help_text="The training strategy runs of this arm use.")
     strategy_sha256 = models.CharField(max_length=64, editable=False)
     weight = models.DecimalField(
         max_digits=7,
@@ -154,16 +156,19 @@ class Run(TimeStampedModel):
     cancel_requested = models.BooleanField(default=False)
 
     # What ran, and on what.
-    config_yaml = models.TextField()
+    config_yaml = models.TextField("strategy (YAML)")
     config_sha256 = models.CharField(max_length=64)
-    git_sha = models.CharField(max_length=40, blank=True, default="")
+    git_sha = models.CharField("git commit", max_length=40, blank=True, default="")
     dataset_sha256 = models.CharField(max_length=64, blank=True, default="")
     host = models.CharField(max_length=255, blank=True, default="")
     device = models.CharField(max_length=120, blank=True, default="")
-    gpu_sku = models.ForeignKey(GpuSku, on_delete=models.PROTECT, null=True, blank=True, related_name="runs")
-    gpu_count = models.PositiveIntegerField(default=0, help_text="Accelerators held by the run (0: CPU only).")
-    vcpus = models.PositiveIntegerField(default=0, help_text="vCPUs held by the run, priced per vCPU-hour.")
-    memory_gb = models.FloatField(default=0.0, help_text="Host memory held by the run (GB), priced per GB-hour.")
+    gpu_sku = models.ForeignKey(GpuSku, on_delete=models.PROTECT, null=True, blank=True, related_name="runs",
+                                verbose_name="GPU")
+    gpu_count = models.PositiveIntegerField("held GPUs", default=0, help_text="Accelerators held by the run (0: CPU only).")
+    world_size = models.PositiveIntegerField(
+        default=1, help_text="Processes the run trains in (DDP ranks, one device each); one telemetry stream each.")
+    vcpus = models.PositiveIntegerField("held vCPUs", default=0, help_text="vCPUs held by the run, priced per vCPU-hour.")
+    memory_gb = models.FloatField("memory (GB)", default=0.0, help_text="Host memory held by the run (GB), priced per GB-hour.")
 
     # Lease: a worker holds the run while its heartbeat keeps the lease fresh.
     lease_owner = models.CharField(max_length=255, blank=True, default="")
@@ -178,7 +183,8 @@ class Run(TimeStampedModel):
     error = models.TextField(blank=True, default="")
     queued_at = models.DateTimeField(auto_now_add=True)
     # Durable enqueue: the row is the truth, the broker message only a wake-up. A queued run whose
-    # message never left (broker down) or was lost (broker restarted) is sent again by the reconciler.
+    # message never left (broker down) or was lost (broker restarted) is sent again by the
+    # reconciler.
     sent_at = models.DateTimeField(null=True, blank=True, help_text="When its id last reached the broker.")
     sends = models.PositiveIntegerField(default=0, help_text="Messages sent for it (re-sends included).")
     started_at = models.DateTimeField(null=True, blank=True)
@@ -190,14 +196,15 @@ class Run(TimeStampedModel):
     steps = models.BigIntegerField(default=0)
     tokens = models.BigIntegerField(default=0)
     device_seconds = models.FloatField(default=0.0)
-    energy_j = models.FloatField(default=0.0)
+    energy_j = models.FloatField("energy (J)", default=0.0)
     energy_estimated = models.BooleanField(default=False)
-    cost_usd = models.DecimalField(max_digits=16, decimal_places=6, default=Decimal("0"))
+    cost_usd = models.DecimalField("cost (USD)", max_digits=16, decimal_places=6, default=Decimal("0"))
     cost_breakdown = models.JSONField(default=dict, blank=True, help_text="USD by term; used vs idle.")
     config_revision = models.PositiveIntegerField(default=1, help_text="Arm revision the run applies now.")
     config_history = models.JSONField(
         default=list, blank=True,
-        help_text="Live changes applied while running: [{revision, applied_at, live, not_applied}].",
+        help_text="Live changes applied while running: "
+                  "[{revision, applied_at, live, not_applied}].",
     )
 
     class Meta:

@@ -6,7 +6,8 @@ The row is the truth; the broker message only wakes a worker.
   duplicate message harmless (a second claim is refused).
 - A worker claims a queued run under a lease that its heartbeat keeps fresh, and each claim is a
   RunAttempt with its own record. A worker that dies stops renewing; the sweeper marks the attempt
-  lost and requeues the run, up to max_attempts failed attempts, then fails it. Never a requeue loop.
+  lost and requeues the run, up to max_attempts failed attempts, then fails it.
+  Never a requeue loop.
 - A graceful stop (SIGTERM, Ctrl-C, a deploy) hands the run back without using an attempt.
 - Finishing is idempotent for its owner, and a run whose training completed is never trained
   again: when the finish could not be recorded in time, the sweeper sees the completed steps in
@@ -58,7 +59,8 @@ def run_enqueue(*, run: Run) -> None:
 
 
 def run_send(*, run_id: int, queue: str) -> bool:
-    """Publish one wake-up for the run and record it; False (logged) when the broker is unreachable."""
+    """Publish one wake-up for the run and record it;
+    False (logged) when the broker is unreachable."""
     if not task_send(RUN_TASK, args=[run_id], queue=queue):
         return False
     Run.objects.filter(pk=run_id).update(sent_at=timezone.now(), sends=F("sends") + 1)
@@ -194,7 +196,8 @@ def run_finish(*, run_id: int, owner: str, status: str, error: str = "", dataset
     if run.status == Run.Status.RUNNING and run.lease_owner == owner:
         pass
     elif attempt is not None and attempt.outcome == status and run.status == status:
-        return True  # already recorded: by our own earlier try, or by the sweeper seeing training complete
+        # already recorded: by our own earlier try, or by the sweeper seeing training complete
+        return True
     elif (attempt is not None and status == Run.Status.SUCCEEDED and run.status == Run.Status.QUEUED
           and run.attempts == attempt.number and attempt.outcome == Outcome.LOST):
         # Swept while we could not reach the database, and nobody took it since: training completed.
@@ -235,10 +238,12 @@ def runs_sweep_lost(*, now=None) -> list[int]:
         for run in expired:
             logger.warning("run %s lost: lease held by %s expired at %s", run.pk, run.lease_owner,
                            run.lease_expires_at.isoformat())
-            reason = f"worker {run.lease_owner or '?'} lost (lease expired {run.lease_expires_at:%H:%M:%S})"
+            reason = (f"worker {run.lease_owner or '?'} lost "
+                      f"(lease expired {run.lease_expires_at:%H:%M:%S})")
             if _training_completed(run):
                 run_end(run, Run.Status.SUCCEEDED,
-                     f"attempt {run.attempts}: {reason} after training every step; not trained again")
+                     f"attempt {run.attempts}: {reason} after training every step; "
+                     "not trained again")
             else:
                 _requeue_or_fail(run, Outcome.LOST, reason)
             swept.append(run.pk)
@@ -274,8 +279,8 @@ def _attempt_close(run: Run, outcome: str, reason: str, number: int | None = Non
 
 
 def run_end(run: Run, status: str, error: str = "", *, attempt_number: int | None = None) -> None:
-    """The one way a run ends (worker, sweeper, cancel, external finish): close its totals, record the
-    outcome on the run and on its current attempt; earlier attempts' notes are kept."""
+    """The one way a run ends (worker, sweeper, cancel, external finish): close its totals, record
+    the outcome on the run and on its current attempt; earlier attempts' notes are kept."""
     run_ending.send(sender=Run, run=run)
     if run.attempts:
         _attempt_close(run, status, error.strip().splitlines()[-1][:4000] if error.strip() else "",

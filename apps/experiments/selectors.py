@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+
 from django.db.models import Prefetch, QuerySet
 
 from apps.experiments.models import Arm, Experiment, Run
@@ -24,3 +28,67 @@ def arm_list(*, tenant: Tenant) -> QuerySet[Arm]:
 
 def run_list(*, tenant: Tenant) -> QuerySet[Run]:
     return Run.objects.filter(tenant=tenant).select_related("arm", "gpu_sku").order_by("-created_at", "-pk")
+
+
+# A run's device time per token beyond this many MADs from its arm's median is an outlier.
+OUTLIER_MADS = 3.0
+# The MAD is floored at this share of the median: runs alike to rounding are not outliers of each other.
+OUTLIER_MAD_FLOOR = 0.01
+OUTLIER_MIN_RUNS = 3  # fewer runs in an arm: no median to stand out from
+
+
+@dataclass(frozen=True)
+class RunOutlier:
+    """A run whose device seconds per token lie beyond OUTLIER_MADS x MAD from its arm's median."""
+
+    run_id: int
+    experiment_id: int
+    arm_id: int
+    device_s_per_token: float
+    arm_median: float
+    mad: float  # median absolute deviation of the arm's runs (floored: OUTLIER_MAD_FLOOR x median)
+    distance_mads: float  # |value - median| / mad
+
+    def as_dict(self) -> dict:
+        return {"run": self.run_id, "arm": self.arm_id, "device_s_per_token": self.device_s_per_token,
+                "arm_median": self.arm_median, "mad": self.mad, "distance_mads": self.distance_mads,
+                "reason": f"device time per token {self.distance_mads:.1f} MADs from its arm's median "
+                          f"(limit {OUTLIER_MADS:g})"}
+
+
+def mad_outliers(values: dict[int, float], *, k: float = OUTLIER_MADS) -> dict[int, tuple[float, float, float]]:
+    """Keys whose value lies beyond k x MAD from the median: key -> (median, MAD, distance in MADs)."""
+    if len(values) < OUTLIER_MIN_RUNS:
+        return {}
+    median = statistics.median(values.values())
+    mad = max(statistics.median(abs(v - median) for v in values.values()), OUTLIER_MAD_FLOOR * abs(median))
+    if mad <= 0:
+        return {}
+    out = {}
+    for key, value in values.items():
+        distance = abs(value - median) / mad
+        if distance > k:
+            out[key] = (median, mad, distance)
+    return out
+
+
+def run_outliers(*, experiment_id: int) -> dict[int, RunOutlier]:
+    """The experiment's outlier runs by device time per token, each judged against its own arm's runs."""
+    return runs_outliers(experiment_ids=[experiment_id])
+
+
+def runs_outliers(*, experiment_ids: list[int]) -> dict[int, RunOutlier]:
+    """The outlier runs of these experiments (run id -> RunOutlier), in one query.
+
+    Every run that trained (tokens and device time recorded) counts, finished or not.
+    """
+    per_arm: dict[tuple[int, int], dict[int, float]] = defaultdict(dict)
+    rows = (Run.objects.filter(experiment_id__in=experiment_ids, tokens__gt=0, device_seconds__gt=0)
+            .values_list("pk", "experiment_id", "arm_id", "device_seconds", "tokens"))
+    for pk, experiment_id, arm_id, seconds, tokens in rows:
+        per_arm[experiment_id, arm_id][pk] = seconds / tokens
+    found = {}
+    for (experiment_id, arm_id), values in per_arm.items():
+        for pk, (median, mad, distance) in mad_outliers(values).items():
+            found[pk] = RunOutlier(pk, experiment_id, arm_id, values[pk], median, mad, distance)
+    return found

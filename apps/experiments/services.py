@@ -16,7 +16,7 @@ from apps.core.notify import ARM_REVISIONS, publish
 from apps.core.queues import CeleryQueue
 from apps.experiments.models import Arm, Experiment, Run
 from apps.experiments.runs import run_end, run_enqueue
-from apps.experiments.strategies import strategy_sha256, strategy_validate
+from apps.experiments.strategies import strategy_sha256, strategy_validate, strategy_world_size
 from apps.pricing.models import GpuSku
 from apps.tenants.models import Tenant
 
@@ -99,7 +99,8 @@ def _quota_check(*, tenant: Tenant) -> None:
     if spent >= tenant.monthly_budget_usd:
         raise ApplicationError(
             f"monthly_budget_usd: tenant '{tenant.slug}' has spent {spent:.2f} USD this month "
-            f"(budget {tenant.monthly_budget_usd} USD); new runs are refused until the budget is raised",
+            f"(budget {tenant.monthly_budget_usd} USD); "
+            "new runs are refused until the budget is raised",
             {"budget_usd": str(tenant.monthly_budget_usd), "spent_usd": f"{spent:.6f}"}, code="budget_exceeded",
         )
 
@@ -149,11 +150,13 @@ def run_submit(
     _quota_check(tenant=tenant)
 
     queue = CeleryQueue.GPU if gpu_sku is not None else CeleryQueue.CPU
+    world_size = strategy_world_size(arm.strategy_yaml, gpu=gpu_sku is not None, gpu_count=gpu_count)
     run = Run.objects.create(
         tenant=tenant, experiment=experiment, arm=arm, kind=kind, run_key=run_key, queue=queue,
         config_yaml=arm.strategy_yaml, config_sha256=arm.strategy_sha256, config_revision=arm.revision,
         git_sha=git_sha, dataset_sha256=dataset_sha256, gpu_sku=gpu_sku,
-        gpu_count=gpu_count if gpu_count is not None else (1 if gpu_sku else 0), vcpus=vcpus, memory_gb=memory_gb,
+        gpu_count=gpu_count if gpu_count is not None else (world_size if gpu_sku else 0), world_size=world_size,
+        vcpus=vcpus, memory_gb=memory_gb,
         status=Run.Status.QUEUED if kind == Run.Kind.WORKER else Run.Status.RUNNING,
         started_at=None if kind == Run.Kind.WORKER else timezone.now(),
     )
@@ -229,7 +232,8 @@ def experiment_delete(*, experiment: Experiment) -> None:
     active = Run.objects.filter(experiment=experiment, status__in=Run.ACTIVE_STATUSES).count()
     if active:
         raise ApplicationError(
-            f"experiment '{experiment.name}' has {active} queued or running runs; cancel them before deleting it",
+            f"experiment '{experiment.name}' has {active} queued or running runs; "
+            "cancel them before deleting it",
             {"active_runs": active}, code="experiment_busy", status=409,
         )
     Run.objects.filter(experiment=experiment).delete()  # runs protect their arm: remove them first
@@ -239,7 +243,8 @@ def experiment_delete(*, experiment: Experiment) -> None:
 @transaction.atomic
 def arm_create(*, experiment: Experiment, name: str, strategy_yaml: str, weight: Decimal = Decimal("1"),
                is_control: bool = False) -> Arm:
-    """Add an arm; its strategy is validated by gpu_runtime's schema first, errors naming the key."""
+    """Add an arm; its strategy is validated by gpu_runtime's schema first,
+    errors naming the key."""
     strategy_validate(strategy_yaml)
     if is_control and experiment.arms.filter(is_control=True).exists():
         raise ApplicationError(f"is_control: experiment '{experiment.name}' already has a control arm",
@@ -256,7 +261,8 @@ def arm_create(*, experiment: Experiment, name: str, strategy_yaml: str, weight:
 
 @transaction.atomic
 def arm_delete(*, arm: Arm) -> None:
-    """Delete an arm that never ran; an arm with runs keeps its history (freeze it or set weight 0)."""
+    """Delete an arm that never ran; an arm with runs keeps its history
+    (freeze it or set weight 0)."""
     runs = arm.runs.count()
     if runs:
         raise ApplicationError(

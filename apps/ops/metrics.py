@@ -57,7 +57,8 @@ class PlatformCollector(Collector):
         running = list(Run.objects.filter(status=Run.Status.RUNNING).values_list("pk", flat=True))
         recent = TelemetrySample.objects.filter(run_id__in=running, ts__gte=now - timedelta(seconds=INGEST_WINDOW_S))
         yield GaugeMetricFamily("costlab_ingest_samples_per_second",
-                                f"Telemetry samples of running runs stamped in the last {INGEST_WINDOW_S} s, per second.",
+                                "Telemetry samples of running runs stamped in the last "
+                                f"{INGEST_WINDOW_S} s, per second.",
                                 value=(recent.count() / INGEST_WINDOW_S) if running else 0.0)
 
         tick = PeriodicTaskRun.objects.filter(name="attribution_tick").first()

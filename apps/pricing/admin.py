@@ -32,12 +32,14 @@ class PricingTableAdmin(admin.ModelAdmin):
         form = super().get_form(request, obj, **kwargs)
         if obj is not None and obj.valid_from <= timezone.now():
             form.base_fields["valid_from"].help_text = (
-                "In force: a price edit takes effect from now. This table moves to now with the new prices and a "
+                "In force: a price edit takes effect from now. "
+                "This table moves to now with the new prices and a "
                 "copy keeps the old ones for the time before; history is never rewritten.")
         return form
 
     def save_model(self, request, obj, form, change):
-        # The table as stored, before the form's edit lands: the old version, if this edit starts a new one.
+        # The table as stored, before the form's edit lands: the old version,
+        # if this edit starts a new one.
         request._pricing_stored = PricingTable.objects.get(pk=obj.pk) if change else None
         super().save_model(request, obj, form, change)
 

@@ -4,8 +4,10 @@ Ingest bills a batch with the same code: the intervals a batch touches (the ones
 samples close, and the one after each) are summed over the rows around it as they are now
 and as they were before it, and the difference moves the run's totals (apps.telemetry.services).
 The rules, in the README's "External runs and billing rules":
-- Samples are taken in seq order; each one closes the interval since the sample before it,
-  when that sample belongs to the same attempt. An attempt's first sample has no interval
+- Samples are taken in seq order; each one closes the interval since the sample before it
+  of the same rank (a DDP run has one stream per device), when that sample belongs to the
+  same attempt. Time and energy add up over the streams; tokens and steps (the world's
+  progress, which every rank reports) are counted from rank 0's stream only. An attempt's first sample has no interval
   (billed time starts at it), but its cumulative counters (energy, tokens, step) count from 0.
 - An interval's time is split exactly at the price schedule's boundaries (``valid_from``):
   each part is priced with the table in force over it. Its energy is split in proportion
@@ -56,11 +58,13 @@ def period_sums(rows: Sequence[Mapping], *, edges: Sequence[float], count_after:
     """
     out = PeriodSums()
     acc = out.seconds
-    prev = None
+    prevs: dict[int, Mapping] = {}  # each rank's stream links to its own previous sample
     for cur in rows:
         t1 = _seconds(cur["ts"])
+        rank = cur.get("rank") or 0
+        prev = prevs.get(rank)
+        prevs[rank] = cur
         if cur["seq"] <= count_after:
-            prev = cur
             continue
         linked = prev is not None and prev["attempt"] == cur["attempt"]
         own = bisect.bisect_right(edges, t1) - 1
@@ -69,9 +73,10 @@ def period_sums(rows: Sequence[Mapping], *, edges: Sequence[float], count_after:
             out.max_step = step
         if cur["estimated"]:
             out.estimated = True
+        if rank:  # the world's progress counts once, from rank 0; time and energy from every device
+            step = tokens = 0
         if not linked:
             _add(acc, own, 1.0, 0.0, 0.0, max(0.0, energy_now or 0.0), tokens, step)
-            prev = cur
             continue
         t0 = _seconds(prev["ts"])
         if t1 < t0 and out.backwards_seq is None:
@@ -91,8 +96,8 @@ def period_sums(rows: Sequence[Mapping], *, edges: Sequence[float], count_after:
             out.modelled += 1
         else:
             energy = 0.0
-        steps = max(0, step - (prev["step"] or 0))
-        tokens_d = max(0, tokens - (prev["tokens"] or 0))
+        steps = max(0, step - (prev["step"] or 0)) if not rank else 0
+        tokens_d = max(0, tokens - (prev["tokens"] or 0)) if not rank else 0
         first = bisect.bisect_right(edges, t0) - 1
         if dt <= 0 or first == own:
             _add(acc, own, 1.0, dt, dt * busy, energy, tokens_d, steps)
@@ -105,7 +110,6 @@ def period_sums(rows: Sequence[Mapping], *, edges: Sequence[float], count_after:
                 if overlap > 0:
                     share = overlap / dt
                     _add(acc, period, share, dt, dt * busy, energy)
-        prev = cur
     return out
 
 
@@ -150,7 +154,8 @@ def run_bill(
     memory_gb: float = 0.0,
     modelled_power_w: float = 0.0,
 ) -> Bill:
-    """Bill the samples of one run (any order; one per seq, each with its attempt) under a price schedule.
+    """Bill the samples of one run (any order; one per seq, each with its attempt) under a price
+    schedule.
 
     `starts[i]` is when `prices[i]` comes into force; `modelled_power_w`: board power of all
     the run's GPUs, used for intervals that report neither energy nor power (0: none).
@@ -167,9 +172,11 @@ def run_bill(
 
 def rollup_cost(*, prices: Prices, weights: Weights, device_seconds: float, wall_s: float, energy_j: float,
                 vcpus: float, memory_gb: float) -> float:
-    """USD of rolled-up usage (a run's summed intervals) at one table: what period_sums' usage costs there.
+    """USD of rolled-up usage (a run's summed intervals) at one table:
+    what period_sums' usage costs there.
 
-    Linear in usage under fixed prices, so a sum over any intervals prices like the intervals one by one.
+    Linear in usage under fixed prices, so a sum over any intervals prices like the intervals one by
+    one.
     """
     usage = Usage(wall_s=wall_s, device_seconds=device_seconds, busy_device_seconds=device_seconds,
                   energy_j=energy_j, vcpu_seconds=wall_s * vcpus, memory_gb_seconds=wall_s * memory_gb)

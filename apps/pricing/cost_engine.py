@@ -278,7 +278,8 @@ def _parse_tiers(tiers: Iterable[Mapping[str, Any]]) -> list[tuple[float | None,
 
 
 def tiered_cost(units_before: float, units: float, tiers: Sequence[Mapping[str, Any]]) -> float:
-    """Price `units` that follow `units_before` already-billed units, walking volume tiers marginally."""
+    """Price `units` that follow `units_before` already-billed units,
+    walking volume tiers marginally."""
     if units_before < 0 or units < 0:
         raise ValueError("units_before and units must be >= 0")
     parsed = _parse_tiers(tiers)

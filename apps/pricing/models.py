@@ -22,10 +22,10 @@ class GpuSku(TimeStampedModel):
 
     name = models.CharField(max_length=80, unique=True)
     vendor = models.CharField(max_length=40, default="NVIDIA")
-    memory_gb = models.PositiveIntegerField()
-    tdp_w = models.PositiveIntegerField(help_text="Board power limit (W).")
+    memory_gb = models.PositiveIntegerField("memory (GB)")
+    tdp_w = models.PositiveIntegerField("board power (W)", help_text="Board power limit (TDP), in watts.")
     peak_bf16_tflops = models.DecimalField(
-        max_digits=8, decimal_places=1, validators=NON_NEGATIVE, help_text="Dense BF16 peak (TFLOPS), for MFU."
+        "dense BF16 peak (TFLOPS)", max_digits=8, decimal_places=1, validators=NON_NEGATIVE, help_text="Dense BF16 peak (TFLOPS), for MFU."
     )
 
     class Meta:
@@ -46,16 +46,19 @@ class PricingTable(TimeStampedModel):
     name = models.CharField(max_length=120)
     currency = models.CharField(max_length=3, default="USD")
     valid_from = models.DateTimeField()
-    electricity_usd_per_kwh = _money(help_text="Electricity price (USD/kWh).")
+    electricity_usd_per_kwh = _money(verbose_name="electricity (USD per kWh)", help_text="What the facility pays per kWh.")
     pue = models.DecimalField(
+        "PUE",
         max_digits=4,
         decimal_places=2,
         default=Decimal("1.20"),
         validators=[MinValueValidator(Decimal("1"))],
-        help_text="Power usage effectiveness of the facility (>= 1.0).",
+        help_text="Power usage effectiveness: the facility's power over the IT equipment's (1.0 or more; "
+                  "1.2 means cooling and the rest add 20 % to the energy a run uses).",
     )
-    vcpu_hour_usd = _money(default=Decimal("0"), help_text="Price per vCPU-hour (USD).")
-    memory_gb_hour_usd = _money(default=Decimal("0"), help_text="Price per GB-hour of host memory (USD).")
+    vcpu_hour_usd = _money(verbose_name="price per vCPU-hour (USD)", default=Decimal("0"), help_text="Price of one vCPU for one hour.")
+    memory_gb_hour_usd = _money(verbose_name="price per GB-hour of memory (USD)", default=Decimal("0"),
+                                help_text="Price of one GB of host memory for one hour.")
     is_example = models.BooleanField(
         default=False, help_text="Example prices seeded for a demo; not a quote from any provider."
     )
@@ -79,7 +82,7 @@ class PricingTable(TimeStampedModel):
 class GpuPrice(models.Model):
     pricing_table = models.ForeignKey(PricingTable, on_delete=models.CASCADE, related_name="gpu_prices")
     sku = models.ForeignKey(GpuSku, on_delete=models.PROTECT, related_name="prices")
-    hourly_usd = _money(help_text="Price per GPU-hour (USD).")
+    hourly_usd = _money(verbose_name="price per GPU-hour (USD)", help_text="Price of one GPU for one hour.")
 
     class Meta:
         verbose_name = "GPU price"
@@ -102,13 +105,13 @@ class CostModel(TimeStampedModel):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="cost_models")
     name = models.CharField(max_length=120)
     kind = models.CharField(max_length=32, choices=Kind.choices, default=Kind.RESOURCE_WEIGHTED)
-    gpu_weight = models.DecimalField(max_digits=8, decimal_places=4, default=Decimal("1"), validators=NON_NEGATIVE)
+    gpu_weight = models.DecimalField("weight of the GPU term", max_digits=8, decimal_places=4, default=Decimal("1"), validators=NON_NEGATIVE)
     energy_weight = models.DecimalField(
-        max_digits=8, decimal_places=4, default=Decimal("1"), validators=NON_NEGATIVE
+        "weight of the energy term", max_digits=8, decimal_places=4, default=Decimal("1"), validators=NON_NEGATIVE
     )
-    cpu_weight = models.DecimalField(max_digits=8, decimal_places=4, default=Decimal("1"), validators=NON_NEGATIVE)
+    cpu_weight = models.DecimalField("weight of the vCPU term", max_digits=8, decimal_places=4, default=Decimal("1"), validators=NON_NEGATIVE)
     memory_weight = models.DecimalField(
-        max_digits=8, decimal_places=4, default=Decimal("1"), validators=NON_NEGATIVE
+        "weight of the memory term", max_digits=8, decimal_places=4, default=Decimal("1"), validators=NON_NEGATIVE
     )
     class Unit(models.TextChoices):
         TOKEN = "token", "Token"

@@ -40,7 +40,8 @@ class PriceSchedule:
 
 
 def price_schedule(*, tenant_id: int, gpu_sku_id: int | None, pinned_table_id: int | None = None) -> PriceSchedule:
-    """Every pricing table of the tenant (or just the pinned one) with this SKU's rate, in two queries."""
+    """Every pricing table of the tenant (or just the pinned one) with this SKU's rate,
+    in two queries."""
     tables = PricingTable.objects.filter(tenant_id=tenant_id).order_by("valid_from")
     if pinned_table_id is not None:
         tables = tables.filter(pk=pinned_table_id)
@@ -68,7 +69,8 @@ def cost_model_list(*, tenant) -> QuerySet[CostModel]:
 
 
 def pricing_tables_in_force(*, tenant_ids: set[int], pinned_ids: set[int], at: datetime) -> dict:
-    """The comparison tables at `at`, in one query: {("tenant", id): table in force, ("pinned", id): table}."""
+    """The comparison tables at `at`, in one query: {("tenant", id): table in force, ("pinned", id):
+    table}."""
     out: dict = {}
     rows = PricingTable.objects.filter(Q(tenant_id__in=tenant_ids, valid_from__lte=at) | Q(pk__in=pinned_ids))
     for table in rows.order_by("valid_from"):  # the latest in force wins
@@ -80,8 +82,8 @@ def pricing_tables_in_force(*, tenant_ids: set[int], pinned_ids: set[int], at: d
 
 
 def table_prices(*, table_ids: set[int]) -> dict[tuple[int, int | None], Prices]:
-    """Prices of these tables for every GPU SKU any of them prices (0 where one does not), and for a CPU
-    run (SKU None), keyed (table, SKU), in two queries."""
+    """Prices of these tables for every GPU SKU any of them prices (0 where one does not), and for a
+    CPU run (SKU None), keyed (table, SKU), in two queries."""
     tables = list(PricingTable.objects.filter(pk__in=table_ids))
     rates = {(p, s): r for p, s, r in GpuPrice.objects.filter(pricing_table_id__in=table_ids).values_list(
         "pricing_table_id", "sku_id", "hourly_usd")}

@@ -14,7 +14,8 @@ from apps.tenants.models import Tenant
 
 
 def _unique(obj, field: str, label: str) -> None:
-    """The tenant-wide uniqueness of `field`, refused with the field named (before the constraint fires)."""
+    """The tenant-wide uniqueness of `field`, refused with the field named
+    (before the constraint fires)."""
     value = getattr(obj, field)
     if type(obj).objects.filter(tenant_id=obj.tenant_id, **{field: value}).exclude(pk=obj.pk).exists():
         raise ApplicationError(f"{field}: the tenant already has {label} with {field} {value}",
@@ -79,7 +80,8 @@ def pricing_table_update(*, table: PricingTable, gpu_prices: list[dict] | None =
 
 
 def pricing_table_version_keep(*, table: PricingTable, until, stored: PricingTable | None = None) -> PricingTable:
-    """Keep a table's prices as stored, for the time before `until`: a copy at its valid_from, GPU prices too.
+    """Keep a table's prices as stored, for the time before `until`: a copy at its valid_from,
+    GPU prices too.
 
     The table itself then moves to `until` (the caller saves it), so the copy takes its place in
     the schedule: intervals before `until` are billed, and re-billed, as they were. `stored`: the

@@ -36,7 +36,8 @@ def pair_tolerance(a: Point, b: Point, base: float) -> float:
 
 
 def dominates(a: Point, b: Point, *, base: float = 0.02) -> bool:
-    """True when a is no worse than b on every objective and clearly better on one (see module doc)."""
+    """True when a is no worse than b on every objective and clearly better on one
+    (see module doc)."""
     if not (a.comparable and b.comparable):
         return False
     if len(a.values) != len(b.values):

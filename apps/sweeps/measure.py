@@ -9,7 +9,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Timed:
-    """The timed stretch of a probe: the sample that closed the warm-up, and every sample after it."""
+    """The timed stretch of a probe: the sample that closed the warm-up,
+    and every sample after it."""
 
     boundary: dict[str, Any]
     samples: list[dict[str, Any]]
@@ -20,7 +21,8 @@ class Timed:
 
 
 def timed_stretch(samples: list[dict[str, Any]], *, warmup_steps: int) -> Timed | None:
-    """Samples after the first one taken at or past ``warmup_steps``; None when too few steps were timed."""
+    """Samples after the first one taken at or past ``warmup_steps``;
+    None when too few steps were timed."""
     ordered = sorted(samples, key=lambda s: s["seq"])
     start = next((i for i, s in enumerate(ordered) if s["step"] >= warmup_steps), None)
     if start is None or start == len(ordered) - 1:
@@ -40,7 +42,8 @@ def timed_stretch(samples: list[dict[str, Any]], *, warmup_steps: int) -> Timed 
 
 def peak_memory_mb(samples: list[dict[str, Any]], result_peak_mb: float | None, *, cuda: bool,
                    baseline_mb: float) -> float | None:
-    """CUDA: the runtime's max allocated. CPU: the highest RSS seen minus the process's RSS before the probe."""
+    """CUDA: the runtime's max allocated.
+    CPU: the highest RSS seen minus the process's RSS before the probe."""
     if cuda:
         return result_peak_mb
     seen = [s["mem_used_mb"] for s in samples if s.get("mem_used_mb") is not None]

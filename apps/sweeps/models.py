@@ -24,7 +24,8 @@ def default_objectives() -> list[str]:
 
 
 class Sweep(TimeStampedModel):
-    """A search over a base strategy's keys: probes proposed by Optuna, kept on a Pareto frontier."""
+    """A search over a base strategy's keys: probes proposed by Optuna,
+    kept on a Pareto frontier."""
 
     class Status(models.TextChoices):
         RUNNING = "running", "Running"
@@ -55,7 +56,8 @@ class Sweep(TimeStampedModel):
     tie_tolerance = models.DecimalField(
         max_digits=5, decimal_places=4, default=Decimal("0.02"),
         validators=[MinValueValidator(Decimal("0")), MaxValueValidator(Decimal("0.5"))],
-        help_text="Relative difference below which two probes tie (widened by their measured spread).")
+        help_text="Relative difference below which two probes tie "
+                  "(widened by their measured spread).")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
     finished_at = models.DateTimeField(null=True, blank=True)
     note = models.TextField(blank=True, default="", help_text="Why it ended early, e.g. the space was exhausted.")

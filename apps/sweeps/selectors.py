@@ -10,14 +10,16 @@ from apps.tenants.models import Tenant
 
 
 def sweep_list(*, tenant: Tenant) -> QuerySet[Sweep]:
-    """The tenant's sweeps, each with ``probes_landed`` (probes no longer queued or running) counted in SQL."""
+    """The tenant's sweeps, each with ``probes_landed`` (probes no longer queued or running)
+    counted in SQL."""
     landed = Count("probes", filter=~Q(probes__status__in=Probe.PENDING))
     return (Sweep.objects.filter(tenant=tenant).select_related("gpu_sku", "cost_model")
             .annotate(probes_landed=landed).order_by("-created_at", "-pk"))
 
 
 def sweep_frontier(*, sweep: Sweep) -> list[Probe]:
-    """Every probe of the sweep, in proposal order, each with ``on_frontier`` set (see apps.sweeps.frontier)."""
+    """Every probe of the sweep, in proposal order, each with ``on_frontier`` set
+    (see apps.sweeps.frontier)."""
     probes = list(Probe.objects.filter(sweep=sweep).order_by("number"))
     points = [Point(key=p.pk, values=p.objective_values(sweep.objectives), spread=p.step_time_spread or 0.0,
                     feasible=p.status == Probe.Status.SUCCEEDED) for p in probes]
@@ -55,7 +57,8 @@ def run_profile(*, run) -> dict:
 
 
 def run_sizing_report(*, run) -> dict:
-    """The estimate beside the measurement (latest sizing sweep of the run), with their difference."""
+    """The estimate beside the measurement (latest sizing sweep of the run),
+    with their difference."""
     from apps.sweeps.sizing import SizePoint, estimate_vcpus, recommend
 
     profile = run_profile(run=run)

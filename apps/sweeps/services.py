@@ -1,4 +1,5 @@
-"""Writes on sweeps: create (validate, propose, enqueue), a probe's claim and result, cancel, promote."""
+"""Writes on sweeps: create (validate, propose, enqueue), a probe's claim and result, cancel,
+promote."""
 
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ def _candidate_yaml(base: dict[str, Any], params: dict[str, Any]) -> str:
 
 
 def _check_values(base: dict[str, Any], expanded: dict[str, list[Any]]) -> None:
-    """Each value alone must make a valid strategy: a typo'd dtype is a 400, not an infeasible probe."""
+    """Each value alone must make a valid strategy: a typo'd dtype is a 400,
+    not an infeasible probe."""
     from gpu_runtime import StrategyError, strategy_from_dict
 
     for key, values in expanded.items():
@@ -81,7 +83,8 @@ def sweep_create(*, tenant: Tenant, name: str, base_strategy_yaml: str, space: A
                  probe_steps: int, objectives: list[str] | None = None, sampler: str = "auto", seed: int = 0,
                  warmup_steps: int = 2, parallelism: int = 2, gpu_sku: GpuSku | None = None,
                  cost_model: CostModel | None = None, tie_tolerance: Decimal = Decimal("0.02")) -> Sweep:
-    """Validate a sweep, store it and queue its first probes once committed; a 400 names the bad field."""
+    """Validate a sweep, store it and queue its first probes once committed;
+    a 400 names the bad field."""
     tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
     base = _base_document(base_strategy_yaml)
     try:
@@ -99,8 +102,9 @@ def sweep_create(*, tenant: Tenant, name: str, base_strategy_yaml: str, space: A
         raise _invalid("probe_count", f"must be between 1 and {MAX_PROBES}, got {probe_count}")
     size = space_size(expanded)
     if sampler == "auto":
-        # TPE over NSGA-II when subsampling: on bench/sweep.py (12 points, 6 probes) TPE found the grid's
-        # cheapest point for every seed tried, NSGA-II for one in three (its first generation is random).
+        # TPE over NSGA-II when subsampling: on bench/sweep.py (12 points, 6 probes) TPE found the
+        # grid's cheapest point for every seed tried, NSGA-II for one in three
+        # (its first generation is random).
         sampler = Sweep.Sampler.GRID if size <= probe_count else Sweep.Sampler.TPE
     elif sampler == Sweep.Sampler.GRID and size > probe_count:
         raise _invalid("space", f"the grid has {size} points but probe_count is {probe_count}; raise probe_count "
@@ -136,7 +140,8 @@ def _known(sweep: Sweep) -> list[Known]:
 
 
 def _probe_next(sweep: Sweep, base: dict[str, Any], expanded: dict[str, list[Any]]) -> Probe | None:
-    """Ask Optuna for the next point and queue its probe (on commit); None when the space is exhausted."""
+    """Ask Optuna for the next point and queue its probe (on commit);
+    None when the space is exhausted."""
     proposal = propose(sampler=sweep.sampler, seed=sweep.seed, expanded=expanded, directions=len(sweep.objectives),
                        probe_count=sweep.probe_count, known=_known(sweep))
     if proposal is None:
@@ -151,7 +156,8 @@ def _probe_next(sweep: Sweep, base: dict[str, Any], expanded: dict[str, list[Any
 
 
 def _probe_send(*, probe_id: int, queue: str) -> None:
-    """Publish the probe's id; a broker that is down is logged, and the reconciler sends it later."""
+    """Publish the probe's id; a broker that is down is logged,
+    and the reconciler sends it later."""
     if task_send(PROBE_TASK, args=[probe_id], queue=queue):
         Probe.objects.filter(pk=probe_id).update(sent_at=timezone.now())
 
@@ -181,7 +187,8 @@ def _measure(probe: Probe, *, samples: list[dict], result: Any, device: str, gpu
     timed = timed_stretch(samples, warmup_steps=sweep.warmup_steps)
     if timed is None:
         probe.status = Probe.Status.INFEASIBLE
-        probe.reason = (f"probe_steps: too few steps were timed after the {sweep.warmup_steps} warm-up steps to "
+        probe.reason = ("probe_steps: too few steps were timed "
+                        f"after the {sweep.warmup_steps} warm-up steps to "
                         f"measure anything; raise probe_steps")
         return
     schedule = price_schedule(tenant_id=sweep.tenant_id, gpu_sku_id=sweep.gpu_sku_id)
@@ -205,7 +212,8 @@ def _measure(probe: Probe, *, samples: list[dict], result: Any, device: str, gpu
 def probe_finish(*, probe_id: int, owner: str, samples: list[dict] | None = None, result: Any = None,
                  error: str = "", cancelled: bool = False, device: str = "", gpu_count: int = 0, vcpus: int = 0,
                  baseline_mem_mb: float = 0.0) -> Probe | None:
-    """Record a probe's end (measured, infeasible with the reason, or cancelled) and queue the next one."""
+    """Record a probe's end (measured, infeasible with the reason, or cancelled) and queue
+    the next one."""
     probe = Probe.objects.select_for_update(of=("self",)).filter(pk=probe_id).first()
     if probe is None or probe.status != Probe.Status.RUNNING or probe.worker != owner:
         return None
@@ -226,7 +234,8 @@ def probe_finish(*, probe_id: int, owner: str, samples: list[dict] | None = None
 
 
 def sweep_advance(*, sweep: Sweep) -> None:
-    """Queue probes up to the parallelism while the budget lasts; close the sweep when all have landed."""
+    """Queue probes up to the parallelism while the budget lasts;
+    close the sweep when all have landed."""
     probes = sweep.probes.count()
     pending = sweep.probes.filter(status__in=Probe.PENDING).count()
     exhausted = False
@@ -246,7 +255,8 @@ def sweep_advance(*, sweep: Sweep) -> None:
 
 
 def probe_heartbeat(*, probe_id: int, owner: str) -> bool:
-    """Renew a running probe's heartbeat; True when it should stop (its sweep ended, or it is no longer ours)."""
+    """Renew a running probe's heartbeat; True when it should stop
+    (its sweep ended, or it is no longer ours)."""
     renewed = Probe.objects.filter(pk=probe_id, status=Probe.Status.RUNNING, worker=owner,
                                    sweep__status=Sweep.Status.RUNNING).update(heartbeat_at=timezone.now())
     return renewed == 0
@@ -267,7 +277,8 @@ def probes_reconcile(*, now=None) -> dict[str, list[int]]:
                 continue
             probe_finish(probe_id=probe.pk, owner=probe.worker, error=(
                 f"lost: its worker ({probe.worker}) stopped renewing it for "
-                f"{settings.COSTLAB_PROBE_LOST_AFTER_S:g} s (killed, or the host ran out of memory)"))
+                f"{settings.COSTLAB_PROBE_LOST_AFTER_S:g} s "
+                "(killed, or the host ran out of memory)"))
             lost.append(probe.pk)
     resend_before = now - timedelta(seconds=settings.COSTLAB_PROBE_RESEND_AFTER_S)
     resent = []
@@ -282,7 +293,8 @@ def probes_reconcile(*, now=None) -> dict[str, list[int]]:
 
 @transaction.atomic
 def sweep_cancel(*, sweep: Sweep) -> Sweep:
-    """Cancel: queued probes end now; a running probe stops at its next step (its task polls the sweep)."""
+    """Cancel: queued probes end now; a running probe stops at its next step
+    (its task polls the sweep)."""
     sweep = Sweep.objects.select_for_update().get(pk=sweep.pk)
     if sweep.status != Sweep.Status.RUNNING:
         raise ApplicationError(f"status: sweep {sweep.pk} is already {sweep.status}; only a running sweep cancels",
@@ -297,7 +309,8 @@ def sweep_cancel(*, sweep: Sweep) -> Sweep:
 @transaction.atomic
 def sweep_promote(*, sweep: Sweep, probe: Probe, weight: Decimal, experiment: Experiment | None = None,
                   experiment_name: str = "", arm_name: str = "") -> Arm:
-    """Turn a frontier point into an arm: of an existing experiment, or of a new one whose control is the base."""
+    """Turn a frontier point into an arm: of an existing experiment,
+    or of a new one whose control is the base."""
     if probe.sweep_id != sweep.pk:
         raise _invalid("probe", f"probe {probe.pk} is not a probe of sweep {sweep.pk}")
     frontier = {p.pk for p in sweep_frontier(sweep=sweep) if p.on_frontier}
@@ -325,8 +338,9 @@ def sizing_max_threads() -> int:
 
 @transaction.atomic
 def run_sizing_start(*, run: Run, max_threads: int | None = None, probe_steps: int = 12) -> Sweep:
-    """Probe a finished run's strategy at 1..N CPU threads, one probe at a time (parallel probes would
-    share the cores they are sizing); the report compares it with the design document's estimate."""
+    """Probe a finished run's strategy at 1..N CPU threads, one probe at a time (parallel probes
+    would share the cores they are sizing); the report compares it with the design document's
+    estimate."""
     if run.status != Run.Status.SUCCEEDED:
         raise _invalid("run", f"run {run.pk} is {run.status}; size a succeeded run (its strategy and profile)")
     n = max_threads or sizing_max_threads()

@@ -13,7 +13,8 @@ WITHIN = 0.05
 
 
 def estimate_vcpus(*, cpu_util: float, io_wait: float, mem_usage_gb: float) -> int:
-    """The design document's estimate_vcpus(profile), as written there (cpu_util and io_wait as 0..1)."""
+    """The design document's estimate_vcpus(profile), as written there
+    (cpu_util and io_wait as 0..1)."""
     return max(int(cpu_util * 8), int(io_wait * 16), int(mem_usage_gb / 2))
 
 
@@ -34,7 +35,8 @@ class Recommendation:
 
 
 def recommend(points: list[SizePoint], *, actual: int | None) -> Recommendation | None:
-    """The smallest size within WITHIN of the cheapest USD per 1M tokens; None without measurements."""
+    """The smallest size within WITHIN of the cheapest USD per 1M tokens;
+    None without measurements."""
     if not points:
         return None
     cheapest = min(points, key=lambda p: (p.usd_per_mtok, p.threads))

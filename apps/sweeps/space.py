@@ -66,7 +66,8 @@ def _range_values(key: str, spec: dict[str, Any]) -> list[int]:
 
 
 def space_expand(space: Any) -> dict[str, list[Any]]:
-    """Validate a space and return every key's finite, de-duplicated list of values (in given order)."""
+    """Validate a space and return every key's finite, de-duplicated list of values
+    (in given order)."""
     if not isinstance(space, dict) or not space:
         raise SpaceError("space", "must be a non-empty mapping of strategy key -> values or range")
     expanded: dict[str, list[Any]] = {}
@@ -104,7 +105,8 @@ def params_key(params: dict[str, Any]) -> str:
 
 
 def strategy_with(base: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-    """The base strategy (parsed YAML) with the params' strategy keys set; resource keys left out."""
+    """The base strategy (parsed YAML) with the params' strategy keys set;
+    resource keys left out."""
     doc = copy.deepcopy(base)
     for key, value in params.items():
         if key in RESOURCE_KEYS:

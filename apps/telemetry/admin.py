@@ -24,7 +24,8 @@ class RunRepricingForm(forms.ModelForm):
 
 @admin.register(RunRepricing)
 class RunRepricingAdmin(admin.ModelAdmin):
-    """Re-pricing a finished run is one deliberate, audited act: add one here (or POST /api/v1/runs/{id}/reprice/)."""
+    """Re-pricing a finished run is one deliberate, audited act: add one here
+    (or POST /api/v1/runs/{id}/reprice/)."""
 
     form = RunRepricingForm
     list_display = ["run", "at", "actor", "pricing_table", "cost_before_usd", "cost_after_usd", "reason"]

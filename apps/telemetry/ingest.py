@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import operator
 import sys
-from collections.abc import Iterable
 from datetime import datetime
 from typing import Annotated, NotRequired
 
@@ -21,6 +20,7 @@ from django.db import IntegrityError, connection, transaction
 from pydantic import AwareDatetime, ConfigDict, Field, TypeAdapter, ValidationError, with_config
 from typing_extensions import TypedDict  # pydantic needs this TypedDict before Python 3.12
 
+from apps.core.db import copy_rows, is_postgres
 from apps.core.exceptions import ApplicationError
 from apps.telemetry.models import TelemetrySample
 
@@ -28,7 +28,7 @@ MAX_BATCH = 10_000
 
 # Columns written, in COPY order (run_id and attempt are per batch).
 COLUMNS = (
-    "seq", "ts", "step", "device", "util_pct", "mem_used_mb", "mem_total_mb", "power_w", "energy_j",
+    "seq", "ts", "step", "rank", "device", "util_pct", "mem_used_mb", "mem_total_mb", "power_w", "energy_j",
     "step_time_s", "tokens", "tokens_per_s", "micro_batch", "loss", "overlap_ratio", "mfu",
     "sm_clock_mhz", "temperature_c", "estimated",
 )
@@ -56,6 +56,7 @@ class SampleIn(TypedDict):
     # Unix seconds, or ISO 8601 with a zone ("Z" or an offset): pydantic-core parses both, no Python hop.
     ts: AwareDatetime
     step: NotRequired[Annotated[Count, Field(default=0)]]
+    rank: NotRequired[Annotated[int, Field(strict=True, default=0, ge=0, le=65535)]]
     device: NotRequired[Annotated[str, Field(default="", max_length=120, pattern=NoNul)]]
     util_pct: NotRequired[Annotated[float | None, Field(strict=True, default=None, ge=0, le=100)]]
     mem_used_mb: NotRequired[Reading]
@@ -130,7 +131,7 @@ def samples_insert(*, run_id: int, attempt: int, samples: list[SampleIn], after_
     """
     if not samples:
         return []
-    if connection.vendor == "postgresql":
+    if is_postgres():  # COPY through a staging table
         if after_seq is not None and min(s["seq"] for s in samples) > after_seq:
             try:
                 with transaction.atomic():  # a savepoint: a wrong guess costs a rollback, not the batch
@@ -151,17 +152,9 @@ def out_of_range(samples: list) -> ApplicationError:
     return _invalid("samples", "a number is out of the range the database stores or computes with")
 
 
-def _copy_in(cursor, target: str, rows: Iterable[tuple]) -> None:
-    """COPY rows into ``target`` ("table (columns)"). COPY goes to psycopg's own cursor, past
-    Django's wrapper: wrap_database_errors turns its errors into Django's (IntegrityError...)."""
-    with connection.wrap_database_errors, cursor.copy(f"COPY {target} FROM STDIN") as copy:
-        for row in rows:
-            copy.write_row(row)
-
-
 def _copy_direct(*, run_id: int, attempt: int, samples: list[SampleIn]) -> list[int]:
     with connection.cursor() as cursor:
-        _copy_in(cursor, f"{TelemetrySample._meta.db_table} (run_id, attempt, {', '.join(COLUMNS)})",
+        copy_rows(cursor, f"{TelemetrySample._meta.db_table} (run_id, attempt, {', '.join(COLUMNS)})",
                  ((run_id, attempt, *_ROW(s)) for s in samples))
     return [s["seq"] for s in samples]
 
@@ -176,7 +169,7 @@ def _insert_copy(*, run_id: int, attempt: int, samples: list[SampleIn]) -> list[
             f"CREATE TEMP TABLE IF NOT EXISTS telemetry_staging ON COMMIT DELETE ROWS AS "
             f"SELECT {cols} FROM {table} WITH NO DATA"
         )
-        _copy_in(cursor, f"telemetry_staging ({cols})", map(_ROW, samples))
+        copy_rows(cursor, f"telemetry_staging ({cols})", map(_ROW, samples))
         cursor.execute(
             f"INSERT INTO {table} (run_id, attempt, {cols}) "
             f"SELECT %s, %s, {cols} FROM telemetry_staging "

@@ -5,7 +5,11 @@ from apps.experiments.models import Run
 
 
 class TelemetrySample(models.Model):
-    """One telemetry reading of a run. At-least-once delivery, stored once per (run, seq)."""
+    """One telemetry reading of one device of a run. At-least-once delivery, stored once per (run, seq).
+
+    A DDP run's ranks share the run's one seq space (the worker numbers their samples as they
+    arrive), so (run, seq) still identifies a sample, and (run, rank) orders one device's stream.
+    """
 
     id = models.BigAutoField(primary_key=True)
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="samples")
@@ -15,6 +19,9 @@ class TelemetrySample(models.Model):
     )
     ts = models.DateTimeField()
     step = models.BigIntegerField(default=0)
+    rank = models.PositiveIntegerField(
+        default=0, help_text="DDP rank whose device this reading is (0 for a single-process run); seq stays unique "
+                             "per run, across ranks.")
     device = models.CharField(max_length=120, blank=True, default="")
     util_pct = models.FloatField(null=True, blank=True, help_text="Device utilization (%).")
     mem_used_mb = models.FloatField(null=True, blank=True)

@@ -19,7 +19,7 @@ CLUSTER_GAP = 64
 SEQ_MAX = 2**62
 
 # What apps.pricing.bill reads of a row.
-BILL_FIELDS = ("seq", "attempt", "ts", "step", "tokens", "energy_j", "power_w", "util_pct", "estimated")
+BILL_FIELDS = ("seq", "attempt", "ts", "step", "rank", "tokens", "energy_j", "power_w", "util_pct", "estimated")
 
 
 def seq_clusters(seqs: list[int]) -> list[tuple[int, int]]:
@@ -33,21 +33,29 @@ def seq_clusters(seqs: list[int]) -> list[tuple[int, int]]:
     return out
 
 
-def batch_ranges(*, run_id: int, seqs: list[int]) -> list[tuple[int, int]]:
+def batch_ranges(*, run_id: int, seqs: list[int], ranks: int = 1) -> list[tuple[int, int]]:
     """The (lo, hi] seq ranges a batch touches, from the rows stored before it (one query).
 
     lo: the stored row just before a cluster (-1: none, count from the run's start); hi: the
     stored row just after it (SEQ_MAX: none). Overlapping ranges are merged, so no row is
-    counted twice.
+    counted twice. A run of several ranks (one stream each, interleaved in seq): lo is the
+    earliest of each rank's row before the cluster and hi the latest of each rank's row
+    after it, so every stream's neighbours are in the range.
     """
     clusters = seq_clusters(seqs)
     table = TelemetrySample._meta.db_table
     values = ", ".join(["(%s, %s)"] * len(clusters))
+    if ranks > 1:
+        before = (f"(SELECT MIN(m) FROM (SELECT MAX(seq) AS m FROM {table} WHERE run_id = %s AND seq < c.lo "
+                  f"GROUP BY rank) AS b)")
+        after = (f"(SELECT MAX(m) FROM (SELECT MIN(seq) AS m FROM {table} WHERE run_id = %s AND seq > c.hi "
+                 f"GROUP BY rank) AS a)")
+    else:
+        before = f"(SELECT MAX(seq) FROM {table} WHERE run_id = %s AND seq < c.lo)"
+        after = f"(SELECT MIN(seq) FROM {table} WHERE run_id = %s AND seq > c.hi)"
     with connection.cursor() as cursor:
         cursor.execute(
-            f"WITH c(lo, hi) AS (VALUES {values}) "
-            f"SELECT (SELECT MAX(seq) FROM {table} WHERE run_id = %s AND seq < c.lo), "
-            f"(SELECT MIN(seq) FROM {table} WHERE run_id = %s AND seq > c.hi) FROM c ORDER BY c.lo",
+            f"WITH c(lo, hi) AS (VALUES {values}) SELECT {before}, {after} FROM c ORDER BY c.lo",
             [v for c in clusters for v in c] + [run_id, run_id],
         )
         bounds = [(-1 if lo is None else lo, SEQ_MAX if hi is None else hi) for lo, hi in cursor.fetchall()]
@@ -60,12 +68,23 @@ def batch_ranges(*, run_id: int, seqs: list[int]) -> list[tuple[int, int]]:
     return merged
 
 
+def stream_predecessors(*, run_id: int, seq: int, ranks: set[int]) -> list[dict]:
+    """Each rank's last stored row at or before seq (what an appended batch's intervals start from),
+    in seq order; one indexed lookup per rank, in one query."""
+    parts = [TelemetrySample.objects.filter(run_id=run_id, rank=r, seq__lte=seq).order_by("-seq")
+             .values(*BILL_FIELDS)[:1] for r in sorted(ranks)]
+    rows = list(parts[0].union(*parts[1:], all=True)) if len(parts) > 1 else list(parts[0])
+    return sorted(rows, key=lambda r: r["seq"])
+
+
 def contiguous_end(*, run_id: int, after_seq: int) -> int | None:
-    """The last seq of the gap-free stretch that follows after_seq (None: after_seq + 1 is missing)."""
+    """The last seq of the gap-free stretch that follows after_seq
+    (None: after_seq + 1 is missing)."""
     table = TelemetrySample._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT MAX(seq) FROM (SELECT seq, ROW_NUMBER() OVER (ORDER BY seq) AS rn FROM {table} "
+            "SELECT MAX(seq) FROM ("
+            f"SELECT seq, ROW_NUMBER() OVER (ORDER BY seq) AS rn FROM {table} "
             f"WHERE run_id = %s AND seq > %s) AS t WHERE seq - %s = rn",
             [run_id, after_seq, after_seq],
         )

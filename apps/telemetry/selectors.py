@@ -91,3 +91,13 @@ def samples_downsampled(*, run_ids: list[int], fields: list[str], budget: int,
         result.samples[run_id] = int(n)
         result.estimated[run_id] = bool(est)
     return result
+
+
+def telemetry_by_rank(*, run_id: int) -> list[dict]:
+    """Per device (DDP rank) of a run: its samples, mean utilisation and step time, peak memory, the
+    last device name. A straggler shows as the rank with the longest steps or the lowest utilisation."""
+    from django.db.models import Avg, Count, Max
+
+    return list(TelemetrySample.objects.filter(run_id=run_id).values("rank").annotate(
+        samples=Count("id"), util_pct=Avg("util_pct"), step_time_s=Avg("step_time_s"),
+        mem_used_mb=Max("mem_used_mb"), device=Max("device")).order_by("rank"))

@@ -1,4 +1,5 @@
-"""Telemetry lands here: stored once per (run, seq), and the run's totals move forward."""
+"""Telemetry lands here: stored once per (run, seq) (a DDP run's ranks share its seq space), and the run's
+totals move forward."""
 
 from __future__ import annotations
 
@@ -21,7 +22,14 @@ from apps.pricing.models import CostModel, PricingTable
 from apps.pricing.selectors import price_schedule
 from apps.telemetry.ingest import out_of_range, samples_insert, samples_validate
 from apps.telemetry.models import RunRepricing, TelemetrySample
-from apps.telemetry.rollup import BILL_FIELDS, SEQ_MAX, batch_ranges, contiguous_end, rows_in_ranges
+from apps.telemetry.rollup import (
+    BILL_FIELDS,
+    SEQ_MAX,
+    batch_ranges,
+    contiguous_end,
+    rows_in_ranges,
+    stream_predecessors,
+)
 
 _SEQ = itemgetter("seq")
 # Samples stored beyond a gap before the gap-free mark stops waiting for it (about 2 minutes at 1 s).
@@ -57,7 +65,8 @@ def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) 
         return IngestResult(received=0, inserted=0, duplicates=0)
     appended = seqs[0] > run.last_seq
     # Before the insert: the stored rows around the batch bound what it can change.
-    ranges = [(run.last_seq, SEQ_MAX)] if appended else batch_ranges(run_id=run.pk, seqs=seqs)
+    ranges = [(run.last_seq, SEQ_MAX)] if appended else batch_ranges(run_id=run.pk, seqs=seqs,
+                                                                      ranks=run.world_size)
     batch_attempt = attempt or max(run.attempts, 1)
     try:
         fresh = samples_insert(run_id=run.pk, attempt=batch_attempt, samples=parsed, after_seq=run.last_seq)
@@ -67,7 +76,10 @@ def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) 
                 # predecessor is read, and there is no old figure to take off.
                 for sample in parsed:
                     sample["attempt"] = batch_attempt
-                before = list(TelemetrySample.objects.filter(run_id=run.pk, seq=run.last_seq).values(*BILL_FIELDS))
+                if run.world_size > 1:  # each rank's stream continues from its own last row
+                    before = stream_predecessors(run_id=run.pk, seq=run.last_seq, ranks={s["rank"] for s in parsed})
+                else:
+                    before = list(TelemetrySample.objects.filter(run_id=run.pk, seq=run.last_seq).values(*BILL_FIELDS))
                 now = [before + sorted(parsed, key=_SEQ)]
                 run_totals_apply(run=run, ranges=ranges, now=now, fresh=None, batch=samples)
             else:
@@ -94,7 +106,11 @@ def run_totals_apply(*, run: Run, ranges: list[tuple[int, int]], now: list[list[
     schedule = price_schedule(tenant_id=run.tenant_id, gpu_sku_id=run.gpu_sku_id,
                               pinned_table_id=pricing_table_id or run.experiment.pricing_table_id)
     edges = [b.timestamp() for b in schedule.boundaries]
-    resources = {"gpu_count": run.gpu_count, "vcpus": run.vcpus, "memory_gb": run.memory_gb}
+    # A DDP run's samples come in one stream per rank, each with its own intervals: each stream
+    # holds its share of the run's devices, so the streams' sum is the run's whole.
+    streams = max(run.world_size, 1)
+    resources = {"gpu_count": run.gpu_count / streams, "vcpus": run.vcpus / streams,
+                 "memory_gb": run.memory_gb / streams}
     modelled = _modelled_power_w(run)
     usage, cost, estimated, max_step = cost_engine.Usage.zero(), cost_engine.CostBreakdown.zero(), False, 0
     modelled_intervals = 0
@@ -198,10 +214,11 @@ def run_reprice(*, run_id: int, actor, reason: str, pricing_table: PricingTable 
 
 
 def _modelled_power_w(run: Run) -> float:
-    """Board power of the run's GPUs: what an interval reporting neither energy nor power is modelled at."""
+    """Board power of the GPUs behind one telemetry stream (a DDP rank's share): what an interval
+    reporting neither energy nor power is modelled at."""
     if not run.gpu_count or run.gpu_sku_id is None:
         return 0.0
-    return float(run.gpu_sku.tdp_w) * run.gpu_count
+    return float(run.gpu_sku.tdp_w) * run.gpu_count / max(run.world_size, 1)
 
 
 def _refuse_backwards(seq: int, fresh: set[int], batch: list) -> None:

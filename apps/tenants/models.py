@@ -17,6 +17,7 @@ class Tenant(TimeStampedModel):
         default=4, help_text="Runs queued or running at once; further submissions are refused."
     )
     gpu_memory_fraction = models.DecimalField(
+        "GPU memory fraction",
         max_digits=4,
         decimal_places=3,
         default=Decimal("1.000"),
@@ -24,6 +25,7 @@ class Tenant(TimeStampedModel):
         help_text="Share of one GPU's memory a single job may allocate (0-1].",
     )
     monthly_budget_usd = models.DecimalField(
+        "monthly budget (USD)",
         max_digits=14,
         decimal_places=2,
         default=Decimal("1000.00"),

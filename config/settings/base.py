@@ -50,6 +50,8 @@ THIRD_PARTY_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI assets served locally, no CDN
     "django_celery_beat",
+    "axes",  # login throttling (per user and address) on /login/ and /admin/login/
+    "csp",
 ]
 LOCAL_APPS = [
     "apps.core",
@@ -77,6 +79,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: turns a locked-out sign-in into the lockout page
 ]
 
 TEMPLATES = [
@@ -126,9 +130,50 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses a locked-out user+address before the password check
+    "django.contrib.auth.backends.ModelBackend",
+]
 LOGIN_URL = "dashboard:login"
 LOGIN_REDIRECT_URL = "dashboard:experiments"
 LOGOUT_REDIRECT_URL = "dashboard:login"
+
+# ------------------------------------------------------------------------------
+# Sign-in throttling (django-axes): after this many failed sign-ins of one username from one
+# address (dashboard or admin), that pair is refused for the cool-off period, even with the right
+# password. Failures are kept in the database, so every web process sees them; staff can clear a
+# lockout in the admin (Axes > Access attempts) or with `manage.py axes_reset`.
+# ------------------------------------------------------------------------------
+AXES_FAILURE_LIMIT = env.int("COSTLAB_LOGIN_FAILURE_LIMIT", default=10)
+AXES_COOLOFF_TIME = env.float("COSTLAB_LOGIN_COOLOFF_MIN", default=15.0) / 60  # hours
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "locked_out.html"
+AXES_HTTP_RESPONSE_CODE = 429
+AXES_VERBOSE = False
+# The same client address as the API's per-address throttles (COSTLAB_API_NUM_PROXIES hops back).
+AXES_CLIENT_IP_CALLABLE = "apps.core.http.client_address"
+
+# ------------------------------------------------------------------------------
+# Content-Security-Policy (django-csp): scripts and styles only from this site's files, never
+# inline, never eval'd. plotly.js 3 needs no eval; its global style rules come from a static file
+# (apps/dashboard/plotly_css.py) instead of the <style> element it would insert. tests/e2e/
+# test_security.py visits every page in Chromium and fails on any violation.
+# ------------------------------------------------------------------------------
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": ["'self'"],
+        "script-src": ["'self'"],
+        "style-src": ["'self'"],
+        "img-src": ["'self'", "data:"],
+        "font-src": ["'self'"],
+        "connect-src": ["'self'"],
+        "object-src": ["'none'"],
+        "base-uri": ["'self'"],
+        "form-action": ["'self'"],
+        "frame-ancestors": ["'none'"],
+    },
+}
 
 # ------------------------------------------------------------------------------
 # Celery: REDIS_URL, or the embedded Redis under var/
@@ -172,6 +217,9 @@ CELERY_TASK_ROUTES = {
 COSTLAB_ATTRIBUTION_TICK_S = env.float("COSTLAB_ATTRIBUTION_TICK_S", default=5.0)
 # How often beat looks for queued runs that no worker claimed (their message lost or never sent).
 COSTLAB_RUN_RECONCILE_S = env.float("COSTLAB_RUN_RECONCILE_S", default=5.0)
+# How often beat rolls settled telemetry up into the dashboard's chart blocks (pages only read them;
+# samples past the last block are read raw, so a slower rollup costs page time, never points).
+COSTLAB_SERIES_ROLLUP_S = env.float("COSTLAB_SERIES_ROLLUP_S", default=5.0)
 # Synced into django-celery-beat's tables at beat start-up; staff can change the interval in the admin.
 # Its DatabaseScheduler reads `expire_seconds` (whole seconds) and ignores `expires`: a message
 # not consumed by then is discarded, so stale ticks never pile up behind a busy worker.
@@ -184,6 +232,8 @@ CELERY_BEAT_SCHEDULE = {
     "alerts-requeue-stale": {"task": TaskName.ALERTS_REQUEUE_STALE, "schedule": 60.0,
                              "options": {"expire_seconds": 55}},
     "reconcile-probes": {"task": TaskName.PROBES_RECONCILE, "schedule": 30.0, "options": {"expire_seconds": 28}},
+    "roll-up-series": {"task": TaskName.SERIES_BLOCKS_ROLL, "schedule": COSTLAB_SERIES_ROLLUP_S,
+                       "options": {"expire_seconds": max(1, int(COSTLAB_SERIES_ROLLUP_S * 0.9))}},
 }
 # A sweep's running probe whose worker has not renewed it this long is lost (infeasible); the first
 # renewal comes with the first step, so this also bounds model building. Queued probes not taken
@@ -199,6 +249,8 @@ COSTLAB_SIZING_MAX_THREADS = env.int("COSTLAB_SIZING_MAX_THREADS", default=0)
 # ------------------------------------------------------------------------------
 # A worker renews its lease every second; a run whose lease is older than this is lost.
 COSTLAB_RUN_LEASE_S = env.float("COSTLAB_RUN_LEASE_S", default=30.0)
+# GPUs on a GPU worker's host: a run asking for more DDP processes per node is refused at submit.
+COSTLAB_GPUS_PER_NODE = env.int("COSTLAB_GPUS_PER_NODE", default=8)
 # A queued run sent this long ago with no claim is sent again (then after 2x, 4x ... up to 16x).
 COSTLAB_RUN_RESEND_AFTER_S = env.float("COSTLAB_RUN_RESEND_AFTER_S", default=15.0)
 # A worker's database calls (claim, finish, release) ride out an outage this long before giving up.

@@ -16,7 +16,8 @@ BACKENDS = ("auto", "triton", "function", "reference")
 
 @functools.cache
 def triton_available() -> bool:
-    """True when Triton imports and a CUDA device exists (never imports Triton on CPU-only hosts)."""
+    """True when Triton imports and a CUDA device exists
+    (never imports Triton on CPU-only hosts)."""
     if not torch.cuda.is_available():
         return False
     try:
@@ -30,7 +31,8 @@ def rmsnorm_qkv_reference(
     x: torch.Tensor, norm_weight: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor,
     eps: float = 1e-6,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Unfused: RMSNorm in fp32, back to x's dtype, times the norm weight, then three projections."""
+    """Unfused: RMSNorm in fp32, back to x's dtype, times the norm weight,
+    then three projections."""
     xf = x.float()
     normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * norm_weight
     return F.linear(normed, wq), F.linear(normed, wk), F.linear(normed, wv)

@@ -45,7 +45,8 @@ def plan_accumulation(global_batch: int, micro_batch: int) -> AccumulationPlan:
 
 @dataclass(frozen=True)
 class GradientStats:
-    """One step's squared gradient norms: micro-batch mean gradients and the step's mean gradient."""
+    """One step's squared gradient norms: micro-batch mean gradients and the
+    step's mean gradient."""
 
     small_sq_norms: tuple[float, ...]  # |g_i|^2, g_i the mean gradient of micro-batch i
     small_sizes: tuple[int, ...]

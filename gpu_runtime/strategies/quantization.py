@@ -156,7 +156,8 @@ def quantize_for_lora(
     names = [n for n, _ in matches]
     if full_finetune:
         raise QuantizationError(
-            f"{_KEY}: full fine-tuning of quantized modules {names} is not possible: their weights are "
+            f"{_KEY}: full fine-tuning of quantized modules {names} is not possible: "
+            "their weights are "
             "frozen int8 and only the LoRA adapters train; drop them from target_modules or turn "
             "quantization off to train them fully")
     chosen = _pick_backend(backend, matches[0][1].weight.device)

@@ -146,7 +146,8 @@ def test_arm_admin_strategy_and_name_edited_together_keep_the_new_revision(staff
 
 
 def test_arm_admin_stores_typed_yaml_as_the_file_has_it(staff_client):
-    """A browser sends CRLF and no final newline; stored so, its SHA-256 never matched the file's."""
+    """A browser sends CRLF and no final newline; stored so,
+    its SHA-256 never matched the file's."""
     from apps.experiments.models import Arm
     from apps.experiments.strategies import strategy_sha256
 

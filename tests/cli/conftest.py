@@ -1,4 +1,5 @@
-"""A live server with one tenant's experiment (control + candidate, priced runs) and a token for the CLI."""
+"""A live server with one tenant's experiment (control + candidate, priced runs) and a token
+for the CLI."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from django.core.cache import caches
 from tests.factories import ArmFactory, CostModelFactory, ExperimentFactory, RunFactory, TenantFactory
 from tests.helpers import purge_run_queues
 
-CONTROL = "model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\ntrain: {steps: 5, global_batch: 2}\n"
+CONTROL = ("model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\n"
+           "train: {steps: 5, global_batch: 2}\n")
 CANDIDATE = CONTROL.replace("steps: 5", "steps: 7")
 
 

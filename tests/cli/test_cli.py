@@ -1,4 +1,5 @@
-"""The costlab CLI end to end against a live server: submit (arm mapping, --wait), status, report, gate.
+"""The costlab CLI end to end against a live server: submit (arm mapping, --wait), status, report,
+gate.
 
 Most calls run main() in this process (over real HTTP); one runs the installed console script."""
 
@@ -41,7 +42,9 @@ def strategy(tmp_path):
 
 def test_the_cli_imports_neither_django_nor_torch():
     code = ("import sys, costlab_cli.main; heavy = sorted({m.split('.')[0] for m in sys.modules} & "
-            "{'django', 'torch', 'rest_framework', 'apps', 'gpu_runtime', 'config', 'yaml', 'optuna'}); print(heavy); "
+            "{'django', 'torch', 'rest_framework', 'apps', 'gpu_runtime', 'config', 'yaml', "
+            "'optuna'}); "
+            "print(heavy); "
             "sys.exit(1 if heavy else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -200,7 +203,8 @@ def test_the_console_script_exits_with_the_gate_verdict(lab):
     priced_run(lab["candidate"], "1.20")
     script = Path(sys.executable).with_name("costlab")
     assert script.exists(), "pip install -e . creates the costlab console script"
-    # The script of the installed package, running this checkout's code (the venv may serve several).
+    # The script of the installed package, running this checkout's code
+    # (the venv may serve several).
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     result = subprocess.run([str(script), "gate", str(lab["experiment"].pk), "--max-regression", "5%"],
                             capture_output=True, text=True, timeout=60, env=env)

@@ -1,4 +1,5 @@
-"""`costlab gate` decides in decimal at 0.01 percentage points, and --evidence judges the always-valid bound.
+"""`costlab gate` decides in decimal at 0.01 percentage points,
+and --evidence judges the always-valid bound.
 
 The report is what the API answers (floats, with their noise); a stub stands in for the server.
 """

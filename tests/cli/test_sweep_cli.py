@@ -1,4 +1,5 @@
-"""`costlab sweep start|status|frontier|cancel` against a live server (probes trained in this process)."""
+"""`costlab sweep start|status|frontier|cancel` against a live server
+(probes trained in this process)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ from tests.helpers import ROOT, clean_env, run_python
 
 SHOW = (
     "import django, json; django.setup(); from django.conf import settings as s; "
-    "print(json.dumps({'engine': s.DATABASES['default']['ENGINE'], 'db': str(s.DATABASES['default']['NAME']),"
+    "print(json.dumps({'engine': s.DATABASES['default']['ENGINE'], "
+    "'db': str(s.DATABASES['default']['NAME']),"
     " 'broker': s.CELERY_BROKER_URL, 'backend': s.CELERY_RESULT_BACKEND, 'redis': s.REDIS_URL}))"
 )
 

@@ -29,7 +29,8 @@ def test_unreachable_configured_urls_skip_with_one_message(tmp_path):
     assert out.returncode == 0, text
     assert "error" not in text.lower().split("short test summary")[0], text
     header = [line for line in text.splitlines() if line.startswith("services:")]
-    assert header == ["services: tests marked `services` are skipped: DATABASE_URL is set (127.0.0.1:1) but nothing "
+    assert header == ["services: tests marked `services` are skipped: "
+                      "DATABASE_URL is set (127.0.0.1:1) but nothing "
                       "answers there; REDIS_URL is set (127.0.0.1:1) but nothing answers there"], text
     assert "secret" not in text  # the password in the URL is never shown
     assert " skipped" in text and " passed" in text

@@ -1,4 +1,5 @@
-"""The CUDA path: side-stream copies, NVML telemetry, bf16 by compute capability. Skipped without a GPU."""
+"""The CUDA path: side-stream copies, NVML telemetry, bf16 by compute capability.
+Skipped without a GPU."""
 
 from __future__ import annotations
 

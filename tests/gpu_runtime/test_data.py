@@ -139,8 +139,9 @@ def test_prefetching_overlaps_loading_with_compute_and_inline_loading_does_not()
     inline = _run_prefetched(0, load_s=0.02, compute_s=0.05, steps=steps)
     assert len(threaded) == len(inline) == steps
     assert inline == [0.0] * steps
-    # While batches remain to be loaded, the next one loads during each step: about 0.02 / 0.05 of it.
-    # The producer runs ahead by the queue depth plus the batch in hand, so the last steps have nothing left.
+    # While batches remain to be loaded, the next one loads during each step: about 0.02 / 0.05 of
+    # it. The producer runs ahead by the queue depth plus the batch in hand,
+    # so the last steps have nothing left.
     loading = sorted(threaded[1:steps - 3])
     assert 0.25 < loading[len(loading) // 2] <= 1.0, threaded
     assert threaded[-1] == 0.0

@@ -14,7 +14,7 @@ from gpu_runtime.telemetry import SAMPLE_KEYS, Progress, RunCounters, Sampler
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-SINK_KEYS = {"seq", "ts", "step", "device", "util_pct", "mem_used_mb", "mem_total_mb", "power_w", "energy_j",
+SINK_KEYS = {"seq", "ts", "step", "rank", "device", "util_pct", "mem_used_mb", "mem_total_mb", "power_w", "energy_j",
              "step_time_s", "tokens", "tokens_per_s", "micro_batch", "loss", "overlap_ratio", "mfu",
              "sm_clock_mhz", "temperature_c", "estimated"}
 

@@ -1,4 +1,5 @@
-"""Training: loss falls, resume is exact, cancel and SIGTERM stop cleanly, precision does what it says."""
+"""Training: loss falls, resume is exact, cancel and SIGTERM stop cleanly,
+precision does what it says."""
 
 from __future__ import annotations
 
@@ -181,7 +182,7 @@ def test_bf16_on_a_pre_ampere_gpu_is_refused_naming_the_device(tiny_config, monk
 
 def test_what_the_host_cannot_run_is_refused_before_training(tiny_config):
     with pytest.raises(StrategyError) as info:
-        train(tiny_config(offload={"embedding": "npu"}, placement={"gpus": 4}))
+        train(tiny_config(offload={"embedding": "npu"}, placement={"gpus": 4}, distributed={"nproc_per_node": 4}))
     assert {e["key"] for e in info.value.errors} == {"offload.embedding", "placement.gpus"}
     if not torch.cuda.is_available():
         with pytest.raises(StrategyError) as info:

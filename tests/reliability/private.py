@@ -34,7 +34,8 @@ def _reachable(port: int) -> bool:
 
 
 class PrivatePostgres:
-    """initdb + pg_ctl on a free port; `restart` stops it the hard way (immediate), as a crash does."""
+    """initdb + pg_ctl on a free port; `restart` stops it the hard way (immediate),
+    as a crash does."""
 
     def __init__(self):
         bindir = shutil.which("pg_config") and subprocess.run(
@@ -73,7 +74,8 @@ class PrivatePostgres:
         self.start()
 
     def load_schema_of(self, settings_dict: dict) -> None:
-        """Copy the test database's schema (every migration applied) into this cluster: faster than migrating."""
+        """Copy the test database's schema (every migration applied) into this cluster:
+        faster than migrating."""
         env = dict(os.environ, PGPASSWORD=settings_dict.get("PASSWORD") or "")
         dump = subprocess.run(
             [str(self.bin / "pg_dump"), "--schema-only", "--no-owner", "--no-privileges",
@@ -103,7 +105,8 @@ class PrivatePostgres:
 
 
 class PrivateRedis:
-    """A redis-server on a free port; `kill` is kill -9; `start` again keeps the data only when persistent."""
+    """A redis-server on a free port; `kill` is kill -9;
+    `start` again keeps the data only when persistent."""
 
     def __init__(self, *, persistent: bool):
         if not shutil.which("redis-server"):

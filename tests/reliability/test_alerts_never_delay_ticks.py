@@ -22,7 +22,8 @@ SLOW_S = 4.0
 
 @pytest.fixture
 def platform_and_alerts_workers(django_db_setup):
-    """The two workers of make run that matter here: default queue (concurrency 1), alerts (threads)."""
+    """The two workers of make run that matter here:
+    default queue (concurrency 1), alerts (threads)."""
     started = [start_worker(queues="default"), start_worker(queues="alerts", pool="threads", concurrency=4)]
     yield
     for proc, _ in started:

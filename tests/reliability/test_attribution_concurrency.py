@@ -1,4 +1,5 @@
-"""Two attribution ticks at once (real threads, real Postgres connections): one result is committed."""
+"""Two attribution ticks at once (real threads, real Postgres connections):
+one result is committed."""
 
 import threading
 import time

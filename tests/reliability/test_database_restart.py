@@ -2,7 +2,8 @@
 is billed for one training, and its cost equals a recompute from its stored samples.
 
 Before the fix, the task's main thread kept its connection from claim time: the finish failed on the
-dead connection, the run stayed `running` until its lease ran out, and was trained again from step 0.
+dead connection, the run stayed `running` until its lease ran out,
+and was trained again from step 0.
 """
 
 from __future__ import annotations
@@ -89,8 +90,9 @@ def _max_step(pg, run_id: int) -> int:
 @pytest.mark.parametrize("when", ["during training", "at the finish"])
 def test_a_postgres_restart_ends_the_run_once_billed_for_one_training(cluster, when):
     pg, redis = cluster
-    # Beat's sweeper runs beside the worker, and the lease outlasts the outage (as 30 s outlasts 10 s in
-    # production): a run left `running` by a failed finish is swept and trained again, as it was before.
+    # Beat's sweeper runs beside the worker, and the lease outlasts the outage (as 30 s outlasts 10
+    # s in production): a run left `running` by a failed finish is swept and trained again,
+    # as it was before.
     worker, _ = start_worker(lease_s=12, beat=True, DATABASE_URL=pg.url, REDIS_URL=redis.url,
                              COSTLAB_WORKER_DB_RETRY_S="120")
     try:

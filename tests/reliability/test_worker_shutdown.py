@@ -44,7 +44,8 @@ MEDIUM = LONG.replace("steps: 100000", "steps: 80")
 
 
 def test_three_graceful_stops_use_no_attempt_and_the_run_still_succeeds(django_db_setup):
-    """Three deploys in a row (SIGTERM each time) used to end a healthy run "no attempts left (3/3)"."""
+    """Three deploys in a row (SIGTERM each time) used to end a healthy run
+    "no attempts left (3/3)"."""
     price = GpuPriceFactory()
     exp = ExperimentFactory(tenant=price.pricing_table.tenant, status="active")
     ArmFactory(experiment=exp, name="control", is_control=True, strategy_yaml=MEDIUM)

@@ -1,5 +1,6 @@
 """Celery's names are written once (apps.core.queues): every registered costlab task has a TaskName,
-every TaskName is registered, and every route and beat entry names a registered task on a known queue."""
+every TaskName is registered, and every route and beat entry names a registered task on a known
+queue."""
 
 from django.conf import settings
 

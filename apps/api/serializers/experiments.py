@@ -1,6 +1,8 @@
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.api.serializers.fields import TenantPrimaryKeyField
+from apps.api.serializers.runs import RunOutlierSerializer, outliers_of
 from apps.experiments.models import Arm, Experiment
 from apps.pricing.models import CostModel, PricingTable
 
@@ -18,15 +20,17 @@ class ExperimentSerializer(serializers.ModelSerializer):
     cost_model = TenantPrimaryKeyField(queryset=CostModel.objects.all())
     pricing_table = TenantPrimaryKeyField(queryset=PricingTable.objects.all(), allow_null=True, required=False)
     arms = ArmSummarySerializer(many=True, read_only=True)
+    outlier_runs = serializers.SerializerMethodField(
+        help_text="Runs whose device seconds per token lie beyond 3 x MAD from their arm's median.")
 
     class Meta:
         model = Experiment
         fields = [
             "id", "name", "description", "status", "cost_model", "pricing_table", "freeze_threshold",
             "attribution_interval_s", "min_runs_per_arm", "min_samples_per_arm", "alpha", "freeze_policy",
-            "dynamic_weights", "target_steps", "arms", "created_at", "updated_at",
+            "dynamic_weights", "target_steps", "arms", "outlier_runs", "created_at", "updated_at",
         ]
-        read_only_fields = ["id", "arms", "created_at", "updated_at"]
+        read_only_fields = ["id", "arms", "outlier_runs", "created_at", "updated_at"]
         extra_kwargs = {
             "name": {"max_length": 120},
             "description": {"max_length": 10_000},
@@ -36,6 +40,13 @@ class ExperimentSerializer(serializers.ModelSerializer):
             "target_steps": {"max_value": 10**12},
         }
         validators = []  # (tenant, name) uniqueness is checked by the service, which knows the tenant
+
+
+    @extend_schema_field(RunOutlierSerializer(many=True))
+    def get_outlier_runs(self, experiment: Experiment) -> list[dict]:
+        if experiment.pk is None:
+            return []
+        return [o.as_dict() for o in sorted(outliers_of(self, experiment.pk).values(), key=lambda o: o.run_id)]
 
 
 class ArmSerializer(serializers.ModelSerializer):

@@ -1,7 +1,9 @@
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.api.serializers.fields import TenantPrimaryKeyField
 from apps.experiments.models import Arm, Experiment, Run, RunAttempt
+from apps.experiments.selectors import runs_outliers
 from apps.pricing.models import GpuSku, PricingTable
 from apps.telemetry.models import RunRepricing
 
@@ -15,9 +17,37 @@ class ArmRefSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class RunOutlierSerializer(serializers.Serializer):
+    run = serializers.IntegerField()
+    arm = serializers.IntegerField()
+    device_s_per_token = serializers.FloatField()
+    arm_median = serializers.FloatField(help_text="The arm's median device seconds per token.")
+    mad = serializers.FloatField(help_text="The arm's median absolute deviation (at least 1 % of the median).")
+    distance_mads = serializers.FloatField()
+    reason = serializers.CharField()
+
+
+def outliers_of(field: serializers.Field, experiment_id: int) -> dict:
+    """Outlier runs (run id -> RunOutlier) of the experiment, and of every experiment on the same page:
+    one query per serialization, however many rows."""
+    cache = field.context.setdefault("_run_outliers", {})
+    if experiment_id not in cache:
+        rows = getattr(field.parent, "instance", None) if isinstance(field.parent, serializers.ListSerializer) else None
+        ids = {experiment_id} | {getattr(r, "experiment_id", None) or r.pk for r in rows or ()}
+        found = runs_outliers(experiment_ids=sorted(ids))
+        for pk in ids:
+            cache[pk] = {}
+        for run_id, outlier in found.items():
+            cache.setdefault(outlier.experiment_id, {})[run_id] = outlier
+    return cache[experiment_id]
+
+
 class RunSerializer(serializers.ModelSerializer):
     arm = ArmRefSerializer(read_only=True)
     gpu_sku = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
+    outlier = serializers.SerializerMethodField(
+        help_text="Set when the run's device seconds per token lie beyond 3 x MAD from its arm's median: "
+                  "the figures and why (attribution may exclude such runs: COSTLAB_ATTRIBUTION_EXCLUDE_OUTLIERS).")
 
     class Meta:
         model = Run
@@ -25,9 +55,14 @@ class RunSerializer(serializers.ModelSerializer):
             "id", "experiment", "arm", "kind", "status", "queue", "run_key", "git_sha", "dataset_sha256", "host",
             "device", "gpu_sku", "gpu_count", "vcpus", "memory_gb", "attempts", "max_attempts", "cancel_requested", "error", "queued_at",
             "started_at", "finished_at", "steps", "tokens", "device_seconds", "energy_j", "energy_estimated",
-            "cost_usd", "cost_breakdown", "config_sha256", "config_revision",
+            "cost_usd", "cost_breakdown", "config_sha256", "config_revision", "outlier",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(RunOutlierSerializer(allow_null=True))
+    def get_outlier(self, run: Run) -> dict | None:
+        found = outliers_of(self, run.experiment_id).get(run.pk)
+        return None if found is None else found.as_dict()
 
 
 class RunAttemptSerializer(serializers.ModelSerializer):

@@ -1,4 +1,4 @@
-"""Who am I, and the strategy schema (for editors and the CLI)."""
+"""Who am I, the strategy schema (for editors and the CLI), and the API root."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ from django.http import JsonResponse
 from django.urls import Resolver404, resolve
 from drf_spectacular.utils import OpenApiTypes, extend_schema, inline_serializer
 from rest_framework import serializers
+from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
+from rest_framework.routers import APIRootView, DefaultRouter
 from rest_framework.views import APIView
 
 from apps.api.models import ApiToken
@@ -61,3 +63,21 @@ def api_not_found(request, *args, **kwargs):
         except Resolver404:
             pass
     return JsonResponse(error_body(message, "not_found"), status=404)
+
+
+class ApiRootView(APIRootView):
+    """GET /api/v1/: a link to every collection, the schema and Swagger UI. Open to anyone: it lists
+    addresses only; each of them asks for a token or a session."""
+
+    permission_classes = [AllowAny]
+    # Besides the router's collections (name -> URL name in the api namespace).
+    EXTRA = {"me": "me", "strategy-schema": "strategy-schema", "schema": "schema", "swagger": "swagger"}
+
+
+class ApiRouter(DefaultRouter):
+    APIRootView = ApiRootView
+
+    def get_api_root_view(self, api_urls=None):
+        list_name = self.routes[0].name
+        links = {prefix: list_name.format(basename=basename) for prefix, _, basename in self.registry}
+        return self.APIRootView.as_view(api_root_dict={**links, **ApiRootView.EXTRA})

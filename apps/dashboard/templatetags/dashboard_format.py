@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from datetime import timedelta
 
 from django import template
 
@@ -63,7 +64,9 @@ def pct(fraction, signed: bool = True) -> str:
 
 @register.filter
 def duration(seconds) -> str:
-    """Seconds as a duration a person reads at a glance: '45 s', '12 min 5 s', '3 h 20 min'."""
+    """Seconds (or a timedelta) as a duration a person reads at a glance: '45 s', '12 min 5 s', '3 h 20 min'."""
+    if isinstance(seconds, timedelta):
+        seconds = seconds.total_seconds()
     number = _number(seconds)
     if number is None:
         return MISSING
@@ -71,7 +74,7 @@ def duration(seconds) -> str:
         return f"{significant(number, 3)} s"
     s = int(round(number))
     if s < 3600:
-        return f"{s // 60} min {s % 60} s"
+        return f"{s // 60} min {s % 60} s" if s % 60 else f"{s // 60} min"
     if s < 86400 * 2:
         return f"{s // 3600} h {s % 3600 // 60} min"
     return f"{s // 86400} d {s % 86400 // 3600} h"

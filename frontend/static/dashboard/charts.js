@@ -6,7 +6,7 @@
 
   var dataEl = document.getElementById("dashboard-data");
   var root = document.getElementById("dashboard");
-  if (!dataEl || !root || !window.Plotly) { return; }
+  if (!dataEl || !root || !window.Plotly || !window.costlabPlain) { return; }
   var cfg = JSON.parse(dataEl.textContent);
   var PLOT_CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"] };
   var MAX_POINTS = 5000; // per trace, while live points accumulate
@@ -34,8 +34,10 @@
     return Object.assign(base, extra || {});
   }
 
+  var plain = window.costlabPlain; // labels from data are text, never markup (plain.js)
+
   function axisTitle(meta) {
-    return meta.unit ? meta.label + " (" + meta.unit + ")" : meta.label;
+    return plain(meta.unit ? meta.label + " (" + meta.unit + ")" : meta.label);
   }
 
   // ---------------------------------------------------------------- telemetry (one chart per field)
@@ -54,7 +56,7 @@
     var color = armColor(runId);
     var estimated = run.estimated && field === "power_w";
     if (estimated) { anyEstimated = true; }
-    var name = run.label + (estimated ? " (estimated)" : "");
+    var name = plain(run.label + (estimated ? " (estimated)" : ""));
     var group = "run-" + runId;
     return [
       { x: band.x, y: band.lo, type: "scatter", mode: "lines", line: { width: 0, color: color },
@@ -85,7 +87,7 @@
         Array.prototype.push.apply(traces, runTraces(field, runId, band));
       });
       charts[field] = state;
-      var extra = { title: { text: meta.label, font: { size: 14 }, x: 0.01 } };
+      var extra = { title: { text: plain(meta.label), font: { size: 14 }, x: 0.01 } };
       if (!traces.length) {
         extra.annotations = [{ text: "no telemetry yet", showarrow: false, xref: "paper", yref: "paper",
           x: 0.5, y: 0.5, font: { color: "#888" } }];
@@ -154,13 +156,13 @@
       traces.push({ x: x, y: hi, type: "scatter", mode: "lines", line: { width: 0, color: arm.color },
         fill: "tonexty", fillcolor: rgba(arm.color, 0.15), hoverinfo: "skip", showlegend: false, legendgroup: armId });
       traces.push({ x: d.x, y: d.y, type: "scatter", mode: "lines+markers", marker: { size: 4 },
-        name: arm.name, legendgroup: armId, line: { color: arm.color } });
+        name: plain(arm.name), legendgroup: armId, line: { color: arm.color } });
     });
     ["freeze", "unfreeze"].forEach(function (action) {
       var events = attr.freezes.filter(function (f) { return f.action === action; });
       traces.push({
         x: events.map(function (f) { return f.x; }), y: events.map(function (f) { return f.y; }),
-        text: events.map(function (f) { return ((cfg.arms[String(f.arm)] || {}).name || "arm") + ": " + f.reason; }),
+        text: events.map(function (f) { return plain(((cfg.arms[String(f.arm)] || {}).name || "arm") + ": " + f.reason); }),
         type: "scatter", mode: "markers", name: action === "freeze" ? "freeze" : "unfreeze",
         hovertemplate: "%{text}<extra>" + action + "</extra>",
         marker: action === "freeze"
@@ -188,7 +190,7 @@
     var wTraces = Object.keys(attr.weights).map(function (armId) {
       var arm = cfg.arms[armId] || { name: "arm " + armId, color: "#555" };
       var w = attr.weights[armId];
-      return { x: w.x, y: w.y, type: "scatter", mode: "lines", name: arm.name,
+      return { x: w.x, y: w.y, type: "scatter", mode: "lines", name: plain(arm.name),
         line: { shape: "hv", color: arm.color, width: 2 } };
     });
     Plotly.react(wEl, wTraces, layout("traffic weight (relative)", {

@@ -10,7 +10,7 @@
     var chart = data[el.dataset.tenant];
     if (!chart || !chart.traces.length) { return; }
     var traces = chart.traces.map(function (t) {
-      return { type: "scatter", mode: "lines", stackgroup: "spend", name: t.name, x: t.x, y: t.y,
+      return { type: "scatter", mode: "lines", stackgroup: "spend", name: window.costlabPlain(t.name), x: t.x, y: t.y,
                line: { color: t.color, width: 1.5 }, hovertemplate: "%{y:.4f} USD<extra>%{fullData.name}</extra>" };
     });
     var top = 0;

@@ -2,7 +2,8 @@
 (function () {
   "use strict";
   var el = document.getElementById("sweep-chart");
-  if (!el || !window.Plotly) return;
+  if (!el || !window.Plotly || !window.costlabPlain) return;
+  var plain = window.costlabPlain; // labels from data are text, never markup (plain.js)
 
   function draw(data) {
     var ax = data.axes, done = data.probes.filter(function (p) { return p.x !== null && p.y !== null; });
@@ -11,7 +12,7 @@
     var xs = done.map(function (p) { return p.x; }), ys = done.map(function (p) { return p.y; });
     var xmin = xs.length ? Math.min.apply(null, xs) : 0, xmax = xs.length ? Math.max.apply(null, xs) : 1;
     var ytop = ys.length ? Math.max.apply(null, ys) * 1.1 : 1;
-    function hover(p) { return "#" + p.number + " " + p.strategy + (p.reason ? "<br>" + p.reason : ""); }
+    function hover(p) { return "#" + p.number + " " + plain(p.strategy) + (p.reason ? "<br>" + plain(p.reason) : ""); }
     var traces = [
       {name: "probes", mode: "markers", type: "scatter", x: xs, y: ys, text: done.map(hover), hoverinfo: "text+x+y",
        marker: {size: 10, color: done.map(function (p) { return p.on_frontier ? "#2a9d5c" : "#1f6fb4"; })}},
@@ -22,7 +23,7 @@
        y: bad.map(function () { return ytop; }), marker: {symbol: "x", size: 11, color: "#d1495b"}}
     ];
     Plotly.react(el, traces, {
-      margin: {t: 20, r: 20}, xaxis: {title: {text: ax[0].label}}, yaxis: {title: {text: ax[1].label}},
+      margin: {t: 20, r: 20}, xaxis: {title: {text: plain(ax[0].label)}}, yaxis: {title: {text: plain(ax[1].label)}},
       legend: {orientation: "h"}
     }, {displaylogo: false, responsive: true});
   }

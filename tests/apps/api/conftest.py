@@ -1,4 +1,5 @@
-"""Two tenants, a token and a session for each kind of caller, and an API client that speaks JSON."""
+"""Two tenants, a token and a session for each kind of caller,
+and an API client that speaks JSON."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from tests.factories import (
     UserFactory,
 )
 
-GOOD = "model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\ntrain: {steps: 5, global_batch: 2}\n"
+GOOD = ("model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\n"
+        "train: {steps: 5, global_batch: 2}\n")
 OTHER = GOOD.replace("steps: 5", "steps: 7")
 
 

@@ -1,4 +1,5 @@
-"""The billing rules through POST /api/v1/runs/{id}/telemetry/, one test per row of issue 13's table.
+"""The billing rules through POST /api/v1/runs/{id}/telemetry/,
+one test per row of issue 13's table.
 
 Figures are worked by hand from the README's rules: one GPU at 3.00 USD/h, electricity at
 0.15 USD/kWh with PUE 1.2; 400 samples one second apart drawing 300 W (energy counter
@@ -113,7 +114,8 @@ def test_a_gpu_run_without_power_has_its_energy_modelled_and_flagged(api, gpu_ru
     samples = [{"seq": s, "ts": (T0 + timedelta(seconds=s)).isoformat(), "util_pct": 50.0} for s in range(101)]
     assert post(api, gpu_run, samples).status_code == 200
     run = totals(api, gpu_run)
-    # 700 W board power x 50 % busy x 100 s = 35 kJ; 100 s x 3.00 USD/h + 35 kJ x 1.2 x 0.15 USD/kWh.
+    # 700 W board power x 50 % busy x 100 s = 35 kJ; 100 s x 3.00 USD/h + 35 kJ x 1.2 x 0.15
+    # USD/kWh.
     assert run["energy_j"] == pytest.approx(35_000.0) and run["energy_estimated"] is True
     assert Decimal(run["cost_usd"]) == round(Decimal(100 / 3600 * 3.0 + 35_000 / 3.6e6 * 1.2 * 0.15), 6)
 

@@ -1,4 +1,5 @@
-"""Experiments and arms through the API: CRUD, strategy validation naming the key, filters, pages."""
+"""Experiments and arms through the API: CRUD, strategy validation naming the key, filters,
+pages."""
 
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ def test_list_is_paginated_with_a_cap_and_filters(api, tenant, settings, django_
 def test_arm_create_validates_the_strategy_and_names_the_key(api, experiment):
     response = api.post("/api/v1/arms/", {
         "experiment": experiment.pk, "name": "broken",
-        "strategy_yaml": "model: {preset: tiny}\ndata: {source: synthetic}\ntrain: {global_batch: -3}\n",
+        "strategy_yaml": ("model: {preset: tiny}\ndata: {source: synthetic}\n"
+                          "train: {global_batch: -3}\n"),
     }, format="json")
     assert response.status_code == 400
     body = error(response)

@@ -69,8 +69,9 @@ def methods(view) -> list[str]:
 
 
 def test_every_detail_route_answers_404_for_another_tenants_object(api, staff, theirs, mine):
-    """Their object answers exactly as a missing one does: 404 for staff, who may do anything in their own
-    tenant; for a token, 404 too, except where a token may not act at all (403 for any id)."""
+    """Their object answers exactly as a missing one does: 404 for staff, who may do anything in
+    their own tenant; for a token, 404 too, except where a token may not act at all
+    (403 for any id)."""
     checked = set()
     for name, view, params in api_routes():
         basename, _, suffix = name.rpartition("-")

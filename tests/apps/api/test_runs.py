@@ -1,4 +1,5 @@
-"""Runs through the API: submit (201 + chosen arm, idempotent by run_key), status, cancel, external finish."""
+"""Runs through the API: submit (201 + chosen arm, idempotent by run_key), status, cancel,
+external finish."""
 
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def test_run_list_filters_without_a_query_per_run(api, experiment, django_assert
     for i in range(6):
         RunFactory(arm=control if i % 2 else candidate, status="succeeded" if i < 4 else "failed",
                    git_sha=f"{i:x}" * 4, gpu_sku=GpuSkuFactory())
-    with django_assert_max_num_queries(4):
+    with django_assert_max_num_queries(5):  # ... and the page's outlier runs: one query
         everything = api.get("/api/v1/runs/").json()
     assert everything["count"] == 6 and everything["results"][0]["arm"]["name"]
     assert api.get(f"/api/v1/runs/?arm={control.pk}").json()["count"] == 3
@@ -109,3 +110,28 @@ def test_a_run_shows_every_attempt_with_its_outcome(api, experiment):
         (1, "host-a", "stopped"), (2, "host-b", "succeeded")]
     assert body["attempt_log"][0]["reason"] == "worker stopped before the run finished"
     assert all(a["started_at"] and a["ended_at"] for a in body["attempt_log"])
+
+
+def test_submit_refuses_distributed_keys_the_queue_cannot_give_naming_the_key(api, experiment):
+    GpuSkuFactory(name="H100 SXM")
+    arm = experiment.arms.get(name="candidate")
+
+    def submit(distributed: str, **extra):
+        arm.strategy_yaml = "model: {preset: tiny}\ntrain: {global_batch: 8}\n" + f"distributed: {distributed}\n"
+        arm.save()
+        return api.post("/api/v1/runs/", {"experiment": experiment.pk, "arm": arm.pk, **extra}, format="json")
+
+    nccl = submit("{nproc_per_node: 2, backend: nccl}")  # no gpu_sku: the cpu queue
+    assert nccl.status_code == 400 and error(nccl)["code"] == "invalid_strategy"
+    assert "distributed.backend" in error(nccl)["message"] and "cpu queue" in error(nccl)["message"]
+    crowded = submit("{nproc_per_node: 4}", gpu_sku="H100 SXM", gpu_count=2)
+    assert crowded.status_code == 400 and "distributed.nproc_per_node" in error(crowded)["message"]
+    assert any("distributed.nproc_per_node" in m for m in error(crowded)["fields"]["strategy_yaml"])
+    nodes = submit("{nproc_per_node: 1, nnodes: 2}")
+    assert nodes.status_code == 400 and "distributed.nnodes" in error(nodes)["message"]
+    assert Run.objects.count() == 0
+    two = submit("{nproc_per_node: 2}", gpu_sku="H100 SXM")
+    assert two.status_code == 201 and two.json()["gpu_count"] == 2  # one GPU per process
+    assert Run.objects.get(pk=two.json()["id"]).world_size == 2
+    on_cpu = submit("{nproc_per_node: 2}")
+    assert on_cpu.status_code == 201 and Run.objects.get(pk=on_cpu.json()["id"]).world_size == 2

@@ -1,4 +1,5 @@
-"""The OpenAPI document: served at /api/schema/, with auth schemes and the error body on every operation."""
+"""The OpenAPI document: served at /api/schema/,
+with auth schemes and the error body on every operation."""
 
 from __future__ import annotations
 

@@ -32,7 +32,8 @@ REAL_IDS: dict[str, list[int]] = {}
 
 @pytest.fixture
 def api_schema(live_server, transactional_db, settings):
-    """The schema as served, with real objects of the caller's tenant to aim at (and another tenant's)."""
+    """The schema as served, with real objects of the caller's tenant to aim at
+    (and another tenant's)."""
     from apps.api.services import api_token_create
 
     settings.COSTLAB_API_THROTTLE_CACHE = "default"
@@ -59,7 +60,8 @@ def api_schema(live_server, transactional_db, settings):
 
     @schema.hook
     def flatmap_path_parameters(context, path_parameters):
-        """Half the cases aim at objects that exist (ours and the other tenant's), not random ids."""
+        """Half the cases aim at objects that exist (ours and the other tenant's),
+        not random ids."""
         resource = context.operation.path.split("/")[3]
         if not path_parameters or "id" not in path_parameters or resource not in REAL_IDS:
             return st.just(path_parameters)
@@ -92,7 +94,8 @@ def test_the_api_keeps_its_schema(api_schema):
 
 
 def test_every_operation_refuses_missing_or_bad_credentials(api_schema, live_server):
-    """Beyond schemathesis' own probe (it checks operations that answered 2xx): every operation, every method."""
+    """Beyond schemathesis' own probe (it checks operations that answered 2xx): every operation,
+    every method."""
     import httpx
 
     checked = 0

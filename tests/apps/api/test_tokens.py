@@ -1,4 +1,5 @@
-"""Token management over the API: a tenant admin in a session lists, mints (secret once) and revokes."""
+"""Token management over the API: a tenant admin in a session lists,
+mints (secret once) and revokes."""
 
 from __future__ import annotations
 

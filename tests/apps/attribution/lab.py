@@ -1,4 +1,5 @@
-"""A simulated experiment for attribution tests: runs whose priced totals move as ingest would move them.
+"""A simulated experiment for attribution tests: runs whose priced totals move as ingest would move
+them.
 
 The tick reads run totals, never samples, so moving the totals directly (one bulk UPDATE per
 step) tests it on exactly its input, and fast enough for hundreds of ticks. Seeded.
@@ -57,7 +58,8 @@ class Lab:
         return run
 
     def step(self, *, seconds: float = 30.0, samples: int = 30, runs: list[Run] | None = None) -> None:
-        """Every run (or the given ones) trains `seconds` more: tokens, cost, samples, energy move."""
+        """Every run (or the given ones) trains `seconds` more: tokens, cost, samples,
+        energy move."""
         moved = []
         for run in runs if runs is not None else self.runs:
             if run.arm_id not in self.factor:
@@ -75,7 +77,8 @@ class Lab:
             moved.append(run)
         with connection.cursor() as cursor:  # what run_totals_advance writes, for many runs at once
             cursor.executemany(
-                f"UPDATE {Run._meta.db_table} SET tokens = %s, steps = %s, priced_seq = %s, last_seq = %s, "
+                f"UPDATE {Run._meta.db_table} SET tokens = %s, steps = %s, "
+                "priced_seq = %s, last_seq = %s, "
                 "device_seconds = %s, energy_j = %s, cost_usd = %s WHERE id = %s",
                 [(r.tokens, r.steps, r.priced_seq, r.last_seq, r.device_seconds, r.energy_j, r.cost_usd, r.pk)
                  for r in moved])

@@ -1,4 +1,5 @@
-"""Arms are compared on usage priced at one table, so a price edit never favours the arm that ran first."""
+"""Arms are compared on usage priced at one table,
+so a price edit never favours the arm that ran first."""
 
 from datetime import timedelta
 from decimal import Decimal
@@ -18,7 +19,8 @@ TOKENS, SECONDS, POWER_W = 300_000, 30.0, 600.0
 
 
 def train(lab: Lab, runs: list[Run], prices: Prices) -> None:
-    """Identical runs train one window more, billed as ingest bills them: their usage at `prices`."""
+    """Identical runs train one window more, billed as ingest bills them:
+    their usage at `prices`."""
     usage = Usage(wall_s=SECONDS, device_seconds=SECONDS, busy_device_seconds=SECONDS, energy_j=POWER_W * SECONDS)
     cost = Decimal(repr(resource_weighted_cost(usage, prices).total_usd))
     for run in runs:
@@ -30,7 +32,8 @@ def train(lab: Lab, runs: list[Run], prices: Prices) -> None:
 
 
 def straddling_lab(**experiment):
-    """Control's runs train under the first table; the candidate's, identical, after a price doubling."""
+    """Control's runs train under the first table; the candidate's, identical,
+    after a price doubling."""
     lab = Lab({"control": 1.0, "b": 1.0}, runs_per_arm=5, **experiment)
     old = lab.price.pricing_table
     control = [r for r in lab.runs if r.arm_id == lab.arms["control"].pk]
@@ -48,9 +51,10 @@ def straddling_lab(**experiment):
     return lab, old, new, control, b
 
 
-def test_identical_arms_either_side_of_a_price_doubling_compare_equal_while_bills_keep_their_tables():
+def test_identical_arms_either_side_of_a_price_doubling_compare_equal_while_bills_keep_tables():
     lab, old, new, control, b = straddling_lab()
-    # Each run's bill follows the table in force when it ran: the candidate's cost twice the control's.
+    # Each run's bill follows the table in force when it ran:
+    # the candidate's cost twice the control's.
     bill_control = Run.objects.get(pk=control[0].pk).cost_usd
     bill_b = Run.objects.get(pk=b[0].pk).cost_usd
     assert float(bill_b) == pytest.approx(2 * float(bill_control), rel=1e-6)
@@ -59,7 +63,7 @@ def test_identical_arms_either_side_of_a_price_doubling_compare_equal_while_bill
     # The comparison prices both arms' usage at the table in force at the window's end.
     assert snap.deviation == pytest.approx(0.0, abs=1e-6)
     assert snap.usd_per_mtok == pytest.approx(control_snap.usd_per_mtok, rel=1e-6)
-    assert float(snap.total_usd) == pytest.approx(2 * float(control_snap.total_usd), rel=1e-6)  # the bills, as billed
+    assert float(snap.cost_usd) == pytest.approx(2 * float(control_snap.cost_usd), rel=1e-6)  # the bills, as billed
     assert float(control_snap.compared_usd) == pytest.approx(float(snap.compared_usd), rel=1e-6)
     assert (snap.pricing_table_id, snap.pricing_valid_from) == (new.pk, new.valid_from)
     assert snap.evidence["decision"] != "freeze"

@@ -44,7 +44,8 @@ def _arm(rng, replicates, *, runs, concurrent, windows, factor, run_sd):
 
 
 def simulate(factor, *, run_sd, windows, threshold=0.05, unit="run", replicates=400, looks=60, seed=0):
-    """Share of replicates the rule freezes at any look: deviation > threshold and its lower bound too."""
+    """Share of replicates the rule freezes at any look:
+    deviation > threshold and its lower bound too."""
     rng = np.random.default_rng(seed)
     r2 = stats.tuning_r2(alpha=ALPHA, expected_n=EXPECTED_RUNS)
     arms = [_arm(rng, replicates, runs=40, concurrent=4, windows=windows, factor=1.0, run_sd=run_sd),

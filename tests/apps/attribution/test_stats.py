@@ -13,7 +13,8 @@ from apps.attribution.weights import rebalance
 
 
 def test_halfwidth_matches_the_formula_by_hand():
-    # s=1, t=100, alpha=0.05, r2=0.01: sqrt(2 * 2 / (10000 * 0.01) * log(sqrt(2) / 0.05)) = sqrt(0.04 * 3.342306)
+    # s=1, t=100, alpha=0.05, r2=0.01: sqrt(2 * 2 / (10000 * 0.01) * log(sqrt(2) / 0.05)) =
+    # sqrt(0.04 * 3.342306)
     assert stats.cs_halfwidth(sd=1.0, t=100, alpha=0.05, r2=0.01) == pytest.approx(0.365639, abs=1e-6)
     assert stats.cs_halfwidth(sd=2.0, t=100, alpha=0.05, r2=0.01) == pytest.approx(2 * 0.365639, abs=2e-6)
 
@@ -102,8 +103,8 @@ def test_a_a_arms_looked_at_200_times_are_falsely_frozen_at_most_alpha():
     # Threshold ~0, so the bound alone stands between A/A noise and a freeze.
     rates = _simulate(1.0, replicates=150, threshold=0.0001)
     assert rates["cs"] <= 0.05
-    # The same data through a fixed-n 95 % interval: repeated looks inflate its error well past alpha.
-    # (This is what makes the test able to fail: a bound that is not always-valid does.)
+    # The same data through a fixed-n 95 % interval: repeated looks inflate its error well past
+    # alpha. (This is what makes the test able to fail: a bound that is not always-valid does.)
     assert rates["fixed"] > 0.05
 
 

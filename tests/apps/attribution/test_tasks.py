@@ -1,4 +1,5 @@
-"""The Celery entry points are registered under their stable names, on beat, and call the services."""
+"""The Celery entry points are registered under their stable names, on beat,
+and call the services."""
 
 import pytest
 from django.conf import settings

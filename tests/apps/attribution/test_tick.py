@@ -76,8 +76,8 @@ def test_twenty_percent_with_too_few_runs_waits_for_the_minimum():
     lab = Lab({"control": 1.0, "b": 1.20}, runs_per_arm=9, seed=4)
     assert ticks_until_frozen(lab, limit=15) is None
     blocked = latest_snapshot(lab.arm("b")).evidence["blocked_by"]
-    assert "runs: arm has 9 < 10 runs, the least the confidence sequence is consulted on (COSTLAB_CS_MIN_RUNS)" \
-        in blocked
+    assert ("runs: arm has 9 < 10 runs, the least the confidence sequence is consulted on "
+            "(COSTLAB_CS_MIN_RUNS)") in blocked
     assert any(r.startswith("runs: control has 9 < 10 runs") for r in blocked)
     assert latest_snapshot(lab.arm("b")).deviation_low > 0.05  # the bound alone would have frozen it
     for arm in ("control", "b"):
@@ -262,9 +262,9 @@ def test_a_tiered_per_step_cost_model_compares_usd_per_step():
     lab.run_ticks(2)
     snap = latest_snapshot(lab.arms["b"])
     assert snap.metric == "usd_per_step" and snap.evidence["metric"] == "usd_per_step"
-    assert snap.metric_value == pytest.approx(float(snap.total_usd) / snap.steps)
+    assert snap.metric_value == pytest.approx(float(snap.cost_usd) / snap.steps)
     assert snap.metric_ci_low < snap.metric_value < snap.metric_ci_high
-    assert snap.usd_per_mtok == pytest.approx(float(snap.total_usd) / snap.tokens * 1e6)
+    assert snap.usd_per_mtok == pytest.approx(float(snap.cost_usd) / snap.tokens * 1e6)
     assert snap.usd_per_mtok_ci_low is None  # the interval is on what is compared
 
 

@@ -59,3 +59,64 @@ def test_seeding_again_after_the_demo_runs_finished_queues_nothing(django_captur
     with django_capture_on_commit_callbacks(execute=False) as enqueued:
         call_command("seed_demo", "--submit-runs", "2")
     assert Run.objects.count() == 4 and enqueued == []
+
+
+def _flat(config, prefix=""):
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out |= _flat(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def test_the_demo_description_says_exactly_what_its_arms_configs_differ_in():
+    from apps.demo.services import CONTROL_STRATEGY, DEMO_DESCRIPTION, OPTIMIZED_STRATEGY
+    from gpu_runtime import load_strategy
+
+    control = _flat(load_strategy(CONTROL_STRATEGY).model_dump())
+    optimized = _flat(load_strategy(OPTIMIZED_STRATEGY).model_dump())
+    differ = {key for key in control if control[key] != optimized[key]}
+    described = {"precision.compute_dtype", "optimizer.dynamic_batching.enabled",
+                 "optimizer.dynamic_batching.min_micro_batch", "optimizer.dynamic_batching.max_micro_batch",
+                 "optimizer.dynamic_batching.probe_steps"}
+    assert differ <= described, f"the arms differ in keys the description does not mention: {differ - described}"
+    text = DEMO_DESCRIPTION
+    control_part, optimized_part = text.split("Optimized:")[0], text.split("Optimized:")[1]
+    assert f"{control['precision.compute_dtype']}, micro-batch {control['train.micro_batch']}" in control_part
+    assert f"{optimized['precision.compute_dtype']} autocast" in optimized_part
+    dyn = "optimizer.dynamic_batching."
+    assert optimized[dyn + "enabled"] and not control[dyn + "enabled"]
+    assert (f"dynamic batching growing the micro-batch from {optimized[dyn + 'min_micro_batch']} up to "
+            f"{optimized[dyn + 'max_micro_batch']}") in optimized_part
+    assert optimized["train.micro_batch"] == control["train.micro_batch"] == optimized[dyn + "min_micro_batch"]
+    assert f"global batch of {control['train.global_batch']}" in text
+    assert (f"{control['model.preset']} preset, seq_len {control['model.seq_len']}, {control['train.steps']} steps, "
+            f"{control['data.source']} data") in text
+    # nothing promised that neither arm does
+    switched_on = {
+        "checkpointing": optimized["memory.gradient_checkpointing.enabled"],
+        "compile": optimized["kernels.compile"],
+        "fused": optimized["kernels.fused_optimizer"] or optimized["kernels.fused_rmsnorm_qkv"],
+        "int8": optimized["precision.quantization.enabled"],
+        "offload": optimized["offload.embedding"] != "none",
+        "prefetch": optimized["data.prefetch"] != control["data.prefetch"],
+        "bf16": optimized["precision.compute_dtype"] == "bf16",
+        "dynamic batching": optimized[dyn + "enabled"],
+    }
+    for word, on in switched_on.items():
+        assert (word in text.lower()) == on, f"description and config disagree on {word!r}"
+
+
+def test_demo_runs_are_queued_interleaved_and_the_experiment_holds_demo_evidence_minimums(
+        django_capture_on_commit_callbacks):
+    from apps.demo.services import DEMO_EXPERIMENT, DEMO_NAME
+    from apps.experiments.models import Run
+
+    with django_capture_on_commit_callbacks(execute=False):
+        call_command("seed_demo", "--submit-runs", "3")
+    arms = list(Run.objects.order_by("pk").values_list("arm__name", flat=True))
+    assert arms == ["pytorch-baseline", "costlab-optimized"] * 3
+    experiment = Experiment.objects.get(name=DEMO_NAME)
+    assert {k: getattr(experiment, k) for k in DEMO_EXPERIMENT} == DEMO_EXPERIMENT

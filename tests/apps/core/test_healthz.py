@@ -62,7 +62,8 @@ def test_database_down_is_degraded_and_the_token_still_sees_why(tmp_path):
         COSTLAB_OPS_TOKEN=OPS_TOKEN,
     )
     code = (
-        "import django, json; django.setup(); from django.test import Client; c = Client(HTTP_HOST='localhost'); "
+        "import django, json; django.setup(); from django.test import Client; "
+        "c = Client(HTTP_HOST='localhost'); "
         "r = c.get('/healthz'); print(r.status_code); print(r.content.decode()); "
         f"print(c.get('/healthz', HTTP_AUTHORIZATION='Bearer {OPS_TOKEN}').content.decode())"
     )

@@ -64,7 +64,8 @@ def test_stop_all_ends_every_process_and_stops_the_broker_last(tmp_path):
     def writer(name: str) -> list[str]:
         return [sys.executable, "-c",
                 "import signal, sys, time\n"
-                f"def bye(*a): open({str(marker)!r}, 'a').write({name!r} + '\\n'); time.sleep(0.2); sys.exit(0)\n"
+                f"def bye(*a): open({str(marker)!r}, 'a').write({name!r} + '\\n'); "
+                "time.sleep(0.2); sys.exit(0)\n"
                 "signal.signal(signal.SIGTERM, bye)\nprint('ready', flush=True)\ntime.sleep(600)"]
 
     stack = LocalStack([ProcessSpec("broker", writer("broker"), stop_last=True), ProcessSpec("web", writer("web")),
@@ -76,3 +77,29 @@ def test_stop_all_ends_every_process_and_stops_the_broker_last(tmp_path):
     assert not any(alive(pid) for pid in pids)
     order = marker.read_text().split()
     assert sorted(order[:2]) == ["web", "worker"] and order[2] == "broker"
+
+
+def test_training_gets_cores_of_its_own_and_a_thread_per_core(tmp_path):
+    from apps.core.local_stack import core_sets, local_stack_specs
+
+    assert core_sets({0}) == (None, None)
+    assert core_sets({0, 1}) == ({1}, {0})
+    assert core_sets({0, 1, 2, 3, 5}) == ({2, 3, 5}, {0, 1})
+    specs = {s.name: s for s in local_stack_specs(host="127.0.0.1", port=1, var_dir=tmp_path, redis_argv=None)}
+    train, others = core_sets()
+    assert specs["train-worker"].cpus == train
+    assert all(specs[n].cpus == others for n in ("web", "platform-worker", "alerts-worker", "beat"))
+    if train is not None:
+        assert specs["train-worker"].env["OMP_NUM_THREADS"] == str(len(train))
+        assert not train & others
+
+
+def test_a_process_runs_on_its_cpu_set_with_its_environment(tmp_path):
+    cpu = min(os.sched_getaffinity(0))
+    out = tmp_path / "seen"
+    probe = [sys.executable, "-c", f"import os; open({str(out)!r}, 'w').write("
+             "repr((sorted(os.sched_getaffinity(0)), os.environ['OMP_NUM_THREADS'])))"]
+    stack = LocalStack([ProcessSpec("probe", probe, cpus=frozenset({cpu}), env={"OMP_NUM_THREADS": "1"})], cwd=ROOT)
+    stack.start("probe")
+    stack.children["probe"].proc.wait(timeout=30)
+    assert out.read_text() == repr(([cpu], "1"))

@@ -1,4 +1,5 @@
-"""/metrics: Prometheus text (parsed with prometheus_client's own parser), for staff or the ops token."""
+"""/metrics: Prometheus text (parsed with prometheus_client's own parser),
+for staff or the ops token."""
 
 from datetime import timedelta
 

@@ -78,7 +78,7 @@ def test_comparison_table_has_every_figure_with_its_unit(member, trained):
         assert arm.name in cells and "active" in cells
         assert usd(figures.total_usd) in cells and usd(figures.electricity_usd) in cells
         assert "GPU·h" in cells and "kWh" in cells and "USD/1M tok" in cells
-        assert re.search(r"\d+ min \d+ s|\d+(\.\d+)? s", cells), "completion time with its unit"
+        assert re.search(r"\d+ min( \d+ s)?|\d+(\.\d+)? s", cells), "completion time with its unit"
         projected = row(response, arm.pk, "comparison-projected")
         assert f"≈ {usd(figures.projected.total_usd)}" in projected
     assert "est." in row(response, w.control.pk) and "est." not in row(response, w.candidate.pk)
@@ -163,7 +163,12 @@ def test_pricing_page_shows_the_table_in_force_and_labels_example_prices(member,
     later = table.__class__.objects.create(tenant=table.tenant, name="Next quarter", valid_from=timezone.now() + timedelta(days=30),
                                            electricity_usd_per_kwh=1)
     page = text(member.get(reverse("dashboard:pricing")))
-    assert f"{table.name} example prices" in page and "Example prices." in page
+    assert f"{table.name} example prices" in page and "Example prices: demo figures" in page
+    assert "The prices costs are" not in page and "The prices every run's cost is computed from" in page
+    table.notes = "Not a quote from any provider."
+    table.save()
+    warning = text(member.get(reverse("dashboard:pricing"))).split("Example prices:")[1].split("Electricity")[0]
+    assert warning.lower().count("not a quote from any provider") == 1, "the warning says it once"
     assert "USD/kWh" in page and "USD per GPU-hour" in page and "USD per vCPU-hour" in page
     assert f"{later.name}: from" in page and "upcoming" in page
 
@@ -190,3 +195,15 @@ def test_page_charts_stay_within_the_point_budget(member, w):
         assert set(by_run) == {str(r.pk) for r in runs}, field
         for band in by_run.values():
             assert budget_per_run(2) // 2 < len(band["x"]) <= budget_per_run(2) < 3000, field
+
+
+def test_outlier_runs_are_flagged_on_the_run_and_experiment_pages(member, w):
+    from tests.apps.dashboard.world import run_of
+
+    normal = [run_of(w.control, tokens=1000, device_seconds=s) for s in (10.0, 10.5, 9.5, 10.2)]
+    slow = run_of(w.control, tokens=1000, device_seconds=85.0)
+    page = member.get(f"/experiments/{w.experiment.pk}/").content.decode()
+    assert page.count(">outlier</abbr>") == 1 and f"run {slow.pk}</a> <abbr" in page
+    run_page = member.get(f"/runs/{slow.pk}/").content.decode()
+    assert 'id="outlier"' in run_page and "MADs from its arm&#x27;s median" in run_page
+    assert 'id="outlier"' not in member.get(f"/runs/{normal[0].pk}/").content.decode()

@@ -13,9 +13,9 @@ pytestmark = pytest.mark.django_db
 
 # Session and user are two of each. Counted, so that a query per row (an N+1) fails the large case.
 LIST_QUERIES = 4
-EXPERIMENT_QUERIES = 18  # the report re-prices usage recorded under other tables: one query over the rollup
+EXPERIMENT_QUERIES = 19  # the report re-prices usage recorded under other tables: one query over the rollup; outliers: one
 LIVE_QUERIES = 11
-RUN_QUERIES = 5  # the run, its samples, its attempts ...
+RUN_QUERIES = 6  # the run, its samples, its attempts ..., its arm's outliers
 PRICING_QUERIES = 5
 
 

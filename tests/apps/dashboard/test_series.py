@@ -1,14 +1,17 @@
-"""Chart series: whole history within a point budget, peaks kept, settled blocks rolled up once."""
+"""Chart series: whole history within a point budget, peaks kept, settled blocks rolled up once, on beat.
+
+A page view only reads: the blocks are built by series_blocks_roll_due (beat), never by run_series."""
 
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection
+from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 
 from apps.dashboard.models import SeriesBlock
 from apps.dashboard.series import RAW_MAX, live_series, run_series
-from apps.dashboard.services import series_blocks_refresh
+from apps.dashboard.services import series_blocks_refresh, series_blocks_roll_due
 from apps.experiments.models import Run
 from apps.telemetry.models import TelemetrySample
 from tests.apps.dashboard.world import run_of, train
@@ -49,6 +52,7 @@ def test_a_run_over_budget_is_bucketed_and_keeps_its_peak(w):
 def test_a_long_run_is_drawn_from_blocks_of_settled_samples(w):
     n, priced = RAW_MAX + 5000, RAW_MAX + 1000
     run = stored(run_of(w.control), n, priced=priced, spike_at=123, estimated_from=n - 10)
+    assert series_blocks_roll_due() == 1
     series = run_series(runs=[run], fields=FIELDS, budget=200)
     blocks = SeriesBlock.objects.filter(run=run)
     assert blocks.count() == priced // SeriesBlock.SEQS, "only whole blocks of settled samples"
@@ -76,6 +80,36 @@ def test_blocks_are_rolled_up_once_and_then_incrementally(w):
     run.refresh_from_db()
     assert series_blocks_refresh(runs=[run])[run.pk] == upto[run.pk] + SeriesBlock.SEQS
     assert SeriesBlock.objects.filter(run=run).count() == count + 1
+
+
+def test_a_page_view_writes_nothing_and_shows_the_tail_until_beat_rolls_up(w):
+    n = RAW_MAX + 3000
+    run = stored(run_of(w.control), n, priced=n, spike_at=10)
+    with CaptureQueriesContext(connection) as queries:
+        band = run_series(runs=[run], fields=FIELDS, budget=200).series[run.pk]["util_pct"]
+    writes = [q["sql"] for q in queries if not q["sql"].lstrip().upper().startswith("SELECT")]
+    assert writes == [] and not SeriesBlock.objects.exists(), "a read never rolls up"
+    assert band.x[0] >= int((T0 + timedelta(seconds=n - RAW_MAX)).timestamp() * 1000), "only the raw tail so far"
+    assert max(band.hi) < 100.0, "the early peak is not in the tail"
+
+    assert series_blocks_roll_due() == 1
+    band = run_series(runs=[run], fields=FIELDS, budget=200).series[run.pk]["util_pct"]
+    assert max(band.hi) == 100.0 and band.x[0] < int((T0 + timedelta(seconds=100)).timestamp() * 1000)
+
+
+def test_beat_rolls_up_only_the_runs_with_a_new_settled_block(w):
+    behind = stored(run_of(w.control), RAW_MAX + 200, priced=RAW_MAX + 200)
+    small = stored(run_of(w.control), SeriesBlock.SEQS - 1, priced=SeriesBlock.SEQS - 1)
+    assert series_blocks_roll_due() == 1 and not SeriesBlock.objects.filter(run=small).exists()
+    assert series_blocks_roll_due() == 0, "up to date: nothing is due"
+    # A few more settled samples, short of a whole block: still nothing due; a whole block: due again.
+    TelemetrySample.objects.bulk_create([TelemetrySample(run=behind, seq=behind.last_seq + 1 + i, ts=T0, util_pct=1.0)
+                                         for i in range(SeriesBlock.SEQS)])
+    short = SeriesBlock.SEQS - (behind.priced_seq + 1) % SeriesBlock.SEQS - 1  # one sample short of a block
+    Run.objects.filter(pk=behind.pk).update(priced_seq=F("priced_seq") + short)
+    assert series_blocks_roll_due() == 0
+    Run.objects.filter(pk=behind.pk).update(priced_seq=F("priced_seq") + 1)
+    assert series_blocks_roll_due() == 1
 
 
 def test_live_series_returns_only_samples_since_the_cursor(w):

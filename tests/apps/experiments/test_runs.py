@@ -102,7 +102,8 @@ def test_claim_and_finish_repeated_by_their_owner_are_idempotent():
     assert run.status == "succeeded" and run.attempt_log.count() == 1
 
 
-STEPS_6 = "model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\ntrain: {steps: 6, global_batch: 2}\n"
+STEPS_6 = ("model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\n"
+           "train: {steps: 6, global_batch: 2}\n")
 
 
 def _samples(run, attempt, steps):
@@ -205,7 +206,8 @@ def test_a_swept_attempts_last_samples_land_until_another_worker_takes_the_run()
 
 
 def test_a_retried_submit_sends_again_a_run_whose_message_never_left(django_capture_on_commit_callbacks):
-    """Resubmitting the same run key used to answer 200 and leave a never-sent run queued for good."""
+    """Resubmitting the same run key used to answer 200 and leave a never-sent run
+    queued for good."""
     from apps.experiments.services import run_submit
 
     run = RunFactory(status="queued", run_key="gh-1")  # committed, but its send never happened

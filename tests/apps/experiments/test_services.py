@@ -12,7 +12,8 @@ from tests.factories import ArmFactory, ExperimentFactory, RunFactory
 
 pytestmark = pytest.mark.django_db
 
-GOOD = "model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\ntrain: {steps: 5, global_batch: 2}\n"
+GOOD = ("model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\n"
+        "train: {steps: 5, global_batch: 2}\n")
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """vCPU right-sizing: the design document's estimate, the measured recommendation (smallest size
-within 5 % of the cheapest), compliance, and the whole path from a run to its report, API and page."""
+within 5 % of the cheapest), compliance, and the whole path from a run to its report,
+API and page."""
 
 from datetime import UTC, datetime, timedelta
 

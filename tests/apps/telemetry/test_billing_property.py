@@ -56,7 +56,8 @@ def sample_sets(draw):
 
 @st.composite
 def deliveries(draw, n):
-    """Batches of indexes into the sorted set: any order, any size, some sent twice, the first late."""
+    """Batches of indexes into the sorted set: any order, any size, some sent twice,
+    the first late."""
     order = draw(st.permutations(range(n))) if draw(st.booleans()) else list(range(n))
     size = draw(st.integers(1, max(1, n)))
     batches = [order[i:i + size] for i in range(0, n, size)]
@@ -85,12 +86,14 @@ def _world(gpu_count: int, vcpus: int, memory_gb: float, table_offsets: list[flo
 
 
 def reference(run: Run):
+    """The bill of the stored rows; a DDP run's rank streams each hold their share of its resources."""
     rows = list(TelemetrySample.objects.filter(run=run).values())
     schedule = price_schedule(tenant_id=run.tenant_id, gpu_sku_id=run.gpu_sku_id)
+    w = run.world_size
     return run_bill(rows, starts=schedule.starts, prices=schedule.prices,
                     weights=cost_engine.Weights.from_cost_model(run.experiment.cost_model),
-                    gpu_count=run.gpu_count, vcpus=run.vcpus, memory_gb=run.memory_gb,
-                    modelled_power_w=700.0 * run.gpu_count)
+                    gpu_count=run.gpu_count / w, vcpus=run.vcpus / w, memory_gb=run.memory_gb / w,
+                    modelled_power_w=700.0 * run.gpu_count / w)
 
 
 def assert_totals_are_the_bill(run: Run) -> None:
@@ -114,7 +117,11 @@ def test_stored_totals_equal_the_bill_of_the_sorted_set_whatever_the_delivery(da
                                                                               table_offsets):
     t0 = timezone.now().replace(microsecond=0) - timedelta(days=2)
     run = _world(gpu_count, vcpus, memory_gb, table_offsets, t0)
-    sorted_set = data.draw(sample_sets())
+    deliver_and_check(data, run, data.draw(sample_sets()), t0)
+
+
+def deliver_and_check(data, run: Run, sorted_set: list[dict], t0: datetime) -> None:
+    """Ingest the set in a drawn delivery; the totals are its bill, before and after the finish."""
     wire = [{k: v for k, v in dict(s, ts=(t0 + timedelta(seconds=s["t"])).isoformat()).items() if k != "t"}
             for s in sorted_set]
     for batch in data.draw(deliveries(len(wire))):

@@ -1,6 +1,7 @@
 """One definition of a telemetry sample: gpu_runtime's SAMPLE_KEYS (what a worker's sink sends). The
-ingest schema (apps.telemetry.ingest.SampleIn) and the stored row (TelemetrySample) must have exactly
-those fields, so a key added in one place and forgotten in another fails here, not in production."""
+ingest schema (apps.telemetry.ingest.SampleIn) and the stored row (TelemetrySample) must have
+exactly those fields, so a key added in one place and forgotten in another fails here,
+not in production."""
 
 from apps.telemetry.ingest import SampleIn
 from apps.telemetry.models import TelemetrySample

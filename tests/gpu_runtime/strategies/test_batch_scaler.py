@@ -45,6 +45,9 @@ def test_plan_keeps_the_global_batch_exactly():
     (dict(min_micro_batch=128, max_micro_batch=256), "min_micro_batch"),
     (dict(stability_window=0), "stability_window"),
     (dict(policy="magic"), "policy"),
+    (dict(lr_scaling="cubic"), "lr_scaling"),
+    (dict(probe_steps=0), "probe_steps"),
+    (dict(adaptive_global_batch=True, min_global_batch=128), "min_global_batch"),
 ])
 def test_bad_settings_name_the_key(kwargs, key):
     with pytest.raises(ValueError, match=f"optimizer.dynamic_batching.*{key}"):
@@ -65,46 +68,94 @@ def test_noise_scale_needs_two_micro_batches():
     assert estimator.noise_scale is None
 
 
-def test_micro_batch_follows_the_noise_scale_within_bounds_and_window():
-    gen = torch.Generator().manual_seed(1)
-    s = scaler(initial_micro_batch=8)
+def timed(s, steps, seconds_per_sample):
+    """Feed `steps` finished steps whose compute time is seconds_per_sample(micro_batch) per sample."""
     seen = []
-    for _ in range(40):  # very noisy gradients: B_simple ~ 4096
+    for _ in range(steps):
         plan = s.plan
-        s.update(synthetic_stats(gen, sizes=plan.micro_batch_sizes, trace=4096.0))
-        seen.append(s.micro_batch)
-    assert s.micro_batch > 8, "the micro-batch never grew"
-    for _ in range(150):  # clean gradients: B_simple ~ 1; the EMA needs ~80 steps to forget
-        plan = s.plan
-        s.update(synthetic_stats(gen, sizes=plan.micro_batch_sizes, trace=1.0))
-        seen.append(s.micro_batch)
-    assert s.micro_batch == 4, "the micro-batch never came back down"
-    assert all(4 <= m <= 32 for m in seen)
-    assert max(seen) == 32, "two micro-batches a step are kept for the estimate"
-    change_steps = [e.step for e in s.events]
-    assert all(b - a >= 5 for a, b in zip(change_steps, change_steps[1:], strict=False))
-    assert {e.kind for e in s.events} == {"grow", "shrink"}
+        seen.append((plan.micro_batch, plan.global_batch))
+        s.update(step_seconds=seconds_per_sample(plan.micro_batch) * plan.global_batch)
+    return seen
 
 
-def test_grad_variance_policy_grows_with_variance_and_shrinks_without():
-    s = scaler(policy="grad_variance", initial_micro_batch=16, stability_window=10)
-    for i in range(10):  # relative variance 0.25 >> threshold 0.1
-        s.update(GradientStats((1.0,), (32,), (1.0 if i % 2 else 3.0) ** 2, 64))
+def overhead_bound(micro_batch):
+    """A step costs 1 ms per sample plus 8 ms per micro-batch: larger micro-batches are faster."""
+    return 0.001 + 0.008 / micro_batch
+
+
+def test_micro_batch_grows_with_headroom_while_it_is_faster_and_the_global_batch_stays():
+    s = scaler(initial_micro_batch=4, probe_steps=3)
+    seen = timed(s, 40, overhead_bound)
     assert s.micro_batch == 64
-    for _ in range(10):  # constant norms: variance 0
-        s.update(GradientStats((1.0,), (32,), 1.0, 64))
-    assert s.micro_batch < 16
+    assert {g for _, g in seen} == {64}, "the global batch changed"
+    assert [(e.kind, e.old_micro_batch, e.new_micro_batch) for e in s.events] == [
+        ("grow", 4, 8), ("grow", 8, 16), ("grow", 16, 32), ("grow", 32, 64)]
+    # each size runs one warm-up step and probe_steps timed ones before the next probe
+    assert [e.step for e in s.events] == [4, 8, 12, 16]
+    assert s.events[1].detail["speedup"] > 0.03 and "reason" in s.events[1].detail
 
 
-def test_growth_is_capped_by_the_predicted_memory_peak():
+def test_a_larger_micro_batch_that_is_not_faster_is_left_and_probing_stops():
+    s = scaler(initial_micro_batch=8, probe_steps=2)
+    seen = timed(s, 30, {8: 0.0012, 16: 0.001, 32: 0.0011}.get)  # 16 is faster than 8, 32 slower than 16
+    assert [(e.kind, e.old_micro_batch, e.new_micro_batch) for e in s.events] == [
+        ("grow", 8, 16), ("grow", 16, 32), ("shrink", 32, 16)]
+    assert "not faster" in s.events[-1].detail["reason"] and s.events[-1].detail["speedup"] < 0
+    assert s.micro_batch == 16 and seen[-1] == (16, 64)  # it stays: no more probing
+    flat = scaler(initial_micro_batch=8, probe_steps=2, min_speedup=0.05)
+    timed(flat, 20, lambda m: 0.001 * (1 - 0.01 * m / 8))  # 1 % faster: below min_speedup
+    assert [(e.kind, e.new_micro_batch) for e in flat.events] == [("grow", 16), ("shrink", 8)]
+
+
+def test_growth_stops_where_the_memory_model_says_it_would_not_fit():
     mib = 2**20
-    s = scaler(initial_micro_batch=8, memory_capacity_bytes=100 * mib, stability_window=1)
+    s = scaler(initial_micro_batch=8, memory_capacity_bytes=100 * mib, probe_steps=1)
     # 10 MiB of weights and state, 4 MiB per sample: 16 fits in 90 MiB, 32 does not
-    s.update(GradientStats((9.0,), (8,), 1.0, 64), peak_memory_bytes=10 * mib + 8 * 4 * mib,
-             baseline_memory_bytes=10 * mib)
+    for _ in range(10):
+        m = s.micro_batch
+        s.update(peak_memory_bytes=10 * mib + m * 4 * mib, baseline_memory_bytes=10 * mib,
+                 step_seconds=overhead_bound(m) * 64)
+    assert [(e.kind, e.old_micro_batch, e.new_micro_batch) for e in s.events] == [
+        ("grow", 8, 16), ("memory_cap", 16, 16)]
+    assert s.events[-1].detail["predicted_peak_bytes"] > 0.9 * 100 * mib and s.events[-1].detail["wanted"] == 32
     assert s.micro_batch == 16
-    assert s.events[-1].kind == "memory_cap"
-    assert s.events[-1].detail["predicted_peak_bytes"] <= 0.9 * 100 * mib
+
+
+def test_global_batch_follows_the_noise_scale_only_when_opted_in():
+    gen = torch.Generator().manual_seed(1)
+    fixed = scaler(initial_micro_batch=8)
+    adaptive = scaler(initial_micro_batch=8, adaptive_global_batch=True, min_global_batch=8, lr_scaling="sqrt")
+    assert adaptive.global_batch == 8 and adaptive.lr_scale == pytest.approx((8 / 64) ** 0.5)
+    globals_seen = []
+    for trace, steps in ((4096.0, 40), (1.0, 150)):  # very noisy (B_simple ~ 4096), then clean (~1)
+        for _ in range(steps):
+            for s in (fixed, adaptive):
+                s.update(synthetic_stats(gen, sizes=s.plan.micro_batch_sizes, trace=trace))
+            globals_seen.append(adaptive.global_batch)
+            assert fixed.plan.global_batch == 64 and fixed.lr_scale == 1.0
+        if trace > 1:
+            assert adaptive.global_batch == 64 and adaptive.lr_scale == 1.0, "it never grew"
+    assert adaptive.global_batch == 8, "it never came back down"
+    assert not fixed.events
+    kinds = [e.kind for e in adaptive.events]
+    assert set(kinds) == {"global_grow", "global_shrink"}
+    assert all(e.detail["lr_scale"] == pytest.approx((e.detail["global_batch"] / 64) ** 0.5) for e in adaptive.events)
+    change_steps = [e.step for e in adaptive.events]
+    assert all(b - a >= 5 for a, b in zip(change_steps, change_steps[1:], strict=False))
+    assert all(adaptive.micro_batch <= g // 2 for g in globals_seen[-1:])  # two micro-batches for the estimate
+    linear = scaler(adaptive_global_batch=True, min_global_batch=16, lr_scaling="linear")
+    assert linear.lr_scale == pytest.approx(0.25)
+
+
+def test_grad_variance_policy_grows_the_global_batch_with_variance_and_shrinks_without():
+    s = scaler(policy="grad_variance", initial_micro_batch=4, stability_window=10, adaptive_global_batch=True,
+               min_global_batch=8)
+    for i in range(10):  # relative variance 0.25 >> threshold 0.1
+        s.update(GradientStats((1.0,), (4,), (1.0 if i % 2 else 3.0) ** 2, 8))
+    assert s.global_batch == 64
+    for _ in range(10):  # constant norms: variance 0
+        s.update(GradientStats((1.0,), (4,), 1.0, 64))
+    assert s.global_batch == 16  # tanh's floor: 8 + 56 * 0.12 = 14.7, nearest candidate 16
 
 
 def test_memory_model_separates_fixed_from_per_sample_cost():
@@ -132,10 +183,9 @@ def test_forced_oom_is_survived_by_halving_and_recorded():
     assert ran == [(16,) * 8]
     assert [(e.kind, e.old_micro_batch, e.new_micro_batch) for e in s.events] == [
         ("oom", 64, 32), ("oom", 32, 16)]
-    # the size that failed is not tried again, however noisy the gradients
-    for _ in range(5):
-        s.update(GradientStats((1e6,), (16,), 1.0, 128))
-    assert s.micro_batch == 16
+    # the size that failed is not tried again, however much faster larger ones would be
+    timed(s, 20, overhead_bound)
+    assert s.micro_batch == 16 and len(s.events) == 2
 
 
 def test_oom_at_the_minimum_micro_batch_is_a_clear_error():
@@ -219,10 +269,10 @@ def regression_run(noise_std, dim, steps=60):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     tracker = GradientNormTracker(model.parameters())
     s = BatchScaler(global_batch=64, min_micro_batch=4, max_micro_batch=64, stability_window=10,
-                    initial_micro_batch=16)
+                    initial_micro_batch=4, adaptive_global_batch=True, min_global_batch=8)
     for _ in range(steps):
-        x = torch.randn(64, dim, generator=gen)
-        y = x @ true_w + noise_std * torch.randn(64, 1, generator=gen)
+        x = torch.randn(s.global_batch, dim, generator=gen)
+        y = x @ true_w + noise_std * torch.randn(s.global_batch, 1, generator=gen)
         accumulate(model, tracker, x, y, s.plan)
         s.update(tracker.step_stats())
         optimizer.step()
@@ -233,8 +283,8 @@ def regression_run(noise_std, dim, steps=60):
 def test_real_gradients_drive_the_micro_batch_both_ways():
     noisy = regression_run(noise_std=10.0, dim=4)
     clean = regression_run(noise_std=0.0, dim=2)
-    assert noisy.micro_batch == 32 and noisy.noise.noise_scale > 64
-    assert clean.micro_batch == 4 and clean.noise.noise_scale < 8
+    assert noisy.global_batch == 64 and noisy.noise.noise_scale > 64
+    assert clean.global_batch == 8 and clean.noise.noise_scale < 8
 
 
 def _accumulated_step(model, tracker, tokens, plan):
@@ -246,7 +296,8 @@ def _accumulated_step(model, tracker, tokens, plan):
 
 
 def test_statistics_read_each_gradient_twice_a_step_and_copy_none():
-    """The cost in operations, free of timing noise: two fused norms a step, whatever the accumulation."""
+    """The cost in operations, free of timing noise: two fused norms a step,
+    whatever the accumulation."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class LargestOutput(TorchDispatchMode):
@@ -280,7 +331,8 @@ def test_statistics_read_each_gradient_twice_a_step_and_copy_none():
 
 
 def test_statistics_cost_at_most_two_percent_of_step_time(one_torch_thread):
-    """Timed on a real step: the tiny preset at the schema's default seq_len (256) and global batch (8).
+    """Timed on a real step: the tiny preset at the schema's default seq_len (256) and global batch
+    (8).
 
     The statistics read every gradient twice a step whatever the tokens; the step's work
     grows with them. So the share falls as 1/tokens-per-step: at 2048 tokens it is ~0.6 %
@@ -310,7 +362,7 @@ def test_reconfigure_clamps_into_new_bounds_at_once_and_keeps_what_was_learnt():
     s.reconfigure(min_micro_batch=4, max_micro_batch=4, stability_window=1)
     assert s.micro_batch == 4 and s.events[-1].kind == "bounds" and s.stability_window == 1
     s.reconfigure(min_micro_batch=4, max_micro_batch=64, stability_window=1)
-    assert s.micro_batch == 4 and s.max_micro_batch == 32  # the noise-scale policy keeps two micro-batches
+    assert s.micro_batch == 4 and s.max_micro_batch == 64  # the global batch (64) is the only other cap
     assert max(s._candidates()) == 8  # the out-of-memory limit survives a wider max (16 failed)
     with pytest.raises(ValueError, match="min_micro_batch"):
         s.reconfigure(min_micro_batch=8, max_micro_batch=4, stability_window=1)

@@ -77,7 +77,8 @@ def test_checkpointing_lowers_saved_activation_memory():
     report = peak_memory_with_and_without(model.layers, loss_of(model, x), every_n_blocks=1,
                                           device="cpu", exclude=params)
     assert report.without.estimated and report.without.method == "saved_tensor_bytes"
-    # per block: up (8 KiB-ish rows x 256) + gelu + down inputs ~ 0.75 MiB; checkpointing keeps the inputs
+    # per block: up (8 KiB-ish rows x 256) + gelu + down inputs ~ 0.75 MiB;
+    # checkpointing keeps the inputs
     assert report.without.bytes > 2 * 2**20
     assert report.with_checkpointing.bytes < 0.25 * report.without.bytes
     assert report.saved_fraction > 0.75
