@@ -94,7 +94,7 @@ def probe_execute(probe_id: int) -> None:
         logger.info("probe %s: not claimable (gone, taken or its sweep stopped)", probe_id)
         return
     sweep = probe.sweep
-    device, _, gpu_count = _device_for(sweep.queue)
+    device, _, gpu_count = _device_for(sweep.queue)  # a probe trains in one process
     threads_before = torch.get_num_threads()
     samples: list[dict] = []
     outcome: dict = {"device": device, "gpu_count": gpu_count}

@@ -131,7 +131,7 @@ class RunControl:
                                         not_applied=not_applied, applied_at=applied_at)
 
 
-def _device_for(queue: str, world_size: int) -> tuple[str, str | None, int]:
+def _device_for(queue: str, world_size: int = 1) -> tuple[str, str | None, int]:
     """The device this worker trains the run on, its GPU name, and the GPUs the run holds.
 
     A DDP run (world_size > 1) asks for a bare ``cuda``: gpu_runtime's placement picks its GPUs.
