@@ -93,6 +93,7 @@ def test_no_csp_violation_on_any_page(page, live_server, demo, monkeypatch):
     visit(page, base + "/login/", problems)
     sign_in(page, base, seed.admin_username, seed.admin_password)
     charts = "() => document.querySelectorAll('.chart .main-svg').length >= 2"
+    checked = "() => [...document.querySelectorAll('.strategy-status')].some(e => e.textContent.includes('valid'))"
     for path, settle in [
         ("/", None), (f"/experiments/{experiment.pk}/", charts), (f"/runs/{runs[0].pk}/", charts),
         ("/pricing/", None), ("/sweeps/", None), (f"/sweeps/{sweep.pk}/", "() => !!document.getElementById('sweep-chart').data"),
@@ -104,6 +105,11 @@ def test_no_csp_violation_on_any_page(page, live_server, demo, monkeypatch):
         ("/admin/pricing/pricingtable/", None), ("/admin/experiments/arm/add/", None),
         ("/api/schema/swagger/", "() => !!document.querySelector('.swagger-ui .info')"),
         ("/api/v1/", None),
+        # Authoring, the runs page, compare, spend (the strategy editors check their text through the API).
+        ("/runs/", None), (f"/runs/compare/?run={runs[0].pk}&run={runs[2].pk}", charts),
+        ("/spend/", "() => document.querySelectorAll('.spend-chart .main-svg').length >= 1"),
+        ("/experiments/new/", checked), (f"/experiments/{experiment.pk}/edit/", checked),
+        (f"/experiments/{experiment.pk}/runs/new/", None), ("/sweeps/new/", checked),
     ]:
         visit(page, base + path, problems, settle=settle)
     assert not problems, "\n".join(problems)
@@ -115,7 +121,9 @@ def test_hostile_arm_name_is_text_in_charts(page, live_server, demo):
     problems = watch(page)
     sign_in(page, live_server.url, seed.admin_username, seed.admin_password)
     hostile_run = next(r for r in runs if r.arm.name == HOSTILE)
-    for path in (f"/experiments/{experiment.pk}/", f"/runs/{hostile_run.pk}/"):
+    other = next(r for r in runs if r.arm.name != HOSTILE)
+    for path in (f"/experiments/{experiment.pk}/", f"/runs/{hostile_run.pk}/",
+                 f"/runs/compare/?run={hostile_run.pk}&run={other.pk}", "/spend/"):
         page.goto(live_server.url + path)
         page.wait_for_function("() => document.querySelectorAll('.chart .legendtext').length >= 1")
         links = page.evaluate("() => Array.from(document.querySelectorAll('.chart a')).map(a => a.outerHTML)")
