@@ -9,6 +9,7 @@ import pytest
 from django.utils import timezone
 
 from tests.apps.dashboard.world import PASSWORD, run_of, train, world
+from tests.e2e.conftest import wait_for_charts
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -46,7 +47,7 @@ def sign_in(page, base, username, path):
 def test_breaks_shades_isolation_labels(page, live_server, lab):
     w, gapped, plain, other, _ = lab
     sign_in(page, live_server.url, w.user.username, f"/experiments/{w.experiment.pk}/")
-    page.wait_for_function("() => document.querySelectorAll('.chart .main-svg').length >= 6")
+    wait_for_charts(page, 6)
     traces = {t["name"]: t for t in page.evaluate(TRACES, "chart-util_pct")}
     label = {r.pk: next(n for n in traces if n.startswith(f"run {r.pk} ")) for r in (gapped, *plain, other)}
     assert traces[label[gapped.pk]]["nulls"] >= 1, "the gap is a break in the line"
@@ -72,7 +73,7 @@ def test_breaks_shades_isolation_labels(page, live_server, lab):
 def test_empty_charts_say_so(page, live_server, lab):
     *_, empty = lab
     sign_in(page, live_server.url, empty.user.username, f"/experiments/{empty.experiment.pk}/")
-    page.wait_for_function("() => document.querySelectorAll('.chart .main-svg').length >= 6")
+    wait_for_charts(page, 6)
     for chart in ("chart-util_pct", "chart-power_w", "chart-deviation"):
         layout = page.evaluate(LAYOUT, chart)
         assert layout["x"] is False, (chart, "no 2000 axis on an empty chart")
@@ -107,7 +108,7 @@ def test_x_axis_toggle_lays_runs_over_each_other(page, live_server, lab):
     overlap; 'time (UTC)' brings the time of day back."""
     w, gapped, plain, other, _ = lab
     sign_in(page, live_server.url, w.user.username, f"/experiments/{w.experiment.pk}/")
-    page.wait_for_function("() => document.querySelectorAll('.chart .main-svg').length >= 6")
+    wait_for_charts(page, 6)
     first_x = """() => (document.getElementById('chart-step_time_s').data || [])
         .filter(t => t.showlegend !== false).map(t => [t.name, t.x[0]])"""
     before = dict(page.evaluate(first_x))

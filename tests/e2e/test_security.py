@@ -13,6 +13,7 @@ from apps.attribution.services import attribution_tick
 from apps.demo.services import demo_seed
 from apps.experiments.models import Run
 from tests.apps.dashboard.world import run_of, train
+from tests.e2e.conftest import charts_drawn
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -92,7 +93,7 @@ def test_no_csp_violation_on_any_page(page, live_server, demo, monkeypatch):
     base = live_server.url
     visit(page, base + "/login/", problems)
     sign_in(page, base, seed.admin_username, seed.admin_password)
-    charts = "() => document.querySelectorAll('.chart .main-svg').length >= 2"
+    charts = charts_drawn(2)
     checked = "() => [...document.querySelectorAll('.strategy-status')].some(e => e.textContent.includes('valid'))"
     for path, settle in [
         ("/", None), (f"/experiments/{experiment.pk}/", charts), (f"/runs/{runs[0].pk}/", charts),
@@ -125,16 +126,20 @@ def test_hostile_arm_name_is_text_in_charts(page, live_server, demo):
     for path in (f"/experiments/{experiment.pk}/", f"/runs/{hostile_run.pk}/",
                  f"/runs/compare/?run={hostile_run.pk}&run={other.pk}", "/spend/"):
         page.goto(live_server.url + path)
+        page.wait_for_function(charts_drawn(1), timeout=20_000)  # all of them: what follows checks every chart
         page.wait_for_function("() => document.querySelectorAll('.chart .legendtext').length >= 1")
         links = page.evaluate("() => Array.from(document.querySelectorAll('.chart a')).map(a => a.outerHTML)")
         assert not links, (path, links)
         legends = page.evaluate("() => Array.from(document.querySelectorAll('.chart .legendtext'))"
                                 ".map(t => t.textContent)")
         assert any(HOSTILE in text for text in legends), (path, legends)
-        # Hover labels too: hover the hostile run's line (its third trace) programmatically.
-        hover = page.evaluate("""(name) => { const el = document.getElementById('chart-util_pct');
-            const i = el.data.findIndex(t => t.name && t.name.includes('SIGN IN AGAIN') && t.showlegend !== false);
-            Plotly.Fx.hover(el, [{curveNumber: i, pointNumber: 1}]);
+        # Hover labels too: hover the hostile line (a run's third trace; on the spend page, its arm's area)
+        # programmatically, on the page's first chart that draws one.
+        hover = page.evaluate("""(name) => {
+            const hostile = t => t.name && t.name.includes('SIGN IN AGAIN') && t.showlegend !== false;
+            const el = [...document.querySelectorAll('.chart')].find(c => (c.data || []).some(hostile));
+            const i = el.data.findIndex(hostile);
+            Plotly.Fx.hover(el, [{curveNumber: i, pointNumber: Math.min(1, el.data[i].x.length - 1)}]);
             const layer = el.querySelector('.hoverlayer');
             return {text: layer.textContent, links: layer.querySelectorAll('a').length}; }""", HOSTILE)
         assert hover["links"] == 0 and "SIGN IN AGAIN</a>" in hover["text"], (path, hover)

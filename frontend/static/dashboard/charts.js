@@ -1,12 +1,15 @@
 /* costlab dashboard charts: draws the series the page embeds (#dashboard-data), then polls the
  * page's live endpoint once a second with a `since` cursor and appends what is new.
- * No inline handlers, no eval: loaded as a static file after plotly.min.js. */
+ * No inline handlers, no eval: a static file, after plain.js and lazy.js. Each chart is queued with
+ * costlabLazy.draw: drawn once plotly.js is there, after the load event, those in view first. Until a
+ * chart is drawn, what the live endpoint sends for it is kept with the page's data, and drawn with it. */
 (function () {
   "use strict";
 
   var dataEl = document.getElementById("dashboard-data");
   var root = document.getElementById("dashboard");
-  if (!dataEl || !root || !window.Plotly || !window.costlabPlain) { return; }
+  if (!dataEl || !root || !window.costlabLazy || !window.costlabPlain) { return; }
+  var lazy = window.costlabLazy;
   var cfg = JSON.parse(dataEl.textContent);
   var PLOT_CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"] };
   var MAX_POINTS = 5000; // per trace, while live points accumulate
@@ -161,32 +164,66 @@
 
   function emptyBand() { return { x: [], y: [], lo: [], hi: [] }; }
 
+  var queued = {}; // field -> true while its chart waits to be drawn (its data: tele.series[field])
   function drawTelemetry() {
     Object.keys(tele.series).forEach(function (field) {
       Object.keys(tele.series[field]).forEach(function (runId) { noteOrigin(runId, tele.series[field][runId].x); });
     });
     var els = root.querySelectorAll('.chart[data-kind="telemetry"]');
     Array.prototype.forEach.call(els, function (el) {
-      var field = el.dataset.field;
-      var meta = tele.fields[field];
-      var series = tele.series[field] || {};
-      var traces = [];
-      var state = { el: el, index: {}, lastX: {}, count: 0 };
-      Object.keys(series).forEach(function (runId) {
-        state.step = state.step || {};
-        state.step[runId] = usualStep(series[runId].x);
-        var band = withBreaks(series[runId], undefined, state.step[runId]);
-        state.index[runId] = [traces.length, traces.length + 1, traces.length + 2];
-        state.lastX[runId] = band.x.length ? band.x[band.x.length - 1] : -Infinity;
-        state.count += 3;
-        Array.prototype.push.apply(traces, runTraces(field, runId, band));
-      });
-      charts[field] = state;
-      var extra = { title: { text: plain(meta.label), font: { size: 14 }, x: 0.01 } };
-      if (!traces.length) { emptyLayout(extra, "no telemetry yet: this fills in when a run starts training"); }
-      Plotly.newPlot(el, traces, layout(axisTitle(meta), extra), PLOT_CONFIG);
+      queued[el.dataset.field] = true;
+      lazy.draw(el, function () { drawTelemetryChart(el); });
     });
+  }
+
+  function drawTelemetryChart(el) {
+    var field = el.dataset.field;
+    var meta = tele.fields[field];
+    var series = tele.series[field] || {};
+    var traces = [];
+    var state = { el: el, index: {}, lastX: {}, count: 0 };
+    Object.keys(series).forEach(function (runId) {
+      state.step = state.step || {};
+      state.step[runId] = usualStep(series[runId].x);
+      var band = withBreaks(series[runId], undefined, state.step[runId]);
+      state.index[runId] = [traces.length, traces.length + 1, traces.length + 2];
+      state.lastX[runId] = band.x.length ? band.x[band.x.length - 1] : -Infinity;
+      state.count += 3;
+      Array.prototype.push.apply(traces, runTraces(field, runId, band));
+    });
+    delete queued[field];
+    charts[field] = state;
+    // xAxis(): the toggle may have been used before this chart was drawn.
+    var extra = { title: { text: plain(meta.label), font: { size: 14 }, x: 0.01 }, xaxis: xAxis() };
+    if (!traces.length) { emptyLayout(extra, "no telemetry yet: this fills in when a run starts training"); }
+    Plotly.newPlot(el, traces, layout(axisTitle(meta), extra), PLOT_CONFIG);
     showEstimatedNote();
+  }
+
+  // The points of band after x = last (the live endpoint may resend the bucket it last sent).
+  function after(band, last) {
+    var fresh = emptyBand();
+    for (var i = 0; i < band.x.length; i++) {
+      if (band.x[i] > last) {
+        fresh.x.push(band.x[i]); fresh.y.push(band.y[i]); fresh.lo.push(band.lo[i]); fresh.hi.push(band.hi[i]);
+      }
+    }
+    return fresh;
+  }
+
+  // A chart not drawn yet: keep the new points with the page's series (at most MAX_POINTS a run); the
+  // chart draws them all, breaks included, when its turn comes. Returns the newest x kept, or null.
+  function keepForLater(field, update) {
+    var stored = tele.series[field] = tele.series[field] || {};
+    var newest = null;
+    Object.keys(update).forEach(function (runId) {
+      var have = stored[runId] = stored[runId] || emptyBand();
+      var fresh = after(update[runId], have.x.length ? have.x[have.x.length - 1] : -Infinity);
+      if (!fresh.x.length) { return; }
+      ["x", "y", "lo", "hi"].forEach(function (k) { have[k] = have[k].concat(fresh[k]).slice(-MAX_POINTS); });
+      newest = Math.max(newest || 0, fresh.x[fresh.x.length - 1]);
+    });
+    return newest;
   }
 
   function showEstimatedNote() {
@@ -202,16 +239,16 @@
     var newest = null;
     Object.keys(update.series || {}).forEach(function (field) {
       var state = charts[field];
-      if (!state) { return; }
-      Object.keys(update.series[field]).forEach(function (runId) {
-        var band = update.series[field][runId];
-        var last = state.lastX[runId] === undefined ? -Infinity : state.lastX[runId];
-        var fresh = emptyBand();
-        for (var i = 0; i < band.x.length; i++) {
-          if (band.x[i] > last) {
-            fresh.x.push(band.x[i]); fresh.y.push(band.y[i]); fresh.lo.push(band.lo[i]); fresh.hi.push(band.hi[i]);
-          }
+      if (!state) {
+        if (queued[field]) {
+          var kept = keepForLater(field, update.series[field]);
+          if (kept) { newest = Math.max(newest || 0, kept); }
         }
+        return;
+      }
+      Object.keys(update.series[field]).forEach(function (runId) {
+        var last = state.lastX[runId] === undefined ? -Infinity : state.lastX[runId];
+        var fresh = after(update.series[field][runId], last);
         if (!fresh.x.length) { return; }
         state.step = state.step || {};
         if (!state.step[runId]) { state.step[runId] = usualStep(fresh.x); }
@@ -237,10 +274,25 @@
   }
 
   // ---------------------------------------------------------------- attribution
+  // Each chart: drawn now if it is already, else queued once; a queued chart draws the newest data.
+  var attrNow = null, drawn = {};
+  function whenDrawn(el, draw) {
+    if (drawn[el.id] === "drawn") { draw(el); return; }
+    if (drawn[el.id] === "queued") { return; }
+    drawn[el.id] = "queued";
+    lazy.draw(el, function () { drawn[el.id] = "drawn"; draw(el); });
+  }
+
   function drawAttribution(attr) {
     var devEl = document.getElementById("chart-deviation");
     var wEl = document.getElementById("chart-weights");
     if (!devEl || !wEl || !attr) { return; }
+    attrNow = attr;
+    whenDrawn(devEl, function (el) { drawDeviation(el, attrNow); });
+    whenDrawn(wEl, function (el) { drawWeights(el, attrNow); });
+  }
+
+  function drawDeviation(devEl, attr) {
     var traces = [];
     Object.keys(attr.deviation).forEach(function (armId) {
       var arm = cfg.arms[armId] || { name: "arm " + armId, color: "#555" };
@@ -289,7 +341,9 @@
       shapes: shapes, annotations: annotations, yaxis: { title: { text: "deviation vs control (%)" }, zeroline: true },
       title: { text: "Deviation timeline", font: { size: 14 }, x: 0.01 }
     }, devExtra.xaxis ? { xaxis: devExtra.xaxis, yaxis: devExtra.yaxis } : {})), PLOT_CONFIG);
+  }
 
+  function drawWeights(wEl, attr) {
     var wTraces = Object.keys(attr.weights).map(function (armId) {
       var arm = cfg.arms[armId] || { name: "arm " + armId, color: "#555" };
       var w = attr.weights[armId];
@@ -306,19 +360,29 @@
     var usedEl = document.getElementById("chart-used-idle");
     var resEl = document.getElementById("chart-resources");
     if (!cost || !usedEl || !resEl) { return; }
-    var small = { height: 220, margin: { l: 100, r: 16, t: 30, b: 40 }, showlegend: false,
-      xaxis: { title: { text: "USD" }, rangemode: "tozero", tickformat: "~r" }, yaxis: { automargin: true } };
+    whenDrawn(usedEl, function (el) { drawUsedIdle(el, cost); });
+    whenDrawn(resEl, function (el) { drawResources(el, cost); });
+  }
+
+  // A new object each time: Plotly keeps (and fills in) the layout it is given.
+  function small(title) {
+    return { title: { text: title, font: { size: 14 }, x: 0.01 }, height: 220, margin: { l: 100, r: 16, t: 30, b: 40 },
+      showlegend: false, xaxis: { title: { text: "USD" }, rangemode: "tozero", tickformat: "~r" },
+      yaxis: { automargin: true } };
+  }
+
+  function drawUsedIdle(usedEl, cost) {
     Plotly.newPlot(usedEl, [{ type: "bar", orientation: "h", y: ["used", "idle"],
       x: [cost.used_idle.used, cost.used_idle.idle], marker: { color: ["#1f6fb4", "#bbb"] },
-      hovertemplate: "%{y}: %{x:.4g} USD<extra></extra>" }],
-    Object.assign({ title: { text: "Used vs idle", font: { size: 14 }, x: 0.01 } }, small), PLOT_CONFIG);
+      hovertemplate: "%{y}: %{x:.4g} USD<extra></extra>" }], small("Used vs idle"), PLOT_CONFIG);
+  }
+
+  function drawResources(resEl, cost) {
     var names = Object.keys(cost.resources);
     var labels = names.map(function (n) { return n === "energy" && cost.energy_estimated ? "energy (est.)" : n; });
     Plotly.newPlot(resEl, [{ type: "bar", orientation: "h", y: labels,
       x: names.map(function (n) { return cost.resources[n]; }), marker: { color: "#2a9d5c" },
-      hovertemplate: "%{y}: %{x:.4g} USD<extra></extra>" }],
-    Object.assign({ title: { text: "Energy vs device-hours and the rest", font: { size: 14 }, x: 0.01 } }, small),
-    PLOT_CONFIG);
+      hovertemplate: "%{y}: %{x:.4g} USD<extra></extra>" }], small("Energy vs device-hours and the rest"), PLOT_CONFIG);
   }
 
   // ---------------------------------------------------------------- live polling
