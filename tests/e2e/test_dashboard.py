@@ -108,8 +108,15 @@ def test_a_sample_that_lands_before_the_charts_are_drawn_is_drawn_with_them(page
     poll runs from the start. Here plotly.js is held back: the page is usable, polls, and keeps what
     arrives for the charts, which draw it when plotly.js comes."""
     seed, experiment, control, candidate, running = demo
-    held = []
-    page.route("**/plotly-basic*.js", lambda route: held.append(route))
+    held, released = [], []  # plotly.js's requests (the page's prefetch, lazy.js's script), held until released
+
+    def hold(route):
+        if released:
+            route.continue_()
+        else:
+            held.append(route)
+
+    page.route("**/plotly-basic*.js", hold)
     sign_in(page, live_server, seed, f"/experiments/{experiment.pk}/")
     assert page.locator("#verdict-card").is_visible() and page.locator("#comparison-measured").is_visible()
     page.wait_for_selector("#live-status.live")
@@ -119,11 +126,11 @@ def test_a_sample_that_lands_before_the_charts_are_drawn_is_drawn_with_them(page
     page.wait_for_function(f"() => document.getElementById('live-status').textContent"
                            f".includes('last sample {ts:%H:%M:%S}')", timeout=5000)
     assert page.evaluate("() => [window.Plotly, document.getElementById('chart-util_pct').data]") == [None, None]
-    for _ in range(100):
-        if held:
-            break
-        page.wait_for_timeout(50)
-    held[0].continue_()
+    page.wait_for_timeout(300)  # lazy.js asks for plotly.js after the load event: that request is held too
+    assert page.evaluate("() => window.Plotly") is None
+    released.append(True)
+    for route in held:
+        route.continue_()
     wait_for_charts(page, 6)
     page.wait_for_function(HAS_SAMPLE, arg=[int(ts.timestamp() * 1000), 42.5], timeout=5000)
     assert not page.js_errors, page.js_errors
