@@ -33,6 +33,7 @@ def charts_drawn(at_least: int, scope: str = "") -> str:
 def wait_for_charts(page, at_least: int, scope: str = "") -> None:
     page.wait_for_function(charts_drawn(at_least, scope), timeout=20_000)
 
+
 @pytest.fixture(scope="session")
 def browser():
     if not CHROMIUM.exists():

@@ -1,5 +1,6 @@
 /* costlab charts, drawn after the page is up. The verdict, the facts and the tables are server-rendered
- * HTML, usable at once; plotly.js (1 MB) is fetched and compiled only after the load event, then each
+ * HTML, usable at once; plotly.js (1 MB) is compiled and run only after the load event (the page's
+ * <link rel="prefetch"> downloads it meanwhile without holding that event back), then each
  * chart is drawn in a task of its own, those in view first, so the main thread is never blocked for
  * all of them at once: between two charts the browser paints and handles input. Static file, no
  * inline code (CSP): plotly's address comes from this script's data-plotly attribute.
