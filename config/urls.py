@@ -1,7 +1,7 @@
 from django.contrib import admin
+from django.http import HttpResponseRedirect
 from django.templatetags.static import static
 from django.urls import include, path
-from django.views.generic import RedirectView
 
 from apps.core.views import healthz
 from apps.ops.views import metrics
@@ -12,7 +12,8 @@ admin.site.site_title = "costlab admin"
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     # Pages without the <link rel="icon"> (the admin, Swagger UI) make browsers ask here.
-    path("favicon.ico", RedirectView.as_view(url=static("favicon.svg"), permanent=True)),
+    # A temporary redirect, resolved per request: the hashed name changes with the file (collectstatic).
+    path("favicon.ico", lambda request: HttpResponseRedirect(static("favicon.svg")), name="favicon"),
     path("metrics", metrics, name="metrics"),
     path("admin/", admin.site.urls),
     path("api/", include("apps.api.urls")),

@@ -35,9 +35,23 @@ def read_strategy(path: str) -> str:
         raise CliError(f"--strategy: {path} is not UTF-8 text") from None
 
 
+def strategy_normalise(text: str) -> str:
+    """LF line endings and one final newline: the server stores and hashes strategy text so (a file
+    saved on Windows, or typed into a browser, is the same strategy). Mirrors
+    apps.experiments.strategies.strategy_normalise; the CLI imports nothing of the server."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n").rstrip("\n")
+    return text + "\n" if text else ""
+
+
+def strategy_digest(text: str) -> str:
+    """The SHA-256 the server gives this strategy (apps.experiments.strategies.strategy_sha256)."""
+    return hashlib.sha256(strategy_normalise(text).encode("utf-8")).hexdigest()
+
+
 def arm_for_strategy(api: Api, *, experiment: int, text: str, arm_name: str | None, path: str) -> tuple[dict, str]:
     """The arm to run and what was done to get it: 'matched', 'created' or 'updated'."""
-    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    text = strategy_normalise(text)
+    digest = strategy_digest(text)
     if arm_name is None:
         arms = api.get("arms/", experiment=experiment, strategy_sha256=digest)["results"]
         if not arms:

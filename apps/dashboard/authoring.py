@@ -7,7 +7,14 @@ from django.db import transaction
 
 from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Arm, Experiment, Run
-from apps.experiments.services import arm_create, arm_update, experiment_create, experiment_update, run_submit
+from apps.experiments.services import (
+    arm_create,
+    arm_delete,
+    arm_update,
+    experiment_create,
+    experiment_update,
+    run_submit,
+)
 from apps.tenants.models import Tenant
 
 
@@ -24,21 +31,25 @@ def experiment_author(*, tenant: Tenant | None = None, experiment: Experiment | 
                       arms: list[dict]) -> Experiment:
     """Create (with tenant) or edit (with experiment) an experiment and its arms, all or nothing.
 
-    Each arm: name, strategy_yaml, weight, is_control, and arm_id for an existing one. Arms that
-    give up the control role are saved first, so the role can move from one arm to another."""
+    Each arm: name, strategy_yaml, weight, is_control, and arm_id and delete for an existing one
+    (an arm with runs is refused: they need it). Deletions and arms that give up the control role are
+    saved first, so the role can move from one arm to another."""
     if experiment is None:
         experiment = experiment_create(tenant=tenant, **fields)
     else:
         experiment = experiment_update(experiment=experiment, **fields)
     existing = {arm.pk: arm for arm in experiment.arms.all()}
-    for arm in sorted(arms, key=lambda a: bool(a["is_control"])):
+    for arm in sorted(arms, key=lambda a: (not a.get("delete"), bool(a.get("is_control")))):
         try:
-            values = {k: arm[k] for k in ("name", "strategy_yaml", "weight", "is_control")}
+            values = {k: arm.get(k) for k in ("name", "strategy_yaml", "weight", "is_control")}
             if arm.get("arm_id"):
                 if arm["arm_id"] not in existing:
                     raise ApplicationError(f"arm_id: {arm['arm_id']} is not an arm of experiment '{experiment.name}'",
                                            code="invalid")
-                arm_update(arm=existing[arm["arm_id"]], **values)
+                if arm.get("delete"):
+                    arm_delete(arm=existing[arm["arm_id"]])
+                else:
+                    arm_update(arm=existing[arm["arm_id"]], **values)
             else:
                 arm_create(experiment=experiment, **values)
         except ApplicationError as exc:

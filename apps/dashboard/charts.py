@@ -12,6 +12,7 @@ from apps.attribution.models import AttributionSnapshot, FreezeEvent, WeightChan
 from apps.attribution.selectors import snapshot_series
 from apps.core.db import EpochMs
 from apps.dashboard.series import RunSeries, epoch_ms, series_meta
+from apps.dashboard.verdicts import clip_low
 from apps.experiments.models import Arm, Experiment, Run
 
 # Telemetry charts of the experiment page (a run's page adds throughput and loss).
@@ -43,10 +44,19 @@ def runs_json(runs: list[Run], arm_names: dict[int, str], series: RunSeries) -> 
                         "status": r.status, "estimated": r.pk in series.estimated} for r in runs}
 
 
+def device_label(runs: list[Run]) -> str:
+    """What "utilization" measures on these runs: a CPU run reports CPU utilization, not a GPU's."""
+    kinds = {"GPU" if r.gpu_count else "CPU" for r in runs}
+    return f"{kinds.pop()} utilization" if len(kinds) == 1 else "Device utilization (GPU or CPU)" if kinds \
+        else "Utilization"
+
+
 def telemetry_json(*, runs: list[Run], arm_names: dict[int, str], series: RunSeries,
                    fields: tuple[str, ...]) -> dict:
-    return {"fields": series_meta(fields), "runs": runs_json(runs, arm_names, series),
-            "series": series.as_json(fields)}
+    meta = series_meta(fields)
+    if "util_pct" in meta:
+        meta["util_pct"] = {**meta["util_pct"], "label": device_label(runs)}
+    return {"fields": meta, "runs": runs_json(runs, arm_names, series), "series": series.as_json(fields)}
 
 
 def _thin(rows: list, limit: int) -> list:
@@ -90,7 +100,7 @@ def attribution_json(*, experiment: Experiment, arms: list[Arm], now: datetime |
             points = [r for r in rows if r[2] is not None]
             deviation[str(arm.pk)] = {
                 "x": [int(r[1]) for r in points], "y": [_pct(r[2]) for r in points],
-                "lo": [_pct(r[3]) for r in points], "hi": [_pct(r[4]) for r in points],
+                "lo": [_pct(clip_low(r[3])) for r in points], "hi": [_pct(r[4]) for r in points],
             }
         weights[arm.pk] = [(r[1], float(r[5])) for r in rows]
 
@@ -118,6 +128,7 @@ def attribution_json(*, experiment: Experiment, arms: list[Arm], now: datetime |
         .values_list("arm_id", "action", "t", "deviation", "reason")
     ]
     return {
+        "attributed": bool(snapshots),  # windows exist, even when no deviation is estimable yet
         "threshold_pct": _pct(threshold), "deviation": deviation, "freezes": freezes, "weights": weights_json,
         "arms": {str(a.pk): {"state": a.state, "weight": float(a.weight)} for a in arms},
         "version": version or attribution_version(experiment=experiment),
@@ -133,7 +144,7 @@ def cost_breakdown_json(run: Run) -> dict:
     b = run.cost_breakdown or {}
     return {
         "used_idle": {"used": b.get("used_usd", 0.0), "idle": b.get("idle_usd", 0.0)},
-        "resources": {"device-hours": b.get("gpu_usd", 0.0), "energy": b.get("energy_usd", 0.0),
+        "resources": {("device-hours (GPU)" if run.gpu_count else "device-hours (CPU)"): b.get("gpu_usd", 0.0), "energy": b.get("energy_usd", 0.0),
                       "vCPU": b.get("cpu_usd", 0.0), "memory": b.get("memory_usd", 0.0)},
         "energy_estimated": run.energy_estimated,
     }

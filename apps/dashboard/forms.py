@@ -9,30 +9,36 @@ from __future__ import annotations
 from decimal import Decimal
 
 from django import forms
-from django.core.exceptions import ValidationError
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 
 from apps.core.exceptions import ApplicationError
+from apps.dashboard.runs import SORTS
 from apps.experiments.models import Arm, Experiment, Run
 from apps.experiments.strategies import strategy_normalise
 from apps.pricing.models import CostModel, PricingTable
+from apps.sweeps.models import DEFAULT_OBJECTIVES, OBJECTIVES, SAMPLER_CHOICES
 
 STRATEGY_MAX_CHARS = 64 * 1024  # as the API (gpu_runtime refuses larger documents too)
 SUBMIT_MAX_RUNS = 20
 
 
-def name_the_fields(form: forms.BaseForm) -> None:
-    """Django's stock messages ("This field is required.") say the field by their place only: say its name."""
-    for name, field in form.fields.items():
-        field.error_messages = {**field.error_messages, "required": f"{name}: required",
-                                "invalid_choice": f"{name}: not one of the choices",
-                                "invalid": field.error_messages.get("invalid", "") if name == "git_sha"
-                                else f"{name}: not a valid value"}
+class NamedErrors:
+    """Every field error starts with the field's name ("weight: Ensure this value is ..."), as the
+    services' do: Django's stock messages say the field only by where they are shown."""
+
+    def full_clean(self):
+        super().full_clean()
+        for name, errors in list((self._errors or {}).items()):
+            if name != NON_FIELD_ERRORS:
+                self._errors[name] = self.error_class(
+                    [e if e.startswith(f"{name}:") else f"{name}: {e}" for e in errors], renderer=self.renderer)
 
 
 def error_to_form(form: forms.BaseForm, exc: ApplicationError) -> None:
-    """A service's refusal on the form: on the field its message names ("field: reason") when the form
-    has that field, else on the form. A strategy's errors come one per key ("train.steps: ...")."""
-    named = exc.message.partition(":")[0].strip()
+    """A service's refusal on the form: on the field its message names ("field: reason", or
+    "field.key: reason") when the form has that field, else on the form. A strategy's errors come one
+    per key ("train.steps: ...")."""
+    named = exc.message.partition(":")[0].strip().split(".")[0]  # "space.train.bogus: ..." is on space
     if named not in form.fields or form.fields[named].widget.is_hidden:
         form.add_error(None, exc.message)
         return
@@ -41,7 +47,7 @@ def error_to_form(form: forms.BaseForm, exc: ApplicationError) -> None:
         form.add_error(named, reason)
 
 
-class ExperimentForm(forms.ModelForm):
+class ExperimentForm(NamedErrors, forms.ModelForm):
     """An experiment's settings; the tenant is chosen on creation only (from the user's tenants)."""
 
     tenant = forms.ModelChoiceField(queryset=None, to_field_name="slug", empty_label=None,
@@ -76,7 +82,6 @@ class ExperimentForm(forms.ModelForm):
         self.fields["pricing_table"].empty_label = "the table in force when each sample was taken"
         if not self.instance.pk:
             self.initial.setdefault("cost_model", next(iter(cost_models.values_list("pk", flat=True)[:1]), None))
-        name_the_fields(self)
 
     def _post_clean(self):
         """Skip the model's own validation here: the service validates, naming the field."""
@@ -85,7 +90,7 @@ class ExperimentForm(forms.ModelForm):
         return {name: value for name, value in self.cleaned_data.items() if name != "tenant"}
 
 
-class ArmForm(forms.Form):
+class ArmForm(NamedErrors, forms.Form):
     """One arm: its name, strategy (YAML), traffic weight and whether it is the control."""
 
     arm_id = forms.IntegerField(widget=forms.HiddenInput, required=False)
@@ -99,10 +104,6 @@ class ArmForm(forms.Form):
                                 help_text="Relative share of new runs (>= 0).")
     is_control = forms.BooleanField(required=False, label="Control arm")
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        name_the_fields(self)
-
     def clean_strategy_yaml(self) -> str:
         return strategy_normalise(self.cleaned_data["strategy_yaml"])
 
@@ -111,7 +112,7 @@ class BaseArmFormSet(forms.BaseFormSet):
     def clean(self):
         if any(self.errors):
             return
-        arms = [f.cleaned_data for f in self.forms if f.cleaned_data and not f.cleaned_data.get("DELETE")]
+        arms = [f.cleaned_data for f in self.forms if f.cleaned_data and not self._should_delete_form(f)]
         if not arms:
             raise ValidationError("arms: an experiment needs at least one arm (fill in a name and a strategy)")
         names = [a["name"] for a in arms]
@@ -122,40 +123,41 @@ class BaseArmFormSet(forms.BaseFormSet):
             raise ValidationError("is_control: only one arm can be the control")
 
     def arms(self) -> list[dict]:
-        """The filled-in arms, in order, each with its form's index."""
-        return [{**f.cleaned_data, "index": i} for i, f in enumerate(self.forms) if f.cleaned_data]
+        """The filled-in arms, in order, each with its form's index; `delete` for an existing arm ticked
+        for deletion (a new one ticked is left out)."""
+        out = []
+        for i, form in enumerate(self.forms):
+            if not form.cleaned_data or (self._should_delete_form(form) and not form.cleaned_data.get("arm_id")):
+                continue
+            out.append({**form.cleaned_data, "index": i, "delete": self._should_delete_form(form)})
+        return out
 
 
-ArmFormSet = forms.formset_factory(ArmForm, formset=BaseArmFormSet, extra=2, max_num=12, absolute_max=12)
+ArmFormSet = forms.formset_factory(ArmForm, formset=BaseArmFormSet, extra=2, max_num=12, absolute_max=12,
+                                   can_delete=True)
 
 
-class SubmitRunsForm(forms.Form):
+class SubmitRunsForm(NamedErrors, forms.Form):
     count = forms.IntegerField(min_value=1, max_value=SUBMIT_MAX_RUNS, initial=2, label="Runs",
                                help_text=f"How many runs to queue (1-{SUBMIT_MAX_RUNS}); all or none are queued.")
     arm = forms.ModelChoiceField(queryset=None, required=False, empty_label="any arm, by traffic weight",
                                  help_text="Route every run to this arm, or let the weights choose per run.")
     git_sha = forms.RegexField(regex=r"^[0-9a-fA-F]{0,40}$", max_length=40, required=False, label="Git commit",
-                               error_messages={"invalid": "git_sha: hexadecimal, up to 40 characters"})
+                               error_messages={"invalid": "hexadecimal, up to 40 characters"})
 
     def __init__(self, *args, experiment: Experiment, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["arm"].queryset = experiment.arms.filter(state=Arm.State.ACTIVE).order_by("-is_control", "name")
-        name_the_fields(self)
 
 
-class RunFilterForm(forms.Form):
+class RunFilterForm(NamedErrors, forms.Form):
     """The runs page's filters and sort, from the query string; a bad value is named, never a 500."""
-
-    SORTS = {
-        "created": "created_at", "cost": "cost_usd", "tokens": "tokens", "steps": "steps",
-        "experiment": "experiment__name", "arm": "arm__name", "status": "status", "finished": "finished_at",
-    }
 
     experiment = forms.ModelChoiceField(queryset=None, required=False, empty_label="all experiments")
     arm = forms.ModelChoiceField(queryset=None, required=False, empty_label="all arms")
     status = forms.ChoiceField(choices=[("", "any status"), *Run.Status.choices], required=False)
     git_sha = forms.RegexField(regex=r"^[0-9a-fA-F]{1,40}$", max_length=40, required=False, label="Git commit",
-                               error_messages={"invalid": "git_sha: hexadecimal, a prefix of the commit"})
+                               error_messages={"invalid": "hexadecimal, a prefix of the commit"})
     since = forms.DateField(required=False, label="Queued from", widget=forms.DateInput(attrs={"type": "date"}))
     until = forms.DateField(required=False, label="Queued until", widget=forms.DateInput(attrs={"type": "date"}))
     sort = forms.ChoiceField(required=False, choices=[(f"{d}{k}", k) for k in SORTS for d in ("-", "")])
@@ -165,10 +167,44 @@ class RunFilterForm(forms.Form):
         self.fields["experiment"].queryset = experiments
         self.fields["arm"].queryset = arms
         self.fields["arm"].label_from_instance = lambda a: f"{a.experiment.name} / {a.name}"
-        name_the_fields(self)
+        self.fields["sort"].error_messages["invalid_choice"] = (
+            f"one of {', '.join(SORTS)}, with '-' first for descending")
 
     def clean(self):
         data = super().clean()
         if data.get("since") and data.get("until") and data["since"] > data["until"]:
-            self.add_error("until", "until: must be on or after 'queued from'")
+            self.add_error("until", "must be on or after 'queued from' (since)")
         return data
+
+
+class SweepForm(NamedErrors, forms.Form):
+    """A strategy search: a base strategy, the space of values to try, how many probes, what to minimise."""
+
+    EXAMPLE_SPACE = '{\n  "train.global_batch": [4, 8],\n  "precision.compute_dtype": ["fp32", "bf16"]\n}'
+
+    tenant = forms.ModelChoiceField(queryset=None, to_field_name="slug", empty_label=None,
+                                    help_text="The team that pays for the probes.")
+    name = forms.CharField(max_length=120)
+    base_strategy_yaml = forms.CharField(
+        label="Base strategy (YAML)", max_length=STRATEGY_MAX_CHARS, strip=False,
+        widget=forms.Textarea(attrs={"rows": 8, "spellcheck": "false", "data-strategy-editor": "1", "class": "code"}),
+        help_text="Every probe trains this strategy with the space's values put in.")
+    space = forms.JSONField(
+        widget=forms.Textarea(attrs={"rows": 5, "spellcheck": "false", "class": "code"}), initial=EXAMPLE_SPACE,
+        help_text='JSON: dotted strategy key -> a list of values, or {"low", "high", "step" | "log2"}.')
+    objectives = forms.MultipleChoiceField(choices=list(OBJECTIVES.items()), initial=DEFAULT_OBJECTIVES,
+                                           widget=forms.CheckboxSelectMultiple, help_text="Minimised together.")
+    sampler = forms.ChoiceField(choices=[(s, s) for s in SAMPLER_CHOICES], initial="auto",
+                                help_text="auto: the whole grid when it fits the probes, else TPE.")
+    probe_count = forms.IntegerField(min_value=1, max_value=500, initial=4, label="Probes")
+    probe_steps = forms.IntegerField(min_value=2, max_value=100_000, initial=20, label="Steps per probe")
+    warmup_steps = forms.IntegerField(min_value=0, max_value=10_000, initial=2, label="Warm-up steps (not timed)")
+    parallelism = forms.IntegerField(min_value=1, max_value=1024, initial=2, label="Probes at once")
+    seed = forms.IntegerField(min_value=0, max_value=2**31 - 1, initial=0)
+
+    def __init__(self, *args, tenants, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["tenant"].queryset = tenants
+
+    def clean_base_strategy_yaml(self) -> str:
+        return strategy_normalise(self.cleaned_data["base_strategy_yaml"])

@@ -5,6 +5,8 @@ fixed handful; spend one grouped query per page. Always scoped to the user's ten
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
@@ -91,18 +93,20 @@ def runs_csv_rows(runs: QuerySet[Run]) -> Iterator[list]:
 # The experiment comparison as CSV
 # ---------------------------------------------------------------------------------------------
 def comparison_csv_rows(*, experiment: Experiment) -> Iterator[list]:
-    """One row per arm of experiment_report: what the comparison table shows, with units in the header."""
+    """One row per arm of experiment_report, as the comparison table shows it. Names carry their units
+    (total_usd, energy_kwh, usd_per_mtok ...); energy_estimated flags modelled energy, and the
+    projected.* columns (one run of target_steps) are estimates (projected.estimated says so)."""
     report = experiment_report(experiment=experiment)
-    fields = [f for f in _report_fields(report) if f not in ("arm_id",)]
-    yield ["experiment", *fields]
+    rows = []
     for arm in report.arms:
-        yield [experiment.name, *(_csv_value(getattr(arm, f)) for f in fields)]
-
-
-def _report_fields(report) -> list[str]:
-    import dataclasses
-
-    return [f.name for f in dataclasses.fields(report.arms[0])] if report.arms else ["name"]
+        flat: dict = {}
+        _flatten("", dataclasses.asdict(arm), flat)
+        flat.pop("arm_id")
+        rows.append(flat)
+    columns = list(dict.fromkeys(key for row in rows for key in row)) or ["name"]
+    yield ["experiment", *columns]
+    for row in rows:
+        yield [experiment.name, *(_csv_value(row.get(c)) for c in columns)]
 
 
 def _csv_value(value) -> str:
@@ -111,8 +115,6 @@ def _csv_value(value) -> str:
     if isinstance(value, float):
         return f"{value:.6g}"
     if isinstance(value, (list, dict, tuple)):
-        import json
-
         return json.dumps(value, default=str)
     return str(value)
 
@@ -150,8 +152,6 @@ class ConfigRow:
 
 def config_diff(runs: list[Run]) -> list[ConfigRow]:
     """Every key of the runs' strategies; the ones whose values differ first, then the rest."""
-    import json
-
     configs = [{k: v if isinstance(v, str) else json.dumps(v) for k, v in run_config(r).items()} for r in runs]
     keys = sorted(set().union(*configs))
     rows = [ConfigRow(k, [c.get(k, "—") for c in configs], len({c.get(k, "—") for c in configs}) > 1)

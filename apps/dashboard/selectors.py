@@ -30,9 +30,10 @@ from django.utils import timezone
 
 from apps.attribution.models import AttributionWindow
 from apps.attribution.report import ExperimentReport, experiment_report
-from apps.dashboard import charts
+from apps.dashboard import charts, verdicts
 from apps.dashboard.series import live_series, run_series
 from apps.experiments.models import Arm, Experiment, Run
+from apps.experiments.selectors import run_outliers
 from apps.pricing.models import GpuPrice, PricingTable
 from apps.telemetry.selectors import telemetry_by_rank
 from apps.tenants.models import Membership, Tenant
@@ -83,10 +84,12 @@ class ExperimentRow:
     queued: int
     last_attribution: datetime | None
     last_attribution_skipped: bool
+    verdicts: list  # verdicts.Verdict per non-control arm, at the latest window
 
 
 def experiment_rows(*, user) -> list[ExperimentRow]:
-    """State, arms, spend to date, last attribution and frozen arms of each visible experiment. Two queries."""
+    """State, arms, verdicts, spend to date, last attribution and frozen arms of each visible experiment.
+    Four queries, whatever the number of experiments."""
     last = AttributionWindow.objects.filter(experiment=OuterRef("pk")).order_by("-number")
     experiments = (
         experiments_visible(user=user)
@@ -98,9 +101,11 @@ def experiment_rows(*, user) -> list[ExperimentRow]:
         .prefetch_related(Prefetch("arms", queryset=Arm.objects.order_by("-is_control", "name")))
         .order_by("tenant__name", "-created_at", "-pk")
     )
+    experiments = list(experiments)
+    verdicts_of = verdicts.experiments_verdicts(experiments=experiments)
     return [
         ExperimentRow(
-            experiment=e, arms=list(e.arms.all()), frozen=[a for a in e.arms.all() if a.state == Arm.State.FROZEN],
+            experiment=e, verdicts=verdicts_of[e.pk], arms=list(e.arms.all()), frozen=[a for a in e.arms.all() if a.state == Arm.State.FROZEN],
             spend_usd=e.spend, spend_estimated=e.estimated > 0, runs=e.run_count, running=e.running,
             queued=e.queued, last_attribution=e.last_end,
             last_attribution_skipped=e.last_status == AttributionWindow.Status.SKIPPED,
@@ -115,13 +120,8 @@ def experiment_rows(*, user) -> list[ExperimentRow]:
 @dataclass
 class ExperimentPage:
     experiment: Experiment
-    report: ExperimentReport
-    arm_colors: dict[int, int]  # arm id -> palette index (CSS class swatch-N, charts.ARM_COLORS[N])
-    run_counts: dict[str, int]
-    recent_runs: list[Run]
+    parts: dict  # what the page refreshes while runs train: experiment_parts()
     charted_runs: int
-    notices: list[Notice]
-    last_window: AttributionWindow | None
     charts: dict = field(default_factory=dict)
 
 
@@ -204,23 +204,16 @@ def _charted_runs(experiment: Experiment) -> list[Run]:
 
 
 def experiment_page(*, experiment: Experiment, now: datetime | None = None) -> ExperimentPage:
-    """Everything the experiment page shows: the comparison, runs, notices and every chart's data."""
+    """Everything the experiment page shows: the verdicts, the comparison, runs, notices and every chart's data."""
     now = now or timezone.now()
-    report = experiment_report(experiment=experiment)
-    arm_names = {a.arm_id: a.name for a in report.arms}
     arms = list(experiment.arms.order_by("-is_control", "name"))
-    colors = {a.pk: i % len(charts.ARM_COLORS) for i, a in enumerate(arms)}
-    stats = _run_stats(experiment)
-    last_window = AttributionWindow.objects.filter(experiment=experiment).order_by("-number").first()
+    parts = experiment_parts(experiment=experiment, now=now, arm_ids=[a.pk for a in arms])
+    arm_names = {a.arm_id: a.name for a in parts["report"].arms}
+    colors = parts["arm_colors"]
     charted = _charted_runs(experiment)
     series = run_series(runs=charted, fields=charts.EXPERIMENT_FIELDS, budget=charts.budget_per_run(len(charted)))
     return ExperimentPage(
-        experiment=experiment, report=report, arm_colors=colors, run_counts=stats.counts,
-        recent_runs=list(experiment.runs.select_related("arm").order_by("-pk")[:RECENT_RUNS]),
-        charted_runs=len(charted),
-        notices=attribution_notices(experiment=experiment, report=report, stats=stats, last_window=last_window)
-        + worker_notices(stats=stats, now=now),
-        last_window=last_window,
+        experiment=experiment, parts=parts, charted_runs=len(charted),
         charts={
             "cursor": charts.epoch_ms(now), "poll_ms": charts.LIVE_POLL_MS,
             "arms": {str(a.pk): {"name": a.name, "color": charts.ARM_COLORS[colors[a.pk]], "control": a.is_control}
@@ -232,15 +225,23 @@ def experiment_page(*, experiment: Experiment, now: datetime | None = None) -> E
     )
 
 
-def comparison(*, experiment: Experiment, now: datetime | None = None) -> dict:
-    """The comparison table and notices alone: the fragment the page refreshes while runs train."""
+def experiment_parts(*, experiment: Experiment, now: datetime | None = None, arm_ids: list[int] | None = None) -> dict:
+    """The parts of the experiment page that move while runs train, rendered on the page and again by the
+    fragment the page fetches (dashboard/_experiment_parts.html): the verdict card, the run counts, the
+    comparison table with its notices, and the recent runs."""
     now = now or timezone.now()
     report = experiment_report(experiment=experiment)
     stats = _run_stats(experiment)
     last_window = AttributionWindow.objects.filter(experiment=experiment).order_by("-number").first()
-    arms = list(experiment.arms.order_by("-is_control", "name").values_list("pk", flat=True))
+    if arm_ids is None:  # in colour order: the control first, then by name
+        arm_ids = list(experiment.arms.order_by("-is_control", "name").values_list("pk", flat=True))
+    verdict_list = verdicts.experiment_verdicts(experiment=experiment, report=report, now=now)
     return {"experiment": experiment, "report": report, "last_window": last_window,
-            "arm_colors": {pk: i % len(charts.ARM_COLORS) for i, pk in enumerate(arms)},
+            "arm_colors": {pk: i % len(charts.ARM_COLORS) for i, pk in enumerate(arm_ids)},
+            "verdicts": verdict_list, "verdict_of": {v.arm_id: v for v in verdict_list},
+            "run_counts": stats.counts,
+            "recent_runs": list(experiment.runs.select_related("arm").order_by("-pk")[:RECENT_RUNS]),
+            "outlier_ids": set(run_outliers(experiment_id=experiment.pk)),
             "notices": attribution_notices(experiment=experiment, report=report, stats=stats,
                                            last_window=last_window) + worker_notices(stats=stats, now=now)}
 

@@ -29,4 +29,5 @@ urlpatterns = [
     path("runs/compare/", views_runs.run_compare, name="runs-compare"),
     path("runs/<int:pk>/cancel/", views_authoring.run_cancel_view, name="run-cancel"),
     path("spend/", views_runs.spend, name="spend"),
+    path("sweeps/new/", views_authoring.sweep_new, name="sweep-new"),
 ]

@@ -78,15 +78,15 @@ def experiment_list(request):
 @require_GET
 def experiment_detail(request, pk: int):
     experiment = get_object_or_404(selectors.experiments_visible(user=request.user), pk=pk)
-    return render(request, "dashboard/experiment_detail.html", {"page": selectors.experiment_page(experiment=experiment),
-                                                                 "outlier_ids": set(run_outliers(experiment_id=pk))})
+    page = selectors.experiment_page(experiment=experiment)
+    return render(request, "dashboard/experiment_detail.html", {"page": page, **page.parts})
 
 
 @login_required
 @require_GET
 def experiment_comparison(request, pk: int):
     experiment = get_object_or_404(selectors.experiments_visible(user=request.user), pk=pk)
-    return render(request, "dashboard/_comparison.html", selectors.comparison(experiment=experiment))
+    return render(request, "dashboard/_experiment_parts.html", selectors.experiment_parts(experiment=experiment))
 
 
 @json_endpoint

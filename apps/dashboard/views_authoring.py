@@ -17,9 +17,10 @@ from django.views.decorators.http import require_http_methods, require_POST
 from apps.core.exceptions import ApplicationError
 from apps.dashboard import selectors
 from apps.dashboard.authoring import ArmRefused, experiment_author, runs_submit
-from apps.dashboard.forms import ArmFormSet, ExperimentForm, SubmitRunsForm, error_to_form
+from apps.dashboard.forms import ArmFormSet, ExperimentForm, SubmitRunsForm, SweepForm, error_to_form
 from apps.experiments.models import Arm
 from apps.experiments.services import run_cancel
+from apps.sweeps.services import sweep_create
 
 
 def strategy_examples() -> dict[str, str]:
@@ -115,3 +116,24 @@ def run_cancel_view(request, pk: int):
                                            require_https=request.is_secure()):
         target = reverse("dashboard:run", args=[run.pk])
     return redirect(target)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def sweep_new(request):
+    tenants = selectors.tenants_of(user=request.user)
+    examples = strategy_examples()
+    form = SweepForm(request.POST or None, tenants=tenants, initial={"base_strategy_yaml": examples.get("tiny", "")})
+    if request.method == "POST" and form.is_valid():
+        try:
+            sweep = sweep_create(**form.cleaned_data)
+        except ApplicationError as exc:
+            error_to_form(form, exc)
+        else:
+            messages.success(request, f"Sweep '{sweep.name}' started: {sweep.probe_count} probes.")
+            return redirect("dashboard:sweep", sweep.pk)
+    tenant = form["tenant"].value()
+    return render(request, "dashboard/sweep_form.html", {
+        "form": form, "examples": examples, "validate_url": reverse("api:arm-validate-strategy"),
+        "tenant_slug": tenant or (tenants[0].slug if tenants else ""),
+    }, status=400 if request.method == "POST" else 200)

@@ -21,6 +21,7 @@ from apps.pricing.models import CostModel, GpuPrice, GpuSku, PricingTable
 from apps.tenants.models import Membership, Tenant
 
 EXAMPLE_VALID_FROM = datetime(2026, 1, 1, tzinfo=UTC)
+DEMO_MAX_CONCURRENT_RUNS = 24
 
 # (name, memory GB, board power W, dense BF16 TFLOPS, EXAMPLE price USD per GPU-hour)
 EXAMPLE_SKUS = [
@@ -84,7 +85,10 @@ def demo_seed(*, admin_username: str = "admin", admin_email: str = "admin@exampl
               submit_runs_per_arm: int = 0) -> DemoSeedResult:
     """Seed the demo; with submit_runs_per_arm, also queue runs when the demo experiment has
     none."""
-    tenant, _ = Tenant.objects.get_or_create(slug="demo", defaults={"name": "Demo team"})
+    # Room beyond the demo's own queued runs (make run queues 6 per arm), so a new user's first
+    # submissions are not refused by the quota.
+    tenant, _ = Tenant.objects.get_or_create(
+        slug="demo", defaults={"name": "Demo team", "max_concurrent_runs": DEMO_MAX_CONCURRENT_RUNS})
 
     table, _ = PricingTable.objects.get_or_create(
         tenant=tenant,

@@ -8,7 +8,7 @@ from django.db.models import Q
 
 from apps.core.models import TimeStampedModel
 from apps.core.queues import CeleryQueue
-from apps.experiments.strategies import strategy_sha256
+from apps.experiments.strategies import strategy_normalise, strategy_sha256
 from apps.pricing.models import CostModel, GpuSku, PricingTable
 from apps.tenants.models import Tenant
 
@@ -122,7 +122,8 @@ class Arm(TimeStampedModel):
             raise ValidationError({"weight": "a frozen arm has weight 0; unfreeze it to give it traffic"})
 
     def save(self, *args, **kwargs):
-        # The hash is derived from the text: keep them from drifting apart.
+        # The hash is derived from the text, both normalised (LF, one final newline): never apart.
+        self.strategy_yaml = strategy_normalise(self.strategy_yaml)
         self.strategy_sha256 = strategy_sha256(self.strategy_yaml)
         super().save(*args, **kwargs)
 

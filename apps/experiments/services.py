@@ -16,7 +16,12 @@ from apps.core.notify import ARM_REVISIONS, publish
 from apps.core.queues import CeleryQueue
 from apps.experiments.models import Arm, Experiment, Run
 from apps.experiments.runs import run_end, run_enqueue
-from apps.experiments.strategies import strategy_sha256, strategy_validate, strategy_world_size
+from apps.experiments.strategies import (
+    strategy_normalise,
+    strategy_sha256,
+    strategy_validate,
+    strategy_world_size,
+)
 from apps.pricing.models import GpuSku
 from apps.tenants.models import Tenant
 
@@ -37,6 +42,8 @@ def arm_update(*, arm: Arm, strategy_yaml: str | None = None, weight: Decimal | 
 
     arm = Arm.objects.select_for_update().get(pk=arm.pk)
     live, others = {}, []
+    if strategy_yaml is not None:
+        strategy_yaml = strategy_normalise(strategy_yaml)
     if strategy_yaml is not None and strategy_yaml != arm.strategy_yaml:
         strategy_validate(strategy_yaml)
         live, others = live_changes(load_strategy(arm.strategy_yaml), load_strategy(strategy_yaml))
@@ -243,8 +250,8 @@ def experiment_delete(*, experiment: Experiment) -> None:
 @transaction.atomic
 def arm_create(*, experiment: Experiment, name: str, strategy_yaml: str, weight: Decimal = Decimal("1"),
                is_control: bool = False) -> Arm:
-    """Add an arm; its strategy is validated by gpu_runtime's schema first,
-    errors naming the key."""
+    """Add an arm; its strategy is validated by gpu_runtime's schema first, errors naming the key."""
+    strategy_yaml = strategy_normalise(strategy_yaml)
     strategy_validate(strategy_yaml)
     if is_control and experiment.arms.filter(is_control=True).exists():
         raise ApplicationError(f"is_control: experiment '{experiment.name}' already has a control arm",

@@ -20,6 +20,20 @@ CHROMIUM_ARGS = [
 ]
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "var" / "screenshots"
 
+
+def charts_drawn(at_least: int, scope: str = "") -> str:
+    """JavaScript, true once the page has at least `at_least` charts (`.chart` under `scope`) and every
+    one of them is drawn. Charts are drawn after the load event, one per task, those in view first
+    (dashboard/lazy.js): the load event says nothing about them."""
+    selector = f"{scope} .chart".strip()
+    return (f"() => {{ const c = [...document.querySelectorAll('{selector}')]; "
+            f"return c.length >= {at_least} && c.every(el => el.querySelector('.main-svg')); }}")
+
+
+def wait_for_charts(page, at_least: int, scope: str = "") -> None:
+    page.wait_for_function(charts_drawn(at_least, scope), timeout=20_000)
+
+
 @pytest.fixture(scope="session")
 def browser():
     if not CHROMIUM.exists():

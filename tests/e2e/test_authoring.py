@@ -92,3 +92,28 @@ def test_create_an_experiment_with_two_arms_submit_runs_and_see_them_train(page,
     assert all(int(s) == 3 for s in rows.locator('[data-col="steps"]').all_inner_texts())
     page.screenshot(path=str(screenshots / "runs-page.png"), full_page=True)
     assert not page.js_errors, page.js_errors
+
+
+def test_start_a_sweep_with_the_strategy_checked_as_typed(page, live_server, screenshots):
+    from apps.sweeps.models import Sweep
+
+    table = PricingTableFactory()
+    user = UserFactory()
+    MembershipFactory(user=user, tenant=table.tenant)
+    sign_in(page, live_server, user, "/sweeps/")
+    page.click("#start-sweep")
+    page.wait_for_url(live_server.url + "/sweeps/new/")
+    status = "[data-status-for=id_base_strategy_yaml]"
+    page.wait_for_function(f"() => document.querySelector('{status}').textContent.includes('valid strategy')")
+    page.fill("#id_base_strategy_yaml", TINY.replace("seq_len: 16", "seq_len: 3"))
+    page.wait_for_function(f"() => document.querySelector('{status}').textContent.includes('model.seq_len')")
+    page.fill("#id_base_strategy_yaml", TINY)
+    page.wait_for_function(f"() => document.querySelector('{status}').textContent.includes('valid strategy')")
+    page.fill("#id_name", "from the browser")
+    page.fill("#id_space", '{"train.global_batch": [1, 2]}')
+    page.screenshot(path=str(screenshots / "sweep-form.png"), full_page=True)
+    page.click("button#start-sweep")
+    sweep = wait_for(lambda: Sweep.objects.filter(name="from the browser").first(), 10, "the sweep")
+    page.wait_for_url(live_server.url + f"/sweeps/{sweep.pk}/")
+    assert "started" in page.locator("#messages").inner_text()
+    assert not page.js_errors, page.js_errors

@@ -14,6 +14,7 @@ from apps.demo.services import demo_seed
 from apps.experiments.models import Run
 from apps.telemetry.services import telemetry_ingest
 from tests.apps.dashboard.world import run_of, samples, train
+from tests.e2e.conftest import wait_for_charts
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -75,7 +76,7 @@ def test_experiment_page_live(page, live_server, demo, screenshots):
     assert page.locator("#comparison-projected tbody tr").count() == 2
 
     # Every chart has data.
-    page.wait_for_function("() => document.querySelectorAll('.chart .main-svg').length >= 6")
+    wait_for_charts(page, 6)
     charts = page.evaluate(CHART_POINTS)
     assert {c["id"] for c in charts} >= {"chart-util_pct", "chart-power_w", "chart-step_time_s",
                                           "chart-micro_batch", "chart-deviation", "chart-weights"}
@@ -102,12 +103,45 @@ def test_experiment_page_live(page, live_server, demo, screenshots):
     assert not page.js_errors, page.js_errors
 
 
+def test_a_sample_that_lands_before_the_charts_are_drawn_is_drawn_with_them(page, live_server, demo):
+    """The charts are drawn after the load event, once plotly.js is there (dashboard/lazy.js); the live
+    poll runs from the start. Here plotly.js is held back: the page is usable, polls, and keeps what
+    arrives for the charts, which draw it when plotly.js comes."""
+    seed, experiment, control, candidate, running = demo
+    held, released = [], []  # plotly.js's requests (the page's prefetch, lazy.js's script), held until released
+
+    def hold(route):
+        if released:
+            route.continue_()
+        else:
+            held.append(route)
+
+    page.route("**/plotly-basic*.js", hold)
+    sign_in(page, live_server, seed, f"/experiments/{experiment.pk}/")
+    assert page.locator("#verdict-card").is_visible() and page.locator("#comparison-measured").is_visible()
+    page.wait_for_selector("#live-status.live")
+    sample = samples(start=timezone.now(), first_seq=running.last_seq + 1, n=1, util=42.5)[0]
+    telemetry_ingest(run_id=running.pk, samples=[sample], attempt=1)
+    ts = timezone.datetime.fromisoformat(sample["ts"])
+    page.wait_for_function(f"() => document.getElementById('live-status').textContent"
+                           f".includes('last sample {ts:%H:%M:%S}')", timeout=5000)
+    assert page.evaluate("() => [window.Plotly, document.getElementById('chart-util_pct').data]") == [None, None]
+    page.wait_for_timeout(300)  # lazy.js asks for plotly.js after the load event: that request is held too
+    assert page.evaluate("() => window.Plotly") is None
+    released.append(True)
+    for route in held:
+        route.continue_()
+    wait_for_charts(page, 6)
+    page.wait_for_function(HAS_SAMPLE, arg=[int(ts.timestamp() * 1000), 42.5], timeout=5000)
+    assert not page.js_errors, page.js_errors
+
+
 def test_run_and_pricing_pages(page, live_server, demo, screenshots):
     seed, experiment, control, candidate, running = demo
     sign_in(page, live_server, seed, f"/runs/{running.pk}/")
     assert running.config_yaml.splitlines()[0] in page.locator("pre.yaml").inner_text()
     assert "USD" in page.locator("#cost-breakdown").inner_text()
-    page.wait_for_function("() => document.querySelectorAll('.chart .main-svg').length >= 8")
+    wait_for_charts(page, 8)
     charts = page.evaluate(CHART_POINTS)
     assert len(charts) == 8 and all(c["points"] > 0 for c in charts), charts
     page.screenshot(path=str(screenshots / "run.png"), full_page=True)

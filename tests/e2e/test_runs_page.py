@@ -10,6 +10,7 @@ import pytest
 
 from apps.experiments.models import Run
 from tests.apps.dashboard.world import PASSWORD, run_of, train, world
+from tests.e2e.conftest import wait_for_charts
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -54,7 +55,7 @@ def test_filter_sort_csv_compare_and_spend(page, live_server, screenshots):
     page.check(f'input[name=run][value="{done[1].pk}"]')
     page.click("#compare-runs")
     page.wait_for_url("**/runs/compare/**")
-    page.wait_for_function("() => document.querySelectorAll('#dashboard .chart .main-svg').length >= 4")
+    wait_for_charts(page, 4, "#dashboard")
     traces = page.evaluate("() => document.getElementById('chart-util_pct').data.filter(t => t.x && t.x.length)"
                            ".length")
     assert traces >= 2, "both runs overlaid"

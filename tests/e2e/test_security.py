@@ -13,6 +13,7 @@ from apps.attribution.services import attribution_tick
 from apps.demo.services import demo_seed
 from apps.experiments.models import Run
 from tests.apps.dashboard.world import run_of, train
+from tests.e2e.conftest import charts_drawn
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -79,20 +80,37 @@ def visit(page, url: str, problems: list[str], *, settle: str | None = None) -> 
     problems.extend(f"{url}: {v}" for v in page.evaluate("window.__violations || []"))
 
 
-def test_no_csp_violation_on_any_page(page, live_server, demo):
+def test_no_csp_violation_on_any_page(page, live_server, demo, monkeypatch):
+    from apps.sweeps import services as sweeps
+
     seed, experiment, runs = demo
+    monkeypatch.setattr(sweeps, "_probe_send", lambda **_: None)  # the page only: no probe runs
+    sweep = sweeps.sweep_create(
+        tenant=experiment.tenant, name="batch", probe_count=2, probe_steps=2, parallelism=1, sampler="grid",
+        base_strategy_yaml="model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\ntrain: {steps: 5, global_batch: 2}\n",
+        space={"train.global_batch": [1, 2]})
     problems = watch(page)
     base = live_server.url
     visit(page, base + "/login/", problems)
     sign_in(page, base, seed.admin_username, seed.admin_password)
-    charts = "() => document.querySelectorAll('.chart .main-svg').length >= 2"
+    charts = charts_drawn(2)
+    checked = "() => [...document.querySelectorAll('.strategy-status')].some(e => e.textContent.includes('valid'))"
     for path, settle in [
         ("/", None), (f"/experiments/{experiment.pk}/", charts), (f"/runs/{runs[0].pk}/", charts),
-        ("/pricing/", None), ("/sweeps/", None), ("/no-such-page/", None),
+        ("/pricing/", None), ("/sweeps/", None), (f"/sweeps/{sweep.pk}/", "() => !!document.getElementById('sweep-chart').data"),
+        ("/runs/", None), (f"/runs/compare/?run={runs[0].pk}&run={runs[2].pk}", None), ("/spend/", None),
+        ("/experiments/new/", None), (f"/experiments/{experiment.pk}/edit/", None),
+        (f"/experiments/{experiment.pk}/runs/new/", None),
+        ("/no-such-page/", None),
         ("/admin/", None), (f"/admin/experiments/experiment/{experiment.pk}/change/", None),
         ("/admin/pricing/pricingtable/", None), ("/admin/experiments/arm/add/", None),
         ("/api/schema/swagger/", "() => !!document.querySelector('.swagger-ui .info')"),
         ("/api/v1/", None),
+        # Authoring, the runs page, compare, spend (the strategy editors check their text through the API).
+        ("/runs/", None), (f"/runs/compare/?run={runs[0].pk}&run={runs[2].pk}", charts),
+        ("/spend/", "() => document.querySelectorAll('.spend-chart .main-svg').length >= 1"),
+        ("/experiments/new/", checked), (f"/experiments/{experiment.pk}/edit/", checked),
+        (f"/experiments/{experiment.pk}/runs/new/", None), ("/sweeps/new/", checked),
     ]:
         visit(page, base + path, problems, settle=settle)
     assert not problems, "\n".join(problems)
@@ -104,14 +122,27 @@ def test_hostile_arm_name_is_text_in_charts(page, live_server, demo):
     problems = watch(page)
     sign_in(page, live_server.url, seed.admin_username, seed.admin_password)
     hostile_run = next(r for r in runs if r.arm.name == HOSTILE)
-    for path in (f"/experiments/{experiment.pk}/", f"/runs/{hostile_run.pk}/"):
+    other = next(r for r in runs if r.arm.name != HOSTILE)
+    for path in (f"/experiments/{experiment.pk}/", f"/runs/{hostile_run.pk}/",
+                 f"/runs/compare/?run={hostile_run.pk}&run={other.pk}", "/spend/"):
         page.goto(live_server.url + path)
+        page.wait_for_function(charts_drawn(1), timeout=20_000)  # all of them: what follows checks every chart
         page.wait_for_function("() => document.querySelectorAll('.chart .legendtext').length >= 1")
         links = page.evaluate("() => Array.from(document.querySelectorAll('.chart a')).map(a => a.outerHTML)")
         assert not links, (path, links)
         legends = page.evaluate("() => Array.from(document.querySelectorAll('.chart .legendtext'))"
                                 ".map(t => t.textContent)")
         assert any(HOSTILE in text for text in legends), (path, legends)
+        # Hover labels too: hover the hostile line (a run's third trace; on the spend page, its arm's area)
+        # programmatically, on the page's first chart that draws one.
+        hover = page.evaluate("""(name) => {
+            const hostile = t => t.name && t.name.includes('SIGN IN AGAIN') && t.showlegend !== false;
+            const el = [...document.querySelectorAll('.chart')].find(c => (c.data || []).some(hostile));
+            const i = el.data.findIndex(hostile);
+            Plotly.Fx.hover(el, [{curveNumber: i, pointNumber: Math.min(1, el.data[i].x.length - 1)}]);
+            const layer = el.querySelector('.hoverlayer');
+            return {text: layer.textContent, links: layer.querySelectorAll('a').length}; }""", HOSTILE)
+        assert hover["links"] == 0 and "SIGN IN AGAIN</a>" in hover["text"], (path, hover)
         # The page's tables escape it too (Django's autoescape).
         assert page.locator('a[href="https://evil.example/login"]').count() == 0
     assert not problems, problems

@@ -1,8 +1,9 @@
 from rest_framework import serializers
 
 from apps.attribution.models import FreezeEvent
+from apps.attribution.verdict import VERDICTS as ARM_VERDICTS
 
-VERDICTS = ["control", "frozen", "no_data", "costlier", "cheaper", "within_threshold", "inconclusive"]
+VERDICTS = list(ARM_VERDICTS)
 
 
 class ProjectionSerializer(serializers.Serializer):

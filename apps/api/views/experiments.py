@@ -13,7 +13,6 @@ from rest_framework.response import Response
 
 from apps.api.filters import ArmFilter, ExperimentFilter
 from apps.api.permissions import StaffOnly
-from apps.api.report import arm_verdict
 from apps.api.serializers.experiments import (
     ArmSerializer,
     ArmUpdateResultSerializer,
@@ -31,6 +30,7 @@ from apps.api.serializers.report import (
 from apps.api.views.base import TenantViewSet
 from apps.attribution.report import experiment_report
 from apps.attribution.services import arm_freeze, arm_unfreeze
+from apps.attribution.verdict import arm_verdict
 from apps.core.exceptions import ApplicationError
 from apps.experiments import services
 from apps.experiments.models import Arm, Experiment

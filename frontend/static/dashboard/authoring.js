@@ -5,7 +5,7 @@
 (function () {
   "use strict";
 
-  var form = document.getElementById("experiment-form");
+  var form = document.querySelector("form[data-validate-url]");  // an experiment's or a sweep's form
   if (!form) { return; }
   var examplesEl = document.getElementById("strategy-examples");
   var examples = examplesEl ? JSON.parse(examplesEl.textContent) : {};

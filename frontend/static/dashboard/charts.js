@@ -1,12 +1,15 @@
 /* costlab dashboard charts: draws the series the page embeds (#dashboard-data), then polls the
  * page's live endpoint once a second with a `since` cursor and appends what is new.
- * No inline handlers, no eval: loaded as a static file after plotly.min.js. */
+ * No inline handlers, no eval: a static file, after plain.js and lazy.js. Each chart is queued with
+ * costlabLazy.draw: drawn once plotly.js is there, after the load event, those in view first. Until a
+ * chart is drawn, what the live endpoint sends for it is kept with the page's data, and drawn with it. */
 (function () {
   "use strict";
 
   var dataEl = document.getElementById("dashboard-data");
   var root = document.getElementById("dashboard");
-  if (!dataEl || !root || !window.Plotly || !window.costlabPlain) { return; }
+  if (!dataEl || !root || !window.costlabLazy || !window.costlabPlain) { return; }
+  var lazy = window.costlabLazy;
   var cfg = JSON.parse(dataEl.textContent);
   var PLOT_CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"] };
   var MAX_POINTS = 5000; // per trace, while live points accumulate
@@ -28,13 +31,24 @@
       height: 300, margin: { l: 64, r: 16, t: 30, b: 40 },
       xaxis: { type: "date", title: { text: "time (UTC)", standoff: 4 } },
       yaxis: { title: { text: yTitle }, rangemode: "tozero" },
-      legend: { orientation: "h", y: -0.42, yanchor: "top", font: { size: 11 } }, hovermode: "closest",
+      // A click on a legend entry shows that run (or arm) alone; a double click brings the others back.
+      legend: { orientation: "h", y: -0.42, yanchor: "top", font: { size: 11 }, itemclick: "toggleothers",
+        itemdoubleclick: "toggle" }, hovermode: "closest", hoverlabel: { namelength: -1 }, // whole run names
       paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "#fff"
     };
     return Object.assign(base, extra || {});
   }
 
   var plain = window.costlabPlain; // labels from data are text, never markup (plain.js)
+
+  // An empty chart says so in words, with no axes (Plotly would draw a Jan-Dec 2000 date axis).
+  function emptyLayout(extra, text) {
+    extra.annotations = (extra.annotations || []).concat([{ text: text, showarrow: false, xref: "paper",
+      yref: "paper", x: 0.5, y: 0.5, font: { color: "#888", size: 13 } }]);
+    extra.xaxis = { visible: false };
+    extra.yaxis = { visible: false };
+    return extra;
+  }
 
   function axisTitle(meta) {
     return plain(meta.unit ? meta.label + " (" + meta.unit + ")" : meta.label);
@@ -45,56 +59,171 @@
   var charts = {}; // field -> {el, index: {runId: [lo, hi, mean] trace indices}, lastX: {runId: x}, count}
   var anyEstimated = false;
 
+  // Runs of one arm: distinct shades of the arm's colour (the first run the colour itself, then
+  // alternately darker and lighter), in the order the page first sees them.
+  var shadeOf = {}, shadesUsed = {};
+  var SHADES = [0, -0.3, 0.35, -0.5, 0.55, -0.15, 0.2, -0.4, 0.45, 0.65];
+  function shade(hex, amount) {
+    var n = parseInt(hex.slice(1), 16), rgb = [n >> 16, (n >> 8) & 255, n & 255];
+    return "#" + rgb.map(function (c) {
+      var v = amount < 0 ? c * (1 + amount) : c + (255 - c) * amount;
+      return ("0" + Math.round(v).toString(16)).slice(-2);
+    }).join("");
+  }
   function armColor(runId) {
     var run = tele.runs[runId];
     var arm = run && cfg.arms[String(run.arm)];
-    return arm ? arm.color : "#555";
+    if (!arm) { return "#555"; }
+    if (shadeOf[runId] === undefined) {
+      var k = shadesUsed[run.arm] || 0;
+      shadesUsed[run.arm] = k + 1;
+      shadeOf[runId] = SHADES[k % SHADES.length];
+    }
+    return shade(arm.color, shadeOf[runId]);
   }
+
+  // A gap in a run's samples (a retried run waiting for its next attempt, a lost worker) is a break
+  // in its line, not a straight segment across: a null point where consecutive samples are further
+  // apart than GAP_FACTOR times the run's usual interval (and at least GAP_MIN_MS).
+  var GAP_FACTOR = 5, GAP_MIN_MS = 10000;
+  function usualStep(xs) {
+    var d = [];
+    for (var i = 1; i < xs.length; i++) { d.push(xs[i] - xs[i - 1]); }
+    d.sort(function (a, b) { return a - b; });
+    return d.length ? d[Math.floor(d.length / 2)] : 1000;
+  }
+  function withBreaks(band, lastX, step) {
+    var out = emptyBand(), prev = lastX, limit = Math.max(GAP_MIN_MS, GAP_FACTOR * step);
+    for (var i = 0; i < band.x.length; i++) {
+      if (prev !== undefined && prev !== null && isFinite(prev) && band.x[i] - prev > limit) {
+        out.x.push(prev + 1); out.y.push(null); out.lo.push(null); out.hi.push(null);
+      }
+      out.x.push(band.x[i]); out.y.push(band.y[i]); out.lo.push(band.lo[i]); out.hi.push(band.hi[i]);
+      prev = band.x[i];
+    }
+    return out;
+  }
+
+  // ---------------------------------------------------------------- x axis: time of day, or since each run started
+  // "since start" lays runs that trained at different times over each other (seconds from each run's
+  // first sample). Traces carry their run id (meta); the data stay in epoch ms, shown shifted.
+  var xMode = "time";
+  var runOrigin = {}; // run id -> its first sample's x (epoch ms)
+  function noteOrigin(runId, xs) {
+    for (var i = 0; i < xs.length; i++) {
+      if (xs[i] !== null && (runOrigin[runId] === undefined || xs[i] < runOrigin[runId])) { runOrigin[runId] = xs[i]; }
+    }
+  }
+  function convert(runId, xs, from, to) {
+    var x0 = runOrigin[runId] || 0;
+    var abs = from === "time" ? xs : xs.map(function (v) { return v * 1000 + x0; });
+    return to === "time" ? abs : abs.map(function (v) { return (v - x0) / 1000; });
+  }
+  function shown(runId, xs) { return convert(runId, xs, "time", xMode); }
+  function xAxis() {
+    return xMode === "time" ? { type: "date", title: { text: "time (UTC)", standoff: 4 } }
+      : { type: "linear", title: { text: "time since the run started (s)", standoff: 4 }, rangemode: "tozero" };
+  }
+  function setXMode(mode) {
+    if (mode === xMode) { return; }
+    var from = xMode;
+    xMode = mode;
+    Object.keys(charts).forEach(function (field) {
+      var el = charts[field].el;
+      if (!el.data || !el.data.length) { return; }
+      Plotly.restyle(el, { x: el.data.map(function (t) { return convert(t.meta, t.x, from, mode); }) });
+      Plotly.relayout(el, { xaxis: xAxis() });
+    });
+    Array.prototype.forEach.call(document.querySelectorAll("[data-xaxis]"), function (b) {
+      b.setAttribute("aria-pressed", String(b.dataset.xaxis === mode));
+    });
+  }
+  Array.prototype.forEach.call(document.querySelectorAll("[data-xaxis]"), function (b) {
+    b.addEventListener("click", function () { setXMode(b.dataset.xaxis); });
+  });
 
   function runTraces(field, runId, band) {
     var run = tele.runs[runId] || { label: "run " + runId, estimated: false };
+    noteOrigin(runId, band.x);
+    var x = shown(runId, band.x);
     var color = armColor(runId);
     var estimated = run.estimated && field === "power_w";
     if (estimated) { anyEstimated = true; }
     var name = plain(run.label + (estimated ? " (estimated)" : ""));
     var group = "run-" + runId;
     return [
-      { x: band.x, y: band.lo, type: "scatter", mode: "lines", line: { width: 0, color: color },
+      { x: x, y: band.lo, type: "scatter", mode: "lines", line: { width: 0, color: color }, meta: runId,
         hoverinfo: "skip", showlegend: false, legendgroup: group, name: name + " min" },
-      { x: band.x, y: band.hi, type: "scatter", mode: "lines", line: { width: 0, color: color },
+      { x: x, y: band.hi, type: "scatter", mode: "lines", line: { width: 0, color: color }, meta: runId,
         fill: "tonexty", fillcolor: rgba(color, 0.15), hoverinfo: "skip", showlegend: false,
         legendgroup: group, name: name + " max" },
-      { x: band.x, y: band.y, type: "scatter", mode: "lines", name: name, legendgroup: group,
+      { x: x, y: band.y, type: "scatter", mode: "lines", name: name, legendgroup: group, meta: runId,
         line: { width: 1.6, color: color, dash: estimated ? "dot" : "solid" } }
     ];
   }
 
   function emptyBand() { return { x: [], y: [], lo: [], hi: [] }; }
 
+  var queued = {}; // field -> true while its chart waits to be drawn (its data: tele.series[field])
   function drawTelemetry() {
+    Object.keys(tele.series).forEach(function (field) {
+      Object.keys(tele.series[field]).forEach(function (runId) { noteOrigin(runId, tele.series[field][runId].x); });
+    });
     var els = root.querySelectorAll('.chart[data-kind="telemetry"]');
     Array.prototype.forEach.call(els, function (el) {
-      var field = el.dataset.field;
-      var meta = tele.fields[field];
-      var series = tele.series[field] || {};
-      var traces = [];
-      var state = { el: el, index: {}, lastX: {}, count: 0 };
-      Object.keys(series).forEach(function (runId) {
-        var band = series[runId];
-        state.index[runId] = [traces.length, traces.length + 1, traces.length + 2];
-        state.lastX[runId] = band.x.length ? band.x[band.x.length - 1] : -Infinity;
-        state.count += 3;
-        Array.prototype.push.apply(traces, runTraces(field, runId, band));
-      });
-      charts[field] = state;
-      var extra = { title: { text: plain(meta.label), font: { size: 14 }, x: 0.01 } };
-      if (!traces.length) {
-        extra.annotations = [{ text: "no telemetry yet", showarrow: false, xref: "paper", yref: "paper",
-          x: 0.5, y: 0.5, font: { color: "#888" } }];
-      }
-      Plotly.newPlot(el, traces, layout(axisTitle(meta), extra), PLOT_CONFIG);
+      queued[el.dataset.field] = true;
+      lazy.draw(el, function () { drawTelemetryChart(el); });
     });
+  }
+
+  function drawTelemetryChart(el) {
+    var field = el.dataset.field;
+    var meta = tele.fields[field];
+    var series = tele.series[field] || {};
+    var traces = [];
+    var state = { el: el, index: {}, lastX: {}, count: 0 };
+    Object.keys(series).forEach(function (runId) {
+      state.step = state.step || {};
+      state.step[runId] = usualStep(series[runId].x);
+      var band = withBreaks(series[runId], undefined, state.step[runId]);
+      state.index[runId] = [traces.length, traces.length + 1, traces.length + 2];
+      state.lastX[runId] = band.x.length ? band.x[band.x.length - 1] : -Infinity;
+      state.count += 3;
+      Array.prototype.push.apply(traces, runTraces(field, runId, band));
+    });
+    delete queued[field];
+    charts[field] = state;
+    // xAxis(): the toggle may have been used before this chart was drawn.
+    var extra = { title: { text: plain(meta.label), font: { size: 14 }, x: 0.01 }, xaxis: xAxis() };
+    if (!traces.length) { emptyLayout(extra, "no telemetry yet: this fills in when a run starts training"); }
+    Plotly.newPlot(el, traces, layout(axisTitle(meta), extra), PLOT_CONFIG);
     showEstimatedNote();
+  }
+
+  // The points of band after x = last (the live endpoint may resend the bucket it last sent).
+  function after(band, last) {
+    var fresh = emptyBand();
+    for (var i = 0; i < band.x.length; i++) {
+      if (band.x[i] > last) {
+        fresh.x.push(band.x[i]); fresh.y.push(band.y[i]); fresh.lo.push(band.lo[i]); fresh.hi.push(band.hi[i]);
+      }
+    }
+    return fresh;
+  }
+
+  // A chart not drawn yet: keep the new points with the page's series (at most MAX_POINTS a run); the
+  // chart draws them all, breaks included, when its turn comes. Returns the newest x kept, or null.
+  function keepForLater(field, update) {
+    var stored = tele.series[field] = tele.series[field] || {};
+    var newest = null;
+    Object.keys(update).forEach(function (runId) {
+      var have = stored[runId] = stored[runId] || emptyBand();
+      var fresh = after(update[runId], have.x.length ? have.x[have.x.length - 1] : -Infinity);
+      if (!fresh.x.length) { return; }
+      ["x", "y", "lo", "hi"].forEach(function (k) { have[k] = have[k].concat(fresh[k]).slice(-MAX_POINTS); });
+      newest = Math.max(newest || 0, fresh.x[fresh.x.length - 1]);
+    });
+    return newest;
   }
 
   function showEstimatedNote() {
@@ -110,26 +239,32 @@
     var newest = null;
     Object.keys(update.series || {}).forEach(function (field) {
       var state = charts[field];
-      if (!state) { return; }
-      Object.keys(update.series[field]).forEach(function (runId) {
-        var band = update.series[field][runId];
-        var last = state.lastX[runId] === undefined ? -Infinity : state.lastX[runId];
-        var fresh = emptyBand();
-        for (var i = 0; i < band.x.length; i++) {
-          if (band.x[i] > last) {
-            fresh.x.push(band.x[i]); fresh.y.push(band.y[i]); fresh.lo.push(band.lo[i]); fresh.hi.push(band.hi[i]);
-          }
+      if (!state) {
+        if (queued[field]) {
+          var kept = keepForLater(field, update.series[field]);
+          if (kept) { newest = Math.max(newest || 0, kept); }
         }
+        return;
+      }
+      Object.keys(update.series[field]).forEach(function (runId) {
+        var last = state.lastX[runId] === undefined ? -Infinity : state.lastX[runId];
+        var fresh = after(update.series[field][runId], last);
         if (!fresh.x.length) { return; }
+        state.step = state.step || {};
+        if (!state.step[runId]) { state.step[runId] = usualStep(fresh.x); }
+        fresh = withBreaks(fresh, state.lastX[runId], state.step[runId]);
         state.lastX[runId] = fresh.x[fresh.x.length - 1];
         newest = Math.max(newest || 0, state.lastX[runId]);
         if (state.index[runId] === undefined) {
-          if (state.count === 0) { Plotly.relayout(state.el, { annotations: [] }); }
+          if (state.count === 0) {
+            Plotly.relayout(state.el, { annotations: [], xaxis: xAxis(), "yaxis.visible": true });
+          }
           state.index[runId] = [state.count, state.count + 1, state.count + 2];
           state.count += 3;
           Plotly.addTraces(state.el, runTraces(field, runId, fresh));
         } else {
-          Plotly.extendTraces(state.el, { x: [fresh.x, fresh.x, fresh.x], y: [fresh.lo, fresh.hi, fresh.y] },
+          var fx = shown(runId, fresh.x);
+          Plotly.extendTraces(state.el, { x: [fx, fx, fx], y: [fresh.lo, fresh.hi, fresh.y] },
             state.index[runId], MAX_POINTS);
         }
       });
@@ -139,10 +274,25 @@
   }
 
   // ---------------------------------------------------------------- attribution
+  // Each chart: drawn now if it is already, else queued once; a queued chart draws the newest data.
+  var attrNow = null, drawn = {};
+  function whenDrawn(el, draw) {
+    if (drawn[el.id] === "drawn") { draw(el); return; }
+    if (drawn[el.id] === "queued") { return; }
+    drawn[el.id] = "queued";
+    lazy.draw(el, function () { drawn[el.id] = "drawn"; draw(el); });
+  }
+
   function drawAttribution(attr) {
     var devEl = document.getElementById("chart-deviation");
     var wEl = document.getElementById("chart-weights");
     if (!devEl || !wEl || !attr) { return; }
+    attrNow = attr;
+    whenDrawn(devEl, function (el) { drawDeviation(el, attrNow); });
+    whenDrawn(wEl, function (el) { drawWeights(el, attrNow); });
+  }
+
+  function drawDeviation(devEl, attr) {
     var traces = [];
     Object.keys(attr.deviation).forEach(function (armId) {
       var arm = cfg.arms[armId] || { name: "arm " + armId, color: "#555" };
@@ -178,15 +328,22 @@
     });
     var annotations = [{ xref: "paper", x: 1, xanchor: "right", yref: "y", y: attr.threshold_pct, yanchor: "bottom",
       text: "freeze threshold +" + attr.threshold_pct + " %", showarrow: false, font: { color: "#c0392b", size: 11 } }];
+    var devExtra = {};
     if (!Object.keys(attr.deviation).some(function (k) { return attr.deviation[k].x.length; })) {
-      annotations.push({ text: "no attribution window yet", showarrow: false, xref: "paper", yref: "paper",
-        x: 0.5, y: 0.5, font: { color: "#888" } });
+      // Say why, as the header does: windows may exist while no deviation is estimable yet.
+      emptyLayout(devExtra, attr.attributed
+        ? "attributed, but no deviation yet: each arm needs 2 priced runs"
+        : "no attribution window yet");
+      annotations = devExtra.annotations;
+      shapes = [];
     }
-    Plotly.react(devEl, traces, layout("deviation vs control (%)", {
+    Plotly.react(devEl, traces, layout("deviation vs control (%)", Object.assign({
       shapes: shapes, annotations: annotations, yaxis: { title: { text: "deviation vs control (%)" }, zeroline: true },
       title: { text: "Deviation timeline", font: { size: 14 }, x: 0.01 }
-    }), PLOT_CONFIG);
+    }, devExtra.xaxis ? { xaxis: devExtra.xaxis, yaxis: devExtra.yaxis } : {})), PLOT_CONFIG);
+  }
 
+  function drawWeights(wEl, attr) {
     var wTraces = Object.keys(attr.weights).map(function (armId) {
       var arm = cfg.arms[armId] || { name: "arm " + armId, color: "#555" };
       var w = attr.weights[armId];
@@ -203,19 +360,29 @@
     var usedEl = document.getElementById("chart-used-idle");
     var resEl = document.getElementById("chart-resources");
     if (!cost || !usedEl || !resEl) { return; }
-    var small = { height: 220, margin: { l: 100, r: 16, t: 30, b: 40 }, showlegend: false,
-      xaxis: { title: { text: "USD" }, rangemode: "tozero", tickformat: "~r" }, yaxis: { automargin: true } };
+    whenDrawn(usedEl, function (el) { drawUsedIdle(el, cost); });
+    whenDrawn(resEl, function (el) { drawResources(el, cost); });
+  }
+
+  // A new object each time: Plotly keeps (and fills in) the layout it is given.
+  function small(title) {
+    return { title: { text: title, font: { size: 14 }, x: 0.01 }, height: 220, margin: { l: 100, r: 16, t: 30, b: 40 },
+      showlegend: false, xaxis: { title: { text: "USD" }, rangemode: "tozero", tickformat: "~r" },
+      yaxis: { automargin: true } };
+  }
+
+  function drawUsedIdle(usedEl, cost) {
     Plotly.newPlot(usedEl, [{ type: "bar", orientation: "h", y: ["used", "idle"],
       x: [cost.used_idle.used, cost.used_idle.idle], marker: { color: ["#1f6fb4", "#bbb"] },
-      hovertemplate: "%{y}: %{x:.4g} USD<extra></extra>" }],
-    Object.assign({ title: { text: "Used vs idle", font: { size: 14 }, x: 0.01 } }, small), PLOT_CONFIG);
+      hovertemplate: "%{y}: %{x:.4g} USD<extra></extra>" }], small("Used vs idle"), PLOT_CONFIG);
+  }
+
+  function drawResources(resEl, cost) {
     var names = Object.keys(cost.resources);
     var labels = names.map(function (n) { return n === "energy" && cost.energy_estimated ? "energy (est.)" : n; });
     Plotly.newPlot(resEl, [{ type: "bar", orientation: "h", y: labels,
       x: names.map(function (n) { return cost.resources[n]; }), marker: { color: "#2a9d5c" },
-      hovertemplate: "%{y}: %{x:.4g} USD<extra></extra>" }],
-    Object.assign({ title: { text: "Energy vs device-hours and the rest", font: { size: 14 }, x: 0.01 } }, small),
-    PLOT_CONFIG);
+      hovertemplate: "%{y}: %{x:.4g} USD<extra></extra>" }], small("Energy vs device-hours and the rest"), PLOT_CONFIG);
   }
 
   // ---------------------------------------------------------------- live polling
@@ -226,16 +393,34 @@
   var lastSample = null;
   var timer = null;
 
+  // The verdict card, run counts, comparison and recent runs: one server-rendered fragment (escaped by
+  // the template engine); each of its [data-fragment] elements replaces the page's element of that id.
   function refreshComparison() {
     var url = root.dataset.comparisonUrl;
-    var target = document.getElementById("comparison-fragment");
-    if (!url || !target) { return; }
+    if (!url) { return; }
     lastTableRefresh = Date.now();
     fetch(url, { credentials: "same-origin" }).then(function (r) {
       return r.ok ? r.text() : null;
     }).then(function (html) {
-      if (html !== null) { target.innerHTML = html; } // server-rendered, escaped by the template engine
+      if (html === null) { return; }
+      var doc = new DOMParser().parseFromString(html, "text/html");
+      Array.prototype.forEach.call(doc.querySelectorAll("[data-fragment]"), function (part) {
+        var target = document.getElementById(part.id);
+        if (target) { target.replaceWith(document.importNode(part, true)); }
+      });
     }).catch(function () { /* the next poll retries */ });
+  }
+
+  // A run that appears, or whose status changes, changes the counts and the recent runs: refresh now.
+  var runStatus = {};
+  Object.keys(tele.runs).forEach(function (id) { runStatus[id] = tele.runs[id].status; });
+  function runsMoved(update) {
+    var moved = false;
+    Object.keys(update.runs || {}).forEach(function (id) {
+      if (runStatus[id] !== update.runs[id].status) { moved = true; }
+      runStatus[id] = update.runs[id].status;
+    });
+    return moved;
   }
 
   function poll() {
@@ -251,11 +436,12 @@
       cursor = update.cursor;
       var newest = appendTelemetry(update);
       if (newest) { lastSample = newest; }
+      var moved = runsMoved(update);
       if (update.attribution) {
         attributionVersion = update.attribution.version;
         drawAttribution(update.attribution);
         refreshComparison();
-      } else if (update.active && Date.now() - lastTableRefresh > 10000) {
+      } else if (moved || Date.now() - lastTableRefresh > (update.active ? 10000 : 30000)) {
         refreshComparison();
       }
       var when = lastSample ? " · last sample " + new Date(lastSample).toISOString().slice(11, 19) + " UTC" : "";

@@ -1,14 +1,19 @@
 /* costlab spend: per team, cumulative spend of each experiment and arm over the month (stacked
- * areas) against the monthly budget (a dashed line). Static file; data from #spend-data. */
+ * areas) against the monthly budget (a dashed line). Static file; data from #spend-data. Each chart is
+ * queued with costlabLazy.draw (lazy.js): drawn once plotly.js is there, after the load event. */
 (function () {
   "use strict";
 
   var dataEl = document.getElementById("spend-data");
-  if (!dataEl || !window.Plotly) { return; }
+  if (!dataEl || !window.costlabLazy || !window.costlabPlain) { return; }
   var data = JSON.parse(dataEl.textContent);
   Array.prototype.forEach.call(document.querySelectorAll(".spend-chart"), function (el) {
     var chart = data[el.dataset.tenant];
     if (!chart || !chart.traces.length) { return; }
+    window.costlabLazy.draw(el, function () { draw(el, chart); });
+  });
+
+  function draw(el, chart) {
     var traces = chart.traces.map(function (t) {
       return { type: "scatter", mode: "lines", stackgroup: "spend", name: window.costlabPlain(t.name), x: t.x, y: t.y,
                line: { color: t.color, width: 1.5 }, hovertemplate: "%{y:.4f} USD<extra>%{fullData.name}</extra>" };
@@ -33,5 +38,5 @@
       yaxis: { title: { text: "cumulative spend (USD)" }, rangemode: "tozero" },
       legend: { orientation: "h", y: -0.2 }
     }, { displaylogo: false, responsive: true });
-  });
+  }
 })();

@@ -7,9 +7,9 @@ from decimal import Decimal
 
 import pytest
 
-from apps.api.report import arm_verdict
 from apps.attribution.models import FreezeEvent
 from apps.attribution.report import ArmReport
+from apps.attribution.verdict import arm_verdict
 from apps.experiments.models import Arm
 from tests.apps.api.conftest import error
 from tests.factories import RunFactory

@@ -120,3 +120,24 @@ def test_demo_runs_are_queued_interleaved_and_the_experiment_holds_demo_evidence
     assert arms == ["pytorch-baseline", "costlab-optimized"] * 3
     experiment = Experiment.objects.get(name=DEMO_NAME)
     assert {k: getattr(experiment, k) for k in DEMO_EXPERIMENT} == DEMO_EXPERIMENT
+
+
+def test_the_demo_leaves_room_in_the_quota_for_a_new_users_runs(django_capture_on_commit_callbacks):
+    """make run queues 2 runs per arm; a new user's first submissions must not be refused by the quota,
+    and once it is full, the refusal names the limit."""
+    from apps.core.exceptions import ApplicationError
+    from apps.experiments.models import Run
+    from apps.experiments.services import run_submit
+
+    with django_capture_on_commit_callbacks(execute=False):
+        call_command("seed_demo", "--submit-runs", "2")
+        experiment = Experiment.objects.get()
+        for _ in range(4):
+            run_submit(experiment=experiment)  # a new user's first runs
+        tenant = Tenant.objects.get(slug="demo")
+        while Run.objects.filter(status__in=Run.ACTIVE_STATUSES).count() < tenant.max_concurrent_runs:
+            run_submit(experiment=experiment)
+        with pytest.raises(ApplicationError) as refused:
+            run_submit(experiment=experiment)
+    assert str(refused.value).startswith("max_concurrent_runs:") and f"limit {tenant.max_concurrent_runs}" in str(
+        refused.value)

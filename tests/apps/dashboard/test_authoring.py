@@ -84,7 +84,8 @@ def test_a_taken_name_and_two_controls_are_refused_naming_the_field(member, w):
     assert response.status_code == 400
     assert any(e.startswith("is_control:") for e in response.context["arms"].non_form_errors())
     response = member.post(reverse("dashboard:experiment-new"), form_data(w, arms=(("", "", False),)))
-    assert response.context["arms"].errors[0]["name"] == ["name: required"]
+    assert response.context["arms"].errors[0]["name"] == ["name: This field is required."]
+    assert response.context["arms"].errors[0]["strategy_yaml"] == ["strategy_yaml: This field is required."]
     response = member.post(reverse("dashboard:experiment-new"), form_data(w, arms=()))
     assert any(e.startswith("arms:") for e in response.context["arms"].non_form_errors())
     assert Experiment.objects.count() == 1
@@ -140,7 +141,8 @@ def test_a_submission_over_the_quota_queues_none_and_says_why(member, w):
     assert "none of the 3 runs was queued" in error and "max_concurrent_runs" in error and "limit 2" in error
     assert not Run.objects.exists()
     response = member.post(reverse("dashboard:runs-new", args=[w.experiment.pk]), {"count": "99"})
-    assert response.status_code == 400 and "count" in response.context["form"].errors
+    assert response.status_code == 400
+    assert response.context["form"].errors["count"] == ["count: Ensure this value is less than or equal to 20."]
 
 
 def test_a_frozen_arm_is_not_offered(member, w):
@@ -172,3 +174,53 @@ def test_another_teams_experiment_and_run_are_404(member, w):
     assert member.post(reverse("dashboard:run-cancel", args=[run.pk])).status_code == 404
     run.refresh_from_db()
     assert run.status == "queued"
+
+
+def test_edit_deletes_an_arm_without_runs_and_refuses_one_with_runs(member, w):
+    url = reverse("dashboard:experiment-edit", args=[w.experiment.pk])
+    base = form_data(w, name=w.experiment.name, arms=(("baseline", GOOD, True), ("optimized", GOOD, False)),
+                     **{"arms-INITIAL_FORMS": "2", "arms-0-arm_id": str(w.control.pk),
+                        "arms-1-arm_id": str(w.candidate.pk)})
+    base.pop("tenant")
+    run_of(w.control)
+    response = member.post(url, {**base, "arms-0-DELETE": "on"})
+    assert response.status_code == 400
+    assert any("has 1 runs" in e for e in response.context["arms"].forms[0].non_field_errors())
+    assert Arm.objects.filter(pk=w.control.pk).exists()
+    response = member.post(url, {**base, "arms-1-DELETE": "on", "arms-1-strategy_yaml": ""})
+    assert response.status_code == 302, "a deleted arm's fields are not checked"
+    assert list(w.experiment.arms.values_list("name", flat=True)) == ["baseline"]
+
+
+def sweep_data(w, **overrides):
+    return {"tenant": w.experiment.tenant.slug, "name": "batch x dtype", "base_strategy_yaml": GOOD,
+            "space": '{"train.global_batch": [1, 2], "model.seq_len": [16, 32]}', "objectives": ["usd_per_mtok"],
+            "sampler": "auto", "probe_count": "4", "probe_steps": "4", "warmup_steps": "1", "parallelism": "2",
+            "seed": "0", **overrides}
+
+
+def test_start_a_sweep_from_the_browser(member, w):
+    from apps.sweeps.models import Sweep
+
+    assert reverse("dashboard:sweep-new") in member.get(reverse("dashboard:sweeps")).content.decode()
+    form = member.get(reverse("dashboard:sweep-new"))
+    assert form.status_code == 200 and 'id="strategy-examples"' in form.content.decode()
+    response = member.post(reverse("dashboard:sweep-new"), sweep_data(w))
+    sweep = Sweep.objects.get(name="batch x dtype")
+    assert response.status_code == 302 and response["Location"] == reverse("dashboard:sweep", args=[sweep.pk])
+    assert sweep.tenant == w.experiment.tenant and sweep.sampler == "grid" and sweep.objectives == ["usd_per_mtok"]
+    assert sweep.probes.count() == 2, "the first probes (parallelism 2) are queued"
+
+
+def test_a_sweep_refused_names_the_field_and_key(member, w):
+    from apps.sweeps.models import Sweep
+
+    response = member.post(reverse("dashboard:sweep-new"), sweep_data(w, space='{"train.bogus": [1]}'))
+    assert response.status_code == 400
+    assert any("space.train.bogus" in e for e in response.context["form"].errors["space"])
+    response = member.post(reverse("dashboard:sweep-new"), sweep_data(w, space="{not json", probe_count="0"))
+    errors = response.context["form"].errors
+    assert errors["space"][0].startswith("space: ") and errors["probe_count"][0].startswith("probe_count: ")
+    response = member.post(reverse("dashboard:sweep-new"), sweep_data(w, base_strategy_yaml=BAD))
+    assert any("train.steps" in e for e in response.context["form"].errors["base_strategy_yaml"])
+    assert not Sweep.objects.exists()

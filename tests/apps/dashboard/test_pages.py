@@ -77,7 +77,8 @@ def test_comparison_table_has_every_figure_with_its_unit(member, trained):
         figures = report[arm.pk]
         assert arm.name in cells and "active" in cells
         assert usd(figures.total_usd) in cells and usd(figures.electricity_usd) in cells
-        assert "GPU·h" in cells and "kWh" in cells and "USD/1M tok" in cells
+        assert "none (CPU runs)" in cells, "CPU runs hold no GPU: said so, not '0 GPU·h'"
+        assert "kWh" in cells and "USD/1M tok" in cells
         assert re.search(r"\d+ min( \d+ s)?|\d+(\.\d+)? s", cells), "completion time with its unit"
         projected = row(response, arm.pk, "comparison-projected")
         assert f"≈ {usd(figures.projected.total_usd)}" in projected

@@ -12,8 +12,8 @@ from tests.factories import ArmFactory, ExperimentFactory
 pytestmark = pytest.mark.django_db
 
 # Session and user are two of each. Counted, so that a query per row (an N+1) fails the large case.
-LIST_QUERIES = 4
-EXPERIMENT_QUERIES = 19  # the report re-prices usage recorded under other tables: one query over the rollup; outliers: one
+LIST_QUERIES = 6  # + the latest snapshots (verdicts) and freeze events of every listed experiment
+EXPERIMENT_QUERIES = 20  # the report re-prices usage recorded under other tables: one query over the rollup; outliers: one; freezes (verdict card): one
 LIVE_QUERIES = 11
 RUN_QUERIES = 6  # the run, its samples, its attempts ..., its arm's outliers
 PRICING_QUERIES = 5

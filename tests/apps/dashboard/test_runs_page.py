@@ -4,6 +4,7 @@ against the monthly budget."""
 
 import csv
 import io
+import re
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
@@ -130,6 +131,8 @@ def test_experiment_comparison_csv_has_a_row_per_arm(member, w):
     assert [r["name"] for r in rows] == ["baseline", "optimized"]
     assert float(rows[0]["total_usd"]) > 0 and float(rows[0]["usd_per_mtok"]) > 0
     assert rows[0]["deviation"] == "" or float(rows[0]["deviation"]) == 0.0
+    assert float(rows[0]["projected.total_usd"]) > 0 and rows[0]["projected.estimated"] == "True", \
+        "the projection is columns of its own, flagged estimated"
     assert member.get(reverse("dashboard:experiment-comparison-csv", args=[world().experiment.pk])).status_code == 404
 
 
@@ -180,3 +183,33 @@ def test_spend_per_arm_this_month_against_the_budget(member, w):
     page = member.get(reverse("dashboard:spend"), {"month": "2026-03"})
     assert page.status_code == 200 and "70 %" in page.content.decode()
     assert member.get(reverse("dashboard:spend"), {"month": "March"}).status_code == 400
+
+
+def test_every_column_header_sorts_and_a_bad_sort_is_named(member, w, runs):
+    page = member.get(reverse("dashboard:runs")).content.decode()
+    headers = set(re.findall(r'data-sort="(\w+)"', page))
+    assert headers == set(selectors.SORTS), "a header per sortable column"
+    for key in selectors.SORTS:
+        for sort in (key, f"-{key}"):
+            response = member.get(reverse("dashboard:runs"), {"sort": sort})
+            assert response.status_code == 200, sort
+            assert len(response.context["runs"]) == 5
+    response = member.get(reverse("dashboard:runs"), {"sort": "-password"})
+    assert response.status_code == 400
+    assert response.context["form"].errors["sort"][0].startswith("sort: one of queued, cost")
+
+
+def test_the_new_pages_need_a_signed_in_user(client, w):
+    run = run_of(w.control, status=Run.Status.QUEUED)
+    gets = [reverse("dashboard:runs"), reverse("dashboard:runs-csv"), reverse("dashboard:runs-compare"),
+            reverse("dashboard:spend"), reverse("dashboard:experiment-new"), reverse("dashboard:sweep-new"),
+            reverse("dashboard:experiment-edit", args=[w.experiment.pk]),
+            reverse("dashboard:runs-new", args=[w.experiment.pk]),
+            reverse("dashboard:experiment-comparison-csv", args=[w.experiment.pk])]
+    for url in gets:
+        response = client.get(url)
+        assert response.status_code == 302 and response["Location"].startswith(reverse("dashboard:login")), url
+    response = client.post(reverse("dashboard:run-cancel", args=[run.pk]))
+    assert response.status_code == 302 and response["Location"].startswith(reverse("dashboard:login"))
+    run.refresh_from_db()
+    assert run.status == Run.Status.QUEUED

@@ -1,11 +1,23 @@
-"""The per-arm verdict the API reports next to attribution's numbers."""
+"""The verdict per arm: one rule for the API, the CLI's gate and the dashboard."""
 
 from __future__ import annotations
 
-from apps.attribution.report import ArmReport
+from typing import Protocol
+
+VERDICTS = ("control", "frozen", "no_data", "costlier", "cheaper", "within_threshold", "inconclusive")
 
 
-def arm_verdict(arm: ArmReport, *, threshold: float) -> str:
+class Compared(Protocol):
+    """What a verdict is taken from: an ArmReport, or anything with these fields."""
+
+    is_control: bool
+    state: str
+    deviation: float | None  # (arm - control) / control on the compared metric
+    deviation_low: float | None  # the always-valid bounds of the latest attribution window
+    deviation_high: float | None
+
+
+def arm_verdict(arm: Compared, *, threshold: float) -> str:
     """control | frozen | no_data | costlier | cheaper | within_threshold | inconclusive.
 
     `costlier` / `cheaper` only when the always-valid bounds exclude the threshold; a point
