@@ -43,5 +43,11 @@ def django_on_postgres() -> None:
 def spread(values: list[float]) -> dict:
     """Median with the min, max and interquartile range: these machines are noisy."""
     q = statistics.quantiles(values, n=4) if len(values) >= 2 else [values[0]] * 3
-    return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "q1": q[0], "q3": q[2], "rounds": len(values)}
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "q1": q[0],
+        "q3": q[2],
+        "rounds": len(values),
+    }

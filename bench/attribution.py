@@ -31,7 +31,12 @@ from decimal import Decimal
 from _setup import django_on_postgres, spread
 
 EXPERIMENTS, ARMS, RUNS_PER_ARM = 100, 4, 5
-FACTORS = (1.0, 0.97, 1.02, 1.04)  # cost per token of each arm vs the control: none frozen in the tick rounds
+FACTORS = (
+    1.0,
+    0.97,
+    1.02,
+    1.04,
+)  # cost per token of each arm vs the control: none frozen in the tick rounds
 INTERVAL_S = 5
 USD_PER_TOKEN = 3.0 / 3600 / 4096  # one GPU at 3 USD/h pushing 4096 tokens/s
 
@@ -61,45 +66,90 @@ def build_world(n_samples: int, log) -> dict:
     if tenant is not None:
         _drop(Experiment.objects.filter(tenant=tenant, name__startswith="latency"))
         runs = Run.objects.filter(tenant=tenant)
-        if runs.count() == EXPERIMENTS * ARMS * RUNS_PER_ARM and \
-                TelemetrySample.objects.filter(run_id=runs.first().pk).count() == per_run:
+        if (
+            runs.count() == EXPERIMENTS * ARMS * RUNS_PER_ARM
+            and TelemetrySample.objects.filter(run_id=runs.first().pk).count() == per_run
+        ):
             log(f"reusing {per_run * runs.count():,} samples")
             return {"tenant": tenant, "per_run": per_run}
         with connection.cursor() as cursor:  # a cascade through the ORM would load every sample
-            cursor.execute(f"DELETE FROM {TelemetrySample._meta.db_table} WHERE run_id IN "
-                           f"(SELECT id FROM {Run._meta.db_table} WHERE tenant_id = %s)", [tenant.pk])
+            cursor.execute(
+                f"DELETE FROM {TelemetrySample._meta.db_table} WHERE run_id IN "
+                f"(SELECT id FROM {Run._meta.db_table} WHERE tenant_id = %s)",
+                [tenant.pk],
+            )
         _drop(Experiment.objects.filter(tenant=tenant))
         tenant.delete()
-    log(f"generating {per_run * EXPERIMENTS * ARMS * RUNS_PER_ARM:,} samples "
-        "(once; kept for later runs)")
-    tenant = Tenant.objects.create(slug="bench-attribution", name="Bench attribution", max_concurrent_runs=100_000)
-    table = PricingTable.objects.create(tenant=tenant, name="bench", valid_from="2026-01-01T00:00:00Z",
-                                        electricity_usd_per_kwh=Decimal("0.15"))
-    sku, _ = GpuSku.objects.get_or_create(name="Bench GPU", defaults={"memory_gb": 80, "tdp_w": 700,
-                                                                       "peak_bf16_tflops": Decimal("989")})
+    log(
+        f"generating {per_run * EXPERIMENTS * ARMS * RUNS_PER_ARM:,} samples "
+        "(once; kept for later runs)"
+    )
+    tenant = Tenant.objects.create(
+        slug="bench-attribution", name="Bench attribution", max_concurrent_runs=100_000
+    )
+    table = PricingTable.objects.create(
+        tenant=tenant,
+        name="bench",
+        valid_from="2026-01-01T00:00:00Z",
+        electricity_usd_per_kwh=Decimal("0.15"),
+    )
+    sku, _ = GpuSku.objects.get_or_create(
+        name="Bench GPU",
+        defaults={"memory_gb": 80, "tdp_w": 700, "peak_bf16_tflops": Decimal("989")},
+    )
     GpuPrice.objects.create(pricing_table=table, sku=sku, hourly_usd=Decimal("3.00"))
     cost_model = CostModel.objects.create(tenant=tenant, name="bench")
-    experiments = Experiment.objects.bulk_create([
-        Experiment(tenant=tenant, name=f"bench {i}", cost_model=cost_model, status=Experiment.Status.ACTIVE,
-                   attribution_interval_s=INTERVAL_S, target_steps=100_000) for i in range(EXPERIMENTS)])
+    experiments = Experiment.objects.bulk_create(
+        [
+            Experiment(
+                tenant=tenant,
+                name=f"bench {i}",
+                cost_model=cost_model,
+                status=Experiment.Status.ACTIVE,
+                attribution_interval_s=INTERVAL_S,
+                target_steps=100_000,
+            )
+            for i in range(EXPERIMENTS)
+        ]
+    )
     strategy = "model: {family: llama, preset: tiny, seq_len: 64}\ndata: {source: synthetic}\n"
-    arms = Arm.objects.bulk_create([
-        Arm(experiment=e, name=f"arm{j}", is_control=j == 0, strategy_yaml=strategy) for e in experiments
-        for j in range(ARMS)])
-    Run.objects.bulk_create([
-        Run(tenant=tenant, experiment_id=a.experiment_id, arm=a, status=Run.Status.RUNNING, attempts=1,
-            config_yaml=strategy, config_sha256="0" * 64, gpu_sku=sku, gpu_count=1)
-        for a in arms for _ in range(RUNS_PER_ARM)])
+    arms = Arm.objects.bulk_create(
+        [
+            Arm(experiment=e, name=f"arm{j}", is_control=j == 0, strategy_yaml=strategy)
+            for e in experiments
+            for j in range(ARMS)
+        ]
+    )
+    Run.objects.bulk_create(
+        [
+            Run(
+                tenant=tenant,
+                experiment_id=a.experiment_id,
+                arm=a,
+                status=Run.Status.RUNNING,
+                attempts=1,
+                config_yaml=strategy,
+                config_sha256="0" * 64,
+                gpu_sku=sku,
+                gpu_count=1,
+            )
+            for a in arms
+            for _ in range(RUNS_PER_ARM)
+        ]
+    )
     with connection.cursor() as cursor:
         for e in experiments:
-            cursor.execute(f"""
+            cursor.execute(
+                f"""
                 INSERT INTO {TelemetrySample._meta.db_table}
                     (run_id, seq, attempt, ts, step, device, util_pct, power_w, energy_j, tokens,
                      estimated)
                 SELECT r.id, g.i, 1, TIMESTAMPTZ '2026-06-01' + g.i * INTERVAL '1 second', g.i,
                        'cuda:0 Bench GPU', 90.0, 650.0, 650.0 * g.i, 4096 * g.i, FALSE
                 FROM {Run._meta.db_table} r CROSS JOIN generate_series(0, %s - 1) AS g(i)
-                WHERE r.experiment_id = %s""", [per_run, e.pk])
+                WHERE r.experiment_id = %s""",
+                [per_run, e.pk],
+            )
         cursor.execute(f"ANALYZE {TelemetrySample._meta.db_table}")
     return {"tenant": tenant, "per_run": per_run}
 
@@ -121,13 +171,24 @@ def reset(world: dict) -> list[int]:
     Arm.objects.filter(experiment__tenant=tenant).update(weight=Decimal(1), state=Arm.State.ACTIVE)
     with connection.cursor() as cursor:
         for j, factor in enumerate(FACTORS):
-            cursor.execute(f"""
+            cursor.execute(
+                f"""
                 UPDATE {Run._meta.db_table} r SET priced_seq = %s, last_seq = %s, steps = %s,
                     tokens = %s, device_seconds = %s, energy_j = %s, cost_usd = %s
                 FROM {Arm._meta.db_table} a
                 WHERE a.id = r.arm_id AND r.tenant_id = %s AND a.name = %s""",
-                [last, last, last, 4096 * last, float(last), 650.0 * last,
-                 round(4096 * last * USD_PER_TOKEN * factor, 6), tenant.pk, f"arm{j}"])
+                [
+                    last,
+                    last,
+                    last,
+                    4096 * last,
+                    float(last),
+                    650.0 * last,
+                    round(4096 * last * USD_PER_TOKEN * factor, 6),
+                    tenant.pk,
+                    f"arm{j}",
+                ],
+            )
     return list(Experiment.objects.filter(tenant=tenant).values_list("pk", flat=True))
 
 
@@ -141,7 +202,8 @@ def advance(tenant_id: int, seconds: int, seed: int) -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT setseed(%s)", [seed / 1000.0])
         for j, factor in enumerate(FACTORS):
-            cursor.execute(f"""
+            cursor.execute(
+                f"""
                 UPDATE {Run._meta.db_table} r
                 SET priced_seq = priced_seq + %s, last_seq = last_seq + %s,
                     steps = steps + %s, tokens = tokens + %s, device_seconds = device_seconds + %s,
@@ -151,8 +213,19 @@ def advance(tenant_id: int, seconds: int, seed: int) -> None:
                 WHERE a.id = r.arm_id AND r.tenant_id = %s AND a.name = %s AND r.experiment_id IN (
                     SELECT id FROM experiments_experiment
                     WHERE tenant_id = %s AND name LIKE 'bench %%')""",
-                [seconds, seconds, seconds, 4096 * seconds, float(seconds), 650.0 * seconds,
-                 4096 * seconds * USD_PER_TOKEN * factor, tenant_id, f"arm{j}", tenant_id])
+                [
+                    seconds,
+                    seconds,
+                    seconds,
+                    4096 * seconds,
+                    float(seconds),
+                    650.0 * seconds,
+                    4096 * seconds * USD_PER_TOKEN * factor,
+                    tenant_id,
+                    f"arm{j}",
+                    tenant_id,
+                ],
+            )
 
 
 def rescan(experiment_ids: list[int]) -> None:
@@ -160,12 +233,15 @@ def rescan(experiment_ids: list[int]) -> None:
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute("""
+        cursor.execute(
+            """
             SELECT r.arm_id, SUM(x.tokens), SUM(x.energy), SUM(x.n) FROM (
                 SELECT s.run_id, MAX(s.tokens) AS tokens, MAX(s.energy_j) AS energy, COUNT(*) AS n
                 FROM telemetry_telemetrysample s JOIN experiments_run r ON r.id = s.run_id
                 WHERE r.experiment_id = ANY(%s) GROUP BY s.run_id) x
-            JOIN experiments_run r ON r.id = x.run_id GROUP BY r.arm_id""", [experiment_ids])
+            JOIN experiments_run r ON r.id = x.run_id GROUP BY r.arm_id""",
+            [experiment_ids],
+        )
         cursor.fetchall()
 
 
@@ -182,35 +258,79 @@ def latency_round(world: dict, phase_s: float, round_no: int) -> tuple[float, fl
     from apps.telemetry.services import telemetry_ingest
 
     tenant, bench = world["tenant"], Experiment.objects.filter(tenant=world["tenant"]).first()
-    exp = Experiment.objects.create(tenant=tenant, name=f"latency {round_no}", cost_model=bench.cost_model,
-                                    status=Experiment.Status.ACTIVE, attribution_interval_s=INTERVAL_S,
-                                    dynamic_weights=False, min_samples_per_arm=RUNS_PER_ARM * 150 + 1)
-    control = Arm.objects.create(experiment=exp, name="control", is_control=True, strategy_yaml="x: 1\n")
+    exp = Experiment.objects.create(
+        tenant=tenant,
+        name=f"latency {round_no}",
+        cost_model=bench.cost_model,
+        status=Experiment.Status.ACTIVE,
+        attribution_interval_s=INTERVAL_S,
+        dynamic_weights=False,
+        min_samples_per_arm=RUNS_PER_ARM * 150 + 1,
+    )
+    control = Arm.objects.create(
+        experiment=exp, name="control", is_control=True, strategy_yaml="x: 1\n"
+    )
     dearer = Arm.objects.create(experiment=exp, name="dearer", strategy_yaml="x: 2\n")
     sku = Run.objects.filter(tenant=tenant).first().gpu_sku
-    runs = [Run.objects.create(tenant=tenant, experiment=exp, arm=a, status=Run.Status.RUNNING, attempts=1,
-                               config_yaml="x", config_sha256="0" * 64, gpu_sku=sku, gpu_count=1)
-            for a in (control, dearer) for _ in range(RUNS_PER_ARM)]
+    runs = [
+        Run.objects.create(
+            tenant=tenant,
+            experiment=exp,
+            arm=a,
+            status=Run.Status.RUNNING,
+            attempts=1,
+            config_yaml="x",
+            config_sha256="0" * 64,
+            gpu_sku=sku,
+            gpu_count=1,
+        )
+        for a in (control, dearer)
+        for _ in range(RUNS_PER_ARM)
+    ]
     # History: five windows of evidence, in the past, that the dearer arm is 25 % dearer; it is not
     # frozen only because it is one sample short of min_samples_per_arm.
     past = timezone.now() - timedelta(hours=1)
     for w in range(1, 6):
         for run in runs:
             factor = 1.25 if run.arm_id == dearer.pk else 1.0
-            cost = round(4096 * 30 * w * USD_PER_TOKEN * factor * (1 + 0.01 * ((run.pk + w) % 3)), 6)
-            Run.objects.filter(pk=run.pk).update(  # as run_totals_advance leaves them, breakdown included
-                priced_seq=30 * w - 1, last_seq=30 * w - 1, steps=30 * w, tokens=4096 * 30 * w,
-                device_seconds=30.0 * w, energy_j=650.0 * 30 * w, cost_usd=Decimal(repr(cost)),
-                cost_breakdown={"total_usd": cost, "gpu_usd": cost})
+            cost = round(
+                4096 * 30 * w * USD_PER_TOKEN * factor * (1 + 0.01 * ((run.pk + w) % 3)), 6
+            )
+            Run.objects.filter(
+                pk=run.pk
+            ).update(  # as run_totals_advance leaves them, breakdown included
+                priced_seq=30 * w - 1,
+                last_seq=30 * w - 1,
+                steps=30 * w,
+                tokens=4096 * 30 * w,
+                device_seconds=30.0 * w,
+                energy_j=650.0 * 30 * w,
+                cost_usd=Decimal(repr(cost)),
+                cost_breakdown={"total_usd": cost, "gpu_usd": cost},
+            )
         attribution_tick(now=past + timedelta(seconds=INTERVAL_S * w))
-    Run.objects.filter(pk=runs[0].pk).update(priced_seq=150, last_seq=150)  # the control has them all
+    Run.objects.filter(pk=runs[0].pk).update(
+        priced_seq=150, last_seq=150
+    )  # the control has them all
 
     beat = time.monotonic()
     attribution_tick()  # a beat tick: the phase below is measured from it
     time.sleep(phase_s)
     advance(tenant.pk, INTERVAL_S, seed=round_no + 500)
-    telemetry_ingest(run_id=runs[RUNS_PER_ARM].pk, attempt=1, samples=[{  # a run of the dearer arm
-        "seq": 150, "ts": time.time(), "step": 151, "tokens": 4096, "energy_j": 650.0, "util_pct": 90.0}])
+    telemetry_ingest(
+        run_id=runs[RUNS_PER_ARM].pk,
+        attempt=1,
+        samples=[
+            {  # a run of the dearer arm
+                "seq": 150,
+                "ts": time.time(),
+                "step": 151,
+                "tokens": 4096,
+                "energy_j": 650.0,
+                "util_pct": 90.0,
+            }
+        ],
+    )
     landed = time.monotonic()
     time.sleep(max(0.0, beat + INTERVAL_S - time.monotonic()))  # beat fires again
     start = time.monotonic()
@@ -223,9 +343,13 @@ def latency_round(world: dict, phase_s: float, round_no: int) -> tuple[float, fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer rounds, 1M samples unless present (< 1 min)")
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer rounds, 1M samples unless present (< 1 min)"
+    )
     parser.add_argument("--json", action="store_true", help="last line: one JSON object")
-    parser.add_argument("--samples", type=int, default=None, help="telemetry samples in all (default 10M)")
+    parser.add_argument(
+        "--samples", type=int, default=None, help="telemetry samples in all (default 10M)"
+    )
     args = parser.parse_args()
     rounds, latency_rounds = (3, 3) if args.quick else (15, 8)
 
@@ -274,25 +398,48 @@ def main() -> None:
     latency = [m[0] for m in measured]
 
     t, s, q, lat = spread(tick_s), spread(rescan_s), spread(ratios), spread(latency)
-    print(f"{EXPERIMENTS} experiments x {ARMS} arms x {RUNS_PER_ARM} runs, "
-          f"{total:,} telemetry samples, "
-          f"every run moved since the last tick")
+    print(
+        f"{EXPERIMENTS} experiments x {ARMS} arms x {RUNS_PER_ARM} runs, "
+        f"{total:,} telemetry samples, "
+        f"every run moved since the last tick"
+    )
     print(f"{'measure':<44}{'median':>10}{'q1':>10}{'q3':>10}{'min':>10}{'max':>10}")
-    for label, v in (("tick (rollups) s", t), ("rescan of raw samples, lower bound s", s),
-                     ("ratio rescan / tick", q), (f"freeze latency s (interval {INTERVAL_S} s)", lat)):
-        print(f"{label:<44}{v['median']:>10.3f}{v['q1']:>10.3f}{v['q3']:>10.3f}{v['min']:>10.3f}{v['max']:>10.3f}")
-    print(f"tick: target <= 1 s ({rounds} interleaved rounds). "
-          f"freeze latency: worst of {latency_rounds} phases "
-          f"{lat['max']:.2f} s, target <= {INTERVAL_S + 2} s (interval + 2 s); "
-          "the freezing tick itself took "
-          f"{max(m[1] for m in measured):.3f} s at most")
+    for label, v in (
+        ("tick (rollups) s", t),
+        ("rescan of raw samples, lower bound s", s),
+        ("ratio rescan / tick", q),
+        (f"freeze latency s (interval {INTERVAL_S} s)", lat),
+    ):
+        print(
+            f"{label:<44}{v['median']:>10.3f}{v['q1']:>10.3f}{v['q3']:>10.3f}{v['min']:>10.3f}{v['max']:>10.3f}"
+        )
+    print(
+        f"tick: target <= 1 s ({rounds} interleaved rounds). "
+        f"freeze latency: worst of {latency_rounds} phases "
+        f"{lat['max']:.2f} s, target <= {INTERVAL_S + 2} s (interval + 2 s); "
+        "the freezing tick itself took "
+        f"{max(m[1] for m in measured):.3f} s at most"
+    )
     if args.json:
-        print(json.dumps({"tick_s": round(t["median"], 4), "tick_s_q1": round(t["q1"], 4),
-                          "tick_s_q3": round(t["q3"], 4), "tick_s_max": round(t["max"], 4),
-                          "rescan_s": round(s["median"], 4), "ratio": round(q["median"], 2),
-                          "freeze_latency_s": round(lat["max"], 3), "freeze_latency_median_s": round(lat["median"], 3),
-                          "interval_s": INTERVAL_S, "samples": total, "experiments": EXPERIMENTS, "arms": ARMS,
-                          "rounds": rounds}))
+        print(
+            json.dumps(
+                {
+                    "tick_s": round(t["median"], 4),
+                    "tick_s_q1": round(t["q1"], 4),
+                    "tick_s_q3": round(t["q3"], 4),
+                    "tick_s_max": round(t["max"], 4),
+                    "rescan_s": round(s["median"], 4),
+                    "ratio": round(q["median"], 2),
+                    "freeze_latency_s": round(lat["max"], 3),
+                    "freeze_latency_median_s": round(lat["median"], 3),
+                    "interval_s": INTERVAL_S,
+                    "samples": total,
+                    "experiments": EXPERIMENTS,
+                    "arms": ARMS,
+                    "rounds": rounds,
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

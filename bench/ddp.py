@@ -45,13 +45,21 @@ WARMUP_STEPS = 3
 
 
 def _config(*, steps: int, global_batch: int, nproc: int, device: str):
-    return strategy_from_dict({
-        "model": {"preset": "tiny", "seq_len": 64},
-        "data": {"source": "synthetic", "prefetch": 2},
-        "train": {"steps": steps, "global_batch": global_batch, "lr": 3.0e-3, "warmup_steps": 2, "seed": 0},
-        "telemetry": {"interval_s": 0.1, "peak_flops": 1e11 if device == "cpu" else None},
-        "distributed": {"nproc_per_node": nproc},
-    })
+    return strategy_from_dict(
+        {
+            "model": {"preset": "tiny", "seq_len": 64},
+            "data": {"source": "synthetic", "prefetch": 2},
+            "train": {
+                "steps": steps,
+                "global_batch": global_batch,
+                "lr": 3.0e-3,
+                "warmup_steps": 2,
+                "seed": 0,
+            },
+            "telemetry": {"interval_s": 0.1, "peak_flops": 1e11 if device == "cpu" else None},
+            "distributed": {"nproc_per_node": nproc},
+        }
+    )
 
 
 def run_measured(config, device: str, *, warmup_steps: int = 3) -> dict:
@@ -66,10 +74,17 @@ def run_measured(config, device: str, *, warmup_steps: int = 3) -> dict:
     if start is None or end["step"] <= start["step"] or end["ts"] <= start["ts"]:
         raise SystemExit("too few samples past the warm-up: raise --steps")
     seconds = end["ts"] - start["ts"]
-    return {"final_loss": result.final_loss, "tokens_per_s": (end["tokens"] - start["tokens"]) / seconds,
-            "step_s": seconds / (end["step"] - start["step"]), "status": result.status,
-            "wall_s": result.wall_s, "device_s": result.device_s, "tokens": result.tokens,
-            "energy_j": result.energy_j, "energy_estimated": result.energy_estimated}
+    return {
+        "final_loss": result.final_loss,
+        "tokens_per_s": (end["tokens"] - start["tokens"]) / seconds,
+        "step_s": seconds / (end["step"] - start["step"]),
+        "status": result.status,
+        "wall_s": result.wall_s,
+        "device_s": result.device_s,
+        "tokens": result.tokens,
+        "energy_j": result.energy_j,
+        "energy_estimated": result.energy_estimated,
+    }
 
 
 def _spread(values: list[float]) -> dict:
@@ -78,15 +93,27 @@ def _spread(values: list[float]) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3 rounds of 20 steps (about two minutes on 2 cores)")
-    parser.add_argument("--json", action="store_true", help="last line: one JSON object with the figures")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                        help="cpu (gloo, one thread per rank) or cuda (nccl: needs two GPUs)")
-    parser.add_argument("--steps", type=int, default=None, help="steps per run (default 20 quick, 40 full)")
+    parser.add_argument(
+        "--quick", action="store_true", help="3 rounds of 20 steps (about two minutes on 2 cores)"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="last line: one JSON object with the figures"
+    )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cpu (gloo, one thread per rank) or cuda (nccl: needs two GPUs)",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=None, help="steps per run (default 20 quick, 40 full)"
+    )
     ns = parser.parse_args()
     if ns.device == "cuda" and torch.cuda.device_count() < WORLD:
-        raise SystemExit(f"--device cuda: 2-rank DDP with nccl needs {WORLD} GPUs, this host has "
-                         f"{torch.cuda.device_count()}")
+        raise SystemExit(
+            f"--device cuda: 2-rank DDP with nccl needs {WORLD} GPUs, this host has "
+            f"{torch.cuda.device_count()}"
+        )
     torch.set_num_threads(1)  # one thread per process: the ranks get one each too
     rounds = 3 if ns.quick else 7
     steps = ns.steps or (20 if ns.quick else 40)
@@ -94,43 +121,78 @@ def main() -> int:
     arms = {
         "single": _config(steps=steps, global_batch=global_batch, nproc=1, device=ns.device),
         "ddp": _config(steps=steps, global_batch=global_batch, nproc=WORLD, device=ns.device),
-        "shard": _config(steps=steps, global_batch=global_batch // WORLD, nproc=1, device=ns.device),
+        "shard": _config(
+            steps=steps, global_batch=global_batch // WORLD, nproc=1, device=ns.device
+        ),
     }
-    run_measured(arms["single"], ns.device, warmup_steps=WARMUP_STEPS)  # warm the process: first-call costs belong to no arm
+    run_measured(
+        arms["single"], ns.device, warmup_steps=WARMUP_STEPS
+    )  # warm the process: first-call costs belong to no arm
     names = list(arms)
     rows = []
     for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
-        rows.append({name: run_measured(arms[name], ns.device, warmup_steps=WARMUP_STEPS) for name in order})
+        order = names[r % len(names) :] + names[: r % len(names)]
+        rows.append(
+            {name: run_measured(arms[name], ns.device, warmup_steps=WARMUP_STEPS) for name in order}
+        )
 
     backend = "nccl" if ns.device == "cuda" else "gloo"
-    print(f"DDP: tiny preset, seq_len 64, global_batch {global_batch}, {steps} steps/run, "
+    print(
+        f"DDP: tiny preset, seq_len 64, global_batch {global_batch}, {steps} steps/run, "
         f"{rounds} rounds, {ns.device} ({backend}), one thread per process; warm-up "
-        f"{WARMUP_STEPS} steps dropped")
-    print(f"{'round':>5}  {'single tok/s':>12}  {'ddp tok/s':>10}  {'shard ms':>9}  {'ddp ms':>8}  "
-          f"{'loss single':>11}  {'loss ddp':>9}")
+        f"{WARMUP_STEPS} steps dropped"
+    )
+    print(
+        f"{'round':>5}  {'single tok/s':>12}  {'ddp tok/s':>10}  {'shard ms':>9}  {'ddp ms':>8}  "
+        f"{'loss single':>11}  {'loss ddp':>9}"
+    )
     for r, row in enumerate(rows):
-        print(f"{r:>5}  {row['single']['tokens_per_s']:>12.0f}  {row['ddp']['tokens_per_s']:>10.0f}  "
-              f"{row['shard']['step_s'] * 1e3:>9.1f}  {row['ddp']['step_s'] * 1e3:>8.1f}  "
-              f"{row['single']['final_loss']:>11.5f}  {row['ddp']['final_loss']:>9.5f}")
-    loss_delta = [abs(row["ddp"]["final_loss"] - row["single"]["final_loss"]) / row["single"]["final_loss"]
-                  for row in rows]
-    efficiency = [row["ddp"]["tokens_per_s"] / (WORLD * row["single"]["tokens_per_s"]) for row in rows]
+        print(
+            f"{r:>5}  {row['single']['tokens_per_s']:>12.0f}  {row['ddp']['tokens_per_s']:>10.0f}  "
+            f"{row['shard']['step_s'] * 1e3:>9.1f}  {row['ddp']['step_s'] * 1e3:>8.1f}  "
+            f"{row['single']['final_loss']:>11.5f}  {row['ddp']['final_loss']:>9.5f}"
+        )
+    loss_delta = [
+        abs(row["ddp"]["final_loss"] - row["single"]["final_loss"]) / row["single"]["final_loss"]
+        for row in rows
+    ]
+    efficiency = [
+        row["ddp"]["tokens_per_s"] / (WORLD * row["single"]["tokens_per_s"]) for row in rows
+    ]
     share = [max(0.0, 1 - row["shard"]["step_s"] / row["ddp"]["step_s"]) for row in rows]
-    figures = {"loss_delta": _spread(loss_delta), "scaling_efficiency": _spread(efficiency),
-               "allreduce_share": _spread(share)}
+    figures = {
+        "loss_delta": _spread(loss_delta),
+        "scaling_efficiency": _spread(efficiency),
+        "allreduce_share": _spread(share),
+    }
     for name, fig in figures.items():
-        print(f"{name} = {fig['median']:.3g}  (min {fig['min']:.3g}, max {fig['max']:.3g})"
-              + ("  target <= 0.01" if name == "loss_delta" else ""))
+        print(
+            f"{name} = {fig['median']:.3g}  (min {fig['min']:.3g}, max {fig['max']:.3g})"
+            + ("  target <= 0.01" if name == "loss_delta" else "")
+        )
     if ns.json:
-        print(json.dumps({
-            "world_size": WORLD, "device": ns.device, "backend": backend, "rounds": rounds, "steps_per_run": steps,
-            "global_batch": global_batch, "loss_delta": figures["loss_delta"]["median"],
-            "scaling_efficiency": figures["scaling_efficiency"]["median"],
-            "allreduce_share": figures["allreduce_share"]["median"], "spread": figures,
-            "single_tokens_per_s": statistics.median(row["single"]["tokens_per_s"] for row in rows),
-            "ddp_tokens_per_s": statistics.median(row["ddp"]["tokens_per_s"] for row in rows),
-        }))
+        print(
+            json.dumps(
+                {
+                    "world_size": WORLD,
+                    "device": ns.device,
+                    "backend": backend,
+                    "rounds": rounds,
+                    "steps_per_run": steps,
+                    "global_batch": global_batch,
+                    "loss_delta": figures["loss_delta"]["median"],
+                    "scaling_efficiency": figures["scaling_efficiency"]["median"],
+                    "allreduce_share": figures["allreduce_share"]["median"],
+                    "spread": figures,
+                    "single_tokens_per_s": statistics.median(
+                        row["single"]["tokens_per_s"] for row in rows
+                    ),
+                    "ddp_tokens_per_s": statistics.median(
+                        row["ddp"]["tokens_per_s"] for row in rows
+                    ),
+                }
+            )
+        )
     return 0
 
 

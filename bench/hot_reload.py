@@ -32,12 +32,35 @@ telemetry: {interval_s: 0.50}
 
 def start_worker(name: str, push: bool) -> subprocess.Popen:
     # One thread each: two trainings share this machine's cores and must not fight over them.
-    env = dict(os.environ, COSTLAB_PUSH_NOTIFICATIONS="true" if push else "false", DJANGO_LOG_LEVEL="WARNING",
-               OMP_NUM_THREADS="1")
+    env = dict(
+        os.environ,
+        COSTLAB_PUSH_NOTIFICATIONS="true" if push else "false",
+        DJANGO_LOG_LEVEL="WARNING",
+        OMP_NUM_THREADS="1",
+    )
     return subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "config.celery_app", "worker", "--pool", "solo", "--queues", "cpu",
-         "--hostname", f"{name}@bench", "--without-gossip", "--without-mingle", "--loglevel", "WARNING"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "config.celery_app",
+            "worker",
+            "--pool",
+            "solo",
+            "--queues",
+            "cpu",
+            "--hostname",
+            f"{name}@bench",
+            "--without-gossip",
+            "--without-mingle",
+            "--loglevel",
+            "WARNING",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
 
 
@@ -67,27 +90,40 @@ def main() -> None:
     cost_model = tenant.cost_models.first()
     arms = {}
     for mode in ("push", "poll"):
-        exp, _ = Experiment.objects.get_or_create(tenant=tenant, name=f"bench hot reload {mode}",
-                                                  defaults={"cost_model": cost_model, "status": "active"})
+        exp, _ = Experiment.objects.get_or_create(
+            tenant=tenant,
+            name=f"bench hot reload {mode}",
+            defaults={"cost_model": cost_model, "status": "active"},
+        )
         Run.objects.filter(experiment=exp).delete()
         exp.arms.all().delete()
-        arms[mode] = Arm.objects.create(experiment=exp, name="arm", is_control=True, strategy_yaml=STRATEGY)
+        arms[mode] = Arm.objects.create(
+            experiment=exp, name="arm", is_control=True, strategy_yaml=STRATEGY
+        )
     workers = {"push": start_worker("push", True), "poll": start_worker("poll", False)}
     runs = {}
     try:
         for mode in ("push", "poll"):
             runs[mode] = run_submit(experiment=arms[mode].experiment)
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and Run.objects.filter(pk__in=[r.pk for r in runs.values()],
-                                                                 status="running", steps__gt=0).count() < 2:
+        while (
+            time.monotonic() < deadline
+            and Run.objects.filter(
+                pk__in=[r.pk for r in runs.values()], status="running", steps__gt=0
+            ).count()
+            < 2
+        ):
             time.sleep(0.2)
         # Which worker holds which run does not matter for a fair comparison only if push/poll
         # match: each run is driven by whichever worker took it, so label by the worker's pid.
         pids = {str(p.pid): m for m, p in workers.items()}
-        holder = {m: pids.get(Run.objects.get(pk=r.pk).lease_owner.split(":")[1], "?") for m, r in runs.items()}
+        holder = {
+            m: pids.get(Run.objects.get(pk=r.pk).lease_owner.split(":")[1], "?")
+            for m, r in runs.items()
+        }
         latencies: dict[str, list[float]] = {"push": [], "poll": []}
         for r in range(rounds):
-            for mode in (("push", "poll") if r % 2 == 0 else ("poll", "push")):
+            for mode in ("push", "poll") if r % 2 == 0 else ("poll", "push"):
                 arm = Arm.objects.get(pk=arms[mode].pk)
                 interval = "0.50" if arm.revision % 2 == 0 else "0.40"
                 update = arm_update(arm=arm, strategy_yaml=STRATEGY.replace("0.50", interval))
@@ -107,20 +143,29 @@ def main() -> None:
         for proc in workers.values():
             proc.terminate()
             proc.wait(30)
-    summary = {m: {"p50_s": statistics.median(v), "p99_s": p99(v), "max_s": max(v), "n": len(v)}
-               for m, v in latencies.items() if v}
+    summary = {
+        m: {"p50_s": statistics.median(v), "p99_s": p99(v), "max_s": max(v), "n": len(v)}
+        for m, v in latencies.items()
+        if v
+    }
     print(f"{'path':<26}{'p50 s':>10}{'p99 s':>10}{'max s':>10}{'n':>6}")
     for mode, label in (("push", "Redis pub/sub (push)"), ("poll", "database polling, 1 s")):
         if mode in summary:
             s = summary[mode]
-            print(f"{label:<26}{s['p50_s']:>10.3f}{s['p99_s']:>10.3f}{s['max_s']:>10.3f}{s['n']:>6}")
+            print(
+                f"{label:<26}{s['p50_s']:>10.3f}{s['p99_s']:>10.3f}{s['max_s']:>10.3f}{s['n']:>6}"
+            )
     if "push" in summary and "poll" in summary:
-        print(f"ratio push/poll p99: {summary['push']['p99_s'] / summary['poll']['p99_s']:.3f} "
-              f"({rounds} interleaved rounds; target: push p99 <= 1 s)")
+        print(
+            f"ratio push/poll p99: {summary['push']['p99_s'] / summary['poll']['p99_s']:.3f} "
+            f"({rounds} interleaved rounds; target: push p99 <= 1 s)"
+        )
     if args.json:
         out = {"p99_s": round(summary.get("push", {}).get("p99_s", float("nan")), 4)}
         for mode, s in summary.items():
-            out.update({f"{mode}_{k}": round(v, 4) if isinstance(v, float) else v for k, v in s.items()})
+            out.update(
+                {f"{mode}_{k}": round(v, 4) if isinstance(v, float) else v for k, v in s.items()}
+            )
         print(json.dumps(out))
 
 

@@ -50,9 +50,16 @@ def main() -> None:
     arm = experiment.arms.first()
 
     def new_run() -> Run:
-        run = Run.objects.create(tenant=experiment.tenant, experiment=experiment, arm=arm,
-                                 status=Run.Status.RUNNING, attempts=1, config_yaml=arm.strategy_yaml,
-                                 config_sha256=arm.strategy_sha256, vcpus=2)
+        run = Run.objects.create(
+            tenant=experiment.tenant,
+            experiment=experiment,
+            arm=arm,
+            status=Run.Status.RUNNING,
+            attempts=1,
+            config_yaml=arm.strategy_yaml,
+            config_sha256=arm.strategy_sha256,
+            vcpus=2,
+        )
         # Created a day ago: the samples below (from 3 h ago) fall inside its time window.
         Run.objects.filter(pk=run.pk).update(created_at=timezone.now() - timedelta(days=1))
         return run
@@ -60,14 +67,32 @@ def main() -> None:
     def make_batches() -> list[list[dict]]:
         t0, out = time.time() - 3 * 3600, []
         for b in range(batches):
-            out.append([
-                {"seq": i, "ts": t0 + i * 0.5, "step": i, "device": "cuda:0 NVIDIA H100", "util_pct": 90.0,
-                 "mem_used_mb": 40_000.0, "mem_total_mb": 81_559.0, "power_w": 650.0, "energy_j": 325.0 * i,
-                 "step_time_s": 0.5, "tokens": 4096 * i, "tokens_per_s": 8192.0, "micro_batch": 8,
-                 "loss": 2.5, "overlap_ratio": 0.8, "mfu": 0.4, "sm_clock_mhz": 1980.0, "temperature_c": 61.0,
-                 "estimated": False}
-                for i in range(b * args.batch, (b + 1) * args.batch)
-            ])
+            out.append(
+                [
+                    {
+                        "seq": i,
+                        "ts": t0 + i * 0.5,
+                        "step": i,
+                        "device": "cuda:0 NVIDIA H100",
+                        "util_pct": 90.0,
+                        "mem_used_mb": 40_000.0,
+                        "mem_total_mb": 81_559.0,
+                        "power_w": 650.0,
+                        "energy_j": 325.0 * i,
+                        "step_time_s": 0.5,
+                        "tokens": 4096 * i,
+                        "tokens_per_s": 8192.0,
+                        "micro_batch": 8,
+                        "loss": 2.5,
+                        "overlap_ratio": 0.8,
+                        "mfu": 0.4,
+                        "sm_clock_mhz": 1980.0,
+                        "temperature_c": 61.0,
+                        "estimated": False,
+                    }
+                    for i in range(b * args.batch, (b + 1) * args.batch)
+                ]
+            )
         return out
 
     def platform(run: Run, data: list[list[dict]]) -> float:
@@ -78,7 +103,9 @@ def main() -> None:
 
     def platform_late(run: Run, data: list[list[dict]]) -> float:
         late = set(range(0, len(data), 10))  # every tenth batch, the first one included
-        order = [b for i, b in enumerate(data) if i not in late] + [data[i][::-1] for i in sorted(late)]
+        order = [b for i, b in enumerate(data) if i not in late] + [
+            data[i][::-1] for i in sorted(late)
+        ]
         start = time.perf_counter()
         for batch in order:
             telemetry_ingest(run_id=run.pk, samples=batch, attempt=1)
@@ -116,7 +143,12 @@ def main() -> None:
             copy_rows(batch)
         return time.perf_counter() - start
 
-    paths = {"platform": platform, "platform_late": platform_late, "raw": raw_copy, "raw_prepared": raw_copy_prepared}
+    paths = {
+        "platform": platform,
+        "platform_late": platform_late,
+        "raw": raw_copy,
+        "raw_prepared": raw_copy_prepared,
+    }
     rates: dict[str, list[float]] = {name: [] for name in paths}
     ratios: dict[str, list[float]] = {"raw": [], "raw_prepared": [], "late": []}
     n = batches * args.batch
@@ -132,29 +164,47 @@ def main() -> None:
         ratios["late"].append(times["raw"] / times["platform_late"])
     Run.objects.filter(experiment=experiment).delete()
 
-    labels = {"platform": "platform ingest", "platform_late": "platform, 10 % late+reversed",
-              "raw": "raw COPY (from the dicts)",
-              "raw_prepared": "raw COPY (rows prebuilt)"}
+    labels = {
+        "platform": "platform ingest",
+        "platform_late": "platform, 10 % late+reversed",
+        "raw": "raw COPY (from the dicts)",
+        "raw_prepared": "raw COPY (rows prebuilt)",
+    }
     print(f"{'path':<30}{'samples/s (median)':>20}{'min':>12}{'max':>12}")
     for name, label in labels.items():
         p = spread(rates[name])
         print(f"{label:<30}{p['median']:>20,.0f}{p['min']:>12,.0f}{p['max']:>12,.0f}")
     s, b, late = spread(ratios["raw"]), spread(ratios["raw_prepared"]), spread(ratios["late"])
-    print(f"ratio platform/raw COPY: {s['median']:.3f} "
-          f"(IQR {s['q1']:.3f}-{s['q3']:.3f}, min {s['min']:.3f}, "
-          f"max {s['max']:.3f}); against prebuilt rows: {b['median']:.3f} "
-          f"(IQR {b['q1']:.3f}-{b['q3']:.3f}); "
-          f"{rounds} interleaved rounds of {n} samples; target >= 0.5")
-    print(f"late_ratio (10 % of batches late and reversed)/raw COPY: {late['median']:.3f} "
-          f"(IQR {late['q1']:.3f}-"
-          f"{late['q3']:.3f}, min {late['min']:.3f}, max {late['max']:.3f}); target >= 0.4")
+    print(
+        f"ratio platform/raw COPY: {s['median']:.3f} "
+        f"(IQR {s['q1']:.3f}-{s['q3']:.3f}, min {s['min']:.3f}, "
+        f"max {s['max']:.3f}); against prebuilt rows: {b['median']:.3f} "
+        f"(IQR {b['q1']:.3f}-{b['q3']:.3f}); "
+        f"{rounds} interleaved rounds of {n} samples; target >= 0.5"
+    )
+    print(
+        f"late_ratio (10 % of batches late and reversed)/raw COPY: {late['median']:.3f} "
+        f"(IQR {late['q1']:.3f}-"
+        f"{late['q3']:.3f}, min {late['min']:.3f}, max {late['max']:.3f}); target >= 0.4"
+    )
     if args.json:
-        print(json.dumps({"ratio": round(s["median"], 4), "ratio_q1": round(s["q1"], 4),
-                          "ratio_q3": round(s["q3"], 4), "ratio_min": round(s["min"], 4),
-                          "ratio_max": round(s["max"], 4), "ratio_vs_prebuilt_rows": round(b["median"], 4),
-                          "late_ratio": round(late["median"], 4), "late_ratio_q1": round(late["q1"], 4),
-                          "late_ratio_q3": round(late["q3"], 4),
-                          "rounds": rounds, "samples_per_round": n}))
+        print(
+            json.dumps(
+                {
+                    "ratio": round(s["median"], 4),
+                    "ratio_q1": round(s["q1"], 4),
+                    "ratio_q3": round(s["q3"], 4),
+                    "ratio_min": round(s["min"], 4),
+                    "ratio_max": round(s["max"], 4),
+                    "ratio_vs_prebuilt_rows": round(b["median"], 4),
+                    "late_ratio": round(late["median"], 4),
+                    "late_ratio_q1": round(late["q1"], 4),
+                    "late_ratio_q3": round(late["q3"], 4),
+                    "rounds": rounds,
+                    "samples_per_round": n,
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

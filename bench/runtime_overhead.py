@@ -42,12 +42,14 @@ WARMUP_STEPS = 2
 
 
 def _config(*, telemetry: bool, interval_s: float, steps: int):
-    return strategy_from_dict({
-        "model": {"preset": "tiny", "seq_len": 64},
-        "data": {"source": "synthetic", "prefetch": 2},
-        "train": {"steps": steps, "global_batch": 4, "lr": 3.0e-3, "warmup_steps": 2},
-        "telemetry": {"enabled": telemetry, "interval_s": interval_s},
-    })
+    return strategy_from_dict(
+        {
+            "model": {"preset": "tiny", "seq_len": 64},
+            "data": {"source": "synthetic", "prefetch": 2},
+            "train": {"steps": steps, "global_batch": 4, "lr": 3.0e-3, "warmup_steps": 2},
+            "telemetry": {"enabled": telemetry, "interval_s": interval_s},
+        }
+    )
 
 
 def _run(config, device: str | None) -> tuple[float, int]:
@@ -70,15 +72,23 @@ def _direct_costs(device: str | None, n: int = 300) -> tuple[float, float]:
     windows: deque = deque(maxlen=256)
     io_log: deque = deque(maxlen=128)
     counters = RunCounters(Progress(0, 0, 0.0, 0, None, 4))
-    sampler = Sampler(probe=open_probe(dev, cpu_tdp_w=65.0), counters=counters, interval_s=3600.0,
-                      sink=lambda s: json.dumps(s), flops_per_token=1.0, peak=None,
-                      overlap=OverlapMeter(clock, windows, io_log))
+    sampler = Sampler(
+        probe=open_probe(dev, cpu_tdp_w=65.0),
+        counters=counters,
+        interval_s=3600.0,
+        sink=lambda s: json.dumps(s),
+        flops_per_token=1.0,
+        peak=None,
+        overlap=OverlapMeter(clock, windows, io_log),
+    )
     costs = []
     for i in range(n):
         for j in range(4):  # a few steps between samples, as in a run
             step = 4 * i + j
             io_log.append((clock.stamp(), clock.stamp()))
-            windows.append(StepWindow(step + 1, clock.stamp(), clock.stamp(), clock.stamp(), clock.stamp()))
+            windows.append(
+                StepWindow(step + 1, clock.stamp(), clock.stamp(), clock.stamp(), clock.stamp())
+            )
         start = time.thread_time()
         sampler.sample()
         costs.append(time.thread_time() - start)
@@ -95,11 +105,19 @@ def _direct_costs(device: str | None, n: int = 300) -> tuple[float, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds: under a minute")
-    parser.add_argument("--json", action="store_true", help="last line: one JSON object with overhead_ratio")
-    parser.add_argument("--interval", type=float, default=0.1, help="sampler interval in seconds (default 0.1)")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="torch intra-op threads (default 1: on a small shared box, OpenMP threads spinning "
-                             "against other processes swamp the effect being measured; 0 keeps torch's default)")
+    parser.add_argument(
+        "--json", action="store_true", help="last line: one JSON object with overhead_ratio"
+    )
+    parser.add_argument(
+        "--interval", type=float, default=0.1, help="sampler interval in seconds (default 0.1)"
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (default 1: on a small shared box, OpenMP threads spinning "
+        "against other processes swamp the effect being measured; 0 keeps torch's default)",
+    )
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     ns = parser.parse_args()
     if ns.threads:
@@ -117,9 +135,11 @@ def main() -> int:
         rows.append((off_s, on_s, on_s / off_s, n_samples))
     sample_cost_s, step_bookkeeping_s = _direct_costs(ns.device)
 
-    print("telemetry overhead: tiny preset, seq_len 64, global_batch 4, "
-          f"{steps} steps/run, {rounds} rounds, "
-          f"sampler every {ns.interval} s, torch threads {torch.get_num_threads()}")
+    print(
+        "telemetry overhead: tiny preset, seq_len 64, global_batch 4, "
+        f"{steps} steps/run, {rounds} rounds, "
+        f"sampler every {ns.interval} s, torch threads {torch.get_num_threads()}"
+    )
     print(f"{'round':>5}  {'off ms/step':>11}  {'on ms/step':>10}  {'on/off':>7}  {'samples':>7}")
     for r, (off_s, on_s, ratio, n) in enumerate(rows):
         print(f"{r:>5}  {off_s * 1e3:>11.2f}  {on_s * 1e3:>10.2f}  {ratio:>7.4f}  {n:>7}")
@@ -128,20 +148,37 @@ def main() -> int:
     q1, _, q3 = statistics.quantiles(ratios, n=4)
     step_s = statistics.median(row[0] for row in rows)
     direct = sample_cost_s / ns.interval + step_bookkeeping_s / step_s
-    print(f"overhead_ratio (median on/off) = {median:.4f}  spread: min {low:.4f}, max {high:.4f}, "
-          f"IQR [{q1:.4f}, {q3:.4f}]  (budget < 1.01)")
-    print(f"direct: sampler {sample_cost_s * 1e6:.0f} us CPU per sample "
-          f"(every {ns.interval} s), loop bookkeeping "
-          f"{step_bookkeeping_s * 1e6:.2f} us per {step_s * 1e3:.0f} ms step "
-          f"-> {direct * 100:.3f} % of step time")
+    print(
+        f"overhead_ratio (median on/off) = {median:.4f}  spread: min {low:.4f}, max {high:.4f}, "
+        f"IQR [{q1:.4f}, {q3:.4f}]  (budget < 1.01)"
+    )
+    print(
+        f"direct: sampler {sample_cost_s * 1e6:.0f} us CPU per sample "
+        f"(every {ns.interval} s), loop bookkeeping "
+        f"{step_bookkeeping_s * 1e6:.2f} us per {step_s * 1e3:.0f} ms step "
+        f"-> {direct * 100:.3f} % of step time"
+    )
     if ns.json:
-        print(json.dumps({
-            "overhead_ratio": median, "overhead_ratio_spread": (high - low) / 2, "overhead_ratio_min": low,
-            "overhead_ratio_max": high, "overhead_ratio_iqr": [q1, q3], "rounds": rounds, "steps_per_run": steps,
-            "interval_s": ns.interval, "torch_threads": torch.get_num_threads(), "step_s_off": step_s,
-            "step_s_on": statistics.median(row[1] for row in rows), "sampler_cpu_s_per_sample": sample_cost_s,
-            "loop_bookkeeping_s_per_step": step_bookkeeping_s, "direct_overhead_fraction": direct,
-        }))
+        print(
+            json.dumps(
+                {
+                    "overhead_ratio": median,
+                    "overhead_ratio_spread": (high - low) / 2,
+                    "overhead_ratio_min": low,
+                    "overhead_ratio_max": high,
+                    "overhead_ratio_iqr": [q1, q3],
+                    "rounds": rounds,
+                    "steps_per_run": steps,
+                    "interval_s": ns.interval,
+                    "torch_threads": torch.get_num_threads(),
+                    "step_s_off": step_s,
+                    "step_s_on": statistics.median(row[1] for row in rows),
+                    "sampler_cpu_s_per_sample": sample_cost_s,
+                    "loop_bookkeeping_s_per_step": step_bookkeeping_s,
+                    "direct_overhead_fraction": direct,
+                }
+            )
+        )
     return 0
 
 

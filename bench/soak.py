@@ -78,7 +78,9 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--quick", action="store_true", help="3 minutes")
     parser.add_argument("--json", action="store_true")
-    parser.add_argument("--keep", action="store_true", help="keep the var directory (logs, database)")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the var directory (logs, database)"
+    )
     args = parser.parse_args()
     minutes = 3.0 if args.quick else args.minutes
 
@@ -86,11 +88,24 @@ def main() -> None:
     port = free_port()
     for name in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND"):
         os.environ.pop(name, None)
-    os.environ.update(DJANGO_SETTINGS_MODULE="config.settings.local", COSTLAB_VAR_DIR=str(var_dir),
-                      COSTLAB_ATTRIBUTION_TICK_S="1", DJANGO_LOG_LEVEL="WARNING", OMP_NUM_THREADS="1")
-    subprocess.run([sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, check=True)
-    stack = subprocess.Popen([sys.executable, "manage.py", "run_local", "--port", str(port)], cwd=ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    os.environ.update(
+        DJANGO_SETTINGS_MODULE="config.settings.local",
+        COSTLAB_VAR_DIR=str(var_dir),
+        COSTLAB_ATTRIBUTION_TICK_S="1",
+        DJANGO_LOG_LEVEL="WARNING",
+        OMP_NUM_THREADS="1",
+    )
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, check=True
+    )
+    stack = subprocess.Popen(
+        [sys.executable, "manage.py", "run_local", "--port", str(port)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     log = StackLog(stack.stdout, var_dir / "stack.log")
 
     import django
@@ -112,14 +127,25 @@ def main() -> None:
         time.sleep(0.5)
     seed = demo_seed()
     Tenant.objects.filter(pk=seed.tenant.pk).update(max_concurrent_runs=1000)
-    experiment = Experiment.objects.create(tenant=seed.tenant, name="soak", cost_model=seed.experiment.cost_model,
-                                           status=Experiment.Status.ACTIVE)
+    experiment = Experiment.objects.create(
+        tenant=seed.tenant,
+        name="soak",
+        cost_model=seed.experiment.cost_model,
+        status=Experiment.Status.ACTIVE,
+    )
     for name, control in (("soak-a", True), ("soak-b", False)):
-        Arm.objects.create(experiment=experiment, name=name, strategy_yaml=SOAK_STRATEGY,
-                           strategy_sha256=strategy_sha256(SOAK_STRATEGY), is_control=control)
+        Arm.objects.create(
+            experiment=experiment,
+            name=name,
+            strategy_yaml=SOAK_STRATEGY,
+            strategy_sha256=strategy_sha256(SOAK_STRATEGY),
+            is_control=control,
+        )
 
-    print(f"soak: {minutes:g} min on the embedded default in {var_dir} (web :{port}), "
-          "beat tick every 1 s")
+    print(
+        f"soak: {minutes:g} min on the embedded default in {var_dir} (web :{port}), "
+        "beat tick every 1 s"
+    )
     submitted, started = 0, time.monotonic()
     next_tick = started
     end = started + minutes * 60
@@ -134,7 +160,10 @@ def main() -> None:
         time.sleep(0.25)
 
     drain_end = time.monotonic() + DRAIN_S
-    while time.monotonic() < drain_end and experiment.runs.filter(status__in=Run.ACTIVE_STATUSES).exists():
+    while (
+        time.monotonic() < drain_end
+        and experiment.runs.filter(status__in=Run.ACTIVE_STATUSES).exists()
+    ):
         time.sleep(1.0)
 
     runs = list(experiment.runs.all())
@@ -168,9 +197,18 @@ def main() -> None:
     width = max(len(k) for k in report)
     for key, value in report.items():
         print(f"{key:<{width}}  {value}")
-    ok = (report["crashes"] == report["restarts"] == report["runs_stuck"] == report["double_billed"] == 0
-          and submitted == succeeded)
-    print("soak: " + ("target met" if ok else "TARGET MISSED; stack log: " + str(var_dir / "stack.log")))
+    ok = (
+        report["crashes"]
+        == report["restarts"]
+        == report["runs_stuck"]
+        == report["double_billed"]
+        == 0
+        and submitted == succeeded
+    )
+    print(
+        "soak: "
+        + ("target met" if ok else "TARGET MISSED; stack log: " + str(var_dir / "stack.log"))
+    )
     if not ok:
         print("\n".join(log.tail))
     if args.json:

@@ -39,9 +39,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _setup import django_on_postgres  # noqa: E402
 
 TARGET_REGRET = 0.05
-SPACE = {"train.global_batch": [1, 2, 4], "model.seq_len": [32, 64], "precision.compute_dtype": ["fp32", "bf16"]}
-BASE = ("model: {preset: tiny, seq_len: 64}\ndata: {source: synthetic}\n"
-        "train: {steps: 1000, global_batch: 2, seed: 0}\n")
+SPACE = {
+    "train.global_batch": [1, 2, 4],
+    "model.seq_len": [32, 64],
+    "precision.compute_dtype": ["fp32", "bf16"],
+}
+BASE = (
+    "model: {preset: tiny, seq_len: 64}\ndata: {source: synthetic}\n"
+    "train: {steps: 1000, global_batch: 2, seed: 0}\n"
+)
 
 
 def _tenant():
@@ -50,9 +56,16 @@ def _tenant():
 
     tenant, _ = Tenant.objects.get_or_create(slug="bench-sweep", defaults={"name": "bench: sweep"})
     PricingTable.objects.get_or_create(
-        tenant=tenant, name="bench prices", defaults={
-            "valid_from": datetime(2026, 1, 1, tzinfo=UTC), "electricity_usd_per_kwh": Decimal("0.15"),
-            "pue": Decimal("1.2"), "vcpu_hour_usd": Decimal("0.04"), "memory_gb_hour_usd": Decimal("0.005")})
+        tenant=tenant,
+        name="bench prices",
+        defaults={
+            "valid_from": datetime(2026, 1, 1, tzinfo=UTC),
+            "electricity_usd_per_kwh": Decimal("0.15"),
+            "pue": Decimal("1.2"),
+            "vcpu_hour_usd": Decimal("0.04"),
+            "memory_gb_hour_usd": Decimal("0.005"),
+        },
+    )
     return tenant
 
 
@@ -62,8 +75,12 @@ def _next_queued(sweep):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer timed steps per probe (under a minute)")
-    ap.add_argument("--json", action="store_true", help="last line: one JSON object with the figures")
+    ap.add_argument(
+        "--quick", action="store_true", help="fewer timed steps per probe (under a minute)"
+    )
+    ap.add_argument(
+        "--json", action="store_true", help="last line: one JSON object with the figures"
+    )
     ap.add_argument("--steps", type=int, help="timed steps per probe (default 12, --quick 6)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads per probe (1)")
@@ -79,16 +96,33 @@ def main() -> int:
     from workers.sweeps import probe_execute
 
     services._probe_send = lambda **_: None  # probes run here, interleaved; no broker message
-    torch.set_num_threads(args.threads)  # fewer threads than cores: less noise from neighbours on a shared host
+    torch.set_num_threads(
+        args.threads
+    )  # fewer threads than cores: less noise from neighbours on a shared host
     tenant = _tenant()
     stamp = datetime.now(UTC).strftime("%H%M%S")
-    common = dict(tenant=tenant, base_strategy_yaml=BASE, space=SPACE, probe_steps=steps, warmup_steps=2,
-                  parallelism=1, seed=args.seed)
-    grid = services.sweep_create(name=f"bench grid {stamp}", probe_count=12, sampler="grid", **common)
-    searches = {name: services.sweep_create(name=f"bench {name} {stamp}", probe_count=6, sampler=name, **common)
-                for name in ("tpe", "nsga2")}
+    common = dict(
+        tenant=tenant,
+        base_strategy_yaml=BASE,
+        space=SPACE,
+        probe_steps=steps,
+        warmup_steps=2,
+        parallelism=1,
+        seed=args.seed,
+    )
+    grid = services.sweep_create(
+        name=f"bench grid {stamp}", probe_count=12, sampler="grid", **common
+    )
+    searches = {
+        name: services.sweep_create(
+            name=f"bench {name} {stamp}", probe_count=6, sampler=name, **common
+        )
+        for name in ("tpe", "nsga2")
+    }
     while True:
-        pending = [p for p in (_next_queued(s) for s in (grid, *searches.values())) if p is not None]
+        pending = [
+            p for p in (_next_queued(s) for s in (grid, *searches.values())) if p is not None
+        ]
         if not pending:
             break
         for probe in pending:
@@ -106,33 +140,52 @@ def main() -> int:
         searched[name] = keys
         figures[name] = {
             "probes": len(probes),
-            "regret": min(p.usd_per_mtok for p in probes if p.usd_per_mtok is not None) / grid_best - 1,
+            "regret": min(p.usd_per_mtok for p in probes if p.usd_per_mtok is not None) / grid_best
+            - 1,
             "regret_same_measure": min(grid_usd[k] for k in keys if k in grid_usd) / grid_best - 1,
             "frontier_recall": len(grid_front & keys) / len(grid_front),
         }
     wall = time.perf_counter() - started
 
-    print(f"sweep benchmark: {len(grid_probes)} grid probes vs 6 TPE and 6 NSGA-II probes, "
-          f"{steps} timed steps each, CPU, {args.threads} thread(s)")
-    print(f"{'#':>2}  {'global_batch':>12} {'seq_len':>7} {'dtype':>5}  "
-          f"{'USD/1M tok':>10} {'peak MiB est.':>13}  "
-          f"{'grid front':>10}  {'TPE':>3}  {'NSGA-II':>7}")
+    print(
+        f"sweep benchmark: {len(grid_probes)} grid probes vs 6 TPE and 6 NSGA-II probes, "
+        f"{steps} timed steps each, CPU, {args.threads} thread(s)"
+    )
+    print(
+        f"{'#':>2}  {'global_batch':>12} {'seq_len':>7} {'dtype':>5}  "
+        f"{'USD/1M tok':>10} {'peak MiB est.':>13}  "
+        f"{'grid front':>10}  {'TPE':>3}  {'NSGA-II':>7}"
+    )
     for p in grid_probes:
-        print(f"{p.number:>2}  {p.params['train.global_batch']:>12} {p.params['model.seq_len']:>7} "
-              f"{p.params['precision.compute_dtype']:>5}  {p.usd_per_mtok or float('nan'):>10.4f} "
-              f"{p.peak_mem_mb or float('nan'):>13.0f}  {'✓' if p.on_frontier else '':>10}  "
-              f"{'✓' if p.params_key in searched['tpe'] else '':>3}  "
-              f"{'✓' if p.params_key in searched['nsga2'] else '':>7}")
+        print(
+            f"{p.number:>2}  {p.params['train.global_batch']:>12} {p.params['model.seq_len']:>7} "
+            f"{p.params['precision.compute_dtype']:>5}  {p.usd_per_mtok or float('nan'):>10.4f} "
+            f"{p.peak_mem_mb or float('nan'):>13.0f}  {'✓' if p.on_frontier else '':>10}  "
+            f"{'✓' if p.params_key in searched['tpe'] else '':>3}  "
+            f"{'✓' if p.params_key in searched['nsga2'] else '':>7}"
+        )
     for name, f in figures.items():
-        print(f"{name:>5}: {f['probes']} probes, regret {f['regret']:+.3f} "
-              f"(target <= {TARGET_REGRET}; "
-              f"on the grid's measurements {f['regret_same_measure']:+.3f}), "
-              f"frontier recall {f['frontier_recall']:.2f}")
+        print(
+            f"{name:>5}: {f['probes']} probes, regret {f['regret']:+.3f} "
+            f"(target <= {TARGET_REGRET}; "
+            f"on the grid's measurements {f['regret_same_measure']:+.3f}), "
+            f"frontier recall {f['frontier_recall']:.2f}"
+        )
     print(f"grid cheapest {grid_best:.4f} USD/1M tok; wall {wall:.1f} s")
     if args.json:
         rounded = {name: {k: round(v, 4) for k, v in f.items()} for name, f in figures.items()}
-        print(json.dumps({"grid_probes": len(grid_probes), **rounded["tpe"], "nsga2": rounded["nsga2"],
-                          "wall_s": round(wall, 1), "steps_per_probe": steps, "threads": args.threads}))
+        print(
+            json.dumps(
+                {
+                    "grid_probes": len(grid_probes),
+                    **rounded["tpe"],
+                    "nsga2": rounded["nsga2"],
+                    "wall_s": round(wall, 1),
+                    "steps_per_probe": steps,
+                    "threads": args.threads,
+                }
+            )
+        )
     return 0
 
 

@@ -13,7 +13,9 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     # Pages without the <link rel="icon"> (the admin, Swagger UI) make browsers ask here.
     # A temporary redirect, resolved per request: the hashed name changes with the file (collectstatic).
-    path("favicon.ico", lambda request: HttpResponseRedirect(static("favicon.svg")), name="favicon"),
+    path(
+        "favicon.ico", lambda request: HttpResponseRedirect(static("favicon.svg")), name="favicon"
+    ),
     path("metrics", metrics, name="metrics"),
     path("admin/", admin.site.urls),
     path("api/", include("apps.api.urls")),

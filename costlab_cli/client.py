@@ -21,23 +21,40 @@ class CliError(Exception):
 
 
 class Api:
-    def __init__(self, url: str | None = None, token: str | None = None, *, timeout_s: float = 30.0,
-                 attempts: int = 4, retry_for_s: float = 0.0, transport: httpx.BaseTransport | None = None):
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        timeout_s: float = 30.0,
+        attempts: int = 4,
+        retry_for_s: float = 0.0,
+        transport: httpx.BaseTransport | None = None,
+    ):
         url = (url or os.environ.get("COSTLAB_URL", "")).strip()
         token = (token or os.environ.get("COSTLAB_TOKEN", "")).strip()
         if not url:
             raise CliError("COSTLAB_URL is not set (e.g. https://costlab.example.com)")
         if not token:
-            raise CliError("COSTLAB_TOKEN is not set "
-                           "(mint one: manage.py api_token_create --tenant SLUG --name ci)")
+            raise CliError(
+                "COSTLAB_TOKEN is not set "
+                "(mint one: manage.py api_token_create --tenant SLUG --name ci)"
+            )
         if not url.startswith(("http://", "https://")):
             raise CliError(f"COSTLAB_URL must start with http:// or https://, got {url!r}")
         self.attempts = attempts
-        self.retry_for_s = retry_for_s  # > 0: ride out an outage this long instead of `attempts` tries
+        self.retry_for_s = (
+            retry_for_s  # > 0: ride out an outage this long instead of `attempts` tries
+        )
         self.http = httpx.Client(
-            base_url=url.rstrip("/") + "/api/v1/", timeout=timeout_s, transport=transport,
-            headers={"Authorization": f"Bearer {token}", "User-Agent": f"costlab-cli/{__version__}",
-                     "Accept": "application/json"},
+            base_url=url.rstrip("/") + "/api/v1/",
+            timeout=timeout_s,
+            transport=transport,
+            headers={
+                "Authorization": f"Bearer {token}",
+                "User-Agent": f"costlab-cli/{__version__}",
+                "Accept": "application/json",
+            },
         )
 
     def close(self) -> None:
@@ -52,7 +69,9 @@ class Api:
     def patch(self, path: str, body: dict) -> Any:
         return self.request("PATCH", path, json=body, idempotent=True)
 
-    def request(self, method: str, path: str, *, idempotent: bool | None = None, **kwargs: Any) -> Any:
+    def request(
+        self, method: str, path: str, *, idempotent: bool | None = None, **kwargs: Any
+    ) -> Any:
         """JSON of a 2xx answer. Retries connection failures and 429/502/503/504 when the call is
         safe to repeat: `attempts` times, or for up to `retry_for_s` seconds of outage
         (saying so on stderr)."""
@@ -69,25 +88,40 @@ class Api:
                 problem = f"{method} {path}: HTTP {response.status_code}: {_reason(response)}"
             if problem is None:
                 if outage_since is not None and self.retry_for_s:
-                    print("costlab: reached the site again after "
-                          f"{time.monotonic() - outage_since:.0f} s",
-                          file=sys.stderr, flush=True)
+                    print(
+                        "costlab: reached the site again after "
+                        f"{time.monotonic() - outage_since:.0f} s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 return self._answer(response, method, path)
             now = time.monotonic()
             if outage_since is None:
                 outage_since = now
                 if retry and self.retry_for_s:
-                    print(f"costlab: {problem}; "
-                          f"retrying for up to {self.retry_for_s:g} s (--retry-for)",
-                          file=sys.stderr, flush=True)
+                    print(
+                        f"costlab: {problem}; "
+                        f"retrying for up to {self.retry_for_s:g} s (--retry-for)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             left = self.retry_for_s - (now - outage_since) if self.retry_for_s else None
-            if not retry or (left is None and attempt >= self.attempts) or (left is not None and left <= 0):
+            if (
+                not retry
+                or (left is None and attempt >= self.attempts)
+                or (left is not None and left <= 0)
+            ):
                 if self.retry_for_s and retry:
-                    problem += (f" (still failing after {now - outage_since:.0f} s; "
-                                f"--retry-for {self.retry_for_s:g})")
+                    problem += (
+                        f" (still failing after {now - outage_since:.0f} s; "
+                        f"--retry-for {self.retry_for_s:g})"
+                    )
                 raise CliError(problem)
-            self._sleep(attempt, response.headers.get("Retry-After") if response is not None else None,
-                        cap=left)
+            self._sleep(
+                attempt,
+                response.headers.get("Retry-After") if response is not None else None,
+                cap=left,
+            )
 
     @staticmethod
     def _answer(response: httpx.Response, method: str, path: str) -> Any:
@@ -95,7 +129,9 @@ class Api:
             try:
                 return response.json() if response.content else None
             except ValueError:
-                raise CliError(f"{method} {path}: the answer is not JSON; is COSTLAB_URL the costlab site?") from None
+                raise CliError(
+                    f"{method} {path}: the answer is not JSON; is COSTLAB_URL the costlab site?"
+                ) from None
         raise CliError(f"{method} {path}: HTTP {response.status_code}: {_reason(response)}")
 
     @staticmethod

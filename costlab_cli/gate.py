@@ -32,13 +32,17 @@ def parse_regression(text: str) -> Decimal:
     if not value.is_finite():
         raise CliError(f"--max-regression: {text!r} is not a finite number")
     if not raw.endswith("%") and value > 100:
-        raise CliError(f"--max-regression: {text!r} is ambiguous; "
-                       f"write {raw}% (percent) or a fraction like 0.05")
+        raise CliError(
+            f"--max-regression: {text!r} is ambiguous; "
+            f"write {raw}% (percent) or a fraction like 0.05"
+        )
     if value < 0:
         raise CliError("--max-regression: must be >= 0")
     if value != value.quantize(RESOLUTION_PP):
-        raise CliError(f"--max-regression: {text!r} is finer than the gate's resolution "
-                       "of 0.01 percentage points")
+        raise CliError(
+            f"--max-regression: {text!r} is finer than the gate's resolution "
+            "of 0.01 percentage points"
+        )
     return value.quantize(RESOLUTION_PP)
 
 
@@ -66,55 +70,84 @@ def cmd_gate(api: Api, args) -> int:
     if control is None:
         raise CliError(f"experiment {args.experiment} has no control arm to compare with")
     if control["metric_value"] is None:
-        raise CliError(f"control arm '{control['name']}' has no priced runs yet: no baseline to compare with")
+        raise CliError(
+            f"control arm '{control['name']}' has no priced runs yet: no baseline to compare with"
+        )
     label = _metric_label(control["metric"])
 
     if args.run is not None:
         if evidence:
-            raise CliError("--evidence: a single run has no confidence bound; gate its arm (--arm) instead")
+            raise CliError(
+                "--evidence: a single run has no confidence bound; gate its arm (--arm) instead"
+            )
         run = api.get(f"runs/{args.run}/")
         if run["experiment"] != report["experiment_id"]:
-            raise CliError(f"--run: run {args.run} belongs to experiment {run['experiment']}, "
-                           f"not {args.experiment}")
+            raise CliError(
+                f"--run: run {args.run} belongs to experiment {run['experiment']}, "
+                f"not {args.experiment}"
+            )
         if run["status"] != "succeeded":
-            raise CliError(f"--run: run {args.run} is {run['status']}; gate a succeeded run (submit --wait)")
+            raise CliError(
+                f"--run: run {args.run} is {run['status']}; gate a succeeded run (submit --wait)"
+            )
         value = run_metric(run, control["metric"])
         if value is None:
             raise CliError(f"--run: run {args.run} reported no tokens or steps to price")
-        candidates = [(f"run {run['id']} (arm '{run['arm']['name']}')", value / control["metric_value"] - 1, value,
-                       None)]
+        candidates = [
+            (
+                f"run {run['id']} (arm '{run['arm']['name']}')",
+                value / control["metric_value"] - 1,
+                value,
+                None,
+            )
+        ]
     else:
         arms = [a for a in report["arms"] if not a["is_control"]]
         if args.arm:
             missing = sorted(set(args.arm) - {a["name"] for a in arms})
             if missing:
-                raise CliError(f"--arm: experiment {args.experiment} has no candidate arm named '{missing[0]}'")
+                raise CliError(
+                    f"--arm: experiment {args.experiment} has no candidate arm named '{missing[0]}'"
+                )
             arms = [a for a in arms if a["name"] in args.arm]
         named = bool(args.arm)
         without = [a["name"] for a in arms if a["deviation"] is None]
         if named and without:
             raise CliError(f"arm '{without[0]}' has no priced runs yet: nothing to compare")
-        candidates = [(f"arm '{a['name']}'", a["deviation"], a["metric_value"], a) for a in arms
-                      if a["deviation"] is not None]
+        candidates = [
+            (f"arm '{a['name']}'", a["deviation"], a["metric_value"], a)
+            for a in arms
+            if a["deviation"] is not None
+        ]
         if not candidates:
-            raise CliError(f"experiment {args.experiment} has no candidate arm with priced runs to compare")
+            raise CliError(
+                f"experiment {args.experiment} has no candidate arm with priced runs to compare"
+            )
         if evidence:
             unbounded = [a["name"] for *_, a in candidates if a["deviation_low"] is None]
             if unbounded:
-                raise CliError(f"--evidence: arm '{unbounded[0]}' has no confidence bound yet (no attribution "
-                               "window with enough runs); gate without --evidence or wait")
+                raise CliError(
+                    f"--evidence: arm '{unbounded[0]}' has no confidence bound yet (no attribution "
+                    "window with enough runs); gate without --evidence or wait"
+                )
 
-    judged = [(who, dev, value, arm, as_pp(arm["deviation_low"] if evidence else dev)) for who, dev, value, arm
-              in candidates]
+    judged = [
+        (who, dev, value, arm, as_pp(arm["deviation_low"] if evidence else dev))
+        for who, dev, value, arm in candidates
+    ]
     who, deviation, value, arm, score = max(judged, key=lambda c: c[4])
     failed = score > limit
     bounds = ""
     if arm is not None and arm.get("deviation_low") is not None:
-        bounds = (f"; always-valid bounds {as_pp(arm['deviation_low']):+}% "
-                  f".. {as_pp(arm['deviation_high']):+}%")
+        bounds = (
+            f"; always-valid bounds {as_pp(arm['deviation_low']):+}% "
+            f".. {as_pp(arm['deviation_high']):+}%"
+        )
     judged_by = "lower bound" if evidence else "estimate"
-    print(f"{'REGRESSION' if failed else 'PASS'}: "
-          f"{who} costs {as_pp(deviation):+}% {label} vs control "
-          f"'{control['name']}' ({value:.4f} vs {control['metric_value']:.4f}{bounds}; {judged_by} "
-          f"{score:+}% vs limit +{limit}%)")
+    print(
+        f"{'REGRESSION' if failed else 'PASS'}: "
+        f"{who} costs {as_pp(deviation):+}% {label} vs control "
+        f"'{control['name']}' ({value:.4f} vs {control['metric_value']:.4f}{bounds}; {judged_by} "
+        f"{score:+}% vs limit +{limit}%)"
+    )
     return REGRESSION if failed else PASS

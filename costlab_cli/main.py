@@ -23,36 +23,79 @@ EXIT_ERROR = 2
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="costlab", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="costlab",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--version", action="version", version=f"costlab {__version__}")
     p.add_argument("--url", help="Overrides COSTLAB_URL.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    s = sub.add_parser("submit", help="Submit a run of a strategy file (see --arm for how it maps onto an arm).")
+    s = sub.add_parser(
+        "submit", help="Submit a run of a strategy file (see --arm for how it maps onto an arm)."
+    )
     s.add_argument("--experiment", type=int, required=True, metavar="ID")
     s.add_argument("--strategy", required=True, metavar="FILE", help="Strategy YAML.")
-    s.add_argument("--arm", metavar="NAME",
-                   help="Run on this arm: created if missing (weight 0), its strategy replaced if it differs "
-                        "(never the control's). Without it: the arm whose strategy has the file's SHA-256.")
+    s.add_argument(
+        "--arm",
+        metavar="NAME",
+        help="Run on this arm: created if missing (weight 0), its strategy replaced if it differs "
+        "(never the control's). Without it: the arm whose strategy has the file's SHA-256.",
+    )
     s.add_argument("--git-sha", metavar="SHA", help="Commit trained (default $GITHUB_SHA).")
-    s.add_argument("--run-key", metavar="KEY",
-                   help="Idempotency key: the same key returns the same run "
-                        "(default $COSTLAB_RUN_KEY, else random).")
-    s.add_argument("--wait", action="store_true", help="Wait until the run ends; exit 1 unless it succeeded.")
-    s.add_argument("--external", action="store_true",
-                   help="Create an external run: trained elsewhere, "
-                        "telemetry POSTed to /api/v1/runs/ID/telemetry/, "
-                        "ended with POST /api/v1/runs/ID/finish/. Prints the run id.")
-    s.add_argument("--gpu-sku", metavar="NAME", help="External runs: the GPU model held (priced per GPU-hour).")
-    s.add_argument("--gpu-count", type=int, metavar="N", help="External runs: GPUs held (default 1 with --gpu-sku).")
-    s.add_argument("--vcpus", type=int, metavar="N", help="External runs: vCPUs held (priced per vCPU-hour).")
-    s.add_argument("--memory-gb", type=float, metavar="GB", help="External runs: host memory held (priced per GB-hour).")
-    s.add_argument("--poll", type=float, default=5.0, metavar="S", help="Seconds between status checks (5).")
-    s.add_argument("--timeout", type=float, default=6 * 3600, metavar="S", help="Give up waiting after S seconds.")
-    s.add_argument("--retry-for", type=float, default=120.0, metavar="S",
-                   help="Ride out an outage of the site (unreachable, 502/503/504, 429) for up to S seconds, "
-                        "with backoff, saying so on stderr (120). The run key makes a repeated submit safe.")
+    s.add_argument(
+        "--run-key",
+        metavar="KEY",
+        help="Idempotency key: the same key returns the same run "
+        "(default $COSTLAB_RUN_KEY, else random).",
+    )
+    s.add_argument(
+        "--wait", action="store_true", help="Wait until the run ends; exit 1 unless it succeeded."
+    )
+    s.add_argument(
+        "--external",
+        action="store_true",
+        help="Create an external run: trained elsewhere, "
+        "telemetry POSTed to /api/v1/runs/ID/telemetry/, "
+        "ended with POST /api/v1/runs/ID/finish/. Prints the run id.",
+    )
+    s.add_argument(
+        "--gpu-sku", metavar="NAME", help="External runs: the GPU model held (priced per GPU-hour)."
+    )
+    s.add_argument(
+        "--gpu-count",
+        type=int,
+        metavar="N",
+        help="External runs: GPUs held (default 1 with --gpu-sku).",
+    )
+    s.add_argument(
+        "--vcpus", type=int, metavar="N", help="External runs: vCPUs held (priced per vCPU-hour)."
+    )
+    s.add_argument(
+        "--memory-gb",
+        type=float,
+        metavar="GB",
+        help="External runs: host memory held (priced per GB-hour).",
+    )
+    s.add_argument(
+        "--poll", type=float, default=5.0, metavar="S", help="Seconds between status checks (5)."
+    )
+    s.add_argument(
+        "--timeout",
+        type=float,
+        default=6 * 3600,
+        metavar="S",
+        help="Give up waiting after S seconds.",
+    )
+    s.add_argument(
+        "--retry-for",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="Ride out an outage of the site (unreachable, 502/503/504, 429) for up to S seconds, "
+        "with backoff, saying so on stderr (120). The run key makes a repeated submit safe.",
+    )
     s.set_defaults(handler=cmd_submit)
 
     st = sub.add_parser("status", help="One line on a run: status, arm, steps, tokens, cost.")
@@ -65,17 +108,30 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--format", choices=["table", "json", "markdown"], default="table")
     r.set_defaults(handler=cmd_report)
 
-    g = sub.add_parser("gate", help="Exit 1 when a candidate costs more than the control by more than allowed.")
+    g = sub.add_parser(
+        "gate", help="Exit 1 when a candidate costs more than the control by more than allowed."
+    )
     g.add_argument("experiment", type=int, metavar="EXP")
-    g.add_argument("--max-regression", required=True, metavar="PCT", help="e.g. 5%% (or the fraction 0.05).")
+    g.add_argument(
+        "--max-regression", required=True, metavar="PCT", help="e.g. 5%% (or the fraction 0.05)."
+    )
     who = g.add_mutually_exclusive_group()
-    who.add_argument("--arm", action="append", metavar="NAME",
-                     help="Candidate arm(s) to judge (repeatable); "
-                          "default every non-control arm with priced runs.")
-    who.add_argument("--run", type=int, metavar="RUN", help="Judge this succeeded run against the control arm.")
-    g.add_argument("--evidence", action="store_true",
-                   help="Fail only when the freeze rule's always-valid lower bound clears the limit "
-                        "(default: the point estimate, the cautious choice).")
+    who.add_argument(
+        "--arm",
+        action="append",
+        metavar="NAME",
+        help="Candidate arm(s) to judge (repeatable); "
+        "default every non-control arm with priced runs.",
+    )
+    who.add_argument(
+        "--run", type=int, metavar="RUN", help="Judge this succeeded run against the control arm."
+    )
+    g.add_argument(
+        "--evidence",
+        action="store_true",
+        help="Fail only when the freeze rule's always-valid lower bound clears the limit "
+        "(default: the point estimate, the cautious choice).",
+    )
     g.set_defaults(handler=cmd_gate)
     add_sweep_parser(sub)
     return p

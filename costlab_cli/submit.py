@@ -48,28 +48,37 @@ def strategy_digest(text: str) -> str:
     return hashlib.sha256(strategy_normalise(text).encode("utf-8")).hexdigest()
 
 
-def arm_for_strategy(api: Api, *, experiment: int, text: str, arm_name: str | None, path: str) -> tuple[dict, str]:
+def arm_for_strategy(
+    api: Api, *, experiment: int, text: str, arm_name: str | None, path: str
+) -> tuple[dict, str]:
     """The arm to run and what was done to get it: 'matched', 'created' or 'updated'."""
     text = strategy_normalise(text)
     digest = strategy_digest(text)
     if arm_name is None:
         arms = api.get("arms/", experiment=experiment, strategy_sha256=digest)["results"]
         if not arms:
-            raise CliError(f"no arm of experiment {experiment} has the strategy in {path} "
-                           f"(sha256 {digest[:12]}); "
-                           "pass --arm NAME to create or update one")
+            raise CliError(
+                f"no arm of experiment {experiment} has the strategy in {path} "
+                f"(sha256 {digest[:12]}); "
+                "pass --arm NAME to create or update one"
+            )
         active = [a for a in arms if a["state"] == "active"]
         return (active or arms)[0], "matched"
     found = api.get("arms/", experiment=experiment, name=arm_name)["results"]
     if not found:
-        arm = api.post("arms/", {"experiment": experiment, "name": arm_name, "strategy_yaml": text, "weight": "0"})
+        arm = api.post(
+            "arms/",
+            {"experiment": experiment, "name": arm_name, "strategy_yaml": text, "weight": "0"},
+        )
         return arm, "created"
     arm = found[0]
     if arm["strategy_sha256"] == digest:
         return arm, "matched"
     if arm["is_control"]:
-        raise CliError(f"--arm: '{arm_name}' is the control arm and its strategy differs from {path}; "
-                       f"change the baseline deliberately (PATCH /api/v1/arms/{arm['id']}/), not from a CI run")
+        raise CliError(
+            f"--arm: '{arm_name}' is the control arm and its strategy differs from {path}; "
+            f"change the baseline deliberately (PATCH /api/v1/arms/{arm['id']}/), not from a CI run"
+        )
     return api.patch(f"arms/{arm['id']}/", {"strategy_yaml": text}), "updated"
 
 
@@ -79,24 +88,42 @@ EXTERNAL_ONLY = ("gpu_sku", "gpu_count", "vcpus", "memory_gb")
 def cmd_submit(api: Api, args) -> int:
     external = getattr(args, "external", False)
     if not external:
-        given = [f"--{k.replace('_', '-')}" for k in EXTERNAL_ONLY if getattr(args, k, None) is not None]
+        given = [
+            f"--{k.replace('_', '-')}" for k in EXTERNAL_ONLY if getattr(args, k, None) is not None
+        ]
         if given:
-            raise CliError(f"{given[0]}: only for --external runs (a worker measures what it holds)")
+            raise CliError(
+                f"{given[0]}: only for --external runs (a worker measures what it holds)"
+            )
     elif args.wait:
-        raise CliError("--wait: an external run ends when its trainer POSTs /finish/; "
-                       "it cannot be waited on here")
+        raise CliError(
+            "--wait: an external run ends when its trainer POSTs /finish/; "
+            "it cannot be waited on here"
+        )
     text = read_strategy(args.strategy)
-    arm, how = arm_for_strategy(api, experiment=args.experiment, text=text, arm_name=args.arm, path=args.strategy)
-    body = {"experiment": args.experiment, "arm": arm["id"],
-            "run_key": args.run_key or os.environ.get("COSTLAB_RUN_KEY") or f"cli-{uuid.uuid4().hex}",
-            "git_sha": args.git_sha if args.git_sha is not None else os.environ.get("GITHUB_SHA", "")}
+    arm, how = arm_for_strategy(
+        api, experiment=args.experiment, text=text, arm_name=args.arm, path=args.strategy
+    )
+    body = {
+        "experiment": args.experiment,
+        "arm": arm["id"],
+        "run_key": args.run_key or os.environ.get("COSTLAB_RUN_KEY") or f"cli-{uuid.uuid4().hex}",
+        "git_sha": args.git_sha if args.git_sha is not None else os.environ.get("GITHUB_SHA", ""),
+    }
     if external:
         body["kind"] = "external"
-        body.update({k: getattr(args, k) for k in EXTERNAL_ONLY if getattr(args, k, None) is not None})
-    run = api.post("runs/", body, idempotent=True)  # the run key makes a retried POST return the same run
+        body.update(
+            {k: getattr(args, k) for k in EXTERNAL_ONLY if getattr(args, k, None) is not None}
+        )
+    run = api.post(
+        "runs/", body, idempotent=True
+    )  # the run key makes a retried POST return the same run
     revision = f" revision {arm.get('revision', 1)}" if how == "updated" else ""
-    print(f"run {run['id']} {run['status']} on arm '{run['arm']['name']}' ({how}{revision}) "
-          f"of experiment {args.experiment}" + (" (external: send telemetry, then finish)" if external else ""))
+    print(
+        f"run {run['id']} {run['status']} on arm '{run['arm']['name']}' ({how}{revision}) "
+        f"of experiment {args.experiment}"
+        + (" (external: send telemetry, then finish)" if external else "")
+    )
     if not args.wait:
         return 0
     return wait_for(api, run["id"], poll_s=args.poll, timeout_s=args.timeout)
@@ -112,15 +139,19 @@ def wait_for(api: Api, run_id: int, *, poll_s: float, timeout_s: float) -> int:
             print(describe(run))
             return 0 if run["status"] == "succeeded" else 1
         if time.monotonic() >= deadline:
-            raise CliError(f"run {run_id} is still {run['status']} after {timeout_s:g} s (--timeout)")
+            raise CliError(
+                f"run {run_id} is still {run['status']} after {timeout_s:g} s (--timeout)"
+            )
         print(f"run {run_id}: {run['status']}, {run['steps']} steps", file=sys.stderr, flush=True)
         time.sleep(poll_s)
 
 
 def describe(run: dict) -> str:
     estimated = " (energy estimated)" if run.get("energy_estimated") else ""
-    line = (f"run {run['id']}: {run['status']} · arm '{run['arm']['name']}' · {run['steps']} steps · "
-            f"{run['tokens']:,} tokens · {float(run['cost_usd']):.6f} USD{estimated}")
+    line = (
+        f"run {run['id']}: {run['status']} · arm '{run['arm']['name']}' · {run['steps']} steps · "
+        f"{run['tokens']:,} tokens · {float(run['cost_usd']):.6f} USD{estimated}"
+    )
     if run["status"] in ("failed", "lost") and run.get("error"):
         line += f" · {run['error'].strip().splitlines()[-1][:160]}"
     return line

@@ -9,13 +9,21 @@ from pathlib import Path
 
 from costlab_cli.client import Api, CliError
 
-METRICS = [("step s", "step_time_s", 4), ("peak MiB", "peak_mem_mb", 0), ("USD/1M tok", "usd_per_mtok", 4)]
+METRICS = [
+    ("step s", "step_time_s", 4),
+    ("peak MiB", "peak_mem_mb", 0),
+    ("USD/1M tok", "usd_per_mtok", 4),
+]
 
 
 def _space(text: str) -> dict:
     """Inline JSON, or a JSON file (JSON only: the CLI needs nothing but httpx)."""
     path = Path(text)
-    source = path.read_text(encoding="utf-8") if not text.lstrip().startswith("{") and path.exists() else text
+    source = (
+        path.read_text(encoding="utf-8")
+        if not text.lstrip().startswith("{") and path.exists()
+        else text
+    )
     try:
         space = json.loads(source)
     except json.JSONDecodeError as exc:
@@ -30,16 +38,25 @@ def cmd_sweep_start(api: Api, args) -> int:
         strategy = Path(args.strategy).read_text(encoding="utf-8")
     except OSError as exc:
         raise CliError(f"--strategy: cannot read {args.strategy}: {exc.strerror}") from None
-    body = {"name": args.name, "base_strategy_yaml": strategy, "space": _space(args.space),
-            "probe_count": args.probes, "probe_steps": args.steps, "sampler": args.sampler,
-            "parallelism": args.parallel, "seed": args.seed}
+    body = {
+        "name": args.name,
+        "base_strategy_yaml": strategy,
+        "space": _space(args.space),
+        "probe_count": args.probes,
+        "probe_steps": args.steps,
+        "sampler": args.sampler,
+        "parallelism": args.parallel,
+        "seed": args.seed,
+    }
     if args.objective:
         body["objectives"] = args.objective
     if args.gpu_sku:
         body["gpu_sku"] = args.gpu_sku
     sweep = api.post("sweeps/", body)
-    print(f"sweep {sweep['id']} started: {sweep['sampler']} over {len(sweep['space'])} keys, "
-          f"{sweep['probe_count']} probes of {sweep['probe_steps']} steps on queue {sweep['queue']}")
+    print(
+        f"sweep {sweep['id']} started: {sweep['sampler']} over {len(sweep['space'])} keys, "
+        f"{sweep['probe_count']} probes of {sweep['probe_steps']} steps on queue {sweep['queue']}"
+    )
     for warning in sweep.get("warnings", []):
         print(f"costlab sweep start: warning: {warning}", file=sys.stderr)
     return 0
@@ -52,9 +69,11 @@ def cmd_sweep_status(api: Api, args) -> int:
         return 0
     front = sum(1 for p in api.get(f"sweeps/{args.sweep}/frontier/") if p["on_frontier"])
     note = f" ({sweep['note']})" if sweep["note"] else ""
-    print(f"sweep {sweep['id']} '{sweep['name']}': {sweep['status']}, "
-          f"{sweep['probes_done']}/{sweep['probe_count']} "
-          f"probes landed, {front} on the frontier{note}")
+    print(
+        f"sweep {sweep['id']} '{sweep['name']}': {sweep['status']}, "
+        f"{sweep['probes_done']}/{sweep['probe_count']} "
+        f"probes landed, {front} on the frontier{note}"
+    )
     return 0
 
 
@@ -70,10 +89,23 @@ def frontier_table(probes: list[dict]) -> str:
         metrics = [_num(p[field], digits) for _, field, digits in METRICS]
         if p["mem_estimated"] and metrics[1] != "-":
             metrics[1] += " est."
-        status = p["status"] if p["status"] != "infeasible" else f"infeasible: {p['reason'].splitlines()[0][:60]}"
-        rows.append([str(p["number"]), *(str(p["params"].get(k, "-")) for k in keys), *metrics,
-                     "✓" if p["on_frontier"] else "", status])
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
+        status = (
+            p["status"]
+            if p["status"] != "infeasible"
+            else f"infeasible: {p['reason'].splitlines()[0][:60]}"
+        )
+        rows.append(
+            [
+                str(p["number"]),
+                *(str(p["params"].get(k, "-")) for k in keys),
+                *metrics,
+                "✓" if p["on_frontier"] else "",
+                status,
+            ]
+        )
+    widths = [
+        max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)
+    ]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()  # noqa: E731
     return "\n".join([line(head), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 
@@ -91,27 +123,47 @@ def cmd_sweep_cancel(api: Api, args) -> int:
 
 
 def add_parser(sub) -> None:
-    sw = sub.add_parser("sweep", help="Search a strategy space for cheaper points (a Pareto frontier).")
+    sw = sub.add_parser(
+        "sweep", help="Search a strategy space for cheaper points (a Pareto frontier)."
+    )
     cmds = sw.add_subparsers(dest="sweep_command", required=True, metavar="SWEEP_COMMAND")
     s = cmds.add_parser("start", help="Start a sweep from a base strategy and a search space.")
     s.add_argument("--name", required=True)
     s.add_argument("--strategy", required=True, metavar="FILE", help="Base strategy YAML.")
-    s.add_argument("--space", required=True, metavar="JSON|FILE",
-                   help='e.g. \'{"train.global_batch": [2, 4, 8], "model.seq_len": {"low": 64, "high": 256, '
-                        '"log2": true}}\' or a JSON file.')
+    s.add_argument(
+        "--space",
+        required=True,
+        metavar="JSON|FILE",
+        help='e.g. \'{"train.global_batch": [2, 4, 8], "model.seq_len": {"low": 64, "high": 256, '
+        '"log2": true}}\' or a JSON file.',
+    )
     s.add_argument("--probes", type=int, required=True, metavar="N", help="Probe budget.")
     s.add_argument("--steps", type=int, default=20, metavar="N", help="Timed steps per probe (20).")
-    s.add_argument("--objective", action="append", metavar="NAME",
-                   help="usd_per_mtok, peak_mem_mb, step_time_s or energy_j "
-                        "(repeatable; default the first two).")
-    s.add_argument("--sampler", choices=["auto", "grid", "nsga2", "tpe"], default="auto",
-                   help="auto: grid when the space fits the budget, else tpe.")
-    s.add_argument("--parallel", type=int, default=2, metavar="N", help="Probes queued at once (2).")
+    s.add_argument(
+        "--objective",
+        action="append",
+        metavar="NAME",
+        help="usd_per_mtok, peak_mem_mb, step_time_s or energy_j "
+        "(repeatable; default the first two).",
+    )
+    s.add_argument(
+        "--sampler",
+        choices=["auto", "grid", "nsga2", "tpe"],
+        default="auto",
+        help="auto: grid when the space fits the budget, else tpe.",
+    )
+    s.add_argument(
+        "--parallel", type=int, default=2, metavar="N", help="Probes queued at once (2)."
+    )
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--gpu-sku", metavar="NAME", help="Probe on this GPU model's queue; omit for CPU.")
+    s.add_argument(
+        "--gpu-sku", metavar="NAME", help="Probe on this GPU model's queue; omit for CPU."
+    )
     s.set_defaults(handler=cmd_sweep_start)
-    for name, handler, text in (("status", cmd_sweep_status, "One line on a sweep: status, probes, frontier size."),
-                                ("frontier", cmd_sweep_frontier, "Every probe; the frontier marked ✓.")):
+    for name, handler, text in (
+        ("status", cmd_sweep_status, "One line on a sweep: status, probes, frontier size."),
+        ("frontier", cmd_sweep_frontier, "Every probe; the frontier marked ✓."),
+    ):
         p = cmds.add_parser(name, help=text)
         p.add_argument("sweep", type=int, metavar="SWEEP")
         p.add_argument("--json", action="store_true")

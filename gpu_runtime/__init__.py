@@ -25,10 +25,23 @@ if TYPE_CHECKING:
     from gpu_runtime.result import RunResult
     from gpu_runtime.runtime import train
 
-__all__ = ["RunResult", "StrategyConfig", "StrategyError", "check_capability", "config_sha256", "load_strategy",
-           "strategy_from_dict", "strategy_json_schema", "train"]
+__all__ = [
+    "RunResult",
+    "StrategyConfig",
+    "StrategyError",
+    "check_capability",
+    "config_sha256",
+    "load_strategy",
+    "strategy_from_dict",
+    "strategy_json_schema",
+    "train",
+]
 
-_LAZY = {"train": "gpu_runtime.runtime", "RunResult": "gpu_runtime.result", "check_capability": "gpu_runtime.capability"}
+_LAZY = {
+    "train": "gpu_runtime.runtime",
+    "RunResult": "gpu_runtime.result",
+    "check_capability": "gpu_runtime.capability",
+}
 
 
 def __getattr__(name: str) -> Any:

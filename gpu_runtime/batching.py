@@ -32,7 +32,11 @@ import psutil
 import torch
 
 from gpu_runtime.schema import DynamicBatchingSection, StrategyConfig
-from gpu_runtime.strategies.accumulation import AccumulationPlan, GradientNormTracker, plan_accumulation
+from gpu_runtime.strategies.accumulation import (
+    AccumulationPlan,
+    GradientNormTracker,
+    plan_accumulation,
+)
 from gpu_runtime.strategies.batch_scaler import BatchScaler, ScalerEvent, run_step_with_oom_retry
 
 log = logging.getLogger(__name__)
@@ -94,21 +98,30 @@ def _finite(value: Any) -> Any:
 
 def event_dict(event: ScalerEvent) -> dict[str, Any]:
     """A scaler event as JSON-safe data (a noise scale can be infinite)."""
-    return {"step": event.step, "kind": event.kind, "old_micro_batch": event.old_micro_batch,
-            "new_micro_batch": event.new_micro_batch, "detail": {k: _finite(v) for k, v in event.detail.items()}}
+    return {
+        "step": event.step,
+        "kind": event.kind,
+        "old_micro_batch": event.old_micro_batch,
+        "new_micro_batch": event.new_micro_batch,
+        "detail": {k: _finite(v) for k, v in event.detail.items()},
+    }
 
 
 class MicroBatching:
     """The micro-batch policy of one run, and the events it took."""
 
-    def __init__(self, config: StrategyConfig, *, params: Iterable[torch.nn.Parameter], device: torch.device):
+    def __init__(
+        self, config: StrategyConfig, *, params: Iterable[torch.nn.Parameter], device: torch.device
+    ):
         self.device = device
         self.global_batch = config.train.global_batch
         dyn = config.optimizer.dynamic_batching
         self.scaler: BatchScaler | None = None
         self.tracker: GradientNormTracker | None = None
         self.host: HostMemory | None = None
-        self.run_peak_bytes = 0  # CUDA: the largest step peak (per-step peaks reset the allocator's)
+        self.run_peak_bytes = (
+            0  # CUDA: the largest step peak (per-step peaks reset the allocator's)
+        )
         self._baseline = 0
         self._started: float | None = None  # the clock at the step's start; None after an OOM retry
         # CPU: this process's CPU time, which other tenants' load on a shared host does not move
@@ -117,13 +130,19 @@ class MicroBatching:
         self._clock = time.perf_counter if device.type == "cuda" else time.process_time
         if dyn.enabled:
             self.scaler = BatchScaler(
-                global_batch=self.global_batch, min_micro_batch=dyn.min_micro_batch,
-                max_micro_batch=dyn.max_micro_batch, stability_window=dyn.stability_window, policy=dyn.policy,
+                global_batch=self.global_batch,
+                min_micro_batch=dyn.min_micro_batch,
+                max_micro_batch=dyn.max_micro_batch,
+                stability_window=dyn.stability_window,
+                policy=dyn.policy,
                 initial_micro_batch=config.train.micro_batch,
                 memory_capacity_bytes=_memory_capacity(device, dyn.cpu_memory_budget_mb),
-                probe_steps=dyn.probe_steps, min_speedup=dyn.min_speedup,
-                adaptive_global_batch=dyn.adaptive_global_batch, min_global_batch=dyn.min_global_batch,
-                lr_scaling=dyn.lr_scaling)
+                probe_steps=dyn.probe_steps,
+                min_speedup=dyn.min_speedup,
+                adaptive_global_batch=dyn.adaptive_global_batch,
+                min_global_batch=dyn.min_global_batch,
+                lr_scaling=dyn.lr_scaling,
+            )
             if device.type != "cuda":
                 self.host = HostMemory()
             if dyn.adaptive_global_batch:  # statistics only where they decide something
@@ -132,7 +151,9 @@ class MicroBatching:
                 ordered = sorted(params, key=lambda p: p.device.type == "cpu")
                 self.tracker = GradientNormTracker(ordered)
         else:
-            self._plan = plan_accumulation(self.global_batch, config.train.micro_batch or self.global_batch)
+            self._plan = plan_accumulation(
+                self.global_batch, config.train.micro_batch or self.global_batch
+            )
 
     @property
     def lr_scale(self) -> float:
@@ -151,8 +172,9 @@ class MicroBatching:
     def events(self) -> list[dict[str, Any]]:
         return [] if self.scaler is None else [event_dict(e) for e in self.scaler.events]
 
-    def run(self, accumulate: Callable[[AccumulationPlan], T], *, cleanup: Callable[[], None]
-            ) -> tuple[T, AccumulationPlan]:
+    def run(
+        self, accumulate: Callable[[AccumulationPlan], T], *, cleanup: Callable[[], None]
+    ) -> tuple[T, AccumulationPlan]:
         """Accumulate one step's gradients; with dynamic batching, survive out-of-memory by
         halving."""
         if self.scaler is None:
@@ -171,7 +193,9 @@ class MicroBatching:
             ran.append(plan)
             return accumulate(plan)
 
-        result = run_step_with_oom_retry(attempt, self.scaler, cleanup=cleanup, tracker=self.tracker)
+        result = run_step_with_oom_retry(
+            attempt, self.scaler, cleanup=cleanup, tracker=self.tracker
+        )
         if len(ran) > 1:
             self._started = None  # the failed attempts' time is not this micro-batch's cost
         self._log_new(seen)  # out-of-memory retries, if any
@@ -186,7 +210,9 @@ class MicroBatching:
         loss)."""
         if self.tracker is None:
             return None
-        return self.tracker.pending_sq_norms(divide_by=None if loss_scale is None else loss_scale.square())
+        return self.tracker.pending_sq_norms(
+            divide_by=None if loss_scale is None else loss_scale.square()
+        )
 
     def finish_step(self, norms: list[float] | None) -> None:
         """After the step's one sync: feed the scaler its time, memory peak and statistics; it
@@ -194,7 +220,11 @@ class MicroBatching:
         if self.scaler is None:
             return
         seconds = None if self._started is None else self._clock() - self._started
-        stats = self.tracker.stats_from(*norms) if self.tracker is not None and norms is not None else None
+        stats = (
+            self.tracker.stats_from(*norms)
+            if self.tracker is not None and norms is not None
+            else None
+        )
         peak = None
         if self.device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(self.device)
@@ -202,8 +232,12 @@ class MicroBatching:
         elif self.host is not None:
             peak = self.host.peak()
         seen = len(self.scaler.events)
-        self.scaler.update(stats, peak_memory_bytes=peak, baseline_memory_bytes=self._baseline if peak else None,
-                           step_seconds=seconds)
+        self.scaler.update(
+            stats,
+            peak_memory_bytes=peak,
+            baseline_memory_bytes=self._baseline if peak else None,
+            step_seconds=seconds,
+        )
         self._log_new(seen)
 
     def adopt(self, micro_batch: int) -> None:
@@ -216,12 +250,21 @@ class MicroBatching:
         if self.scaler is None:
             return
         seen = len(self.scaler.events)
-        self.scaler.reconfigure(min_micro_batch=section.min_micro_batch, max_micro_batch=section.max_micro_batch,
-                                stability_window=section.stability_window)
+        self.scaler.reconfigure(
+            min_micro_batch=section.min_micro_batch,
+            max_micro_batch=section.max_micro_batch,
+            stability_window=section.stability_window,
+        )
         self._log_new(seen)
 
     def _log_new(self, seen: int) -> None:
         assert self.scaler is not None
         for event in self.scaler.events[seen:]:
-            log.info("batch %s at step %d: micro-batch %d -> %d %s", event.kind, event.step, event.old_micro_batch,
-                     event.new_micro_batch, event.detail)
+            log.info(
+                "batch %s at step %d: micro-batch %d -> %d %s",
+                event.kind,
+                event.step,
+                event.old_micro_batch,
+                event.new_micro_batch,
+                event.detail,
+            )

@@ -20,10 +20,15 @@ def resolve_device(device: str | None) -> torch.device:
         raise StrategyError.single("device", f"{device!r} is not a device ({exc})") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise StrategyError.single("device", f"{device!r} asked for, but this host has no CUDA device")
+            raise StrategyError.single(
+                "device", f"{device!r} asked for, but this host has no CUDA device"
+            )
         index = 0 if dev.index is None else dev.index
         if index >= torch.cuda.device_count():
-            raise StrategyError.single("device", f"{device!r} asked for; this host has {torch.cuda.device_count()} CUDA devices")
+            raise StrategyError.single(
+                "device",
+                f"{device!r} asked for; this host has {torch.cuda.device_count()} CUDA devices",
+            )
         return torch.device("cuda", index)
     if dev.type != "cpu":
         raise StrategyError.single("device", f"{device!r}: gpu_runtime trains on cuda or cpu")
@@ -31,7 +36,7 @@ def resolve_device(device: str | None) -> torch.device:
 
 
 def device_label(device: torch.device) -> str:
-    """"cpu" or e.g. "cuda:0 NVIDIA H200"."""
+    """ "cpu" or e.g. "cuda:0 NVIDIA H200"."""
     if device.type == "cuda":
         return f"cuda:{device.index} {torch.cuda.get_device_name(device.index)}"
     return "cpu"
@@ -51,32 +56,57 @@ def capability_problems(config: StrategyConfig, device: torch.device) -> list[di
     problems: list[dict[str, str]] = []
     label = device_label(device)
     prec = config.precision
-    for key, dtype in (("precision.compute_dtype", prec.compute_dtype), ("precision.storage_dtype", prec.storage_dtype)):
+    for key, dtype in (
+        ("precision.compute_dtype", prec.compute_dtype),
+        ("precision.storage_dtype", prec.storage_dtype),
+    ):
         if dtype == "fp32":
             continue
         if device.type == "cuda":
             major, minor = torch.cuda.get_device_capability(device.index)
             if dtype == "bf16" and (major, minor) < (8, 0):
-                problems.append({"key": key, "message": (
-                    "bf16 needs CUDA compute capability >= 8.0 (Ampere or newer); "
-                    f"{label} has {major}.{minor}")})
+                problems.append(
+                    {
+                        "key": key,
+                        "message": (
+                            "bf16 needs CUDA compute capability >= 8.0 (Ampere or newer); "
+                            f"{label} has {major}.{minor}"
+                        ),
+                    }
+                )
         elif key == "precision.compute_dtype":
             reason = _cpu_autocast_problem(TORCH_DTYPES[dtype])
             if reason is not None:
-                problems.append({"key": key, "message": f"{dtype} autocast does not run on {label}: {reason}"})
+                problems.append(
+                    {"key": key, "message": f"{dtype} autocast does not run on {label}: {reason}"}
+                )
     if config.offload.embedding == "npu":
-        problems.append({"key": "offload.embedding", "message": (
-            "npu offload needs an NPU backend; "
-            f"this torch build has none (training on {label})")})
+        problems.append(
+            {
+                "key": "offload.embedding",
+                "message": (
+                    "npu offload needs an NPU backend; "
+                    f"this torch build has none (training on {label})"
+                ),
+            }
+        )
     available = torch.cuda.device_count() if device.type == "cuda" else 0
-    problems += distributed_problems(config, cuda=device.type == "cuda", devices=available, where=f"this host ({label})")
+    problems += distributed_problems(
+        config, cuda=device.type == "cuda", devices=available, where=f"this host ({label})"
+    )
     if config.placement.gpus > max(available, 1):
-        problems.append({"key": "placement.gpus", "message": (
-            f"{config.placement.gpus} GPUs asked for; this host has {available}")})
+        problems.append(
+            {
+                "key": "placement.gpus",
+                "message": (f"{config.placement.gpus} GPUs asked for; this host has {available}"),
+            }
+        )
     return problems
 
 
-def check_capability(config: StrategyConfig, device: str | torch.device | None = None) -> torch.device:
+def check_capability(
+    config: StrategyConfig, device: str | torch.device | None = None
+) -> torch.device:
     """Resolve the device and refuse (StrategyError) what it cannot run,
     naming the device and why."""
     dev = device if isinstance(device, torch.device) else resolve_device(device)

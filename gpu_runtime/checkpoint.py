@@ -39,7 +39,9 @@ def checkpoint_path(location: str | os.PathLike[str]) -> Path:
     return path / FILENAME if path.is_dir() or not path.suffix else path
 
 
-def save_checkpoint(directory: str | os.PathLike[str], config: StrategyConfig, state: TrainState) -> Path:
+def save_checkpoint(
+    directory: str | os.PathLike[str], config: StrategyConfig, state: TrainState
+) -> Path:
     path = checkpoint_path(directory)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
@@ -61,7 +63,9 @@ def save_checkpoint(directory: str | os.PathLike[str], config: StrategyConfig, s
     return path
 
 
-def load_checkpoint(location: str | os.PathLike[str], config: StrategyConfig, *, mmap: bool = False) -> TrainState:
+def load_checkpoint(
+    location: str | os.PathLike[str], config: StrategyConfig, *, mmap: bool = False
+) -> TrainState:
     """Read a checkpoint and refuse it if it was made for a different model."""
     path = checkpoint_path(location)
     if not path.is_file():
@@ -69,20 +73,35 @@ def load_checkpoint(location: str | os.PathLike[str], config: StrategyConfig, *,
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except (RuntimeError, OSError, EOFError) as exc:
-        raise StrategyError.single("resume_from", f"{path} is not a readable checkpoint: {exc}") from None
+        raise StrategyError.single(
+            "resume_from", f"{path} is not a readable checkpoint: {exc}"
+        ) from None
     if payload.get("format") != FORMAT:
-        raise StrategyError.single("resume_from", f"{path} has format {payload.get('format')!r}, expected {FORMAT}")
+        raise StrategyError.single(
+            "resume_from", f"{path} has format {payload.get('format')!r}, expected {FORMAT}"
+        )
     saved_model = payload["config"]["model"]
     if saved_model != config.model.model_dump(mode="json"):
-        raise StrategyError.single("model", f"the checkpoint was trained with model {saved_model}, not "
-                                            f"{config.model.model_dump(mode='json')}")
+        raise StrategyError.single(
+            "model",
+            f"the checkpoint was trained with model {saved_model}, not "
+            f"{config.model.model_dump(mode='json')}",
+        )
     torch.set_rng_state(payload["rng_cpu"])
-    return TrainState(step=payload["step"], tokens=payload["tokens"], model=payload["model"],
-                      optimizer=payload["optimizer"], scaler=payload["scaler"], masters=payload["masters"],
-                      dataset_sha256=payload["dataset_sha256"])
+    return TrainState(
+        step=payload["step"],
+        tokens=payload["tokens"],
+        model=payload["model"],
+        optimizer=payload["optimizer"],
+        scaler=payload["scaler"],
+        masters=payload["masters"],
+        dataset_sha256=payload["dataset_sha256"],
+    )
 
 
 def read_checkpoint_config(location: str | os.PathLike[str]) -> dict[str, Any]:
     """The config stored inside a checkpoint, as plain data."""
-    payload = torch.load(checkpoint_path(location), map_location="cpu", weights_only=True, mmap=True)
+    payload = torch.load(
+        checkpoint_path(location), map_location="cpu", weights_only=True, mmap=True
+    )
     return payload["config"]

@@ -23,7 +23,9 @@ EXIT_SIGTERM = 143
 
 def _read_strategy(path: str) -> bytes:
     with open(path, "rb") as fh:
-        return fh.read(MAX_DOCUMENT_BYTES + 1)  # one byte more is enough for the size check to refuse
+        return fh.read(
+            MAX_DOCUMENT_BYTES + 1
+        )  # one byte more is enough for the size check to refuse
 
 
 def _progress_line(sample: dict[str, Any]) -> str:
@@ -31,11 +33,13 @@ def _progress_line(sample: dict[str, Any]) -> str:
         return "-" if value is None else format(value, spec)
 
     energy = fmt(sample["energy_j"], ".1f") + ("~" if sample["estimated"] else "")
-    return (f"step {sample['step']:>6}  loss {fmt(sample['loss'], '.4f')}  "
-            f"{fmt(sample['tokens_per_s'], ',.0f')} tok/s  "
-            f"step {fmt(sample['step_time_s'], '.3f')} s  util {fmt(sample['util_pct'], '.0f')} %  "
-            f"power {fmt(sample['power_w'], '.1f')} W  energy {energy} J  "
-            f"mfu {fmt(sample['mfu'], '.3f')}")
+    return (
+        f"step {sample['step']:>6}  loss {fmt(sample['loss'], '.4f')}  "
+        f"{fmt(sample['tokens_per_s'], ',.0f')} tok/s  "
+        f"step {fmt(sample['step_time_s'], '.3f')} s  util {fmt(sample['util_pct'], '.0f')} %  "
+        f"power {fmt(sample['power_w'], '.1f')} W  energy {energy} J  "
+        f"mfu {fmt(sample['mfu'], '.3f')}"
+    )
 
 
 def _train(ns: argparse.Namespace) -> int:
@@ -56,8 +60,14 @@ def _train(ns: argparse.Namespace) -> int:
             print(_progress_line(sample), file=sys.stderr, flush=True)
 
     try:
-        result = train(config, sink=sink, device=ns.device, steps=ns.steps, checkpoint_dir=ns.checkpoint_dir,
-                       resume_from=ns.resume)
+        result = train(
+            config,
+            sink=sink,
+            device=ns.device,
+            steps=ns.steps,
+            checkpoint_dir=ns.checkpoint_dir,
+            resume_from=ns.resume,
+        )
     finally:
         if out is not None:
             out.close()
@@ -67,23 +77,38 @@ def _train(ns: argparse.Namespace) -> int:
 
 def _validate(ns: argparse.Namespace) -> int:
     config = load_strategy(_read_strategy(ns.strategy))
-    print(json.dumps({"ok": True, "config_sha256": config_sha256(config), "config": config.model_dump(mode="json")}))
+    print(
+        json.dumps(
+            {
+                "ok": True,
+                "config_sha256": config_sha256(config),
+                "config": config.model_dump(mode="json"),
+            }
+        )
+    )
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m gpu_runtime", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m gpu_runtime", description=__doc__.splitlines()[0]
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     tr = sub.add_parser("train", help="train with a strategy YAML")
     tr.add_argument("strategy", help="strategy YAML file")
     tr.add_argument("--steps", type=int, help="override train.steps")
     tr.add_argument("--out", help="metrics JSONL: one telemetry sample per line")
     tr.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda:0 if present, else cpu)")
-    tr.add_argument("--checkpoint-dir", help="write a checkpoint here when the run ends (and every train.checkpoint_every)")
+    tr.add_argument(
+        "--checkpoint-dir",
+        help="write a checkpoint here when the run ends (and every train.checkpoint_every)",
+    )
     tr.add_argument("--resume", help="resume from this checkpoint (file or directory)")
     tr.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     tr.set_defaults(handler=_train)
-    va = sub.add_parser("validate", help="check a strategy YAML and print it with defaults filled in")
+    va = sub.add_parser(
+        "validate", help="check a strategy YAML and print it with defaults filled in"
+    )
     va.add_argument("strategy")
     va.set_defaults(handler=_validate)
     sc = sub.add_parser("schema", help="print the strategy JSON Schema")

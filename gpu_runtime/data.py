@@ -46,7 +46,11 @@ def _corpus(documents: list[bytes], description: str) -> Corpus:
     digest = hashlib.sha256(stream).hexdigest()
     if sys.byteorder != "little":  # the stream is little-endian by definition
         stream[0::2], stream[1::2] = stream[1::2], stream[0::2]
-    tokens = torch.frombuffer(stream, dtype=torch.int16).clone() if stream else torch.empty(0, dtype=torch.int16)
+    tokens = (
+        torch.frombuffer(stream, dtype=torch.int16).clone()
+        if stream
+        else torch.empty(0, dtype=torch.int16)
+    )
     return Corpus(tokens=tokens, sha256=digest, description=description)
 
 
@@ -77,12 +81,18 @@ def _alpaca_records(path: Path) -> list[bytes]:
             try:
                 record = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise StrategyError.single("data.path", f"{where}: not valid JSON ({exc})") from None
+                raise StrategyError.single(
+                    "data.path", f"{where}: not valid JSON ({exc})"
+                ) from None
             if not isinstance(record, dict):
-                raise StrategyError.single("data.path", f"{where}: expected an object with instruction/input/output")
+                raise StrategyError.single(
+                    "data.path", f"{where}: expected an object with instruction/input/output"
+                )
             for field, required in (("instruction", True), ("input", False), ("output", True)):
                 value = record.get(field)
-                if (value is None and required) or (value is not None and not isinstance(value, str)):
+                if (value is None and required) or (
+                    value is not None and not isinstance(value, str)
+                ):
                     raise StrategyError.single("data.path", f"{where}: '{field}' must be a string")
             documents.append(alpaca_prompt(record).encode("utf-8"))
     return documents
@@ -93,7 +103,10 @@ def synthetic_documents(seed: int, n_tokens: int = SYNTHETIC_TOKENS) -> list[byt
     and the same for a seed."""
     rng = random.Random(seed)
     letters = "abcdefghijklmnopqrstuvwxyz"
-    words = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 9))).encode() + b" " for _ in range(512)]
+    words = [
+        "".join(rng.choice(letters) for _ in range(rng.randint(2, 9))).encode() + b" "
+        for _ in range(512)
+    ]
     weights = [1.0 / (rank + 1) for rank in range(len(words))]
     docs, total = [], 0
     while total < n_tokens:
@@ -124,13 +137,17 @@ class StepBatches:
     def __init__(self, corpus: Corpus, *, seq_len: int, global_batch: int, seed: int):
         if corpus.tokens.numel() < seq_len + 1:
             raise StrategyError.single(
-                "model.seq_len", f"the corpus has {corpus.tokens.numel()} tokens; "
-                f"a window needs seq_len+1 = {seq_len + 1}")
+                "model.seq_len",
+                f"the corpus has {corpus.tokens.numel()} tokens; "
+                f"a window needs seq_len+1 = {seq_len + 1}",
+            )
         self.tokens = corpus.tokens
         self.seq_len, self.global_batch, self.seed = seq_len, global_batch, seed
         self._offsets = torch.arange(seq_len + 1)
 
     def batch(self, step: int) -> torch.Tensor:
         gen = torch.Generator().manual_seed((self.seed * 1_000_003 + step) % (2**63 - 1))
-        starts = torch.randint(0, self.tokens.numel() - self.seq_len, (self.global_batch,), generator=gen)
+        starts = torch.randint(
+            0, self.tokens.numel() - self.seq_len, (self.global_batch,), generator=gen
+        )
         return self.tokens[starts[:, None] + self._offsets].long()

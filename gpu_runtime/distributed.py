@@ -90,11 +90,20 @@ def free_port(host: str = "127.0.0.1") -> int:
 class World:
     """This rank's place in the world and the few collectives training needs besides DDP's own."""
 
-    def __init__(self, *, rank: int, world_size: int, control: Path | None, device: torch.device | None = None):
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        control: Path | None,
+        device: torch.device | None = None,
+    ):
         self.rank, self.world_size, self.control = rank, world_size, control
         self.cancelled = False
         self.live_version = 0
-        self.live_config: StrategyConfig | None = None  # the config after the last live update taken
+        self.live_config: StrategyConfig | None = (
+            None  # the config after the last live update taken
+        )
         # On the rank's device: nccl reduces CUDA tensors only (gloo, CPU ones)
         self._flags = torch.zeros(3, dtype=torch.int64, device=device or torch.device("cpu"))
 
@@ -106,7 +115,7 @@ class World:
         """This rank's contiguous share of a global batch (the same rows a single process trains
         on)."""
         share = rows.shape[0] // self.world_size
-        return rows[self.rank * share:(self.rank + 1) * share]
+        return rows[self.rank * share : (self.rank + 1) * share]
 
     def mean(self, value: torch.Tensor) -> torch.Tensor:
         """The world's mean of a per-rank scalar (the step's loss), on this rank's device."""
@@ -120,8 +129,13 @@ class World:
         dist.broadcast(t, src=0)
         return int(t.item())
 
-    def boundary(self, *, stop: threading.Event, current: Callable[[], StrategyConfig],
-                 apply: Callable[[StrategyConfig], None]) -> Callable[[], None]:
+    def boundary(
+        self,
+        *,
+        stop: threading.Event,
+        current: Callable[[], StrategyConfig],
+        apply: Callable[[StrategyConfig], None],
+    ) -> Callable[[], None]:
         """The step-boundary agreement (the trainer's ``agree`` hook): stop, cancel and live keys,
         world-wide.
 
@@ -131,8 +145,16 @@ class World:
         def agree() -> None:
             control = (read_json(self.control) or {}) if self.control is not None else {}
             flags = self._flags
-            flags.copy_(torch.tensor([int(stop.is_set() or bool(control.get("stop"))), int(bool(control.get("cancel"))),
-                                      int(control.get("live_version", 0))], dtype=torch.int64))
+            flags.copy_(
+                torch.tensor(
+                    [
+                        int(stop.is_set() or bool(control.get("stop"))),
+                        int(bool(control.get("cancel"))),
+                        int(control.get("live_version", 0)),
+                    ],
+                    dtype=torch.int64,
+                )
+            )
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
             stopping, cancel, version = (int(v) for v in flags.tolist())
             if stopping:
@@ -151,7 +173,9 @@ class World:
 
         return agree
 
-    def _recording(self, apply: Callable[[StrategyConfig], None]) -> Callable[[StrategyConfig], None]:
+    def _recording(
+        self, apply: Callable[[StrategyConfig], None]
+    ) -> Callable[[StrategyConfig], None]:
         def take(updated: StrategyConfig) -> None:
             apply(updated)
             self.live_config = updated
@@ -210,7 +234,9 @@ class _Forwarder:
     """Tails each rank's samples file and hands every complete line to the run's sink, in one seq
     order."""
 
-    def __init__(self, workdir: Path, local_ranks: int, sink: Callable[[dict[str, Any]], None] | None):
+    def __init__(
+        self, workdir: Path, local_ranks: int, sink: Callable[[dict[str, Any]], None] | None
+    ):
         self.paths = [workdir / f"samples-{r}.jsonl" for r in range(local_ranks)]
         self.offsets = [0] * local_ranks
         self.sink, self.seq, self.errors = sink, 0, 0
@@ -227,12 +253,16 @@ class _Forwarder:
             self.offsets[i] += end
             for line in data[:end].splitlines():
                 sample = json.loads(line)
-                sample["seq"] = self.seq  # one seq space for the run; the rank says whose sample it is
+                sample["seq"] = (
+                    self.seq
+                )  # one seq space for the run; the rank says whose sample it is
                 self.seq += 1
                 if self.sink is not None:
                     try:
                         self.sink(sample)
-                    except Exception:  # as the single-process sampler: a failing sink must not kill the run
+                    except (
+                        Exception
+                    ):  # as the single-process sampler: a failing sink must not kill the run
                         self.errors += 1
                         log.exception("telemetry sink failed on sample seq=%d", sample["seq"])
 
@@ -248,9 +278,15 @@ def _failure_message(exc: BaseException) -> str:
             message = message.get("message", json.dumps(message))
         reason = str(message or f"exit code {failure.exitcode}").strip().splitlines()
         others = sorted(set(exc.failures) - {rank})
-        also = f" (then rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} stopped)" if others else ""
-        return (f"distributed: rank {rank} (pid {failure.pid}) failed with exit code "
-            f"{failure.exitcode}: {reason[-1] if reason else 'no message'}{also}")
+        also = (
+            f" (then rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))} stopped)"
+            if others
+            else ""
+        )
+        return (
+            f"distributed: rank {rank} (pid {failure.pid}) failed with exit code "
+            f"{failure.exitcode}: {reason[-1] if reason else 'no message'}{also}"
+        )
     from torch.distributed.elastic.rendezvous.api import RendezvousTimeoutError
 
     if isinstance(exc, RendezvousTimeoutError):
@@ -269,21 +305,31 @@ def _rank_command() -> tuple[str, tuple[str, ...]]:
     """The rank's command line: this interpreter, with this copy of gpu_runtime first on the
     path."""
     root = str(Path(__file__).resolve().parent.parent)
-    bootstrap = ("import runpy, sys; sys.path.insert(0, sys.argv[1]); "
-                 "runpy.run_module('gpu_runtime.rank', run_name='__main__')")
+    bootstrap = (
+        "import runpy, sys; sys.path.insert(0, sys.argv[1]); "
+        "runpy.run_module('gpu_runtime.rank', run_name='__main__')"
+    )
     return sys.executable, ("-c", bootstrap, root)
 
 
-def ddp_devices(config: StrategyConfig, requested: str | None) -> tuple[str, list[int], dict[str, Any]]:
+def ddp_devices(
+    config: StrategyConfig, requested: str | None
+) -> tuple[str, list[int], dict[str, Any]]:
     """The device type the ranks train on and, on CUDA, their device indices in placement's
     order."""
     from gpu_runtime.placement import choose_device
 
     nproc = config.distributed.nproc_per_node
     if requested == "cpu" or (requested is None and not torch.cuda.is_available()):
-        return "cpu", [], {"strategy": config.placement.strategy, "gpus": nproc, "devices": [], "how": "cpu"}
+        return (
+            "cpu",
+            [],
+            {"strategy": config.placement.strategy, "gpus": nproc, "devices": [], "how": "cpu"},
+        )
     if not torch.cuda.is_available():
-        raise StrategyError.single("device", f"{requested!r} asked for, but this host has no CUDA device")
+        raise StrategyError.single(
+            "device", f"{requested!r} asked for, but this host has no CUDA device"
+        )
     chosen, report = choose_device(strategy=config.placement.strategy, gpus=nproc, requested=None)
     devices = list(report.get("devices") or [])
     if len(devices) < nproc:  # topology unreadable: CUDA's order, from the first
@@ -292,11 +338,19 @@ def ddp_devices(config: StrategyConfig, requested: str | None) -> tuple[str, lis
     return "cuda", devices, report
 
 
-def train_distributed(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None] | None,
-                      cancel: Callable[[], bool] | None, live: Callable[[], dict[str, Any] | None] | None,
-                      device: str | None, checkpoint_dir: str | None, resume_from: str | None,
-                      stop: threading.Event, threads: int | None = None,
-                      rendezvous: Rendezvous | None = None) -> RunResult:
+def train_distributed(
+    config: StrategyConfig,
+    *,
+    sink: Callable[[dict[str, Any]], None] | None,
+    cancel: Callable[[], bool] | None,
+    live: Callable[[], dict[str, Any] | None] | None,
+    device: str | None,
+    checkpoint_dir: str | None,
+    resume_from: str | None,
+    stop: threading.Event,
+    threads: int | None = None,
+    rendezvous: Rendezvous | None = None,
+) -> RunResult:
     """Train on ``nproc_per_node`` local ranks; return what the world measured (see the module
     docstring).
 
@@ -313,22 +367,47 @@ def train_distributed(config: StrategyConfig, *, sink: Callable[[dict[str, Any]]
     threads = threads or threads_per_rank(dist_cfg.nproc_per_node)
     workdir = Path(tempfile.mkdtemp(prefix="costlab-ddp-"))
     if rendezvous is None:
-        rendezvous = Rendezvous(endpoint=f"127.0.0.1:{free_port()}", id=f"costlab-{uuid.uuid4().hex[:12]}",
-                                is_host=True, join_timeout_s=120, local_addr="127.0.0.1")
+        rendezvous = Rendezvous(
+            endpoint=f"127.0.0.1:{free_port()}",
+            id=f"costlab-{uuid.uuid4().hex[:12]}",
+            is_host=True,
+            join_timeout_s=120,
+            local_addr="127.0.0.1",
+        )
     endpoint, run_id = rendezvous.endpoint, rendezvous.id
     nproc = dist_cfg.nproc_per_node
-    write_json(workdir / SPEC, {
-        "config": config.model_dump(mode="json"), "device_type": device_type, "devices": devices,
-        "backend": backend, "threads": threads, "checkpoint_dir": checkpoint_dir, "resume_from": resume_from,
-        "owner_pid": os.getpid()})
+    write_json(
+        workdir / SPEC,
+        {
+            "config": config.model_dump(mode="json"),
+            "device_type": device_type,
+            "devices": devices,
+            "backend": backend,
+            "threads": threads,
+            "checkpoint_dir": checkpoint_dir,
+            "resume_from": resume_from,
+            "owner_pid": os.getpid(),
+        },
+    )
     control = _Control(workdir / CONTROL)
     forwarder = _Forwarder(workdir, nproc, sink)
     launch_config = LaunchConfig(
-        min_nodes=dist_cfg.nnodes, max_nodes=dist_cfg.nnodes, nproc_per_node=nproc,
-        run_id=run_id, rdzv_backend="c10d", rdzv_endpoint=endpoint,
-        rdzv_configs={"join_timeout": int(rendezvous.join_timeout_s), "timeout": int(rendezvous.join_timeout_s),
-                      "is_host": rendezvous.is_host},
-        max_restarts=0, monitor_interval=0.1, local_addr=rendezvous.local_addr, shutdown_timeout=SHUTDOWN_S)
+        min_nodes=dist_cfg.nnodes,
+        max_nodes=dist_cfg.nnodes,
+        nproc_per_node=nproc,
+        run_id=run_id,
+        rdzv_backend="c10d",
+        rdzv_endpoint=endpoint,
+        rdzv_configs={
+            "join_timeout": int(rendezvous.join_timeout_s),
+            "timeout": int(rendezvous.join_timeout_s),
+            "is_host": rendezvous.is_host,
+        },
+        max_restarts=0,
+        monitor_interval=0.1,
+        local_addr=rendezvous.local_addr,
+        shutdown_timeout=SHUTDOWN_S,
+    )
     launch = _Launch()
     entry, args = _rank_command()
 
@@ -356,17 +435,32 @@ def train_distributed(config: StrategyConfig, *, sink: Callable[[dict[str, Any]]
         missing = [r for r, res in enumerate(ranks) if res is None]
         if missing:
             raise DistributedError(f"distributed: local rank {missing[0]} ended without a result")
-        return _gather(ranks, wall_s=time.perf_counter() - wall_start, samples=forwarder.seq, extra={
-            "world_size": world_size, "nproc_per_node": dist_cfg.nproc_per_node, "nnodes": dist_cfg.nnodes,
-            "backend": backend, "launcher": "torch.distributed.launcher.api.elastic_launch",
-            "rendezvous": {"backend": "c10d", "endpoint": endpoint, "id": run_id},
-            "threads_per_rank": threads if device_type == "cpu" else None, "placement": placement})
+        return _gather(
+            ranks,
+            wall_s=time.perf_counter() - wall_start,
+            samples=forwarder.seq,
+            extra={
+                "world_size": world_size,
+                "nproc_per_node": dist_cfg.nproc_per_node,
+                "nnodes": dist_cfg.nnodes,
+                "backend": backend,
+                "launcher": "torch.distributed.launcher.api.elastic_launch",
+                "rendezvous": {"backend": "c10d", "endpoint": endpoint, "id": run_id},
+                "threads_per_rank": threads if device_type == "cpu" else None,
+                "placement": placement,
+            },
+        )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _steer(control: _Control, *, stop: threading.Event, cancel: Callable[[], bool] | None,
-           live: Callable[[], dict[str, Any] | None] | None) -> None:
+def _steer(
+    control: _Control,
+    *,
+    stop: threading.Event,
+    cancel: Callable[[], bool] | None,
+    live: Callable[[], dict[str, Any] | None] | None,
+) -> None:
     if stop.is_set():
         control.set(stop=True)
     if cancel is not None and not control.state["cancel"] and cancel():
@@ -377,7 +471,9 @@ def _steer(control: _Control, *, stop: threading.Event, cancel: Callable[[], boo
             control.add_live(changes)
 
 
-def _gather(ranks: list[dict[str, Any]], *, wall_s: float, samples: int, extra: dict[str, Any]) -> RunResult:
+def _gather(
+    ranks: list[dict[str, Any]], *, wall_s: float, samples: int, extra: dict[str, Any]
+) -> RunResult:
     """One RunResult for the world: rank 0's training figures, every device's time and energy."""
     lead = ranks[0]
     energies = [r["energy_j"] for r in ranks]
@@ -387,19 +483,42 @@ def _gather(ranks: list[dict[str, Any]], *, wall_s: float, samples: int, extra: 
     strategies = dict(lead["strategies"])
     strategies.pop("placement", None)
     strategies["placement"] = extra.pop("placement")
-    strategies["distributed"] = {**extra, "ranks": [
-        {"rank": r["rank"], "device": r["device"], "steps": r["steps"], "status": r["status"], "final_loss": r["final_loss"],
-         "config_sha256": r["config_sha256"], "energy_j": r["energy_j"], "samples": r["samples"],
-         "live_applied": r["live_applied"], "live_config_sha256": r["live_config_sha256"],
-         "scaler_events": len(r["micro_batch_events"])}
-        for r in ranks]}
+    strategies["distributed"] = {
+        **extra,
+        "ranks": [
+            {
+                "rank": r["rank"],
+                "device": r["device"],
+                "steps": r["steps"],
+                "status": r["status"],
+                "final_loss": r["final_loss"],
+                "config_sha256": r["config_sha256"],
+                "energy_j": r["energy_j"],
+                "samples": r["samples"],
+                "live_applied": r["live_applied"],
+                "live_config_sha256": r["live_config_sha256"],
+                "scaler_events": len(r["micro_batch_events"]),
+            }
+            for r in ranks
+        ],
+    }
     return RunResult(
-        steps=lead["steps"], tokens=lead["tokens"], wall_s=wall_s, device_s=wall_s * len(ranks),
+        steps=lead["steps"],
+        tokens=lead["tokens"],
+        wall_s=wall_s,
+        device_s=wall_s * len(ranks),
         energy_j=None if any(e is None for e in energies) else sum(energies),
-        energy_estimated=any(r["energy_estimated"] for r in ranks), peak_mem_mb=max(mems) if mems else None,
-        final_loss=lead["final_loss"], dataset_sha256=lead["dataset_sha256"], config_sha256=lead["config_sha256"],
-        device=device, status=lead["status"], samples=samples, micro_batch_events=lead["micro_batch_events"],
-        strategies=strategies)
+        energy_estimated=any(r["energy_estimated"] for r in ranks),
+        peak_mem_mb=max(mems) if mems else None,
+        final_loss=lead["final_loss"],
+        dataset_sha256=lead["dataset_sha256"],
+        config_sha256=lead["config_sha256"],
+        device=device,
+        status=lead["status"],
+        samples=samples,
+        micro_batch_events=lead["micro_batch_events"],
+        strategies=strategies,
+    )
 
 
 # ------------------------------------------------------------------------------
@@ -450,18 +569,32 @@ def rank_main(workdir: str) -> None:
     else:
         device = torch.device("cpu")
     config = strategy_from_dict(spec["config"])
-    world = World(rank=rank, world_size=world_size, control=root / CONTROL if local_rank == 0 else None,
-                  device=device)
+    world = World(
+        rank=rank,
+        world_size=world_size,
+        control=root / CONTROL if local_rank == 0 else None,
+        device=device,
+    )
     sink = JsonlSink(root / f"samples-{local_rank}.jsonl")
     try:
         with process_group(spec["backend"], device):
-            result = train_local(config, sink=sink, device=str(device), world=world,
-                                 checkpoint_dir=spec["checkpoint_dir"] if rank == 0 else None,
-                                 resume_from=spec["resume_from"])
+            result = train_local(
+                config,
+                sink=sink,
+                device=str(device),
+                world=world,
+                checkpoint_dir=spec["checkpoint_dir"] if rank == 0 else None,
+                resume_from=spec["resume_from"],
+            )
     finally:
         sink.close()
     live_sha = None if world.live_config is None else config_sha256(world.live_config)
-    write_json(root / f"result-{local_rank}.json", {**result.to_dict(), "rank": rank,
-                                                     "live_applied": world.live_version,
-                                                     "live_config_sha256": live_sha})
-
+    write_json(
+        root / f"result-{local_rank}.json",
+        {
+            **result.to_dict(),
+            "rank": rank,
+            "live_applied": world.live_version,
+            "live_config_sha256": live_sha,
+        },
+    )

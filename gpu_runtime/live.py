@@ -54,8 +54,12 @@ def live_changes(old: StrategyConfig, new: StrategyConfig) -> tuple[dict[str, An
     return _nest(live), [k for k in changed if k not in LIVE_KEYS]
 
 
-def live_poller(live: Callable[[], dict[str, Any] | None], *, current: Callable[[], StrategyConfig],
-                apply: Callable[[StrategyConfig], None]) -> Callable[[], None]:
+def live_poller(
+    live: Callable[[], dict[str, Any] | None],
+    *,
+    current: Callable[[], StrategyConfig],
+    apply: Callable[[StrategyConfig], None],
+) -> Callable[[], None]:
     """A step-boundary callback: poll `live` for changed live keys, validate,
     hand the new config to `apply`.
 
@@ -70,7 +74,9 @@ def live_poller(live: Callable[[], dict[str, Any] | None], *, current: Callable[
         flat = _flatten(changes)
         ignored = sorted(k for k in flat if k not in LIVE_KEYS)
         if ignored:
-            log.warning("live update: ignoring keys a running job cannot take: %s", ", ".join(ignored))
+            log.warning(
+                "live update: ignoring keys a running job cannot take: %s", ", ".join(ignored)
+            )
         merged = _flatten(current().model_dump(mode="json"))
         merged.update({k: v for k, v in flat.items() if k in LIVE_KEYS})
         try:

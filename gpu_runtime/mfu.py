@@ -16,7 +16,9 @@ PEAK_FLOPS: list[tuple[str, dict[str, float]]] = [
 ]
 
 
-def peak_flops(device_label: str, compute_dtype: str, configured: float | None = None) -> float | None:
+def peak_flops(
+    device_label: str, compute_dtype: str, configured: float | None = None
+) -> float | None:
     """The dense peak for this device and dtype: the configured one, else the table;
     None if unknown."""
     if configured is not None:

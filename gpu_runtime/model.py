@@ -45,7 +45,9 @@ class ModelArgs:
         attn = 2 * d * d + 2 * d * kv
         mlp = 3 * d * self.hidden_dim
         per_block = attn + mlp + 2 * d
-        total = self.n_layers * per_block + d + self.vocab_size * d  # blocks, final norm, output head
+        total = (
+            self.n_layers * per_block + d + self.vocab_size * d
+        )  # blocks, final norm, output head
         return total + (self.vocab_size * d if embedding else 0)
 
     def flops_per_token(self, seq_len: int) -> int:
@@ -59,7 +61,9 @@ PRESETS: dict[str, ModelArgs] = {
     "small": ModelArgs(dim=512, n_layers=8, n_heads=8, hidden_dim=1408),
     "125m": ModelArgs(dim=768, n_layers=12, n_heads=12, hidden_dim=3584),
     "350m": ModelArgs(dim=1024, n_layers=24, n_heads=16, hidden_dim=3328),
-    "1b": ModelArgs(dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, hidden_dim=5632),  # TinyLlama-1.1B shapes
+    "1b": ModelArgs(
+        dim=2048, n_layers=22, n_heads=32, n_kv_heads=4, hidden_dim=5632
+    ),  # TinyLlama-1.1B shapes
     "7b": ModelArgs(dim=4096, n_layers=32, n_heads=32, hidden_dim=11008),  # LLaMA-7B shapes
 }
 
@@ -97,7 +101,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return out.flatten(-2).type_as(x)
 
 
-QkvFn = Callable[[torch.Tensor, RMSNorm, "Attention"], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+QkvFn = Callable[
+    [torch.Tensor, RMSNorm, "Attention"], tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+]
 
 
 class Attention(nn.Module):
@@ -111,21 +117,27 @@ class Attention(nn.Module):
         # A fused RMSNorm+QKV implementation (x, norm, attn) -> (q, k, v) may be installed here.
         self.qkv_fn: QkvFn | None = None
 
-    def norm_qkv(self, x: torch.Tensor, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def norm_qkv(
+        self, x: torch.Tensor, norm: RMSNorm
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v of norm(x), each (B, T, features): the one place a fused kernel replaces."""
         if self.qkv_fn is not None:
             return self.qkv_fn(x, norm, self)
         h = norm(x)
         return self.q_proj(h), self.k_proj(h), self.v_proj(h)
 
-    def forward(self, x: torch.Tensor, norm: RMSNorm, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, norm: RMSNorm, cos: torch.Tensor, sin: torch.Tensor
+    ) -> torch.Tensor:
         B, T, _ = x.shape
         q, k, v = self.norm_qkv(x, norm)
         q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads
+        )
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 

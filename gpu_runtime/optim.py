@@ -14,8 +14,13 @@ FUSED_DEVICE_TYPES = ("cuda", "cpu")
 IMPLEMENTATION_KEYS = ("fused", "foreach", "capturable", "differentiable")
 
 
-def build_adamw(named_params: list[tuple[str, torch.Tensor]], opt: OptimizerSection, lr: float,
-                *, fused: bool = False) -> torch.optim.AdamW:
+def build_adamw(
+    named_params: list[tuple[str, torch.Tensor]],
+    opt: OptimizerSection,
+    lr: float,
+    *,
+    fused: bool = False,
+) -> torch.optim.AdamW:
     """AdamW; norms and other 1-D parameters are not decayed (as in LLaMA and nanoGPT).
 
     ``fused`` (`kernels.fused_optimizer`): PyTorch's fused kernel, one pass over each
@@ -24,7 +29,10 @@ def build_adamw(named_params: list[tuple[str, torch.Tensor]], opt: OptimizerSect
     """
     decay = [p for _, p in named_params if p.dim() >= 2]
     no_decay = [p for _, p in named_params if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [
+        {"params": decay, "weight_decay": opt.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
     if fused:
         _check_fusable(named_params)
     return torch.optim.AdamW(groups, lr=lr, betas=(opt.beta1, opt.beta2), fused=fused or None)
@@ -35,16 +43,24 @@ def _check_fusable(named_params: list[tuple[str, torch.Tensor]]) -> None:
     if len(device_types) > 1:
         # With loss scaling, the fused kernel hands the overflow flag between devices without
         # a sync: the CPU half could step on a stale flag. Refused rather than risked.
-        raise StrategyError.single("kernels.fused_optimizer", (
-            f"parameters live on {' and '.join(sorted(device_types))} "
-            "(offload.embedding: cpu); the fused AdamW "
-            "steps one device's tensors: turn one of the two off"))
+        raise StrategyError.single(
+            "kernels.fused_optimizer",
+            (
+                f"parameters live on {' and '.join(sorted(device_types))} "
+                "(offload.embedding: cpu); the fused AdamW "
+                "steps one device's tensors: turn one of the two off"
+            ),
+        )
     for name, p in named_params:
         if p.device.type not in FUSED_DEVICE_TYPES or not p.is_floating_point():
-            raise StrategyError.single("kernels.fused_optimizer", (
-                f"parameter {name} is {p.dtype} on {p.device.type}; "
-                "the fused AdamW steps floating-point "
-                f"tensors on {'/'.join(FUSED_DEVICE_TYPES)}"))
+            raise StrategyError.single(
+                "kernels.fused_optimizer",
+                (
+                    f"parameter {name} is {p.dtype} on {p.device.type}; "
+                    "the fused AdamW steps floating-point "
+                    f"tensors on {'/'.join(FUSED_DEVICE_TYPES)}"
+                ),
+            )
 
 
 def lr_at(step: int, train: TrainSection, total_steps: int) -> float:

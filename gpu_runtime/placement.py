@@ -34,8 +34,14 @@ class LinkLevel(IntEnum):
 
 
 # nvmlGpuTopologyLevel_t values (NVML_TOPOLOGY_*); CPU and NODE share 40.
-_NVML_LEVELS = {0: LinkLevel.SAME, 10: LinkLevel.PIX, 20: LinkLevel.PXB, 30: LinkLevel.PHB,
-                40: LinkLevel.NODE, 50: LinkLevel.SYS}
+_NVML_LEVELS = {
+    0: LinkLevel.SAME,
+    10: LinkLevel.PIX,
+    20: LinkLevel.PXB,
+    30: LinkLevel.PHB,
+    40: LinkLevel.NODE,
+    50: LinkLevel.SYS,
+}
 
 
 @dataclass(frozen=True)
@@ -94,7 +100,9 @@ def cuda_indices_for(nvml_bus_ids: Sequence[str], cuda_bus_ids: Sequence[str]) -
     try:
         return tuple(by_bus[normalize_bus_id(b)] for b in nvml_bus_ids)
     except KeyError as missing:
-        raise PlacementError(f"placement: GPU {missing} seen by NVML is not visible to CUDA") from None
+        raise PlacementError(
+            f"placement: GPU {missing} seen by NVML is not visible to CUDA"
+        ) from None
 
 
 def cuda_bus_ids() -> list[str]:
@@ -106,8 +114,10 @@ def cuda_bus_ids() -> list[str]:
         props = torch.cuda.get_device_properties(index)
         bus, device = getattr(props, "pci_bus_id", None), getattr(props, "pci_device_id", None)
         if bus is None or device is None:
-            raise PlacementError("placement: this PyTorch build does not report PCI bus ids; "
-                                 "set CUDA_DEVICE_ORDER=PCI_BUS_ID so CUDA and NVML agree")
+            raise PlacementError(
+                "placement: this PyTorch build does not report PCI bus ids; "
+                "set CUDA_DEVICE_ORDER=PCI_BUS_ID so CUDA and NVML agree"
+            )
         ids.append(f"{getattr(props, 'pci_domain_id', 0) or 0:04x}:{bus:02x}:{device:02x}.0")
     return ids
 
@@ -162,8 +172,10 @@ def _nvlink_peers(pynvml, handle) -> tuple[set[str], bool]:
 
 def worst_link(levels: Sequence[Sequence[int]], devices: Sequence[int]) -> LinkLevel:
     """The slowest link between any two devices of a job (SAME for one device)."""
-    return max((LinkLevel(levels[a][b]) for a, b in itertools.combinations(devices, 2)),
-               default=LinkLevel.SAME)
+    return max(
+        (LinkLevel(levels[a][b]) for a, b in itertools.combinations(devices, 2)),
+        default=LinkLevel.SAME,
+    )
 
 
 def place_job(
@@ -181,7 +193,9 @@ def place_job(
     links, then the indices (deterministic). k == 0 (a CPU job) places nothing.
     """
     if strategy not in STRATEGIES:
-        raise PlacementError(f"placement.strategy: {strategy!r} is not one of {', '.join(STRATEGIES)}")
+        raise PlacementError(
+            f"placement.strategy: {strategy!r} is not one of {', '.join(STRATEGIES)}"
+        )
     n = len(levels)
     free = sorted(set(range(n) if available is None else available))
     if any(not 0 <= d < n for d in free):
@@ -190,7 +204,8 @@ def place_job(
         raise PlacementError(f"placement: cannot place {k} GPUs")
     if k > len(free):
         raise PlacementError(
-            f"placement: the job needs {k} GPU(s) but only {len(free)} of {n} present are free")
+            f"placement: the job needs {k} GPU(s) but only {len(free)} of {n} present are free"
+        )
     if k == 0:
         return ()
     if k == len(free):
@@ -202,7 +217,9 @@ def place_job(
     return _closest_set(levels, free, k)
 
 
-def _cost(levels: Sequence[Sequence[int]], devices: Sequence[int]) -> tuple[int, int, tuple[int, ...]]:
+def _cost(
+    levels: Sequence[Sequence[int]], devices: Sequence[int]
+) -> tuple[int, int, tuple[int, ...]]:
     links = [levels[a][b] for a, b in itertools.combinations(devices, 2)]
     return max(links, default=0), sum(links), tuple(devices)
 
@@ -216,14 +233,17 @@ def _closest_set(levels: Sequence[Sequence[int]], free: list[int], k: int) -> tu
     return min(_cost(levels, c) for c in candidates)[2]
 
 
-def _grow_greedily(levels: Sequence[Sequence[int]], free: list[int], seed: int, k: int) -> tuple[int, ...]:
+def _grow_greedily(
+    levels: Sequence[Sequence[int]], free: list[int], seed: int, k: int
+) -> tuple[int, ...]:
     group = [seed]
     while len(group) < k:
-        best = min((d for d in free if d not in group),
-                   key=lambda d: (max(levels[d][g] for g in group), sum(levels[d][g] for g in group), d))
+        best = min(
+            (d for d in free if d not in group),
+            key=lambda d: (max(levels[d][g] for g in group), sum(levels[d][g] for g in group), d),
+        )
         group.append(best)
     return tuple(sorted(group))
-
 
 
 def busy_gpus() -> set[int]:
@@ -237,7 +257,9 @@ def busy_gpus() -> set[int]:
         busy = set()
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            if any(p.pid != os.getpid() for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)):
+            if any(
+                p.pid != os.getpid() for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            ):
                 busy.add(index)
         return busy
     finally:
@@ -263,14 +285,25 @@ def choose_device(*, strategy: str, gpus: int, requested: str | None) -> tuple[s
     except Exception as exc:  # no NVML, no bus ids: the obvious choice, said so
         report["how"] = f"first GPU (topology unreadable: {str(exc)[:120]})"
         return requested, report
-    to_cuda = {n: visible_bus[normalize_bus_id(b)] for n, b in enumerate(topology.bus_ids)
-               if normalize_bus_id(b) in visible_bus}
+    to_cuda = {
+        n: visible_bus[normalize_bus_id(b)]
+        for n, b in enumerate(topology.bus_ids)
+        if normalize_bus_id(b) in visible_bus
+    }
     if not to_cuda:
         report["how"] = "first GPU (no GPU NVML lists is visible to CUDA)"
         return requested, report
     idle = [n for n in to_cuda if n not in busy]
-    chosen = place_job(topology.levels, gpus, strategy=strategy,
-                       available=idle if len(idle) >= gpus else list(to_cuda))
-    report.update(how="placed", devices=[to_cuda[n] for n in chosen], busy=sorted(busy),
-                  worst_link=worst_link(topology.levels, chosen).name)
+    chosen = place_job(
+        topology.levels,
+        gpus,
+        strategy=strategy,
+        available=idle if len(idle) >= gpus else list(to_cuda),
+    )
+    report.update(
+        how="placed",
+        devices=[to_cuda[n] for n in chosen],
+        busy=sorted(busy),
+        worst_link=worst_link(topology.levels, chosen).name,
+    )
     return f"cuda:{to_cuda[chosen[0]]}", report

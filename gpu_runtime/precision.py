@@ -38,7 +38,9 @@ class MasterWeights:
     which the optimizer owns when storage is below fp32."""
 
     def __init__(self, named_params: list[tuple[str, nn.Parameter]]):
-        self.pairs = [(name, p, p.detach().float().clone().requires_grad_(True)) for name, p in named_params]
+        self.pairs = [
+            (name, p, p.detach().float().clone().requires_grad_(True)) for name, p in named_params
+        ]
 
     def named_masters(self) -> Iterator[tuple[str, torch.Tensor]]:
         return ((name, master) for name, _, master in self.pairs)
@@ -59,7 +61,9 @@ class MasterWeights:
     @torch.no_grad()
     def load_state(self, tensors: list[torch.Tensor]) -> None:
         if len(tensors) != len(self.pairs):
-            raise ValueError(f"checkpoint has {len(tensors)} master weights, the model {len(self.pairs)}")
+            raise ValueError(
+                f"checkpoint has {len(tensors)} master weights, the model {len(self.pairs)}"
+            )
         for (_, _, master), saved in zip(self.pairs, tensors, strict=True):
             master.copy_(saved)
         self.masters_to_model()
@@ -72,8 +76,9 @@ class Precision:
         self.section, self.device = section, device
         self.needs_masters = section.storage_dtype != "fp32"
         # fp16 has too little range for small gradients: scale the loss, skip steps that overflow.
-        self.scaler = torch.amp.GradScaler(device.type, enabled=section.compute_dtype == "fp16"
-                                           or section.storage_dtype == "fp16")
+        self.scaler = torch.amp.GradScaler(
+            device.type, enabled=section.compute_dtype == "fp16" or section.storage_dtype == "fp16"
+        )
         self.masters: MasterWeights | None = None
 
     def prepare(self, model: nn.Module) -> list[tuple[str, torch.Tensor]]:

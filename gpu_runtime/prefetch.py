@@ -37,8 +37,18 @@ class _Failed:
 class Prefetcher:
     """Yields the batch of each step in order; ``depth`` batches ahead (0: inline, no thread)."""
 
-    def __init__(self, batches: StepBatches, *, start_step: int, end_step: int, device: torch.device,
-                 depth: int, pin_memory: bool, clock: Clock, io_log: deque[tuple[Stamp, Stamp]]):
+    def __init__(
+        self,
+        batches: StepBatches,
+        *,
+        start_step: int,
+        end_step: int,
+        device: torch.device,
+        depth: int,
+        pin_memory: bool,
+        clock: Clock,
+        io_log: deque[tuple[Stamp, Stamp]],
+    ):
         self.batches, self.device, self.clock, self.io_log = batches, device, clock, io_log
         self.pin = pin_memory and device.type == "cuda"
         self._next = start_step
@@ -50,7 +60,9 @@ class Prefetcher:
             if device.type == "cuda":
                 self._copy_stream = torch.cuda.Stream(device)
             self._queue: queue.Queue[Any] = queue.Queue(maxsize=depth)
-            self._thread = threading.Thread(target=self._run, name="gpu_runtime-prefetch", daemon=True)
+            self._thread = threading.Thread(
+                target=self._run, name="gpu_runtime-prefetch", daemon=True
+            )
             self._thread.start()
 
     def _produce(self, step: int, stream: Any) -> DeviceBatch:

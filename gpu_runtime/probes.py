@@ -25,7 +25,9 @@ class Reading:
     mem_used_mb: float | None = None
     mem_total_mb: float | None = None
     power_w: float | None = None
-    energy_j: float | None = None  # a monotonic counter's value (J), not yet relative to the run start
+    energy_j: float | None = (
+        None  # a monotonic counter's value (J), not yet relative to the run start
+    )
     sm_clock_mhz: float | None = None
     temperature_c: float | None = None
 
@@ -69,7 +71,11 @@ class CpuProbe:
     def __init__(self, *, tdp_w: float, rapl_root: str | os.PathLike[str] = "/sys/class/powercap"):
         self.tdp_w = tdp_w
         self.process = psutil.Process()
-        self.cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        self.cores = (
+            len(os.sched_getaffinity(0))
+            if hasattr(os, "sched_getaffinity")
+            else (os.cpu_count() or 1)
+        )
         self.process.cpu_percent(None)  # the first call only primes the counter
         self.mem_total_mb = psutil.virtual_memory().total / MIB
         self.rapl = RaplCounter(rapl_root)
@@ -84,8 +90,13 @@ class CpuProbe:
             energy = self.rapl.read_j()
         else:
             power = self.tdp_w * util / 100.0
-        return Reading(util_pct=util, mem_used_mb=self.process.memory_info().rss / MIB,
-                       mem_total_mb=self.mem_total_mb, power_w=power, energy_j=energy)
+        return Reading(
+            util_pct=util,
+            mem_used_mb=self.process.memory_info().rss / MIB,
+            mem_total_mb=self.mem_total_mb,
+            power_w=power,
+            energy_j=energy,
+        )
 
     def close(self) -> None:
         pass
@@ -107,7 +118,9 @@ class NvmlProbe:
         except pynvml.NVMLError as exc:
             log.warning("NVML unavailable (%s): GPU power and utilisation will be missing", exc)
         self.has_energy = self._call("nvmlDeviceGetTotalEnergyConsumption") is not None
-        self.estimated = self.handle is None or (not self.has_energy and self._call("nvmlDeviceGetPowerUsage") is None)
+        self.estimated = self.handle is None or (
+            not self.has_energy and self._call("nvmlDeviceGetPowerUsage") is None
+        )
 
     def _handle(self, index: int):
         # CUDA_VISIBLE_DEVICES renumbers devices; NVML does not. Match by UUID, then by index.
@@ -141,10 +154,14 @@ class NvmlProbe:
         clock = self._call("nvmlDeviceGetClockInfo", self.nvml.NVML_CLOCK_SM)
         temp = self._call("nvmlDeviceGetTemperature", self.nvml.NVML_TEMPERATURE_GPU)
         return Reading(
-            util_pct=None if util is None else float(util.gpu), mem_used_mb=used, mem_total_mb=total,
+            util_pct=None if util is None else float(util.gpu),
+            mem_used_mb=used,
+            mem_total_mb=total,
             power_w=None if power_mw is None else power_mw / 1000.0,
             energy_j=None if energy_mj is None else energy_mj / 1000.0,
-            sm_clock_mhz=None if clock is None else float(clock), temperature_c=None if temp is None else float(temp))
+            sm_clock_mhz=None if clock is None else float(clock),
+            temperature_c=None if temp is None else float(temp),
+        )
 
     def close(self) -> None:
         if self.handle is not None:

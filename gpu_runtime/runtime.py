@@ -49,19 +49,24 @@ _UNWIRED: list[tuple[str, Callable[[StrategyConfig], bool], str]] = []
 
 def unwired_strategies(config: StrategyConfig) -> list[dict[str, str]]:
     """What the strategy asks for that this runtime would not do: unavailable keys and conflicts."""
-    return [{"key": key, "message": message} for key, enabled, message in _UNWIRED if enabled(config)] + \
-        strategy_conflicts(config)
+    return [
+        {"key": key, "message": message} for key, enabled, message in _UNWIRED if enabled(config)
+    ] + strategy_conflicts(config)
 
 
 def _with_steps(config: StrategyConfig, steps: int | None) -> StrategyConfig:
     if steps is None:
         return config
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-        raise StrategyError.single("train.steps", f"steps must be a positive integer, got {steps!r}")
+        raise StrategyError.single(
+            "train.steps", f"steps must be a positive integer, got {steps!r}"
+        )
     return config.model_copy(update={"train": config.train.model_copy(update={"steps": steps})})
 
 
-def _check_memory(args: ModelArgs, config: StrategyConfig, device: torch.device, preset: str) -> None:
+def _check_memory(
+    args: ModelArgs, config: StrategyConfig, device: torch.device, preset: str
+) -> None:
     """Refuse a model whose weights, gradients and AdamW state cannot fit before allocating them."""
     n = args.num_params()
     storage = 2 if config.precision.storage_dtype != "fp32" else 4
@@ -72,10 +77,14 @@ def _check_memory(args: ModelArgs, config: StrategyConfig, device: torch.device,
     else:
         free = psutil.virtual_memory().available
     if need > free:
-        raise StrategyError.single("model.preset", (
-            f"{preset} ({n / 1e9:.2f}B parameters) needs about {need / 2**30:.1f} GiB for "
+        raise StrategyError.single(
+            "model.preset",
+            (
+                f"{preset} ({n / 1e9:.2f}B parameters) needs about {need / 2**30:.1f} GiB for "
                 f"weights, gradients and optimizer state; {device_label(device)} has "
-                f"{free / 2**30:.1f} GiB free"))
+                f"{free / 2**30:.1f} GiB free"
+            ),
+        )
 
 
 @contextlib.contextmanager
@@ -105,41 +114,68 @@ def _deterministic(enabled: bool) -> Iterator[None]:
         torch.use_deterministic_algorithms(before)
 
 
-def _peak_mem_mb(device: torch.device, sampler: Sampler | None, batching: MicroBatching) -> float | None:
+def _peak_mem_mb(
+    device: torch.device, sampler: Sampler | None, batching: MicroBatching
+) -> float | None:
     if device.type == "cuda":
         return max(torch.cuda.max_memory_allocated(device), batching.run_peak_bytes) / MIB
     rss = psutil.Process().memory_info().rss / MIB
     return max(rss, sampler.peak_mem_mb if sampler is not None else 0.0)
 
 
-def _resume(path: str, config: StrategyConfig, module: torch.nn.Module, optimizer: torch.optim.Optimizer,
-            precision: Precision, dataset_sha256: str) -> tuple[int, int]:
+def _resume(
+    path: str,
+    config: StrategyConfig,
+    module: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    precision: Precision,
+    dataset_sha256: str,
+) -> tuple[int, int]:
     state = load_checkpoint(path, config, mmap=config.offload.mmap)
     try:
         module.load_state_dict(state.model)
         load_optimizer_state(optimizer, state.optimizer)
-    except (RuntimeError, ValueError) as exc:  # e.g. saved with quantization off, resumed with it on
-        raise StrategyError.single("resume_from", f"the checkpoint does not fit this strategy's model: "
-                                                  f"{str(exc).splitlines()[0][:300]}") from None
+    except (
+        RuntimeError,
+        ValueError,
+    ) as exc:  # e.g. saved with quantization off, resumed with it on
+        raise StrategyError.single(
+            "resume_from",
+            f"the checkpoint does not fit this strategy's model: {str(exc).splitlines()[0][:300]}",
+        ) from None
     precision.scaler.load_state_dict(state.scaler)
     if precision.masters is not None and state.masters is not None:
         precision.masters.load_state(state.masters)
     if state.dataset_sha256 != dataset_sha256:
-        log.warning("resuming on different data: checkpoint %s, now %s", state.dataset_sha256, dataset_sha256)
+        log.warning(
+            "resuming on different data: checkpoint %s, now %s",
+            state.dataset_sha256,
+            dataset_sha256,
+        )
     return state.step, state.tokens
 
 
 def _refuse_what_the_host_cannot_run(config: StrategyConfig, dev: torch.device) -> None:
     problems = capability_problems(config, dev)
-    problems += [p for p in unwired_strategies(config) if p["key"] not in {q["key"] for q in problems}]
+    problems += [
+        p for p in unwired_strategies(config) if p["key"] not in {q["key"] for q in problems}
+    ]
     if problems:
         raise StrategyError(problems)
 
 
-def train(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None] | None = None,
-          cancel: Callable[[], bool] | None = None, device: str | None = None, steps: int | None = None,
-          checkpoint_dir: str | None = None, resume_from: str | None = None,
-          live: Callable[[], dict[str, Any] | None] | None = None, rendezvous: Rendezvous | None = None) -> RunResult:
+def train(
+    config: StrategyConfig,
+    *,
+    sink: Callable[[dict[str, Any]], None] | None = None,
+    cancel: Callable[[], bool] | None = None,
+    device: str | None = None,
+    steps: int | None = None,
+    checkpoint_dir: str | None = None,
+    resume_from: str | None = None,
+    live: Callable[[], dict[str, Any] | None] | None = None,
+    rendezvous: Rendezvous | None = None,
+) -> RunResult:
     """Train with a strategy, streaming telemetry samples to ``sink``; return what was measured.
 
     ``steps`` overrides ``train.steps`` (also the LR schedule's length). ``cancel`` is
@@ -157,18 +193,39 @@ def train(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None] | No
     """
     config = _with_steps(config, steps)
     if config.distributed.world_size == 1:
-        return train_local(config, sink=sink, cancel=cancel, device=device, checkpoint_dir=checkpoint_dir,
-                           resume_from=resume_from, live=live)
-    dev = resolve_device(device if device not in (None, "cuda") else ("cuda" if torch.cuda.is_available() else "cpu"))
+        return train_local(
+            config,
+            sink=sink,
+            cancel=cancel,
+            device=device,
+            checkpoint_dir=checkpoint_dir,
+            resume_from=resume_from,
+            live=live,
+        )
+    dev = resolve_device(
+        device if device not in (None, "cuda") else ("cuda" if torch.cuda.is_available() else "cpu")
+    )
     _refuse_what_the_host_cannot_run(config, dev)
     if config.distributed.nnodes > 1 and rendezvous is None:
-        raise StrategyError.single("distributed.nnodes", (
-            f"a run across {config.distributed.nnodes} nodes needs the rendezvous its "
-                "nodes meet at (gpu_runtime.distributed.Rendezvous); none was given"))
+        raise StrategyError.single(
+            "distributed.nnodes",
+            (
+                f"a run across {config.distributed.nnodes} nodes needs the rendezvous its "
+                "nodes meet at (gpu_runtime.distributed.Rendezvous); none was given"
+            ),
+        )
     with _stop_on_sigterm() as stop:
-        return train_distributed(config, sink=sink, cancel=cancel, live=live, device=dev.type,
-                                 checkpoint_dir=checkpoint_dir, resume_from=resume_from, stop=stop,
-                                 rendezvous=rendezvous)
+        return train_distributed(
+            config,
+            sink=sink,
+            cancel=cancel,
+            live=live,
+            device=dev.type,
+            checkpoint_dir=checkpoint_dir,
+            resume_from=resume_from,
+            stop=stop,
+            rendezvous=rendezvous,
+        )
 
 
 class _Shard:
@@ -187,8 +244,11 @@ def _per_rank(config: StrategyConfig, world_size: int) -> StrategyConfig:
     it."""
     share = config.train.global_batch // world_size
     micro = None if config.train.micro_batch is None else min(config.train.micro_batch, share)
-    return config.model_copy(update={"train": config.train.model_copy(
-        update={"global_batch": share, "micro_batch": micro})})
+    return config.model_copy(
+        update={
+            "train": config.train.model_copy(update={"global_batch": share, "micro_batch": micro})
+        }
+    )
 
 
 def _ddp(module: torch.nn.Module, dev: torch.device) -> DistributedDataParallel:
@@ -196,27 +256,40 @@ def _ddp(module: torch.nn.Module, dev: torch.device) -> DistributedDataParallel:
     construction: no per-forward buffer broadcast (the flag is deprecated in name only)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        return DistributedDataParallel(module, device_ids=[dev.index] if dev.type == "cuda" else None,
-                                       broadcast_buffers=False)
+        return DistributedDataParallel(
+            module, device_ids=[dev.index] if dev.type == "cuda" else None, broadcast_buffers=False
+        )
 
 
-def train_local(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None] | None = None,
-                cancel: Callable[[], bool] | None = None, device: str | None = None,
-                checkpoint_dir: str | None = None, resume_from: str | None = None,
-                live: Callable[[], dict[str, Any] | None] | None = None, world: World | None = None) -> RunResult:
+def train_local(
+    config: StrategyConfig,
+    *,
+    sink: Callable[[dict[str, Any]], None] | None = None,
+    cancel: Callable[[], bool] | None = None,
+    device: str | None = None,
+    checkpoint_dir: str | None = None,
+    resume_from: str | None = None,
+    live: Callable[[], dict[str, Any] | None] | None = None,
+    world: World | None = None,
+) -> RunResult:
     """``train()`` in this process: alone, or as one rank of a ``world`` (its process group
     initialised)."""
     wall_start = time.perf_counter()
-    device, placement = choose_device(strategy=config.placement.strategy, gpus=config.placement.gpus,
-                                      requested=device)
+    device, placement = choose_device(
+        strategy=config.placement.strategy, gpus=config.placement.gpus, requested=device
+    )
     dev = resolve_device(device)
     if world is None:
         _refuse_what_the_host_cannot_run(config, dev)
     args = preset_args(config.model.preset, config.model.seq_len)
     _check_memory(args, config, dev, config.model.preset)
     corpus = load_corpus(config.data, seed=config.train.seed)
-    batches = StepBatches(corpus, seq_len=config.model.seq_len, global_batch=config.train.global_batch,
-                          seed=config.train.seed)
+    batches = StepBatches(
+        corpus,
+        seq_len=config.model.seq_len,
+        global_batch=config.train.global_batch,
+        seed=config.train.seed,
+    )
     if world is not None:
         batches = _Shard(batches, world)
 
@@ -224,20 +297,36 @@ def train_local(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None
     precision = Precision(config.precision, dev)
     built = assemble_model(Transformer(args), config, dev, precision, sample=batches.batch(0))
     strategies = {"placement": placement, **built.report}
-    optimizer = build_adamw(built.named_params, config.optimizer, config.train.lr,
-                            fused=config.kernels.fused_optimizer)
+    optimizer = build_adamw(
+        built.named_params, config.optimizer, config.train.lr, fused=config.kernels.fused_optimizer
+    )
     if config.kernels.fused_optimizer:
-        strategies["kernels.fused_optimizer"] = {"implementation": "torch.optim.AdamW(fused=True)",
-                                                 "parameters": len(built.named_params)}
+        strategies["kernels.fused_optimizer"] = {
+            "implementation": "torch.optim.AdamW(fused=True)",
+            "parameters": len(built.named_params),
+        }
     world_size = 1 if world is None else world.world_size
-    batching = MicroBatching(_per_rank(config, world_size), params=built.module.parameters(), device=dev)
+    batching = MicroBatching(
+        _per_rank(config, world_size), params=built.module.parameters(), device=dev
+    )
     forward = built.forward if world is None else _ddp(built.forward, dev)
-    trainer = Trainer(config=config, model=built.module, forward=forward, optimizer=optimizer,
-                      precision=precision, device=dev, batching=batching, dataset_sha256=corpus.sha256,
-                      checkpoint_dir=checkpoint_dir, world=world)
+    trainer = Trainer(
+        config=config,
+        model=built.module,
+        forward=forward,
+        optimizer=optimizer,
+        precision=precision,
+        device=dev,
+        batching=batching,
+        dataset_sha256=corpus.sha256,
+        checkpoint_dir=checkpoint_dir,
+        world=world,
+    )
     start_step = start_tokens = 0
     if resume_from is not None:
-        start_step, start_tokens = _resume(resume_from, config, built.module, optimizer, precision, corpus.sha256)
+        start_step, start_tokens = _resume(
+            resume_from, config, built.module, optimizer, precision, corpus.sha256
+        )
 
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
@@ -249,14 +338,21 @@ def train_local(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None
     sampler = None
     if config.telemetry.enabled:
         sampler = Sampler(
-            probe=open_probe(dev, cpu_tdp_w=config.telemetry.cpu_tdp_w), counters=counters,
-            interval_s=config.telemetry.interval_s, sink=sink, flops_per_token=args.flops_per_token(config.model.seq_len),
+            probe=open_probe(dev, cpu_tdp_w=config.telemetry.cpu_tdp_w),
+            counters=counters,
+            interval_s=config.telemetry.interval_s,
+            sink=sink,
+            flops_per_token=args.flops_per_token(config.model.seq_len),
             peak=peak_flops(label, config.precision.compute_dtype, config.telemetry.peak_flops),
-            overlap=OverlapMeter(clock, windows, io_log), rank=0 if world is None else world.rank,
-            devices=world_size).start()
+            overlap=OverlapMeter(clock, windows, io_log),
+            rank=0 if world is None else world.rank,
+            devices=world_size,
+        ).start()
 
     def apply_live(updated: StrategyConfig) -> None:
-        trainer.apply_config(updated)  # the micro-batch bounds and window reach the BatchScaler here
+        trainer.apply_config(
+            updated
+        )  # the micro-batch bounds and window reach the BatchScaler here
         if sampler is not None:
             sampler.set_interval(updated.telemetry.interval_s)
 
@@ -264,16 +360,36 @@ def train_local(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None
     with _stop_on_sigterm() as stop, _deterministic(config.train.deterministic):
         prefetcher = None
         try:
-            prefetcher = Prefetcher(batches, start_step=start_step, end_step=total, device=dev, depth=config.data.prefetch,
-                                    pin_memory=config.data.pin_memory, clock=clock, io_log=io_log)
-            agree = None if world is None else world.boundary(stop=stop, current=lambda: trainer.config,
-                                                               apply=apply_live)
-            outcome = trainer.run(prefetcher=prefetcher, start_step=start_step, total_steps=total,
-                                  start_tokens=start_tokens, counters=counters, clock=clock, windows=windows,
-                                  cancel=cancel if world is None else lambda: world.cancelled, stop=stop,
-                                  before_step=None if live is None else live_poller(
-                                      live, current=lambda: trainer.config, apply=apply_live),
-                                  agree=agree)
+            prefetcher = Prefetcher(
+                batches,
+                start_step=start_step,
+                end_step=total,
+                device=dev,
+                depth=config.data.prefetch,
+                pin_memory=config.data.pin_memory,
+                clock=clock,
+                io_log=io_log,
+            )
+            agree = (
+                None
+                if world is None
+                else world.boundary(stop=stop, current=lambda: trainer.config, apply=apply_live)
+            )
+            outcome = trainer.run(
+                prefetcher=prefetcher,
+                start_step=start_step,
+                total_steps=total,
+                start_tokens=start_tokens,
+                counters=counters,
+                clock=clock,
+                windows=windows,
+                cancel=cancel if world is None else lambda: world.cancelled,
+                stop=stop,
+                before_step=None
+                if live is None
+                else live_poller(live, current=lambda: trainer.config, apply=apply_live),
+                agree=agree,
+            )
         finally:
             if prefetcher is not None:
                 prefetcher.close()
@@ -282,9 +398,19 @@ def train_local(config: StrategyConfig, *, sink: Callable[[dict[str, Any]], None
 
     wall_s = time.perf_counter() - wall_start
     return RunResult(
-        steps=outcome.steps, tokens=outcome.tokens, wall_s=wall_s, device_s=wall_s,  # one device per process
+        steps=outcome.steps,
+        tokens=outcome.tokens,
+        wall_s=wall_s,
+        device_s=wall_s,  # one device per process
         energy_j=None if sampler is None else sampler.energy_j,
         energy_estimated=True if sampler is None else bool(sampler.probe.estimated),
-        peak_mem_mb=_peak_mem_mb(dev, sampler, batching), final_loss=outcome.final_loss,
-        dataset_sha256=corpus.sha256, config_sha256=config_sha256(config), device=label, status=outcome.status,
-        samples=0 if sampler is None else sampler.seq, micro_batch_events=batching.events, strategies=strategies)
+        peak_mem_mb=_peak_mem_mb(dev, sampler, batching),
+        final_loss=outcome.final_loss,
+        dataset_sha256=corpus.sha256,
+        config_sha256=config_sha256(config),
+        device=label,
+        status=outcome.status,
+        samples=0 if sampler is None else sampler.seq,
+        micro_batch_events=batching.events,
+        strategies=strategies,
+    )

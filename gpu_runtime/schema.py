@@ -41,106 +41,204 @@ class _Section(BaseModel):
 
 
 class ModelSection(_Section):
-    family: Literal["llama"] = Field("llama", description="Architecture family: a LLaMA-style decoder.")
+    family: Literal["llama"] = Field(
+        "llama", description="Architecture family: a LLaMA-style decoder."
+    )
     preset: Literal["tiny", "small", "125m", "350m", "1b", "7b"] = Field(
-        "tiny", description="Model size: tiny ~4M, small ~25M parameters; 125m/350m/1b/7b follow "
-            "the public shapes.")
+        "tiny",
+        description="Model size: tiny ~4M, small ~25M parameters; 125m/350m/1b/7b follow "
+        "the public shapes.",
+    )
     seq_len: int = Field(256, ge=8, le=32768, description="Context length in tokens (bytes).")
 
 
 class DataSection(_Section):
     source: Literal["text", "jsonl", "synthetic"] = Field(
-        "synthetic", description="text: a glob of local text files; jsonl: Alpaca records; "
-            "synthetic: generated from the seed.")
-    path: str | None = Field(None, description="Glob of local files (text, jsonl); relative to the working directory.")
+        "synthetic",
+        description="text: a glob of local text files; jsonl: Alpaca records; "
+        "synthetic: generated from the seed.",
+    )
+    path: str | None = Field(
+        None, description="Glob of local files (text, jsonl); relative to the working directory."
+    )
     pin_memory: bool = Field(True, description="Stage batches in pinned host memory (CUDA only).")
-    prefetch: int = Field(2, ge=0, le=64, description="Batches loaded ahead by a background thread; 0 loads inline.")
+    prefetch: int = Field(
+        2, ge=0, le=64, description="Batches loaded ahead by a background thread; 0 loads inline."
+    )
 
     @model_validator(mode="after")
     def _path_for_files(self) -> DataSection:
         if self.source != "synthetic" and not self.path:
-            raise PydanticCustomError("missing_path", "a path (glob) is required when source is {source}",
-                                      {"field": "path", "source": self.source})
+            raise PydanticCustomError(
+                "missing_path",
+                "a path (glob) is required when source is {source}",
+                {"field": "path", "source": self.source},
+            )
         return self
 
 
 class TrainSection(_Section):
-    steps: int = Field(200, ge=1, le=10_000_000, description="Optimizer steps; also the LR schedule's length.")
-    global_batch: int = Field(8, ge=1, le=65536, description="Sequences per optimizer step (reached by accumulation).")
+    steps: int = Field(
+        200, ge=1, le=10_000_000, description="Optimizer steps; also the LR schedule's length."
+    )
+    global_batch: int = Field(
+        8, ge=1, le=65536, description="Sequences per optimizer step (reached by accumulation)."
+    )
     micro_batch: int | None = Field(
-        None, ge=1, description="Sequences per forward/backward when dynamic batching is off; "
-            "unset = global_batch.")
+        None,
+        ge=1,
+        description="Sequences per forward/backward when dynamic batching is off; "
+        "unset = global_batch.",
+    )
     lr: Float = Field(3.0e-4, gt=0, le=1.0, description="Peak learning rate (per step).")
-    min_lr_ratio: Float = Field(0.1, ge=0, le=1.0, description="Final LR as a fraction of the peak (cosine floor).")
+    min_lr_ratio: Float = Field(
+        0.1, ge=0, le=1.0, description="Final LR as a fraction of the peak (cosine floor)."
+    )
     warmup_steps: int = Field(10, ge=0, description="Linear warmup length in steps.")
-    grad_clip: Float = Field(1.0, ge=0, description="Max global gradient L2 norm; 0 disables clipping.")
+    grad_clip: Float = Field(
+        1.0, ge=0, description="Max global gradient L2 norm; 0 disables clipping."
+    )
     seed: int = Field(0, ge=0, le=2**63 - 1, description="Seed for initialisation and data order.")
-    deterministic: bool = Field(False, description="Ask torch for deterministic algorithms (slower on CUDA).")
-    checkpoint_every: int = Field(0, ge=0, description="Save a checkpoint every N steps (0: only at the end).")
+    deterministic: bool = Field(
+        False, description="Ask torch for deterministic algorithms (slower on CUDA)."
+    )
+    checkpoint_every: int = Field(
+        0, ge=0, description="Save a checkpoint every N steps (0: only at the end)."
+    )
 
 
 class DynamicBatchingSection(_Section):
-    enabled: bool = Field(False, description=(
-        "Grow the micro-batch (the global batch fixed) while it fits in memory and "
-            "raises throughput; halve it on out-of-memory (BatchScaler)."))
+    enabled: bool = Field(
+        False,
+        description=(
+            "Grow the micro-batch (the global batch fixed) while it fits in memory and "
+            "raises throughput; halve it on out-of-memory (BatchScaler)."
+        ),
+    )
     min_micro_batch: int = Field(4, ge=1, description="Smallest micro-batch in sequences.")
     max_micro_batch: int = Field(64, ge=1, description="Largest micro-batch in sequences.")
-    stability_window: int = Field(128, ge=1, description="Steps between two global-batch changes, at least (adaptive_global_batch).")
-    probe_steps: int = Field(4, ge=1, le=10_000, description=(
-        "Steps timed at each micro-batch size (after one warm-up step) before the scaler "
-            "compares throughput."))
-    min_speedup: Float = Field(0.03, ge=0, le=1.0, description=(
-        "A larger micro-batch is kept only if its measured tokens/s beats the smaller "
-            "one's by this fraction; otherwise the scaler steps back and stops probing."))
-    cpu_memory_budget_mb: int | None = Field(None, ge=64, description=(
-        "On CPU, the process's peak RSS in MiB that a micro-batch may be predicted to reach; "
-        "unset: half the host's physical memory. (CUDA uses the allocator's capacity.)"))
-    adaptive_global_batch: bool = Field(False, description=(
-        "Opt-in: let gradient statistics (policy) choose the global batch in "
+    stability_window: int = Field(
+        128,
+        ge=1,
+        description="Steps between two global-batch changes, at least (adaptive_global_batch).",
+    )
+    probe_steps: int = Field(
+        4,
+        ge=1,
+        le=10_000,
+        description=(
+            "Steps timed at each micro-batch size (after one warm-up step) before the scaler "
+            "compares throughput."
+        ),
+    )
+    min_speedup: Float = Field(
+        0.03,
+        ge=0,
+        le=1.0,
+        description=(
+            "A larger micro-batch is kept only if its measured tokens/s beats the smaller "
+            "one's by this fraction; otherwise the scaler steps back and stops probing."
+        ),
+    )
+    cpu_memory_budget_mb: int | None = Field(
+        None,
+        ge=64,
+        description=(
+            "On CPU, the process's peak RSS in MiB that a micro-batch may be predicted to reach; "
+            "unset: half the host's physical memory. (CUDA uses the allocator's capacity.)"
+        ),
+    )
+    adaptive_global_batch: bool = Field(
+        False,
+        description=(
+            "Opt-in: let gradient statistics (policy) choose the global batch in "
             "[min_global_batch, train.global_batch], the learning rate scaled by lr_scaling. "
-            "Off: the global batch never changes."))
-    min_global_batch: int | None = Field(None, ge=1, description=(
-        "adaptive_global_batch's smallest (starting) global batch; unset: "
-            "train.global_batch // 8 (at least min_micro_batch)."))
-    lr_scaling: Literal["sqrt", "linear"] = Field("sqrt", description=(
-        "adaptive_global_batch: the LR is train.lr x (batch / train.global_batch) ** 0.5 "
-            "(sqrt, Adam-like, as Pollux) or ** 1 (linear, as AdaptDL's SGD scaling)."))
+            "Off: the global batch never changes."
+        ),
+    )
+    min_global_batch: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "adaptive_global_batch's smallest (starting) global batch; unset: "
+            "train.global_batch // 8 (at least min_micro_batch)."
+        ),
+    )
+    lr_scaling: Literal["sqrt", "linear"] = Field(
+        "sqrt",
+        description=(
+            "adaptive_global_batch: the LR is train.lr x (batch / train.global_batch) ** 0.5 "
+            "(sqrt, Adam-like, as Pollux) or ** 1 (linear, as AdaptDL's SGD scaling)."
+        ),
+    )
     policy: Literal["noise_scale", "grad_variance"] = Field(
-        "noise_scale", description=(
+        "noise_scale",
+        description=(
             "adaptive_global_batch's rule: noise_scale: gradient noise scale B_simple; "
-            "grad_variance: tanh of gradient-norm variance."))
+            "grad_variance: tanh of gradient-norm variance."
+        ),
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> DynamicBatchingSection:
         if self.min_micro_batch > self.max_micro_batch:
             raise PydanticCustomError(
-                "min_gt_max", "min_micro_batch ({min}) is larger than max_micro_batch ({max})",
-                {"field": "min_micro_batch", "min": self.min_micro_batch, "max": self.max_micro_batch})
+                "min_gt_max",
+                "min_micro_batch ({min}) is larger than max_micro_batch ({max})",
+                {
+                    "field": "min_micro_batch",
+                    "min": self.min_micro_batch,
+                    "max": self.max_micro_batch,
+                },
+            )
         if self.min_global_batch is not None and self.min_global_batch < self.min_micro_batch:
             raise PydanticCustomError(
-                "min_global_lt_micro", "min_global_batch ({gb}) is smaller than min_micro_batch ({min})",
-                {"field": "min_global_batch", "gb": self.min_global_batch, "min": self.min_micro_batch})
+                "min_global_lt_micro",
+                "min_global_batch ({gb}) is smaller than min_micro_batch ({min})",
+                {
+                    "field": "min_global_batch",
+                    "gb": self.min_global_batch,
+                    "min": self.min_micro_batch,
+                },
+            )
         return self
 
 
 class OptimizerSection(_Section):
     name: Literal["adamw"] = Field("adamw", description="Optimizer: AdamW.")
-    weight_decay: Float = Field(0.1, ge=0, description="Decoupled weight decay on matrices (not norms).")
+    weight_decay: Float = Field(
+        0.1, ge=0, description="Decoupled weight decay on matrices (not norms)."
+    )
     beta1: Float = Field(0.9, ge=0, lt=1, description="AdamW first-moment decay.")
     beta2: Float = Field(0.95, ge=0, lt=1, description="AdamW second-moment decay.")
     dynamic_batching: DynamicBatchingSection = Field(default_factory=DynamicBatchingSection)
 
 
 class QuantizationSection(_Section):
-    enabled: bool = Field(False, description="Freeze target_modules' weights in int8 and train adapters.")
-    target_modules: list[Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]] = Field(
-        default_factory=lambda: ["q_proj", "v_proj", "o_proj"], min_length=1, description="Projection names to quantize.")
+    enabled: bool = Field(
+        False, description="Freeze target_modules' weights in int8 and train adapters."
+    )
+    target_modules: list[
+        Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    ] = Field(
+        default_factory=lambda: ["q_proj", "v_proj", "o_proj"],
+        min_length=1,
+        description="Projection names to quantize.",
+    )
     weight_bits: Literal[8] = Field(8, description="Weight bits; int8 only.")
-    adapter_rank: int = Field(8, ge=1, le=1024, description="LoRA adapter rank trained beside each frozen weight.")
+    adapter_rank: int = Field(
+        8, ge=1, le=1024, description="LoRA adapter rank trained beside each frozen weight."
+    )
     adapter_alpha: Float = Field(
-        16.0, gt=0, le=65536, description="LoRA scale numerator: the adapters add (adapter_alpha "
-            "/ adapter_rank) x B A x.")
-    trainable: Literal["adapters", "full"] = Field("adapters", description="What trains: adapters (full is refused).")
+        16.0,
+        gt=0,
+        le=65536,
+        description="LoRA scale numerator: the adapters add (adapter_alpha "
+        "/ adapter_rank) x B A x.",
+    )
+    trainable: Literal["adapters", "full"] = Field(
+        "adapters", description="What trains: adapters (full is refused)."
+    )
 
     @model_validator(mode="after")
     def _no_full_finetune(self) -> QuantizationSection:
@@ -148,15 +246,20 @@ class QuantizationSection(_Section):
             raise PydanticCustomError(
                 "quantized_full_finetune",
                 "full fine-tuning of int8-quantized modules ({modules}) is not possible: "
-                    "their weights are frozen; "
+                "their weights are frozen; "
                 "use trainable: adapters or disable quantization",
-                {"field": "trainable", "modules": ", ".join(self.target_modules)})
+                {"field": "trainable", "modules": ", ".join(self.target_modules)},
+            )
         return self
 
 
 class PrecisionSection(_Section):
-    compute_dtype: Dtype = Field("fp32", description="Matmul dtype through torch.autocast: fp32, bf16 or fp16.")
-    storage_dtype: Dtype = Field("fp32", description="Parameter dtype; below fp32 the optimizer keeps fp32 master weights.")
+    compute_dtype: Dtype = Field(
+        "fp32", description="Matmul dtype through torch.autocast: fp32, bf16 or fp16."
+    )
+    storage_dtype: Dtype = Field(
+        "fp32", description="Parameter dtype; below fp32 the optimizer keeps fp32 master weights."
+    )
     quantization: QuantizationSection = Field(default_factory=QuantizationSection)
 
     @model_validator(mode="after")
@@ -166,45 +269,73 @@ class PrecisionSection(_Section):
                 "storage_below_compute",
                 "storage_dtype {storage} with compute_dtype fp32 would compute in {storage}; "
                 "set compute_dtype to bf16/fp16 or storage_dtype to fp32",
-                {"field": "storage_dtype", "storage": self.storage_dtype})
+                {"field": "storage_dtype", "storage": self.storage_dtype},
+            )
         return self
 
 
 class OffloadSection(_Section):
-    embedding: Literal["none", "cpu", "npu"] = Field("none", description="Where the embedding table lives: none (with the model), cpu, npu.")
-    mmap: bool = Field(False, description="Load persisted tensors (checkpoints) memory-mapped instead of copying.")
+    embedding: Literal["none", "cpu", "npu"] = Field(
+        "none", description="Where the embedding table lives: none (with the model), cpu, npu."
+    )
+    mmap: bool = Field(
+        False, description="Load persisted tensors (checkpoints) memory-mapped instead of copying."
+    )
 
 
 class GradientCheckpointingSection(_Section):
-    enabled: bool = Field(False, description="Recompute block activations in backward instead of storing them.")
+    enabled: bool = Field(
+        False, description="Recompute block activations in backward instead of storing them."
+    )
     every_n_blocks: int = Field(1, ge=1, description="Checkpoint one block in every N.")
 
 
 class MemorySection(_Section):
-    gradient_checkpointing: GradientCheckpointingSection = Field(default_factory=GradientCheckpointingSection)
+    gradient_checkpointing: GradientCheckpointingSection = Field(
+        default_factory=GradientCheckpointingSection
+    )
 
 
 class KernelsSection(_Section):
-    fused_rmsnorm_qkv: bool = Field(False, description="Fuse RMSNorm and the q/k/v projections (Triton on CUDA).")
+    fused_rmsnorm_qkv: bool = Field(
+        False, description="Fuse RMSNorm and the q/k/v projections (Triton on CUDA)."
+    )
     compile: bool = Field(False, description="Wrap the model in torch.compile.")
-    fused_optimizer: bool = Field(False, description=(
-        "AdamW as PyTorch's fused kernel (one pass over each parameter's state, on CUDA "
-            "and CPU) instead of the default per-tensor implementation."))
+    fused_optimizer: bool = Field(
+        False,
+        description=(
+            "AdamW as PyTorch's fused kernel (one pass over each parameter's state, on CUDA "
+            "and CPU) instead of the default per-tensor implementation."
+        ),
+    )
 
 
 class PlacementSection(_Section):
     strategy: Literal["round_robin", "topology_aware"] = Field(
-        "topology_aware", description="How a multi-GPU job picks its GPUs.")
+        "topology_aware", description="How a multi-GPU job picks its GPUs."
+    )
     gpus: int = Field(1, ge=1, le=1024, description="GPUs per job.")
 
 
 class DistributedSection(_Section):
     nproc_per_node: int = Field(
-        1, ge=1, le=64, description=("Processes per node, one device each (DDP ranks); above 1 the run is launched "
-                                     "with torch.distributed's elastic launcher."))
-    nnodes: int = Field(1, ge=1, le=1024, description="Nodes (workers) the run spans; they meet at a c10d rendezvous.")
+        1,
+        ge=1,
+        le=64,
+        description=(
+            "Processes per node, one device each (DDP ranks); above 1 the run is launched "
+            "with torch.distributed's elastic launcher."
+        ),
+    )
+    nnodes: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="Nodes (workers) the run spans; they meet at a c10d rendezvous.",
+    )
     backend: Literal["auto", "gloo", "nccl"] = Field(
-        "auto", description="Collective backend: auto is nccl on CUDA and gloo on CPU.")
+        "auto", description="Collective backend: auto is nccl on CUDA and gloo on CPU."
+    )
 
     @property
     def world_size(self) -> int:
@@ -212,11 +343,23 @@ class DistributedSection(_Section):
 
 
 class TelemetrySection(_Section):
-    enabled: bool = Field(True, description="Run the sampler thread (off only for overhead measurements).")
-    interval_s: Float = Field(1.0, ge=0.01, le=3600, description="Seconds between telemetry samples.")
-    cpu_tdp_w: Float = Field(65.0, gt=0, le=2000, description="CPU power in watts at 100 % utilisation, for modelled energy.")
+    enabled: bool = Field(
+        True, description="Run the sampler thread (off only for overhead measurements)."
+    )
+    interval_s: Float = Field(
+        1.0, ge=0.01, le=3600, description="Seconds between telemetry samples."
+    )
+    cpu_tdp_w: Float = Field(
+        65.0,
+        gt=0,
+        le=2000,
+        description="CPU power in watts at 100 % utilisation, for modelled energy.",
+    )
     peak_flops: Float | None = Field(
-        None, gt=0, description="Device dense peak in FLOP/s for MFU; needed on CPU, overrides the GPU table.")
+        None,
+        gt=0,
+        description="Device dense peak in FLOP/s for MFU; needed on CPU, overrides the GPU table.",
+    )
 
 
 class StrategyConfig(_Section):
@@ -238,39 +381,61 @@ class StrategyConfig(_Section):
     def _batches_fit(self) -> StrategyConfig:
         gb = self.train.global_batch
         if self.train.micro_batch is not None and self.train.micro_batch > gb:
-            raise PydanticCustomError("micro_gt_global", "micro_batch ({mb}) is larger than global_batch ({gb})",
-                                      {"field": "train.micro_batch", "mb": self.train.micro_batch, "gb": gb})
+            raise PydanticCustomError(
+                "micro_gt_global",
+                "micro_batch ({mb}) is larger than global_batch ({gb})",
+                {"field": "train.micro_batch", "mb": self.train.micro_batch, "gb": gb},
+            )
         world = self.distributed.world_size
         if gb % world:
             raise PydanticCustomError(
-                "batch_not_divisible", "train.global_batch ({gb}) must divide evenly over the world's {world} "
+                "batch_not_divisible",
+                "train.global_batch ({gb}) must divide evenly over the world's {world} "
                 "processes (distributed.nproc_per_node x distributed.nnodes): each rank "
-                    "takes global_batch / world",
-                {"field": "train.global_batch", "gb": gb, "world": world})
+                "takes global_batch / world",
+                {"field": "train.global_batch", "gb": gb, "world": world},
+            )
         dyn = self.optimizer.dynamic_batching
         if dyn.enabled and dyn.min_micro_batch > gb // world:
             raise PydanticCustomError(
-                "min_gt_global", "min_micro_batch ({min}) is larger than train.global_batch ({gb})",
-                {"field": "optimizer.dynamic_batching.min_micro_batch", "min": dyn.min_micro_batch,
-                 "gb": gb if world == 1 else f"{gb} / {world} processes = {gb // world} per rank"})
+                "min_gt_global",
+                "min_micro_batch ({min}) is larger than train.global_batch ({gb})",
+                {
+                    "field": "optimizer.dynamic_batching.min_micro_batch",
+                    "min": dyn.min_micro_batch,
+                    "gb": gb
+                    if world == 1
+                    else f"{gb} / {world} processes = {gb // world} per rank",
+                },
+            )
         if dyn.min_global_batch is not None and dyn.min_global_batch > gb:
             raise PydanticCustomError(
-                "min_global_gt_global", "min_global_batch ({min}) is larger than train.global_batch ({gb})",
-                {"field": "optimizer.dynamic_batching.min_global_batch", "min": dyn.min_global_batch, "gb": gb})
+                "min_global_gt_global",
+                "min_global_batch ({min}) is larger than train.global_batch ({gb})",
+                {
+                    "field": "optimizer.dynamic_batching.min_global_batch",
+                    "min": dyn.min_global_batch,
+                    "gb": gb,
+                },
+            )
         if dyn.enabled and dyn.adaptive_global_batch and world > 1:
             raise PydanticCustomError(
-                "adaptive_global_ddp", "adaptive_global_batch is not available with DDP yet ({world} processes): "
+                "adaptive_global_ddp",
+                "adaptive_global_batch is not available with DDP yet ({world} processes): "
                 "every rank would have to agree on each new global batch; leave it off, or "
-                    "train in one process",
-                {"field": "optimizer.dynamic_batching.adaptive_global_batch", "world": world})
+                "train in one process",
+                {"field": "optimizer.dynamic_batching.adaptive_global_batch", "world": world},
+            )
         nproc = self.distributed.nproc_per_node
         if self.placement.gpus > 1 and self.placement.gpus != nproc:
             raise PydanticCustomError(
-                "gpus_not_nproc", "placement.gpus ({gpus}) differs from distributed.nproc_per_node ({nproc}): a DDP "
+                "gpus_not_nproc",
+                "placement.gpus ({gpus}) differs from distributed.nproc_per_node ({nproc}): a DDP "
                 "rank trains on one device, so a job holds one GPU per process; set "
-                    "distributed.nproc_per_node "
+                "distributed.nproc_per_node "
                 "to {gpus} (placement.gpus may then be left out)",
-                {"field": "placement.gpus", "gpus": self.placement.gpus, "nproc": nproc})
+                {"field": "placement.gpus", "gpus": self.placement.gpus, "nproc": nproc},
+            )
         return self
 
     @property
@@ -297,9 +462,19 @@ def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
     return sorted(getattr(model, "model_fields", {}))
 
 
-_OWN_ERROR_TYPES = {"missing_path", "min_gt_max", "quantized_full_finetune", "storage_below_compute",
-                    "micro_gt_global", "min_gt_global", "min_global_lt_micro",
-                    "min_global_gt_global", "adaptive_global_ddp", "gpus_not_nproc", "batch_not_divisible"}
+_OWN_ERROR_TYPES = {
+    "missing_path",
+    "min_gt_max",
+    "quantized_full_finetune",
+    "storage_below_compute",
+    "micro_gt_global",
+    "min_gt_global",
+    "min_global_lt_micro",
+    "min_global_gt_global",
+    "adaptive_global_ddp",
+    "gpus_not_nproc",
+    "batch_not_divisible",
+}
 
 
 def _message(err: dict[str, Any]) -> str:
@@ -307,8 +482,14 @@ def _message(err: dict[str, Any]) -> str:
         allowed = _allowed_keys(tuple(err["loc"]))
         close = difflib.get_close_matches(str(err["loc"][-1]), allowed, n=1)
         hint = f"did you mean {close[0]}? " if close else ""
-        return f"unknown key; {hint}allowed here: {', '.join(allowed)}" if allowed else "unknown key"
-    if err["type"] in _OWN_ERROR_TYPES or err["type"] == "missing" or isinstance(err.get("input"), dict | list):
+        return (
+            f"unknown key; {hint}allowed here: {', '.join(allowed)}" if allowed else "unknown key"
+        )
+    if (
+        err["type"] in _OWN_ERROR_TYPES
+        or err["type"] == "missing"
+        or isinstance(err.get("input"), dict | list)
+    ):
         return err["msg"]
     got = repr(err.get("input"))
     return f"{err['msg']} (got {got if len(got) <= 80 else got[:77] + '...'})"
@@ -316,7 +497,10 @@ def _message(err: dict[str, Any]) -> str:
 
 def errors_from_validation(exc: ValidationError) -> list[dict[str, str]]:
     """Pydantic's errors as ``{"key": dotted.path, "message": reason}``."""
-    return [{"key": _dotted(tuple(e["loc"]), e.get("ctx")), "message": _message(e)} for e in exc.errors()]
+    return [
+        {"key": _dotted(tuple(e["loc"]), e.get("ctx")), "message": _message(e)}
+        for e in exc.errors()
+    ]
 
 
 def strategy_from_dict(data: dict[str, Any]) -> StrategyConfig:
@@ -345,18 +529,32 @@ def config_sha256(config: StrategyConfig) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def distributed_problems(config: StrategyConfig, *, cuda: bool, devices: int, where: str) -> list[dict[str, str]]:
+def distributed_problems(
+    config: StrategyConfig, *, cuda: bool, devices: int, where: str
+) -> list[dict[str, str]]:
     """What the ``distributed`` keys ask of a host that it cannot give: nccl without CUDA, more
     processes than devices. ``where`` names the host or queue in the message. Torch-free, so
     the web side refuses at submit what a worker would refuse at claim."""
     dist = config.distributed
     problems = []
     if dist.backend == "nccl" and not cuda:
-        problems.append({"key": "distributed.backend", "message": (
-            f"nccl needs CUDA devices and {where} has none; use gloo (or auto, which "
-                "picks gloo on CPU)")})
+        problems.append(
+            {
+                "key": "distributed.backend",
+                "message": (
+                    f"nccl needs CUDA devices and {where} has none; use gloo (or auto, which "
+                    "picks gloo on CPU)"
+                ),
+            }
+        )
     if cuda and dist.nproc_per_node > devices:
-        problems.append({"key": "distributed.nproc_per_node", "message": (
-            f"{dist.nproc_per_node} processes per node need {dist.nproc_per_node} devices "
-                f"(one each); {where} has {devices}")})
+        problems.append(
+            {
+                "key": "distributed.nproc_per_node",
+                "message": (
+                    f"{dist.nproc_per_node} processes per node need {dist.nproc_per_node} devices "
+                    f"(one each); {where} has {devices}"
+                ),
+            }
+        )
     return problems

@@ -21,9 +21,28 @@ from gpu_runtime.timeline import OverlapMeter
 
 log = logging.getLogger(__name__)
 
-SAMPLE_KEYS = ("seq", "ts", "step", "rank", "device", "util_pct", "mem_used_mb", "mem_total_mb", "power_w", "energy_j",
-               "step_time_s", "tokens", "tokens_per_s", "micro_batch", "loss", "overlap_ratio", "mfu",
-               "sm_clock_mhz", "temperature_c", "estimated")
+SAMPLE_KEYS = (
+    "seq",
+    "ts",
+    "step",
+    "rank",
+    "device",
+    "util_pct",
+    "mem_used_mb",
+    "mem_total_mb",
+    "power_w",
+    "energy_j",
+    "step_time_s",
+    "tokens",
+    "tokens_per_s",
+    "micro_batch",
+    "loss",
+    "overlap_ratio",
+    "mfu",
+    "sm_clock_mhz",
+    "temperature_c",
+    "estimated",
+)
 
 
 class Progress(NamedTuple):
@@ -45,23 +64,41 @@ class RunCounters:
 class Sampler:
     """Samples every ``interval_s`` on a thread and once more, finally, from ``stop()``."""
 
-    def __init__(self, *, probe: CpuProbe | NvmlProbe, counters: RunCounters, interval_s: float,
-                 sink: Callable[[dict[str, Any]], None] | None, flops_per_token: float, peak: float | None,
-                 overlap: OverlapMeter | None, rank: int = 0, devices: int = 1):
+    def __init__(
+        self,
+        *,
+        probe: CpuProbe | NvmlProbe,
+        counters: RunCounters,
+        interval_s: float,
+        sink: Callable[[dict[str, Any]], None] | None,
+        flops_per_token: float,
+        peak: float | None,
+        overlap: OverlapMeter | None,
+        rank: int = 0,
+        devices: int = 1,
+    ):
         self.probe, self.counters, self.interval_s, self.sink = probe, counters, interval_s, sink
         # A DDP rank samples its own device; its progress is the world's, so MFU is the world's
         # tokens/s over every device's peak (equal shards in lockstep: the same as each rank's).
         self.rank = rank
-        self.flops_per_token, self.peak, self.overlap = flops_per_token, None if peak is None else peak * devices, overlap
+        self.flops_per_token, self.peak, self.overlap = (
+            flops_per_token,
+            None if peak is None else peak * devices,
+            overlap,
+        )
         self.seq = 0
         self.peak_mem_mb = 0.0
         self.sink_errors = 0
         self._stop = threading.Event()
         self._retime = threading.Event()
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._loop, name="gpu_runtime-telemetry", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop, name="gpu_runtime-telemetry", daemon=True
+        )
         first = probe.read()
-        self.energy_j: float | None = 0.0 if first.energy_j is not None or first.power_w is not None else None
+        self.energy_j: float | None = (
+            0.0 if first.energy_j is not None or first.power_w is not None else None
+        )
         self._energy_base = first.energy_j
         self._last_energy_counter = first.energy_j
         self._last_mono = time.perf_counter()
@@ -107,7 +144,9 @@ class Sampler:
         self.probe.close()
         return final
 
-    def _energy(self, power_w: float | None, counter_j: float | None, dt: float) -> tuple[float | None, float | None]:
+    def _energy(
+        self, power_w: float | None, counter_j: float | None, dt: float
+    ) -> tuple[float | None, float | None]:
         """Cumulative energy since the start, from the counter where there is one, else power x
         time."""
         if counter_j is not None and self._energy_base is not None:
@@ -127,24 +166,39 @@ class Sampler:
             power_w, energy_j = self._energy(reading.power_w, reading.energy_j, dt)
             progress, last = self.counters.progress, self._last_progress
             steps = progress.steps_timed - last.steps_timed
-            step_time = (progress.step_time_total - last.step_time_total) / steps if steps > 0 else None
+            step_time = (
+                (progress.step_time_total - last.step_time_total) / steps if steps > 0 else None
+            )
             tokens_per_s = (progress.tokens - last.tokens) / dt if dt > 0 else None
             ratios = self.overlap.collect() if self.overlap is not None else []
             if reading.mem_used_mb is not None:
                 self.peak_mem_mb = max(self.peak_mem_mb, reading.mem_used_mb)
             sample = {
-                "seq": self.seq, "ts": time.time(), "step": progress.step, "rank": self.rank,
+                "seq": self.seq,
+                "ts": time.time(),
+                "step": progress.step,
+                "rank": self.rank,
                 "device": self.probe.label,
-                "util_pct": reading.util_pct, "mem_used_mb": reading.mem_used_mb,
-                "mem_total_mb": reading.mem_total_mb, "power_w": power_w, "energy_j": energy_j,
-                "step_time_s": step_time, "tokens": progress.tokens, "tokens_per_s": tokens_per_s,
-                "micro_batch": progress.micro_batch, "loss": progress.loss,
+                "util_pct": reading.util_pct,
+                "mem_used_mb": reading.mem_used_mb,
+                "mem_total_mb": reading.mem_total_mb,
+                "power_w": power_w,
+                "energy_j": energy_j,
+                "step_time_s": step_time,
+                "tokens": progress.tokens,
+                "tokens_per_s": tokens_per_s,
+                "micro_batch": progress.micro_batch,
+                "loss": progress.loss,
                 "overlap_ratio": sum(ratios) / len(ratios) if ratios else None,
                 "mfu": mfu(tokens_per_s, self.flops_per_token, self.peak),
-                "sm_clock_mhz": reading.sm_clock_mhz, "temperature_c": reading.temperature_c,
+                "sm_clock_mhz": reading.sm_clock_mhz,
+                "temperature_c": reading.temperature_c,
                 "estimated": bool(self.probe.estimated),
             }
-            for key, value in sample.items():  # JSON has no NaN: a diverged loss is reported as unknown
+            for (
+                key,
+                value,
+            ) in sample.items():  # JSON has no NaN: a diverged loss is reported as unknown
                 if isinstance(value, float) and not math.isfinite(value):
                     sample[key] = None
             self.seq += 1

@@ -52,7 +52,9 @@ class StepWindow(NamedTuple):
     io_end: Stamp
 
 
-def overlap_ratio(compute: tuple[float, float], io_intervals: list[tuple[float, float]], io_len: float) -> float | None:
+def overlap_ratio(
+    compute: tuple[float, float], io_intervals: list[tuple[float, float]], io_len: float
+) -> float | None:
     """The design document's ratio: |compute ∩ I/O| / max(|compute|, |I/O|).
 
     ``io_intervals`` are the loads/copies recorded around the step (a prefetcher runs
@@ -76,8 +78,13 @@ class OverlapMeter:
     the few that touch a step.
     """
 
-    def __init__(self, clock: Clock, windows: deque[StepWindow], io_log: deque[tuple[Stamp, Stamp]],
-                 max_steps: int = 32):
+    def __init__(
+        self,
+        clock: Clock,
+        windows: deque[StepWindow],
+        io_log: deque[tuple[Stamp, Stamp]],
+        max_steps: int = 32,
+    ):
         self.clock, self.windows, self.io_log, self.max_steps = clock, windows, io_log, max_steps
         self._next_step = 0
 
@@ -102,7 +109,9 @@ class OverlapMeter:
                 break  # not finished on the device yet: pick it up next time
             first = bisect.bisect_right(ends, cs)
             last = bisect.bisect_left(starts, ce, lo=first)
-            ratio = overlap_ratio((cs, ce), list(zip(starts[first:last], ends[first:last], strict=True)), ioe - ios)
+            ratio = overlap_ratio(
+                (cs, ce), list(zip(starts[first:last], ends[first:last], strict=True)), ioe - ios
+            )
             if ratio is not None:
                 ratios.append(ratio)
             self._next_step = w.step + 1

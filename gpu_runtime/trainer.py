@@ -45,7 +45,9 @@ class StepOutput:
         """Loss and norms in one device-to-host transfer."""
         if self.norms is None:
             return self.loss.item(), None
-        loss, *norms = torch.cat([self.loss.reshape(1).float(), self.norms.to(self.loss.device)]).tolist()
+        loss, *norms = torch.cat(
+            [self.loss.reshape(1).float(), self.norms.to(self.loss.device)]
+        ).tolist()
         return loss, norms
 
 
@@ -76,16 +78,38 @@ class Trainer:
     # before a micro-batch's forward (strategies.batch_scaler.SimulatedOom).
     fault: SimulatedOom | None = None
 
-    def __init__(self, *, config: StrategyConfig, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 precision: Precision, device: torch.device, batching: MicroBatching, dataset_sha256: str,
-                 checkpoint_dir: str | None = None, forward: nn.Module | None = None, world: World | None = None):
-        self.config, self.model, self.optimizer, self.precision = config, model, optimizer, precision
+    def __init__(
+        self,
+        *,
+        config: StrategyConfig,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        precision: Precision,
+        device: torch.device,
+        batching: MicroBatching,
+        dataset_sha256: str,
+        checkpoint_dir: str | None = None,
+        forward: nn.Module | None = None,
+        world: World | None = None,
+    ):
+        self.config, self.model, self.optimizer, self.precision = (
+            config,
+            model,
+            optimizer,
+            precision,
+        )
         self.world = world  # a DDP rank: `forward` is the DistributedDataParallel wrapper
         self.device, self.batching, self.dataset_sha256 = device, batching, dataset_sha256
-        self.forward = model if forward is None else forward  # a torch.compile wrapper when kernels.compile
+        self.forward = (
+            model if forward is None else forward
+        )  # a torch.compile wrapper when kernels.compile
         self.checkpoint_dir = checkpoint_dir
         self.trainable = [p for p in model.parameters() if p.requires_grad]
-        stepped = self.trainable if precision.masters is None else [m for _, m in precision.masters.named_masters()]
+        stepped = (
+            self.trainable
+            if precision.masters is None
+            else [m for _, m in precision.masters.named_masters()]
+        )
         # device tensors first: a norm over several devices is gathered on the first one's
         self.stepped = sorted(stepped, key=lambda p: p.device.type == "cpu")
 
@@ -98,14 +122,16 @@ class Trainer:
         self.config = config
         self.batching.reconfigure(config.optimizer.dynamic_batching)
 
-    def _accumulate(self, plan: AccumulationPlan, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def _accumulate(
+        self, plan: AccumulationPlan, inputs: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
         scaler = self.precision.scaler
         loss_sum = torch.zeros((), device=self.device)
         start = 0
         for index, rows in enumerate(plan.micro_batch_sizes):
             if self.fault is not None:
                 self.fault.check(rows)
-            x, y = inputs[start:start + rows], targets[start:start + rows]
+            x, y = inputs[start : start + rows], targets[start : start + rows]
             start += rows
             weight = plan.loss_weight(index)  # a short last micro-batch counts for its rows only
             with self._sync(last=index == len(plan.micro_batch_sizes) - 1):
@@ -134,9 +160,13 @@ class Trainer:
         # adaptive_global_batch scales the LR with the batch it chose (1.0 otherwise)
         set_lr(self.optimizer, lr_at(step, self.config.train, total_steps) * self.batching.lr_scale)
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
-        loss_sum, plan = self.batching.run(lambda p: self._accumulate(p, inputs, targets), cleanup=self._drop_grads)
+        loss_sum, plan = self.batching.run(
+            lambda p: self._accumulate(p, inputs, targets), cleanup=self._drop_grads
+        )
         if self.world is not None:
-            loss_sum = self.world.mean(loss_sum)  # the world's loss, as one process over the global batch
+            loss_sum = self.world.mean(
+                loss_sum
+            )  # the world's loss, as one process over the global batch
         scaler = self.precision.scaler
         norms = self.batching.pending_norms(loss_scale=_loss_scale(scaler))
         if self.precision.masters is not None:
@@ -153,18 +183,35 @@ class Trainer:
 
     def state(self, step: int, tokens: int) -> TrainState:
         masters = self.precision.masters
-        return TrainState(step=step, tokens=tokens, model=self.model.state_dict(),
-                          optimizer=self.optimizer.state_dict(), scaler=self.precision.scaler.state_dict(),
-                          masters=None if masters is None else masters.state(), dataset_sha256=self.dataset_sha256)
+        return TrainState(
+            step=step,
+            tokens=tokens,
+            model=self.model.state_dict(),
+            optimizer=self.optimizer.state_dict(),
+            scaler=self.precision.scaler.state_dict(),
+            masters=None if masters is None else masters.state(),
+            dataset_sha256=self.dataset_sha256,
+        )
 
     def save(self, step: int, tokens: int) -> None:
         if self.checkpoint_dir is not None:
             save_checkpoint(self.checkpoint_dir, self.config, self.state(step, tokens))
 
-    def run(self, *, prefetcher: Prefetcher, start_step: int, total_steps: int, start_tokens: int,
-            counters: RunCounters, clock: Clock, windows: deque[StepWindow],
-            cancel: Callable[[], bool] | None, stop: threading.Event,
-            before_step: Callable[[], None] | None = None, agree: Callable[[], None] | None = None) -> LoopOutcome:
+    def run(
+        self,
+        *,
+        prefetcher: Prefetcher,
+        start_step: int,
+        total_steps: int,
+        start_tokens: int,
+        counters: RunCounters,
+        clock: Clock,
+        windows: deque[StepWindow],
+        cancel: Callable[[], bool] | None,
+        stop: threading.Event,
+        before_step: Callable[[], None] | None = None,
+        agree: Callable[[], None] | None = None,
+    ) -> LoopOutcome:
         """Train from ``start_step`` to ``total_steps`` unless cancelled or stopped; then
         checkpoint.
 
@@ -173,7 +220,9 @@ class Trainer:
         rank, whether to stop or cancel and which live keys to take.
         """
         every = self.config.train.checkpoint_every
-        ranks = 1 if self.world is None else self.world.world_size  # each rank trains global_batch / ranks
+        ranks = (
+            1 if self.world is None else self.world.world_size
+        )  # each rank trains global_batch / ranks
         step, tokens, loss_value = start_step, start_tokens, None
         time_total, timed = 0.0, 0
         status: StopReason = "completed"
@@ -197,12 +246,23 @@ class Trainer:
             loss_value, norms = out.read()  # the one host sync per step
             if self.world is None or self.world.lead:
                 self.batching.finish_step(norms)
-            if self.world is not None and self.batching.enabled:  # rank 0's BatchScaler decides for all
-                self.batching.adopt(self.world.broadcast_int(self.batching.plan.micro_batch, self.device))
-            step, tokens = step + 1, tokens + out.plan.global_batch * ranks * self.config.model.seq_len
+            if (
+                self.world is not None and self.batching.enabled
+            ):  # rank 0's BatchScaler decides for all
+                self.batching.adopt(
+                    self.world.broadcast_int(self.batching.plan.micro_batch, self.device)
+                )
+            step, tokens = (
+                step + 1,
+                tokens + out.plan.global_batch * ranks * self.config.model.seq_len,
+            )
             time_total, timed = time_total + (time.perf_counter() - t0), timed + 1
-            windows.append(StepWindow(step, compute_start, compute_end, batch.io_start, batch.io_end))
-            counters.progress = Progress(step, tokens, time_total, timed, loss_value, out.plan.micro_batch)
+            windows.append(
+                StepWindow(step, compute_start, compute_end, batch.io_start, batch.io_end)
+            )
+            counters.progress = Progress(
+                step, tokens, time_total, timed, loss_value, out.plan.micro_batch
+            )
             if every and step % every == 0 and step < total_steps:
                 self.save(step, tokens)
         self.save(step, tokens)

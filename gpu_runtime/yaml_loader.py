@@ -41,10 +41,16 @@ class _StrategyLoader(yaml.SafeLoader):
     def compose_node(self, parent, index):  # noqa: ANN001 - PyYAML's signature
         event = self.peek_event()
         if isinstance(event, yaml.AliasEvent):
-            raise _Refused(DOCUMENT_KEY, f"YAML aliases (*{event.anchor}) are not allowed in a strategy{_line(event)}")
+            raise _Refused(
+                DOCUMENT_KEY,
+                f"YAML aliases (*{event.anchor}) are not allowed in a strategy{_line(event)}",
+            )
         anchor = getattr(event, "anchor", None)
         if anchor is not None:
-            raise _Refused(DOCUMENT_KEY, f"YAML anchors (&{anchor}) are not allowed in a strategy{_line(event)}")
+            raise _Refused(
+                DOCUMENT_KEY,
+                f"YAML anchors (&{anchor}) are not allowed in a strategy{_line(event)}",
+            )
         self._depth += 1
         if self._depth > MAX_DEPTH:
             raise _Refused(DOCUMENT_KEY, f"nesting deeper than {MAX_DEPTH} levels{_line(event)}")
@@ -72,13 +78,20 @@ def _check_duplicate_keys(node: yaml.Node, path: str) -> None:
 def _as_text(document: str | bytes) -> str:
     if isinstance(document, bytes | bytearray):
         if len(document) > MAX_DOCUMENT_BYTES:
-            raise StrategyError.single(DOCUMENT_KEY, f"document is {len(document)} bytes; the limit is {MAX_DOCUMENT_BYTES}")
+            raise StrategyError.single(
+                DOCUMENT_KEY,
+                f"document is {len(document)} bytes; the limit is {MAX_DOCUMENT_BYTES}",
+            )
         try:
             return bytes(document).decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise StrategyError.single(DOCUMENT_KEY, f"document is not UTF-8 ({exc.reason} at byte {exc.start})") from None
+            raise StrategyError.single(
+                DOCUMENT_KEY, f"document is not UTF-8 ({exc.reason} at byte {exc.start})"
+            ) from None
     if not isinstance(document, str):
-        raise StrategyError.single(DOCUMENT_KEY, f"expected YAML text, got {type(document).__name__}")
+        raise StrategyError.single(
+            DOCUMENT_KEY, f"expected YAML text, got {type(document).__name__}"
+        )
     # A str is at least as many bytes as characters, so a long one is refused before encoding it.
     size = len(document) if len(document) > MAX_DOCUMENT_BYTES else len(document.encode("utf-8"))
     if size > MAX_DOCUMENT_BYTES:
@@ -100,18 +113,26 @@ def read_strategy_yaml(document: str | bytes) -> dict[str, Any]:
     except _Refused as exc:
         raise StrategyError.single(exc.key, exc.message) from None
     except yaml.YAMLError as exc:
-        raise StrategyError.single(DOCUMENT_KEY, f"not valid YAML: {_describe_yaml_error(exc)}") from None
+        raise StrategyError.single(
+            DOCUMENT_KEY, f"not valid YAML: {_describe_yaml_error(exc)}"
+        ) from None
     except RecursionError:
         raise StrategyError.single(DOCUMENT_KEY, "document nests too deeply") from None
     finally:
         if loader is not None:
             loader.dispose()
     if not isinstance(data, dict):
-        raise StrategyError.single(DOCUMENT_KEY, f"a strategy is a mapping of sections, got {type(data).__name__}")
+        raise StrategyError.single(
+            DOCUMENT_KEY, f"a strategy is a mapping of sections, got {type(data).__name__}"
+        )
     return data
 
 
 def _describe_yaml_error(exc: yaml.YAMLError) -> str:
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
     mark = getattr(exc, "problem_mark", None)
-    return f"{problem} (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else str(problem)
+    return (
+        f"{problem} (line {mark.line + 1}, column {mark.column + 1})"
+        if mark is not None
+        else str(problem)
+    )

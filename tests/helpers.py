@@ -8,25 +8,48 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SERVICE_VARS = ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND", "DJANGO_SECRET_KEY",
-                "DJANGO_ALLOW_ASYNC_UNSAFE", "COSTLAB_EMBEDDED_REDIS")
+SERVICE_VARS = (
+    "DATABASE_URL",
+    "REDIS_URL",
+    "CELERY_BROKER_URL",
+    "CELERY_RESULT_BACKEND",
+    "DJANGO_SECRET_KEY",
+    "DJANGO_ALLOW_ASYNC_UNSAFE",
+    "COSTLAB_EMBEDDED_REDIS",
+)
 
 
 def clean_env(**overrides: str) -> dict[str, str]:
     """The current environment without service settings, plus overrides."""
-    env = {k: v for k, v in os.environ.items() if k not in SERVICE_VARS and k != "DJANGO_SETTINGS_MODULE"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in SERVICE_VARS and k != "DJANGO_SETTINGS_MODULE"
+    }
     env.update(overrides)
     return env
 
 
 def run_python(code: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
-def start_worker(*, lease_s: float | None = None, queues: str = "default,cpu,gpu,alerts", pool: str = "prefork",
-                 concurrency: int = 1, beat: bool = False, **extra_env: str):
+def start_worker(
+    *,
+    lease_s: float | None = None,
+    queues: str = "default,cpu,gpu,alerts",
+    pool: str = "prefork",
+    concurrency: int = 1,
+    beat: bool = False,
+    **extra_env: str,
+):
     """Start a real Celery worker on the test database and broker;
     return (process, name) once it answers.
 
@@ -45,16 +68,40 @@ def start_worker(*, lease_s: float | None = None, queues: str = "default,cpu,gpu
     database_url = db_url_for_subprocesses()
     name = f"test-{uuid.uuid4().hex[:8]}@localhost"
     env = clean_env(
-        DJANGO_SETTINGS_MODULE="config.settings.test", DATABASE_URL=database_url, REDIS_URL=settings.REDIS_URL
+        DJANGO_SETTINGS_MODULE="config.settings.test",
+        DATABASE_URL=database_url,
+        REDIS_URL=settings.REDIS_URL,
     )
     if lease_s is not None:
         env["COSTLAB_RUN_LEASE_S"] = str(lease_s)
     env.update(extra_env)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "config.celery_app", "worker", "--pool", pool, "--concurrency",
-         str(concurrency), "--queues", queues, "--hostname", name, "--without-gossip", "--without-mingle",
-         "--loglevel", "WARNING", *(["-B"] if beat else [])],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "config.celery_app",
+            "worker",
+            "--pool",
+            pool,
+            "--concurrency",
+            str(concurrency),
+            "--queues",
+            queues,
+            "--hostname",
+            name,
+            "--without-gossip",
+            "--without-mingle",
+            "--loglevel",
+            "WARNING",
+            *(["-B"] if beat else []),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     pinger = celery_app
     broker = env.get("CELERY_BROKER_URL") or env["REDIS_URL"]
@@ -106,7 +153,6 @@ def purge_run_queues() -> None:
                 continue
 
 
-
 def db_url_for_subprocesses() -> str:
     from django.db import connection
 
@@ -122,11 +168,20 @@ def start_web(port: int, **extra_env: str):
     import httpx
     from django.conf import settings
 
-    env = clean_env(DJANGO_SETTINGS_MODULE="config.settings.test", REDIS_URL=settings.REDIS_URL,
-                    DATABASE_URL=db_url_for_subprocesses(), **extra_env)
-    proc = subprocess.Popen([sys.executable, "-m", "gunicorn", "config.wsgi", "-b", f"127.0.0.1:{port}", "-w", "1"],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    env = clean_env(
+        DJANGO_SETTINGS_MODULE="config.settings.test",
+        REDIS_URL=settings.REDIS_URL,
+        DATABASE_URL=db_url_for_subprocesses(),
+        **extra_env,
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gunicorn", "config.wsgi", "-b", f"127.0.0.1:{port}", "-w", "1"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:

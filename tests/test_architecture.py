@@ -18,7 +18,9 @@ from tests.helpers import ROOT
 
 def test_the_import_contracts_hold():
     lint = Path(sys.executable).with_name("lint-imports")
-    result = subprocess.run([str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert "BROKEN" not in result.stdout and "KEPT" in result.stdout
 
@@ -29,8 +31,11 @@ def test_models_import_no_services():
     offenders = []
     for path in sorted((ROOT / "apps").glob("*/models.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[-1] in (
-                    "services", "selectors"):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and node.module.split(".")[-1] in ("services", "selectors")
+            ):
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {node.module}")
     assert not offenders, offenders
 

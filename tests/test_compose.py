@@ -9,14 +9,25 @@ import yaml
 from tests.conftest import IN_CI
 from tests.helpers import ROOT
 
-EXPECTED = {"postgres", "redis", "web", "worker", "platform-worker", "alerts-worker", "gpu-worker", "beat"}
+EXPECTED = {
+    "postgres",
+    "redis",
+    "web",
+    "worker",
+    "platform-worker",
+    "alerts-worker",
+    "gpu-worker",
+    "beat",
+}
 
 
 def test_compose_file_is_valid_and_complete():
     tool = shutil.which("docker-compose")
     if tool is None:
         if IN_CI:
-            pytest.fail("docker-compose is not installed (Debian package docker-compose); CI needs it")
+            pytest.fail(
+                "docker-compose is not installed (Debian package docker-compose); CI needs it"
+            )
         pytest.skip("docker-compose is not installed (Debian package docker-compose)")
     out = subprocess.run(
         [tool, "-f", str(ROOT / "docker-compose.yml"), "--profile", "gpu", "config"],
@@ -31,7 +42,10 @@ def test_compose_file_is_valid_and_complete():
     assert EXPECTED <= set(config["services"])
     for name in EXPECTED:
         assert "healthcheck" in config["services"][name], name
-    images = {config["services"][n].get("build", {}).get("dockerfile") for n in EXPECTED - {"postgres", "redis"}}
+    images = {
+        config["services"][n].get("build", {}).get("dockerfile")
+        for n in EXPECTED - {"postgres", "redis"}
+    }
     assert images == {"platform/Dockerfile"}
     assert config["services"]["gpu-worker"]["profiles"] == ["gpu"]
     assert "pgdata" in config["volumes"]

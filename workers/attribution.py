@@ -20,10 +20,14 @@ def attribution_tick() -> None:
     try:
         tick()
     finally:  # duration and lag for /metrics, whether or not the tick succeeded
-        periodic_task_run_record(name="attribution_tick", started_at=started_at, duration_s=time.perf_counter() - t0)
+        periodic_task_run_record(
+            name="attribution_tick", started_at=started_at, duration_s=time.perf_counter() - t0
+        )
 
 
-@shared_task(bind=True, name=TaskName.ALERT_DELIVER, max_retries=None, soft_time_limit=60, time_limit=90)
+@shared_task(
+    bind=True, name=TaskName.ALERT_DELIVER, max_retries=None, soft_time_limit=60, time_limit=90
+)
 def alert_deliver(self, delivery_id: int) -> None:
     """Send one alert; the service says whether and when to try again (backoff, attempts capped)."""
     from apps.attribution.alerts import alert_attempt

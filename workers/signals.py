@@ -25,4 +25,8 @@ def forward_sigterm_to_pool_children(sig=None, how=None, exitcode=None, **kwargs
             child.send_signal(signal.SIGTERM)
         except psutil.Error:
             continue
-        logger.info("worker shutting down (%s): asked pool process %s to stop at a step boundary", how, child.pid)
+        logger.info(
+            "worker shutting down (%s): asked pool process %s to stop at a step boundary",
+            how,
+            child.pid,
+        )

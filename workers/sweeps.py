@@ -25,10 +25,14 @@ from apps.core.queues import TaskName
 
 logger = logging.getLogger(__name__)
 
-SAMPLE_INTERVAL_S = 0.05  # several samples per probe, so the warm-up boundary is close to warmup_steps
+SAMPLE_INTERVAL_S = (
+    0.05  # several samples per probe, so the warm-up boundary is close to warmup_steps
+)
 CANCEL_POLL_S = 0.5
 MIB = 1024 * 1024
-_process_warm = False  # the first train() in a process allocates once-only runtime state (thread pools, caches)
+_process_warm = (
+    False  # the first train() in a process allocates once-only runtime state (thread pools, caches)
+)
 
 
 def _heartbeat(probe_id: int, owner: str):
@@ -57,8 +61,12 @@ def _warm_process(config, device: str) -> None:
     global _process_warm
     if _process_warm:
         return
-    quiet = config.model_copy(update={"telemetry": config.telemetry.model_copy(update={"enabled": False})})
-    with contextlib.suppress(Exception):  # the probe itself will say what is wrong with the strategy
+    quiet = config.model_copy(
+        update={"telemetry": config.telemetry.model_copy(update={"enabled": False})}
+    )
+    with contextlib.suppress(
+        Exception
+    ):  # the probe itself will say what is wrong with the strategy
         gpu_runtime.train(quiet, device=device, steps=1)
     _process_warm = True
 
@@ -89,7 +97,9 @@ def probe_execute(probe_id: int) -> None:
     from workers.training import _device_for
 
     owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-    probe = db_retry(services.probe_claim, what=f"probe {probe_id}: claim", probe_id=probe_id, owner=owner)
+    probe = db_retry(
+        services.probe_claim, what=f"probe {probe_id}: claim", probe_id=probe_id, owner=owner
+    )
     if probe is None:
         logger.info("probe %s: not claimable (gone, taken or its sweep stopped)", probe_id)
         return
@@ -100,8 +110,13 @@ def probe_execute(probe_id: int) -> None:
     outcome: dict = {"device": device, "gpu_count": gpu_count}
     try:
         config = gpu_runtime.load_strategy(probe.strategy_yaml)
-        config = config.model_copy(update={"telemetry": config.telemetry.model_copy(
-            update={"enabled": True, "interval_s": SAMPLE_INTERVAL_S})})
+        config = config.model_copy(
+            update={
+                "telemetry": config.telemetry.model_copy(
+                    update={"enabled": True, "interval_s": SAMPLE_INTERVAL_S}
+                )
+            }
+        )
         threads = probe.params.get(RESOURCE_KEYS[0])
         if threads:
             torch.set_num_threads(int(threads))
@@ -113,17 +128,30 @@ def probe_execute(probe_id: int) -> None:
         # so the probe's RSS growth on CPU is its own, not refilled free lists
         _return_freed_memory()
         outcome["baseline_mem_mb"] = psutil.Process().memory_info().rss / MIB
-        result = gpu_runtime.train(config, sink=samples.append, cancel=_heartbeat(probe_id, owner), device=device,
-                                   steps=sweep.warmup_steps + sweep.probe_steps)
+        result = gpu_runtime.train(
+            config,
+            sink=samples.append,
+            cancel=_heartbeat(probe_id, owner),
+            device=device,
+            steps=sweep.warmup_steps + sweep.probe_steps,
+        )
         outcome.update(samples=samples, result=result, cancelled=result.status != "completed")
-    except Exception as exc:  # OOM, a refused combination, a crash: infeasible, and the sweep goes on
+    except (
+        Exception
+    ) as exc:  # OOM, a refused combination, a crash: infeasible, and the sweep goes on
         outcome["error"] = _failure_reason(exc)
         logger.info("probe %s infeasible: %s", probe_id, outcome["error"].splitlines()[0])
     finally:
         torch.set_num_threads(threads_before)
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
-    db_retry(services.probe_finish, what=f"probe {probe_id}: finish", probe_id=probe_id, owner=owner, **outcome)
+    db_retry(
+        services.probe_finish,
+        what=f"probe {probe_id}: finish",
+        probe_id=probe_id,
+        owner=owner,
+        **outcome,
+    )
 
 
 @shared_task(name=TaskName.PROBES_RECONCILE, time_limit=60)

@@ -12,7 +12,9 @@ def ping() -> str:
     return "pong"
 
 
-@shared_task(name=TaskName.RUN_TRAIN, acks_late=True, soft_time_limit=6 * 3600, time_limit=6 * 3600 + 120)
+@shared_task(
+    name=TaskName.RUN_TRAIN, acks_late=True, soft_time_limit=6 * 3600, time_limit=6 * 3600 + 120
+)
 def run_train(run_id: int) -> None:
     """Train one run. A missing or already-taken run returns quietly (see run_claim)."""
     from workers.training import run_execute

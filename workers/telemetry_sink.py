@@ -22,9 +22,19 @@ logger = logging.getLogger(__name__)
 
 
 class TelemetrySink:
-    def __init__(self, *, run_id: int, attempt: int, seq_base: int, ingest: Callable[..., object],
-                 seq_stride: int = 1, seq_offset: int = 0,
-                 flush_s: float = 1.0, batch: int = 500, max_buffered: int = 100_000):
+    def __init__(
+        self,
+        *,
+        run_id: int,
+        attempt: int,
+        seq_base: int,
+        ingest: Callable[..., object],
+        seq_stride: int = 1,
+        seq_offset: int = 0,
+        flush_s: float = 1.0,
+        batch: int = 500,
+        max_buffered: int = 100_000,
+    ):
         self.run_id, self.attempt, self.seq_base = run_id, attempt, seq_base
         # A run across nodes: node k of n stores its samples at seq_base + i * n + k (disjoint,
         # interleaved).
@@ -39,20 +49,28 @@ class TelemetrySink:
         self.dropped = 0
         self.flushed = 0
         self.failures = 0
-        self._thread = threading.Thread(target=self._loop, name=f"telemetry-sink-{run_id}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop, name=f"telemetry-sink-{run_id}", daemon=True
+        )
         self._thread.start()
 
     def put(self, sample: dict) -> None:
         """Called by the runtime (any thread). Never blocks on I/O."""
-        sample = dict(sample, seq=self.seq_base + int(sample["seq"]) * self.seq_stride + self.seq_offset)
+        sample = dict(
+            sample, seq=self.seq_base + int(sample["seq"]) * self.seq_stride + self.seq_offset
+        )
         with self._lock:
             self._buffer.append(sample)
             if len(self._buffer) > self.MAX_BUFFERED:
                 self._buffer.popleft()
                 self.dropped += 1
                 if self.dropped in (1, 100) or self.dropped % 10_000 == 0:
-                    logger.error("run %s: telemetry buffer full (%d); dropped %d oldest samples so far",
-                                 self.run_id, self.MAX_BUFFERED, self.dropped)
+                    logger.error(
+                        "run %s: telemetry buffer full (%d); dropped %d oldest samples so far",
+                        self.run_id,
+                        self.MAX_BUFFERED,
+                        self.dropped,
+                    )
             full = len(self._buffer) >= self.BATCH
         if full:
             self._wake.set()
@@ -66,8 +84,11 @@ class TelemetrySink:
         self._abandoned.set()
         self._wake.set()
         if self.pending:
-            logger.error("run %s: %d telemetry samples could not be stored before close",
-                         self.run_id, self.pending)
+            logger.error(
+                "run %s: %d telemetry samples could not be stored before close",
+                self.run_id,
+                self.pending,
+            )
 
     @property
     def pending(self) -> int:
@@ -99,18 +120,31 @@ class TelemetrySink:
             try:
                 close_old_connections()
                 self._ingest(run_id=self.run_id, samples=batch, attempt=self.attempt)
-            except ApplicationError as exc:  # refused for good (the run moved on): retrying cannot help
+            except (
+                ApplicationError
+            ) as exc:  # refused for good (the run moved on): retrying cannot help
                 with self._lock:
                     discarded = len(self._buffer)
                     self._buffer.clear()
                 self.dropped += discarded
                 self._abandoned.set()
-                logger.error("run %s: telemetry refused (%s); discarded %d samples", self.run_id, exc, discarded)
+                logger.error(
+                    "run %s: telemetry refused (%s); discarded %d samples",
+                    self.run_id,
+                    exc,
+                    discarded,
+                )
                 return True
             except Exception as exc:  # database down, lock timeout...: keep the batch, retry later
                 self.failures += 1
-                logger.warning("run %s: telemetry flush failed (%s: %s); keeping %d samples buffered, "
-                               "will retry", self.run_id, type(exc).__name__, exc, self.pending)
+                logger.warning(
+                    "run %s: telemetry flush failed (%s: %s); keeping %d samples buffered, "
+                    "will retry",
+                    self.run_id,
+                    type(exc).__name__,
+                    exc,
+                    self.pending,
+                )
                 connection.close()
                 return False
             self.failures = 0
@@ -120,4 +154,3 @@ class TelemetrySink:
                 while self._buffer and self._buffer[0]["seq"] in stored:
                     self._buffer.popleft()
             self.flushed += len(batch)
-

@@ -52,7 +52,9 @@ class RunControl:
         self._pending: tuple[int, dict, list[str]] | None = None
         self._handed: list[tuple[int, dict, list[str], object]] = []
         self._stop_listening = listen(ARM_REVISIONS, self._on_revision_pushed)
-        self._thread = threading.Thread(target=self._loop, name=f"run-control-{run_id}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop, name=f"run-control-{run_id}", daemon=True
+        )
         self._thread.start()
 
     def should_stop(self) -> bool:
@@ -129,8 +131,14 @@ class RunControl:
         with self._lock:
             handed, self._handed = self._handed, []
         for revision, live, not_applied, applied_at in handed:
-            runs.run_revision_applied(run_id=self.run_id, owner=self.owner, revision=revision, live=live,
-                                        not_applied=not_applied, applied_at=applied_at)
+            runs.run_revision_applied(
+                run_id=self.run_id,
+                owner=self.owner,
+                revision=revision,
+                live=live,
+                not_applied=not_applied,
+                applied_at=applied_at,
+            )
 
 
 def _device_for(queue: str, world_size: int = 1) -> tuple[str, str | None, int]:
@@ -157,7 +165,9 @@ def run_execute(run_id: int) -> None:
 
     host = socket.gethostname()
     owner = f"{host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-    run = db_retry(runs.run_claim, what=f"run {run_id}: claim", run_id=run_id, owner=owner, host=host)
+    run = db_retry(
+        runs.run_claim, what=f"run {run_id}: claim", run_id=run_id, owner=owner, host=host
+    )
     if run is None:
         seat = _gang_seat(run_id)
         if seat is None:
@@ -171,28 +181,56 @@ def run_execute(run_id: int) -> None:
         # Tenants are isolated by process (one task per child) and by this memory cap.
         torch.cuda.set_per_process_memory_fraction(float(run.tenant.gpu_memory_fraction))
     label = f"{device} {gpu_name}" if gpu_name else device
-    db_retry(runs.run_device_record, what=f"run {run_id}: device record",
-             run_id=run.pk, owner=owner, host=host, device=label if world == 1 else f"{label} x{world}",
-             gpu_name=gpu_name, gpu_count=gpu_count,
-             vcpus=0 if gpu_count else threads_per_rank(world // run.nnodes) * world if world > 1
-             else torch.get_num_threads(),
-             memory_gb=0.0)
+    db_retry(
+        runs.run_device_record,
+        what=f"run {run_id}: device record",
+        run_id=run.pk,
+        owner=owner,
+        host=host,
+        device=label if world == 1 else f"{label} x{world}",
+        gpu_name=gpu_name,
+        gpu_count=gpu_count,
+        vcpus=0
+        if gpu_count
+        else threads_per_rank(world // run.nnodes) * world
+        if world > 1
+        else torch.get_num_threads(),
+        memory_gb=0.0,
+    )
     rendezvous, gang = None, None
-    if run.nnodes > 1:  # this node claimed a run across nodes: it hosts the rendezvous, the others join
+    if (
+        run.nnodes > 1
+    ):  # this node claimed a run across nodes: it hosts the rendezvous, the others join
         rendezvous = _host_rendezvous(run, owner)
         gang = _GangCall(run)
-    sink = TelemetrySink(run_id=run.pk, attempt=run.attempts, seq_base=run.last_seq + 1, ingest=telemetry_ingest,
-                         seq_stride=run.nnodes)
+    sink = TelemetrySink(
+        run_id=run.pk,
+        attempt=run.attempts,
+        seq_base=run.last_seq + 1,
+        ingest=telemetry_ingest,
+        seq_stride=run.nnodes,
+    )
     status, error, dataset_sha, result_status = Run.Status.FAILED, "", "", ""
     gang_timeout = ""
     control = None
     try:
         try:
             config = gpu_runtime.load_strategy(run.config_yaml)
-            control = RunControl(run_id=run.pk, owner=owner, arm_id=run.arm_id, revision=run.config_revision,
-                                 config=config)
-            result = gpu_runtime.train(config, sink=sink.put, cancel=control.should_stop, device=device,
-                                       live=control.live_updates, rendezvous=rendezvous)
+            control = RunControl(
+                run_id=run.pk,
+                owner=owner,
+                arm_id=run.arm_id,
+                revision=run.config_revision,
+                config=config,
+            )
+            result = gpu_runtime.train(
+                config,
+                sink=sink.put,
+                cancel=control.should_stop,
+                device=device,
+                live=control.live_updates,
+                rendezvous=rendezvous,
+            )
             dataset_sha, result_status = result.dataset_sha256 or "", result.status
             if result.status == "completed":
                 status = Run.Status.SUCCEEDED
@@ -215,14 +253,31 @@ def run_execute(run_id: int) -> None:
         if control is not None:
             control.record_revisions()
         if gang_timeout:
-            db_retry(runs.run_gang_timeout, what=f"run {run_id}: gang timeout", run_id=run.pk, owner=owner,
-                     reason=gang_timeout)
+            db_retry(
+                runs.run_gang_timeout,
+                what=f"run {run_id}: gang timeout",
+                run_id=run.pk,
+                owner=owner,
+                reason=gang_timeout,
+            )
         elif status is not None:
-            db_retry(runs.run_finish, what=f"run {run_id}: finish", run_id=run.pk, owner=owner, status=status,
-                     error=error, dataset_sha256=dataset_sha)
+            db_retry(
+                runs.run_finish,
+                what=f"run {run_id}: finish",
+                run_id=run.pk,
+                owner=owner,
+                status=status,
+                error=error,
+                dataset_sha256=dataset_sha,
+            )
         elif not lease_lost:
-            db_retry(runs.run_release, what=f"run {run_id}: release", run_id=run.pk, owner=owner,
-                     reason="worker stopped before the run finished")
+            db_retry(
+                runs.run_release,
+                what=f"run {run_id}: release",
+                run_id=run.pk,
+                owner=owner,
+                reason="worker stopped before the run finished",
+            )
     finally:
         if control is not None:
             control.close()  # the heartbeat kept the lease fresh while the end was being recorded
@@ -242,10 +297,22 @@ def _host_rendezvous(run, owner: str):
     host = settings.COSTLAB_RDZV_HOST
     port = settings.COSTLAB_RDZV_PORT or free_port("127.0.0.1" if host == "127.0.0.1" else "")
     endpoint, rdzv_id = f"{host}:{port}", f"costlab-run-{run.pk}-{run.attempts}"
-    db_retry(runs.run_rendezvous_record, what=f"run {run.pk}: rendezvous", run_id=run.pk, owner=owner,
-             endpoint=endpoint, rdzv_id=rdzv_id, seq_base=run.last_seq + 1)
-    return Rendezvous(endpoint=endpoint, id=rdzv_id, is_host=True,
-                      join_timeout_s=settings.COSTLAB_RDZV_JOIN_TIMEOUT_S, local_addr=host)
+    db_retry(
+        runs.run_rendezvous_record,
+        what=f"run {run.pk}: rendezvous",
+        run_id=run.pk,
+        owner=owner,
+        endpoint=endpoint,
+        rdzv_id=rdzv_id,
+        seq_base=run.last_seq + 1,
+    )
+    return Rendezvous(
+        endpoint=endpoint,
+        id=rdzv_id,
+        is_host=True,
+        join_timeout_s=settings.COSTLAB_RDZV_JOIN_TIMEOUT_S,
+        local_addr=host,
+    )
 
 
 class _GangCall:
@@ -267,7 +334,12 @@ class _GangCall:
 
         try:
             while not self._done.wait(self.EVERY_S):
-                joined = Run.objects.filter(pk=self.run_id).values_list("nodes_joined", flat=True).first() or 0
+                joined = (
+                    Run.objects.filter(pk=self.run_id)
+                    .values_list("nodes_joined", flat=True)
+                    .first()
+                    or 0
+                )
                 if joined >= self.nnodes:
                     return
                 for _ in range(self.nnodes - joined):
@@ -295,7 +367,12 @@ def _gang_seat(run_id: int):
         if seat is not None:
             return seat
         row = Run.objects.filter(pk=run_id).values("status", "nnodes", "rdzv_id").first()
-        waiting = row is not None and row["nnodes"] > 1 and row["status"] == Run.Status.RUNNING and not row["rdzv_id"]
+        waiting = (
+            row is not None
+            and row["nnodes"] > 1
+            and row["status"] == Run.Status.RUNNING
+            and not row["rdzv_id"]
+        )
         if not waiting or time.monotonic() > deadline:
             return None
         time.sleep(0.5)
@@ -311,18 +388,37 @@ def _train_as_node(run_id: int, seat) -> None:
 
     queue, world = Run.objects.filter(pk=run_id).values_list("queue", "world_size").get()
     device, _, _ = _device_for(queue, world)
-    sink = TelemetrySink(run_id=run_id, attempt=seat.attempt, seq_base=seat.seq_base, ingest=telemetry_ingest,
-                         seq_stride=seat.nnodes, seq_offset=seat.node)
-    logger.info("run %s: joining as node %d of %d at %s", run_id, seat.node, seat.nnodes, seat.endpoint)
+    sink = TelemetrySink(
+        run_id=run_id,
+        attempt=seat.attempt,
+        seq_base=seat.seq_base,
+        ingest=telemetry_ingest,
+        seq_stride=seat.nnodes,
+        seq_offset=seat.node,
+    )
+    logger.info(
+        "run %s: joining as node %d of %d at %s", run_id, seat.node, seat.nnodes, seat.endpoint
+    )
     result_status = ""
     try:
         config = gpu_runtime.load_strategy(seat.config_yaml)
-        result = gpu_runtime.train(config, sink=sink.put, device=device, rendezvous=Rendezvous(
-            endpoint=seat.endpoint, id=seat.rdzv_id, is_host=False,
-            join_timeout_s=settings.COSTLAB_RDZV_JOIN_TIMEOUT_S, local_addr=settings.COSTLAB_RDZV_HOST))
+        result = gpu_runtime.train(
+            config,
+            sink=sink.put,
+            device=device,
+            rendezvous=Rendezvous(
+                endpoint=seat.endpoint,
+                id=seat.rdzv_id,
+                is_host=False,
+                join_timeout_s=settings.COSTLAB_RDZV_JOIN_TIMEOUT_S,
+                local_addr=settings.COSTLAB_RDZV_HOST,
+            ),
+        )
         result_status = result.status
     except Exception:
-        logger.exception("run %s: node %d failed (node 0 records how the run ends)", run_id, seat.node)
+        logger.exception(
+            "run %s: node %d failed (node 0 records how the run ends)", run_id, seat.node
+        )
     finally:
         sink.close(timeout_s=settings.COSTLAB_WORKER_DB_RETRY_S)
     if result_status == "interrupted":

@@ -10,11 +10,29 @@ class ApiTokenAdmin(admin.ModelAdmin):
     """Tokens are minted with `manage.py api_token_create` (or POST /api/v1/tokens/); here they are
     audited and revoked."""
 
-    list_display = ["name", "tenant", "token_key", "created", "expiry", "revoked_at", "last_used_at", "created_by"]
+    list_display = [
+        "name",
+        "tenant",
+        "token_key",
+        "created",
+        "expiry",
+        "revoked_at",
+        "last_used_at",
+        "created_by",
+    ]
     list_filter = ["tenant", "revoked_at"]
     search_fields = ["name", "token_key", "tenant__slug"]
     list_select_related = ["tenant", "created_by"]
-    readonly_fields = ["name", "tenant", "token_key", "created", "expiry", "revoked_at", "last_used_at", "created_by"]
+    readonly_fields = [
+        "name",
+        "tenant",
+        "token_key",
+        "created",
+        "expiry",
+        "revoked_at",
+        "last_used_at",
+        "created_by",
+    ]
     exclude = ["digest"]
     actions = ["revoke"]
 

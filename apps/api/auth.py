@@ -51,7 +51,9 @@ class TenantTokenAuthentication(authentication.BaseAuthentication):
         if not header or header[0].lower() not in self.keywords:
             return None
         if len(header) != 2:
-            self._refuse(request, "Authorization: expected 'Bearer <token>' with no spaces in the token")
+            self._refuse(
+                request, "Authorization: expected 'Bearer <token>' with no spaces in the token"
+            )
         try:
             secret = header[1].decode("ascii")
         except UnicodeDecodeError:
@@ -63,7 +65,9 @@ class TenantTokenAuthentication(authentication.BaseAuthentication):
         if token.revoked_at is not None:
             self._refuse(request, f"token '{token.name}' was revoked")
         if token.expiry is not None and token.expiry <= now:
-            self._refuse(request, f"token '{token.name}' expired at {token.expiry:%Y-%m-%d %H:%M} UTC")
+            self._refuse(
+                request, f"token '{token.name}' expired at {token.expiry:%Y-%m-%d %H:%M} UTC"
+            )
         if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
             ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
         return ApiClient(token), token
@@ -74,7 +78,9 @@ class TenantTokenAuthentication(authentication.BaseAuthentication):
             digest = hash_token(secret)
         except (TypeError, ValueError, binascii.Error):
             return None
-        candidates = ApiToken.objects.filter(token_key=secret[:CONSTANTS.TOKEN_KEY_LENGTH]).select_related("tenant")
+        candidates = ApiToken.objects.filter(
+            token_key=secret[: CONSTANTS.TOKEN_KEY_LENGTH]
+        ).select_related("tenant")
         for token in candidates:
             if compare_digest(digest, token.digest):
                 return token
@@ -86,8 +92,10 @@ class TenantTokenAuthentication(authentication.BaseAuthentication):
         (COSTLAB_API_THROTTLE_RATES['auth_failures'])."""
         throttle = AuthFailureThrottle()
         if not throttle.allow_request(request, None):
-            raise exceptions.Throttled(wait=throttle.wait(),
-                                       detail="authentication: too many failed attempts from this address")
+            raise exceptions.Throttled(
+                wait=throttle.wait(),
+                detail="authentication: too many failed attempts from this address",
+            )
         raise exceptions.AuthenticationFailed(message)
 
     def authenticate_header(self, request) -> str:
@@ -99,6 +107,9 @@ class TenantTokenScheme(OpenApiAuthenticationExtension):
     name = "tokenAuth"
 
     def get_security_definition(self, auto_schema):
-        return {"type": "http", "scheme": "bearer",
-                "description": "A tenant's API token: "
-                    "`python manage.py api_token_create --tenant SLUG --name ci`."}
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "A tenant's API token: "
+            "`python manage.py api_token_create --tenant SLUG --name ci`.",
+        }

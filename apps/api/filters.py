@@ -67,11 +67,22 @@ class RunFilter(filters.FilterSet):
 
     class Meta:
         model = Run
-        fields = ["experiment", "arm", "status", "kind", "git_sha", "run_key", "created_after", "created_before"]
+        fields = [
+            "experiment",
+            "arm",
+            "status",
+            "kind",
+            "git_sha",
+            "run_key",
+            "created_after",
+            "created_before",
+        ]
 
 
 class PricingTableFilter(filters.FilterSet):
-    valid_at = UtcDateTimeFilter(method="filter_valid_at", help_text="Tables in force at this instant.")
+    valid_at = UtcDateTimeFilter(
+        method="filter_valid_at", help_text="Tables in force at this instant."
+    )
 
     class Meta:
         model = PricingTable

@@ -43,8 +43,11 @@ class ApiGuardMiddleware:
         cap = self._cap(view_func)
         if length > cap:
             return JsonResponse(
-                error_body(f"body: {length} bytes is over the limit of {cap} bytes for this endpoint",
-                           "request_too_large", limit_bytes=cap),
+                error_body(
+                    f"body: {length} bytes is over the limit of {cap} bytes for this endpoint",
+                    "request_too_large",
+                    limit_bytes=cap,
+                ),
                 status=413,
             )
         return None
@@ -52,12 +55,17 @@ class ApiGuardMiddleware:
     @staticmethod
     def _cap(view_func) -> int:
         """The view's (or viewset action's) `max_body_bytes`: bytes, or the name of a setting."""
-        cap = (getattr(view_func, "initkwargs", None) or {}).get("max_body_bytes") \
-            or getattr(getattr(view_func, "cls", None), "max_body_bytes", None) or "COSTLAB_API_MAX_BODY_BYTES"
+        cap = (
+            (getattr(view_func, "initkwargs", None) or {}).get("max_body_bytes")
+            or getattr(getattr(view_func, "cls", None), "max_body_bytes", None)
+            or "COSTLAB_API_MAX_BODY_BYTES"
+        )
         return getattr(settings, cap) if isinstance(cap, str) else int(cap)
 
     def process_exception(self, request, exception):
         if not self._is_api(request):
             return None
         logger.exception("api: unhandled error on %s %s", request.method, request.path)
-        return JsonResponse(error_body("internal error; it has been logged", "server_error"), status=500)
+        return JsonResponse(
+            error_body("internal error; it has been logged", "server_error"), status=500
+        )

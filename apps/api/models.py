@@ -32,12 +32,16 @@ class ApiToken(AbstractAuthToken):
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
 
-    objects = models.Manager()  # knox's manager mints per-user tokens; ours are minted by api_token_create
+    objects = (
+        models.Manager()
+    )  # knox's manager mints per-user tokens; ours are minted by api_token_create
 
     class Meta:
         ordering = ["tenant", "-created"]
         verbose_name = "API token"
-        indexes = [models.Index(fields=["tenant", "revoked_at"], name="apitoken_tenant_revoked_idx")]
+        indexes = [
+            models.Index(fields=["tenant", "revoked_at"], name="apitoken_tenant_revoked_idx")
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} ({self.tenant}, {self.token_key}…)"

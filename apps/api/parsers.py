@@ -33,7 +33,9 @@ class SafeJSONParser(JSONParser):
         except UnicodeDecodeError:
             raise ParseError("body: JSON must be UTF-8") from None
         except RecursionError:
-            raise ParseError(f"body: JSON nested deeper than {settings.COSTLAB_API_MAX_JSON_DEPTH} levels") from None
+            raise ParseError(
+                f"body: JSON nested deeper than {settings.COSTLAB_API_MAX_JSON_DEPTH} levels"
+            ) from None
         except ValueError as exc:
             raise ParseError(f"body: JSON parse error - {exc}") from None
         limit = settings.COSTLAB_API_MAX_JSON_DEPTH

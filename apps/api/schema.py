@@ -7,15 +7,24 @@ from rest_framework import serializers
 ErrorDetail = inline_serializer(
     name="ErrorDetail",
     fields={
-        "message": serializers.CharField(help_text="What went wrong, naming the field and the reason."),
-        "code": serializers.CharField(help_text="Machine-readable: invalid, not_found, throttled ..."),
+        "message": serializers.CharField(
+            help_text="What went wrong, naming the field and the reason."
+        ),
+        "code": serializers.CharField(
+            help_text="Machine-readable: invalid, not_found, throttled ..."
+        ),
         "fields": serializers.DictField(required=False, help_text="Per field: the messages."),
     },
 )
 ErrorBody = inline_serializer(name="Error", fields={"error": ErrorDetail})
 
-ALWAYS = {"400": "Invalid request", "401": "Missing or invalid credentials", "403": "Not allowed",
-          "404": "Not found (or another tenant's)", "429": "Throttled; see Retry-After"}
+ALWAYS = {
+    "400": "Invalid request",
+    "401": "Missing or invalid credentials",
+    "403": "Not allowed",
+    "404": "Not found (or another tenant's)",
+    "429": "Throttled; see Retry-After",
+}
 WRITES = {"409": "The object's state forbids this", "413": "Body over the size limit"}
 
 

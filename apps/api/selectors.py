@@ -4,4 +4,8 @@ from apps.api.models import ApiToken
 
 
 def api_token_list(*, tenant) -> QuerySet[ApiToken]:
-    return ApiToken.objects.filter(tenant=tenant).select_related("created_by").order_by("-created", "-pk")
+    return (
+        ApiToken.objects.filter(tenant=tenant)
+        .select_related("created_by")
+        .order_by("-created", "-pk")
+    )

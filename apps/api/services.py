@@ -21,20 +21,32 @@ def default_token_ttl() -> timedelta | None:
 
 
 @transaction.atomic
-def api_token_create(*, tenant: Tenant, name: str, created_by=None, ttl: timedelta | None = None,
-                     no_expiry: bool = False) -> tuple[ApiToken, str]:
+def api_token_create(
+    *,
+    tenant: Tenant,
+    name: str,
+    created_by=None,
+    ttl: timedelta | None = None,
+    no_expiry: bool = False,
+) -> tuple[ApiToken, str]:
     """Mint a token for one tenant. Returns (row, secret); only the secret's digest is stored."""
     name = (name or "").strip()
     if not name:
-        raise ApplicationError("name: a token needs a name saying which client holds it",
-                               {"fields": {"name": ["This field may not be blank."]}}, code="invalid")
+        raise ApplicationError(
+            "name: a token needs a name saying which client holds it",
+            {"fields": {"name": ["This field may not be blank."]}},
+            code="invalid",
+        )
     if ttl is not None and ttl <= timedelta(0):
         raise ApplicationError("expires_in_days: must be at least 1", code="invalid")
     ttl = None if no_expiry else (ttl or default_token_ttl())
     digest, secret = get_digest_token(settings.COSTLAB_API_TOKEN_PREFIX)
     token = ApiToken(
-        tenant=tenant, name=name[:80], created_by=created_by, digest=digest,
-        token_key=secret[:CONSTANTS.TOKEN_KEY_LENGTH],
+        tenant=tenant,
+        name=name[:80],
+        created_by=created_by,
+        digest=digest,
+        token_key=secret[: CONSTANTS.TOKEN_KEY_LENGTH],
         expiry=timezone.now() + ttl if ttl else None,
     )
     token.full_clean()

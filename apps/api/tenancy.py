@@ -35,12 +35,16 @@ def request_tenant(request) -> Tenant:
     if len(found) == 1:
         return found[0]
     if user.is_staff and (wanted or session_tenant):
-        tenant = Tenant.objects.filter(**({"slug": wanted} if wanted else {"pk": session_tenant})).first()
+        tenant = Tenant.objects.filter(
+            **({"slug": wanted} if wanted else {"pk": session_tenant})
+        ).first()
         if tenant:
             return tenant
     if found:
-        raise NoTenant("tenant: you belong to several tenants; name one with the "
-            "X-Costlab-Tenant header (its slug)")
+        raise NoTenant(
+            "tenant: you belong to several tenants; name one with the "
+            "X-Costlab-Tenant header (its slug)"
+        )
     if wanted:
         raise NoTenant(f"tenant: you are not a member of tenant '{wanted}'")
     raise NoTenant("tenant: your account is not a member of any tenant")
@@ -50,5 +54,7 @@ def tenant_role(request) -> str | None:
     """'admin' or 'member' for a session user in the request's tenant; None for a token."""
     if isinstance(request.auth, ApiToken):
         return None
-    membership = Membership.objects.filter(user=request.user, tenant=request.tenant).only("role").first()
+    membership = (
+        Membership.objects.filter(user=request.user, tenant=request.tenant).only("role").first()
+    )
     return membership.role if membership else None

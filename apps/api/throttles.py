@@ -27,8 +27,12 @@ def _log_fallback(exc: Exception) -> None:
     global _last_fallback_log
     if time.monotonic() - _last_fallback_log >= 60:
         _last_fallback_log = time.monotonic()
-        logger.warning("throttle: cache %r unreachable (%s: %s); counting in this process's memory instead",
-                       settings.COSTLAB_API_THROTTLE_CACHE, type(exc).__name__, exc)
+        logger.warning(
+            "throttle: cache %r unreachable (%s: %s); counting in this process's memory instead",
+            settings.COSTLAB_API_THROTTLE_CACHE,
+            type(exc).__name__,
+            exc,
+        )
 
 
 class ClientRateThrottle(SimpleRateThrottle):
@@ -44,7 +48,10 @@ class ClientRateThrottle(SimpleRateThrottle):
     def allow_request(self, request, view):
         try:
             return super().allow_request(request, view)
-        except (RedisError, OSError) as exc:  # the shared counters are down: a local limit, not a 500
+        except (
+            RedisError,
+            OSError,
+        ) as exc:  # the shared counters are down: a local limit, not a 500
             _log_fallback(exc)
             self.cache = caches[settings.COSTLAB_API_THROTTLE_FALLBACK_CACHE]
             return super().allow_request(request, view)

@@ -33,7 +33,11 @@ urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     # The split view serves Swagger UI's start-up script as a file: no inline script (CSP script-src
     # 'self').
-    path("schema/swagger/", SpectacularSwaggerSplitView.as_view(url_name="api:schema"), name="swagger"),
+    path(
+        "schema/swagger/",
+        SpectacularSwaggerSplitView.as_view(url_name="api:schema"),
+        name="swagger",
+    ),
     path("v1/", include(v1)),
     re_path(r"^.*$", api_not_found),
 ]

@@ -33,15 +33,34 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 @admin.register(FreezeEvent)
 class FreezeEventAdmin(ReadOnlyAdmin):
-    list_display = ["created_at", "experiment", "arm", "action", "deviation", "deviation_low", "threshold", "actor"]
+    list_display = [
+        "created_at",
+        "experiment",
+        "arm",
+        "action",
+        "deviation",
+        "deviation_low",
+        "threshold",
+        "actor",
+    ]
     list_filter = ["action"]
     list_select_related = ["experiment", "arm", "actor"]
 
 
 @admin.register(AttributionSnapshot)
 class AttributionSnapshotAdmin(ReadOnlyAdmin):
-    list_display = ["computed_at", "experiment", "arm", "usd_per_mtok", "deviation", "deviation_low", "state",
-                    "cost_usd", "compared_usd", "pricing_valid_from"]
+    list_display = [
+        "computed_at",
+        "experiment",
+        "arm",
+        "usd_per_mtok",
+        "deviation",
+        "deviation_low",
+        "state",
+        "cost_usd",
+        "compared_usd",
+        "pricing_valid_from",
+    ]
     list_select_related = ["experiment", "arm"]
 
 
@@ -61,7 +80,16 @@ class AttributionWindowAdmin(ReadOnlyAdmin):
 
 @admin.register(AlertDelivery)
 class AlertDeliveryAdmin(ReadOnlyAdmin):
-    list_display = ["created_at", "event", "kind", "target", "status", "attempts", "last_status_code", "last_error"]
+    list_display = [
+        "created_at",
+        "event",
+        "kind",
+        "target",
+        "status",
+        "attempts",
+        "last_status_code",
+        "last_error",
+    ]
     list_filter = ["status", "kind"]
     list_select_related = ["event__arm"]
 
@@ -74,8 +102,11 @@ class AlertChannelAdmin(admin.ModelAdmin):
 
 
 class UnfreezeForm(forms.Form):
-    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "cols": 80}), max_length=2000,
-                             help_text="Why these arms get traffic again. Kept in the audit log and alerted.")
+    reason = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
+        max_length=2000,
+        help_text="Why these arms get traffic again. Kept in the audit log and alerted.",
+    )
 
 
 @admin.register(FrozenArm)
@@ -88,10 +119,18 @@ class FrozenArmAdmin(admin.ModelAdmin):
     actions = ["unfreeze"]
 
     def get_queryset(self, request):
-        last = FreezeEvent.objects.filter(arm=OuterRef("pk"), action=FreezeEvent.Action.FREEZE).order_by("-pk")
-        return (super().get_queryset(request).filter(state=Arm.State.FROZEN)
-                .annotate(frozen_at=Subquery(last.values("created_at")[:1]),
-                          frozen_because=Subquery(last.values("reason")[:1])))
+        last = FreezeEvent.objects.filter(
+            arm=OuterRef("pk"), action=FreezeEvent.Action.FREEZE
+        ).order_by("-pk")
+        return (
+            super()
+            .get_queryset(request)
+            .filter(state=Arm.State.FROZEN)
+            .annotate(
+                frozen_at=Subquery(last.values("created_at")[:1]),
+                frozen_because=Subquery(last.values("reason")[:1]),
+            )
+        )
 
     @admin.display(description="frozen at", ordering="frozen_at")
     def frozen_at(self, obj):
@@ -122,10 +161,21 @@ class FrozenArmAdmin(admin.ModelAdmin):
                 except ApplicationError as exc:
                     self.message_user(request, f"{arm}: {exc.message}", messages.ERROR)
             if done:
-                self.message_user(request, f"Unfroze {done} arm(s); the reason is in the freeze log.",
-                                  messages.SUCCESS)
+                self.message_user(
+                    request,
+                    f"Unfroze {done} arm(s); the reason is in the freeze log.",
+                    messages.SUCCESS,
+                )
             return None
-        return TemplateResponse(request, "admin/attribution/unfreeze.html", {
-            **self.admin_site.each_context(request), "title": "Unfreeze arms", "arms": queryset, "form": form,
-            "opts": self.model._meta, "action_checkbox_name": ACTION_CHECKBOX_NAME,
-        })
+        return TemplateResponse(
+            request,
+            "admin/attribution/unfreeze.html",
+            {
+                **self.admin_site.each_context(request),
+                "title": "Unfreeze arms",
+                "arms": queryset,
+                "form": form,
+                "opts": self.model._meta,
+                "action_checkbox_name": ACTION_CHECKBOX_NAME,
+            },
+        )

@@ -40,7 +40,11 @@ def alert_payload(*, event: FreezeEvent) -> dict:
         "event_id": event.pk,
         "at": event.created_at.isoformat(),
         "tenant": experiment.tenant.slug,
-        "experiment": {"id": experiment.pk, "name": experiment.name, "freeze_policy": experiment.freeze_policy},
+        "experiment": {
+            "id": experiment.pk,
+            "name": experiment.name,
+            "freeze_policy": experiment.freeze_policy,
+        },
         "arm": {"id": arm.pk, "name": arm.name, "state": arm.state, "weight": f"{arm.weight:.4f}"},
         "reason": event.reason,
         "actor": event.actor.get_username() if event.actor_id else None,
@@ -62,12 +66,17 @@ def _targets(event: FreezeEvent) -> list[tuple[str, str, str]]:
     """(kind, target, secret) for every enabled channel of the experiment or its tenant,
     and the defaults."""
     experiment = event.experiment
-    channels = AlertChannel.objects.filter(tenant_id=experiment.tenant_id, enabled=True).filter(
-        Q(experiment__isnull=True) | Q(experiment=experiment)).order_by("pk")
+    channels = (
+        AlertChannel.objects.filter(tenant_id=experiment.tenant_id, enabled=True)
+        .filter(Q(experiment__isnull=True) | Q(experiment=experiment))
+        .order_by("pk")
+    )
     targets: dict[tuple[str, str], str] = {}
     for channel in channels:
         if channel.webhook_url:
-            targets.setdefault((AlertDelivery.Kind.WEBHOOK, channel.webhook_url), channel.webhook_secret)
+            targets.setdefault(
+                (AlertDelivery.Kind.WEBHOOK, channel.webhook_url), channel.webhook_secret
+            )
         if channel.recipients():
             targets.setdefault((AlertDelivery.Kind.EMAIL, ", ".join(channel.recipients())), "")
     if settings.COSTLAB_ALERT_WEBHOOK_URL:
@@ -81,10 +90,19 @@ def alerts_queue(*, event: FreezeEvent) -> list[AlertDelivery]:
     """Write one delivery per target; once the transaction commits, send them and log the event."""
     payload = alert_payload(event=event)
     now = timezone.now()
-    deliveries = AlertDelivery.objects.bulk_create([
-        AlertDelivery(event=event, kind=kind, target=target, secret=secret, payload=payload, next_attempt_at=now)
-        for kind, target, secret in _targets(event)
-    ])
+    deliveries = AlertDelivery.objects.bulk_create(
+        [
+            AlertDelivery(
+                event=event,
+                kind=kind,
+                target=target,
+                secret=secret,
+                payload=payload,
+                next_attempt_at=now,
+            )
+            for kind, target, secret in _targets(event)
+        ]
+    )
     ids = [d.pk for d in deliveries]
     line = json.dumps({**payload, "deliveries": len(ids)}, sort_keys=True, default=str)
     transaction.on_commit(lambda: logger.warning("%s %s", payload["event"], line))
@@ -110,7 +128,9 @@ class AttemptOutcome:
 
 def backoff_s(attempt: int) -> float:
     """Seconds to wait after the attempt-th failure: base x 2^(attempt-1), capped."""
-    return min(settings.COSTLAB_ALERT_BACKOFF_S * 2 ** (attempt - 1), settings.COSTLAB_ALERT_BACKOFF_MAX_S)
+    return min(
+        settings.COSTLAB_ALERT_BACKOFF_S * 2 ** (attempt - 1), settings.COSTLAB_ALERT_BACKOFF_MAX_S
+    )
 
 
 def _signature(secret: str, body: bytes) -> str:
@@ -120,15 +140,28 @@ def _signature(secret: str, body: bytes) -> str:
 def _post(delivery: AlertDelivery) -> tuple[bool, bool, int | None, str]:
     """One webhook POST: (delivered, retryable, status code, error)."""
     body = json.dumps({**delivery.payload, "delivery_id": delivery.pk}, sort_keys=True).encode()
-    headers = {"Content-Type": "application/json", "User-Agent": "costlab-alerts/1",
-               "Idempotency-Key": f"costlab-alert-{delivery.pk}"}
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "costlab-alerts/1",
+        "Idempotency-Key": f"costlab-alert-{delivery.pk}",
+    }
     if delivery.secret:
         headers["X-Costlab-Signature"] = _signature(delivery.secret, body)
     try:
-        response = httpx.post(delivery.target, content=body, headers=headers,
-                              timeout=settings.COSTLAB_ALERT_TIMEOUT_S, follow_redirects=False)
+        response = httpx.post(
+            delivery.target,
+            content=body,
+            headers=headers,
+            timeout=settings.COSTLAB_ALERT_TIMEOUT_S,
+            follow_redirects=False,
+        )
     except httpx.TimeoutException as exc:
-        return False, True, None, f"timeout after {settings.COSTLAB_ALERT_TIMEOUT_S} s ({type(exc).__name__})"
+        return (
+            False,
+            True,
+            None,
+            f"timeout after {settings.COSTLAB_ALERT_TIMEOUT_S} s ({type(exc).__name__})",
+        )
     except httpx.HTTPError as exc:
         return False, True, None, f"{type(exc).__name__}: {exc}"[:1000]
     code = response.status_code
@@ -145,7 +178,9 @@ def _mail(delivery: AlertDelivery) -> tuple[bool, bool, int | None, str]:
     lines = [p["reason"], "", json.dumps(p, indent=2, sort_keys=True)]
     recipients = [a.strip() for a in delivery.target.split(",") if a.strip()]
     try:
-        send_mail(subject, "\n".join(lines), settings.DEFAULT_FROM_EMAIL, recipients, fail_silently=False)
+        send_mail(
+            subject, "\n".join(lines), settings.DEFAULT_FROM_EMAIL, recipients, fail_silently=False
+        )
     except Exception as exc:  # SMTP and socket errors alike: retried like a webhook
         return False, True, None, f"{type(exc).__name__}: {exc}"[:1000]
     return True, False, None, ""
@@ -167,9 +202,13 @@ def alert_attempt(*, delivery_id: int) -> AttemptOutcome:
     # held while the receiver answers: a slow receiver must not hold database locks.
     attempt, now = delivery.attempts + 1, timezone.now()
     not_in_flight = Q(next_attempt_at__isnull=True) | Q(
-        next_attempt_at__lte=now + timedelta(seconds=settings.COSTLAB_ALERT_BACKOFF_MAX_S))
+        next_attempt_at__lte=now + timedelta(seconds=settings.COSTLAB_ALERT_BACKOFF_MAX_S)
+    )
     claimed = AlertDelivery.objects.filter(
-        not_in_flight, pk=delivery.pk, status=AlertDelivery.Status.PENDING, attempts=delivery.attempts
+        not_in_flight,
+        pk=delivery.pk,
+        status=AlertDelivery.Status.PENDING,
+        attempts=delivery.attempts,
     ).update(attempts=attempt, next_attempt_at=now + timedelta(seconds=_in_flight_s()))
     if not claimed:
         return AttemptOutcome(status="claimed_elsewhere")
@@ -185,21 +224,39 @@ def alert_attempt(*, delivery_id: int) -> AttemptOutcome:
         fields.update(next_attempt_at=now + timedelta(seconds=retry_in))
     else:
         fields.update(status=AlertDelivery.Status.FAILED, next_attempt_at=None)
-        logger.error("alert_failed %s", json.dumps({"delivery_id": delivery.pk, "kind": delivery.kind,
-                                                    "target": delivery.target, "attempts": attempt,
-                                                    "error": error}, sort_keys=True))
-    AlertDelivery.objects.filter(pk=delivery.pk, status=AlertDelivery.Status.PENDING, attempts=attempt).update(**fields)
-    return AttemptOutcome(status=fields.get("status", AlertDelivery.Status.PENDING), retry_in_s=retry_in,
-                          detail=error)
+        logger.error(
+            "alert_failed %s",
+            json.dumps(
+                {
+                    "delivery_id": delivery.pk,
+                    "kind": delivery.kind,
+                    "target": delivery.target,
+                    "attempts": attempt,
+                    "error": error,
+                },
+                sort_keys=True,
+            ),
+        )
+    AlertDelivery.objects.filter(
+        pk=delivery.pk, status=AlertDelivery.Status.PENDING, attempts=attempt
+    ).update(**fields)
+    return AttemptOutcome(
+        status=fields.get("status", AlertDelivery.Status.PENDING), retry_in_s=retry_in, detail=error
+    )
 
 
 def deliveries_requeue_stale(*, now=None, grace_s: float = 60.0) -> list[int]:
     """Pending deliveries whose task never ran (broker down at commit, worker lost):
     queue them again."""
     now = now or timezone.now()
-    ids = list(AlertDelivery.objects.filter(status=AlertDelivery.Status.PENDING,
-                                            next_attempt_at__lt=now - timedelta(seconds=grace_s))
-               .order_by("pk").values_list("pk", flat=True)[:100])
+    ids = list(
+        AlertDelivery.objects.filter(
+            status=AlertDelivery.Status.PENDING,
+            next_attempt_at__lt=now - timedelta(seconds=grace_s),
+        )
+        .order_by("pk")
+        .values_list("pk", flat=True)[:100]
+    )
     if ids:
         AlertDelivery.objects.filter(pk__in=ids).update(next_attempt_at=now)
         deliveries_send(delivery_ids=ids)

@@ -40,13 +40,24 @@ class Comparison:
     tiered: bool
 
     @classmethod
-    def of(cls, *, table_id: int | None, valid_from: datetime | None, cost_model: CostModel) -> Comparison:
-        return cls(table_id=table_id, valid_from=valid_from, weights=Weights.from_cost_model(cost_model),
-                   tiered=cost_model.kind == CostModel.Kind.TIERED_PER_CALL)
+    def of(
+        cls, *, table_id: int | None, valid_from: datetime | None, cost_model: CostModel
+    ) -> Comparison:
+        return cls(
+            table_id=table_id,
+            valid_from=valid_from,
+            weights=Weights.from_cost_model(cost_model),
+            tiered=cost_model.kind == CostModel.Kind.TIERED_PER_CALL,
+        )
 
     def needs(self, table_id: int | None) -> bool:
         """Whether usage recorded under table_id must be re-priced for this comparison."""
-        return not self.tiered and self.table_id is not None and table_id is not None and table_id != self.table_id
+        return (
+            not self.tiered
+            and self.table_id is not None
+            and table_id is not None
+            and table_id != self.table_id
+        )
 
 
 @dataclass(frozen=True)
@@ -64,20 +75,43 @@ class PriceDelta:
 
     @classmethod
     def between(cls, *, target: Prices, billed: Prices, weights: Weights) -> PriceDelta:
-        units = ({"device_seconds": 1.0}, {"energy_j": 1.0}, {"wall_s": 1.0, "vcpus": 1.0},
-                 {"wall_s": 1.0, "memory_gb": 1.0})
-        zero = {"device_seconds": 0.0, "wall_s": 0.0, "energy_j": 0.0, "vcpus": 0.0, "memory_gb": 0.0}
-        return cls(*(Decimal(repr(rollup_cost(prices=target, weights=weights, **{**zero, **u})
-                                  - rollup_cost(prices=billed, weights=weights, **{**zero, **u}))) for u in units))
+        units = (
+            {"device_seconds": 1.0},
+            {"energy_j": 1.0},
+            {"wall_s": 1.0, "vcpus": 1.0},
+            {"wall_s": 1.0, "memory_gb": 1.0},
+        )
+        zero = {
+            "device_seconds": 0.0,
+            "wall_s": 0.0,
+            "energy_j": 0.0,
+            "vcpus": 0.0,
+            "memory_gb": 0.0,
+        }
+        return cls(
+            *(
+                Decimal(
+                    repr(
+                        rollup_cost(prices=target, weights=weights, **{**zero, **u})
+                        - rollup_cost(prices=billed, weights=weights, **{**zero, **u})
+                    )
+                )
+                for u in units
+            )
+        )
 
     def times(self, *, gpu_seconds, energy_j, wall_s, vcpus, memory_gb) -> Decimal:
         """USD this delta adds to rolled-up usage (what the database computes, here for one row)."""
-        return (self.gpu_second * gpu_seconds + self.joule * energy_j
-                + wall_s * (self.vcpu_second * vcpus + self.gb_second * Decimal(repr(float(memory_gb)))))
+        return (
+            self.gpu_second * gpu_seconds
+            + self.joule * energy_j
+            + wall_s * (self.vcpu_second * vcpus + self.gb_second * Decimal(repr(float(memory_gb))))
+        )
 
 
-def price_deltas(moves: Iterable[tuple[int, Comparison, int]], prices: Mapping[tuple[int, int | None], Prices]
-                 ) -> dict[tuple[int, int, int | None], PriceDelta]:
+def price_deltas(
+    moves: Iterable[tuple[int, Comparison, int]], prices: Mapping[tuple[int, int | None], Prices]
+) -> dict[tuple[int, int, int | None], PriceDelta]:
     """Per (key, billed table, SKU): the PriceDelta to the key's comparison table,
     for every SKU priced.
 
@@ -85,6 +119,11 @@ def price_deltas(moves: Iterable[tuple[int, Comparison, int]], prices: Mapping[t
     key an experiment or arm.
     """
     skus = {sku for _, sku in prices}
-    return {(key, billed, sku): PriceDelta.between(target=prices[(c.table_id, sku)], billed=prices[(billed, sku)],
-                                                   weights=c.weights)
-            for key, c, billed in moves for sku in skus if (c.table_id, sku) in prices and (billed, sku) in prices}
+    return {
+        (key, billed, sku): PriceDelta.between(
+            target=prices[(c.table_id, sku)], billed=prices[(billed, sku)], weights=c.weights
+        )
+        for key, c, billed in moves
+        for sku in skus
+        if (c.table_id, sku) in prices and (billed, sku) in prices
+    }

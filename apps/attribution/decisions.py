@@ -37,12 +37,15 @@ class RunMoments:
     def of(cls, runs) -> RunMoments:
         """From (cost, tokens, steps) per run; C is the run's compared cost."""
         runs = [(stats._dec(c), stats._dec(t), stats._dec(s)) for c, t, s in runs]
-        return cls(runs=len(runs), cost=sum((c for c, _, _ in runs), Decimal(0)),
-                   cost_sq=sum((c * c for c, _, _ in runs), Decimal(0)),
-                   cost_tokens=sum((c * t for c, t, _ in runs), Decimal(0)),
-                   tokens_sq=sum((t * t for _, t, _ in runs), Decimal(0)),
-                   cost_steps=sum((c * s for c, _, s in runs), Decimal(0)),
-                   steps_sq=sum((s * s for _, _, s in runs), Decimal(0)))
+        return cls(
+            runs=len(runs),
+            cost=sum((c for c, _, _ in runs), Decimal(0)),
+            cost_sq=sum((c * c for c, _, _ in runs), Decimal(0)),
+            cost_tokens=sum((c * t for c, t, _ in runs), Decimal(0)),
+            tokens_sq=sum((t * t for _, t, _ in runs), Decimal(0)),
+            cost_steps=sum((c * s for c, _, s in runs), Decimal(0)),
+            steps_sq=sum((s * s for _, _, s in runs), Decimal(0)),
+        )
 
 
 @dataclass(frozen=True)
@@ -77,10 +80,21 @@ class ArmSums:
         (outliers), so the tokens and steps are the kept runs' too, and the ratio compares like
         with like."""
         m = moments or RunMoments()
-        out = replace(self, runs=m.runs, cost_sq=m.cost_sq, cost_tokens=m.cost_tokens, tokens_sq=m.tokens_sq,
-                      cost_steps=m.cost_steps, steps_sq=m.steps_sq,
-                      compared=self.cost if m.cost is None else m.cost)
-        return replace(out, tokens=int(m.tokens or 0), steps=int(m.steps or 0)) if runs_excluded else out
+        out = replace(
+            self,
+            runs=m.runs,
+            cost_sq=m.cost_sq,
+            cost_tokens=m.cost_tokens,
+            tokens_sq=m.tokens_sq,
+            cost_steps=m.cost_steps,
+            steps_sq=m.steps_sq,
+            compared=self.cost if m.cost is None else m.cost,
+        )
+        return (
+            replace(out, tokens=int(m.tokens or 0), steps=int(m.steps or 0))
+            if runs_excluded
+            else out
+        )
 
     def __add__(self, other: ArmSums) -> ArmSums:
         values = {}
@@ -107,10 +121,22 @@ class ArmSums:
         """Run-level sufficient statistics at the comparison table: n counts runs,
         not run-windows."""
         if unit == "step":
-            return stats.RatioSums(self.runs, self.compared, Decimal(self.steps), self.cost_sq,
-                                   self.cost_steps, self.steps_sq)
-        return stats.RatioSums(self.runs, self.compared, Decimal(self.tokens), self.cost_sq,
-                               self.cost_tokens, self.tokens_sq)
+            return stats.RatioSums(
+                self.runs,
+                self.compared,
+                Decimal(self.steps),
+                self.cost_sq,
+                self.cost_steps,
+                self.steps_sq,
+            )
+        return stats.RatioSums(
+            self.runs,
+            self.compared,
+            Decimal(self.tokens),
+            self.cost_sq,
+            self.cost_tokens,
+            self.tokens_sq,
+        )
 
 
 @dataclass(frozen=True)
@@ -119,7 +145,9 @@ class Policy:
     alpha: float
     min_runs: int
     min_samples: int
-    min_cs_runs: int  # per arm: the sequence is asymptotic, so it is not consulted on a handful of runs
+    min_cs_runs: (
+        int  # per arm: the sequence is asymptotic, so it is not consulted on a handful of runs
+    )
     unit: str  # "token" (USD per 1M tokens) or "step" (USD per step: tiered per step)
     r2: float
     dynamic_weights: bool
@@ -160,7 +188,9 @@ class ArmVerdict:
 class ExperimentVerdict:
     skip_reason: str = ""
     arms: dict[int, ArmVerdict] = field(default_factory=dict)
-    weights: dict[int, tuple[Decimal, str]] = field(default_factory=dict)  # arm id -> (new weight, why)
+    weights: dict[int, tuple[Decimal, str]] = field(
+        default_factory=dict
+    )  # arm id -> (new weight, why)
     weights_note: str = ""
 
 
@@ -174,8 +204,14 @@ def _num(x: float | None, digits: int = 9) -> float | None:
 def _interval_json(iv: stats.Interval | None, scale: float = 1.0) -> dict | None:
     if iv is None:
         return None
-    return {"estimate": _num(iv.estimate * scale), "low": _num(iv.low * scale), "high": _num(iv.high * scale),
-            "halfwidth": _num(iv.halfwidth * scale), "sd": _num(iv.sd * scale), "t": iv.t}
+    return {
+        "estimate": _num(iv.estimate * scale),
+        "low": _num(iv.low * scale),
+        "high": _num(iv.high * scale),
+        "halfwidth": _num(iv.halfwidth * scale),
+        "sd": _num(iv.sd * scale),
+        "t": iv.t,
+    }
 
 
 def _arm_figures(arm: ArmInput, policy: Policy) -> tuple[ArmVerdict, stats.RatioEstimate | None]:
@@ -190,15 +226,22 @@ def _arm_figures(arm: ArmInput, policy: Policy) -> tuple[ArmVerdict, stats.Ratio
     verdict.usd_per_mtok = float(s.compared) / s.tokens * 1e6 if s.tokens > 0 else None
     verdict.throughput_tok_s = s.tokens / float(s.wall_s) if s.wall_s > 0 else None
     verdict.evidence = {
-        "metric": policy.metric, "value": _num(verdict.metric_value),
+        "metric": policy.metric,
+        "value": _num(verdict.metric_value),
         "interval": _interval_json(verdict.metric, policy.scale),
-        "observations": s.observations, "runs": s.runs, "samples": s.samples,
-        "cost_usd": f"{s.cost:.6f}", "compared_usd": f"{s.compared:.6f}", "units": units,
+        "observations": s.observations,
+        "runs": s.runs,
+        "samples": s.samples,
+        "cost_usd": f"{s.cost:.6f}",
+        "compared_usd": f"{s.compared:.6f}",
+        "units": units,
     }
     return verdict, est
 
 
-def _freeze_rule(arm: ArmInput, control: ArmInput, dev: stats.Interval | None, policy: Policy) -> list[str]:
+def _freeze_rule(
+    arm: ArmInput, control: ArmInput, dev: stats.Interval | None, policy: Policy
+) -> list[str]:
     """What stands between this arm and a freeze (empty: freeze)."""
     blocked = []
     if not arm.active:
@@ -207,17 +250,23 @@ def _freeze_rule(arm: ArmInput, control: ArmInput, dev: stats.Interval | None, p
         if a.sums.runs < policy.min_runs:
             blocked.append(f"runs: {who} has {a.sums.runs} < min_runs_per_arm {policy.min_runs}")
         if a.sums.samples < policy.min_samples:
-            blocked.append(f"samples: {who} has {a.sums.samples} < min_samples_per_arm {policy.min_samples}")
+            blocked.append(
+                f"samples: {who} has {a.sums.samples} < min_samples_per_arm {policy.min_samples}"
+            )
         if a.sums.runs < policy.min_cs_runs:
-            blocked.append(f"runs: {who} has {a.sums.runs} < {policy.min_cs_runs} runs, the least the "
-                           "confidence sequence is consulted on (COSTLAB_CS_MIN_RUNS)")
+            blocked.append(
+                f"runs: {who} has {a.sums.runs} < {policy.min_cs_runs} runs, the least the "
+                "confidence sequence is consulted on (COSTLAB_CS_MIN_RUNS)"
+            )
     if dev is None:
         blocked.append("deviation: not estimable yet (each arm needs 2 runs with units)")
     else:
         if dev.estimate <= policy.threshold:
             blocked.append(f"deviation: {dev.estimate:.4f} <= threshold {policy.threshold:.4f}")
         elif dev.low <= policy.threshold:
-            blocked.append(f"bound: lower confidence bound {dev.low:.4f} <= threshold {policy.threshold:.4f}")
+            blocked.append(
+                f"bound: lower confidence bound {dev.low:.4f} <= threshold {policy.threshold:.4f}"
+            )
     return blocked
 
 
@@ -234,8 +283,10 @@ def experiment_decide(arms: list[ArmInput], policy: Policy) -> ExperimentVerdict
         return out
     control = controls[0]
     if control.sums.compared <= 0 and (control.sums.tokens > 0 or control.sums.steps > 0):
-        out.skip_reason = (f"control: arm '{control.name}' has zero cost over {control.sums.tokens} tokens; "
-                           "deviation is undefined (does the pricing table price its device?)")
+        out.skip_reason = (
+            f"control: arm '{control.name}' has zero cost over {control.sums.tokens} tokens; "
+            "deviation is undefined (does the pricing table price its device?)"
+        )
         return out
 
     control_est = estimates[control.arm_id]
@@ -250,15 +301,27 @@ def experiment_decide(arms: list[ArmInput], policy: Policy) -> ExperimentVerdict
             dev = stats.relative_deviation(est, control_est, alpha=policy.alpha, r2=policy.r2)
         blocked = _freeze_rule(arm, control, dev, policy)
         verdict.deviation, verdict.freeze = dev, not blocked
-        verdict.evidence.update({
-            "deviation": _interval_json(dev), "threshold": policy.threshold, "alpha": policy.alpha,
-            "r2": _num(policy.r2, 12), "min_runs": policy.min_runs, "min_samples": policy.min_samples,
-            "min_cs_runs": policy.min_cs_runs,
-            "control": {"arm_id": control.arm_id, "name": control.name, "value": out.arms[control.arm_id].metric_value,
-                        "observations": control.sums.observations, "runs": control.sums.runs,
-                        "samples": control.sums.samples},
-            "decision": "freeze" if verdict.freeze else "hold", "blocked_by": blocked,
-        })
+        verdict.evidence.update(
+            {
+                "deviation": _interval_json(dev),
+                "threshold": policy.threshold,
+                "alpha": policy.alpha,
+                "r2": _num(policy.r2, 12),
+                "min_runs": policy.min_runs,
+                "min_samples": policy.min_samples,
+                "min_cs_runs": policy.min_cs_runs,
+                "control": {
+                    "arm_id": control.arm_id,
+                    "name": control.name,
+                    "value": out.arms[control.arm_id].metric_value,
+                    "observations": control.sums.observations,
+                    "runs": control.sums.runs,
+                    "samples": control.sums.samples,
+                },
+                "decision": "freeze" if verdict.freeze else "hold",
+                "blocked_by": blocked,
+            }
+        )
 
     if policy.dynamic_weights and not any(v.freeze for v in out.arms.values()):
         out.weights, out.weights_note = _next_weights(arms, out, policy)
@@ -272,8 +335,12 @@ def _next_weights(arms: list[ArmInput], out: ExperimentVerdict, policy: Policy) 
     costs = {}
     for a in live:
         metric = out.arms[a.arm_id].metric
-        if (metric is None or a.sums.runs < policy.min_runs or a.sums.samples < policy.min_samples
-                or a.sums.runs < policy.min_cs_runs):
+        if (
+            metric is None
+            or a.sums.runs < policy.min_runs
+            or a.sums.samples < policy.min_samples
+            or a.sums.runs < policy.min_cs_runs
+        ):
             return {}, f"weights: arm '{a.name}' lacks the evidence minimums; weights unchanged"
         if metric.estimate <= 0:
             return {}, f"weights: arm '{a.name}' has no cost yet; weights unchanged"
@@ -284,15 +351,25 @@ def _next_weights(arms: list[ArmInput], out: ExperimentVerdict, policy: Policy) 
     total = sum((a.weight for a in live), Decimal(0))
     if total <= 0:
         return {}, "weights: active arms have no traffic weight to shift"
-    shares = rebalance({a.arm_id: float(a.weight) for a in live}, costs,
-                       tau=policy.threshold, min_share=policy.min_share, max_step=policy.max_step)
+    shares = rebalance(
+        {a.arm_id: float(a.weight) for a in live},
+        costs,
+        tau=policy.threshold,
+        min_share=policy.min_share,
+        max_step=policy.max_step,
+    )
     cheapest = min(costs.values()) * policy.scale
     if max(abs(shares[a.arm_id] - float(a.weight / total)) for a in live) < MIN_SHARE_CHANGE:
         return {}, "weights: at target"
     changed = {}
     for a in live:
-        new = (Decimal(repr(shares[a.arm_id])) * total).quantize(WEIGHT_QUANTUM, rounding=ROUND_HALF_EVEN)
+        new = (Decimal(repr(shares[a.arm_id])) * total).quantize(
+            WEIGHT_QUANTUM, rounding=ROUND_HALF_EVEN
+        )
         if new != a.weight:
-            changed[a.arm_id] = (new, f"dynamic: {policy.metric} lower bound {costs[a.arm_id] * policy.scale:.6g} "
-                                      f"vs cheapest {cheapest:.6g}; share {shares[a.arm_id]:.3f}")
+            changed[a.arm_id] = (
+                new,
+                f"dynamic: {policy.metric} lower bound {costs[a.arm_id] * policy.scale:.6g} "
+                f"vs cheapest {cheapest:.6g}; share {shares[a.arm_id]:.3f}",
+            )
     return changed, "weights: shifted toward cheaper arms" if changed else "weights: at target"

@@ -16,7 +16,9 @@ from apps.tenants.models import Tenant
 
 def _exact(max_digits: int = 24, decimal_places: int = 6, **kwargs) -> models.DecimalField:
     """Exact sums: the same observations always add up to the same snapshot, whatever the order."""
-    return models.DecimalField(max_digits=max_digits, decimal_places=decimal_places, default=0, **kwargs)
+    return models.DecimalField(
+        max_digits=max_digits, decimal_places=decimal_places, default=0, **kwargs
+    )
 
 
 class UsageTotals(models.Model):
@@ -44,24 +46,41 @@ class AttributionWindow(models.Model):
         SKIPPED = "skipped", "Skipped (see reason)"
 
     # Indexed by the (experiment, number) constraint; a separate FK index would only slow inserts.
-    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="attribution_windows",
-                                   db_index=False)
+    experiment = models.ForeignKey(
+        Experiment, on_delete=models.CASCADE, related_name="attribution_windows", db_index=False
+    )
     number = models.PositiveIntegerField(help_text="1, 2, 3 ... per experiment.")
-    window_start = models.DateTimeField(null=True, blank=True, help_text="The previous window's end.")
-    window_end = models.DateTimeField(help_text="Run totals committed by this instant were counted.")
+    window_start = models.DateTimeField(
+        null=True, blank=True, help_text="The previous window's end."
+    )
+    window_end = models.DateTimeField(
+        help_text="Run totals committed by this instant were counted."
+    )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ATTRIBUTED)
     skip_reason = models.TextField(blank=True, default="")
-    observations = models.PositiveIntegerField(default=0, help_text="Runs whose totals moved in the window.")
+    observations = models.PositiveIntegerField(
+        default=0, help_text="Runs whose totals moved in the window."
+    )
     # The table this window's comparison priced every arm's usage at (in force at window_end,
     # or the experiment's pinned one); a later window re-prices this window's usage at its own.
-    pricing_table = models.ForeignKey("pricing.PricingTable", on_delete=models.SET_NULL, null=True, blank=True,
-                                      related_name="+", db_index=False)
+    pricing_table = models.ForeignKey(
+        "pricing.PricingTable",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        db_index=False,
+    )
 
     class Meta:
         ordering = ["experiment", "-number"]
         constraints = [
-            models.UniqueConstraint(fields=["experiment", "number"], name="window_unique_experiment_number"),
-            models.UniqueConstraint(fields=["experiment", "window_end"], name="window_unique_experiment_end"),
+            models.UniqueConstraint(
+                fields=["experiment", "number"], name="window_unique_experiment_number"
+            ),
+            models.UniqueConstraint(
+                fields=["experiment", "window_end"], name="window_unique_experiment_end"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -71,19 +90,25 @@ class AttributionWindow(models.Model):
 class RunWindow(UsageTotals):
     """One observation: what one run added to its totals during one window."""
 
-    window = models.ForeignKey(AttributionWindow, on_delete=models.CASCADE, related_name="run_windows",
-                               db_index=False)  # indexed by (window, run)
+    window = models.ForeignKey(
+        AttributionWindow, on_delete=models.CASCADE, related_name="run_windows", db_index=False
+    )  # indexed by (window, run)
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attribution_windows")
-    arm = models.ForeignKey(Arm, on_delete=models.CASCADE, related_name="run_windows",
-                            db_index=False)  # indexed by (arm, window)
+    arm = models.ForeignKey(
+        Arm, on_delete=models.CASCADE, related_name="run_windows", db_index=False
+    )  # indexed by (arm, window)
     first_seen = models.BooleanField(default=False, help_text="The run's first observation.")
-    omitted = models.BooleanField(default=False, help_text="Left out of the statistics (see the window's reason).")
+    omitted = models.BooleanField(
+        default=False, help_text="Left out of the statistics (see the window's reason)."
+    )
     upto_seq = models.BigIntegerField(help_text="The run's priced_seq at the window's end.")
     samples = models.BigIntegerField(default=0)
     energy_estimated = models.BooleanField(default=False)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["window", "run"], name="runwindow_unique_window_run")]
+        constraints = [
+            models.UniqueConstraint(fields=["window", "run"], name="runwindow_unique_window_run")
+        ]
         indexes = [models.Index(fields=["arm", "window"], name="runwindow_arm_window_idx")]
 
     def __str__(self) -> str:
@@ -93,9 +118,12 @@ class RunWindow(UsageTotals):
 class RunCursor(UsageTotals):
     """Per run: its totals as attributed so far (the sum of its observations)."""
 
-    run = models.OneToOneField(Run, on_delete=models.CASCADE, primary_key=True, related_name="attribution_cursor")
-    window = models.ForeignKey(AttributionWindow, on_delete=models.CASCADE, related_name="+",
-                               db_index=False)  # never looked up by; one row per run
+    run = models.OneToOneField(
+        Run, on_delete=models.CASCADE, primary_key=True, related_name="attribution_cursor"
+    )
+    window = models.ForeignKey(
+        AttributionWindow, on_delete=models.CASCADE, related_name="+", db_index=False
+    )  # never looked up by; one row per run
     priced_seq = models.BigIntegerField(default=-1)
 
     def __str__(self) -> str:
@@ -104,37 +132,64 @@ class RunCursor(UsageTotals):
 
 class AttributionSnapshot(UsageTotals):
     # Snapshots are the widest rows the tick writes: no index that another one already covers.
-    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="snapshots",
-                                   db_index=False)  # indexed by (experiment, computed_at)
+    experiment = models.ForeignKey(
+        Experiment, on_delete=models.CASCADE, related_name="snapshots", db_index=False
+    )  # indexed by (experiment, computed_at)
     arm = models.ForeignKey(Arm, on_delete=models.CASCADE, related_name="snapshots")
-    window = models.ForeignKey(AttributionWindow, on_delete=models.CASCADE, null=True, blank=True,
-                               related_name="snapshots", db_index=False)  # indexed by (window, arm)
+    window = models.ForeignKey(
+        AttributionWindow,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="snapshots",
+        db_index=False,
+    )  # indexed by (window, arm)
     epoch_start = models.PositiveIntegerField(
-        default=0, help_text="Sums count windows after this number (the arm's last unfreeze; 0: all)."
+        default=0,
+        help_text="Sums count windows after this number (the arm's last unfreeze; 0: all).",
     )
     computed_at = models.DateTimeField()
-    window_end = models.DateTimeField(help_text="Watermark: samples up to this instant were counted.")
+    window_end = models.DateTimeField(
+        help_text="Watermark: samples up to this instant were counted."
+    )
     runs = models.PositiveIntegerField(default=0)
     samples = models.BigIntegerField(default=0)
-    observations = models.BigIntegerField(default=0, help_text="Run-window observations in the sums.")
+    observations = models.BigIntegerField(
+        default=0, help_text="Run-window observations in the sums."
+    )
     gpu_hours = models.FloatField(default=0.0)
     energy_kwh = models.FloatField(default=0.0)
     energy_estimated = models.BooleanField(default=False)
     compared_usd = models.DecimalField(
-        max_digits=16, decimal_places=6, default=0,
+        max_digits=16,
+        decimal_places=6,
+        default=0,
         help_text="The same usage priced at the comparison table: "
-                  "what metric and deviation are computed on.")
-    pricing_table = models.ForeignKey("pricing.PricingTable", on_delete=models.SET_NULL, null=True, blank=True,
-                                      related_name="+", db_index=False, help_text="The comparison table.")
-    pricing_valid_from = models.DateTimeField(null=True, blank=True,
-                                              help_text="The comparison table's valid_from (kept if it is deleted).")
+        "what metric and deviation are computed on.",
+    )
+    pricing_table = models.ForeignKey(
+        "pricing.PricingTable",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        db_index=False,
+        help_text="The comparison table.",
+    )
+    pricing_valid_from = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="The comparison table's valid_from (kept if it is deleted).",
+    )
     # Exact running sums (with UsageTotals'); the figures above and below are derived from them.
     cost_sq = _exact(48, 12, help_text="Sum of cost^2 over observations.")
     cost_tokens = _exact(48, 6, help_text="Sum of cost x tokens over observations.")
     tokens_sq = _exact(48, 0, help_text="Sum of tokens^2 over observations.")
     cost_steps = _exact(48, 6)
     steps_sq = _exact(48, 0)
-    metric = models.CharField(max_length=16, default="usd_per_mtok", help_text="usd_per_mtok or usd_per_step.")
+    metric = models.CharField(
+        max_length=16, default="usd_per_mtok", help_text="usd_per_mtok or usd_per_step."
+    )
     metric_value = models.FloatField(null=True, blank=True)
     metric_ci_low = models.FloatField(null=True, blank=True)
     metric_ci_high = models.FloatField(null=True, blank=True)
@@ -152,7 +207,9 @@ class AttributionSnapshot(UsageTotals):
     class Meta:
         ordering = ["-computed_at"]
         indexes = [models.Index(fields=["experiment", "computed_at"], name="snapshot_exp_time_idx")]
-        constraints = [models.UniqueConstraint(fields=["window", "arm"], name="snapshot_unique_window_arm")]
+        constraints = [
+            models.UniqueConstraint(fields=["window", "arm"], name="snapshot_unique_window_arm")
+        ]
 
     def __str__(self) -> str:
         return f"{self.arm} at {self.computed_at:%Y-%m-%d %H:%M:%S}"
@@ -163,13 +220,21 @@ class FreezeEvent(models.Model):
         FREEZE = "freeze", "Freeze"
         UNFREEZE = "unfreeze", "Unfreeze"
 
-    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="freeze_events")
+    experiment = models.ForeignKey(
+        Experiment, on_delete=models.CASCADE, related_name="freeze_events"
+    )
     arm = models.ForeignKey(Arm, on_delete=models.CASCADE, related_name="freeze_events")
     action = models.CharField(max_length=16, choices=Action.choices)
     reason = models.TextField()
-    actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
+    )
     window = models.ForeignKey(
-        AttributionWindow, on_delete=models.SET_NULL, null=True, blank=True, related_name="freeze_events"
+        AttributionWindow,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="freeze_events",
     )
     deviation = models.FloatField(null=True, blank=True)
     deviation_low = models.FloatField(null=True, blank=True)
@@ -194,9 +259,15 @@ class WeightChange(models.Model):
     arm = models.ForeignKey(Arm, on_delete=models.CASCADE, related_name="weight_changes")
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.DYNAMIC)
     window = models.ForeignKey(
-        AttributionWindow, on_delete=models.SET_NULL, null=True, blank=True, related_name="weight_changes"
+        AttributionWindow,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="weight_changes",
     )
-    actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, blank=True
+    )
     old_weight = models.DecimalField(max_digits=7, decimal_places=4)
     new_weight = models.DecimalField(max_digits=7, decimal_places=4)
     reason = models.CharField(max_length=255)
@@ -218,18 +289,26 @@ class AlertChannel(models.Model):
         Experiment, on_delete=models.CASCADE, null=True, blank=True, related_name="alert_channels"
     )
     name = models.CharField(max_length=120)
-    webhook_url = models.URLField(blank=True, default="", help_text="Receives a JSON POST per freeze/unfreeze.")
-    webhook_secret = models.CharField(
-        max_length=128, blank=True, default="", help_text="Signs the body: X-Costlab-Signature: sha256=<hmac>."
+    webhook_url = models.URLField(
+        blank=True, default="", help_text="Receives a JSON POST per freeze/unfreeze."
     )
-    email_recipients = models.TextField(blank=True, default="", help_text="Comma-separated e-mail addresses.")
+    webhook_secret = models.CharField(
+        max_length=128,
+        blank=True,
+        default="",
+        help_text="Signs the body: X-Costlab-Signature: sha256=<hmac>.",
+    )
+    email_recipients = models.TextField(
+        blank=True, default="", help_text="Comma-separated e-mail addresses."
+    )
     enabled = models.BooleanField(default=True)
 
     class Meta:
         ordering = ["tenant", "name"]
         constraints = [
             models.CheckConstraint(
-                condition=~Q(webhook_url="") | ~Q(email_recipients=""), name="alertchannel_has_a_target"
+                condition=~Q(webhook_url="") | ~Q(email_recipients=""),
+                name="alertchannel_has_a_target",
             ),
         ]
 
@@ -269,7 +348,9 @@ class AlertDelivery(models.Model):
         ordering = ["-created_at"]
         verbose_name_plural = "alert deliveries"
         constraints = [
-            models.UniqueConstraint(fields=["event", "kind", "target"], name="alertdelivery_once_per_target"),
+            models.UniqueConstraint(
+                fields=["event", "kind", "target"], name="alertdelivery_once_per_target"
+            ),
         ]
         indexes = [models.Index(fields=["status", "next_attempt_at"], name="alertdelivery_due_idx")]
 

@@ -42,16 +42,22 @@ class ArmReport:
     energy_estimated: bool  # some energy was modelled, not measured: say so wherever it is shown
     electricity_usd: float  # the energy term as billed (PUE and cost-model weight included)
     total_usd: float  # as billed: each run at the tables in force while it ran
-    compared_usd: float  # the same usage at the report's one comparison table: what the figures below compare
+    compared_usd: (
+        float  # the same usage at the report's one comparison table: what the figures below compare
+    )
     usd_per_mtok: float | None
-    metric: str  # what deviation compares: usd_per_mtok, or usd_per_step for a tiered-per-step model
+    metric: (
+        str  # what deviation compares: usd_per_mtok, or usd_per_step for a tiered-per-step model
+    )
     metric_value: float | None
     throughput_tok_s: float | None
     completion_s: float | None  # mean wall time of the arm's succeeded runs
     deviation: float | None  # measured now: (arm - control) / control on the metric
     deviation_low: float | None  # the always-valid bounds of the latest attribution window
     deviation_high: float | None
-    projected: Projection | None  # one run of target_steps: GPU hours, electricity, total USD, completion
+    projected: (
+        Projection | None
+    )  # one run of target_steps: GPU hours, electricity, total USD, completion
 
 
 @dataclass(frozen=True)
@@ -66,9 +72,12 @@ class ExperimentReport:
 
 # A run's wall time as billed: a GPU run's device-seconds per device, a CPU run's wall seconds
 # (a CPU DDP run's device-seconds per rank).
-_WALL_S = Case(When(gpu_count__gt=0, then=F("device_seconds") / F("gpu_count")),
-               When(world_size__gt=1, then=F("device_seconds") / F("world_size")),  # CPU DDP: summed per rank
-               default=F("device_seconds"), output_field=FloatField())
+_WALL_S = Case(
+    When(gpu_count__gt=0, then=F("device_seconds") / F("gpu_count")),
+    When(world_size__gt=1, then=F("device_seconds") / F("world_size")),  # CPU DDP: summed per rank
+    default=F("device_seconds"),
+    output_field=FloatField(),
+)
 _SUCCEEDED_WORKER = Q(status=Run.Status.SUCCEEDED, kind=Run.Kind.WORKER)
 _SUCCEEDED_EXTERNAL = Q(status=Run.Status.SUCCEEDED, kind=Run.Kind.EXTERNAL)
 
@@ -80,7 +89,9 @@ def _completion_s(r: dict) -> float | None:
     external = (r.get("spanned") or 0) if r.get("span_s") is not None else 0
     if not worker + external:
         return None
-    total = (r["completion"].total_seconds() * worker if worker else 0.0) + (r["span_s"] * external if external else 0.0)
+    total = (r["completion"].total_seconds() * worker if worker else 0.0) + (
+        r["span_s"] * external if external else 0.0
+    )
     return total / (worker + external)
 
 
@@ -88,33 +99,56 @@ def experiment_report(*, experiment: Experiment) -> ExperimentReport:
     """Per arm: GPU hours, electricity USD, total USD, completion time, USD/1M tokens, deviation,
     state."""
     policy = policy_for(experiment)
-    rows = {r["arm_id"]: r for r in Run.objects.filter(experiment=experiment, priced_seq__gte=0)
-            .values("arm_id").order_by("arm_id").annotate(
-                runs=Count("pk"), runs_succeeded=Count("pk", filter=Q(status=Run.Status.SUCCEEDED)),
-                tokens=Sum("tokens"), steps=Sum("steps"), energy_j=Sum("energy_j"), cost=Sum("cost_usd"),
-                estimated=Count("pk", filter=Q(energy_estimated=True)),
-                gpu_seconds=Sum(Case(When(gpu_count__gt=0, then=F("device_seconds")), default=Value(0.0),
-                                     output_field=FloatField())),
-                wall_s=Sum(_WALL_S),
-                electricity=Sum(Cast(KT("cost_breakdown__energy_usd"), FloatField())),
-                completion=Avg(F("finished_at") - F("started_at"), filter=_SUCCEEDED_WORKER),
-                completed=Count("pk", filter=_SUCCEEDED_WORKER),
-                # An external run's submit and finish calls say nothing of how long it trained:
-                # its telemetry span does (the billed wall time).
-                span_s=Avg(_WALL_S, filter=_SUCCEEDED_EXTERNAL), spanned=Count("pk", filter=_SUCCEEDED_EXTERNAL),
-            )}
+    rows = {
+        r["arm_id"]: r
+        for r in Run.objects.filter(experiment=experiment, priced_seq__gte=0)
+        .values("arm_id")
+        .order_by("arm_id")
+        .annotate(
+            runs=Count("pk"),
+            runs_succeeded=Count("pk", filter=Q(status=Run.Status.SUCCEEDED)),
+            tokens=Sum("tokens"),
+            steps=Sum("steps"),
+            energy_j=Sum("energy_j"),
+            cost=Sum("cost_usd"),
+            estimated=Count("pk", filter=Q(energy_estimated=True)),
+            gpu_seconds=Sum(
+                Case(
+                    When(gpu_count__gt=0, then=F("device_seconds")),
+                    default=Value(0.0),
+                    output_field=FloatField(),
+                )
+            ),
+            wall_s=Sum(_WALL_S),
+            electricity=Sum(Cast(KT("cost_breakdown__energy_usd"), FloatField())),
+            completion=Avg(F("finished_at") - F("started_at"), filter=_SUCCEEDED_WORKER),
+            completed=Count("pk", filter=_SUCCEEDED_WORKER),
+            # An external run's submit and finish calls say nothing of how long it trained:
+            # its telemetry span does (the billed wall time).
+            span_s=Avg(_WALL_S, filter=_SUCCEEDED_EXTERNAL),
+            spanned=Count("pk", filter=_SUCCEEDED_EXTERNAL),
+        )
+    }
     latest = snapshots_latest(experiment=experiment)
     comparison = report_comparison(experiment=experiment, latest=latest)
     repriced = arm_repricing(experiment_id=experiment.pk, comparison=comparison)
-    compared = {arm_id: float(r["cost"] or 0) + float(repriced.get(arm_id, 0)) for arm_id, r in rows.items()}
+    compared = {
+        arm_id: float(r["cost"] or 0) + float(repriced.get(arm_id, 0)) for arm_id, r in rows.items()
+    }
     model = experiment.cost_model
-    tiered = {"tiers": model.tiers, "unit": model.unit} if model.kind == CostModel.Kind.TIERED_PER_CALL else {}
+    tiered = (
+        {"tiers": model.tiers, "unit": model.unit}
+        if model.kind == CostModel.Kind.TIERED_PER_CALL
+        else {}
+    )
     arms = list(experiment.arms.order_by("-is_control", "name"))
     metric_of = {}
     for arm in arms:
         r = rows.get(arm.pk, {})
         units = (r.get("steps") or 0) if policy.unit == "step" else (r.get("tokens") or 0)
-        metric_of[arm.pk] = compared[arm.pk] / units * policy.scale if units and r.get("cost") else None
+        metric_of[arm.pk] = (
+            compared[arm.pk] / units * policy.scale if units and r.get("cost") else None
+        )
     control = next((a for a in arms if a.is_control), None)
     base = metric_of.get(control.pk) if control else None
 
@@ -123,32 +157,65 @@ def experiment_report(*, experiment: Experiment) -> ExperimentReport:
         r, snap = rows.get(arm.pk, {}), latest.get(arm.pk)
         tokens, steps = int(r.get("tokens") or 0), int(r.get("steps") or 0)
         wall, total = float(r.get("wall_s") or 0), float(r.get("cost") or 0)
-        cost = CostBreakdown(energy_usd=float(r.get("electricity") or 0), total_usd=total,
-                             gpu_hours=float(r.get("gpu_seconds") or 0) / SECONDS_PER_HOUR,
-                             energy_kwh=float(r.get("energy_j") or 0) / JOULES_PER_KWH)
-        usage = Usage(wall_s=wall, device_seconds=float(r.get("gpu_seconds") or 0),
-                      energy_j=float(r.get("energy_j") or 0), tokens=tokens, steps=steps)
+        cost = CostBreakdown(
+            energy_usd=float(r.get("electricity") or 0),
+            total_usd=total,
+            gpu_hours=float(r.get("gpu_seconds") or 0) / SECONDS_PER_HOUR,
+            energy_kwh=float(r.get("energy_j") or 0) / JOULES_PER_KWH,
+        )
+        usage = Usage(
+            wall_s=wall,
+            device_seconds=float(r.get("gpu_seconds") or 0),
+            energy_j=float(r.get("energy_j") or 0),
+            tokens=tokens,
+            steps=steps,
+        )
         value = metric_of[arm.pk]
         completion = _completion_s(r)
-        out.append(ArmReport(
-            arm_id=arm.pk, name=arm.name, is_control=arm.is_control, state=arm.state, weight=arm.weight,
-            runs=int(r.get("runs") or 0), runs_succeeded=int(r.get("runs_succeeded") or 0), tokens=tokens,
-            steps=steps, gpu_hours=cost.gpu_hours, energy_kwh=cost.energy_kwh,
-            energy_estimated=bool(r.get("estimated")), electricity_usd=cost.energy_usd, total_usd=total,
-            compared_usd=compared.get(arm.pk, 0.0),
-            usd_per_mtok=cost_per_million_tokens(compared.get(arm.pk, 0.0), tokens), metric=policy.metric,
-            metric_value=value,
-            throughput_tok_s=tokens / wall if wall > 0 else None,
-            completion_s=completion,
-            deviation=value / base - 1.0 if value is not None and base else None,
-            deviation_low=snap.deviation_low if snap else None, deviation_high=snap.deviation_high if snap else None,
-            projected=project(usage, cost, target_steps=experiment.target_steps, **tiered)
-            if experiment.target_steps else None,
-        ))
+        out.append(
+            ArmReport(
+                arm_id=arm.pk,
+                name=arm.name,
+                is_control=arm.is_control,
+                state=arm.state,
+                weight=arm.weight,
+                runs=int(r.get("runs") or 0),
+                runs_succeeded=int(r.get("runs_succeeded") or 0),
+                tokens=tokens,
+                steps=steps,
+                gpu_hours=cost.gpu_hours,
+                energy_kwh=cost.energy_kwh,
+                energy_estimated=bool(r.get("estimated")),
+                electricity_usd=cost.energy_usd,
+                total_usd=total,
+                compared_usd=compared.get(arm.pk, 0.0),
+                usd_per_mtok=cost_per_million_tokens(compared.get(arm.pk, 0.0), tokens),
+                metric=policy.metric,
+                metric_value=value,
+                throughput_tok_s=tokens / wall if wall > 0 else None,
+                completion_s=completion,
+                deviation=value / base - 1.0 if value is not None and base else None,
+                deviation_low=snap.deviation_low if snap else None,
+                deviation_high=snap.deviation_high if snap else None,
+                projected=project(usage, cost, target_steps=experiment.target_steps, **tiered)
+                if experiment.target_steps
+                else None,
+            )
+        )
     window_end = next(iter(latest.values())).window_end if latest else None
-    table = {"id": comparison.table_id, "valid_from": comparison.valid_from} if comparison.table_id else None
-    return ExperimentReport(experiment_id=experiment.pk, name=experiment.name, target_steps=experiment.target_steps,
-                            window_end=window_end, pricing_table=table, arms=out)
+    table = (
+        {"id": comparison.table_id, "valid_from": comparison.valid_from}
+        if comparison.table_id
+        else None
+    )
+    return ExperimentReport(
+        experiment_id=experiment.pk,
+        name=experiment.name,
+        target_steps=experiment.target_steps,
+        window_end=window_end,
+        pricing_table=table,
+        arms=out,
+    )
 
 
 def report_comparison(*, experiment: Experiment, latest: dict) -> Comparison:
@@ -156,6 +223,8 @@ def report_comparison(*, experiment: Experiment, latest: dict) -> Comparison:
     first window nothing is rolled up to re-price: arms compare as billed (no table). Usage since
     the latest window compares as billed too."""
     snapshot = next(iter(latest.values()), None)
-    return Comparison.of(table_id=snapshot.pricing_table_id if snapshot else None,
-                         valid_from=snapshot.pricing_valid_from if snapshot else None,
-                         cost_model=experiment.cost_model)
+    return Comparison.of(
+        table_id=snapshot.pricing_table_id if snapshot else None,
+        valid_from=snapshot.pricing_valid_from if snapshot else None,
+        cost_model=experiment.cost_model,
+    )

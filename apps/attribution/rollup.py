@@ -28,8 +28,13 @@ def observations_record(*, window_ids: list[int], restarted_arm_ids: list[int] =
     """
     if not window_ids:
         return 0
-    rw, cur, run, win, snap = (RunWindow._meta.db_table, RunCursor._meta.db_table, Run._meta.db_table,
-                               AttributionWindow._meta.db_table, AttributionSnapshot._meta.db_table)
+    rw, cur, run, win, snap = (
+        RunWindow._meta.db_table,
+        RunCursor._meta.db_table,
+        Run._meta.db_table,
+        AttributionWindow._meta.db_table,
+        AttributionSnapshot._meta.db_table,
+    )
     ids = ", ".join(["%s"] * len(window_ids))
     # Devices: a GPU run's device_seconds are GPU-seconds; a CPU run's are wall seconds per rank
     # (a DDP run's summed over its world_size processes).
@@ -78,8 +83,10 @@ def observations_record(*, window_ids: list[int], restarted_arm_ids: list[int] =
         recorded = cursor.rowcount
         if restarted_arm_ids:
             arms = ", ".join(["%s"] * len(restarted_arm_ids))
-            cursor.execute(f"UPDATE {rw} SET first_seen = TRUE "
-                           f"WHERE window_id IN ({ids}) AND arm_id IN ({arms})",
-                           [*window_ids, *restarted_arm_ids])
+            cursor.execute(
+                f"UPDATE {rw} SET first_seen = TRUE "
+                f"WHERE window_id IN ({ids}) AND arm_id IN ({arms})",
+                [*window_ids, *restarted_arm_ids],
+            )
         cursor.execute(upsert, window_ids)
     return recorded

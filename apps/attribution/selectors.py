@@ -46,15 +46,20 @@ def experiments_due(*, now: datetime) -> list[Experiment]:
     experiments = (
         Experiment.objects.filter(status=Experiment.Status.ACTIVE)
         .select_related("cost_model", "tenant")
-        .annotate(last_window_id=Subquery(last.values("pk")[:1]), last_number=Subquery(last.values("number")[:1]),
-                  last_end=Subquery(last.values("window_end")[:1]))
+        .annotate(
+            last_window_id=Subquery(last.values("pk")[:1]),
+            last_number=Subquery(last.values("number")[:1]),
+            last_end=Subquery(last.values("window_end")[:1]),
+        )
         .order_by("pk")
     )
     due = []
     for e in experiments:
         if e.last_end is None:
             due.append(e)
-        elif now > e.last_end and now - e.last_end >= timedelta(seconds=e.attribution_interval_s - DUE_SLACK_S):
+        elif now > e.last_end and now - e.last_end >= timedelta(
+            seconds=e.attribution_interval_s - DUE_SLACK_S
+        ):
             due.append(e)
     return due
 
@@ -65,31 +70,51 @@ def experiments_moved(*, experiment_ids: list[int]) -> set[int]:
     A late sample re-prices a run below its priced_seq: its cost or tokens move, not its seq.
     """
     moved = Run.objects.filter(experiment_id__in=experiment_ids).filter(
-        Q(attribution_cursor__isnull=True, priced_seq__gte=0) | Q(priced_seq__gt=F("attribution_cursor__priced_seq"))
-        | ~Q(cost_usd=F("attribution_cursor__cost_usd")) | ~Q(tokens=F("attribution_cursor__tokens")))
+        Q(attribution_cursor__isnull=True, priced_seq__gte=0)
+        | Q(priced_seq__gt=F("attribution_cursor__priced_seq"))
+        | ~Q(cost_usd=F("attribution_cursor__cost_usd"))
+        | ~Q(tokens=F("attribution_cursor__tokens"))
+    )
     return set(moved.order_by().values_list("experiment_id", flat=True).distinct())
 
 
 def _sums_annotations() -> dict:
     """ArmSums' fields as aggregates, named a_<field>
     (a bare name would shadow the column it sums)."""
-    return {f"a_{k}": v for k, v in {
-        "observations": Count("pk"),
-        "runs": Count("pk", filter=Q(first_seen=True)),
-        "samples": Sum("samples"),
-        "cost": Sum("cost_usd"),
-        "tokens": Sum("tokens"),
-        "steps": Sum("steps"),
-        "gpu_seconds": Sum("gpu_seconds"),
-        "wall_s": Sum("wall_s"),
-        "energy_j": Sum("energy_j"),
-        "estimated": Count("pk", filter=Q(energy_estimated=True)),
-        "cost_sq": Sum(ExpressionWrapper(F("cost_usd") * F("cost_usd"), output_field=_exact(48, 12))),
-        "cost_tokens": Sum(ExpressionWrapper(F("cost_usd") * F("tokens"), output_field=_exact(48, 6))),
-        "tokens_sq": Sum(ExpressionWrapper(Cast("tokens", _exact(40, 0)) * F("tokens"), output_field=_exact(48, 0))),
-        "cost_steps": Sum(ExpressionWrapper(F("cost_usd") * F("steps"), output_field=_exact(48, 6))),
-        "steps_sq": Sum(ExpressionWrapper(Cast("steps", _exact(40, 0)) * F("steps"), output_field=_exact(48, 0))),
-    }.items()}
+    return {
+        f"a_{k}": v
+        for k, v in {
+            "observations": Count("pk"),
+            "runs": Count("pk", filter=Q(first_seen=True)),
+            "samples": Sum("samples"),
+            "cost": Sum("cost_usd"),
+            "tokens": Sum("tokens"),
+            "steps": Sum("steps"),
+            "gpu_seconds": Sum("gpu_seconds"),
+            "wall_s": Sum("wall_s"),
+            "energy_j": Sum("energy_j"),
+            "estimated": Count("pk", filter=Q(energy_estimated=True)),
+            "cost_sq": Sum(
+                ExpressionWrapper(F("cost_usd") * F("cost_usd"), output_field=_exact(48, 12))
+            ),
+            "cost_tokens": Sum(
+                ExpressionWrapper(F("cost_usd") * F("tokens"), output_field=_exact(48, 6))
+            ),
+            "tokens_sq": Sum(
+                ExpressionWrapper(
+                    Cast("tokens", _exact(40, 0)) * F("tokens"), output_field=_exact(48, 0)
+                )
+            ),
+            "cost_steps": Sum(
+                ExpressionWrapper(F("cost_usd") * F("steps"), output_field=_exact(48, 6))
+            ),
+            "steps_sq": Sum(
+                ExpressionWrapper(
+                    Cast("steps", _exact(40, 0)) * F("steps"), output_field=_exact(48, 0)
+                )
+            ),
+        }.items()
+    }
 
 
 def _arm_sums(row: dict) -> ArmSums:
@@ -98,17 +123,28 @@ def _arm_sums(row: dict) -> ArmSums:
 
 def window_sums(*, window_ids: list[int]) -> dict[int, ArmSums]:
     """Per arm: the counted observations of these windows, summed in the database."""
-    rows = (RunWindow.objects.filter(window_id__in=window_ids, omitted=False)
-            .values("arm_id").annotate(**_sums_annotations()).order_by("arm_id"))
+    rows = (
+        RunWindow.objects.filter(window_id__in=window_ids, omitted=False)
+        .values("arm_id")
+        .annotate(**_sums_annotations())
+        .order_by("arm_id")
+    )
     return {row["arm_id"]: _arm_sums(row) for row in rows}
 
 
-def observations_sums(*, experiment_id: int, after_number: dict[int, int], upto_number: int) -> dict[int, ArmSums]:
+def observations_sums(
+    *, experiment_id: int, after_number: dict[int, int], upto_number: int
+) -> dict[int, ArmSums]:
     """Per arm: every counted observation in windows after_number[arm] < number <= upto_number
     (a recompute)."""
-    rows = (RunWindow.objects.filter(window__experiment_id=experiment_id, window__number__lte=upto_number,
-                                     omitted=False)
-            .values("arm_id", "window__number").annotate(**_sums_annotations()).order_by("arm_id", "window__number"))
+    rows = (
+        RunWindow.objects.filter(
+            window__experiment_id=experiment_id, window__number__lte=upto_number, omitted=False
+        )
+        .values("arm_id", "window__number")
+        .annotate(**_sums_annotations())
+        .order_by("arm_id", "window__number")
+    )
     out: dict[int, ArmSums] = {}
     for row in rows:
         if row["window__number"] > after_number.get(row["arm_id"], 0):
@@ -116,9 +152,14 @@ def observations_sums(*, experiment_id: int, after_number: dict[int, int], upto_
     return out
 
 
-def run_moments(*, epochs: dict[int, int], upto_number: dict[int, int],
-                comparisons: dict[int, Comparison] | None = None, mixed: set[int] | None = None,
-                exclude_runs: set[int] | None = None) -> dict[int, RunMoments]:
+def run_moments(
+    *,
+    epochs: dict[int, int],
+    upto_number: dict[int, int],
+    comparisons: dict[int, Comparison] | None = None,
+    mixed: set[int] | None = None,
+    exclude_runs: set[int] | None = None,
+) -> dict[int, RunMoments]:
     """Per arm: its runs' cumulative compared cost, tokens and steps in windows epochs[arm] < number
     <= upto_number[arm], reduced to the run-level moments the freeze rule's variance needs.
 
@@ -132,28 +173,54 @@ def run_moments(*, epochs: dict[int, int], upto_number: dict[int, int],
     if not epochs:
         return {}
     comparisons = comparisons or {}
-    suspects = {a: e for a, e in epochs.items() if (mixed is None or a in mixed) and a in comparisons}
+    suspects = {
+        a: e for a, e in epochs.items() if (mixed is None or a in mixed) and a in comparisons
+    }
     params = _epoch_params(suspects, upto_number, comparisons)
     moves = []
     if any(params[3::4]):  # which of them has usage under another table than its comparison's
         with connection.cursor() as cursor:
-            cursor.execute(f"""{_epoch_ranges(len(suspects))}
+            cursor.execute(
+                f"""{_epoch_ranges(len(suspects))}
                 SELECT DISTINCT b.arm_id, w.pricing_table_id FROM {cte_fenced("b")} JOIN {_WIN} w
                 ON w.experiment_id = b.experiment_id AND w.id > b.lo AND w.id <= b.hi
-                WHERE b.cmp > 0 AND w.pricing_table_id <> b.cmp""", params)
-            moves = [(arm_id, comparisons[arm_id], table_id) for arm_id, table_id in cursor.fetchall()]
-    out = _moments(epochs={a: e for a, e in epochs.items() if a not in {m[0] for m in moves}},
-                   upto_number=upto_number, comparisons=comparisons, exclude=exclude_runs)
+                WHERE b.cmp > 0 AND w.pricing_table_id <> b.cmp""",
+                params,
+            )
+            moves = [
+                (arm_id, comparisons[arm_id], table_id) for arm_id, table_id in cursor.fetchall()
+            ]
+    out = _moments(
+        epochs={a: e for a, e in epochs.items() if a not in {m[0] for m in moves}},
+        upto_number=upto_number,
+        comparisons=comparisons,
+        exclude=exclude_runs,
+    )
     if moves:
-        prices = table_prices(table_ids={t for _, _, t in moves} | {c.table_id for _, c, _ in moves})
+        prices = table_prices(
+            table_ids={t for _, _, t in moves} | {c.table_id for _, c, _ in moves}
+        )
         moved = {m[0] for m in moves}
-        out.update(_moments(epochs={a: epochs[a] for a in moved}, upto_number=upto_number,
-                            comparisons=comparisons, deltas=price_deltas(moves, prices), exclude=exclude_runs))
+        out.update(
+            _moments(
+                epochs={a: epochs[a] for a in moved},
+                upto_number=upto_number,
+                comparisons=comparisons,
+                deltas=price_deltas(moves, prices),
+                exclude=exclude_runs,
+            )
+        )
     return out
 
 
-def _moments(*, epochs: dict, upto_number: dict, comparisons: dict, deltas: dict | None = None,
-             exclude: set[int] | None = None) -> dict:
+def _moments(
+    *,
+    epochs: dict,
+    upto_number: dict,
+    comparisons: dict,
+    deltas: dict | None = None,
+    exclude: set[int] | None = None,
+) -> dict:
     """run_moments' sums in one query; with deltas ((arm, billed table, SKU) -> PriceDelta),
     re-priced; the runs in `exclude` left out."""
     if not epochs:
@@ -162,15 +229,22 @@ def _moments(*, epochs: dict, upto_number: dict, comparisons: dict, deltas: dict
     cost, joins, k_params = "SUM(rw.cost_usd)", "", []
     if deltas:
         k = ", ".join(["(%s, %s, %s, %s, %s, %s, %s)"] * len(deltas))
-        k_params = [v for (arm_id, table_id, sku), d in deltas.items()
-                    for v in (arm_id, table_id, sku or 0, d.gpu_second, d.joule, d.vcpu_second, d.gb_second)]
+        k_params = [
+            v
+            for (arm_id, table_id, sku), d in deltas.items()
+            for v in (arm_id, table_id, sku or 0, d.gpu_second, d.joule, d.vcpu_second, d.gb_second)
+        ]
         # The per-unit deltas times the usage (PriceDelta.times), rounded per run as a bill is.
-        cost = ("SUM(rw.cost_usd) + ROUND(COALESCE(SUM("
-                "rw.gpu_seconds * k.dg + rw.energy_j * k.de + rw.wall_s * "
-                "(x.vcpus * k.dv + CAST(x.memory_gb AS NUMERIC) * k.dm)), 0), 6)")
-        joins = (f"JOIN {_WIN} w ON w.id = rw.window_id JOIN {run} x ON x.id = rw.run_id "
-                 "LEFT JOIN k ON k.arm_id = rw.arm_id AND k.tbl = w.pricing_table_id "
-                 "AND k.sku = COALESCE(x.gpu_sku_id, 0)")
+        cost = (
+            "SUM(rw.cost_usd) + ROUND(COALESCE(SUM("
+            "rw.gpu_seconds * k.dg + rw.energy_j * k.de + rw.wall_s * "
+            "(x.vcpus * k.dv + CAST(x.memory_gb AS NUMERIC) * k.dm)), 0), 6)"
+        )
+        joins = (
+            f"JOIN {_WIN} w ON w.id = rw.window_id JOIN {run} x ON x.id = rw.run_id "
+            "LEFT JOIN k ON k.arm_id = rw.arm_id AND k.tbl = w.pricing_table_id "
+            "AND k.sku = COALESCE(x.gpu_sku_id, 0)"
+        )
         k = f", k(arm_id, tbl, sku, dg, de, dv, dm) AS (VALUES {k})"
     else:
         k = ""
@@ -191,17 +265,32 @@ def _moments(*, epochs: dict, upto_number: dict, comparisons: dict, deltas: dict
         FROM r GROUP BY arm_id
     """
     with connection.cursor() as cursor:
-        cursor.execute(sql, _epoch_params(epochs, upto_number, comparisons) + k_params + [False]
-                       + sorted(exclude or ()))
+        cursor.execute(
+            sql,
+            _epoch_params(epochs, upto_number, comparisons)
+            + k_params
+            + [False]
+            + sorted(exclude or ()),
+        )
         rows = cursor.fetchall()
     # Postgres sums exactly at these scales (cost has 6 places); SQLite answers floats: rounded to
     # the same scales, as the snapshot columns store them, so a recompute reproduces a tick.
     with localcontext() as ctx:
         ctx.prec = 80
-        return {arm_id: RunMoments(runs=int(n), cost=_at(c, 6), cost_sq=_at(cc, 12), cost_tokens=_at(ct, 6),
-                                   tokens_sq=_at(tt, 0), cost_steps=_at(cs, 6), steps_sq=_at(ss, 0),
-                                   tokens=int(t or 0), steps=int(st or 0))
-                for arm_id, n, c, cc, ct, tt, cs, ss, t, st in rows}
+        return {
+            arm_id: RunMoments(
+                runs=int(n),
+                cost=_at(c, 6),
+                cost_sq=_at(cc, 12),
+                cost_tokens=_at(ct, 6),
+                tokens_sq=_at(tt, 0),
+                cost_steps=_at(cs, 6),
+                steps_sq=_at(ss, 0),
+                tokens=int(t or 0),
+                steps=int(st or 0),
+            )
+            for arm_id, n, c, cc, ct, tt, cs, ss, t, st in rows
+        }
 
 
 _WIN, _RW, _ARM = AttributionWindow._meta.db_table, RunWindow._meta.db_table, Arm._meta.db_table
@@ -228,20 +317,31 @@ def _epoch_params(epochs: dict, upto_number: dict, comparisons: dict) -> list:
         c = comparisons.get(arm_id)
         return c.table_id if c is not None and not c.tiered and c.table_id else 0
 
-    return [v for arm_id, after in epochs.items() for v in (arm_id, after, upto_number[arm_id], cmp(arm_id))]
+    return [
+        v
+        for arm_id, after in epochs.items()
+        for v in (arm_id, after, upto_number[arm_id], cmp(arm_id))
+    ]
 
 
 def comparisons_at(*, experiments: list[Experiment], at: datetime) -> dict[int, Comparison]:
     """Per experiment: the table its arms are compared at (pinned, else in force at `at`),
     in one query."""
-    tables = pricing_tables_in_force(tenant_ids={e.tenant_id for e in experiments},
-                                     pinned_ids={e.pricing_table_id for e in experiments if e.pricing_table_id},
-                                     at=at)
+    tables = pricing_tables_in_force(
+        tenant_ids={e.tenant_id for e in experiments},
+        pinned_ids={e.pricing_table_id for e in experiments if e.pricing_table_id},
+        at=at,
+    )
     out = {}
     for e in experiments:
-        table = tables.get(("pinned", e.pricing_table_id) if e.pricing_table_id else ("tenant", e.tenant_id))
-        out[e.pk] = Comparison.of(table_id=table.pk if table else None, valid_from=table.valid_from if table else None,
-                                  cost_model=e.cost_model)
+        table = tables.get(
+            ("pinned", e.pricing_table_id) if e.pricing_table_id else ("tenant", e.tenant_id)
+        )
+        out[e.pk] = Comparison.of(
+            table_id=table.pk if table else None,
+            valid_from=table.valid_from if table else None,
+            cost_model=e.cost_model,
+        )
     return out
 
 
@@ -250,10 +350,22 @@ def _at(value, places: int) -> Decimal:
 
 
 SNAPSHOT_SUMS = {
-    "observations": "observations", "runs": "runs", "samples": "samples", "cost": "cost_usd", "tokens": "tokens",
-    "steps": "steps", "gpu_seconds": "gpu_seconds", "wall_s": "wall_s", "energy_j": "energy_j",
-    "estimated": "energy_estimated", "cost_sq": "cost_sq", "cost_tokens": "cost_tokens", "tokens_sq": "tokens_sq",
-    "cost_steps": "cost_steps", "steps_sq": "steps_sq", "compared": "compared_usd",
+    "observations": "observations",
+    "runs": "runs",
+    "samples": "samples",
+    "cost": "cost_usd",
+    "tokens": "tokens",
+    "steps": "steps",
+    "gpu_seconds": "gpu_seconds",
+    "wall_s": "wall_s",
+    "energy_j": "energy_j",
+    "estimated": "energy_estimated",
+    "cost_sq": "cost_sq",
+    "cost_tokens": "cost_tokens",
+    "tokens_sq": "tokens_sq",
+    "cost_steps": "cost_steps",
+    "steps_sq": "steps_sq",
+    "compared": "compared_usd",
 }
 
 
@@ -261,21 +373,35 @@ def snapshot_sums(*, window_ids: list[int]) -> dict[int, tuple[ArmSums, int, int
     """Per arm: the cumulative sums its snapshot in one of these windows carried, its epoch,
     its comparison table."""
     rows = AttributionSnapshot.objects.filter(window_id__in=window_ids).values(
-        "arm_id", "epoch_start", "pricing_table_id", *SNAPSHOT_SUMS.values())
-    return {r["arm_id"]: (ArmSums.from_row({k: r[v] for k, v in SNAPSHOT_SUMS.items()}), r["epoch_start"],
-                          r["pricing_table_id"]) for r in rows}
+        "arm_id", "epoch_start", "pricing_table_id", *SNAPSHOT_SUMS.values()
+    )
+    return {
+        r["arm_id"]: (
+            ArmSums.from_row({k: r[v] for k, v in SNAPSHOT_SUMS.items()}),
+            r["epoch_start"],
+            r["pricing_table_id"],
+        )
+        for r in rows
+    }
 
 
 def unfreeze_epochs(*, experiment_ids: list[int]) -> dict[int, int]:
     """Per arm: the window number its evidence restarts after (its last unfreeze),
     for arms ever unfrozen."""
-    rows = (FreezeEvent.objects.filter(action=FreezeEvent.Action.UNFREEZE, experiment_id__in=experiment_ids)
-            .values("arm_id").annotate(n=Max("window__number")).order_by())
+    rows = (
+        FreezeEvent.objects.filter(
+            action=FreezeEvent.Action.UNFREEZE, experiment_id__in=experiment_ids
+        )
+        .values("arm_id")
+        .annotate(n=Max("window__number"))
+        .order_by()
+    )
     return {r["arm_id"]: r["n"] or 0 for r in rows}
 
 
-def pricing_faults(*, experiments: list[Experiment], window_ids: list[int], now: datetime
-                   ) -> dict[int, tuple[str, list[int]]]:
+def pricing_faults(
+    *, experiments: list[Experiment], window_ids: list[int], now: datetime
+) -> dict[int, tuple[str, list[int]]]:
     """Experiments whose runs of these windows would be priced at 0 for lack of a price: reason,
     run ids.
 
@@ -286,48 +412,87 @@ def pricing_faults(*, experiments: list[Experiment], window_ids: list[int], now:
     """
     faults: dict[int, tuple[list[str], list[int]]] = defaultdict(lambda: ([], []))
     pinned = [e.pricing_table_id for e in experiments if e.pricing_table_id]
-    tables = list(PricingTable.objects.filter(Q(tenant_id__in={e.tenant_id for e in experiments},
-                                                valid_from__lte=now) | Q(pk__in=pinned))
-                  .values("pk", "tenant_id", "valid_from", "name").order_by("valid_from"))
+    tables = list(
+        PricingTable.objects.filter(
+            Q(tenant_id__in={e.tenant_id for e in experiments}, valid_from__lte=now)
+            | Q(pk__in=pinned)
+        )
+        .values("pk", "tenant_id", "valid_from", "name")
+        .order_by("valid_from")
+    )
     by_tenant, by_pk = defaultdict(list), {t["pk"]: t for t in tables}
     for t in tables:
         if t["valid_from"] <= now:
             by_tenant[t["tenant_id"]].append(t)
     for e in experiments:
         if e.pricing_table_id is None and not by_tenant[e.tenant_id]:
-            faults[e.pk][0].append(f"pricing_table: tenant '{e.tenant.slug}' has no pricing table in force, "
-                                   "so every cost would be 0")
+            faults[e.pk][0].append(
+                f"pricing_table: tenant '{e.tenant.slug}' has no pricing table in force, "
+                "so every cost would be 0"
+            )
     gpu = RunWindow.objects.filter(window_id__in=window_ids, run__gpu_count__gt=0)
-    groups = list(gpu.values("window__experiment_id", "run__gpu_sku_id").order_by()
-                  .annotate(start=Min(Coalesce("run__started_at", "run__created_at"))))
-    priced = set(GpuPrice.objects.filter(pricing_table_id__in=list(by_pk),
-                                         sku_id__in={g["run__gpu_sku_id"] for g in groups})
-                 .values_list("pricing_table_id", "sku_id"))
+    groups = list(
+        gpu.values("window__experiment_id", "run__gpu_sku_id")
+        .order_by()
+        .annotate(start=Min(Coalesce("run__started_at", "run__created_at")))
+    )
+    priced = set(
+        GpuPrice.objects.filter(
+            pricing_table_id__in=list(by_pk), sku_id__in={g["run__gpu_sku_id"] for g in groups}
+        ).values_list("pricing_table_id", "sku_id")
+    )
     experiment_of = {e.pk: e for e in experiments}
 
     def missing(e: Experiment, sku_id: int, start: datetime) -> list[dict]:
-        return [t for t in _tables_used(e, by_tenant, by_pk, start) if (t["pk"], sku_id) not in priced]
+        return [
+            t for t in _tables_used(e, by_tenant, by_pk, start) if (t["pk"], sku_id) not in priced
+        ]
 
-    suspect = [g for g in groups if g["run__gpu_sku_id"] is None or missing(
-        experiment_of[g["window__experiment_id"]], g["run__gpu_sku_id"], g["start"])]
+    suspect = [
+        g
+        for g in groups
+        if g["run__gpu_sku_id"] is None
+        or missing(experiment_of[g["window__experiment_id"]], g["run__gpu_sku_id"], g["start"])
+    ]
     if suspect:
         which = Q()
         for g in suspect:
-            sku = {"run__gpu_sku_id": g["run__gpu_sku_id"]} if g["run__gpu_sku_id"] else {"run__gpu_sku__isnull": True}
+            sku = (
+                {"run__gpu_sku_id": g["run__gpu_sku_id"]}
+                if g["run__gpu_sku_id"]
+                else {"run__gpu_sku__isnull": True}
+            )
             which |= Q(window__experiment_id=g["window__experiment_id"], **sku)
-        for r in gpu.filter(which).values("run_id", "window__experiment_id", "run__gpu_sku_id", "run__gpu_sku__name",
-                                          "run__device", "run__started_at", "run__created_at").order_by("run_id"):
+        for r in (
+            gpu.filter(which)
+            .values(
+                "run_id",
+                "window__experiment_id",
+                "run__gpu_sku_id",
+                "run__gpu_sku__name",
+                "run__device",
+                "run__started_at",
+                "run__created_at",
+            )
+            .order_by("run_id")
+        ):
             e = experiment_of[r["window__experiment_id"]]
             if r["run__gpu_sku_id"] is None:
-                reason = (f"device: run {r['run_id']} ran on "
-                          f"'{r['run__device'] or 'an unknown GPU'}', which "
-                          "matches no GPU SKU, so its GPU time has no price")
+                reason = (
+                    f"device: run {r['run_id']} ran on "
+                    f"'{r['run__device'] or 'an unknown GPU'}', which "
+                    "matches no GPU SKU, so its GPU time has no price"
+                )
             else:
-                gaps = missing(e, r["run__gpu_sku_id"], r["run__started_at"] or r["run__created_at"])
+                gaps = missing(
+                    e, r["run__gpu_sku_id"], r["run__started_at"] or r["run__created_at"]
+                )
                 if not gaps:
                     continue
-                reason = (f"pricing: table '{gaps[0]['name']}' has no price for GPU SKU "
-                          f"'{r['run__gpu_sku__name']}' (run {r['run_id']})")
+                reason = (
+                    f"pricing: table '{gaps[0]['name']}' has no price for GPU SKU "
+                    f"'{r['run__gpu_sku__name']}' (run {r['run_id']})"
+                )
             faults[e.pk][0].append(reason)
             faults[e.pk][1].append(r["run_id"])
     return {pk: ("; ".join(dict.fromkeys(reasons)), runs) for pk, (reasons, runs) in faults.items()}
@@ -347,21 +512,34 @@ def arm_repricing(*, experiment_id: int, comparison: Comparison) -> dict[int, De
     two more after a price edit."""
     if comparison.tiered or comparison.table_id is None:
         return {}
-    rows = list(RunWindow.objects.filter(window__experiment_id=experiment_id, window__pricing_table__isnull=False)
-                .exclude(window__pricing_table_id=comparison.table_id)
-                .values("arm_id", "window__pricing_table_id", "run__gpu_sku_id", "run__vcpus", "run__memory_gb")
-                .annotate(g=Sum("gpu_seconds"), ws=Sum("wall_s"), en=Sum("energy_j")).order_by())
+    rows = list(
+        RunWindow.objects.filter(
+            window__experiment_id=experiment_id, window__pricing_table__isnull=False
+        )
+        .exclude(window__pricing_table_id=comparison.table_id)
+        .values(
+            "arm_id", "window__pricing_table_id", "run__gpu_sku_id", "run__vcpus", "run__memory_gb"
+        )
+        .annotate(g=Sum("gpu_seconds"), ws=Sum("wall_s"), en=Sum("energy_j"))
+        .order_by()
+    )
     if not rows:
         return {}
     tables = {r["window__pricing_table_id"] for r in rows}
-    deltas = price_deltas([(0, comparison, t) for t in tables], table_prices(table_ids=tables | {comparison.table_id}))
+    deltas = price_deltas(
+        [(0, comparison, t) for t in tables], table_prices(table_ids=tables | {comparison.table_id})
+    )
     out: dict[int, Decimal] = defaultdict(Decimal)
     for r in rows:
         delta = deltas.get((0, r["window__pricing_table_id"], r["run__gpu_sku_id"]))
         if delta is not None:
-            out[r["arm_id"]] += delta.times(gpu_seconds=_exact_at(r["g"], 6), energy_j=_exact_at(r["en"], 6),
-                                            wall_s=_exact_at(r["ws"], 6), vcpus=r["run__vcpus"] or 0,
-                                            memory_gb=r["run__memory_gb"] or 0)
+            out[r["arm_id"]] += delta.times(
+                gpu_seconds=_exact_at(r["g"], 6),
+                energy_j=_exact_at(r["en"], 6),
+                wall_s=_exact_at(r["ws"], 6),
+                vcpus=r["run__vcpus"] or 0,
+                memory_gb=r["run__memory_gb"] or 0,
+            )
     return {arm_id: usd.quantize(MICRO) for arm_id, usd in out.items()}
 
 

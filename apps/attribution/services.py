@@ -16,7 +16,13 @@ from django.utils import timezone
 from apps.attribution import selectors
 from apps.attribution.alerts import alerts_queue
 from apps.attribution.comparison import Comparison
-from apps.attribution.decisions import ArmInput, ArmSums, ArmVerdict, ExperimentVerdict, experiment_decide
+from apps.attribution.decisions import (
+    ArmInput,
+    ArmSums,
+    ArmVerdict,
+    ExperimentVerdict,
+    experiment_decide,
+)
 from apps.attribution.locks import lock_try
 from apps.attribution.models import (
     AttributionSnapshot,
@@ -78,13 +84,22 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
         if not experiments:
             return TickResult(ran=True, note="no experiment due with new data")
         comparisons = selectors.comparisons_at(experiments=experiments, at=now)
-        windows = AttributionWindow.objects.bulk_create([
-            AttributionWindow(experiment=e, number=(e.last_number or 0) + 1, window_start=e.last_end, window_end=now,
-                              pricing_table_id=comparisons[e.pk].table_id)
-            for e in experiments
-        ])
+        windows = AttributionWindow.objects.bulk_create(
+            [
+                AttributionWindow(
+                    experiment=e,
+                    number=(e.last_number or 0) + 1,
+                    window_start=e.last_end,
+                    window_end=now,
+                    pricing_table_id=comparisons[e.pk].table_id,
+                )
+                for e in experiments
+            ]
+        )
         window_ids = [w.pk for w in windows]
-        previous = selectors.snapshot_sums(window_ids=[e.last_window_id for e in experiments if e.last_window_id])
+        previous = selectors.snapshot_sums(
+            window_ids=[e.last_window_id for e in experiments if e.last_window_id]
+        )
         arms_of: dict[int, list[Arm]] = defaultdict(list)
         for arm in Arm.objects.filter(experiment_id__in=[e.pk for e in experiments]).order_by("pk"):
             arms_of[arm.experiment_id].append(arm)
@@ -95,27 +110,58 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
         faults = selectors.pricing_faults(experiments=experiments, window_ids=window_ids, now=now)
         omitted = [run_id for _, run_ids in faults.values() for run_id in run_ids]
         if omitted:
-            RunWindow.objects.filter(window_id__in=window_ids, run_id__in=omitted).update(omitted=True)
+            RunWindow.objects.filter(window_id__in=window_ids, run_id__in=omitted).update(
+                omitted=True
+            )
         deltas = selectors.window_sums(window_ids=window_ids)
         excluded = _outliers_excluded(experiments)
-        moments = selectors.run_moments(epochs=epochs, exclude_runs={o.run_id for e in excluded.values() for o in e},
-                                        upto_number={
-            arm.pk: w.number for e, w in zip(experiments, windows, strict=True) for arm in arms_of[e.pk]},
+        moments = selectors.run_moments(
+            epochs=epochs,
+            exclude_runs={o.run_id for e in excluded.values() for o in e},
+            upto_number={
+                arm.pk: w.number
+                for e, w in zip(experiments, windows, strict=True)
+                for arm in arms_of[e.pk]
+            },
             comparisons={arm.pk: comparisons[e.pk] for e in experiments for arm in arms_of[e.pk]},
-            mixed={arm.pk for e in experiments for arm in arms_of[e.pk]
-                   if arm.pk not in restarted and _mixed(previous.get(arm.pk), comparisons[e.pk])})
+            mixed={
+                arm.pk
+                for e in experiments
+                for arm in arms_of[e.pk]
+                if arm.pk not in restarted and _mixed(previous.get(arm.pk), comparisons[e.pk])
+            },
+        )
 
         snapshots, freezes, moves = [], [], []
         for experiment, window in zip(experiments, windows, strict=True):
-            inputs = [ArmInput(arm_id=arm.pk, name=arm.name, is_control=arm.is_control,
-                               active=arm.state == Arm.State.ACTIVE, weight=arm.weight,
-                               sums=((ArmSums() if arm.pk in restarted else previous.get(arm.pk, (ArmSums(), 0))[0])
-                                     + deltas.get(arm.pk, ArmSums())).with_moments(moments.get(arm.pk),
-                                                                                   runs_excluded=arm.pk in excluded))
-                      for arm in arms_of[experiment.pk]]
+            inputs = [
+                ArmInput(
+                    arm_id=arm.pk,
+                    name=arm.name,
+                    is_control=arm.is_control,
+                    active=arm.state == Arm.State.ACTIVE,
+                    weight=arm.weight,
+                    sums=(
+                        (
+                            ArmSums()
+                            if arm.pk in restarted
+                            else previous.get(arm.pk, (ArmSums(), 0))[0]
+                        )
+                        + deltas.get(arm.pk, ArmSums())
+                    ).with_moments(moments.get(arm.pk), runs_excluded=arm.pk in excluded),
+                )
+                for arm in arms_of[experiment.pk]
+            ]
             fault = faults.get(experiment.pk, ("", []))[0]
-            s, f, m = _attribute(experiment, window, inputs, epochs, fault, comparisons[experiment.pk],
-                                 excluded=excluded)
+            s, f, m = _attribute(
+                experiment,
+                window,
+                inputs,
+                epochs,
+                fault,
+                comparisons[experiment.pk],
+                excluded=excluded,
+            )
             snapshots += s
             freezes += f
             moves += m
@@ -124,7 +170,12 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
 
         result.frozen = [f.arm_id for f in freezes if _freeze_in_savepoint(f) is not None]
         AttributionSnapshot.objects.bulk_create(snapshots)
-        observed = RunWindow.objects.filter(window=OuterRef("pk")).values("window").annotate(n=Count("pk")).values("n")
+        observed = (
+            RunWindow.objects.filter(window=OuterRef("pk"))
+            .values("window")
+            .annotate(n=Count("pk"))
+            .values("n")
+        )
         AttributionWindow.objects.filter(pk__in=window_ids).update(observations=Subquery(observed))
         skipped = [w for w in windows if w.status == AttributionWindow.Status.SKIPPED]
         if skipped:
@@ -144,7 +195,9 @@ def _outliers_excluded(experiments: list[Experiment]) -> dict[int, list]:
     return {arm_id: sorted(found, key=lambda o: o.run_id) for arm_id, found in by_arm.items()}
 
 
-def _epochs(experiments: list[Experiment], arms_of: dict, previous: dict) -> tuple[dict[int, int], set[int]]:
+def _epochs(
+    experiments: list[Experiment], arms_of: dict, previous: dict
+) -> tuple[dict[int, int], set[int]]:
     """Per arm, the window number its evidence counts after;
     and the arms unfrozen since the last window."""
     unfrozen_after = selectors.unfreeze_epochs(experiment_ids=[e.pk for e in experiments])
@@ -152,7 +205,9 @@ def _epochs(experiments: list[Experiment], arms_of: dict, previous: dict) -> tup
     for experiment in experiments:
         for arm in arms_of[experiment.pk]:
             epochs[arm.pk] = previous.get(arm.pk, (None, 0))[1]
-            if unfrozen_after.get(arm.pk, 0) > epochs[arm.pk]:  # its evidence starts over with this window
+            if (
+                unfrozen_after.get(arm.pk, 0) > epochs[arm.pk]
+            ):  # its evidence starts over with this window
                 epochs[arm.pk] = experiment.last_number or 0
                 restarted.add(arm.pk)
     return epochs, restarted
@@ -168,8 +223,15 @@ def _mixed(previous: tuple | None, comparison: Comparison) -> bool:
     return (table_id is not None and table_id != comparison.table_id) or sums.compared != sums.cost
 
 
-def _attribute(experiment: Experiment, window: AttributionWindow, inputs: list[ArmInput], epochs: dict,
-               fault: str, comparison: Comparison, excluded: dict | None = None) -> tuple[list, list, list]:
+def _attribute(
+    experiment: Experiment,
+    window: AttributionWindow,
+    inputs: list[ArmInput],
+    epochs: dict,
+    fault: str,
+    comparison: Comparison,
+    excluded: dict | None = None,
+) -> tuple[list, list, list]:
     """One experiment's window: its snapshots, the freezes and weight moves it decides (unsaved).
 
     `excluded`: arm id -> outlier runs left out of its statistics, recorded in its evidence.
@@ -185,12 +247,27 @@ def _attribute(experiment: Experiment, window: AttributionWindow, inputs: list[A
     snapshots, freezes = [], []
     for arm in inputs:
         arm_verdict = verdict.arms.get(arm.arm_id, ArmVerdict())
-        snapshot = snapshot_build(window=window, arm=arm, verdict=arm_verdict, policy=policy,
-                                  epoch_start=epochs[arm.arm_id], skip_reason=reason, comparison=comparison)
+        snapshot = snapshot_build(
+            window=window,
+            arm=arm,
+            verdict=arm_verdict,
+            policy=policy,
+            epoch_start=epochs[arm.arm_id],
+            skip_reason=reason,
+            comparison=comparison,
+        )
         snapshots.append(snapshot)
         if arm_verdict.freeze and not reason:
-            freezes.append(_Freeze(arm.arm_id, window, snapshot, _freeze_reason(arm, arm_verdict), policy.threshold,
-                                   full_evidence(arm_verdict, window, epochs[arm.arm_id], comparison)))
+            freezes.append(
+                _Freeze(
+                    arm.arm_id,
+                    window,
+                    snapshot,
+                    _freeze_reason(arm, arm_verdict),
+                    policy.threshold,
+                    full_evidence(arm_verdict, window, epochs[arm.arm_id], comparison),
+                )
+            )
     moves = _weight_moves(inputs, verdict, window) if not reason and verdict.weights else []
     return snapshots, freezes, moves
 
@@ -205,38 +282,66 @@ def _decide(experiment: Experiment, inputs: list[ArmInput], policy) -> Experimen
 
 def _freeze_reason(arm: ArmInput, verdict: ArmVerdict) -> str:
     dev, control = verdict.deviation, verdict.evidence.get("control", {})
-    return (f"cost deviation {dev.estimate:+.2%} vs control '{control.get('name')}' "
-            f"(always-valid lower bound {dev.low:+.2%}) "
-            f"above the threshold {verdict.evidence['threshold']:.2%}, "
-            f"over {arm.sums.runs} runs and {arm.sums.samples} samples")
+    return (
+        f"cost deviation {dev.estimate:+.2%} vs control '{control.get('name')}' "
+        f"(always-valid lower bound {dev.low:+.2%}) "
+        f"above the threshold {verdict.evidence['threshold']:.2%}, "
+        f"over {arm.sums.runs} runs and {arm.sums.samples} samples"
+    )
 
 
 def _freeze_in_savepoint(f: _Freeze) -> FreezeEvent | None:
     try:
         with transaction.atomic():
-            return arm_freeze(arm_id=f.arm_id, window=f.window, reason=f.reason, threshold=f.threshold,
-                              deviation=f.snapshot.deviation, deviation_low=f.snapshot.deviation_low,
-                              evidence=f.evidence)
+            return arm_freeze(
+                arm_id=f.arm_id,
+                window=f.window,
+                reason=f.reason,
+                threshold=f.threshold,
+                deviation=f.snapshot.deviation,
+                deviation_low=f.snapshot.deviation_low,
+                evidence=f.evidence,
+            )
     except Exception as exc:
         logger.exception("freezing arm %s failed", f.arm_id)
-        f.snapshot.evidence.update(decision="freeze_failed", error=f"{type(exc).__name__}: {exc}"[:500])
+        f.snapshot.evidence.update(
+            decision="freeze_failed", error=f"{type(exc).__name__}: {exc}"[:500]
+        )
         return None
 
 
-def arm_freeze(*, arm_id: int, reason: str, evidence: dict, window: AttributionWindow | None = None,
-               deviation: float | None = None, deviation_low: float | None = None,
-               threshold: float | None = None) -> FreezeEvent | None:
+def arm_freeze(
+    *,
+    arm_id: int,
+    reason: str,
+    evidence: dict,
+    window: AttributionWindow | None = None,
+    deviation: float | None = None,
+    deviation_low: float | None = None,
+    threshold: float | None = None,
+) -> FreezeEvent | None:
     """Freeze an arm: no new runs, weight 0 (recorded), running runs cancelled if the policy says
     so, the evidence stored, alerts queued for after the commit. None when it was frozen already."""
     with transaction.atomic():
-        arm = Arm.objects.select_for_update().select_related("experiment__tenant").filter(pk=arm_id).first()
+        arm = (
+            Arm.objects.select_for_update()
+            .select_related("experiment__tenant")
+            .filter(pk=arm_id)
+            .first()
+        )
         if arm is None or arm.state == Arm.State.FROZEN:
             return None
         experiment, old_weight = arm.experiment, arm.weight
         arm.state, arm.weight = Arm.State.FROZEN, Decimal(0)
         arm.save(update_fields=["state", "weight", "updated_at"])
-        WeightChange.objects.create(arm=arm, kind=WeightChange.Kind.FREEZE, window=window, old_weight=old_weight,
-                                    new_weight=Decimal(0), reason=f"freeze: {reason}"[:255])
+        WeightChange.objects.create(
+            arm=arm,
+            kind=WeightChange.Kind.FREEZE,
+            window=window,
+            old_weight=old_weight,
+            new_weight=Decimal(0),
+            reason=f"freeze: {reason}"[:255],
+        )
         cancelled = []
         if experiment.freeze_policy == Experiment.FreezePolicy.CANCEL:
             for run in Run.objects.filter(arm=arm, status__in=Run.ACTIVE_STATUSES).order_by("pk"):
@@ -246,10 +351,20 @@ def arm_freeze(*, arm_id: int, reason: str, evidence: dict, window: AttributionW
                 except ApplicationError:  # it ended meanwhile: nothing to cancel
                     continue
         event = FreezeEvent.objects.create(
-            experiment=experiment, arm=arm, action=FreezeEvent.Action.FREEZE, reason=reason, window=window,
-            deviation=deviation, deviation_low=deviation_low, threshold=threshold,
-            evidence={**evidence, "cancelled_runs": cancelled, "freeze_policy": experiment.freeze_policy,
-                      "weight_before": str(old_weight)},
+            experiment=experiment,
+            arm=arm,
+            action=FreezeEvent.Action.FREEZE,
+            reason=reason,
+            window=window,
+            deviation=deviation,
+            deviation_low=deviation_low,
+            threshold=threshold,
+            evidence={
+                **evidence,
+                "cancelled_runs": cancelled,
+                "freeze_policy": experiment.freeze_policy,
+                "weight_before": str(old_weight),
+            },
         )
         alerts_queue(event=event)
     return event
@@ -261,27 +376,54 @@ def arm_unfreeze(*, arm: Arm, actor, reason: str, weight: Decimal | None = None)
     and its evidence starts over."""
     reason = (reason or "").strip()
     if not reason:
-        raise ApplicationError("reason: say why the arm is unfrozen; the reason is kept for audit",
-                               {"fields": {"reason": ["This field is required."]}}, code="invalid")
+        raise ApplicationError(
+            "reason: say why the arm is unfrozen; the reason is kept for audit",
+            {"fields": {"reason": ["This field is required."]}},
+            code="invalid",
+        )
     if actor is None or not getattr(actor, "is_staff", False):
         raise ApplicationError("actor: only staff can unfreeze an arm", code="permission_denied")
     arm = Arm.objects.select_for_update().select_related("experiment__tenant").get(pk=arm.pk)
     if arm.state != Arm.State.FROZEN:
         raise ApplicationError(f"state: arm '{arm.name}' is not frozen", code="not_frozen")
     if weight is None:
-        frozen_at = WeightChange.objects.filter(arm=arm, kind=WeightChange.Kind.FREEZE).order_by("-pk").first()
+        frozen_at = (
+            WeightChange.objects.filter(arm=arm, kind=WeightChange.Kind.FREEZE)
+            .order_by("-pk")
+            .first()
+        )
         weight = frozen_at.old_weight if frozen_at and frozen_at.old_weight > 0 else Decimal(1)
     elif weight < 0:
-        raise ApplicationError("weight: must be >= 0", {"fields": {"weight": ["Must be >= 0."]}}, code="invalid")
-    latest = AttributionWindow.objects.filter(experiment_id=arm.experiment_id).order_by("-number").first()
+        raise ApplicationError(
+            "weight: must be >= 0", {"fields": {"weight": ["Must be >= 0."]}}, code="invalid"
+        )
+    latest = (
+        AttributionWindow.objects.filter(experiment_id=arm.experiment_id)
+        .order_by("-number")
+        .first()
+    )
     arm.state, arm.weight = Arm.State.ACTIVE, weight
     arm.save(update_fields=["state", "weight", "updated_at"])
-    WeightChange.objects.create(arm=arm, kind=WeightChange.Kind.UNFREEZE, actor=actor, window=latest,
-                                old_weight=Decimal(0), new_weight=weight, reason=f"unfreeze: {reason}"[:255])
+    WeightChange.objects.create(
+        arm=arm,
+        kind=WeightChange.Kind.UNFREEZE,
+        actor=actor,
+        window=latest,
+        old_weight=Decimal(0),
+        new_weight=weight,
+        reason=f"unfreeze: {reason}"[:255],
+    )
     event = FreezeEvent.objects.create(
-        experiment=arm.experiment, arm=arm, action=FreezeEvent.Action.UNFREEZE, reason=reason, actor=actor,
-        window=latest, evidence={"weight_restored": str(weight),
-                                 "evidence_restarts_after_window": latest.number if latest else 0},
+        experiment=arm.experiment,
+        arm=arm,
+        action=FreezeEvent.Action.UNFREEZE,
+        reason=reason,
+        actor=actor,
+        window=latest,
+        evidence={
+            "weight_restored": str(weight),
+            "evidence_restarts_after_window": latest.number if latest else 0,
+        },
     )
     alerts_queue(event=event)
     return event
@@ -296,10 +438,20 @@ class WeightMove:
     reason: str
 
 
-def _weight_moves(inputs: list[ArmInput], verdict: ExperimentVerdict, window: AttributionWindow) -> list[WeightMove]:
-    return [WeightMove(a.arm_id, a.weight, verdict.weights[a.arm_id][0], window,
-                       f"{verdict.weights[a.arm_id][1]} (window {window.number})")
-            for a in inputs if a.arm_id in verdict.weights]
+def _weight_moves(
+    inputs: list[ArmInput], verdict: ExperimentVerdict, window: AttributionWindow
+) -> list[WeightMove]:
+    return [
+        WeightMove(
+            a.arm_id,
+            a.weight,
+            verdict.weights[a.arm_id][0],
+            window,
+            f"{verdict.weights[a.arm_id][1]} (window {window.number})",
+        )
+        for a in inputs
+        if a.arm_id in verdict.weights
+    ]
 
 
 def weights_shift(*, moves: list[WeightMove]) -> int:
@@ -307,16 +459,32 @@ def weights_shift(*, moves: list[WeightMove]) -> int:
     is left alone."""
     if not moves:
         return 0
-    locked = dict(Arm.objects.select_for_update().filter(pk__in=[m.arm_id for m in moves], state=Arm.State.ACTIVE)
-                  .order_by("pk").values_list("pk", "weight"))
+    locked = dict(
+        Arm.objects.select_for_update()
+        .filter(pk__in=[m.arm_id for m in moves], state=Arm.State.ACTIVE)
+        .order_by("pk")
+        .values_list("pk", "weight")
+    )
     applied = [m for m in moves if locked.get(m.arm_id) == m.old]
     now = timezone.now()
     # One statement per arm in a single round trip (bulk_update's CASE costs more to build than to
     # run).
     with connection.cursor() as cursor:
-        cursor.executemany(f"UPDATE {Arm._meta.db_table} SET weight = %s, updated_at = %s WHERE id = %s",
-                           [(m.new, now, m.arm_id) for m in applied])
-    WeightChange.objects.bulk_create([
-        WeightChange(arm_id=m.arm_id, kind=WeightChange.Kind.DYNAMIC, window=m.window, old_weight=m.old,
-                     new_weight=m.new, reason=m.reason[:255]) for m in applied])
+        cursor.executemany(
+            f"UPDATE {Arm._meta.db_table} SET weight = %s, updated_at = %s WHERE id = %s",
+            [(m.new, now, m.arm_id) for m in applied],
+        )
+    WeightChange.objects.bulk_create(
+        [
+            WeightChange(
+                arm_id=m.arm_id,
+                kind=WeightChange.Kind.DYNAMIC,
+                window=m.window,
+                old_weight=m.old,
+                new_weight=m.new,
+                reason=m.reason[:255],
+            )
+            for m in applied
+        ]
+    )
     return len(applied)

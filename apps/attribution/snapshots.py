@@ -20,16 +20,33 @@ COMPARED_FIELDS = [
 ]
 
 
-SNAPSHOT_EVIDENCE = ("metric", "decision", "blocked_by", "threshold", "alpha", "min_runs", "min_samples",
-                     "min_cs_runs", "excluded_runs")
+SNAPSHOT_EVIDENCE = (
+    "metric",
+    "decision",
+    "blocked_by",
+    "threshold",
+    "alpha",
+    "min_runs",
+    "min_samples",
+    "min_cs_runs",
+    "excluded_runs",
+)
 
 
-def full_evidence(verdict: ArmVerdict, window: AttributionWindow, epoch_start: int, comparison: Comparison) -> dict:
+def full_evidence(
+    verdict: ArmVerdict, window: AttributionWindow, epoch_start: int, comparison: Comparison
+) -> dict:
     """Everything a decision was made on (what a FreezeEvent keeps): figures, bounds, rule, window,
     table."""
-    return {**verdict.evidence,
-            "window": {"number": window.number, "end": window.window_end.isoformat(), "since": epoch_start},
-            "pricing_table": _table_json(comparison)}
+    return {
+        **verdict.evidence,
+        "window": {
+            "number": window.number,
+            "end": window.window_end.isoformat(),
+            "since": epoch_start,
+        },
+        "pricing_table": _table_json(comparison),
+    }
 
 
 def _table_json(comparison: Comparison) -> dict:
@@ -39,48 +56,88 @@ def _table_json(comparison: Comparison) -> dict:
 
 def policy_for(experiment: Experiment) -> Policy:
     cost_model = experiment.cost_model
-    tiered_steps = (cost_model.kind == CostModel.Kind.TIERED_PER_CALL and cost_model.unit == CostModel.Unit.STEP)
+    tiered_steps = (
+        cost_model.kind == CostModel.Kind.TIERED_PER_CALL and cost_model.unit == CostModel.Unit.STEP
+    )
     alpha = float(experiment.alpha)
     return Policy(
-        threshold=float(experiment.freeze_threshold), alpha=alpha, min_runs=experiment.min_runs_per_arm,
-        min_samples=experiment.min_samples_per_arm, min_cs_runs=settings.COSTLAB_CS_MIN_RUNS,
+        threshold=float(experiment.freeze_threshold),
+        alpha=alpha,
+        min_runs=experiment.min_runs_per_arm,
+        min_samples=experiment.min_samples_per_arm,
+        min_cs_runs=settings.COSTLAB_CS_MIN_RUNS,
         unit="step" if tiered_steps else "token",
         r2=stats.tuning_r2(alpha=alpha, expected_n=settings.COSTLAB_CS_EXPECTED_RUNS),
-        dynamic_weights=experiment.dynamic_weights, min_share=settings.COSTLAB_WEIGHT_MIN_SHARE,
+        dynamic_weights=experiment.dynamic_weights,
+        min_share=settings.COSTLAB_WEIGHT_MIN_SHARE,
         max_step=settings.COSTLAB_WEIGHT_MAX_STEP,
     )
 
 
-def snapshot_build(*, window: AttributionWindow, arm: ArmInput, verdict: ArmVerdict, policy: Policy,
-                   epoch_start: int, skip_reason: str, comparison: Comparison) -> AttributionSnapshot:
+def snapshot_build(
+    *,
+    window: AttributionWindow,
+    arm: ArmInput,
+    verdict: ArmVerdict,
+    policy: Policy,
+    epoch_start: int,
+    skip_reason: str,
+    comparison: Comparison,
+) -> AttributionSnapshot:
     """An unsaved snapshot: the arm's sums, the figures derived from them, and the decision."""
     s: ArmSums = arm.sums
     metric, dev = verdict.metric, verdict.deviation
     mtok = metric if policy.unit == "token" else None
     # The figures are columns of the row; its evidence keeps only what the columns do not say.
     evidence = {k: v for k, v in verdict.evidence.items() if k in SNAPSHOT_EVIDENCE}
-    evidence["window"] = {"number": window.number, "end": window.window_end.isoformat(), "since": epoch_start}
+    evidence["window"] = {
+        "number": window.number,
+        "end": window.window_end.isoformat(),
+        "since": epoch_start,
+    }
     if skip_reason:
         evidence.update(decision="skipped", skip_reason=skip_reason)
     return AttributionSnapshot(
-        experiment_id=window.experiment_id, arm_id=arm.arm_id, window=window, epoch_start=epoch_start,
-        computed_at=window.window_end, window_end=window.window_end,
-        runs=s.runs, samples=s.samples, observations=s.observations, tokens=s.tokens, steps=s.steps,
-        gpu_hours=float(s.gpu_seconds) / SECONDS_PER_HOUR, energy_kwh=float(s.energy_j) / JOULES_PER_KWH,
-        energy_estimated=s.estimated, cost_usd=s.cost, compared_usd=s.compared,
-        pricing_table_id=comparison.table_id, pricing_valid_from=comparison.valid_from, gpu_seconds=s.gpu_seconds, wall_s=s.wall_s,
-        energy_j=s.energy_j, cost_sq=s.cost_sq, cost_tokens=s.cost_tokens, tokens_sq=s.tokens_sq,
-        cost_steps=s.cost_steps, steps_sq=s.steps_sq,
-        metric=policy.metric, metric_value=verdict.metric_value,
+        experiment_id=window.experiment_id,
+        arm_id=arm.arm_id,
+        window=window,
+        epoch_start=epoch_start,
+        computed_at=window.window_end,
+        window_end=window.window_end,
+        runs=s.runs,
+        samples=s.samples,
+        observations=s.observations,
+        tokens=s.tokens,
+        steps=s.steps,
+        gpu_hours=float(s.gpu_seconds) / SECONDS_PER_HOUR,
+        energy_kwh=float(s.energy_j) / JOULES_PER_KWH,
+        energy_estimated=s.estimated,
+        cost_usd=s.cost,
+        compared_usd=s.compared,
+        pricing_table_id=comparison.table_id,
+        pricing_valid_from=comparison.valid_from,
+        gpu_seconds=s.gpu_seconds,
+        wall_s=s.wall_s,
+        energy_j=s.energy_j,
+        cost_sq=s.cost_sq,
+        cost_tokens=s.cost_tokens,
+        tokens_sq=s.tokens_sq,
+        cost_steps=s.cost_steps,
+        steps_sq=s.steps_sq,
+        metric=policy.metric,
+        metric_value=verdict.metric_value,
         metric_ci_low=metric.low * policy.scale if metric else None,
         metric_ci_high=metric.high * policy.scale if metric else None,
         usd_per_mtok=verdict.usd_per_mtok,
         usd_per_mtok_ci_low=mtok.low * 1e6 if mtok else None,
         usd_per_mtok_ci_high=mtok.high * 1e6 if mtok else None,
         throughput_tok_s=verdict.throughput_tok_s,
-        deviation=dev.estimate if dev else None, deviation_low=dev.low if dev else None,
+        deviation=dev.estimate if dev else None,
+        deviation_low=dev.low if dev else None,
         deviation_high=dev.high if dev else None,
-        weight=arm.weight, state=Arm.State.ACTIVE if arm.active else Arm.State.FROZEN, evidence=evidence,
+        weight=arm.weight,
+        state=Arm.State.ACTIVE if arm.active else Arm.State.FROZEN,
+        evidence=evidence,
     )
 
 
@@ -98,23 +155,53 @@ def window_recompute(*, window: AttributionWindow) -> list[AttributionSnapshot]:
     policy = policy_for(experiment)
     # The table the window compared at, as it recorded it.
     table = window.pricing_table
-    comparison = Comparison.of(table_id=table.pk if table else None, valid_from=table.valid_from if table else None,
-                               cost_model=experiment.cost_model)
+    comparison = Comparison.of(
+        table_id=table.pk if table else None,
+        valid_from=table.valid_from if table else None,
+        cost_model=experiment.cost_model,
+    )
     epochs = {pk: s.epoch_start for pk, s in stored.items()}
-    sums = selectors.observations_sums(experiment_id=experiment.pk, upto_number=window.number, after_number=epochs)
+    sums = selectors.observations_sums(
+        experiment_id=experiment.pk, upto_number=window.number, after_number=epochs
+    )
     # the outlier runs the tick left out, as its snapshots recorded them
-    excluded = {pk: s.evidence["excluded_runs"] for pk, s in stored.items() if (s.evidence or {}).get("excluded_runs")}
-    moments = selectors.run_moments(epochs=epochs, upto_number={pk: window.number for pk in stored},
-                                    comparisons=dict.fromkeys(stored, comparison),
-                                    exclude_runs={r["run"] for runs in excluded.values() for r in runs})
-    inputs = [ArmInput(arm_id=pk, name=s.arm.name, is_control=s.arm.is_control, active=s.state == Arm.State.ACTIVE,
-                       weight=Decimal(s.weight),
-                       sums=sums.get(pk, ArmSums()).with_moments(moments.get(pk), runs_excluded=pk in excluded))
-              for pk, s in sorted(stored.items())]
+    excluded = {
+        pk: s.evidence["excluded_runs"]
+        for pk, s in stored.items()
+        if (s.evidence or {}).get("excluded_runs")
+    }
+    moments = selectors.run_moments(
+        epochs=epochs,
+        upto_number={pk: window.number for pk in stored},
+        comparisons=dict.fromkeys(stored, comparison),
+        exclude_runs={r["run"] for runs in excluded.values() for r in runs},
+    )
+    inputs = [
+        ArmInput(
+            arm_id=pk,
+            name=s.arm.name,
+            is_control=s.arm.is_control,
+            active=s.state == Arm.State.ACTIVE,
+            weight=Decimal(s.weight),
+            sums=sums.get(pk, ArmSums()).with_moments(
+                moments.get(pk), runs_excluded=pk in excluded
+            ),
+        )
+        for pk, s in sorted(stored.items())
+    ]
     verdict = experiment_decide(inputs, policy)
     for pk, runs in excluded.items():
         verdict.arms[pk].evidence["excluded_runs"] = runs
     reason = window.skip_reason or verdict.skip_reason
-    return [snapshot_build(window=window, arm=a, verdict=verdict.arms[a.arm_id], policy=policy,
-                           epoch_start=stored[a.arm_id].epoch_start, skip_reason=reason, comparison=comparison)
-            for a in inputs]
+    return [
+        snapshot_build(
+            window=window,
+            arm=a,
+            verdict=verdict.arms[a.arm_id],
+            policy=policy,
+            epoch_start=stored[a.arm_id].epoch_start,
+            skip_reason=reason,
+            comparison=comparison,
+        )
+        for a in inputs
+    ]

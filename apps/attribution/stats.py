@@ -123,7 +123,9 @@ def ratio_interval(est: RatioEstimate, *, alpha: float, r2: float) -> Interval:
     return Interval(est.value, est.value - hw, est.value + hw, hw, sd, est.n)
 
 
-def relative_deviation(arm: RatioEstimate, control: RatioEstimate, *, alpha: float, r2: float) -> Interval | None:
+def relative_deviation(
+    arm: RatioEstimate, control: RatioEstimate, *, alpha: float, r2: float
+) -> Interval | None:
     """Always-valid interval for arm / control - 1; None when the control costs nothing."""
     if control.value <= 0:
         return None
@@ -137,7 +139,9 @@ def relative_deviation(arm: RatioEstimate, control: RatioEstimate, *, alpha: flo
     return Interval(d, d - hw, d + hw, hw, sd, t)
 
 
-def fixed_n_deviation(arm: RatioEstimate, control: RatioEstimate, *, z: float = 1.96) -> Interval | None:
+def fixed_n_deviation(
+    arm: RatioEstimate, control: RatioEstimate, *, z: float = 1.96
+) -> Interval | None:
     """The naive fixed-sample interval, valid for one look only:
     kept to show what repeated looks do to it."""
     if control.value <= 0:

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Protocol
 
-VERDICTS = ("control", "frozen", "no_data", "costlier", "cheaper", "within_threshold", "inconclusive")
+VERDICTS = (
+    "control",
+    "frozen",
+    "no_data",
+    "costlier",
+    "cheaper",
+    "within_threshold",
+    "inconclusive",
+)
 
 
 class Compared(Protocol):

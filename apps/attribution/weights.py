@@ -29,8 +29,14 @@ def _with_floor(raw: Mapping[Hashable, float], floor: float) -> dict:
         fixed.update(low)
 
 
-def rebalance(shares: Mapping[Hashable, float], costs: Mapping[Hashable, float], *, tau: float,
-              min_share: float, max_step: float) -> dict:
+def rebalance(
+    shares: Mapping[Hashable, float],
+    costs: Mapping[Hashable, float],
+    *,
+    tau: float,
+    min_share: float,
+    max_step: float,
+) -> dict:
     """Next traffic shares (summing to 1) for arms with these current shares and costs per unit.
 
     Target: share proportional to exp(-(cost / cheapest - 1) / tau), so an arm tau more

@@ -42,11 +42,22 @@ def db_retry(fn: Callable[..., T], /, *, what: str, budget_s: float | None = Non
             connection.close()  # a fresh connection next time, never the dead one
             left = deadline - time.monotonic()
             if left <= 0:
-                logger.error("%s: database unreachable for %.0f s (%d tries), giving up: %s", what, budget, tries, exc)
+                logger.error(
+                    "%s: database unreachable for %.0f s (%d tries), giving up: %s",
+                    what,
+                    budget,
+                    tries,
+                    exc,
+                )
                 raise
-            logger.warning("%s: database call failed (%s: %s); retrying in %.1f s (%.0f s left)", what,
-                           type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc).strip() else "",
-                           min(delay, left), left)
+            logger.warning(
+                "%s: database call failed (%s: %s); retrying in %.1f s (%.0f s left)",
+                what,
+                type(exc).__name__,
+                str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+                min(delay, left),
+                left,
+            )
             time.sleep(min(delay, left))
             delay = min(delay * 2, 5.0)
 
@@ -92,7 +103,9 @@ def cte_fenced(cte: str) -> str:
 
 def advisory_key(name: str) -> int:
     """A stable signed 64-bit key per lock name (Python's hash() changes per process)."""
-    return int.from_bytes(hashlib.sha256(f"costlab:{name}".encode()).digest()[:8], "big", signed=True)
+    return int.from_bytes(
+        hashlib.sha256(f"costlab:{name}".encode()).digest()[:8], "big", signed=True
+    )
 
 
 def advisory_xact_lock_try(name: str) -> bool | None:

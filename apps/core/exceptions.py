@@ -23,8 +23,14 @@ class ApplicationError(Exception):
     status_code = 400
     code = "application_error"
 
-    def __init__(self, message: str, extra: dict[str, Any] | None = None, *, code: str | None = None,
-                 status: int | None = None):
+    def __init__(
+        self,
+        message: str,
+        extra: dict[str, Any] | None = None,
+        *,
+        code: str | None = None,
+        status: int | None = None,
+    ):
         super().__init__(message)
         self.message = message
         self.extra = extra or {}
@@ -44,7 +50,9 @@ def error_body(message: str, code: str, fields: dict[str, Any] | None = None, **
 
 def api_exception_handler(exc: Exception, context: dict) -> Response | None:
     if isinstance(exc, DjangoValidationError):
-        fields = exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
+        fields = (
+            exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
+        )
         if "__all__" in fields:  # Django's name for errors of the whole object
             fields["non_field_errors"] = fields.pop("__all__")
         exc = drf_exceptions.ValidationError(detail=fields)

@@ -39,7 +39,9 @@ class ProcessSpec:
     env: dict[str, str] = field(default_factory=dict)  # added to the supervisor's environment
 
 
-def core_sets(available: set[int] | None = None) -> tuple[frozenset[int] | None, frozenset[int] | None]:
+def core_sets(
+    available: set[int] | None = None,
+) -> tuple[frozenset[int] | None, frozenset[int] | None]:
     """(training's CPUs, everything else's): training runs never share a core with each other or
     the platform.
 
@@ -65,37 +67,107 @@ class Supervised:
     exits: list[int] = field(default_factory=list)
 
 
-def local_stack_specs(*, host: str, port: int, var_dir: Path, redis_argv: list[str] | None) -> list[ProcessSpec]:
+def local_stack_specs(
+    *, host: str, port: int, var_dir: Path, redis_argv: list[str] | None
+) -> list[ProcessSpec]:
     """The processes of `make run`, in start order. Training never shares a worker with the
     attribution tick, and alert deliveries (slow webhook receivers) have their own. With two or
     more CPUs the training worker (one run at a time) has its own cores (`core_sets`)."""
     python = sys.executable
-    celery = [python, "-m", "celery", "-A", "config.celery_app", "--quiet"]  # no ASCII banners over the sign-in
+    celery = [
+        python,
+        "-m",
+        "celery",
+        "-A",
+        "config.celery_app",
+        "--quiet",
+    ]  # no ASCII banners over the sign-in
     train_cpus, other_cpus = core_sets()
-    threads = {} if train_cpus is None else {name: str(len(train_cpus)) for name in ("OMP_NUM_THREADS",
-                                                                                    "MKL_NUM_THREADS")}
+    threads = (
+        {}
+        if train_cpus is None
+        else {name: str(len(train_cpus)) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+    )
     specs = [ProcessSpec("redis", redis_argv, stop_last=True)] if redis_argv else []
     return specs + [
-        ProcessSpec("web", [python, "manage.py", "runserver", "--noreload", f"{host}:{port}"], cpus=other_cpus),
-        ProcessSpec("train-worker", [*celery, "worker", "-Q", f"{CeleryQueue.CPU},{CeleryQueue.GPU}",
-                                     "--concurrency", "1", "--hostname", "train@%h", "--loglevel", "INFO"],
-                    cpus=train_cpus, env=threads),
-        ProcessSpec("platform-worker", [*celery, "worker", "-Q", str(CeleryQueue.DEFAULT), "--concurrency", "1",
-                                        "--hostname", "platform@%h", "--loglevel", "INFO"], cpus=other_cpus),
-        ProcessSpec("alerts-worker", [*celery, "worker", "-Q", str(CeleryQueue.ALERTS), "--pool", "threads",
-                                      "--concurrency", "4", "--hostname", "alerts@%h", "--loglevel", "INFO"],
-                    cpus=other_cpus),
-        ProcessSpec("beat", [*celery, "beat", "--loglevel", "INFO", "--pidfile", str(var_dir / "celerybeat.pid")],
-                    cpus=other_cpus),
+        ProcessSpec(
+            "web",
+            [python, "manage.py", "runserver", "--noreload", f"{host}:{port}"],
+            cpus=other_cpus,
+        ),
+        ProcessSpec(
+            "train-worker",
+            [
+                *celery,
+                "worker",
+                "-Q",
+                f"{CeleryQueue.CPU},{CeleryQueue.GPU}",
+                "--concurrency",
+                "1",
+                "--hostname",
+                "train@%h",
+                "--loglevel",
+                "INFO",
+            ],
+            cpus=train_cpus,
+            env=threads,
+        ),
+        ProcessSpec(
+            "platform-worker",
+            [
+                *celery,
+                "worker",
+                "-Q",
+                str(CeleryQueue.DEFAULT),
+                "--concurrency",
+                "1",
+                "--hostname",
+                "platform@%h",
+                "--loglevel",
+                "INFO",
+            ],
+            cpus=other_cpus,
+        ),
+        ProcessSpec(
+            "alerts-worker",
+            [
+                *celery,
+                "worker",
+                "-Q",
+                str(CeleryQueue.ALERTS),
+                "--pool",
+                "threads",
+                "--concurrency",
+                "4",
+                "--hostname",
+                "alerts@%h",
+                "--loglevel",
+                "INFO",
+            ],
+            cpus=other_cpus,
+        ),
+        ProcessSpec(
+            "beat",
+            [*celery, "beat", "--loglevel", "INFO", "--pidfile", str(var_dir / "celerybeat.pid")],
+            cpus=other_cpus,
+        ),
     ]
 
 
 class LocalStack:
     """Starts the specs, restarts any that exits with backoff, stops them all in order."""
 
-    def __init__(self, specs: list[ProcessSpec], *, cwd: Path, backoff_base_s: float = 1.0,
-                 backoff_max_s: float = 30.0, healthy_after_s: float = 30.0, stop_timeout_s: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        specs: list[ProcessSpec],
+        *,
+        cwd: Path,
+        backoff_base_s: float = 1.0,
+        backoff_max_s: float = 30.0,
+        healthy_after_s: float = 30.0,
+        stop_timeout_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.children = {spec.name: Supervised(spec) for spec in specs}
         self.cwd = cwd
         self.backoff_base_s = backoff_base_s
@@ -110,9 +182,13 @@ class LocalStack:
         # and a child's own children (Celery's pool) are stopped with it.
         cpus, env = child.spec.cpus, child.spec.env
         child.proc = subprocess.Popen(
-            child.spec.argv, cwd=self.cwd, start_new_session=True, env={**os.environ, **env} if env else None,
+            child.spec.argv,
+            cwd=self.cwd,
+            start_new_session=True,
+            env={**os.environ, **env} if env else None,
             # in the child before exec: its threads and Celery's forked pool inherit the CPU set
-            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+        )
         child.started_at = self.clock()
         child.restart_at = None
         logger.info("%s: started (pid %d)", name, child.proc.pid)
@@ -136,17 +212,29 @@ class LocalStack:
                     continue
                 uptime = now - child.started_at
                 child.exits.append(status)
-                child.quick_failures = 1 if uptime >= self.healthy_after_s else child.quick_failures + 1
+                child.quick_failures = (
+                    1 if uptime >= self.healthy_after_s else child.quick_failures + 1
+                )
                 delay = self.backoff_s(child.quick_failures)
                 child.restart_at = now + delay
-                logger.warning("%s: exited with status %s after %.1f s; restarting in %.1f s (restart %d)",
-                               name, status, uptime, delay, child.restarts + 1)
+                logger.warning(
+                    "%s: exited with status %s after %.1f s; restarting in %.1f s (restart %d)",
+                    name,
+                    status,
+                    uptime,
+                    delay,
+                    child.restarts + 1,
+                )
             if child.restart_at is not None and now >= child.restart_at:
                 child.restarts += 1
                 self.start(name)
 
-    def run(self, should_stop: Callable[[], bool], interval_s: float = 0.2,
-            each: Callable[[], None] | None = None) -> None:
+    def run(
+        self,
+        should_stop: Callable[[], bool],
+        interval_s: float = 0.2,
+        each: Callable[[], None] | None = None,
+    ) -> None:
         while not should_stop():
             self.supervise_once()
             if each is not None:
@@ -166,7 +254,11 @@ class LocalStack:
                 try:
                     child.proc.wait(timeout=max(deadline - self.clock(), 0.1))
                 except subprocess.TimeoutExpired:
-                    logger.warning("%s: did not stop within %.0f s; killed", child.spec.name, self.stop_timeout_s)
+                    logger.warning(
+                        "%s: did not stop within %.0f s; killed",
+                        child.spec.name,
+                        self.stop_timeout_s,
+                    )
             for child in group:
                 if child.proc is not None:
                     _kill_session(child.proc)

@@ -28,8 +28,11 @@ OUTAGES = (
 
 def service_unavailable(service: str) -> JsonResponse:
     response = JsonResponse(
-        error_body(f"{service}: temporarily unavailable; retry in {RETRY_AFTER_S} s", "service_unavailable",
-                   service=service),
+        error_body(
+            f"{service}: temporarily unavailable; retry in {RETRY_AFTER_S} s",
+            "service_unavailable",
+            service=service,
+        ),
         status=503,
     )
     response["Retry-After"] = str(RETRY_AFTER_S)
@@ -46,7 +49,13 @@ class ServiceUnavailableMiddleware:
     def process_exception(self, request, exception):
         for types, service in OUTAGES:
             if isinstance(exception, types):
-                logger.warning("%s unavailable on %s %s: %s: %s", service, request.method, request.path,
-                               type(exception).__name__, exception)
+                logger.warning(
+                    "%s unavailable on %s %s: %s: %s",
+                    service,
+                    request.method,
+                    request.path,
+                    type(exception).__name__,
+                    exception,
+                )
                 return service_unavailable(service)
         return None

@@ -20,5 +20,7 @@ class PeriodicTaskRun(models.Model):
     runs = models.PositiveBigIntegerField(default=0)
 
     def __str__(self) -> str:
-        return (f"{self.name}: last started {self.last_started_at:%Y-%m-%d %H:%M:%S} "
-                f"({self.last_duration_s:.3f} s)")
+        return (
+            f"{self.name}: last started {self.last_started_at:%Y-%m-%d %H:%M:%S} "
+            f"({self.last_duration_s:.3f} s)"
+        )

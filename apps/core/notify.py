@@ -32,7 +32,9 @@ def publish(channel: str, message: str) -> None:
         client.publish(channel, message)
         client.close()
     except redis.RedisError as exc:  # a missed push only costs the polling delay
-        logger.warning("publish to %s failed (%s); listeners will see the change by polling", channel, exc)
+        logger.warning(
+            "publish to %s failed (%s); listeners will see the change by polling", channel, exc
+        )
 
 
 def listen(channel: str, on_message: Callable[[str], None]) -> Callable[[], None] | None:

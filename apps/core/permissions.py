@@ -14,8 +14,11 @@ def ops_caller(request) -> bool:
     The token is checked first: it needs no database, so it still works while Postgres is down."""
     token = settings.COSTLAB_OPS_TOKEN
     header = request.headers.get("Authorization", "")
-    if token and header.startswith("Bearer ") and hmac.compare_digest(header.removeprefix("Bearer ").encode(),
-                                                                        token.encode()):
+    if (
+        token
+        and header.startswith("Bearer ")
+        and hmac.compare_digest(header.removeprefix("Bearer ").encode(), token.encode())
+    ):
         return True
     try:
         return bool(request.user.is_authenticated and request.user.is_staff)

@@ -40,10 +40,20 @@ def task_send(task: TaskName, *, args: list, queue: str) -> bool:
     from celery import current_app as app  # config's app, the default in every thread
 
     try:
-        with app.connection_for_write(transport_options={"max_retries": 1, "interval_start": 0.2}) as conn:
-            app.send_task(task, args=args, queue=queue, retry=False, ignore_result=True, connection=conn)
+        with app.connection_for_write(
+            transport_options={"max_retries": 1, "interval_start": 0.2}
+        ) as conn:
+            app.send_task(
+                task, args=args, queue=queue, retry=False, ignore_result=True, connection=conn
+            )
     except Exception as exc:  # kombu/redis errors differ by transport; all mean "not sent"
-        logger.warning("%s%s: could not send it to queue %s (%s: %s); the reconciler will send it again",
-                       task, args, queue, type(exc).__name__, exc)
+        logger.warning(
+            "%s%s: could not send it to queue %s (%s: %s); the reconciler will send it again",
+            task,
+            args,
+            queue,
+            type(exc).__name__,
+            exc,
+        )
         return False
     return True

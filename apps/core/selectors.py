@@ -19,7 +19,9 @@ def database_reachable() -> tuple[bool, str]:
 def broker_reachable(timeout_s: float = 2.0) -> tuple[bool, str]:
     try:
         with celery_app.connection_for_write() as conn:
-            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=timeout_s)
+            conn.ensure_connection(
+                max_retries=1, interval_start=0, interval_step=0, timeout=timeout_s
+            )
             transport = conn.transport_cls
     except Exception as exc:
         return False, f"{type(exc).__name__}: {exc}".strip()[:300]

@@ -17,5 +17,6 @@ def periodic_task_run_record(*, name: str, started_at: datetime, duration_s: flo
     )
     if not updated:
         PeriodicTaskRun.objects.get_or_create(
-            name=name, defaults={"last_started_at": started_at, "last_duration_s": duration_s, "runs": 1}
+            name=name,
+            defaults={"last_started_at": started_at, "last_duration_s": duration_s, "runs": 1},
         )

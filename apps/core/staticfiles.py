@@ -22,7 +22,9 @@ class HashedStaticStorage(CompressedManifestStaticFilesStorage):
     def url(self, name, force=False):
         try:
             return super().url(name, force=True)
-        except ValueError:  # not collected (a bare `manage.py runserver`): the plain name, served uncached
+        except (
+            ValueError
+        ):  # not collected (a bare `manage.py runserver`): the plain name, served uncached
             return StaticFilesStorage.url(self, name)
 
 
@@ -40,8 +42,11 @@ def static_collect_if_stale() -> bool:
     manifest = Path(settings.STATIC_ROOT) / staticfiles_storage.manifest_name
     if manifest.exists():
         collected = manifest.stat().st_mtime
-        sources = (Path(storage.path(path)) for finder in finders.get_finders()
-                   for path, storage in finder.list(["CVS", ".*", "*~"]))
+        sources = (
+            Path(storage.path(path))
+            for finder in finders.get_finders()
+            for path, storage in finder.list(["CVS", ".*", "*~"])
+        )
         if all(source.stat().st_mtime <= collected for source in sources):
             return False
     call_command("collectstatic", interactive=False, verbosity=0)

@@ -27,8 +27,13 @@ class ArmRefused(ApplicationError):
 
 
 @transaction.atomic
-def experiment_author(*, tenant: Tenant | None = None, experiment: Experiment | None = None, fields: dict,
-                      arms: list[dict]) -> Experiment:
+def experiment_author(
+    *,
+    tenant: Tenant | None = None,
+    experiment: Experiment | None = None,
+    fields: dict,
+    arms: list[dict],
+) -> Experiment:
     """Create (with tenant) or edit (with experiment) an experiment and its arms, all or nothing.
 
     Each arm: name, strategy_yaml, weight, is_control, and arm_id and delete for an existing one
@@ -44,8 +49,10 @@ def experiment_author(*, tenant: Tenant | None = None, experiment: Experiment | 
             values = {k: arm.get(k) for k in ("name", "strategy_yaml", "weight", "is_control")}
             if arm.get("arm_id"):
                 if arm["arm_id"] not in existing:
-                    raise ApplicationError(f"arm_id: {arm['arm_id']} is not an arm of experiment '{experiment.name}'",
-                                           code="invalid")
+                    raise ApplicationError(
+                        f"arm_id: {arm['arm_id']} is not an arm of experiment '{experiment.name}'",
+                        code="invalid",
+                    )
                 if arm.get("delete"):
                     arm_delete(arm=existing[arm["arm_id"]])
                 else:
@@ -58,7 +65,9 @@ def experiment_author(*, tenant: Tenant | None = None, experiment: Experiment | 
 
 
 @transaction.atomic
-def runs_submit(*, experiment: Experiment, count: int, arm: Arm | None = None, git_sha: str = "") -> list[Run]:
+def runs_submit(
+    *, experiment: Experiment, count: int, arm: Arm | None = None, git_sha: str = ""
+) -> list[Run]:
     """Queue `count` runs, all or none: a quota that lets only some through queues none, saying why."""
     runs = []
     for i in range(count):
@@ -68,6 +77,9 @@ def runs_submit(*, experiment: Experiment, count: int, arm: Arm | None = None, g
             if exc.code in ("quota_exceeded", "budget_exceeded"):
                 raise ApplicationError(
                     f"count: none of the {count} runs was queued, run {i + 1} was refused: {exc.message}",
-                    exc.extra, code=exc.code, status=exc.status_code) from None
+                    exc.extra,
+                    code=exc.code,
+                    status=exc.status_code,
+                ) from None
             raise
     return runs

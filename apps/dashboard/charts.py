@@ -23,7 +23,16 @@ CHART_POINTS = 2400
 RUN_BUDGET_MIN, RUN_BUDGET_MAX = 60, 600
 # Attribution windows drawn per arm; a longer timeline keeps every k-th window and the last.
 TIMELINE_POINTS = 1500
-ARM_COLORS = ("#1f6fb4", "#d1495b", "#2a9d5c", "#8e6cc0", "#e08a1e", "#1aa3b8", "#6d6d6d", "#b5651d")
+ARM_COLORS = (
+    "#1f6fb4",
+    "#d1495b",
+    "#2a9d5c",
+    "#8e6cc0",
+    "#e08a1e",
+    "#1aa3b8",
+    "#6d6d6d",
+    "#b5651d",
+)
 LIVE_POLL_MS = 1000
 
 
@@ -40,23 +49,40 @@ def run_label(run: Run, arm_name: str) -> str:
 
 
 def runs_json(runs: list[Run], arm_names: dict[int, str], series: RunSeries) -> dict:
-    return {str(r.pk): {"arm": r.arm_id, "label": run_label(r, arm_names.get(r.arm_id, "?")),
-                        "status": r.status, "estimated": r.pk in series.estimated} for r in runs}
+    return {
+        str(r.pk): {
+            "arm": r.arm_id,
+            "label": run_label(r, arm_names.get(r.arm_id, "?")),
+            "status": r.status,
+            "estimated": r.pk in series.estimated,
+        }
+        for r in runs
+    }
 
 
 def device_label(runs: list[Run]) -> str:
     """What "utilization" measures on these runs: a CPU run reports CPU utilization, not a GPU's."""
     kinds = {"GPU" if r.gpu_count else "CPU" for r in runs}
-    return f"{kinds.pop()} utilization" if len(kinds) == 1 else "Device utilization (GPU or CPU)" if kinds \
+    return (
+        f"{kinds.pop()} utilization"
+        if len(kinds) == 1
+        else "Device utilization (GPU or CPU)"
+        if kinds
         else "Utilization"
+    )
 
 
-def telemetry_json(*, runs: list[Run], arm_names: dict[int, str], series: RunSeries,
-                   fields: tuple[str, ...]) -> dict:
+def telemetry_json(
+    *, runs: list[Run], arm_names: dict[int, str], series: RunSeries, fields: tuple[str, ...]
+) -> dict:
     meta = series_meta(fields)
     if "util_pct" in meta:
         meta["util_pct"] = {**meta["util_pct"], "label": device_label(runs)}
-    return {"fields": meta, "runs": runs_json(runs, arm_names, series), "series": series.as_json(fields)}
+    return {
+        "fields": meta,
+        "runs": runs_json(runs, arm_names, series),
+        "series": series.as_json(fields),
+    }
 
 
 def _thin(rows: list, limit: int) -> list:
@@ -68,27 +94,60 @@ def _thin(rows: list, limit: int) -> list:
 
 def attribution_version(*, experiment: Experiment) -> str:
     """Changes whenever the deviation timeline, the freezes or the weights would draw differently."""
-    row = Experiment.objects.filter(pk=experiment.pk).annotate(
-        s=Subquery(AttributionSnapshot.objects.filter(experiment=OuterRef("pk")).order_by()
-                   .values("experiment").annotate(m=Max("pk")).values("m")),
-        f=Subquery(FreezeEvent.objects.filter(experiment=OuterRef("pk")).order_by()
-                   .values("experiment").annotate(m=Max("pk")).values("m")),
-        w=Subquery(WeightChange.objects.filter(arm__experiment=OuterRef("pk")).order_by()
-                   .values("arm__experiment").annotate(m=Max("pk")).values("m")),
-        a=Subquery(Arm.objects.filter(experiment=OuterRef("pk")).order_by()
-                   .values("experiment").annotate(m=Max("updated_at")).values("m")),
-    ).values_list("s", "f", "w", "a").first()
+    row = (
+        Experiment.objects.filter(pk=experiment.pk)
+        .annotate(
+            s=Subquery(
+                AttributionSnapshot.objects.filter(experiment=OuterRef("pk"))
+                .order_by()
+                .values("experiment")
+                .annotate(m=Max("pk"))
+                .values("m")
+            ),
+            f=Subquery(
+                FreezeEvent.objects.filter(experiment=OuterRef("pk"))
+                .order_by()
+                .values("experiment")
+                .annotate(m=Max("pk"))
+                .values("m")
+            ),
+            w=Subquery(
+                WeightChange.objects.filter(arm__experiment=OuterRef("pk"))
+                .order_by()
+                .values("arm__experiment")
+                .annotate(m=Max("pk"))
+                .values("m")
+            ),
+            a=Subquery(
+                Arm.objects.filter(experiment=OuterRef("pk"))
+                .order_by()
+                .values("experiment")
+                .annotate(m=Max("updated_at"))
+                .values("m")
+            ),
+        )
+        .values_list("s", "f", "w", "a")
+        .first()
+    )
     s, f, w, a = row or (None, None, None, None)
     return f"{s or 0}.{f or 0}.{w or 0}.{epoch_ms(a) if a else 0}"
 
 
-def attribution_json(*, experiment: Experiment, arms: list[Arm], now: datetime | None = None,
-                     version: str | None = None) -> dict:
+def attribution_json(
+    *,
+    experiment: Experiment,
+    arms: list[Arm],
+    now: datetime | None = None,
+    version: str | None = None,
+) -> dict:
     """The deviation timeline (percent vs control, with its always-valid bounds), freeze and unfreeze
     markers, and each arm's traffic weight as a step line up to now. Three queries."""
     now = now or timezone.now()
-    snapshots = list(snapshot_series(experiment=experiment).annotate(t=EpochMs("window_end")).values_list(
-        "arm_id", "t", "deviation", "deviation_low", "deviation_high", "weight"))
+    snapshots = list(
+        snapshot_series(experiment=experiment)
+        .annotate(t=EpochMs("window_end"))
+        .values_list("arm_id", "t", "deviation", "deviation_low", "deviation_high", "weight")
+    )
     by_arm: dict[int, list] = {}
     for row in snapshots:
         by_arm.setdefault(row[0], []).append(row)
@@ -99,13 +158,19 @@ def attribution_json(*, experiment: Experiment, arms: list[Arm], now: datetime |
         if arm.pk not in controls:
             points = [r for r in rows if r[2] is not None]
             deviation[str(arm.pk)] = {
-                "x": [int(r[1]) for r in points], "y": [_pct(r[2]) for r in points],
-                "lo": [_pct(clip_low(r[3])) for r in points], "hi": [_pct(r[4]) for r in points],
+                "x": [int(r[1]) for r in points],
+                "y": [_pct(r[2]) for r in points],
+                "lo": [_pct(clip_low(r[3])) for r in points],
+                "hi": [_pct(r[4]) for r in points],
             }
         weights[arm.pk] = [(r[1], float(r[5])) for r in rows]
 
-    changes = (WeightChange.objects.filter(arm__experiment=experiment).order_by("created_at", "pk")
-               .annotate(t=EpochMs("created_at")).values_list("arm_id", "t", "old_weight", "new_weight"))
+    changes = (
+        WeightChange.objects.filter(arm__experiment=experiment)
+        .order_by("created_at", "pk")
+        .annotate(t=EpochMs("created_at"))
+        .values_list("arm_id", "t", "old_weight", "new_weight")
+    )
     first_old: dict[int, float] = {}
     for arm_id, at, old, new in changes:
         first_old.setdefault(arm_id, float(old))
@@ -118,18 +183,29 @@ def attribution_json(*, experiment: Experiment, arms: list[Arm], now: datetime |
         points = [(created, start), *points, (max(epoch_ms(now), created), float(arm.weight))]
         weights_json[str(arm.pk)] = {"x": [int(t) for t, _ in points], "y": [w for _, w in points]}
 
-    last_dev = {arm_id: rows[-1][2] for arm_id, rows in by_arm.items() if rows and rows[-1][2] is not None}
+    last_dev = {
+        arm_id: rows[-1][2] for arm_id, rows in by_arm.items() if rows and rows[-1][2] is not None
+    }
     threshold = float(experiment.freeze_threshold)
     freezes = [
-        {"arm": arm_id, "action": action, "x": int(at), "reason": reason,
-         "y": _pct(dev if dev is not None else last_dev.get(arm_id, threshold))}
+        {
+            "arm": arm_id,
+            "action": action,
+            "x": int(at),
+            "reason": reason,
+            "y": _pct(dev if dev is not None else last_dev.get(arm_id, threshold)),
+        }
         for arm_id, action, at, dev, reason in FreezeEvent.objects.filter(experiment=experiment)
-        .order_by("created_at", "pk").annotate(t=EpochMs("created_at"))
+        .order_by("created_at", "pk")
+        .annotate(t=EpochMs("created_at"))
         .values_list("arm_id", "action", "t", "deviation", "reason")
     ]
     return {
         "attributed": bool(snapshots),  # windows exist, even when no deviation is estimable yet
-        "threshold_pct": _pct(threshold), "deviation": deviation, "freezes": freezes, "weights": weights_json,
+        "threshold_pct": _pct(threshold),
+        "deviation": deviation,
+        "freezes": freezes,
+        "weights": weights_json,
         "arms": {str(a.pk): {"state": a.state, "weight": float(a.weight)} for a in arms},
         "version": version or attribution_version(experiment=experiment),
     }
@@ -144,7 +220,13 @@ def cost_breakdown_json(run: Run) -> dict:
     b = run.cost_breakdown or {}
     return {
         "used_idle": {"used": b.get("used_usd", 0.0), "idle": b.get("idle_usd", 0.0)},
-        "resources": {("device-hours (GPU)" if run.gpu_count else "device-hours (CPU)"): b.get("gpu_usd", 0.0), "energy": b.get("energy_usd", 0.0),
-                      "vCPU": b.get("cpu_usd", 0.0), "memory": b.get("memory_usd", 0.0)},
+        "resources": {
+            ("device-hours (GPU)" if run.gpu_count else "device-hours (CPU)"): b.get(
+                "gpu_usd", 0.0
+            ),
+            "energy": b.get("energy_usd", 0.0),
+            "vCPU": b.get("cpu_usd", 0.0),
+            "memory": b.get("memory_usd", 0.0),
+        },
         "energy_estimated": run.energy_estimated,
     }

@@ -30,9 +30,21 @@ class SeriesBlock(models.Model):
     samples = models.IntegerField()
     ts_first = models.DateTimeField()
     ts_last = models.DateTimeField()
-    estimated = models.BooleanField(default=False, help_text="Some power/energy in the block was modelled.")
-    util_pct_min, util_pct_max, util_pct_sum, util_pct_n = _stat(), _stat(), _stat(), models.IntegerField(default=0)
-    power_w_min, power_w_max, power_w_sum, power_w_n = _stat(), _stat(), _stat(), models.IntegerField(default=0)
+    estimated = models.BooleanField(
+        default=False, help_text="Some power/energy in the block was modelled."
+    )
+    util_pct_min, util_pct_max, util_pct_sum, util_pct_n = (
+        _stat(),
+        _stat(),
+        _stat(),
+        models.IntegerField(default=0),
+    )
+    power_w_min, power_w_max, power_w_sum, power_w_n = (
+        _stat(),
+        _stat(),
+        _stat(),
+        models.IntegerField(default=0),
+    )
     step_time_s_min, step_time_s_max = _stat(), _stat()
     step_time_s_sum, step_time_s_n = _stat(), models.IntegerField(default=0)
     micro_batch_min, micro_batch_max = _stat(), _stat()
@@ -42,7 +54,9 @@ class SeriesBlock(models.Model):
     loss_min, loss_max, loss_sum, loss_n = _stat(), _stat(), _stat(), models.IntegerField(default=0)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["run", "block"], name="seriesblock_unique_run_block")]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "block"], name="seriesblock_unique_run_block")
+        ]
 
     def __str__(self) -> str:
         return f"run {self.run_id} block {self.block}"

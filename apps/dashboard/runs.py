@@ -25,8 +25,14 @@ from apps.tenants.models import Tenant
 
 COMPARE_MIN, COMPARE_MAX = 2, 4
 SORTS = {
-    "queued": "queued_at", "cost": "cost_usd", "tokens": "tokens", "steps": "steps", "finished": "finished_at",
-    "experiment": "experiment__name", "arm": "arm__name", "status": "status",
+    "queued": "queued_at",
+    "cost": "cost_usd",
+    "tokens": "tokens",
+    "steps": "steps",
+    "finished": "finished_at",
+    "experiment": "experiment__name",
+    "arm": "arm__name",
+    "status": "status",
 }
 DEFAULT_SORT = "-queued"
 
@@ -38,9 +44,17 @@ def _day_start(day: date) -> datetime:
     return datetime.combine(day, time.min, tzinfo=timezone.get_current_timezone())
 
 
-def runs_filtered(*, user, experiment: Experiment | None = None, arm: Arm | None = None, status: str = "",
-                  git_sha: str = "", since: date | None = None, until: date | None = None,
-                  sort: str = DEFAULT_SORT) -> QuerySet[Run]:
+def runs_filtered(
+    *,
+    user,
+    experiment: Experiment | None = None,
+    arm: Arm | None = None,
+    status: str = "",
+    git_sha: str = "",
+    since: date | None = None,
+    until: date | None = None,
+    sort: str = DEFAULT_SORT,
+) -> QuerySet[Run]:
     """Every run of the user's tenants matching the filters (dates are UTC days, `until` included)."""
     runs = runs_visible(user=user)
     if experiment is not None:
@@ -68,8 +82,23 @@ def usd_per_mtok(run: Run) -> Decimal | None:
 
 
 RUN_CSV_HEADER = [
-    "run_id", "team", "experiment", "arm", "status", "kind", "git_sha", "queued_at", "started_at", "finished_at",
-    "steps", "tokens", "device_hours", "energy_kwh", "energy_estimated", "cost_usd", "usd_per_1m_tokens",
+    "run_id",
+    "team",
+    "experiment",
+    "arm",
+    "status",
+    "kind",
+    "git_sha",
+    "queued_at",
+    "started_at",
+    "finished_at",
+    "steps",
+    "tokens",
+    "device_hours",
+    "energy_kwh",
+    "energy_estimated",
+    "cost_usd",
+    "usd_per_1m_tokens",
 ]
 
 
@@ -82,11 +111,25 @@ def runs_csv_rows(runs: QuerySet[Run]) -> Iterator[list]:
     yield RUN_CSV_HEADER
     for run in runs.iterator(chunk_size=2000):
         per_mtok = usd_per_mtok(run)
-        yield [run.pk, run.experiment.tenant.name, run.experiment.name, run.arm.name, run.status, run.kind,
-               run.git_sha, _iso(run.queued_at), _iso(run.started_at), _iso(run.finished_at), run.steps, run.tokens,
-               f"{run.device_seconds / 3600:.6f}", f"{run.energy_j / 3.6e6:.6f}",
-               "estimated" if run.energy_estimated else "measured", f"{run.cost_usd:.6f}",
-               "" if per_mtok is None else f"{per_mtok:.6f}"]
+        yield [
+            run.pk,
+            run.experiment.tenant.name,
+            run.experiment.name,
+            run.arm.name,
+            run.status,
+            run.kind,
+            run.git_sha,
+            _iso(run.queued_at),
+            _iso(run.started_at),
+            _iso(run.finished_at),
+            run.steps,
+            run.tokens,
+            f"{run.device_seconds / 3600:.6f}",
+            f"{run.energy_j / 3.6e6:.6f}",
+            "estimated" if run.energy_estimated else "measured",
+            f"{run.cost_usd:.6f}",
+            "" if per_mtok is None else f"{per_mtok:.6f}",
+        ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,22 +195,36 @@ class ConfigRow:
 
 def config_diff(runs: list[Run]) -> list[ConfigRow]:
     """Every key of the runs' strategies; the ones whose values differ first, then the rest."""
-    configs = [{k: v if isinstance(v, str) else json.dumps(v) for k, v in run_config(r).items()} for r in runs]
+    configs = [
+        {k: v if isinstance(v, str) else json.dumps(v) for k, v in run_config(r).items()}
+        for r in runs
+    ]
     keys = sorted(set().union(*configs))
-    rows = [ConfigRow(k, [c.get(k, "—") for c in configs], len({c.get(k, "—") for c in configs}) > 1)
-            for k in keys]
+    rows = [
+        ConfigRow(k, [c.get(k, "—") for c in configs], len({c.get(k, "—") for c in configs}) > 1)
+        for k in keys
+    ]
     return [r for r in rows if r.differs] + [r for r in rows if not r.differs]
 
 
-BREAKDOWN_TERMS = (("gpu_usd", "device-hours"), ("energy_usd", "energy"), ("cpu_usd", "vCPU"),
-                   ("memory_usd", "memory"), ("tiered_usd", "tiered (per unit)"), ("used_usd", "device time used"),
-                   ("idle_usd", "device time idle"))
+BREAKDOWN_TERMS = (
+    ("gpu_usd", "device-hours"),
+    ("energy_usd", "energy"),
+    ("cpu_usd", "vCPU"),
+    ("memory_usd", "memory"),
+    ("tiered_usd", "tiered (per unit)"),
+    ("used_usd", "device time used"),
+    ("idle_usd", "device time idle"),
+)
 
 
 def cost_rows(runs: list[Run]) -> list[tuple[str, list]]:
     """The cost breakdown side by side: one row per term any run has, USD."""
-    rows = [(label, [(r.cost_breakdown or {}).get(key) for r in runs]) for key, label in BREAKDOWN_TERMS
-            if any(key in (r.cost_breakdown or {}) for r in runs)]
+    rows = [
+        (label, [(r.cost_breakdown or {}).get(key) for r in runs])
+        for key, label in BREAKDOWN_TERMS
+        if any(key in (r.cost_breakdown or {}) for r in runs)
+    ]
     rows.append(("total", [r.cost_usd for r in runs]))
     rows.append(("per 1M tokens", [usd_per_mtok(r) for r in runs]))
     return rows
@@ -176,17 +233,28 @@ def cost_rows(runs: list[Run]) -> list[tuple[str, list]]:
 def runs_compare(*, user, ids: list[int]) -> dict:
     """2-4 of the user's runs side by side: config diff, cost breakdown, overlaid telemetry charts."""
     runs = list(runs_visible(user=user).filter(pk__in=ids).order_by("pk"))
-    series = run_series(runs=runs, fields=charts.RUN_FIELDS, budget=charts.budget_per_run(len(runs)))
+    series = run_series(
+        runs=runs, fields=charts.RUN_FIELDS, budget=charts.budget_per_run(len(runs))
+    )
     arm_ids = list(dict.fromkeys(r.arm_id for r in runs))
     names = {r.arm_id: f"{r.experiment.name} / {r.arm.name}" for r in runs}
     return {
-        "runs": runs, "config": config_diff(runs), "costs": cost_rows(runs),
+        "runs": runs,
+        "config": config_diff(runs),
+        "costs": cost_rows(runs),
         "charts": {
-            "cursor": charts.epoch_ms(timezone.now()), "poll_ms": charts.LIVE_POLL_MS,
-            "arms": {str(a): {"name": names[a], "color": charts.arm_color(i), "control": False}
-                     for i, a in enumerate(arm_ids)},
-            "telemetry": charts.telemetry_json(runs=runs, arm_names={r.arm_id: r.arm.name for r in runs},
-                                               series=series, fields=charts.RUN_FIELDS),
+            "cursor": charts.epoch_ms(timezone.now()),
+            "poll_ms": charts.LIVE_POLL_MS,
+            "arms": {
+                str(a): {"name": names[a], "color": charts.arm_color(i), "control": False}
+                for i, a in enumerate(arm_ids)
+            },
+            "telemetry": charts.telemetry_json(
+                runs=runs,
+                arm_names={r.arm_id: r.arm.name for r in runs},
+                series=series,
+                fields=charts.RUN_FIELDS,
+            ),
         },
     }
 
@@ -226,16 +294,27 @@ def spend_overview(*, user, month: date | None = None) -> dict:
     tenants = list(tenants_of(user=user))
     month_runs = Run.objects.filter(tenant__in=tenants, queued_at__gte=start, queued_at__lt=end)
     money = DecimalField(max_digits=16, decimal_places=6)
-    by_arm = list(month_runs.values("tenant_id", "experiment_id", "experiment__name", "arm_id", "arm__name")
-                  .annotate(runs=Count("pk"), cost_usd=Coalesce(Sum("cost_usd"), Decimal(0), output_field=money),
-                            estimated=Count("pk", filter=Q(energy_estimated=True)))
-                  .order_by("tenant_id", "experiment__name", "arm__name"))
-    daily = list(month_runs.annotate(day=TruncDate("queued_at", tzinfo=timezone.get_current_timezone()))
-                 .values("tenant_id", "experiment_id", "arm_id", "day")
-                 .annotate(cost_usd=Coalesce(Sum("cost_usd"), Decimal(0), output_field=money))
-                 .order_by("day"))
-    active = dict(Run.objects.filter(tenant__in=tenants, status__in=Run.ACTIVE_STATUSES).values("tenant_id")
-                  .annotate(n=Count("pk")).values_list("tenant_id", "n"))
+    by_arm = list(
+        month_runs.values("tenant_id", "experiment_id", "experiment__name", "arm_id", "arm__name")
+        .annotate(
+            runs=Count("pk"),
+            cost_usd=Coalesce(Sum("cost_usd"), Decimal(0), output_field=money),
+            estimated=Count("pk", filter=Q(energy_estimated=True)),
+        )
+        .order_by("tenant_id", "experiment__name", "arm__name")
+    )
+    daily = list(
+        month_runs.annotate(day=TruncDate("queued_at", tzinfo=timezone.get_current_timezone()))
+        .values("tenant_id", "experiment_id", "arm_id", "day")
+        .annotate(cost_usd=Coalesce(Sum("cost_usd"), Decimal(0), output_field=money))
+        .order_by("day")
+    )
+    active = dict(
+        Run.objects.filter(tenant__in=tenants, status__in=Run.ACTIVE_STATUSES)
+        .values("tenant_id")
+        .annotate(n=Count("pk"))
+        .values_list("tenant_id", "n")
+    )
     out, chart = [], {}
     for tenant in tenants:
         arms = [row for row in by_arm if row["tenant_id"] == tenant.pk]
@@ -243,31 +322,62 @@ def spend_overview(*, user, month: date | None = None) -> dict:
         for row in arms:
             row["share"] = float(row["cost_usd"] / budget) if budget else None
         spent = sum((row["cost_usd"] for row in arms), Decimal(0))
-        out.append(TenantSpend(tenant=tenant, month=start.date(), spent_usd=spent,
-                               budget_usd=tenant.monthly_budget_usd, active_runs=active.get(tenant.pk, 0),
-                               max_concurrent_runs=tenant.max_concurrent_runs, by_arm=arms))
-        chart[str(tenant.pk)] = _spend_chart(tenant, arms, [d for d in daily if d["tenant_id"] == tenant.pk],
-                                             start, end)
-    return {"month": start.date(), "previous": (start - timedelta(days=1)).date().replace(day=1),
-            "next": end.date() if end <= month_start(timezone.now().date()) else None,
-            "tenants": out, "chart": chart}
+        out.append(
+            TenantSpend(
+                tenant=tenant,
+                month=start.date(),
+                spent_usd=spent,
+                budget_usd=tenant.monthly_budget_usd,
+                active_runs=active.get(tenant.pk, 0),
+                max_concurrent_runs=tenant.max_concurrent_runs,
+                by_arm=arms,
+            )
+        )
+        chart[str(tenant.pk)] = _spend_chart(
+            tenant, arms, [d for d in daily if d["tenant_id"] == tenant.pk], start, end
+        )
+    return {
+        "month": start.date(),
+        "previous": (start - timedelta(days=1)).date().replace(day=1),
+        "next": end.date() if end <= month_start(timezone.now().date()) else None,
+        "tenants": out,
+        "chart": chart,
+    }
 
 
-def _spend_chart(tenant: Tenant, arms: list[dict], daily: list[dict], start: datetime, end: datetime) -> dict:
+def _spend_chart(
+    tenant: Tenant, arms: list[dict], daily: list[dict], start: datetime, end: datetime
+) -> dict:
     """Cumulative spend per arm over the month's days (stacked by the page) and the budget line."""
     days = [(start + timedelta(days=i)).date() for i in range((end - start).days)]
     today = timezone.now().date()
     shown = [d for d in days if d <= today] or days[:1]
-    labels = {(a["experiment_id"], a["arm_id"]): f"{a['experiment__name']} / {a['arm__name']}" for a in arms}
+    labels = {
+        (a["experiment_id"], a["arm_id"]): f"{a['experiment__name']} / {a['arm__name']}"
+        for a in arms
+    }
     per_day: dict = {}
     for row in daily:
-        per_day.setdefault((row["experiment_id"], row["arm_id"]), {})[row["day"]] = float(row["cost_usd"])
+        per_day.setdefault((row["experiment_id"], row["arm_id"]), {})[row["day"]] = float(
+            row["cost_usd"]
+        )
     traces = []
     for i, (key, label) in enumerate(labels.items()):
         total, ys = 0.0, []
         for d in shown:
             total += per_day.get(key, {}).get(d, 0.0)
             ys.append(round(total, 6))
-        traces.append({"name": label, "color": charts.arm_color(i), "x": [d.isoformat() for d in shown], "y": ys})
-    return {"tenant": tenant.name, "budget_usd": float(tenant.monthly_budget_usd),
-            "x_range": [days[0].isoformat(), days[-1].isoformat()], "traces": traces}
+        traces.append(
+            {
+                "name": label,
+                "color": charts.arm_color(i),
+                "x": [d.isoformat() for d in shown],
+                "y": ys,
+            }
+        )
+    return {
+        "tenant": tenant.name,
+        "budget_usd": float(tenant.monthly_budget_usd),
+        "x_range": [days[0].isoformat(), days[-1].isoformat()],
+        "traces": traces,
+    }

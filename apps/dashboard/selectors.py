@@ -55,18 +55,22 @@ class Notice:
 
 
 def tenants_of(*, user) -> QuerySet[Tenant]:
-    return Tenant.objects.filter(pk__in=Membership.objects.filter(user=user).values("tenant_id")).order_by("name")
+    return Tenant.objects.filter(
+        pk__in=Membership.objects.filter(user=user).values("tenant_id")
+    ).order_by("name")
 
 
 def experiments_visible(*, user) -> QuerySet[Experiment]:
     """Experiments of the user's tenants; anything else is a 404 to them."""
-    return (Experiment.objects.filter(tenant__in=Membership.objects.filter(user=user).values("tenant_id"))
-            .select_related("tenant", "cost_model"))
+    return Experiment.objects.filter(
+        tenant__in=Membership.objects.filter(user=user).values("tenant_id")
+    ).select_related("tenant", "cost_model")
 
 
 def runs_visible(*, user) -> QuerySet[Run]:
-    return (Run.objects.filter(tenant__in=Membership.objects.filter(user=user).values("tenant_id"))
-            .select_related("arm", "experiment__tenant", "gpu_sku"))
+    return Run.objects.filter(
+        tenant__in=Membership.objects.filter(user=user).values("tenant_id")
+    ).select_related("arm", "experiment__tenant", "gpu_sku")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,11 +97,15 @@ def experiment_rows(*, user) -> list[ExperimentRow]:
     last = AttributionWindow.objects.filter(experiment=OuterRef("pk")).order_by("-number")
     experiments = (
         experiments_visible(user=user)
-        .annotate(spend=Coalesce(Sum("runs__cost_usd"), Value(Decimal(0))), run_count=Count("runs"),
-                  running=Count("runs", filter=Q(runs__status=Run.Status.RUNNING)),
-                  queued=Count("runs", filter=Q(runs__status=Run.Status.QUEUED)),
-                  estimated=Count("runs", filter=Q(runs__energy_estimated=True)),
-                  last_end=Subquery(last.values("window_end")[:1]), last_status=Subquery(last.values("status")[:1]))
+        .annotate(
+            spend=Coalesce(Sum("runs__cost_usd"), Value(Decimal(0))),
+            run_count=Count("runs"),
+            running=Count("runs", filter=Q(runs__status=Run.Status.RUNNING)),
+            queued=Count("runs", filter=Q(runs__status=Run.Status.QUEUED)),
+            estimated=Count("runs", filter=Q(runs__energy_estimated=True)),
+            last_end=Subquery(last.values("window_end")[:1]),
+            last_status=Subquery(last.values("status")[:1]),
+        )
         .prefetch_related(Prefetch("arms", queryset=Arm.objects.order_by("-is_control", "name")))
         .order_by("tenant__name", "-created_at", "-pk")
     )
@@ -105,9 +113,16 @@ def experiment_rows(*, user) -> list[ExperimentRow]:
     verdicts_of = verdicts.experiments_verdicts(experiments=experiments)
     return [
         ExperimentRow(
-            experiment=e, verdicts=verdicts_of[e.pk], arms=list(e.arms.all()), frozen=[a for a in e.arms.all() if a.state == Arm.State.FROZEN],
-            spend_usd=e.spend, spend_estimated=e.estimated > 0, runs=e.run_count, running=e.running,
-            queued=e.queued, last_attribution=e.last_end,
+            experiment=e,
+            verdicts=verdicts_of[e.pk],
+            arms=list(e.arms.all()),
+            frozen=[a for a in e.arms.all() if a.state == Arm.State.FROZEN],
+            spend_usd=e.spend,
+            spend_estimated=e.estimated > 0,
+            runs=e.run_count,
+            running=e.running,
+            queued=e.queued,
+            last_attribution=e.last_end,
             last_attribution_skipped=e.last_status == AttributionWindow.Status.SKIPPED,
         )
         for e in experiments
@@ -133,8 +148,12 @@ class RunStats:
 
 
 def _run_stats(experiment: Experiment) -> RunStats:
-    rows = (Run.objects.filter(experiment=experiment).values("status").order_by("status")
-            .annotate(n=Count("pk"), queued_at=Min("queued_at"), heartbeat=Min("heartbeat_at")))
+    rows = (
+        Run.objects.filter(experiment=experiment)
+        .values("status")
+        .order_by("status")
+        .annotate(n=Count("pk"), queued_at=Min("queued_at"), heartbeat=Min("heartbeat_at"))
+    )
     by_status = {r["status"]: r for r in rows}
     return RunStats(
         counts={s: r["n"] for s, r in by_status.items()},
@@ -148,47 +167,98 @@ def worker_notices(*, stats: RunStats, now: datetime) -> list[Notice]:
     out = []
     lease_s = settings.COSTLAB_RUN_LEASE_S
     queued = stats.counts.get(Run.Status.QUEUED, 0)
-    if queued and stats.oldest_queued and (now - stats.oldest_queued).total_seconds() > QUEUE_GRACE_S:
+    if (
+        queued
+        and stats.oldest_queued
+        and (now - stats.oldest_queued).total_seconds() > QUEUE_GRACE_S
+    ):
         waited = _ago(now - stats.oldest_queued)
-        alive = Run.objects.filter(status=Run.Status.RUNNING, heartbeat_at__gte=now - timedelta(seconds=lease_s))
+        alive = Run.objects.filter(
+            status=Run.Status.RUNNING, heartbeat_at__gte=now - timedelta(seconds=lease_s)
+        )
         if alive.exists():
-            out.append(Notice("info", "Workers are busy",
-                              f"{queued} run(s) queued, the oldest for {waited}: every worker is training "
-                              "another run. They start as soon as one is free."))
+            out.append(
+                Notice(
+                    "info",
+                    "Workers are busy",
+                    f"{queued} run(s) queued, the oldest for {waited}: every worker is training "
+                    "another run. They start as soon as one is free.",
+                )
+            )
         else:
-            out.append(Notice("warning", "Worker offline",
-                              f"{queued} run(s) queued, the oldest for {waited}, and no worker has reported a "
-                              f"heartbeat in the last {lease_s:.0f} s. Start one (`make run` starts web, worker "
-                              "and beat; with Docker Compose, the `worker` service)."))
+            out.append(
+                Notice(
+                    "warning",
+                    "Worker offline",
+                    f"{queued} run(s) queued, the oldest for {waited}, and no worker has reported a "
+                    f"heartbeat in the last {lease_s:.0f} s. Start one (`make run` starts web, worker "
+                    "and beat; with Docker Compose, the `worker` service).",
+                )
+            )
     if stats.stalest_heartbeat and (now - stats.stalest_heartbeat).total_seconds() > lease_s:
-        out.append(Notice("warning", "A running run stopped reporting",
-                          f"A worker last reported {_ago(now - stats.stalest_heartbeat)} ago. Its run will be "
-                          "marked lost and retried by the sweeper (celery beat)."))
+        out.append(
+            Notice(
+                "warning",
+                "A running run stopped reporting",
+                f"A worker last reported {_ago(now - stats.stalest_heartbeat)} ago. Its run will be "
+                "marked lost and retried by the sweeper (celery beat).",
+            )
+        )
     return out
 
 
-def attribution_notices(*, experiment: Experiment, report: ExperimentReport, stats: RunStats,
-                        last_window: AttributionWindow | None) -> list[Notice]:
+def attribution_notices(
+    *,
+    experiment: Experiment,
+    report: ExperimentReport,
+    stats: RunStats,
+    last_window: AttributionWindow | None,
+) -> list[Notice]:
     out = []
     if not stats.counts:
-        out.append(Notice("info", "No runs yet",
-                          f"Submit one with the CLI (`costlab submit --experiment {experiment.pk} --strategy "
-                          "FILE.yaml`) or the API (`POST /api/v1/runs/`). Charts and costs fill in as soon as "
-                          "a worker reports telemetry."))
+        out.append(
+            Notice(
+                "info",
+                "No runs yet",
+                f"Submit one with the CLI (`costlab submit --experiment {experiment.pk} --strategy "
+                "FILE.yaml`) or the API (`POST /api/v1/runs/`). Charts and costs fill in as soon as "
+                "a worker reports telemetry.",
+            )
+        )
     if experiment.status != Experiment.Status.ACTIVE:
-        out.append(Notice("info", f"Experiment is {experiment.get_status_display().lower()}",
-                          "Attribution and freezes only run while an experiment is active."))
+        out.append(
+            Notice(
+                "info",
+                f"Experiment is {experiment.get_status_display().lower()}",
+                "Attribution and freezes only run while an experiment is active.",
+            )
+        )
     elif last_window is None and any(a.runs for a in report.arms):
-        out.append(Notice("info", "Attribution not yet run",
-                          f"Costs below are measured; the comparison with the control, its confidence bounds and "
-                          f"freezes start at the first attribution, due within {experiment.attribution_interval_s} s "
-                          "of priced telemetry. It runs on celery beat: if this stays, check that beat is running."))
+        out.append(
+            Notice(
+                "info",
+                "Attribution not yet run",
+                f"Costs below are measured; the comparison with the control, its confidence bounds and "
+                f"freezes start at the first attribution, due within {experiment.attribution_interval_s} s "
+                "of priced telemetry. It runs on celery beat: if this stays, check that beat is running.",
+            )
+        )
     elif last_window is None and stats.counts:
-        out.append(Notice("info", "Attribution not yet run",
-                          "No run has reported priced telemetry yet, so there is nothing to attribute."))
+        out.append(
+            Notice(
+                "info",
+                "Attribution not yet run",
+                "No run has reported priced telemetry yet, so there is nothing to attribute.",
+            )
+        )
     if last_window is not None and last_window.status == AttributionWindow.Status.SKIPPED:
-        out.append(Notice("warning", f"Latest attribution (window {last_window.number}) was skipped",
-                          last_window.skip_reason))
+        out.append(
+            Notice(
+                "warning",
+                f"Latest attribution (window {last_window.number}) was skipped",
+                last_window.skip_reason,
+            )
+        )
     return out
 
 
@@ -198,9 +268,16 @@ def _ago(delta: timedelta) -> str:
 
 
 def _charted_runs(experiment: Experiment) -> list[Run]:
-    running_first = Case(When(status=Run.Status.RUNNING, then=Value(0)), default=Value(1), output_field=IntegerField())
-    return list(Run.objects.filter(experiment=experiment, last_seq__gte=0)
-                .annotate(running_first=running_first).order_by("running_first", "-pk")[:CHART_RUNS])
+    running_first = Case(
+        When(status=Run.Status.RUNNING, then=Value(0)),
+        default=Value(1),
+        output_field=IntegerField(),
+    )
+    return list(
+        Run.objects.filter(experiment=experiment, last_seq__gte=0)
+        .annotate(running_first=running_first)
+        .order_by("running_first", "-pk")[:CHART_RUNS]
+    )
 
 
 def experiment_page(*, experiment: Experiment, now: datetime | None = None) -> ExperimentPage:
@@ -211,60 +288,98 @@ def experiment_page(*, experiment: Experiment, now: datetime | None = None) -> E
     arm_names = {a.arm_id: a.name for a in parts["report"].arms}
     colors = parts["arm_colors"]
     charted = _charted_runs(experiment)
-    series = run_series(runs=charted, fields=charts.EXPERIMENT_FIELDS, budget=charts.budget_per_run(len(charted)))
+    series = run_series(
+        runs=charted, fields=charts.EXPERIMENT_FIELDS, budget=charts.budget_per_run(len(charted))
+    )
     return ExperimentPage(
-        experiment=experiment, parts=parts, charted_runs=len(charted),
+        experiment=experiment,
+        parts=parts,
+        charted_runs=len(charted),
         charts={
-            "cursor": charts.epoch_ms(now), "poll_ms": charts.LIVE_POLL_MS,
-            "arms": {str(a.pk): {"name": a.name, "color": charts.ARM_COLORS[colors[a.pk]], "control": a.is_control}
-                     for a in arms},
-            "telemetry": charts.telemetry_json(runs=charted, arm_names=arm_names, series=series,
-                                               fields=charts.EXPERIMENT_FIELDS),
+            "cursor": charts.epoch_ms(now),
+            "poll_ms": charts.LIVE_POLL_MS,
+            "arms": {
+                str(a.pk): {
+                    "name": a.name,
+                    "color": charts.ARM_COLORS[colors[a.pk]],
+                    "control": a.is_control,
+                }
+                for a in arms
+            },
+            "telemetry": charts.telemetry_json(
+                runs=charted, arm_names=arm_names, series=series, fields=charts.EXPERIMENT_FIELDS
+            ),
             "attribution": charts.attribution_json(experiment=experiment, arms=arms, now=now),
         },
     )
 
 
-def experiment_parts(*, experiment: Experiment, now: datetime | None = None, arm_ids: list[int] | None = None) -> dict:
+def experiment_parts(
+    *, experiment: Experiment, now: datetime | None = None, arm_ids: list[int] | None = None
+) -> dict:
     """The parts of the experiment page that move while runs train, rendered on the page and again by the
     fragment the page fetches (dashboard/_experiment_parts.html): the verdict card, the run counts, the
     comparison table with its notices, and the recent runs."""
     now = now or timezone.now()
     report = experiment_report(experiment=experiment)
     stats = _run_stats(experiment)
-    last_window = AttributionWindow.objects.filter(experiment=experiment).order_by("-number").first()
+    last_window = (
+        AttributionWindow.objects.filter(experiment=experiment).order_by("-number").first()
+    )
     if arm_ids is None:  # in colour order: the control first, then by name
         arm_ids = list(experiment.arms.order_by("-is_control", "name").values_list("pk", flat=True))
     verdict_list = verdicts.experiment_verdicts(experiment=experiment, report=report, now=now)
-    return {"experiment": experiment, "report": report, "last_window": last_window,
-            "arm_colors": {pk: i % len(charts.ARM_COLORS) for i, pk in enumerate(arm_ids)},
-            "verdicts": verdict_list, "verdict_of": {v.arm_id: v for v in verdict_list},
-            "run_counts": stats.counts,
-            "recent_runs": list(experiment.runs.select_related("arm").order_by("-pk")[:RECENT_RUNS]),
-            "outlier_ids": set(run_outliers(experiment_id=experiment.pk)),
-            "notices": attribution_notices(experiment=experiment, report=report, stats=stats,
-                                           last_window=last_window) + worker_notices(stats=stats, now=now)}
+    return {
+        "experiment": experiment,
+        "report": report,
+        "last_window": last_window,
+        "arm_colors": {pk: i % len(charts.ARM_COLORS) for i, pk in enumerate(arm_ids)},
+        "verdicts": verdict_list,
+        "verdict_of": {v.arm_id: v for v in verdict_list},
+        "run_counts": stats.counts,
+        "recent_runs": list(experiment.runs.select_related("arm").order_by("-pk")[:RECENT_RUNS]),
+        "outlier_ids": set(run_outliers(experiment_id=experiment.pk)),
+        "notices": attribution_notices(
+            experiment=experiment, report=report, stats=stats, last_window=last_window
+        )
+        + worker_notices(stats=stats, now=now),
+    }
 
 
 def _live_runs(runs: QuerySet[Run], now: datetime) -> list[Run]:
     recent = now - timedelta(seconds=60)
-    return list(runs.filter(Q(status=Run.Status.RUNNING) | Q(finished_at__gte=recent) | Q(heartbeat_at__gte=recent))
-                .select_related("arm").order_by("-pk")[:CHART_RUNS * 2])
+    return list(
+        runs.filter(
+            Q(status=Run.Status.RUNNING) | Q(finished_at__gte=recent) | Q(heartbeat_at__gte=recent)
+        )
+        .select_related("arm")
+        .order_by("-pk")[: CHART_RUNS * 2]
+    )
 
 
-def live_update(*, runs: QuerySet[Run], since: datetime, now: datetime | None = None,
-                fields: tuple[str, ...] = charts.EXPERIMENT_FIELDS) -> dict:
+def live_update(
+    *,
+    runs: QuerySet[Run],
+    since: datetime,
+    now: datetime | None = None,
+    fields: tuple[str, ...] = charts.EXPERIMENT_FIELDS,
+) -> dict:
     """New samples of the runs training now (or just finished) since the cursor, and the next cursor."""
     now = now or timezone.now()
     live = _live_runs(runs, now)
     series = live_series(runs=live, fields=fields, since=since)
     names = {r.arm_id: r.arm.name for r in live}
-    return {"cursor": charts.epoch_ms(now), "active": bool(live),
-            "runs": charts.runs_json(live, names, series), "series": series.as_json(fields)}
+    return {
+        "cursor": charts.epoch_ms(now),
+        "active": bool(live),
+        "runs": charts.runs_json(live, names, series),
+        "series": series.as_json(fields),
+    }
 
 
-def experiment_live(*, experiment: Experiment, since: datetime, known_version: str,
-                    now: datetime | None = None) -> dict:
+def experiment_live(
+    *, experiment: Experiment, since: datetime, known_version: str, now: datetime | None = None
+) -> dict:
     """A poll of the experiment page: new samples, and the attribution charts when they changed."""
     now = now or timezone.now()
     update = live_update(runs=Run.objects.filter(experiment=experiment), since=since, now=now)
@@ -272,7 +387,9 @@ def experiment_live(*, experiment: Experiment, since: datetime, known_version: s
     update["attribution"] = None
     if version != known_version:
         arms = list(experiment.arms.order_by("-is_control", "name"))
-        update["attribution"] = charts.attribution_json(experiment=experiment, arms=arms, now=now, version=version)
+        update["attribution"] = charts.attribution_json(
+            experiment=experiment, arms=arms, now=now, version=version
+        )
     return update
 
 
@@ -284,20 +401,35 @@ def run_page(*, run: Run, now: datetime | None = None) -> dict:
     series = run_series(runs=[run], fields=charts.RUN_FIELDS, budget=charts.RUN_BUDGET_MAX)
     notices = []
     if run.status == Run.Status.QUEUED:
-        notices = worker_notices(stats=RunStats({Run.Status.QUEUED: 1}, run.queued_at, None), now=now)
+        notices = worker_notices(
+            stats=RunStats({Run.Status.QUEUED: 1}, run.queued_at, None), now=now
+        )
     elif run.status == Run.Status.RUNNING and run.heartbeat_at:
         notices = worker_notices(stats=RunStats({}, None, run.heartbeat_at), now=now)
     if run.last_seq < 0 and run.status != Run.Status.QUEUED:
         notices.append(Notice("info", "No telemetry", "This run has not reported any telemetry."))
     return {
-        "run": run, "notices": notices, "breakdown": run.cost_breakdown or {},
+        "run": run,
+        "notices": notices,
+        "breakdown": run.cost_breakdown or {},
         "attempts": list(run.attempt_log.all()),
         "ranks": telemetry_by_rank(run_id=run.pk) if run.world_size > 1 else [],
         "charts": {
-            "cursor": charts.epoch_ms(now), "poll_ms": charts.LIVE_POLL_MS,
-            "arms": {str(run.arm_id): {"name": run.arm.name, "color": charts.arm_color(0), "control": False}},
-            "telemetry": charts.telemetry_json(runs=[run], arm_names={run.arm_id: run.arm.name}, series=series,
-                                               fields=charts.RUN_FIELDS),
+            "cursor": charts.epoch_ms(now),
+            "poll_ms": charts.LIVE_POLL_MS,
+            "arms": {
+                str(run.arm_id): {
+                    "name": run.arm.name,
+                    "color": charts.arm_color(0),
+                    "control": False,
+                }
+            },
+            "telemetry": charts.telemetry_json(
+                runs=[run],
+                arm_names={run.arm_id: run.arm.name},
+                series=series,
+                fields=charts.RUN_FIELDS,
+            ),
             "cost": charts.cost_breakdown_json(run),
         },
     }
@@ -319,15 +451,21 @@ def pricing_overview(*, user, now: datetime | None = None) -> list[TenantPricing
     now = now or timezone.now()
     tenants = list(tenants_of(user=user))
     gpu_prices = GpuPrice.objects.select_related("sku").order_by("sku__name")
-    all_tables = list(PricingTable.objects.filter(tenant__in=tenants).order_by("-valid_from")
-                      .prefetch_related(Prefetch("gpu_prices", queryset=gpu_prices)))
+    all_tables = list(
+        PricingTable.objects.filter(tenant__in=tenants)
+        .order_by("-valid_from")
+        .prefetch_related(Prefetch("gpu_prices", queryset=gpu_prices))
+    )
     out = []
     for tenant in tenants:
         tables = [t for t in all_tables if t.tenant_id == tenant.pk]
         in_force = next((t for t in tables if t.valid_from <= now), None)
-        out.append(TenantPricing(
-            tenant=tenant, in_force=in_force, upcoming=[t for t in tables if t.valid_from > now][::-1],
-            previous=[t for t in tables if t.valid_from <= now and t is not in_force],
-        ))
+        out.append(
+            TenantPricing(
+                tenant=tenant,
+                in_force=in_force,
+                upcoming=[t for t in tables if t.valid_from > now][::-1],
+                previous=[t for t in tables if t.valid_from <= now and t is not in_force],
+            )
+        )
     return out
-

@@ -31,8 +31,12 @@ LIVE_OVERLAP_S = 10.0
 LIVE_BUDGET = 200
 
 SERIES_LABELS = {
-    "util_pct": "GPU utilization", "power_w": "Power", "step_time_s": "Step time", "micro_batch": "Micro-batch",
-    "tokens_per_s": "Throughput", "loss": "Loss",
+    "util_pct": "GPU utilization",
+    "power_w": "Power",
+    "step_time_s": "Step time",
+    "micro_batch": "Micro-batch",
+    "tokens_per_s": "Throughput",
+    "loss": "Loss",
 }
 
 
@@ -70,7 +74,10 @@ class RunSeries:
     estimated: set[int]
 
     def as_json(self, fields: tuple[str, ...]) -> dict:
-        return {f: {str(r): bands[f].as_json() for r, bands in self.series.items() if bands[f].x} for f in fields}
+        return {
+            f: {str(r): bands[f].as_json() for r, bands in self.series.items() if bands[f].x}
+            for f in fields
+        }
 
 
 def _bucket_rows(sql: str, params: list, fields: tuple[str, ...], series: RunSeries) -> None:
@@ -85,49 +92,70 @@ def _bucket_rows(sql: str, params: list, fields: tuple[str, ...], series: RunSer
         if row[4]:
             series.estimated.add(run_id)
         for i, f in enumerate(fields):
-            lo, hi, total, n = row[5 + 4 * i:9 + 4 * i]
+            lo, hi, total, n = row[5 + 4 * i : 9 + 4 * i]
             if n:
                 bands[f].add(x, total / n, lo, hi)
 
 
-def _block_buckets(wanted: dict[int, tuple[int, int]], fields: tuple[str, ...], series: RunSeries) -> None:
+def _block_buckets(
+    wanted: dict[int, tuple[int, int]], fields: tuple[str, ...], series: RunSeries
+) -> None:
     """wanted[run] = (upto seq, blocks per bucket): the run's blocks below upto, merged in SQL."""
     cols = ", ".join(f"MIN({f}_min), MAX({f}_max), SUM({f}_sum), SUM({f}_n)" for f in fields)
     # One SELECT per run, so each reads its own range of the (run, block) index.
-    per_run = (f"SELECT run_id, block / %s, {epoch_ms_sql('MIN(ts_first)')}, {epoch_ms_sql('MAX(ts_last)')}, "
-               "MAX(CASE WHEN estimated THEN 1 ELSE 0 END), "
-               f"{cols} FROM {SeriesBlock._meta.db_table} WHERE run_id = %s AND block < %s GROUP BY 1, 2")
-    _union(per_run, [(k, run_id, upto // SeriesBlock.SEQS) for run_id, (upto, k) in wanted.items()], fields, series)
+    per_run = (
+        f"SELECT run_id, block / %s, {epoch_ms_sql('MIN(ts_first)')}, {epoch_ms_sql('MAX(ts_last)')}, "
+        "MAX(CASE WHEN estimated THEN 1 ELSE 0 END), "
+        f"{cols} FROM {SeriesBlock._meta.db_table} WHERE run_id = %s AND block < %s GROUP BY 1, 2"
+    )
+    _union(
+        per_run,
+        [(k, run_id, upto // SeriesBlock.SEQS) for run_id, (upto, k) in wanted.items()],
+        fields,
+        series,
+    )
 
 
-def _sample_buckets(wanted: dict[int, tuple[int, int]], fields: tuple[str, ...], series: RunSeries) -> None:
+def _sample_buckets(
+    wanted: dict[int, tuple[int, int]], fields: tuple[str, ...], series: RunSeries
+) -> None:
     """wanted[run] = (first seq, seqs per bucket): the run's samples from first seq on, grouped in SQL."""
     cols = ", ".join(f"MIN({f}), MAX({f}), SUM({f}), COUNT({f})" for f in fields)
-    per_run = (f"SELECT run_id, (seq - %s) / %s, {epoch_ms_sql('MIN(ts)')}, {epoch_ms_sql('MAX(ts)')}, "
-               "MAX(CASE WHEN estimated THEN 1 ELSE 0 END), "
-               f"{cols} FROM {TelemetrySample._meta.db_table} WHERE run_id = %s AND seq >= %s GROUP BY 1, 2")
+    per_run = (
+        f"SELECT run_id, (seq - %s) / %s, {epoch_ms_sql('MIN(ts)')}, {epoch_ms_sql('MAX(ts)')}, "
+        "MAX(CASE WHEN estimated THEN 1 ELSE 0 END), "
+        f"{cols} FROM {TelemetrySample._meta.db_table} WHERE run_id = %s AND seq >= %s GROUP BY 1, 2"
+    )
     _union(per_run, [(lo, k, run_id, lo) for run_id, (lo, k) in wanted.items()], fields, series)
 
 
 def _union(per_run: str, params: list[tuple], fields: tuple[str, ...], series: RunSeries) -> None:
     if params:
-        sql = " UNION ALL ".join(f"SELECT * FROM ({per_run}) AS q{i}" for i in range(len(params))) + " ORDER BY 1, 2"
+        sql = (
+            " UNION ALL ".join(f"SELECT * FROM ({per_run}) AS q{i}" for i in range(len(params)))
+            + " ORDER BY 1, 2"
+        )
         _bucket_rows(sql, [v for p in params for v in p], fields, series)
 
 
 def last_block() -> Subquery:
     """A Run annotation: the run's last rolled-up block (None: none yet), read backwards from the
     (run, block) index, so no scan of the blocks."""
-    return Subquery(SeriesBlock.objects.filter(run_id=OuterRef("pk")).order_by("-block").values("block")[:1])
+    return Subquery(
+        SeriesBlock.objects.filter(run_id=OuterRef("pk")).order_by("-block").values("block")[:1]
+    )
 
 
 def blocks_upto(runs: list[Run]) -> dict[int, int]:
     """Per run, the first seq after its rolled-up blocks (0: none). A read: blocks are built on beat."""
     if not runs:
         return {}
-    return {pk: 0 if block is None else (block + 1) * SeriesBlock.SEQS
-            for pk, block in Run.objects.filter(pk__in=[r.pk for r in runs]).annotate(last=last_block())
-            .values_list("pk", "last")}
+    return {
+        pk: 0 if block is None else (block + 1) * SeriesBlock.SEQS
+        for pk, block in Run.objects.filter(pk__in=[r.pk for r in runs])
+        .annotate(last=last_block())
+        .values_list("pk", "last")
+    }
 
 
 def _ranks(run: Run) -> int:
@@ -151,7 +179,9 @@ def run_series(*, runs: list[Run], fields: tuple[str, ...], budget: int) -> RunS
     """
     unknown = [f for f in fields if f not in CHART_FIELDS]
     if unknown:
-        raise ValueError(f"fields: {unknown[0]} is not a charted series ({', '.join(CHART_FIELDS)})")
+        raise ValueError(
+            f"fields: {unknown[0]} is not a charted series ({', '.join(CHART_FIELDS)})"
+        )
     big = [r for r in runs if r.last_seq + 1 > RAW_MAX]
     upto = blocks_upto(big)
     blocks, samples = {}, {}
@@ -164,8 +194,10 @@ def run_series(*, runs: list[Run], fields: tuple[str, ...], budget: int) -> RunS
         first = max(rolled, run.last_seq + 1 - TAIL_MAX, 0)
         points = budget if rolled == 0 else max(1, budget // 4)
         samples[run.pk] = (first, _per_bucket(run.last_seq + 1 - first, points, run))
-    out = RunSeries(series={r.pk: {f: Band() for f in fields} for r in runs},
-                    estimated={r.pk for r in runs if r.energy_estimated})
+    out = RunSeries(
+        series={r.pk: {f: Band() for f in fields} for r in runs},
+        estimated={r.pk for r in runs if r.energy_estimated},
+    )
     _block_buckets(blocks, fields, out)  # history first: rows arrive in time order per run
     _sample_buckets(samples, fields, out)
     return out
@@ -173,16 +205,22 @@ def run_series(*, runs: list[Run], fields: tuple[str, ...], budget: int) -> RunS
 
 def live_series(*, runs: list[Run], fields: tuple[str, ...], since: datetime) -> RunSeries:
     """Samples of these runs taken since `since` (less LIVE_OVERLAP_S), as raw points; for polling."""
-    data = samples_downsampled(run_ids=[r.pk for r in runs], fields=list(fields), budget=LIVE_BUDGET,
-                               since=since - timedelta(seconds=LIVE_OVERLAP_S))
+    data = samples_downsampled(
+        run_ids=[r.pk for r in runs],
+        fields=list(fields),
+        budget=LIVE_BUDGET,
+        since=since - timedelta(seconds=LIVE_OVERLAP_S),
+    )
     out = RunSeries(series={}, estimated={r for r, est in data.estimated.items() if est})
     ranks = {r.pk: _ranks(r) for r in runs}
     for run_id, by_field in data.series.items():
         bands = {f: Band() for f in fields}
         n = ranks.get(run_id, 1)
         for f, points in by_field.items():
-            for i in range(0, len(points), n):  # a DDP run: one point per step of its ranks (their mean)
-                group = [v for _, v in points[i:i + n]]
+            for i in range(
+                0, len(points), n
+            ):  # a DDP run: one point per step of its ranks (their mean)
+                group = [v for _, v in points[i : i + n]]
                 x = epoch_ms(points[i + len(group) // 2][0]) if n > 1 else epoch_ms(points[i][0])
                 bands[f].add(x, sum(group) / len(group), min(group), max(group))
         out.series[run_id] = bands

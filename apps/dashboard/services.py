@@ -45,12 +45,19 @@ def series_blocks_refresh(*, runs: Iterable[Run]) -> dict[int, int]:
     runs = list(runs)
     if not runs:
         return {}
-    done = {pk: block for pk, block in Run.objects.filter(pk__in=[r.pk for r in runs])
-            .annotate(last=last_block()).values_list("pk", "last") if block is not None}
+    done = {
+        pk: block
+        for pk, block in Run.objects.filter(pk__in=[r.pk for r in runs])
+        .annotate(last=last_block())
+        .values_list("pk", "last")
+        if block is not None
+    }
     upto, ranges = {}, []
     for run in runs:
         start = (done[run.pk] + 1) * SeriesBlock.SEQS if run.pk in done else 0
-        settled = (run.priced_seq + 1) // SeriesBlock.SEQS * SeriesBlock.SEQS  # whole blocks at or below priced_seq
+        settled = (
+            (run.priced_seq + 1) // SeriesBlock.SEQS * SeriesBlock.SEQS
+        )  # whole blocks at or below priced_seq
         upto[run.pk] = max(start, settled)
         if settled > start:
             ranges.append((run.pk, start, settled))
@@ -68,9 +75,11 @@ def series_blocks_roll_due(*, limit: int = 500) -> int:
     """
     seqs = SeriesBlock.SEQS
     due = list(
-        Run.objects.filter(priced_seq__gte=seqs - 1).annotate(last=last_block())
+        Run.objects.filter(priced_seq__gte=seqs - 1)
+        .annotate(last=last_block())
         .filter(Q(last__isnull=True) | Q(priced_seq__gte=(F("last") + 2) * seqs - 1))
-        .order_by("-updated_at").only("pk", "priced_seq")[:limit]
+        .order_by("-updated_at")
+        .only("pk", "priced_seq")[:limit]
     )
     series_blocks_refresh(runs=due)
     return len(due)

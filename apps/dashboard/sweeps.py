@@ -13,8 +13,11 @@ SWEEP_POLL_MS = 2000
 
 def sweeps_visible(*, user) -> QuerySet[Sweep]:
     """Sweeps of the user's tenants; anything else is a 404 to them."""
-    return (Sweep.objects.filter(tenant__in=Membership.objects.filter(user=user).values("tenant_id"))
-            .select_related("tenant").order_by("-created_at", "-pk"))
+    return (
+        Sweep.objects.filter(tenant__in=Membership.objects.filter(user=user).values("tenant_id"))
+        .select_related("tenant")
+        .order_by("-created_at", "-pk")
+    )
 
 
 def _strategy(params: dict) -> str:
@@ -24,15 +27,24 @@ def _strategy(params: dict) -> str:
 def sweep_data(*, sweep: Sweep) -> dict:
     """Every probe with its objectives and frontier flag: what the scatter and the live poll draw."""
     probes = sweep_frontier(sweep=sweep)
-    axes = list(sweep.objectives) if len(sweep.objectives) > 1 else [*sweep.objectives, "step_time_s"]
+    axes = (
+        list(sweep.objectives) if len(sweep.objectives) > 1 else [*sweep.objectives, "step_time_s"]
+    )
     return {
         "status": sweep.status,
         "axes": [{"key": key, "label": OBJECTIVES[key]} for key in axes[:2]],
-        "probes": [{
-            "number": p.number, "status": p.status, "on_frontier": p.on_frontier, "strategy": _strategy(p.params),
-            "reason": p.reason.splitlines()[0][:200] if p.reason else "",
-            "x": getattr(p, axes[0]), "y": getattr(p, axes[1]),
-        } for p in probes],
+        "probes": [
+            {
+                "number": p.number,
+                "status": p.status,
+                "on_frontier": p.on_frontier,
+                "strategy": _strategy(p.params),
+                "reason": p.reason.splitlines()[0][:200] if p.reason else "",
+                "x": getattr(p, axes[0]),
+                "y": getattr(p, axes[1]),
+            }
+            for p in probes
+        ],
         "poll_ms": SWEEP_POLL_MS if sweep.status == Sweep.Status.RUNNING else None,
     }
 
@@ -41,9 +53,15 @@ def sweep_page(*, sweep: Sweep) -> dict:
     probes = sweep_frontier(sweep=sweep)
     keys = list(dict.fromkeys(k for p in probes for k in p.params))
     rows = [{"probe": p, "values": [p.params.get(k, "—") for k in keys]} for p in probes]
-    return {"sweep": sweep, "keys": [k.split(".")[-1] for k in keys], "full_keys": keys, "rows": rows,
-            "objectives": [OBJECTIVES[o] for o in sweep.objectives], "chart": sweep_data(sweep=sweep),
-            "frontier_count": sum(1 for p in probes if p.on_frontier)}
+    return {
+        "sweep": sweep,
+        "keys": [k.split(".")[-1] for k in keys],
+        "full_keys": keys,
+        "rows": rows,
+        "objectives": [OBJECTIVES[o] for o in sweep.objectives],
+        "chart": sweep_data(sweep=sweep),
+        "frontier_count": sum(1 for p in probes if p.on_frontier),
+    }
 
 
 def run_sizing(*, run) -> dict | None:

@@ -25,8 +25,14 @@ from apps.experiments.models import Arm, Experiment
 # A cost is never negative: an arm is at most 100 % cheaper than the control.
 DEVIATION_FLOOR = -1.0
 PER_UNIT = {"usd_per_mtok": "per 1M tokens", "usd_per_step": "per step"}
-STATUS = {"cheaper": "conclusive", "costlier": "conclusive", "within_threshold": "within the threshold",
-          "inconclusive": "inconclusive", "frozen": "frozen", "no_data": "no verdict yet"}
+STATUS = {
+    "cheaper": "conclusive",
+    "costlier": "conclusive",
+    "within_threshold": "within the threshold",
+    "inconclusive": "inconclusive",
+    "frozen": "frozen",
+    "no_data": "no verdict yet",
+}
 
 
 @dataclass(frozen=True)
@@ -82,8 +88,15 @@ def _bound(verdict: str, low: float | None, high: float | None) -> str:
     return f"always-valid bound {_signed(low)} to {_signed(high)}"
 
 
-def runs_needed(*, deviation: float | None, low: float | None, high: float | None, runs: int, threshold: float,
-                min_runs: int) -> int:
+def runs_needed(
+    *,
+    deviation: float | None,
+    low: float | None,
+    high: float | None,
+    runs: int,
+    threshold: float,
+    min_runs: int,
+) -> int:
     """About how many more runs per arm until the bound clears the threshold, if the spread between runs
     stays as it is (the bound narrows about as 1/sqrt(runs)); at least what the minimums still ask."""
     need = max(0, min_runs - runs)
@@ -96,25 +109,43 @@ def runs_needed(*, deviation: float | None, low: float | None, high: float | Non
 
 def _when(at: datetime, now: datetime) -> str:
     local = timezone.localtime(at)
-    return f"{local:%H:%M}" if local.date() == timezone.localtime(now).date() else f"{local:%Y-%m-%d %H:%M}"
+    return (
+        f"{local:%H:%M}"
+        if local.date() == timezone.localtime(now).date()
+        else f"{local:%Y-%m-%d %H:%M}"
+    )
 
 
 def _latest_freezes(experiment_ids: list[int]) -> dict[int, FreezeEvent]:
     """Per arm, its latest freeze event (of these experiments). One query."""
-    events = (FreezeEvent.objects.filter(experiment_id__in=experiment_ids, action=FreezeEvent.Action.FREEZE)
-              .order_by("created_at", "pk"))
+    events = FreezeEvent.objects.filter(
+        experiment_id__in=experiment_ids, action=FreezeEvent.Action.FREEZE
+    ).order_by("created_at", "pk")
     return {e.arm_id: e for e in events}  # the latest of each arm wins
 
 
-def _say(*, arm, control_name: str, threshold: float, metric: str, runs: int | None, control_runs: int | None,
-         min_runs: int, freeze: FreezeEvent | None, now: datetime) -> Verdict:
+def _say(
+    *,
+    arm,
+    control_name: str,
+    threshold: float,
+    metric: str,
+    runs: int | None,
+    control_runs: int | None,
+    min_runs: int,
+    freeze: FreezeEvent | None,
+    now: datetime,
+) -> Verdict:
     verdict = arm_verdict(arm, threshold=threshold)
     low, high = clip_low(arm.deviation_low), arm.deviation_high
     deviation, detail, needed, frozen_at = arm.deviation, "", None, None
     threshold_text = f"±{significant(threshold * 100, 2)} %"
     if verdict == "frozen":
         if freeze is not None:
-            frozen_at, deviation = freeze.created_at, freeze.deviation if freeze.deviation is not None else deviation
+            frozen_at, deviation = (
+                freeze.created_at,
+                freeze.deviation if freeze.deviation is not None else deviation,
+            )
             detail = freeze.reason
         status = f"frozen at {_when(frozen_at, now)}" if frozen_at else "frozen"
     elif verdict == "no_data":
@@ -123,11 +154,19 @@ def _say(*, arm, control_name: str, threshold: float, metric: str, runs: int | N
     elif verdict == "inconclusive":
         status = STATUS[verdict]
         if runs is not None and control_runs is not None:
-            needed = runs_needed(deviation=arm.deviation, low=arm.deviation_low, high=arm.deviation_high,
-                                 runs=min(runs, control_runs), threshold=threshold, min_runs=min_runs)
-            detail = (f"needs about {needed} more run{'s' if needed != 1 else ''} per arm, if the spread between "
-                      f"runs stays as it is (evidence so far: {runs} run{'s' if runs != 1 else ''} of {arm.name}, "
-                      f"{control_runs} of {control_name})")
+            needed = runs_needed(
+                deviation=arm.deviation,
+                low=arm.deviation_low,
+                high=arm.deviation_high,
+                runs=min(runs, control_runs),
+                threshold=threshold,
+                min_runs=min_runs,
+            )
+            detail = (
+                f"needs about {needed} more run{'s' if needed != 1 else ''} per arm, if the spread between "
+                f"runs stays as it is (evidence so far: {runs} run{'s' if runs != 1 else ''} of {arm.name}, "
+                f"{control_runs} of {control_name})"
+            )
         if low is None:
             detail = (detail + "; " if detail else "") + "bounds after the next attribution"
     elif verdict == "within_threshold":
@@ -136,9 +175,21 @@ def _say(*, arm, control_name: str, threshold: float, metric: str, runs: int | N
             detail = f"the bound still reaches beyond {threshold_text}: more runs would settle it"
     else:
         status = STATUS[verdict]
-    return Verdict(arm_id=arm.arm_id, arm=arm.name, control=control_name, verdict=verdict, status=status,
-                   amount=_amount(deviation), per=PER_UNIT.get(metric, ""), bound=_bound(verdict, low, high),
-                   low=low, high=high, detail=detail, runs_needed=needed, frozen_at=frozen_at)
+    return Verdict(
+        arm_id=arm.arm_id,
+        arm=arm.name,
+        control=control_name,
+        verdict=verdict,
+        status=status,
+        amount=_amount(deviation),
+        per=PER_UNIT.get(metric, ""),
+        bound=_bound(verdict, low, high),
+        low=low,
+        high=high,
+        detail=detail,
+        runs_needed=needed,
+        frozen_at=frozen_at,
+    )
 
 
 def _min_runs(experiment: Experiment) -> int:
@@ -146,22 +197,36 @@ def _min_runs(experiment: Experiment) -> int:
     return max(experiment.min_runs_per_arm, settings.COSTLAB_CS_MIN_RUNS)
 
 
-def experiment_verdicts(*, experiment: Experiment, report: ExperimentReport,
-                        now: datetime | None = None) -> list[Verdict]:
+def experiment_verdicts(
+    *, experiment: Experiment, report: ExperimentReport, now: datetime | None = None
+) -> list[Verdict]:
     """Each non-control arm of the report against its control. One query (the freezes)."""
     now = now or timezone.now()
     control = next((a for a in report.arms if a.is_control), None)
     if control is None:
         return []
-    freezes = _latest_freezes([experiment.pk]) if any(a.state == Arm.State.FROZEN for a in report.arms) else {}
+    freezes = (
+        _latest_freezes([experiment.pk])
+        if any(a.state == Arm.State.FROZEN for a in report.arms)
+        else {}
+    )
     out = []
     for arm in report.arms:
         if arm.is_control:
             continue
-        out.append(_say(arm=arm, control_name=control.name, threshold=float(experiment.freeze_threshold),
-                        metric=arm.metric, runs=arm.runs, control_runs=control.runs, min_runs=_min_runs(experiment),
-                        freeze=freezes.get(arm.arm_id),
-                        now=now))
+        out.append(
+            _say(
+                arm=arm,
+                control_name=control.name,
+                threshold=float(experiment.freeze_threshold),
+                metric=arm.metric,
+                runs=arm.runs,
+                control_runs=control.runs,
+                min_runs=_min_runs(experiment),
+                freeze=freezes.get(arm.arm_id),
+                now=now,
+            )
+        )
     return out
 
 
@@ -176,14 +241,23 @@ class _Compared:
     deviation_high: float | None
 
 
-def experiments_verdicts(*, experiments: list[Experiment], now: datetime | None = None) -> dict[int, list[Verdict]]:
+def experiments_verdicts(
+    *, experiments: list[Experiment], now: datetime | None = None
+) -> dict[int, list[Verdict]]:
     """Per experiment, each non-control arm's verdict at its latest attribution window (the list's
     column; the experiment page adds what was measured since). Two queries, whatever the number."""
     now = now or timezone.now()
     ids = [e.pk for e in experiments]
-    latest = AttributionWindow.objects.filter(experiment=OuterRef("experiment")).order_by("-number").values("pk")[:1]
-    snapshots = (AttributionSnapshot.objects.filter(experiment_id__in=ids, window_id=Subquery(latest))
-                 .select_related("arm").order_by("experiment_id", "-arm__is_control", "arm__name"))
+    latest = (
+        AttributionWindow.objects.filter(experiment=OuterRef("experiment"))
+        .order_by("-number")
+        .values("pk")[:1]
+    )
+    snapshots = (
+        AttributionSnapshot.objects.filter(experiment_id__in=ids, window_id=Subquery(latest))
+        .select_related("arm")
+        .order_by("experiment_id", "-arm__is_control", "arm__name")
+    )
     by_experiment: dict[int, list[AttributionSnapshot]] = {}
     for s in snapshots:
         by_experiment.setdefault(s.experiment_id, []).append(s)
@@ -196,11 +270,26 @@ def experiments_verdicts(*, experiments: list[Experiment], now: datetime | None 
             out[e.pk] = []
             continue
         out[e.pk] = [
-            _say(arm=_Compared(s.arm_id, s.arm.name, False, s.arm.state, s.deviation, s.deviation_low,
-                               s.deviation_high),
-                 control_name=control.arm.name, threshold=float(e.freeze_threshold), metric=s.metric,
-                 runs=s.runs, control_runs=control.runs, min_runs=_min_runs(e), freeze=freezes.get(s.arm_id),
-                 now=now)
-            for s in rows if not s.arm.is_control
+            _say(
+                arm=_Compared(
+                    s.arm_id,
+                    s.arm.name,
+                    False,
+                    s.arm.state,
+                    s.deviation,
+                    s.deviation_low,
+                    s.deviation_high,
+                ),
+                control_name=control.arm.name,
+                threshold=float(e.freeze_threshold),
+                metric=s.metric,
+                runs=s.runs,
+                control_runs=control.runs,
+                min_runs=_min_runs(e),
+                freeze=freezes.get(s.arm_id),
+                now=now,
+            )
+            for s in rows
+            if not s.arm.is_control
         ]
     return out

@@ -46,7 +46,9 @@ def json_endpoint(view):
         except Http404:
             return _error(404, "not found", "not_found")
         except BadCursor:
-            return _error(400, "since: ms since the epoch, at most 15 minutes ago; reload the page", "invalid")
+            return _error(
+                400, "since: ms since the epoch, at most 15 minutes ago; reload the page", "invalid"
+            )
 
     return require_GET(wrapped)
 
@@ -71,7 +73,9 @@ def _since(request) -> datetime:
 def experiment_list(request):
     rows = selectors.experiment_rows(user=request.user)
     tenants = {row.experiment.tenant_id for row in rows}
-    return render(request, "dashboard/experiment_list.html", {"rows": rows, "many_tenants": len(tenants) > 1})
+    return render(
+        request, "dashboard/experiment_list.html", {"rows": rows, "many_tenants": len(tenants) > 1}
+    )
 
 
 @login_required
@@ -86,24 +90,37 @@ def experiment_detail(request, pk: int):
 @require_GET
 def experiment_comparison(request, pk: int):
     experiment = get_object_or_404(selectors.experiments_visible(user=request.user), pk=pk)
-    return render(request, "dashboard/_experiment_parts.html", selectors.experiment_parts(experiment=experiment))
+    return render(
+        request,
+        "dashboard/_experiment_parts.html",
+        selectors.experiment_parts(experiment=experiment),
+    )
 
 
 @json_endpoint
 def experiment_live(request, pk: int):
     experiment = get_object_or_404(selectors.experiments_visible(user=request.user), pk=pk)
     since = _since(request)
-    return JsonResponse(selectors.experiment_live(experiment=experiment, since=since,
-                                                  known_version=request.GET.get("av", "")))
+    return JsonResponse(
+        selectors.experiment_live(
+            experiment=experiment, since=since, known_version=request.GET.get("av", "")
+        )
+    )
 
 
 @login_required
 @require_GET
 def run_detail(request, pk: int):
     run = get_object_or_404(selectors.runs_visible(user=request.user), pk=pk)
-    return render(request, "dashboard/run_detail.html",
-                  {**selectors.run_page(run=run), "sizing": sweeps.run_sizing(run=run),
-                   "outlier": run_outliers(experiment_id=run.experiment_id).get(run.pk)})
+    return render(
+        request,
+        "dashboard/run_detail.html",
+        {
+            **selectors.run_page(run=run),
+            "sizing": sweeps.run_sizing(run=run),
+            "outlier": run_outliers(experiment_id=run.experiment_id).get(run.pk),
+        },
+    )
 
 
 @json_endpoint
@@ -117,13 +134,19 @@ def run_live(request, pk: int):
 @login_required
 @require_GET
 def pricing(request):
-    return render(request, "dashboard/pricing.html", {"tenants": selectors.pricing_overview(user=request.user)})
+    return render(
+        request,
+        "dashboard/pricing.html",
+        {"tenants": selectors.pricing_overview(user=request.user)},
+    )
 
 
 @login_required
 @require_GET
 def sweep_list(request):
-    return render(request, "dashboard/sweep_list.html", {"sweeps": sweeps.sweeps_visible(user=request.user)})
+    return render(
+        request, "dashboard/sweep_list.html", {"sweeps": sweeps.sweeps_visible(user=request.user)}
+    )
 
 
 @login_required

@@ -17,7 +17,13 @@ from django.views.decorators.http import require_http_methods, require_POST
 from apps.core.exceptions import ApplicationError
 from apps.dashboard import selectors
 from apps.dashboard.authoring import ArmRefused, experiment_author, runs_submit
-from apps.dashboard.forms import ArmFormSet, ExperimentForm, SubmitRunsForm, SweepForm, error_to_form
+from apps.dashboard.forms import (
+    ArmFormSet,
+    ExperimentForm,
+    SubmitRunsForm,
+    SweepForm,
+    error_to_form,
+)
 from apps.experiments.models import Arm
 from apps.experiments.services import run_cancel
 from apps.sweeps.services import sweep_create
@@ -32,19 +38,28 @@ def strategy_examples() -> dict[str, str]:
 
 
 def _arm_initial(arm: Arm) -> dict:
-    return {"arm_id": arm.pk, "name": arm.name, "strategy_yaml": arm.strategy_yaml, "weight": arm.weight,
-            "is_control": arm.is_control}
+    return {
+        "arm_id": arm.pk,
+        "name": arm.name,
+        "strategy_yaml": arm.strategy_yaml,
+        "weight": arm.weight,
+        "is_control": arm.is_control,
+    }
 
 
 def _author(request, *, experiment=None):
     tenants = selectors.tenants_of(user=request.user)
     if experiment is None and not tenants.exists():
-        messages.error(request, "tenant: your account is not a member of any team; ask an admin to add you")
+        messages.error(
+            request, "tenant: your account is not a member of any team; ask an admin to add you"
+        )
         return redirect("dashboard:experiments")
     examples = strategy_examples()
     if experiment is None:
-        initial = [{"name": "control", "is_control": True, "strategy_yaml": examples.get("tiny", "")},
-                   {"name": "candidate", "strategy_yaml": examples.get("bf16-fused", "")}]
+        initial = [
+            {"name": "control", "is_control": True, "strategy_yaml": examples.get("tiny", "")},
+            {"name": "candidate", "strategy_yaml": examples.get("bf16-fused", "")},
+        ]
     else:
         initial = [_arm_initial(arm) for arm in experiment.arms.order_by("-is_control", "name")]
     data = request.POST if request.method == "POST" else None
@@ -53,21 +68,34 @@ def _author(request, *, experiment=None):
     if data is not None and form.is_valid() and arms.is_valid():
         try:
             saved = experiment_author(
-                tenant=form.cleaned_data.get("tenant"), experiment=experiment, fields=form.service_fields(),
-                arms=arms.arms())
+                tenant=form.cleaned_data.get("tenant"),
+                experiment=experiment,
+                fields=form.service_fields(),
+                arms=arms.arms(),
+            )
         except ArmRefused as exc:
             error_to_form(arms.forms[exc.index], exc)
         except ApplicationError as exc:
             error_to_form(form, exc)
         else:
-            messages.success(request, f"Experiment '{saved.name}' {'saved' if experiment else 'created'}.")
+            messages.success(
+                request, f"Experiment '{saved.name}' {'saved' if experiment else 'created'}."
+            )
             return redirect("dashboard:experiment", saved.pk)
     tenant = experiment.tenant if experiment else None
-    return render(request, "dashboard/experiment_form.html", {
-        "form": form, "arms": arms, "experiment": experiment, "examples": examples,
-        "tenant_slug": tenant.slug if tenant else "",
-        "validate_url": reverse("api:arm-validate-strategy"),
-    }, status=400 if data is not None else 200)
+    return render(
+        request,
+        "dashboard/experiment_form.html",
+        {
+            "form": form,
+            "arms": arms,
+            "experiment": experiment,
+            "examples": examples,
+            "tenant_slug": tenant.slug if tenant else "",
+            "validate_url": reverse("api:arm-validate-strategy"),
+        },
+        status=400 if data is not None else 200,
+    )
 
 
 @login_required
@@ -94,11 +122,19 @@ def runs_new(request, pk: int):
         except ApplicationError as exc:
             error_to_form(form, exc)
         else:
-            messages.success(request, f"{len(runs)} run{'s' if len(runs) != 1 else ''} queued: "
-                                      + ", ".join(f"run {r.pk} ({r.arm.name})" for r in runs) + ".")
+            messages.success(
+                request,
+                f"{len(runs)} run{'s' if len(runs) != 1 else ''} queued: "
+                + ", ".join(f"run {r.pk} ({r.arm.name})" for r in runs)
+                + ".",
+            )
             return redirect(f"{reverse('dashboard:runs')}?experiment={experiment.pk}")
-    return render(request, "dashboard/runs_new.html", {"form": form, "experiment": experiment},
-                  status=400 if request.method == "POST" else 200)
+    return render(
+        request,
+        "dashboard/runs_new.html",
+        {"form": form, "experiment": experiment},
+        status=400 if request.method == "POST" else 200,
+    )
 
 
 @login_required
@@ -110,10 +146,14 @@ def run_cancel_view(request, pk: int):
     except ApplicationError as exc:
         messages.error(request, exc.message)
     else:
-        messages.success(request, f"Run {run.pk}: cancelled{'' if run.status == 'queued' else '; it stops at its next step'}.")
+        messages.success(
+            request,
+            f"Run {run.pk}: cancelled{'' if run.status == 'queued' else '; it stops at its next step'}.",
+        )
     target = request.POST.get("next", "")
-    if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()},
-                                           require_https=request.is_secure()):
+    if not url_has_allowed_host_and_scheme(
+        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
         target = reverse("dashboard:run", args=[run.pk])
     return redirect(target)
 
@@ -123,7 +163,11 @@ def run_cancel_view(request, pk: int):
 def sweep_new(request):
     tenants = selectors.tenants_of(user=request.user)
     examples = strategy_examples()
-    form = SweepForm(request.POST or None, tenants=tenants, initial={"base_strategy_yaml": examples.get("tiny", "")})
+    form = SweepForm(
+        request.POST or None,
+        tenants=tenants,
+        initial={"base_strategy_yaml": examples.get("tiny", "")},
+    )
     if request.method == "POST" and form.is_valid():
         try:
             sweep = sweep_create(**form.cleaned_data)
@@ -133,7 +177,14 @@ def sweep_new(request):
             messages.success(request, f"Sweep '{sweep.name}' started: {sweep.probe_count} probes.")
             return redirect("dashboard:sweep", sweep.pk)
     tenant = form["tenant"].value()
-    return render(request, "dashboard/sweep_form.html", {
-        "form": form, "examples": examples, "validate_url": reverse("api:arm-validate-strategy"),
-        "tenant_slug": tenant or (tenants[0].slug if tenants else ""),
-    }, status=400 if request.method == "POST" else 200)
+    return render(
+        request,
+        "dashboard/sweep_form.html",
+        {
+            "form": form,
+            "examples": examples,
+            "validate_url": reverse("api:arm-validate-strategy"),
+            "tenant_slug": tenant or (tenants[0].slug if tenants else ""),
+        },
+        status=400 if request.method == "POST" else 200,
+    )

@@ -31,20 +31,27 @@ class _Echo:
 
 def _csv_response(rows, filename: str) -> StreamingHttpResponse:
     writer = csv.writer(_Echo())
-    response = StreamingHttpResponse((writer.writerow(row) for row in rows), content_type="text/csv; charset=utf-8")
+    response = StreamingHttpResponse(
+        (writer.writerow(row) for row in rows), content_type="text/csv; charset=utf-8"
+    )
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     return response
 
 
 def _filter_form(request) -> RunFilterForm:
     experiments = selectors.experiments_visible(user=request.user).order_by("name")
-    arms = Arm.objects.filter(experiment__in=experiments).select_related("experiment").order_by(
-        "experiment__name", "name")
+    arms = (
+        Arm.objects.filter(experiment__in=experiments)
+        .select_related("experiment")
+        .order_by("experiment__name", "name")
+    )
     return RunFilterForm(request.GET or None, experiments=experiments, arms=arms)
 
 
 def _filtered(request, form: RunFilterForm):
-    filters = {k: v for k, v in form.cleaned_data.items() if v not in (None, "")} if form.is_bound else {}
+    filters = (
+        {k: v for k, v in form.cleaned_data.items() if v not in (None, "")} if form.is_bound else {}
+    )
     return runs_selectors.runs_filtered(user=request.user, **filters)
 
 
@@ -62,10 +69,20 @@ def run_list(request):
     sort_query = query.copy()
     sort_query.pop("sort", None)
     current = form.cleaned_data.get("sort") if form.is_bound and form.is_valid() else ""
-    return render(request, "dashboard/run_list.html", {
-        "form": form, "page": page, "runs": runs, "query": query.urlencode(), "sort_query": sort_query.urlencode(),
-        "sort": current or runs_selectors.DEFAULT_SORT, "compare_max": runs_selectors.COMPARE_MAX,
-    }, status=400 if runs is None else 200)
+    return render(
+        request,
+        "dashboard/run_list.html",
+        {
+            "form": form,
+            "page": page,
+            "runs": runs,
+            "query": query.urlencode(),
+            "sort_query": sort_query.urlencode(),
+            "sort": current or runs_selectors.DEFAULT_SORT,
+            "compare_max": runs_selectors.COMPARE_MAX,
+        },
+        status=400 if runs is None else 200,
+    )
 
 
 @login_required
@@ -73,10 +90,14 @@ def run_list(request):
 def run_list_csv(request):
     form = _filter_form(request)
     if form.is_bound and not form.is_valid():
-        return HttpResponseBadRequest("; ".join(e for errors in form.errors.values() for e in errors),
-                                      content_type="text/plain; charset=utf-8")
+        return HttpResponseBadRequest(
+            "; ".join(e for errors in form.errors.values() for e in errors),
+            content_type="text/plain; charset=utf-8",
+        )
     stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
-    return _csv_response(runs_selectors.runs_csv_rows(_filtered(request, form)), f"costlab-runs-{stamp}.csv")
+    return _csv_response(
+        runs_selectors.runs_csv_rows(_filtered(request, form)), f"costlab-runs-{stamp}.csv"
+    )
 
 
 @login_required
@@ -84,7 +105,9 @@ def run_list_csv(request):
 def experiment_comparison_csv(request, pk: int):
     experiment = get_object_or_404(selectors.experiments_visible(user=request.user), pk=pk)
     rows = runs_selectors.comparison_csv_rows(experiment=experiment)
-    return _csv_response(rows, f"costlab-{slugify(experiment.name) or experiment.pk}-comparison.csv")
+    return _csv_response(
+        rows, f"costlab-{slugify(experiment.name) or experiment.pk}-comparison.csv"
+    )
 
 
 @login_required
@@ -95,10 +118,15 @@ def run_compare(request):
     except ValueError:
         ids = []
     low, high = runs_selectors.COMPARE_MIN, runs_selectors.COMPARE_MAX
-    found = runs_selectors.runs_compare(user=request.user, ids=ids) if low <= len(ids) <= high else None
+    found = (
+        runs_selectors.runs_compare(user=request.user, ids=ids) if low <= len(ids) <= high else None
+    )
     if found is None or len(found["runs"]) != len(ids):
-        message = (f"run: choose {low} to {high} runs to compare (got {len(ids)})" if found is None
-                   else "run: some of these runs do not exist or are not your team's")
+        message = (
+            f"run: choose {low} to {high} runs to compare (got {len(ids)})"
+            if found is None
+            else "run: some of these runs do not exist or are not your team's"
+        )
         return render(request, "dashboard/run_compare.html", {"error": message}, status=400)
     return render(request, "dashboard/run_compare.html", found)
 
@@ -111,5 +139,14 @@ def spend(request):
         try:
             month = date.fromisoformat(request.GET["month"] + "-01")
         except ValueError:
-            return render(request, "dashboard/spend.html", {"error": "month: YYYY-MM, e.g. 2026-12"}, status=400)
-    return render(request, "dashboard/spend.html", runs_selectors.spend_overview(user=request.user, month=month))
+            return render(
+                request,
+                "dashboard/spend.html",
+                {"error": "month: YYYY-MM, e.g. 2026-12"},
+                status=400,
+            )
+    return render(
+        request,
+        "dashboard/spend.html",
+        runs_selectors.spend_overview(user=request.user, month=month),
+    )

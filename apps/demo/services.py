@@ -66,8 +66,12 @@ DEMO_DESCRIPTION = (
 DEMO_RUNS_PER_ARM = 6
 # Evidence minimums sized to a demo: a verdict ("cheaper", or a freeze) after a few runs, not a few
 # hundred.
-DEMO_EXPERIMENT = {"min_runs_per_arm": 3, "min_samples_per_arm": 20, "attribution_interval_s": 10,
-                   "freeze_threshold": Decimal("0.05")}
+DEMO_EXPERIMENT = {
+    "min_runs_per_arm": 3,
+    "min_samples_per_arm": 20,
+    "attribution_interval_s": 10,
+    "freeze_threshold": Decimal("0.05"),
+}
 
 
 @dataclass(frozen=True)
@@ -81,14 +85,19 @@ class DemoSeedResult:
 
 
 @transaction.atomic
-def demo_seed(*, admin_username: str = "admin", admin_email: str = "admin@example.com",
-              submit_runs_per_arm: int = 0) -> DemoSeedResult:
+def demo_seed(
+    *,
+    admin_username: str = "admin",
+    admin_email: str = "admin@example.com",
+    submit_runs_per_arm: int = 0,
+) -> DemoSeedResult:
     """Seed the demo; with submit_runs_per_arm, also queue runs when the demo experiment has
     none."""
     # Room beyond the demo's own queued runs (make run queues 6 per arm), so a new user's first
     # submissions are not refused by the quota.
     tenant, _ = Tenant.objects.get_or_create(
-        slug="demo", defaults={"name": "Demo team", "max_concurrent_runs": DEMO_MAX_CONCURRENT_RUNS})
+        slug="demo", defaults={"name": "Demo team", "max_concurrent_runs": DEMO_MAX_CONCURRENT_RUNS}
+    )
 
     table, _ = PricingTable.objects.get_or_create(
         tenant=tenant,
@@ -101,17 +110,22 @@ def demo_seed(*, admin_username: str = "admin", admin_email: str = "admin@exampl
             "memory_gb_hour_usd": Decimal("0.005"),
             "is_example": True,
             "notes": "EXAMPLE PRICES for the demo only. "
-                     "Not a quote from any provider; replace them.",
+            "Not a quote from any provider; replace them.",
         },
     )
     for name, memory_gb, tdp_w, peak, price in EXAMPLE_SKUS:
         sku, _ = GpuSku.objects.get_or_create(
-            name=name, defaults={"memory_gb": memory_gb, "tdp_w": tdp_w, "peak_bf16_tflops": Decimal(peak)}
+            name=name,
+            defaults={"memory_gb": memory_gb, "tdp_w": tdp_w, "peak_bf16_tflops": Decimal(peak)},
         )
-        GpuPrice.objects.get_or_create(pricing_table=table, sku=sku, defaults={"hourly_usd": Decimal(price)})
+        GpuPrice.objects.get_or_create(
+            pricing_table=table, sku=sku, defaults={"hourly_usd": Decimal(price)}
+        )
 
     cost_model, _ = CostModel.objects.get_or_create(
-        tenant=tenant, name="Resource weighted (default)", defaults={"kind": CostModel.Kind.RESOURCE_WEIGHTED}
+        tenant=tenant,
+        name="Resource weighted (default)",
+        defaults={"kind": CostModel.Kind.RESOURCE_WEIGHTED},
     )
     experiment, _ = Experiment.objects.get_or_create(
         tenant=tenant,
@@ -143,19 +157,33 @@ def demo_seed(*, admin_username: str = "admin", admin_email: str = "admin@exampl
     user = User.objects.filter(username=admin_username).first()
     if user is None:
         password = secrets.token_urlsafe(12)
-        user = User.objects.create_superuser(username=admin_username, email=admin_email, password=password)
-    Membership.objects.get_or_create(user=user, tenant=tenant, defaults={"role": Membership.Role.ADMIN})
+        user = User.objects.create_superuser(
+            username=admin_username, email=admin_email, password=password
+        )
+    Membership.objects.get_or_create(
+        user=user, tenant=tenant, defaults={"role": Membership.Role.ADMIN}
+    )
     submitted = 0
     # Only into an empty demo: every `make run` seeds, and finished demo runs must not multiply.
     if submit_runs_per_arm and not experiment.runs.exists():
         arms = list(experiment.arms.order_by("pk"))
         queued = submit_runs_per_arm * len(arms)
-        if tenant.max_concurrent_runs < queued:  # the demo's own tenant: its quota fits the demo's queue
+        if (
+            tenant.max_concurrent_runs < queued
+        ):  # the demo's own tenant: its quota fits the demo's queue
             tenant.max_concurrent_runs = queued
             tenant.save(update_fields=["max_concurrent_runs"])
-        for _ in range(submit_runs_per_arm):  # interleaved: the machine's drift hits both arms alike
+        for _ in range(
+            submit_runs_per_arm
+        ):  # interleaved: the machine's drift hits both arms alike
             for arm in arms:
                 run_submit(experiment=experiment, arm=arm)
                 submitted += 1
-    return DemoSeedResult(tenant=tenant, pricing_table=table, experiment=experiment, runs_submitted=submitted,
-                          admin_username=admin_username, admin_password=password)
+    return DemoSeedResult(
+        tenant=tenant,
+        pricing_table=table,
+        experiment=experiment,
+        runs_submitted=submitted,
+        admin_username=admin_username,
+        admin_password=password,
+    )

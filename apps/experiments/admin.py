@@ -7,7 +7,12 @@ from apps.experiments.models import Arm, Experiment, Run, RunAttempt
 from apps.experiments.services import arm_create, arm_delete, arm_update
 from apps.experiments.strategies import strategy_normalise, strategy_validate
 
-ARM_FIELDS = ("name", "is_control", "weight", "strategy_yaml")  # what staff edit; the services write them
+ARM_FIELDS = (
+    "name",
+    "is_control",
+    "weight",
+    "strategy_yaml",
+)  # what staff edit; the services write them
 
 
 class ArmAdminForm(forms.ModelForm):
@@ -32,8 +37,13 @@ def arm_save(arm: Arm, changed: list[str]) -> Arm:
     whatever changed."""
     try:
         if arm.pk is None:
-            return arm_create(experiment=arm.experiment, name=arm.name, strategy_yaml=arm.strategy_yaml,
-                              weight=arm.weight, is_control=arm.is_control)
+            return arm_create(
+                experiment=arm.experiment,
+                name=arm.name,
+                strategy_yaml=arm.strategy_yaml,
+                weight=arm.weight,
+                is_control=arm.is_control,
+            )
         return arm_update(arm=arm, **{f: getattr(arm, f) for f in ARM_FIELDS if f in changed}).arm
     except ApplicationError as exc:
         raise ValidationError(exc.message) from None
@@ -43,14 +53,29 @@ class ArmInline(admin.TabularInline):
     model = Arm
     form = ArmAdminForm
     extra = 0
-    fields = ["name", "is_control", "weight", "strategy_yaml", "state", "revision", "strategy_sha256"]
+    fields = [
+        "name",
+        "is_control",
+        "weight",
+        "strategy_yaml",
+        "state",
+        "revision",
+        "strategy_sha256",
+    ]
     readonly_fields = ["strategy_sha256", "state", "revision"]
     show_change_link = True
 
 
 @admin.register(Experiment)
 class ExperimentAdmin(admin.ModelAdmin):
-    list_display = ["name", "tenant", "status", "cost_model", "freeze_threshold", "attribution_interval_s"]
+    list_display = [
+        "name",
+        "tenant",
+        "status",
+        "cost_model",
+        "freeze_threshold",
+        "attribution_interval_s",
+    ]
     list_filter = ["status", "tenant"]
     search_fields = ["name", "tenant__name"]
     list_select_related = ["tenant", "cost_model"]
@@ -97,7 +122,15 @@ class RunAttemptInline(admin.TabularInline):
     model = RunAttempt
     extra = 0
     can_delete = False
-    fields = readonly_fields = ["number", "worker", "host", "started_at", "ended_at", "outcome", "reason"]
+    fields = readonly_fields = [
+        "number",
+        "worker",
+        "host",
+        "started_at",
+        "ended_at",
+        "outcome",
+        "reason",
+    ]
 
     def has_add_permission(self, request, obj=None):
         return False
@@ -107,7 +140,16 @@ class RunAttemptInline(admin.TabularInline):
 class RunAdmin(admin.ModelAdmin):
     inlines = [RunAttemptInline]
     list_display = [
-        "id", "experiment", "arm", "status", "kind", "attempts", "steps", "tokens", "cost_usd", "queued_at",
+        "id",
+        "experiment",
+        "arm",
+        "status",
+        "kind",
+        "attempts",
+        "steps",
+        "tokens",
+        "cost_usd",
+        "queued_at",
     ]
     list_filter = ["status", "kind", "queue"]
     search_fields = ["id", "git_sha", "experiment__name", "arm__name"]

@@ -42,13 +42,20 @@ class Experiment(TimeStampedModel):
         default=Decimal("0.05"),
         validators=[MinValueValidator(Decimal("0.0001"))],
         help_text="Relative cost deviation from the control above which an arm may be frozen "
-                  "(0.05 = 5 %).",
+        "(0.05 = 5 %).",
     )
     attribution_interval_s = models.PositiveIntegerField(
-        "attribution interval (s)", default=30, validators=[MinValueValidator(5)], help_text="Seconds between attribution ticks."
+        "attribution interval (s)",
+        default=30,
+        validators=[MinValueValidator(5)],
+        help_text="Seconds between attribution ticks.",
     )
-    min_runs_per_arm = models.PositiveIntegerField(default=3, help_text="Evidence needed before a freeze.")
-    min_samples_per_arm = models.PositiveIntegerField(default=30, help_text="Evidence needed before a freeze.")
+    min_runs_per_arm = models.PositiveIntegerField(
+        default=3, help_text="Evidence needed before a freeze."
+    )
+    min_samples_per_arm = models.PositiveIntegerField(
+        default=30, help_text="Evidence needed before a freeze."
+    )
     alpha = models.DecimalField(
         max_digits=5,
         decimal_places=4,
@@ -56,20 +63,34 @@ class Experiment(TimeStampedModel):
         validators=[MinValueValidator(Decimal("0.0001")), MaxValueValidator(Decimal("0.5"))],
         help_text="False-freeze rate bound of the always-valid confidence sequence.",
     )
-    freeze_policy = models.CharField(max_length=16, choices=FreezePolicy.choices, default=FreezePolicy.LET_FINISH)
-    dynamic_weights = models.BooleanField(default=True, help_text="Shift traffic toward cheaper arms.")
+    freeze_policy = models.CharField(
+        max_length=16, choices=FreezePolicy.choices, default=FreezePolicy.LET_FINISH
+    )
+    dynamic_weights = models.BooleanField(
+        default=True, help_text="Shift traffic toward cheaper arms."
+    )
     target_steps = models.PositiveIntegerField(
-        null=True, blank=True, help_text="Steps of a full run: the page projects each arm's cost and completion time to "
-                                    "this many (e.g. 100000). Empty: no projection."
+        null=True,
+        blank=True,
+        help_text="Steps of a full run: the page projects each arm's cost and completion time to "
+        "this many (e.g. 100000). Empty: no projection.",
     )
 
     class Meta:
         ordering = ["tenant", "-created_at"]
         constraints = [
-            models.UniqueConstraint(fields=["tenant", "name"], name="experiment_unique_tenant_name"),
-            models.CheckConstraint(condition=Q(freeze_threshold__gt=0), name="experiment_threshold_positive"),
-            models.CheckConstraint(condition=Q(attribution_interval_s__gte=5), name="experiment_interval_min"),
-            models.CheckConstraint(condition=Q(alpha__gt=0) & Q(alpha__lt=1), name="experiment_alpha_range"),
+            models.UniqueConstraint(
+                fields=["tenant", "name"], name="experiment_unique_tenant_name"
+            ),
+            models.CheckConstraint(
+                condition=Q(freeze_threshold__gt=0), name="experiment_threshold_positive"
+            ),
+            models.CheckConstraint(
+                condition=Q(attribution_interval_s__gte=5), name="experiment_interval_min"
+            ),
+            models.CheckConstraint(
+                condition=Q(alpha__gt=0) & Q(alpha__lt=1), name="experiment_alpha_range"
+            ),
         ]
         indexes = [models.Index(fields=["status"], name="experiment_status_idx")]
 
@@ -86,7 +107,9 @@ class Arm(TimeStampedModel):
 
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="arms")
     name = models.CharField(max_length=80)
-    strategy_yaml = models.TextField("strategy (YAML)", help_text="The training strategy runs of this arm use.")
+    strategy_yaml = models.TextField(
+        "strategy (YAML)", help_text="The training strategy runs of this arm use."
+    )
     strategy_sha256 = models.CharField(max_length=64, editable=False)
     weight = models.DecimalField(
         max_digits=7,
@@ -102,9 +125,13 @@ class Arm(TimeStampedModel):
     class Meta:
         ordering = ["experiment", "-is_control", "name"]
         constraints = [
-            models.UniqueConstraint(fields=["experiment", "name"], name="arm_unique_experiment_name"),
             models.UniqueConstraint(
-                fields=["experiment"], condition=Q(is_control=True), name="arm_one_control_per_experiment"
+                fields=["experiment", "name"], name="arm_unique_experiment_name"
+            ),
+            models.UniqueConstraint(
+                fields=["experiment"],
+                condition=Q(is_control=True),
+                name="arm_one_control_per_experiment",
             ),
             models.CheckConstraint(condition=Q(weight__gte=0), name="arm_weight_non_negative"),
             models.CheckConstraint(
@@ -119,7 +146,9 @@ class Arm(TimeStampedModel):
         from django.core.exceptions import ValidationError
 
         if self.state == self.State.FROZEN and self.weight:
-            raise ValidationError({"weight": "a frozen arm has weight 0; unfreeze it to give it traffic"})
+            raise ValidationError(
+                {"weight": "a frozen arm has weight 0; unfreeze it to give it traffic"}
+            )
 
     def save(self, *args, **kwargs):
         # The hash is derived from the text, both normalised (LF, one final newline): never apart.
@@ -152,7 +181,10 @@ class Run(TimeStampedModel):
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     queue = models.CharField(max_length=32, default=CeleryQueue.CPU.value)
     run_key = models.CharField(
-        max_length=120, blank=True, default="", help_text="Client key: a retried submission returns the same run."
+        max_length=120,
+        blank=True,
+        default="",
+        help_text="Client key: a retried submission returns the same run.",
     )
     cancel_requested = models.BooleanField(default=False)
 
@@ -163,24 +195,54 @@ class Run(TimeStampedModel):
     dataset_sha256 = models.CharField(max_length=64, blank=True, default="")
     host = models.CharField(max_length=255, blank=True, default="")
     device = models.CharField(max_length=120, blank=True, default="")
-    gpu_sku = models.ForeignKey(GpuSku, on_delete=models.PROTECT, null=True, blank=True, related_name="runs",
-                                verbose_name="GPU")
-    gpu_count = models.PositiveIntegerField("held GPUs", default=0, help_text="Accelerators held by the run (0: CPU only).")
+    gpu_sku = models.ForeignKey(
+        GpuSku,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="runs",
+        verbose_name="GPU",
+    )
+    gpu_count = models.PositiveIntegerField(
+        "held GPUs", default=0, help_text="Accelerators held by the run (0: CPU only)."
+    )
     world_size = models.PositiveIntegerField(
-        default=1, help_text="Processes the run trains in (DDP ranks, one device each); one "
-            "telemetry stream each.")
+        default=1,
+        help_text="Processes the run trains in (DDP ranks, one device each); one "
+        "telemetry stream each.",
+    )
     # A run across nodes: gang-scheduled as `nnodes` tasks meeting at one c10d rendezvous.
-    nnodes = models.PositiveSmallIntegerField(default=1, help_text="Workers (nodes) the run trains on at once.")
-    rdzv_endpoint = models.CharField(max_length=255, blank=True, default="",
-                                     help_text="host:port of the rendezvous, served by the node that claimed the run.")
-    rdzv_id = models.CharField(max_length=120, blank=True, default="", help_text="The rendezvous (run) id.")
-    rdzv_seq_base = models.BigIntegerField(default=0, help_text="The attempt's first telemetry seq (nodes interleave).")
-    nodes_joined = models.PositiveSmallIntegerField(default=0, help_text="Nodes of this attempt's gang so far.")
+    nnodes = models.PositiveSmallIntegerField(
+        default=1, help_text="Workers (nodes) the run trains on at once."
+    )
+    rdzv_endpoint = models.CharField(
+        max_length=255,
+        blank=True,
+        default="",
+        help_text="host:port of the rendezvous, served by the node that claimed the run.",
+    )
+    rdzv_id = models.CharField(
+        max_length=120, blank=True, default="", help_text="The rendezvous (run) id."
+    )
+    rdzv_seq_base = models.BigIntegerField(
+        default=0, help_text="The attempt's first telemetry seq (nodes interleave)."
+    )
+    nodes_joined = models.PositiveSmallIntegerField(
+        default=0, help_text="Nodes of this attempt's gang so far."
+    )
     gang_requeues = models.PositiveSmallIntegerField(
-        default=0, help_text="Times the run went back to the queue because not every node joined "
-            "(at most once).")
-    vcpus = models.PositiveIntegerField("held vCPUs", default=0, help_text="vCPUs held by the run, priced per vCPU-hour.")
-    memory_gb = models.FloatField("memory (GB)", default=0.0, help_text="Host memory held by the run (GB), priced per GB-hour.")
+        default=0,
+        help_text="Times the run went back to the queue because not every node joined "
+        "(at most once).",
+    )
+    vcpus = models.PositiveIntegerField(
+        "held vCPUs", default=0, help_text="vCPUs held by the run, priced per vCPU-hour."
+    )
+    memory_gb = models.FloatField(
+        "memory (GB)",
+        default=0.0,
+        help_text="Host memory held by the run (GB), priced per GB-hour.",
+    )
 
     # Lease: a worker holds the run while its heartbeat keeps the lease fresh.
     lease_owner = models.CharField(max_length=255, blank=True, default="")
@@ -190,42 +252,60 @@ class Run(TimeStampedModel):
         default=0, help_text="Times a worker took the run (each has a RunAttempt; stops included)."
     )
     max_attempts = models.PositiveIntegerField(
-        default=3, help_text="Failed attempts (lost worker, error) allowed; a graceful stop does not count."
+        default=3,
+        help_text="Failed attempts (lost worker, error) allowed; a graceful stop does not count.",
     )
     error = models.TextField(blank=True, default="")
     queued_at = models.DateTimeField(auto_now_add=True)
     # Durable enqueue: the row is the truth, the broker message only a wake-up. A queued run whose
     # message never left (broker down) or was lost (broker restarted) is sent again by the
     # reconciler.
-    sent_at = models.DateTimeField(null=True, blank=True, help_text="When its id last reached the broker.")
-    sends = models.PositiveIntegerField(default=0, help_text="Messages sent for it (re-sends included).")
+    sent_at = models.DateTimeField(
+        null=True, blank=True, help_text="When its id last reached the broker."
+    )
+    sends = models.PositiveIntegerField(
+        default=0, help_text="Messages sent for it (re-sends included)."
+    )
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     # Running totals, updated as telemetry lands (never recomputed from scratch).
     last_seq = models.BigIntegerField(default=-1, help_text="Highest seq stored.")
-    priced_seq = models.BigIntegerField(default=-1, help_text="Samples up to this seq are in the totals.")
+    priced_seq = models.BigIntegerField(
+        default=-1, help_text="Samples up to this seq are in the totals."
+    )
     steps = models.BigIntegerField(default=0)
     tokens = models.BigIntegerField(default=0)
     device_seconds = models.FloatField(default=0.0)
     energy_j = models.FloatField("energy (J)", default=0.0)
     energy_estimated = models.BooleanField(default=False)
-    cost_usd = models.DecimalField("cost (USD)", max_digits=16, decimal_places=6, default=Decimal("0"))
-    cost_breakdown = models.JSONField(default=dict, blank=True, help_text="USD by term; used vs idle.")
-    config_revision = models.PositiveIntegerField(default=1, help_text="Arm revision the run applies now.")
+    cost_usd = models.DecimalField(
+        "cost (USD)", max_digits=16, decimal_places=6, default=Decimal("0")
+    )
+    cost_breakdown = models.JSONField(
+        default=dict, blank=True, help_text="USD by term; used vs idle."
+    )
+    config_revision = models.PositiveIntegerField(
+        default=1, help_text="Arm revision the run applies now."
+    )
     config_history = models.JSONField(
-        default=list, blank=True,
+        default=list,
+        blank=True,
         help_text="Live changes applied while running: "
-                  "[{revision, applied_at, live, not_applied}].",
+        "[{revision, applied_at, live, not_applied}].",
     )
 
     class Meta:
         ordering = ["-created_at"]
         constraints = [
             models.UniqueConstraint(
-                fields=["experiment", "run_key"], condition=~Q(run_key=""), name="run_unique_experiment_run_key"
+                fields=["experiment", "run_key"],
+                condition=~Q(run_key=""),
+                name="run_unique_experiment_run_key",
             ),
-            models.CheckConstraint(condition=Q(tokens__gte=0) & Q(steps__gte=0), name="run_totals_non_negative"),
+            models.CheckConstraint(
+                condition=Q(tokens__gte=0) & Q(steps__gte=0), name="run_totals_non_negative"
+            ),
         ]
         indexes = [
             models.Index(fields=["tenant", "status"], name="run_tenant_status_idx"),
@@ -235,7 +315,9 @@ class Run(TimeStampedModel):
             # The dashboard's runs page: a team's runs by date (its default order and date filter),
             # and a git commit by prefix (LIKE 'abc%' needs the pattern operator class on Postgres).
             models.Index(fields=["tenant", "queued_at"], name="run_tenant_queued_idx"),
-            models.Index(fields=["git_sha"], name="run_git_sha_prefix_idx", opclasses=["varchar_pattern_ops"]),
+            models.Index(
+                fields=["git_sha"], name="run_git_sha_prefix_idx", opclasses=["varchar_pattern_ops"]
+            ),
         ]
 
     def __str__(self) -> str:
@@ -258,7 +340,9 @@ class RunAttempt(models.Model):
     COUNTED = (Outcome.FAILED, Outcome.LOST)
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attempt_log")
-    number = models.PositiveIntegerField(help_text="1, 2, ...: also the attempt id its telemetry carries.")
+    number = models.PositiveIntegerField(
+        help_text="1, 2, ...: also the attempt id its telemetry carries."
+    )
     worker = models.CharField(max_length=255, help_text="The lease owner: host:pid:nonce.")
     host = models.CharField(max_length=255, blank=True, default="")
     started_at = models.DateTimeField()

@@ -75,18 +75,24 @@ def runs_reconcile_queued(*, now=None) -> list[int]:
     """
     now = now or timezone.now()
     after = timedelta(seconds=settings.COSTLAB_RUN_RESEND_AFTER_S)
-    grace = min(after, timedelta(seconds=5))  # the on_commit send of a fresh submit is still in flight
+    grace = min(
+        after, timedelta(seconds=5)
+    )  # the on_commit send of a fresh submit is still in flight
     rows = (
         Run.objects.filter(status=Run.Status.QUEUED, kind=Run.Kind.WORKER, cancel_requested=False)
         .filter(Q(sent_at__isnull=True, updated_at__lt=now - grace) | Q(sent_at__lt=now - after))
-        .order_by("pk").values_list("pk", "queue", "sent_at", "sends", "nnodes")[:1000]
+        .order_by("pk")
+        .values_list("pk", "queue", "sent_at", "sends", "nnodes")[:1000]
     )
     sent = []
     for run_id, queue, sent_at, sends, nodes in rows:
         if sent_at is not None and now - sent_at < after * 2 ** min(max(sends - 1, 0), 4):
             continue
-        logger.info("run %s: queued with no claim (last sent %s); sending it again", run_id,
-                    sent_at.isoformat() if sent_at else "never")
+        logger.info(
+            "run %s: queued with no claim (last sent %s); sending it again",
+            run_id,
+            sent_at.isoformat() if sent_at else "never",
+        )
         if run_send(run_id=run_id, queue=queue, nodes=nodes):
             sent.append(run_id)
     return sent
@@ -95,10 +101,15 @@ def runs_reconcile_queued(*, now=None) -> list[int]:
 # ------------------------------------------------------------------------------
 # A run across nodes: the claiming node hosts the rendezvous, the others join it
 # ------------------------------------------------------------------------------
-def run_rendezvous_record(*, run_id: int, owner: str, endpoint: str, rdzv_id: str, seq_base: int) -> bool:
+def run_rendezvous_record(
+    *, run_id: int, owner: str, endpoint: str, rdzv_id: str, seq_base: int
+) -> bool:
     """The claiming node (node 0) records where the gang meets; the other nodes read it to join."""
-    return bool(Run.objects.filter(pk=run_id, lease_owner=owner, status=Run.Status.RUNNING).update(
-        rdzv_endpoint=endpoint, rdzv_id=rdzv_id, rdzv_seq_base=seq_base, nodes_joined=1))
+    return bool(
+        Run.objects.filter(pk=run_id, lease_owner=owner, status=Run.Status.RUNNING).update(
+            rdzv_endpoint=endpoint, rdzv_id=rdzv_id, rdzv_seq_base=seq_base, nodes_joined=1
+        )
+    )
 
 
 @dataclass(frozen=True)
@@ -116,21 +127,36 @@ class NodeSeat:
 def run_node_join(*, run_id: int) -> NodeSeat | None:
     """A seat in a running gang whose rendezvous is recorded and not yet full; None otherwise."""
     run = Run.objects.select_for_update().filter(pk=run_id).first()
-    if run is None or run.status != Run.Status.RUNNING or run.nnodes < 2 or not run.rdzv_id \
-            or run.nodes_joined >= run.nnodes:
+    if (
+        run is None
+        or run.status != Run.Status.RUNNING
+        or run.nnodes < 2
+        or not run.rdzv_id
+        or run.nodes_joined >= run.nnodes
+    ):
         return None
     run.nodes_joined += 1
     run.save(update_fields=["nodes_joined", "updated_at"])
-    return NodeSeat(node=run.nodes_joined - 1, endpoint=run.rdzv_endpoint, rdzv_id=run.rdzv_id,
-                    attempt=run.attempts, seq_base=run.rdzv_seq_base, nnodes=run.nnodes,
-                    config_yaml=run.config_yaml)
+    return NodeSeat(
+        node=run.nodes_joined - 1,
+        endpoint=run.rdzv_endpoint,
+        rdzv_id=run.rdzv_id,
+        attempt=run.attempts,
+        seq_base=run.rdzv_seq_base,
+        nnodes=run.nnodes,
+        config_yaml=run.config_yaml,
+    )
 
 
 @transaction.atomic
 def run_gang_timeout(*, run_id: int, owner: str, reason: str) -> bool:
     """Not every node joined in time: back to the queue once (the attempt recorded with the reason,
     not counted as failed), then the run fails. False when the run is no longer ours."""
-    run = Run.objects.select_for_update().filter(pk=run_id, lease_owner=owner, status=Run.Status.RUNNING).first()
+    run = (
+        Run.objects.select_for_update()
+        .filter(pk=run_id, lease_owner=owner, status=Run.Status.RUNNING)
+        .first()
+    )
     if run is None:
         return False
     run.rdzv_endpoint, run.rdzv_id, run.nodes_joined = "", "", 0
@@ -155,7 +181,9 @@ class LeaseState:
 
 
 @transaction.atomic
-def run_claim(*, run_id: int, owner: str, host: str = "", lease_s: float | None = None) -> Run | None:
+def run_claim(
+    *, run_id: int, owner: str, host: str = "", lease_s: float | None = None
+) -> Run | None:
     """Take a queued run for this worker; None when it is gone, taken, cancelled or out of attempts.
 
     Repeating a claim that committed (its answer lost with the connection) returns the same run.
@@ -178,20 +206,42 @@ def run_claim(*, run_id: int, owner: str, host: str = "", lease_s: float | None 
     expires = now + timedelta(seconds=lease_s or lease_seconds())
     run.lease_owner, run.heartbeat_at, run.lease_expires_at = owner, now, expires
     run.started_at = run.started_at or now
-    run.save(update_fields=["status", "attempts", "lease_owner", "heartbeat_at", "lease_expires_at",
-                            "started_at", "updated_at"])
-    RunAttempt.objects.create(run=run, number=run.attempts, worker=owner, host=host[:255], started_at=now)
+    run.save(
+        update_fields=[
+            "status",
+            "attempts",
+            "lease_owner",
+            "heartbeat_at",
+            "lease_expires_at",
+            "started_at",
+            "updated_at",
+        ]
+    )
+    RunAttempt.objects.create(
+        run=run, number=run.attempts, worker=owner, host=host[:255], started_at=now
+    )
     return run
 
 
-def run_device_record(*, run_id: int, owner: str, host: str, device: str, gpu_name: str | None,
-                      gpu_count: int, vcpus: int, memory_gb: float) -> None:
+def run_device_record(
+    *,
+    run_id: int,
+    owner: str,
+    host: str,
+    device: str,
+    gpu_name: str | None,
+    gpu_count: int,
+    vcpus: int,
+    memory_gb: float,
+) -> None:
     """What the run actually holds, so it is priced for that (the SKU matched by device name)."""
     sku = None
     if gpu_name:
         sku = next((s for s in GpuSku.objects.all() if _same_gpu(s.name, gpu_name)), None)
     runs = Run.objects.filter(pk=run_id, lease_owner=owner)
-    runs.update(host=host, device=device[:120], gpu_count=gpu_count, vcpus=vcpus, memory_gb=memory_gb)
+    runs.update(
+        host=host, device=device[:120], gpu_count=gpu_count, vcpus=vcpus, memory_gb=memory_gb
+    )
     if sku is not None:
         runs.filter(gpu_sku__isnull=True).update(gpu_sku=sku)  # a SKU chosen at submission wins
 
@@ -214,17 +264,24 @@ def run_heartbeat(*, run_id: int, owner: str, lease_s: float | None = None) -> L
     return LeaseState(held=True, cancel=row["cancel_requested"], revision=row["arm__revision"])
 
 
-def run_revision_applied(*, run_id: int, owner: str, revision: int, live: dict, not_applied: list[str],
-                         applied_at) -> None:
+def run_revision_applied(
+    *, run_id: int, owner: str, revision: int, live: dict, not_applied: list[str], applied_at
+) -> None:
     """Record that a running run took an arm revision's live keys at a step boundary."""
     with transaction.atomic():
         run = Run.objects.select_for_update().filter(pk=run_id, lease_owner=owner).first()
         if run is None or revision <= run.config_revision:
             return
         run.config_revision = revision
-        run.config_history = [*run.config_history, {
-            "revision": revision, "applied_at": applied_at.isoformat(), "live": live, "not_applied": not_applied,
-        }]
+        run.config_history = [
+            *run.config_history,
+            {
+                "revision": revision,
+                "applied_at": applied_at.isoformat(),
+                "live": live,
+                "not_applied": not_applied,
+            },
+        ]
         run.save(update_fields=["config_revision", "config_history", "updated_at"])
 
 
@@ -236,7 +293,9 @@ def arm_strategy(*, arm_id: int) -> tuple[int, str]:
 # How an attempt ends: finish, release (graceful stop), lost (sweeper)
 # ------------------------------------------------------------------------------
 @transaction.atomic
-def run_finish(*, run_id: int, owner: str, status: str, error: str = "", dataset_sha256: str = "") -> bool:
+def run_finish(
+    *, run_id: int, owner: str, status: str, error: str = "", dataset_sha256: str = ""
+) -> bool:
     """Record how the run ended and close its totals; False when the run is no longer ours.
 
     Idempotent: a finish repeated after its commit (the answer lost with the connection) is True.
@@ -250,10 +309,17 @@ def run_finish(*, run_id: int, owner: str, status: str, error: str = "", dataset
     elif attempt is not None and attempt.outcome == status and run.status == status:
         # already recorded: by our own earlier try, or by the sweeper seeing training complete
         return True
-    elif (attempt is not None and status == Run.Status.SUCCEEDED and run.status == Run.Status.QUEUED
-          and run.attempts == attempt.number and attempt.outcome == Outcome.LOST):
+    elif (
+        attempt is not None
+        and status == Run.Status.SUCCEEDED
+        and run.status == Run.Status.QUEUED
+        and run.attempts == attempt.number
+        and attempt.outcome == Outcome.LOST
+    ):
         # Swept while we could not reach the database, and nobody took it since: training completed.
-        logger.warning("run %s: finish recorded after the lease expired; nobody took the run since", run_id)
+        logger.warning(
+            "run %s: finish recorded after the lease expired; nobody took the run since", run_id
+        )
         attempt.reason = f"{attempt.reason}; then finished (recorded late)".lstrip("; ")
         attempt.save(update_fields=["reason"])
     else:
@@ -267,7 +333,11 @@ def run_finish(*, run_id: int, owner: str, status: str, error: str = "", dataset
 @transaction.atomic
 def run_release(*, run_id: int, owner: str, reason: str) -> bool:
     """Give a running run back to the queue (the worker is shutting down); no attempt is used."""
-    run = Run.objects.select_for_update().filter(pk=run_id, lease_owner=owner, status=Run.Status.RUNNING).first()
+    run = (
+        Run.objects.select_for_update()
+        .filter(pk=run_id, lease_owner=owner, status=Run.Status.RUNNING)
+        .first()
+    )
     if run is None:
         return False
     _requeue_or_fail(run, Outcome.STOPPED, reason)
@@ -288,14 +358,23 @@ def runs_sweep_lost(*, now=None) -> list[int]:
             .order_by("pk")
         )
         for run in expired:
-            logger.warning("run %s lost: lease held by %s expired at %s", run.pk, run.lease_owner,
-                           run.lease_expires_at.isoformat())
-            reason = (f"worker {run.lease_owner or '?'} lost "
-                      f"(lease expired {run.lease_expires_at:%H:%M:%S})")
+            logger.warning(
+                "run %s lost: lease held by %s expired at %s",
+                run.pk,
+                run.lease_owner,
+                run.lease_expires_at.isoformat(),
+            )
+            reason = (
+                f"worker {run.lease_owner or '?'} lost "
+                f"(lease expired {run.lease_expires_at:%H:%M:%S})"
+            )
             if _training_completed(run):
-                run_end(run, Run.Status.SUCCEEDED,
-                     f"attempt {run.attempts}: {reason} after training every step; "
-                     "not trained again")
+                run_end(
+                    run,
+                    Run.Status.SUCCEEDED,
+                    f"attempt {run.attempts}: {reason} after training every step; "
+                    "not trained again",
+                )
             else:
                 _requeue_or_fail(run, Outcome.LOST, reason)
             swept.append(run.pk)
@@ -335,13 +414,26 @@ def run_end(run: Run, status: str, error: str = "", *, attempt_number: int | Non
     the outcome on the run and on its current attempt; earlier attempts' notes are kept."""
     run_ending.send(sender=Run, run=run)
     if run.attempts:
-        _attempt_close(run, status, error.strip().splitlines()[-1][:4000] if error.strip() else "",
-                       number=attempt_number)
+        _attempt_close(
+            run,
+            status,
+            error.strip().splitlines()[-1][:4000] if error.strip() else "",
+            number=attempt_number,
+        )
     _note(run, error)
     run.status, run.finished_at = status, timezone.now()
     run.lease_owner, run.lease_expires_at = "", None
-    run.save(update_fields=["status", "finished_at", "error", "dataset_sha256", "lease_owner", "lease_expires_at",
-                            "updated_at"])
+    run.save(
+        update_fields=[
+            "status",
+            "finished_at",
+            "error",
+            "dataset_sha256",
+            "lease_owner",
+            "lease_expires_at",
+            "updated_at",
+        ]
+    )
 
 
 def _requeue_or_fail(run: Run, outcome: str, reason: str) -> None:
@@ -354,6 +446,20 @@ def _requeue_or_fail(run: Run, outcome: str, reason: str) -> None:
     elif failed >= run.max_attempts:
         run_end(run, Run.Status.FAILED, f"no attempts left ({failed}/{run.max_attempts})")
     else:
-        run.status, run.lease_owner, run.lease_expires_at, run.sent_at = Run.Status.QUEUED, "", None, None
-        run.save(update_fields=["status", "error", "lease_owner", "lease_expires_at", "sent_at", "updated_at"])
+        run.status, run.lease_owner, run.lease_expires_at, run.sent_at = (
+            Run.Status.QUEUED,
+            "",
+            None,
+            None,
+        )
+        run.save(
+            update_fields=[
+                "status",
+                "error",
+                "lease_owner",
+                "lease_expires_at",
+                "sent_at",
+                "updated_at",
+            ]
+        )
         run_enqueue(run=run)

@@ -23,11 +23,19 @@ def experiment_list(*, tenant: Tenant) -> QuerySet[Experiment]:
 
 
 def arm_list(*, tenant: Tenant) -> QuerySet[Arm]:
-    return Arm.objects.filter(experiment__tenant=tenant).select_related("experiment").order_by("experiment", "pk")
+    return (
+        Arm.objects.filter(experiment__tenant=tenant)
+        .select_related("experiment")
+        .order_by("experiment", "pk")
+    )
 
 
 def run_list(*, tenant: Tenant) -> QuerySet[Run]:
-    return Run.objects.filter(tenant=tenant).select_related("arm", "gpu_sku").order_by("-created_at", "-pk")
+    return (
+        Run.objects.filter(tenant=tenant)
+        .select_related("arm", "gpu_sku")
+        .order_by("-created_at", "-pk")
+    )
 
 
 # A run's device time per token beyond this many MADs from its arm's median is an outlier. The MAD
@@ -56,20 +64,30 @@ class RunOutlier:
     distance_mads: float  # |value - median| / mad
 
     def as_dict(self) -> dict:
-        return {"run": self.run_id, "arm": self.arm_id, "device_s_per_token": self.device_s_per_token,
-                "arm_median": self.arm_median, "mad": self.mad, "distance_mads": self.distance_mads,
-                "reason": f"device time per token {self.distance_mads:.1f} MADs from its arm's median "
-                          f"(limit {OUTLIER_MADS:g})"}
+        return {
+            "run": self.run_id,
+            "arm": self.arm_id,
+            "device_s_per_token": self.device_s_per_token,
+            "arm_median": self.arm_median,
+            "mad": self.mad,
+            "distance_mads": self.distance_mads,
+            "reason": f"device time per token {self.distance_mads:.1f} MADs from its arm's median "
+            f"(limit {OUTLIER_MADS:g})",
+        }
 
 
-def mad_outliers(values: dict[int, float], *, k: float = OUTLIER_MADS) -> dict[int, tuple[float, float, float]]:
+def mad_outliers(
+    values: dict[int, float], *, k: float = OUTLIER_MADS
+) -> dict[int, tuple[float, float, float]]:
     """Keys whose value lies beyond k x MAD from the median: key -> (median, MAD, distance in
     MADs)."""
     if len(values) < OUTLIER_MIN_RUNS:
         return {}
     median = statistics.median(values.values())
-    mad = max(MAD_SCALE * statistics.median(abs(v - median) for v in values.values()),
-              OUTLIER_MAD_FLOOR * abs(median))
+    mad = max(
+        MAD_SCALE * statistics.median(abs(v - median) for v in values.values()),
+        OUTLIER_MAD_FLOOR * abs(median),
+    )
     if mad <= 0:
         return {}
     out = {}
@@ -92,8 +110,9 @@ def runs_outliers(*, experiment_ids: list[int]) -> dict[int, RunOutlier]:
     Every run that trained (tokens and device time recorded) counts, finished or not.
     """
     per_arm: dict[tuple[int, int], dict[int, float]] = defaultdict(dict)
-    rows = (Run.objects.filter(experiment_id__in=experiment_ids, tokens__gt=0, device_seconds__gt=0)
-            .values_list("pk", "experiment_id", "arm_id", "device_seconds", "tokens"))
+    rows = Run.objects.filter(
+        experiment_id__in=experiment_ids, tokens__gt=0, device_seconds__gt=0
+    ).values_list("pk", "experiment_id", "arm_id", "device_seconds", "tokens")
     for pk, experiment_id, arm_id, seconds, tokens in rows:
         per_arm[experiment_id, arm_id][pk] = seconds / tokens
     found = {}

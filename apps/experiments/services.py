@@ -34,8 +34,14 @@ class ArmUpdate:
 
 
 @transaction.atomic
-def arm_update(*, arm: Arm, strategy_yaml: str | None = None, weight: Decimal | None = None,
-               name: str | None = None, is_control: bool | None = None) -> ArmUpdate:
+def arm_update(
+    *,
+    arm: Arm,
+    strategy_yaml: str | None = None,
+    weight: Decimal | None = None,
+    name: str | None = None,
+    is_control: bool | None = None,
+) -> ArmUpdate:
     """Edit an arm. A strategy change bumps its revision; its live keys reach running runs."""
     from gpu_runtime import load_strategy
     from gpu_runtime.live import live_changes
@@ -53,18 +59,28 @@ def arm_update(*, arm: Arm, strategy_yaml: str | None = None, weight: Decimal | 
         if weight < 0:
             raise ApplicationError("weight: must be >= 0", code="invalid")
         if arm.state == Arm.State.FROZEN and weight > 0:
-            raise ApplicationError(f"weight: arm '{arm.name}' is frozen; unfreeze it before giving it traffic",
-                                   code="arm_frozen")
+            raise ApplicationError(
+                f"weight: arm '{arm.name}' is frozen; unfreeze it before giving it traffic",
+                code="arm_frozen",
+            )
         arm.weight = weight
     if name is not None and name != arm.name:
         if arm.experiment.arms.filter(name=name).exclude(pk=arm.pk).exists():
-            raise ApplicationError(f"name: experiment '{arm.experiment.name}' already has an arm named '{name}'",
-                                   {"fields": {"name": ["already exists"]}}, code="invalid", status=409)
+            raise ApplicationError(
+                f"name: experiment '{arm.experiment.name}' already has an arm named '{name}'",
+                {"fields": {"name": ["already exists"]}},
+                code="invalid",
+                status=409,
+            )
         arm.name = name
     if is_control is not None and is_control != arm.is_control:
         if is_control and arm.experiment.arms.filter(is_control=True).exclude(pk=arm.pk).exists():
-            raise ApplicationError(f"is_control: experiment '{arm.experiment.name}' already has a control arm",
-                                   {"fields": {"is_control": ["a control arm exists"]}}, code="invalid", status=409)
+            raise ApplicationError(
+                f"is_control: experiment '{arm.experiment.name}' already has a control arm",
+                {"fields": {"is_control": ["a control arm exists"]}},
+                code="invalid",
+                status=409,
+            )
         arm.is_control = is_control
     arm.full_clean()
     arm.save()
@@ -76,7 +92,9 @@ def arm_update(*, arm: Arm, strategy_yaml: str | None = None, weight: Decimal | 
 
 def arm_pick(*, experiment: Experiment, run_key: str) -> Arm:
     """Choose an active arm by traffic weight, deterministically from the run key."""
-    arms = [a for a in experiment.arms.order_by("pk") if a.state == Arm.State.ACTIVE and a.weight > 0]
+    arms = [
+        a for a in experiment.arms.order_by("pk") if a.state == Arm.State.ACTIVE and a.weight > 0
+    ]
     if not arms:
         raise ApplicationError(
             f"experiment '{experiment.name}' has no active arm with weight > 0 to route a run to",
@@ -84,7 +102,9 @@ def arm_pick(*, experiment: Experiment, run_key: str) -> Arm:
         )
     total = sum(a.weight for a in arms)
     # A uniform point in [0, total) from the key's hash: a retried submission lands on the same arm.
-    digest = int.from_bytes(hashlib.sha256(f"{experiment.pk}:{run_key}".encode()).digest()[:8], "big")
+    digest = int.from_bytes(
+        hashlib.sha256(f"{experiment.pk}:{run_key}".encode()).digest()[:8], "big"
+    )
     point = Decimal(digest) / Decimal(2**64) * total
     for arm in arms:
         if point < arm.weight:
@@ -99,16 +119,23 @@ def _quota_check(*, tenant: Tenant) -> None:
         raise ApplicationError(
             f"max_concurrent_runs: tenant '{tenant.slug}' has {active} runs queued or running "
             f"(limit {tenant.max_concurrent_runs}); wait for one to finish or raise the quota",
-            {"limit": tenant.max_concurrent_runs, "active": active}, code="quota_exceeded",
+            {"limit": tenant.max_concurrent_runs, "active": active},
+            code="quota_exceeded",
         )
     month_start = timezone.now().replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    spent = Run.objects.filter(tenant=tenant, queued_at__gte=month_start).aggregate(s=Sum("cost_usd"))["s"] or 0
+    spent = (
+        Run.objects.filter(tenant=tenant, queued_at__gte=month_start).aggregate(s=Sum("cost_usd"))[
+            "s"
+        ]
+        or 0
+    )
     if spent >= tenant.monthly_budget_usd:
         raise ApplicationError(
             f"monthly_budget_usd: tenant '{tenant.slug}' has spent {spent:.2f} USD this month "
             f"(budget {tenant.monthly_budget_usd} USD); "
             "new runs are refused until the budget is raised",
-            {"budget_usd": str(tenant.monthly_budget_usd), "spent_usd": f"{spent:.6f}"}, code="budget_exceeded",
+            {"budget_usd": str(tenant.monthly_budget_usd), "spent_usd": f"{spent:.6f}"},
+            code="budget_exceeded",
         )
 
 
@@ -136,34 +163,63 @@ def run_submit(
     if run_key:
         existing = Run.objects.filter(experiment=experiment, run_key=run_key).first()
         if existing:
-            if existing.status == Run.Status.QUEUED and existing.kind == Run.Kind.WORKER and existing.sent_at is None:
-                run_enqueue(run=existing)  # its message never reached the broker: a retried submit sends it
+            if (
+                existing.status == Run.Status.QUEUED
+                and existing.kind == Run.Kind.WORKER
+                and existing.sent_at is None
+            ):
+                run_enqueue(
+                    run=existing
+                )  # its message never reached the broker: a retried submit sends it
             return existing
     if experiment.status == Experiment.Status.COMPLETED:
-        raise ApplicationError(f"experiment '{experiment.name}' is completed: it takes no new runs",
-                               code="experiment_completed")
+        raise ApplicationError(
+            f"experiment '{experiment.name}' is completed: it takes no new runs",
+            code="experiment_completed",
+        )
     if arm is None:
         arm = arm_pick(experiment=experiment, run_key=run_key or uuid.uuid4().hex)
     elif arm.experiment_id != experiment.pk:
-        raise ApplicationError(f"arm: '{arm.name}' is not an arm of experiment '{experiment.name}'", code="invalid")
+        raise ApplicationError(
+            f"arm: '{arm.name}' is not an arm of experiment '{experiment.name}'", code="invalid"
+        )
     elif arm.state == Arm.State.FROZEN:
-        raise ApplicationError(f"arm: '{arm.name}' is frozen; new runs are not routed to a frozen arm",
-                               code="arm_frozen")
+        raise ApplicationError(
+            f"arm: '{arm.name}' is frozen; new runs are not routed to a frozen arm",
+            code="arm_frozen",
+        )
     strategy_validate(arm.strategy_yaml)
     for name, value in (("vcpus", vcpus), ("memory_gb", memory_gb)):
         if value and kind == Run.Kind.WORKER:
-            raise ApplicationError(f"{name}: only an external run declares it; a worker records what it holds",
-                                   {"fields": {name: ["external runs only"]}}, code="invalid")
+            raise ApplicationError(
+                f"{name}: only an external run declares it; a worker records what it holds",
+                {"fields": {name: ["external runs only"]}},
+                code="invalid",
+            )
     _quota_check(tenant=tenant)
 
     queue = CeleryQueue.GPU if gpu_sku is not None else CeleryQueue.CPU
-    world_size, nnodes = strategy_world_size(arm.strategy_yaml, gpu=gpu_sku is not None, gpu_count=gpu_count)
+    world_size, nnodes = strategy_world_size(
+        arm.strategy_yaml, gpu=gpu_sku is not None, gpu_count=gpu_count
+    )
     run = Run.objects.create(
-        tenant=tenant, experiment=experiment, arm=arm, kind=kind, run_key=run_key, queue=queue,
-        config_yaml=arm.strategy_yaml, config_sha256=arm.strategy_sha256, config_revision=arm.revision,
-        git_sha=git_sha, dataset_sha256=dataset_sha256, gpu_sku=gpu_sku,
-        gpu_count=gpu_count if gpu_count is not None else (world_size if gpu_sku else 0), world_size=world_size, nnodes=nnodes,
-        vcpus=vcpus, memory_gb=memory_gb,
+        tenant=tenant,
+        experiment=experiment,
+        arm=arm,
+        kind=kind,
+        run_key=run_key,
+        queue=queue,
+        config_yaml=arm.strategy_yaml,
+        config_sha256=arm.strategy_sha256,
+        config_revision=arm.revision,
+        git_sha=git_sha,
+        dataset_sha256=dataset_sha256,
+        gpu_sku=gpu_sku,
+        gpu_count=gpu_count if gpu_count is not None else (world_size if gpu_sku else 0),
+        world_size=world_size,
+        nnodes=nnodes,
+        vcpus=vcpus,
+        memory_gb=memory_gb,
         status=Run.Status.QUEUED if kind == Run.Kind.WORKER else Run.Status.RUNNING,
         started_at=None if kind == Run.Kind.WORKER else timezone.now(),
     )
@@ -177,12 +233,16 @@ def run_cancel(*, run: Run) -> Run:
     """Cancel: a queued or external run ends now; a running one stops at its next step."""
     run = Run.objects.select_for_update().get(pk=run.pk)
     if run.status not in Run.ACTIVE_STATUSES:
-        raise ApplicationError(f"status: run {run.pk} is already {run.status}; only queued or running runs cancel",
-                               code="not_cancellable")
+        raise ApplicationError(
+            f"status: run {run.pk} is already {run.status}; only queued or running runs cancel",
+            code="not_cancellable",
+        )
     run.cancel_requested = True
     run.save(update_fields=["cancel_requested", "updated_at"])
     if run.status == Run.Status.QUEUED or run.kind == Run.Kind.EXTERNAL:
-        run_end(run, Run.Status.CANCELLED)  # what an external run sent so far is priced, as at a finish
+        run_end(
+            run, Run.Status.CANCELLED
+        )  # what an external run sent so far is priced, as at a finish
     return run
 
 
@@ -190,21 +250,41 @@ def run_cancel(*, run: Run) -> Run:
 # Experiments and arms: create, update, delete (the API's writes)
 # ------------------------------------------------------------------------------
 EXPERIMENT_EDITABLE = (
-    "name", "description", "status", "cost_model", "pricing_table", "freeze_threshold", "attribution_interval_s",
-    "min_runs_per_arm", "min_samples_per_arm", "alpha", "freeze_policy", "dynamic_weights", "target_steps",
+    "name",
+    "description",
+    "status",
+    "cost_model",
+    "pricing_table",
+    "freeze_threshold",
+    "attribution_interval_s",
+    "min_runs_per_arm",
+    "min_samples_per_arm",
+    "alpha",
+    "freeze_policy",
+    "dynamic_weights",
+    "target_steps",
 )
 
 
 def _same_tenant(experiment: Experiment) -> None:
-    taken = Experiment.objects.filter(tenant_id=experiment.tenant_id, name=experiment.name).exclude(pk=experiment.pk)
+    taken = Experiment.objects.filter(tenant_id=experiment.tenant_id, name=experiment.name).exclude(
+        pk=experiment.pk
+    )
     if taken.exists():
-        raise ApplicationError(f"name: the tenant already has an experiment named '{experiment.name}'",
-                               {"fields": {"name": ["already exists"]}}, code="invalid", status=409)
+        raise ApplicationError(
+            f"name: the tenant already has an experiment named '{experiment.name}'",
+            {"fields": {"name": ["already exists"]}},
+            code="invalid",
+            status=409,
+        )
     for field in ("cost_model", "pricing_table"):
         related = getattr(experiment, field)
         if related is not None and related.tenant_id != experiment.tenant_id:
-            raise ApplicationError(f"{field}: {related.pk} belongs to another tenant",
-                                   {"fields": {field: ["not found"]}}, code="invalid")
+            raise ApplicationError(
+                f"{field}: {related.pk} belongs to another tenant",
+                {"fields": {field: ["not found"]}},
+                code="invalid",
+            )
 
 
 @transaction.atomic
@@ -212,7 +292,9 @@ def experiment_create(*, tenant: Tenant, name: str, cost_model, **fields) -> Exp
     """A new experiment of the tenant (draft unless told otherwise); arms are added separately."""
     unknown = set(fields) - set(EXPERIMENT_EDITABLE)
     if unknown:
-        raise ApplicationError(f"{sorted(unknown)[0]}: not a field of an experiment", code="invalid")
+        raise ApplicationError(
+            f"{sorted(unknown)[0]}: not a field of an experiment", code="invalid"
+        )
     experiment = Experiment(tenant=tenant, name=name, cost_model=cost_model, **fields)
     _same_tenant(experiment)
     experiment.full_clean()
@@ -241,25 +323,47 @@ def experiment_delete(*, experiment: Experiment) -> None:
         raise ApplicationError(
             f"experiment '{experiment.name}' has {active} queued or running runs; "
             "cancel them before deleting it",
-            {"active_runs": active}, code="experiment_busy", status=409,
+            {"active_runs": active},
+            code="experiment_busy",
+            status=409,
         )
     Run.objects.filter(experiment=experiment).delete()  # runs protect their arm: remove them first
     experiment.delete()
 
 
 @transaction.atomic
-def arm_create(*, experiment: Experiment, name: str, strategy_yaml: str, weight: Decimal = Decimal("1"),
-               is_control: bool = False) -> Arm:
+def arm_create(
+    *,
+    experiment: Experiment,
+    name: str,
+    strategy_yaml: str,
+    weight: Decimal = Decimal("1"),
+    is_control: bool = False,
+) -> Arm:
     """Add an arm; its strategy is validated by gpu_runtime's schema first, errors naming the key."""
     strategy_yaml = strategy_normalise(strategy_yaml)
     strategy_validate(strategy_yaml)
     if is_control and experiment.arms.filter(is_control=True).exists():
-        raise ApplicationError(f"is_control: experiment '{experiment.name}' already has a control arm",
-                               {"fields": {"is_control": ["a control arm exists"]}}, code="invalid", status=409)
+        raise ApplicationError(
+            f"is_control: experiment '{experiment.name}' already has a control arm",
+            {"fields": {"is_control": ["a control arm exists"]}},
+            code="invalid",
+            status=409,
+        )
     if experiment.arms.filter(name=name).exists():
-        raise ApplicationError(f"name: experiment '{experiment.name}' already has an arm named '{name}'",
-                               {"fields": {"name": ["already exists"]}}, code="invalid", status=409)
-    arm = Arm(experiment=experiment, name=name, strategy_yaml=strategy_yaml, weight=weight, is_control=is_control)
+        raise ApplicationError(
+            f"name: experiment '{experiment.name}' already has an arm named '{name}'",
+            {"fields": {"name": ["already exists"]}},
+            code="invalid",
+            status=409,
+        )
+    arm = Arm(
+        experiment=experiment,
+        name=name,
+        strategy_yaml=strategy_yaml,
+        weight=weight,
+        is_control=is_control,
+    )
     arm.strategy_sha256 = strategy_sha256(strategy_yaml)
     arm.full_clean()
     arm.save()
@@ -274,7 +378,9 @@ def arm_delete(*, arm: Arm) -> None:
     if runs:
         raise ApplicationError(
             f"arm '{arm.name}' has {runs} runs; their costs need it. Set its weight to 0 instead",
-            {"runs": runs}, code="arm_has_runs", status=409,
+            {"runs": runs},
+            code="arm_has_runs",
+            status=409,
         )
     arm.delete()
 
@@ -286,11 +392,17 @@ def run_external_running(run: Run, action: str) -> Run:
     """The external run, locked; refused (naming why) unless it is external and running."""
     run = Run.objects.select_for_update(of=("self",)).select_related("experiment").get(pk=run.pk)
     if run.kind != Run.Kind.EXTERNAL:
-        raise ApplicationError(f"kind: run {run.pk} is trained by a costlab worker; only external runs can {action}",
-                               code="not_external", status=409)
+        raise ApplicationError(
+            f"kind: run {run.pk} is trained by a costlab worker; only external runs can {action}",
+            code="not_external",
+            status=409,
+        )
     if run.status != Run.Status.RUNNING:
-        raise ApplicationError(f"status: run {run.pk} is {run.status}; only a running external run can {action}",
-                               code="run_finished", status=409)
+        raise ApplicationError(
+            f"status: run {run.pk} is {run.status}; only a running external run can {action}",
+            code="run_finished",
+            status=409,
+        )
     return run
 
 
@@ -298,8 +410,11 @@ def run_external_running(run: Run, action: str) -> Run:
 def run_external_finish(*, run: Run, status: str, error: str = "", dataset_sha256: str = "") -> Run:
     """Close an external run: price everything it sent and record how it ended."""
     if status not in (Run.Status.SUCCEEDED, Run.Status.FAILED):
-        raise ApplicationError(f"status: must be 'succeeded' or 'failed', not '{status}'",
-                               {"fields": {"status": ["succeeded or failed"]}}, code="invalid")
+        raise ApplicationError(
+            f"status: must be 'succeeded' or 'failed', not '{status}'",
+            {"fields": {"status": ["succeeded or failed"]}},
+            code="invalid",
+        )
     run = run_external_running(run, "finish")
     run.dataset_sha256 = dataset_sha256 or run.dataset_sha256
     run_end(run, status, error)

@@ -27,7 +27,8 @@ def strategy_normalise(strategy_yaml: str) -> str:
 
 def _refused(field: str, exc) -> ApplicationError:
     return ApplicationError(
-        f"{field}: {exc}", {"fields": {field: [f"{e['key']}: {e['message']}" for e in exc.errors]}},
+        f"{field}: {exc}",
+        {"fields": {field: [f"{e['key']}: {e['message']}" for e in exc.errors]}},
         code="invalid_strategy",
     )
 
@@ -42,8 +43,9 @@ def strategy_validate(strategy_yaml: str, *, field: str = "strategy_yaml") -> No
         raise _refused(field, exc) from None
 
 
-def strategy_world_size(strategy_yaml: str, *, gpu: bool, gpu_count: int | None,
-                        field: str = "strategy_yaml") -> tuple[int, int]:
+def strategy_world_size(
+    strategy_yaml: str, *, gpu: bool, gpu_count: int | None, field: str = "strategy_yaml"
+) -> tuple[int, int]:
     """The run's world size (DDP processes, one device each) and nodes, after refusing what its
     queue cannot give:
     nccl on the CPU queue, more processes per node than a node's GPUs (the run's declared gpu_count
@@ -59,7 +61,10 @@ def strategy_world_size(strategy_yaml: str, *, gpu: bool, gpu_count: int | None,
     if not gpu:
         devices, where = 0, "the cpu queue (no gpu_sku)"
     elif gpu_count is not None:
-        devices, where = gpu_count // nodes, f"a node of this run (gpu_count {gpu_count} over {nodes} node(s))"
+        devices, where = (
+            gpu_count // nodes,
+            f"a node of this run (gpu_count {gpu_count} over {nodes} node(s))",
+        )
     else:
         devices, where = settings.COSTLAB_GPUS_PER_NODE, "a GPU worker (COSTLAB_GPUS_PER_NODE)"
     problems = distributed_problems(config, cuda=gpu, devices=devices, where=where)

@@ -28,47 +28,79 @@ class PlatformCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         db_ok, _ = database_reachable()
         broker_ok, _ = broker_reachable(timeout_s=1.0)
-        yield GaugeMetricFamily("costlab_database_up", "1 when the database answers.", value=int(db_ok))
-        yield GaugeMetricFamily("costlab_broker_up", "1 when the Celery broker answers.", value=int(broker_ok))
+        yield GaugeMetricFamily(
+            "costlab_database_up", "1 when the database answers.", value=int(db_ok)
+        )
+        yield GaugeMetricFamily(
+            "costlab_broker_up", "1 when the Celery broker answers.", value=int(broker_ok)
+        )
         if db_ok:
             try:
                 yield from self._from_database()
-            except DatabaseError:  # went down between the check and the queries: up says 1, the rest is missing
+            except (
+                DatabaseError
+            ):  # went down between the check and the queries: up says 1, the rest is missing
                 return
 
     def _from_database(self) -> Iterator[Metric]:
         now = timezone.now()
-        runs = GaugeMetricFamily("costlab_runs", "Runs by state and queue.", labels=["state", "queue"])
+        runs = GaugeMetricFamily(
+            "costlab_runs", "Runs by state and queue.", labels=["state", "queue"]
+        )
         # A gauge, not a counter: a run's attempts move with it from state to state.
-        attempts = GaugeMetricFamily("costlab_run_attempts", "Attempts made by the runs in each state and queue.",
-                                     labels=["state", "queue"])
-        for row in Run.objects.values("status", "queue").annotate(n=Count("id"), attempts=Sum("attempts")):
+        attempts = GaugeMetricFamily(
+            "costlab_run_attempts",
+            "Attempts made by the runs in each state and queue.",
+            labels=["state", "queue"],
+        )
+        for row in Run.objects.values("status", "queue").annotate(
+            n=Count("id"), attempts=Sum("attempts")
+        ):
             runs.add_metric([row["status"], row["queue"]], row["n"])
             attempts.add_metric([row["status"], row["queue"]], row["attempts"] or 0)
         yield runs
         yield attempts
 
-        age = GaugeMetricFamily("costlab_queued_run_oldest_age_seconds",
-                                "Seconds the oldest queued run of each queue has waited.", labels=["queue"])
-        for row in Run.objects.filter(status=Run.Status.QUEUED).values("queue").annotate(oldest=Min("queued_at")):
+        age = GaugeMetricFamily(
+            "costlab_queued_run_oldest_age_seconds",
+            "Seconds the oldest queued run of each queue has waited.",
+            labels=["queue"],
+        )
+        for row in (
+            Run.objects.filter(status=Run.Status.QUEUED)
+            .values("queue")
+            .annotate(oldest=Min("queued_at"))
+        ):
             age.add_metric([row["queue"]], (now - row["oldest"]).total_seconds())
         yield age
 
         running = list(Run.objects.filter(status=Run.Status.RUNNING).values_list("pk", flat=True))
-        recent = TelemetrySample.objects.filter(run_id__in=running, ts__gte=now - timedelta(seconds=INGEST_WINDOW_S))
-        yield GaugeMetricFamily("costlab_ingest_samples_per_second",
-                                "Telemetry samples of running runs stamped in the last "
-                                f"{INGEST_WINDOW_S} s, per second.",
-                                value=(recent.count() / INGEST_WINDOW_S) if running else 0.0)
+        recent = TelemetrySample.objects.filter(
+            run_id__in=running, ts__gte=now - timedelta(seconds=INGEST_WINDOW_S)
+        )
+        yield GaugeMetricFamily(
+            "costlab_ingest_samples_per_second",
+            "Telemetry samples of running runs stamped in the last "
+            f"{INGEST_WINDOW_S} s, per second.",
+            value=(recent.count() / INGEST_WINDOW_S) if running else 0.0,
+        )
 
         tick = PeriodicTaskRun.objects.filter(name="attribution_tick").first()
         if tick is not None:
-            yield GaugeMetricFamily("costlab_attribution_tick_duration_seconds",
-                                    "How long the latest attribution tick took.", value=tick.last_duration_s)
-            yield GaugeMetricFamily("costlab_attribution_tick_lag_seconds",
-                                    "Seconds since the latest attribution tick started (beat sends one every "
-                                    "COSTLAB_ATTRIBUTION_TICK_S).", value=(now - tick.last_started_at).total_seconds())
-            yield CounterMetricFamily("costlab_attribution_ticks", "Attribution ticks run.", value=tick.runs)
+            yield GaugeMetricFamily(
+                "costlab_attribution_tick_duration_seconds",
+                "How long the latest attribution tick took.",
+                value=tick.last_duration_s,
+            )
+            yield GaugeMetricFamily(
+                "costlab_attribution_tick_lag_seconds",
+                "Seconds since the latest attribution tick started (beat sends one every "
+                "COSTLAB_ATTRIBUTION_TICK_S).",
+                value=(now - tick.last_started_at).total_seconds(),
+            )
+            yield CounterMetricFamily(
+                "costlab_attribution_ticks", "Attribution ticks run.", value=tick.runs
+            )
 
 
 def metrics_registry() -> CollectorRegistry:

@@ -11,8 +11,14 @@ from apps.ops.metrics import metrics_registry
 def metrics(request):
     """Prometheus text format; for staff or the ops token, like the health details."""
     if not ops_caller(request):
-        response = JsonResponse(error_body("metrics: staff or the ops token (Authorization: Bearer "
-                                           "<COSTLAB_OPS_TOKEN>) required", "not_authenticated"), status=401)
+        response = JsonResponse(
+            error_body(
+                "metrics: staff or the ops token (Authorization: Bearer "
+                "<COSTLAB_OPS_TOKEN>) required",
+                "not_authenticated",
+            ),
+            status=401,
+        )
         response["WWW-Authenticate"] = 'Bearer realm="costlab-ops"'
         return response
     return HttpResponse(generate_latest(metrics_registry()), content_type=CONTENT_TYPE_LATEST)

@@ -20,7 +20,13 @@ class GpuPriceInline(admin.TabularInline):
 @admin.register(PricingTable)
 class PricingTableAdmin(admin.ModelAdmin):
     list_display = [
-        "name", "tenant", "valid_from", "currency", "electricity_usd_per_kwh", "pue", "is_example",
+        "name",
+        "tenant",
+        "valid_from",
+        "currency",
+        "electricity_usd_per_kwh",
+        "pue",
+        "is_example",
     ]
     list_filter = ["tenant", "is_example", "currency"]
     search_fields = ["name", "tenant__name"]
@@ -34,7 +40,8 @@ class PricingTableAdmin(admin.ModelAdmin):
             form.base_fields["valid_from"].help_text = (
                 "In force: a price edit takes effect from now. "
                 "This table moves to now with the new prices and a "
-                "copy keeps the old ones for the time before; history is never rewritten.")
+                "copy keeps the old ones for the time before; history is never rewritten."
+            )
         return form
 
     def save_model(self, request, obj, form, change):
@@ -45,11 +52,16 @@ class PricingTableAdmin(admin.ModelAdmin):
 
     def save_related(self, request, form, formsets, change):
         stored, now = getattr(request, "_pricing_stored", None), timezone.now()
-        priced = set(form.changed_data) & set(PRICE_FIELDS) or any(f.has_changed() for f in formsets)
+        priced = set(form.changed_data) & set(PRICE_FIELDS) or any(
+            f.has_changed() for f in formsets
+        )
         if stored is not None and stored.valid_from <= now and priced:
             copy = pricing_table_version_keep(table=form.instance, until=now, stored=stored)
-            messages.info(request, f"Prices in force are versioned: the new prices apply from {now:%Y-%m-%d %H:%M} "
-                                   f"UTC; '{copy.name}' keeps the old ones for the time before.")
+            messages.info(
+                request,
+                f"Prices in force are versioned: the new prices apply from {now:%Y-%m-%d %H:%M} "
+                f"UTC; '{copy.name}' keeps the old ones for the time before.",
+            )
         super().save_related(request, form, formsets, change)
 
 

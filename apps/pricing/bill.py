@@ -27,10 +27,19 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from apps.pricing.cost_engine import CostBreakdown, Prices, Usage, Weights, _seconds, resource_weighted_cost
+from apps.pricing.cost_engine import (
+    CostBreakdown,
+    Prices,
+    Usage,
+    Weights,
+    _seconds,
+    resource_weighted_cost,
+)
 
 # Before a tenant's first pricing table there is no price: such time costs nothing.
-FREE = Prices(gpu_hour_usd=0, electricity_usd_per_kwh=0, pue=1, vcpu_hour_usd=0, memory_gb_hour_usd=0)
+FREE = Prices(
+    gpu_hour_usd=0, electricity_usd_per_kwh=0, pue=1, vcpu_hour_usd=0, memory_gb_hour_usd=0
+)
 _INF = float("inf")
 
 
@@ -38,20 +47,37 @@ _INF = float("inf")
 class PeriodSums:
     """What a stretch of samples adds to a bill, by price period (-1: before the first table)."""
 
-    seconds: dict[int, list[float]] = field(default_factory=dict)  # wall, busy, energy, tokens, steps
+    seconds: dict[int, list[float]] = field(
+        default_factory=dict
+    )  # wall, busy, energy, tokens, steps
     max_step: int = 0
     estimated: bool = False  # a sample says its power was modelled
     modelled: int = 0  # intervals whose energy was modelled from board power
     backwards_seq: int | None = None  # first sample timed before its predecessor (same attempt)
 
     def usage(self, *, gpu_count: float, vcpus: float, memory_gb: float) -> dict[int, Usage]:
-        return {p: Usage(wall_s=w, device_seconds=w * gpu_count, busy_device_seconds=b * gpu_count, energy_j=e,
-                         vcpu_seconds=w * vcpus, memory_gb_seconds=w * memory_gb, tokens=int(t), steps=int(s))
-                for p, (w, b, e, t, s) in sorted(self.seconds.items())}
+        return {
+            p: Usage(
+                wall_s=w,
+                device_seconds=w * gpu_count,
+                busy_device_seconds=b * gpu_count,
+                energy_j=e,
+                vcpu_seconds=w * vcpus,
+                memory_gb_seconds=w * memory_gb,
+                tokens=int(t),
+                steps=int(s),
+            )
+            for p, (w, b, e, t, s) in sorted(self.seconds.items())
+        }
 
 
-def period_sums(rows: Sequence[Mapping], *, edges: Sequence[float], count_after: int = -1,
-                modelled_power_w: float = 0.0) -> PeriodSums:
+def period_sums(
+    rows: Sequence[Mapping],
+    *,
+    edges: Sequence[float],
+    count_after: int = -1,
+    modelled_power_w: float = 0.0,
+) -> PeriodSums:
     """Sum the intervals closed by rows with seq > count_after; rows sorted by seq, one per seq.
 
     `edges`: the schedule's start times (Unix seconds, ascending). A row at or below
@@ -89,8 +115,11 @@ def period_sums(rows: Sequence[Mapping], *, edges: Sequence[float], count_after:
         if energy_now is not None and energy_before is not None:
             energy = max(0.0, energy_now - energy_before)
         elif power_now is not None or power_before is not None:
-            mean = (power_now + power_before) / 2 if power_now is not None and power_before is not None \
+            mean = (
+                (power_now + power_before) / 2
+                if power_now is not None and power_before is not None
                 else (power_now if power_now is not None else power_before)
+            )
             energy = max(0.0, mean) * dt
         elif modelled_power_w > 0 and dt > 0:
             energy = modelled_power_w * busy * dt
@@ -114,8 +143,16 @@ def period_sums(rows: Sequence[Mapping], *, edges: Sequence[float], count_after:
     return out
 
 
-def _add(acc: dict, period: int, share: float, wall: float = 0.0, busy: float = 0.0, energy: float = 0.0,
-         tokens: int = 0, steps: int = 0) -> None:
+def _add(
+    acc: dict,
+    period: int,
+    share: float,
+    wall: float = 0.0,
+    busy: float = 0.0,
+    energy: float = 0.0,
+    tokens: int = 0,
+    steps: int = 0,
+) -> None:
     sums = acc.get(period)
     if sums is None:
         sums = acc[period] = [0.0, 0.0, 0.0, 0, 0]
@@ -137,10 +174,14 @@ class Bill:
     energy_estimated: bool
 
 
-def price_periods(periods: dict[int, Usage], prices: Sequence[Prices], weights: Weights) -> CostBreakdown:
+def price_periods(
+    periods: dict[int, Usage], prices: Sequence[Prices], weights: Weights
+) -> CostBreakdown:
     cost = CostBreakdown.zero()
     for period, usage in periods.items():
-        cost = cost + resource_weighted_cost(usage, prices[period] if period >= 0 else FREE, weights)
+        cost = cost + resource_weighted_cost(
+            usage, prices[period] if period >= 0 else FREE, weights
+        )
     return cost
 
 
@@ -167,18 +208,37 @@ def run_bill(
     usage = Usage.zero()
     for u in periods.values():
         usage = usage + u
-    return Bill(periods=periods, usage=usage, cost=price_periods(periods, prices, weights), max_step=sums.max_step,
-                energy_estimated=sums.estimated or sums.modelled > 0)
+    return Bill(
+        periods=periods,
+        usage=usage,
+        cost=price_periods(periods, prices, weights),
+        max_step=sums.max_step,
+        energy_estimated=sums.estimated or sums.modelled > 0,
+    )
 
 
-def rollup_cost(*, prices: Prices, weights: Weights, device_seconds: float, wall_s: float, energy_j: float,
-                vcpus: float, memory_gb: float) -> float:
+def rollup_cost(
+    *,
+    prices: Prices,
+    weights: Weights,
+    device_seconds: float,
+    wall_s: float,
+    energy_j: float,
+    vcpus: float,
+    memory_gb: float,
+) -> float:
     """USD of rolled-up usage (a run's summed intervals) at one table:
     what period_sums' usage costs there.
 
     Linear in usage under fixed prices, so a sum over any intervals prices like the intervals one by
     one.
     """
-    usage = Usage(wall_s=wall_s, device_seconds=device_seconds, busy_device_seconds=device_seconds,
-                  energy_j=energy_j, vcpu_seconds=wall_s * vcpus, memory_gb_seconds=wall_s * memory_gb)
+    usage = Usage(
+        wall_s=wall_s,
+        device_seconds=device_seconds,
+        busy_device_seconds=device_seconds,
+        energy_j=energy_j,
+        vcpu_seconds=wall_s * vcpus,
+        memory_gb_seconds=wall_s * memory_gb,
+    )
     return resource_weighted_cost(usage, prices, weights).total_usd

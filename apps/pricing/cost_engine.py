@@ -37,7 +37,9 @@ def _non_negative(obj: Any) -> None:
     for f in fields(obj):
         value = getattr(obj, f.name)
         if not math.isfinite(value) or value < 0:
-            raise ValueError(f"{type(obj).__name__}.{f.name} must be a finite number >= 0, got {value!r}")
+            raise ValueError(
+                f"{type(obj).__name__}.{f.name} must be a finite number >= 0, got {value!r}"
+            )
 
 
 def _add(a: Any, b: Any) -> Any:
@@ -193,7 +195,11 @@ def _interval_energy_j(prev: Any, cur: Any, dt: float) -> float:
 
 def _interval(prev: Any, cur: Any, gpu_count: float, vcpus: float, memory_gb: float) -> tuple:
     """Usage of one interval as a tuple in Usage's field order (the hot loop avoids dataclasses)."""
-    dt = 0.0 if prev is None else max(0.0, _seconds(_field(cur, "ts")) - _seconds(_field(prev, "ts")))
+    dt = (
+        0.0
+        if prev is None
+        else max(0.0, _seconds(_field(cur, "ts")) - _seconds(_field(prev, "ts")))
+    )
     device_s = dt * gpu_count
     util = _field(cur, "util_pct")
     # NVML utilisation is an average over the period just before the reading, i.e. this interval.
@@ -225,17 +231,23 @@ def usage_between(
     return Usage(*_interval(prev, cur, *_resources(gpu_count, vcpus, memory_gb)))
 
 
-def resource_weighted_cost(usage: Usage, prices: Prices, weights: Weights = Weights()) -> CostBreakdown:  # noqa: B008
+def resource_weighted_cost(
+    usage: Usage, prices: Prices, weights: Weights = Weights()
+) -> CostBreakdown:  # noqa: B008
     """Price a usage window with the resource_weighted model (GPU, energy x PUE, vCPU, memory)."""
     gpu_hours = usage.device_seconds / SECONDS_PER_HOUR
     energy_kwh = usage.energy_j / JOULES_PER_KWH
     gpu_usd = gpu_hours * prices.gpu_hour_usd * weights.gpu
     energy_usd = energy_kwh * prices.pue * prices.electricity_usd_per_kwh * weights.energy
     cpu_usd = usage.vcpu_seconds / SECONDS_PER_HOUR * prices.vcpu_hour_usd * weights.cpu
-    memory_usd = usage.memory_gb_seconds / SECONDS_PER_HOUR * prices.memory_gb_hour_usd * weights.memory
+    memory_usd = (
+        usage.memory_gb_seconds / SECONDS_PER_HOUR * prices.memory_gb_hour_usd * weights.memory
+    )
     total = gpu_usd + energy_usd + cpu_usd + memory_usd
     busy_share = (
-        0.0 if usage.device_seconds <= 0 else min(1.0, usage.busy_device_seconds / usage.device_seconds)
+        0.0
+        if usage.device_seconds <= 0
+        else min(1.0, usage.busy_device_seconds / usage.device_seconds)
     )
     # As OpenCost reports it: a reserved device is paid whether busy or not, so its idle share
     # is cost too; energy, CPU and memory are only what was drawn, so they count as used.
@@ -305,8 +317,14 @@ def cost_per_million_tokens(total_usd: float, tokens: int) -> float | None:
     return total_usd / tokens * 1_000_000
 
 
-def project(usage: Usage, cost: CostBreakdown, *, target_steps: int,
-            tiers: Sequence[Mapping[str, Any]] | None = None, unit: str = "token") -> Projection | None:
+def project(
+    usage: Usage,
+    cost: CostBreakdown,
+    *,
+    target_steps: int,
+    tiers: Sequence[Mapping[str, Any]] | None = None,
+    unit: str = "token",
+) -> Projection | None:
     """One run extrapolated per step to target_steps (None before the first step); an estimate.
 
     Resource terms scale linearly. Under a tiered model the run's units (steps, or tokens at

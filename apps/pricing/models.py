@@ -23,16 +23,24 @@ class GpuSku(TimeStampedModel):
     name = models.CharField(max_length=80, unique=True)
     vendor = models.CharField(max_length=40, default="NVIDIA")
     memory_gb = models.PositiveIntegerField("memory (GB)")
-    tdp_w = models.PositiveIntegerField("board power (W)", help_text="Board power limit (TDP), in watts.")
+    tdp_w = models.PositiveIntegerField(
+        "board power (W)", help_text="Board power limit (TDP), in watts."
+    )
     peak_bf16_tflops = models.DecimalField(
-        "dense BF16 peak (TFLOPS)", max_digits=8, decimal_places=1, validators=NON_NEGATIVE, help_text="Dense BF16 peak (TFLOPS), for MFU."
+        "dense BF16 peak (TFLOPS)",
+        max_digits=8,
+        decimal_places=1,
+        validators=NON_NEGATIVE,
+        help_text="Dense BF16 peak (TFLOPS), for MFU.",
     )
 
     class Meta:
         ordering = ["name"]
         verbose_name = "GPU SKU"
         constraints = [
-            models.CheckConstraint(condition=Q(peak_bf16_tflops__gte=0), name="gpusku_peak_non_negative"),
+            models.CheckConstraint(
+                condition=Q(peak_bf16_tflops__gte=0), name="gpusku_peak_non_negative"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -46,7 +54,9 @@ class PricingTable(TimeStampedModel):
     name = models.CharField(max_length=120)
     currency = models.CharField(max_length=3, default="USD")
     valid_from = models.DateTimeField()
-    electricity_usd_per_kwh = _money(verbose_name="electricity (USD per kWh)", help_text="What the facility pays per kWh.")
+    electricity_usd_per_kwh = _money(
+        verbose_name="electricity (USD per kWh)", help_text="What the facility pays per kWh."
+    )
     pue = models.DecimalField(
         "PUE",
         max_digits=4,
@@ -54,11 +64,18 @@ class PricingTable(TimeStampedModel):
         default=Decimal("1.20"),
         validators=[MinValueValidator(Decimal("1"))],
         help_text="Power usage effectiveness: the facility's power over the IT equipment's (1.0 "
-            "or more; 1.2 means cooling and the rest add 20 % to the energy a run uses).",
+        "or more; 1.2 means cooling and the rest add 20 % to the energy a run uses).",
     )
-    vcpu_hour_usd = _money(verbose_name="price per vCPU-hour (USD)", default=Decimal("0"), help_text="Price of one vCPU for one hour.")
-    memory_gb_hour_usd = _money(verbose_name="price per GB-hour of memory (USD)", default=Decimal("0"),
-                                help_text="Price of one GB of host memory for one hour.")
+    vcpu_hour_usd = _money(
+        verbose_name="price per vCPU-hour (USD)",
+        default=Decimal("0"),
+        help_text="Price of one vCPU for one hour.",
+    )
+    memory_gb_hour_usd = _money(
+        verbose_name="price per GB-hour of memory (USD)",
+        default=Decimal("0"),
+        help_text="Price of one GB of host memory for one hour.",
+    )
     is_example = models.BooleanField(
         default=False, help_text="Example prices seeded for a demo; not a quote from any provider."
     )
@@ -67,10 +84,18 @@ class PricingTable(TimeStampedModel):
     class Meta:
         ordering = ["tenant", "-valid_from"]
         constraints = [
-            models.UniqueConstraint(fields=["tenant", "valid_from"], name="pricingtable_unique_tenant_valid_from"),
-            models.CheckConstraint(condition=Q(electricity_usd_per_kwh__gte=0), name="pricingtable_kwh_non_negative"),
-            models.CheckConstraint(condition=Q(vcpu_hour_usd__gte=0), name="pricingtable_vcpu_non_negative"),
-            models.CheckConstraint(condition=Q(memory_gb_hour_usd__gte=0), name="pricingtable_mem_non_negative"),
+            models.UniqueConstraint(
+                fields=["tenant", "valid_from"], name="pricingtable_unique_tenant_valid_from"
+            ),
+            models.CheckConstraint(
+                condition=Q(electricity_usd_per_kwh__gte=0), name="pricingtable_kwh_non_negative"
+            ),
+            models.CheckConstraint(
+                condition=Q(vcpu_hour_usd__gte=0), name="pricingtable_vcpu_non_negative"
+            ),
+            models.CheckConstraint(
+                condition=Q(memory_gb_hour_usd__gte=0), name="pricingtable_mem_non_negative"
+            ),
             models.CheckConstraint(condition=Q(pue__gte=1), name="pricingtable_pue_at_least_one"),
         ]
 
@@ -80,15 +105,23 @@ class PricingTable(TimeStampedModel):
 
 
 class GpuPrice(models.Model):
-    pricing_table = models.ForeignKey(PricingTable, on_delete=models.CASCADE, related_name="gpu_prices")
+    pricing_table = models.ForeignKey(
+        PricingTable, on_delete=models.CASCADE, related_name="gpu_prices"
+    )
     sku = models.ForeignKey(GpuSku, on_delete=models.PROTECT, related_name="prices")
-    hourly_usd = _money(verbose_name="price per GPU-hour (USD)", help_text="Price of one GPU for one hour.")
+    hourly_usd = _money(
+        verbose_name="price per GPU-hour (USD)", help_text="Price of one GPU for one hour."
+    )
 
     class Meta:
         verbose_name = "GPU price"
         constraints = [
-            models.UniqueConstraint(fields=["pricing_table", "sku"], name="gpuprice_unique_table_sku"),
-            models.CheckConstraint(condition=Q(hourly_usd__gte=0), name="gpuprice_hourly_non_negative"),
+            models.UniqueConstraint(
+                fields=["pricing_table", "sku"], name="gpuprice_unique_table_sku"
+            ),
+            models.CheckConstraint(
+                condition=Q(hourly_usd__gte=0), name="gpuprice_hourly_non_negative"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -105,20 +138,44 @@ class CostModel(TimeStampedModel):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="cost_models")
     name = models.CharField(max_length=120)
     kind = models.CharField(max_length=32, choices=Kind.choices, default=Kind.RESOURCE_WEIGHTED)
-    gpu_weight = models.DecimalField("weight of the GPU term", max_digits=8, decimal_places=4, default=Decimal("1"), validators=NON_NEGATIVE)
+    gpu_weight = models.DecimalField(
+        "weight of the GPU term",
+        max_digits=8,
+        decimal_places=4,
+        default=Decimal("1"),
+        validators=NON_NEGATIVE,
+    )
     energy_weight = models.DecimalField(
-        "weight of the energy term", max_digits=8, decimal_places=4, default=Decimal("1"), validators=NON_NEGATIVE
+        "weight of the energy term",
+        max_digits=8,
+        decimal_places=4,
+        default=Decimal("1"),
+        validators=NON_NEGATIVE,
     )
-    cpu_weight = models.DecimalField("weight of the vCPU term", max_digits=8, decimal_places=4, default=Decimal("1"), validators=NON_NEGATIVE)
+    cpu_weight = models.DecimalField(
+        "weight of the vCPU term",
+        max_digits=8,
+        decimal_places=4,
+        default=Decimal("1"),
+        validators=NON_NEGATIVE,
+    )
     memory_weight = models.DecimalField(
-        "weight of the memory term", max_digits=8, decimal_places=4, default=Decimal("1"), validators=NON_NEGATIVE
+        "weight of the memory term",
+        max_digits=8,
+        decimal_places=4,
+        default=Decimal("1"),
+        validators=NON_NEGATIVE,
     )
+
     class Unit(models.TextChoices):
         TOKEN = "token", "Token"
         STEP = "step", "Optimizer step"
 
     unit = models.CharField(
-        max_length=16, choices=Unit.choices, default=Unit.TOKEN, help_text="Unit of work priced by tiered_per_call."
+        max_length=16,
+        choices=Unit.choices,
+        default=Unit.TOKEN,
+        help_text="Unit of work priced by tiered_per_call.",
     )
     tiers = models.JSONField(
         default=list,
@@ -132,7 +189,9 @@ class CostModel(TimeStampedModel):
         constraints = [
             models.UniqueConstraint(fields=["tenant", "name"], name="costmodel_unique_tenant_name"),
             models.CheckConstraint(
-                condition=Q(gpu_weight__gte=0) & Q(energy_weight__gte=0) & Q(cpu_weight__gte=0)
+                condition=Q(gpu_weight__gte=0)
+                & Q(energy_weight__gte=0)
+                & Q(cpu_weight__gte=0)
                 & Q(memory_weight__gte=0),
                 name="costmodel_weights_non_negative",
             ),
@@ -149,11 +208,15 @@ class CostModel(TimeStampedModel):
 def validate_tiers(tiers) -> None:
     """Tiers: a non-empty ascending list; every price >= 0; only the last tier is open."""
     if not isinstance(tiers, list) or not tiers:
-        raise ValidationError({"tiers": "tiered_per_call needs at least one tier: a list of {up_to, usd_per_unit}."})
+        raise ValidationError(
+            {"tiers": "tiered_per_call needs at least one tier: a list of {up_to, usd_per_unit}."}
+        )
     previous = 0
     for i, tier in enumerate(tiers):
         if not isinstance(tier, dict) or set(tier) != {"up_to", "usd_per_unit"}:
-            raise ValidationError({"tiers": f"tier {i}: expected exactly the keys up_to and usd_per_unit."})
+            raise ValidationError(
+                {"tiers": f"tier {i}: expected exactly the keys up_to and usd_per_unit."}
+            )
         try:
             price = Decimal(str(tier["usd_per_unit"]))
         except Exception:
@@ -164,8 +227,12 @@ def validate_tiers(tiers) -> None:
         last = i == len(tiers) - 1
         if up_to is None:
             if not last:
-                raise ValidationError({"tiers": f"tier {i}: only the last tier may be open (up_to null)."})
+                raise ValidationError(
+                    {"tiers": f"tier {i}: only the last tier may be open (up_to null)."}
+                )
             continue
         if not isinstance(up_to, int) or isinstance(up_to, bool) or up_to <= previous:
-            raise ValidationError({"tiers": f"tier {i}: up_to must be an integer above {previous}."})
+            raise ValidationError(
+                {"tiers": f"tier {i}: up_to must be an integer above {previous}."}
+            )
         previous = up_to

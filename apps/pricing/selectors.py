@@ -14,7 +14,11 @@ from apps.pricing.models import CostModel, GpuPrice, PricingTable
 
 
 def pricing_table_valid_at(*, tenant_id: int, at: datetime) -> PricingTable | None:
-    return PricingTable.objects.filter(tenant_id=tenant_id, valid_from__lte=at).order_by("-valid_from").first()
+    return (
+        PricingTable.objects.filter(tenant_id=tenant_id, valid_from__lte=at)
+        .order_by("-valid_from")
+        .first()
+    )
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,9 @@ class PriceSchedule:
         return [] if self.pinned is not None else self.starts
 
 
-def price_schedule(*, tenant_id: int, gpu_sku_id: int | None, pinned_table_id: int | None = None) -> PriceSchedule:
+def price_schedule(
+    *, tenant_id: int, gpu_sku_id: int | None, pinned_table_id: int | None = None
+) -> PriceSchedule:
     """Every pricing table of the tenant (or just the pinned one) with this SKU's rate,
     in two queries."""
     tables = PricingTable.objects.filter(tenant_id=tenant_id).order_by("valid_from")
@@ -61,7 +67,11 @@ def price_schedule(*, tenant_id: int, gpu_sku_id: int | None, pinned_table_id: i
 
 def pricing_table_list(*, tenant) -> QuerySet[PricingTable]:
     """A tenant's tables, newest first, with their GPU prices (two queries in all)."""
-    return PricingTable.objects.filter(tenant=tenant).prefetch_related("gpu_prices__sku").order_by("-valid_from")
+    return (
+        PricingTable.objects.filter(tenant=tenant)
+        .prefetch_related("gpu_prices__sku")
+        .order_by("-valid_from")
+    )
 
 
 def cost_model_list(*, tenant) -> QuerySet[CostModel]:
@@ -72,7 +82,9 @@ def pricing_tables_in_force(*, tenant_ids: set[int], pinned_ids: set[int], at: d
     """The comparison tables at `at`, in one query: {("tenant", id): table in force, ("pinned", id):
     table}."""
     out: dict = {}
-    rows = PricingTable.objects.filter(Q(tenant_id__in=tenant_ids, valid_from__lte=at) | Q(pk__in=pinned_ids))
+    rows = PricingTable.objects.filter(
+        Q(tenant_id__in=tenant_ids, valid_from__lte=at) | Q(pk__in=pinned_ids)
+    )
     for table in rows.order_by("valid_from"):  # the latest in force wins
         if table.pk in pinned_ids:
             out[("pinned", table.pk)] = table
@@ -85,7 +97,15 @@ def table_prices(*, table_ids: set[int]) -> dict[tuple[int, int | None], Prices]
     """Prices of these tables for every GPU SKU any of them prices (0 where one does not), and for a
     CPU run (SKU None), keyed (table, SKU), in two queries."""
     tables = list(PricingTable.objects.filter(pk__in=table_ids))
-    rates = {(p, s): r for p, s, r in GpuPrice.objects.filter(pricing_table_id__in=table_ids).values_list(
-        "pricing_table_id", "sku_id", "hourly_usd")}
+    rates = {
+        (p, s): r
+        for p, s, r in GpuPrice.objects.filter(pricing_table_id__in=table_ids).values_list(
+            "pricing_table_id", "sku_id", "hourly_usd"
+        )
+    }
     skus = {None} | {s for _, s in rates}
-    return {(t.pk, sku): Prices.from_table(t, gpu_hour_usd=rates.get((t.pk, sku), 0)) for t in tables for sku in skus}
+    return {
+        (t.pk, sku): Prices.from_table(t, gpu_hour_usd=rates.get((t.pk, sku), 0))
+        for t in tables
+        for sku in skus
+    }

@@ -17,25 +17,41 @@ def _unique(obj, field: str, label: str) -> None:
     """The tenant-wide uniqueness of `field`, refused with the field named
     (before the constraint fires)."""
     value = getattr(obj, field)
-    if type(obj).objects.filter(tenant_id=obj.tenant_id, **{field: value}).exclude(pk=obj.pk).exists():
-        raise ApplicationError(f"{field}: the tenant already has {label} with {field} {value}",
-                               {"fields": {field: ["already exists"]}}, code="invalid", status=409)
+    if (
+        type(obj)
+        .objects.filter(tenant_id=obj.tenant_id, **{field: value})
+        .exclude(pk=obj.pk)
+        .exists()
+    ):
+        raise ApplicationError(
+            f"{field}: the tenant already has {label} with {field} {value}",
+            {"fields": {field: ["already exists"]}},
+            code="invalid",
+            status=409,
+        )
 
 
 def _gpu_prices_replace(*, table: PricingTable, gpu_prices: list[dict]) -> None:
     skus = [p["sku"].pk for p in gpu_prices]
     if len(skus) != len(set(skus)):
-        raise ApplicationError("gpu_prices: each SKU at most once per table",
-                               {"fields": {"gpu_prices": ["duplicate sku"]}}, code="invalid")
+        raise ApplicationError(
+            "gpu_prices: each SKU at most once per table",
+            {"fields": {"gpu_prices": ["duplicate sku"]}},
+            code="invalid",
+        )
     table.gpu_prices.all().delete()
-    rows = [GpuPrice(pricing_table=table, sku=p["sku"], hourly_usd=p["hourly_usd"]) for p in gpu_prices]
+    rows = [
+        GpuPrice(pricing_table=table, sku=p["sku"], hourly_usd=p["hourly_usd"]) for p in gpu_prices
+    ]
     for row in rows:
         row.full_clean(exclude=["pricing_table"])
     GpuPrice.objects.bulk_create(rows)
 
 
 @transaction.atomic
-def pricing_table_create(*, tenant: Tenant, gpu_prices: list[dict] | None = None, **fields) -> PricingTable:
+def pricing_table_create(
+    *, tenant: Tenant, gpu_prices: list[dict] | None = None, **fields
+) -> PricingTable:
     table = PricingTable(tenant=tenant, **fields)
     _unique(table, "valid_from", "a pricing table")
     table.full_clean()
@@ -49,7 +65,9 @@ PRICE_FIELDS = ("currency", "electricity_usd_per_kwh", "pue", "vcpu_hour_usd", "
 
 
 @transaction.atomic
-def pricing_table_update(*, table: PricingTable, gpu_prices: list[dict] | None = None, **fields) -> PricingTable:
+def pricing_table_update(
+    *, table: PricingTable, gpu_prices: list[dict] | None = None, **fields
+) -> PricingTable:
     """Edit a table; `gpu_prices`, when given, replaces the table's GPU prices.
 
     History is never rewritten: a price edit of a table already in force takes effect from now.
@@ -64,8 +82,12 @@ def pricing_table_update(*, table: PricingTable, gpu_prices: list[dict] | None =
         priced = priced or new_rates != dict(table.gpu_prices.values_list("sku_id", "hourly_usd"))
     in_force = table.pk is not None and table.valid_from <= now
     if in_force and "valid_from" in fields and fields["valid_from"] != table.valid_from:
-        raise ApplicationError("valid_from: a table in force keeps its start; a price edit takes effect from now",
-                               {"fields": {"valid_from": ["in force"]}}, code="invalid", status=409)
+        raise ApplicationError(
+            "valid_from: a table in force keeps its start; a price edit takes effect from now",
+            {"fields": {"valid_from": ["in force"]}},
+            code="invalid",
+            status=409,
+        )
     if in_force and priced:
         pricing_table_version_keep(table=table, until=now)
         fields["valid_from"] = now
@@ -79,7 +101,9 @@ def pricing_table_update(*, table: PricingTable, gpu_prices: list[dict] | None =
     return table
 
 
-def pricing_table_version_keep(*, table: PricingTable, until, stored: PricingTable | None = None) -> PricingTable:
+def pricing_table_version_keep(
+    *, table: PricingTable, until, stored: PricingTable | None = None
+) -> PricingTable:
     """Keep a table's prices as stored, for the time before `until`: a copy at its valid_from,
     GPU prices too.
 
@@ -89,16 +113,29 @@ def pricing_table_version_keep(*, table: PricingTable, until, stored: PricingTab
     """
     stored = stored or PricingTable.objects.get(pk=table.pk)
     rates = list(stored.gpu_prices.values_list("sku_id", "hourly_usd"))
-    PricingTable.objects.filter(pk=table.pk).update(valid_from=until)  # frees (tenant, valid_from) for the copy
+    PricingTable.objects.filter(pk=table.pk).update(
+        valid_from=until
+    )  # frees (tenant, valid_from) for the copy
     table.valid_from = until
     copy = PricingTable.objects.get(pk=table.pk)
     copy.pk = copy.id = None
-    for name in ("name", "currency", "valid_from", "electricity_usd_per_kwh", "pue", "vcpu_hour_usd",
-                 "memory_gb_hour_usd", "is_example", "notes"):
+    for name in (
+        "name",
+        "currency",
+        "valid_from",
+        "electricity_usd_per_kwh",
+        "pue",
+        "vcpu_hour_usd",
+        "memory_gb_hour_usd",
+        "is_example",
+        "notes",
+    ):
         setattr(copy, name, getattr(stored, name))
     copy.name = f"{stored.name} (until {until:%Y-%m-%d %H:%M} UTC)"[:120]
     copy.save()
-    GpuPrice.objects.bulk_create([GpuPrice(pricing_table=copy, sku_id=sku, hourly_usd=usd) for sku, usd in rates])
+    GpuPrice.objects.bulk_create(
+        [GpuPrice(pricing_table=copy, sku_id=sku, hourly_usd=usd) for sku, usd in rates]
+    )
     return copy
 
 
@@ -108,8 +145,12 @@ def _delete_unless_used(obj, label: str) -> None:
             obj.delete()
     except ProtectedError as exc:
         used = len(exc.protected_objects)
-        raise ApplicationError(f"{label} is used by {used} experiments; point them elsewhere first",
-                               {"experiments": used}, code="in_use", status=409) from None
+        raise ApplicationError(
+            f"{label} is used by {used} experiments; point them elsewhere first",
+            {"experiments": used},
+            code="in_use",
+            status=409,
+        ) from None
 
 
 def pricing_table_delete(*, table: PricingTable) -> None:

@@ -13,7 +13,16 @@ class ProbeInline(admin.TabularInline):
 
 @admin.register(Sweep)
 class SweepAdmin(admin.ModelAdmin):
-    list_display = ["name", "tenant", "status", "sampler", "probe_count", "probe_steps", "queue", "created_at"]
+    list_display = [
+        "name",
+        "tenant",
+        "status",
+        "sampler",
+        "probe_count",
+        "probe_steps",
+        "queue",
+        "created_at",
+    ]
     list_filter = ["status", "sampler", "tenant"]
     search_fields = ["name", "tenant__name"]
     list_select_related = ["tenant"]
@@ -23,7 +32,15 @@ class SweepAdmin(admin.ModelAdmin):
 
 @admin.register(Probe)
 class ProbeAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "sweep", "status", "step_time_s", "peak_mem_mb", "usd_per_mtok", "device"]
+    list_display = [
+        "__str__",
+        "sweep",
+        "status",
+        "step_time_s",
+        "peak_mem_mb",
+        "usd_per_mtok",
+        "device",
+    ]
     list_filter = ["status"]
     list_select_related = ["sweep"]
     readonly_fields = [f.name for f in Probe._meta.fields]

@@ -56,4 +56,8 @@ def dominates(a: Point, b: Point, *, base: float = 0.02) -> bool:
 def pareto_front(points: Sequence[Point], *, base: float = 0.02) -> list[Hashable]:
     """Keys of the comparable points no other point dominates, in the given order."""
     candidates = [p for p in points if p.comparable]
-    return [p.key for p in candidates if not any(dominates(q, p, base=base) for q in candidates if q is not p)]
+    return [
+        p.key
+        for p in candidates
+        if not any(dominates(q, p, base=base) for q in candidates if q is not p)
+    ]

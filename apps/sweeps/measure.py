@@ -27,7 +27,7 @@ def timed_stretch(samples: list[dict[str, Any]], *, warmup_steps: int) -> Timed 
     start = next((i for i, s in enumerate(ordered) if s["step"] >= warmup_steps), None)
     if start is None or start == len(ordered) - 1:
         return None
-    boundary, after = ordered[start], ordered[start + 1:]
+    boundary, after = ordered[start], ordered[start + 1 :]
     steps = after[-1]["step"] - boundary["step"]
     elapsed = after[-1]["ts"] - boundary["ts"]
     if steps <= 0 or elapsed <= 0:
@@ -36,12 +36,19 @@ def timed_stretch(samples: list[dict[str, Any]], *, warmup_steps: int) -> Timed 
     mean = statistics.fmean(per_sample) if per_sample else 0.0
     spread = statistics.pstdev(per_sample) / mean if len(per_sample) > 1 and mean > 0 else 0.0
     tokens = after[-1]["tokens"] - boundary["tokens"]
-    return Timed(boundary=boundary, samples=after, steps=steps, step_time_s=elapsed / steps,
-                 step_time_spread=spread, tokens_per_s=tokens / elapsed if tokens > 0 else None)
+    return Timed(
+        boundary=boundary,
+        samples=after,
+        steps=steps,
+        step_time_s=elapsed / steps,
+        step_time_spread=spread,
+        tokens_per_s=tokens / elapsed if tokens > 0 else None,
+    )
 
 
-def peak_memory_mb(samples: list[dict[str, Any]], result_peak_mb: float | None, *, cuda: bool,
-                   baseline_mb: float) -> float | None:
+def peak_memory_mb(
+    samples: list[dict[str, Any]], result_peak_mb: float | None, *, cuda: bool, baseline_mb: float
+) -> float | None:
     """CUDA: the runtime's max allocated.
     CPU: the highest RSS seen minus the process's RSS before the probe."""
     if cuda:

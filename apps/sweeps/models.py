@@ -39,35 +39,70 @@ class Sweep(TimeStampedModel):
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="sweeps")
     name = models.CharField(max_length=120)
-    base_strategy_yaml = models.TextField(help_text="Validated by gpu_runtime's schema, as an arm's strategy is.")
-    space = models.JSONField(help_text="Dotted strategy key -> list of values or {low, high, step|log2}.")
-    objectives = models.JSONField(default=default_objectives, help_text="Minimised: " + ", ".join(OBJECTIVES))
+    base_strategy_yaml = models.TextField(
+        help_text="Validated by gpu_runtime's schema, as an arm's strategy is."
+    )
+    space = models.JSONField(
+        help_text="Dotted strategy key -> list of values or {low, high, step|log2}."
+    )
+    objectives = models.JSONField(
+        default=default_objectives, help_text="Minimised: " + ", ".join(OBJECTIVES)
+    )
     sampler = models.CharField(max_length=16, choices=Sampler.choices)
     seed = models.PositiveIntegerField(default=0)
-    probe_count = models.PositiveIntegerField(validators=[MinValueValidator(1)], help_text="Probe budget.")
-    probe_steps = models.PositiveIntegerField(validators=[MinValueValidator(2)], help_text="Timed steps per probe.")
-    warmup_steps = models.PositiveIntegerField(default=2, help_text="Untimed steps first (warm-up, compilation).")
-    parallelism = models.PositiveIntegerField(default=2, validators=[MinValueValidator(1)],
-                                              help_text="Probes queued at once.")
+    probe_count = models.PositiveIntegerField(
+        validators=[MinValueValidator(1)], help_text="Probe budget."
+    )
+    probe_steps = models.PositiveIntegerField(
+        validators=[MinValueValidator(2)], help_text="Timed steps per probe."
+    )
+    warmup_steps = models.PositiveIntegerField(
+        default=2, help_text="Untimed steps first (warm-up, compilation)."
+    )
+    parallelism = models.PositiveIntegerField(
+        default=2, validators=[MinValueValidator(1)], help_text="Probes queued at once."
+    )
     queue = models.CharField(max_length=32, default="cpu")
-    gpu_sku = models.ForeignKey(GpuSku, on_delete=models.PROTECT, null=True, blank=True, related_name="sweeps")
-    cost_model = models.ForeignKey(CostModel, on_delete=models.PROTECT, null=True, blank=True, related_name="sweeps",
-                                   help_text="Weights of the resource terms; empty = all 1.")
+    gpu_sku = models.ForeignKey(
+        GpuSku, on_delete=models.PROTECT, null=True, blank=True, related_name="sweeps"
+    )
+    cost_model = models.ForeignKey(
+        CostModel,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="sweeps",
+        help_text="Weights of the resource terms; empty = all 1.",
+    )
     tie_tolerance = models.DecimalField(
-        max_digits=5, decimal_places=4, default=Decimal("0.02"),
+        max_digits=5,
+        decimal_places=4,
+        default=Decimal("0.02"),
         validators=[MinValueValidator(Decimal("0")), MaxValueValidator(Decimal("0.5"))],
         help_text="Relative difference below which two probes tie "
-                  "(widened by their measured spread).")
+        "(widened by their measured spread).",
+    )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
     finished_at = models.DateTimeField(null=True, blank=True)
-    note = models.TextField(blank=True, default="", help_text="Why it ended early, e.g. the space was exhausted.")
-    run = models.ForeignKey("experiments.Run", on_delete=models.CASCADE, null=True, blank=True,
-                            related_name="sizing_sweeps", help_text="Set on a vCPU sizing sweep: the run it sizes.")
+    note = models.TextField(
+        blank=True, default="", help_text="Why it ended early, e.g. the space was exhausted."
+    )
+    run = models.ForeignKey(
+        "experiments.Run",
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="sizing_sweeps",
+        help_text="Set on a vCPU sizing sweep: the run it sizes.",
+    )
 
     class Meta:
         ordering = ["-created_at", "-pk"]
         constraints = [
-            models.CheckConstraint(condition=Q(probe_count__gte=1) & Q(probe_steps__gte=2), name="sweep_budget_positive"),
+            models.CheckConstraint(
+                condition=Q(probe_count__gte=1) & Q(probe_steps__gte=2),
+                name="sweep_budget_positive",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -87,12 +122,21 @@ class Probe(models.Model):
     PENDING = (Status.QUEUED, Status.RUNNING)
 
     sweep = models.ForeignKey(Sweep, on_delete=models.CASCADE, related_name="probes")
-    number = models.PositiveIntegerField(help_text="0, 1, ... in proposal order (Optuna's trial number).")
+    number = models.PositiveIntegerField(
+        help_text="0, 1, ... in proposal order (Optuna's trial number)."
+    )
     params = models.JSONField(help_text="The point of the space: dotted key -> value.")
-    params_key = models.CharField(max_length=64, help_text="Hash of params: a duplicate is never measured twice.")
-    strategy_yaml = models.TextField(help_text="The base strategy with the params applied (what a promoted arm gets).")
-    sampler_attrs = models.JSONField(default=dict, blank=True,
-                                     help_text="Optuna's system attrs of the trial (e.g. its NSGA-II generation).")
+    params_key = models.CharField(
+        max_length=64, help_text="Hash of params: a duplicate is never measured twice."
+    )
+    strategy_yaml = models.TextField(
+        help_text="The base strategy with the params applied (what a promoted arm gets)."
+    )
+    sampler_attrs = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Optuna's system attrs of the trial (e.g. its NSGA-II generation).",
+    )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     reason = models.TextField(blank=True, default="", help_text="Why it is infeasible.")
     worker = models.CharField(max_length=255, blank=True, default="")
@@ -100,16 +144,25 @@ class Probe(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    sent_at = models.DateTimeField(null=True, blank=True, help_text="When its id last reached the broker.")
-    heartbeat_at = models.DateTimeField(null=True, blank=True, help_text="Renewed by its worker while it trains.")
+    sent_at = models.DateTimeField(
+        null=True, blank=True, help_text="When its id last reached the broker."
+    )
+    heartbeat_at = models.DateTimeField(
+        null=True, blank=True, help_text="Renewed by its worker while it trains."
+    )
 
     # Measured over the timed steps only (after warm-up).
     steps_timed = models.PositiveIntegerField(default=0)
     step_time_s = models.FloatField(null=True, blank=True)
-    step_time_spread = models.FloatField(null=True, blank=True, help_text="Coefficient of variation of step time.")
+    step_time_spread = models.FloatField(
+        null=True, blank=True, help_text="Coefficient of variation of step time."
+    )
     tokens_per_s = models.FloatField(null=True, blank=True)
-    peak_mem_mb = models.FloatField(null=True, blank=True,
-                                    help_text="CUDA max allocated; on CPU the process's peak RSS above its start.")
+    peak_mem_mb = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="CUDA max allocated; on CPU the process's peak RSS above its start.",
+    )
     mem_estimated = models.BooleanField(default=False)
     energy_j = models.FloatField(null=True, blank=True)
     energy_estimated = models.BooleanField(default=False)

@@ -48,39 +48,76 @@ def population_size(probe_count: int) -> int:
     return max(2, min(20, probe_count // 3))
 
 
-def study_for(*, sampler: str, seed: int, expanded: dict[str, list[Any]], directions: int, probe_count: int,
-              known: list[Known]) -> optuna.Study:
+def study_for(
+    *,
+    sampler: str,
+    seed: int,
+    expanded: dict[str, list[Any]],
+    directions: int,
+    probe_count: int,
+    known: list[Known],
+) -> optuna.Study:
     """An in-memory study holding every known probe."""
     if sampler == "grid":
         chosen = optuna.samplers.GridSampler(expanded, seed=seed)
     elif sampler == "tpe":
-        chosen = optuna.samplers.TPESampler(n_startup_trials=max(2, min(10, probe_count // 2)), seed=seed + len(known))
+        chosen = optuna.samplers.TPESampler(
+            n_startup_trials=max(2, min(10, probe_count // 2)), seed=seed + len(known)
+        )
     else:
-        chosen = optuna.samplers.NSGAIISampler(population_size=population_size(probe_count), seed=seed + len(known))
+        chosen = optuna.samplers.NSGAIISampler(
+            population_size=population_size(probe_count), seed=seed + len(known)
+        )
     study = optuna.create_study(directions=["minimize"] * directions, sampler=chosen)
     distributions = _distributions(expanded)
-    states = {"complete": TrialState.COMPLETE, "fail": TrialState.FAIL, "running": TrialState.RUNNING}
+    states = {
+        "complete": TrialState.COMPLETE,
+        "fail": TrialState.FAIL,
+        "running": TrialState.RUNNING,
+    }
     for k in known:
-        study.add_trial(create_trial(params=k.params, distributions=distributions, state=states[k.state],
-                                     values=k.values if k.state == "complete" else None, system_attrs=k.attrs))
+        study.add_trial(
+            create_trial(
+                params=k.params,
+                distributions=distributions,
+                state=states[k.state],
+                values=k.values if k.state == "complete" else None,
+                system_attrs=k.attrs,
+            )
+        )
     return study
 
 
-def propose(*, sampler: str, seed: int, expanded: dict[str, list[Any]], directions: int, probe_count: int,
-            known: list[Known]) -> Proposal | None:
+def propose(
+    *,
+    sampler: str,
+    seed: int,
+    expanded: dict[str, list[Any]],
+    directions: int,
+    probe_count: int,
+    known: list[Known],
+) -> Proposal | None:
     """The next unmeasured point Optuna picks, or None once the space holds none."""
     seen = {params_key(k.params): (k.state, k.values) for k in known}
     if len(seen) >= space_size(expanded):
         return None
-    study = study_for(sampler=sampler, seed=seed, expanded=expanded, directions=directions, probe_count=probe_count,
-                      known=known)
+    study = study_for(
+        sampler=sampler,
+        seed=seed,
+        expanded=expanded,
+        directions=directions,
+        probe_count=probe_count,
+        known=known,
+    )
     distributions = _distributions(expanded)
     for _ in range(MAX_ASKS):
         trial = study.ask(distributions)
         params = dict(trial.params)
         state, values = seen.get(params_key(params), (None, None))
         if state is None:
-            return Proposal(params=params, attrs=study._storage.get_trial_system_attrs(trial._trial_id))
+            return Proposal(
+                params=params, attrs=study._storage.get_trial_system_attrs(trial._trial_id)
+            )
         if state == "complete":
             study.tell(trial, values)
         else:

@@ -62,27 +62,59 @@ def _check_values(base: dict[str, Any], expanded: dict[str, list[Any]]) -> None:
                 strategy_from_dict(strategy_with(base, {key: value}))
             except StrategyError as exc:
                 reasons = "; ".join(f"{e['key']}: {e['message']}" for e in exc.errors)
-                raise _invalid(f"space.{key}", f"value {value!r} makes an invalid strategy ({reasons})") from None
+                raise _invalid(
+                    f"space.{key}", f"value {value!r} makes an invalid strategy ({reasons})"
+                ) from None
 
 
 def _quota_check(*, tenant: Tenant, parallelism: int) -> None:
     if parallelism > tenant.max_concurrent_runs:
-        raise _invalid("parallelism", f"{parallelism} probes at once is above tenant '{tenant.slug}''s "
-                                      f"max_concurrent_runs ({tenant.max_concurrent_runs})", "quota_exceeded")
+        raise _invalid(
+            "parallelism",
+            f"{parallelism} probes at once is above tenant '{tenant.slug}''s "
+            f"max_concurrent_runs ({tenant.max_concurrent_runs})",
+            "quota_exceeded",
+        )
     month_start = timezone.now().replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    spent = Run.objects.filter(tenant=tenant, queued_at__gte=month_start).aggregate(s=Sum("cost_usd"))["s"] or 0
-    spent += Probe.objects.filter(sweep__tenant=tenant, created_at__gte=month_start).aggregate(
-        s=Sum("cost_usd"))["s"] or 0
+    spent = (
+        Run.objects.filter(tenant=tenant, queued_at__gte=month_start).aggregate(s=Sum("cost_usd"))[
+            "s"
+        ]
+        or 0
+    )
+    spent += (
+        Probe.objects.filter(sweep__tenant=tenant, created_at__gte=month_start).aggregate(
+            s=Sum("cost_usd")
+        )["s"]
+        or 0
+    )
     if spent >= tenant.monthly_budget_usd:
-        raise _invalid("probe_count", f"tenant '{tenant.slug}' has spent {spent:.2f} USD of its monthly budget "
-                                      f"({tenant.monthly_budget_usd} USD); no probe is queued", "budget_exceeded")
+        raise _invalid(
+            "probe_count",
+            f"tenant '{tenant.slug}' has spent {spent:.2f} USD of its monthly budget "
+            f"({tenant.monthly_budget_usd} USD); no probe is queued",
+            "budget_exceeded",
+        )
 
 
 @transaction.atomic
-def sweep_create(*, tenant: Tenant, name: str, base_strategy_yaml: str, space: Any, probe_count: int,
-                 probe_steps: int, objectives: list[str] | None = None, sampler: str = "auto", seed: int = 0,
-                 warmup_steps: int = 2, parallelism: int = 2, gpu_sku: GpuSku | None = None,
-                 cost_model: CostModel | None = None, tie_tolerance: Decimal = Decimal("0.02")) -> Sweep:
+def sweep_create(
+    *,
+    tenant: Tenant,
+    name: str,
+    base_strategy_yaml: str,
+    space: Any,
+    probe_count: int,
+    probe_steps: int,
+    objectives: list[str] | None = None,
+    sampler: str = "auto",
+    seed: int = 0,
+    warmup_steps: int = 2,
+    parallelism: int = 2,
+    gpu_sku: GpuSku | None = None,
+    cost_model: CostModel | None = None,
+    tie_tolerance: Decimal = Decimal("0.02"),
+) -> Sweep:
     """Validate a sweep, store it and queue its first probes once committed;
     a 400 names the bad field."""
     tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
@@ -95,7 +127,9 @@ def sweep_create(*, tenant: Tenant, name: str, base_strategy_yaml: str, space: A
     objectives = list(objectives) if objectives else ["usd_per_mtok", "peak_mem_mb"]
     for name_ in objectives:
         if name_ not in OBJECTIVES:
-            raise _invalid("objectives", f"unknown objective {name_!r}; choose from {', '.join(OBJECTIVES)}")
+            raise _invalid(
+                "objectives", f"unknown objective {name_!r}; choose from {', '.join(OBJECTIVES)}"
+            )
     if len(set(objectives)) != len(objectives):
         raise _invalid("objectives", "an objective is listed twice")
     if not 1 <= probe_count <= MAX_PROBES:
@@ -107,18 +141,33 @@ def sweep_create(*, tenant: Tenant, name: str, base_strategy_yaml: str, space: A
         # (its first generation is random).
         sampler = Sweep.Sampler.GRID if size <= probe_count else Sweep.Sampler.TPE
     elif sampler == Sweep.Sampler.GRID and size > probe_count:
-        raise _invalid("space", f"the grid has {size} points but probe_count is {probe_count}; raise probe_count "
-                                f"or use sampler nsga2 or tpe, which subsample")
+        raise _invalid(
+            "space",
+            f"the grid has {size} points but probe_count is {probe_count}; raise probe_count "
+            f"or use sampler nsga2 or tpe, which subsample",
+        )
     elif sampler not in Sweep.Sampler.values:
         raise _invalid("sampler", f"unknown sampler {sampler!r}; choose auto, grid, nsga2 or tpe")
     if cost_model is not None and cost_model.tenant_id != tenant.pk:
         raise _invalid("cost_model", f"{cost_model.pk} belongs to another tenant")
     _quota_check(tenant=tenant, parallelism=parallelism)
-    sweep = Sweep(tenant=tenant, name=name, base_strategy_yaml=base_strategy_yaml, space=space,
-                  objectives=objectives, sampler=sampler, seed=seed, probe_count=min(probe_count, size),
-                  probe_steps=probe_steps, warmup_steps=warmup_steps, parallelism=parallelism,
-                  queue=CeleryQueue.GPU if gpu_sku is not None else CeleryQueue.CPU, gpu_sku=gpu_sku,
-                  cost_model=cost_model, tie_tolerance=tie_tolerance)
+    sweep = Sweep(
+        tenant=tenant,
+        name=name,
+        base_strategy_yaml=base_strategy_yaml,
+        space=space,
+        objectives=objectives,
+        sampler=sampler,
+        seed=seed,
+        probe_count=min(probe_count, size),
+        probe_steps=probe_steps,
+        warmup_steps=warmup_steps,
+        parallelism=parallelism,
+        queue=CeleryQueue.GPU if gpu_sku is not None else CeleryQueue.CPU,
+        gpu_sku=gpu_sku,
+        cost_model=cost_model,
+        tie_tolerance=tie_tolerance,
+    )
     sweep.full_clean()
     sweep.save()
     for _ in range(min(parallelism, sweep.probe_count)):
@@ -134,22 +183,39 @@ def _known(sweep: Sweep) -> list[Known]:
             state = "complete"
         else:
             state = "running" if probe.status in Probe.PENDING else "fail"
-        known.append(Known(params=probe.params, state=state, values=values if state == "complete" else None,
-                           attrs=probe.sampler_attrs))
+        known.append(
+            Known(
+                params=probe.params,
+                state=state,
+                values=values if state == "complete" else None,
+                attrs=probe.sampler_attrs,
+            )
+        )
     return known
 
 
 def _probe_next(sweep: Sweep, base: dict[str, Any], expanded: dict[str, list[Any]]) -> Probe | None:
     """Ask Optuna for the next point and queue its probe (on commit);
     None when the space is exhausted."""
-    proposal = propose(sampler=sweep.sampler, seed=sweep.seed, expanded=expanded, directions=len(sweep.objectives),
-                       probe_count=sweep.probe_count, known=_known(sweep))
+    proposal = propose(
+        sampler=sweep.sampler,
+        seed=sweep.seed,
+        expanded=expanded,
+        directions=len(sweep.objectives),
+        probe_count=sweep.probe_count,
+        known=_known(sweep),
+    )
     if proposal is None:
         return None
     params = proposal.params
-    probe = Probe.objects.create(sweep=sweep, number=sweep.probes.count(), params=params,
-                                 params_key=params_key(params), strategy_yaml=_candidate_yaml(base, params),
-                                 sampler_attrs=proposal.attrs)
+    probe = Probe.objects.create(
+        sweep=sweep,
+        number=sweep.probes.count(),
+        params=params,
+        params_key=params_key(params),
+        strategy_yaml=_candidate_yaml(base, params),
+        sampler_attrs=proposal.attrs,
+    )
     probe_id, queue = probe.pk, sweep.queue
     transaction.on_commit(lambda: _probe_send(probe_id=probe_id, queue=queue), robust=True)
     return probe
@@ -165,10 +231,19 @@ def _probe_send(*, probe_id: int, queue: str) -> None:
 @transaction.atomic
 def probe_claim(*, probe_id: int, owner: str) -> Probe | None:
     """Take a queued probe of a running sweep; None when it is gone, taken or cancelled."""
-    probe = Probe.objects.select_for_update(of=("self",)).select_related("sweep", "sweep__tenant").filter(pk=probe_id).first()
+    probe = (
+        Probe.objects.select_for_update(of=("self",))
+        .select_related("sweep", "sweep__tenant")
+        .filter(pk=probe_id)
+        .first()
+    )
     if probe is not None and probe.status == Probe.Status.RUNNING and probe.worker == owner:
         return probe  # the claim committed but its answer was lost: a retry sees it done
-    if probe is None or probe.status != Probe.Status.QUEUED or probe.sweep.status != Sweep.Status.RUNNING:
+    if (
+        probe is None
+        or probe.status != Probe.Status.QUEUED
+        or probe.sweep.status != Sweep.Status.RUNNING
+    ):
         return None
     probe.status, probe.worker, probe.started_at = Probe.Status.RUNNING, owner, timezone.now()
     probe.save(update_fields=["status", "worker", "started_at"])
@@ -180,27 +255,48 @@ def _as_datetime(sample: dict[str, Any]) -> dict[str, Any]:
     return {**sample, "ts": ts if isinstance(ts, datetime) else datetime.fromtimestamp(ts, tz=UTC)}
 
 
-def _measure(probe: Probe, *, samples: list[dict], result: Any, device: str, gpu_count: int, vcpus: int,
-             baseline_mem_mb: float) -> None:
+def _measure(
+    probe: Probe,
+    *,
+    samples: list[dict],
+    result: Any,
+    device: str,
+    gpu_count: int,
+    vcpus: int,
+    baseline_mem_mb: float,
+) -> None:
     """Fill the probe's measured fields, priced like a run (cost_engine over its timed samples)."""
     sweep = probe.sweep
     timed = timed_stretch(samples, warmup_steps=sweep.warmup_steps)
     if timed is None:
         probe.status = Probe.Status.INFEASIBLE
-        probe.reason = ("probe_steps: too few steps were timed "
-                        f"after the {sweep.warmup_steps} warm-up steps to "
-                        f"measure anything; raise probe_steps")
+        probe.reason = (
+            "probe_steps: too few steps were timed "
+            f"after the {sweep.warmup_steps} warm-up steps to "
+            f"measure anything; raise probe_steps"
+        )
         return
     schedule = price_schedule(tenant_id=sweep.tenant_id, gpu_sku_id=sweep.gpu_sku_id)
     weights = Weights.from_cost_model(sweep.cost_model) if sweep.cost_model else Weights()
-    usage, cost = price_samples([_as_datetime(s) for s in timed.samples], prices_at=schedule.at, weights=weights,
-                                gpu_count=gpu_count, vcpus=vcpus, previous=_as_datetime(timed.boundary))
+    usage, cost = price_samples(
+        [_as_datetime(s) for s in timed.samples],
+        prices_at=schedule.at,
+        weights=weights,
+        gpu_count=gpu_count,
+        vcpus=vcpus,
+        previous=_as_datetime(timed.boundary),
+    )
     cuda = device.startswith("cuda")
     probe.status = Probe.Status.SUCCEEDED
-    probe.steps_timed, probe.step_time_s, probe.step_time_spread = timed.steps, timed.step_time_s, \
-        timed.step_time_spread
+    probe.steps_timed, probe.step_time_s, probe.step_time_spread = (
+        timed.steps,
+        timed.step_time_s,
+        timed.step_time_spread,
+    )
     probe.tokens_per_s = timed.tokens_per_s
-    probe.peak_mem_mb = peak_memory_mb(samples, result.peak_mem_mb, cuda=cuda, baseline_mb=baseline_mem_mb)
+    probe.peak_mem_mb = peak_memory_mb(
+        samples, result.peak_mem_mb, cuda=cuda, baseline_mb=baseline_mem_mb
+    )
     probe.mem_estimated = not cuda
     probe.energy_j, probe.energy_estimated = usage.energy_j, bool(result.energy_estimated)
     probe.cost_usd = Decimal(f"{cost.total_usd:.9f}")
@@ -209,9 +305,19 @@ def _measure(probe: Probe, *, samples: list[dict], result: Any, device: str, gpu
 
 
 @transaction.atomic
-def probe_finish(*, probe_id: int, owner: str, samples: list[dict] | None = None, result: Any = None,
-                 error: str = "", cancelled: bool = False, device: str = "", gpu_count: int = 0, vcpus: int = 0,
-                 baseline_mem_mb: float = 0.0) -> Probe | None:
+def probe_finish(
+    *,
+    probe_id: int,
+    owner: str,
+    samples: list[dict] | None = None,
+    result: Any = None,
+    error: str = "",
+    cancelled: bool = False,
+    device: str = "",
+    gpu_count: int = 0,
+    vcpus: int = 0,
+    baseline_mem_mb: float = 0.0,
+) -> Probe | None:
     """Record a probe's end (measured, infeasible with the reason, or cancelled) and queue
     the next one."""
     probe = Probe.objects.select_for_update(of=("self",)).filter(pk=probe_id).first()
@@ -225,8 +331,15 @@ def probe_finish(*, probe_id: int, owner: str, samples: list[dict] | None = None
     elif error:
         probe.status, probe.reason = Probe.Status.INFEASIBLE, error[:4000]
     else:
-        _measure(probe, samples=samples or [], result=result, device=device, gpu_count=gpu_count, vcpus=vcpus,
-                 baseline_mem_mb=baseline_mem_mb)
+        _measure(
+            probe,
+            samples=samples or [],
+            result=result,
+            device=device,
+            gpu_count=gpu_count,
+            vcpus=vcpus,
+            baseline_mem_mb=baseline_mem_mb,
+        )
     probe.save()
     if sweep.status == Sweep.Status.RUNNING:
         sweep_advance(sweep=sweep)
@@ -257,8 +370,9 @@ def sweep_advance(*, sweep: Sweep) -> None:
 def probe_heartbeat(*, probe_id: int, owner: str) -> bool:
     """Renew a running probe's heartbeat; True when it should stop
     (its sweep ended, or it is no longer ours)."""
-    renewed = Probe.objects.filter(pk=probe_id, status=Probe.Status.RUNNING, worker=owner,
-                                   sweep__status=Sweep.Status.RUNNING).update(heartbeat_at=timezone.now())
+    renewed = Probe.objects.filter(
+        pk=probe_id, status=Probe.Status.RUNNING, worker=owner, sweep__status=Sweep.Status.RUNNING
+    ).update(heartbeat_at=timezone.now())
     return renewed == 0
 
 
@@ -268,24 +382,41 @@ def probes_reconcile(*, now=None) -> dict[str, list[int]]:
     now = now or timezone.now()
     lost_before = now - timedelta(seconds=settings.COSTLAB_PROBE_LOST_AFTER_S)
     lost = []
-    for probe_id in Probe.objects.filter(status=Probe.Status.RUNNING).filter(
-            Q(heartbeat_at__lt=lost_before) | Q(heartbeat_at__isnull=True, started_at__lt=lost_before)
-    ).values_list("pk", flat=True):
+    for probe_id in (
+        Probe.objects.filter(status=Probe.Status.RUNNING)
+        .filter(
+            Q(heartbeat_at__lt=lost_before)
+            | Q(heartbeat_at__isnull=True, started_at__lt=lost_before)
+        )
+        .values_list("pk", flat=True)
+    ):
         with transaction.atomic():
-            probe = Probe.objects.select_for_update(of=("self",)).filter(pk=probe_id, status=Probe.Status.RUNNING).first()
+            probe = (
+                Probe.objects.select_for_update(of=("self",))
+                .filter(pk=probe_id, status=Probe.Status.RUNNING)
+                .first()
+            )
             if probe is None:
                 continue
-            probe_finish(probe_id=probe.pk, owner=probe.worker, error=(
-                f"lost: its worker ({probe.worker}) stopped renewing it for "
-                f"{settings.COSTLAB_PROBE_LOST_AFTER_S:g} s "
-                "(killed, or the host ran out of memory)"))
+            probe_finish(
+                probe_id=probe.pk,
+                owner=probe.worker,
+                error=(
+                    f"lost: its worker ({probe.worker}) stopped renewing it for "
+                    f"{settings.COSTLAB_PROBE_LOST_AFTER_S:g} s "
+                    "(killed, or the host ran out of memory)"
+                ),
+            )
             lost.append(probe.pk)
     resend_before = now - timedelta(seconds=settings.COSTLAB_PROBE_RESEND_AFTER_S)
     resent = []
-    for probe_id, queue in Probe.objects.filter(
-            status=Probe.Status.QUEUED, sweep__status=Sweep.Status.RUNNING).filter(
+    for probe_id, queue in (
+        Probe.objects.filter(status=Probe.Status.QUEUED, sweep__status=Sweep.Status.RUNNING)
+        .filter(
             Q(sent_at__lt=resend_before) | Q(sent_at__isnull=True, created_at__lt=resend_before)
-    ).values_list("pk", "sweep__queue"):
+        )
+        .values_list("pk", "sweep__queue")
+    ):
         _probe_send(probe_id=probe_id, queue=queue)
         resent.append(probe_id)
     return {"lost": lost, "resent": resent}
@@ -297,39 +428,71 @@ def sweep_cancel(*, sweep: Sweep) -> Sweep:
     (its task polls the sweep)."""
     sweep = Sweep.objects.select_for_update().get(pk=sweep.pk)
     if sweep.status != Sweep.Status.RUNNING:
-        raise ApplicationError(f"status: sweep {sweep.pk} is already {sweep.status}; only a running sweep cancels",
-                               code="not_cancellable", status=409)
+        raise ApplicationError(
+            f"status: sweep {sweep.pk} is already {sweep.status}; only a running sweep cancels",
+            code="not_cancellable",
+            status=409,
+        )
     now = timezone.now()
-    sweep.probes.filter(status=Probe.Status.QUEUED).update(status=Probe.Status.CANCELLED, finished_at=now)
+    sweep.probes.filter(status=Probe.Status.QUEUED).update(
+        status=Probe.Status.CANCELLED, finished_at=now
+    )
     sweep.status, sweep.finished_at = Sweep.Status.CANCELLED, now
     sweep.save(update_fields=["status", "finished_at", "updated_at"])
     return sweep
 
 
 @transaction.atomic
-def sweep_promote(*, sweep: Sweep, probe: Probe, weight: Decimal, experiment: Experiment | None = None,
-                  experiment_name: str = "", arm_name: str = "") -> Arm:
+def sweep_promote(
+    *,
+    sweep: Sweep,
+    probe: Probe,
+    weight: Decimal,
+    experiment: Experiment | None = None,
+    experiment_name: str = "",
+    arm_name: str = "",
+) -> Arm:
     """Turn a frontier point into an arm: of an existing experiment,
     or of a new one whose control is the base."""
     if probe.sweep_id != sweep.pk:
         raise _invalid("probe", f"probe {probe.pk} is not a probe of sweep {sweep.pk}")
     frontier = {p.pk for p in sweep_frontier(sweep=sweep) if p.on_frontier}
     if probe.pk not in frontier:
-        raise ApplicationError(f"probe: probe {probe.number} is not on the sweep's frontier "
-                               f"({probe.status}); only a frontier point is promoted",
-                               {"fields": {"probe": ["not on the frontier"]}}, code="not_on_frontier", status=409)
+        raise ApplicationError(
+            f"probe: probe {probe.number} is not on the sweep's frontier "
+            f"({probe.status}); only a frontier point is promoted",
+            {"fields": {"probe": ["not on the frontier"]}},
+            code="not_on_frontier",
+            status=409,
+        )
     arm_name = arm_name or f"sweep-{sweep.pk}-probe-{probe.number}"
     if experiment is None:
         if not experiment_name:
-            raise _invalid("experiment", "give an existing experiment or an experiment_name for a new one")
-        cost_model = sweep.cost_model or CostModel.objects.filter(tenant=sweep.tenant).order_by("pk").first()
+            raise _invalid(
+                "experiment", "give an existing experiment or an experiment_name for a new one"
+            )
+        cost_model = (
+            sweep.cost_model or CostModel.objects.filter(tenant=sweep.tenant).order_by("pk").first()
+        )
         if cost_model is None:
-            raise _invalid("experiment_name", f"tenant '{sweep.tenant.slug}' has no cost model for a new experiment")
-        experiment = experiment_create(tenant=sweep.tenant, name=experiment_name, cost_model=cost_model)
-        arm_create(experiment=experiment, name="base", strategy_yaml=sweep.base_strategy_yaml, is_control=True)
+            raise _invalid(
+                "experiment_name",
+                f"tenant '{sweep.tenant.slug}' has no cost model for a new experiment",
+            )
+        experiment = experiment_create(
+            tenant=sweep.tenant, name=experiment_name, cost_model=cost_model
+        )
+        arm_create(
+            experiment=experiment,
+            name="base",
+            strategy_yaml=sweep.base_strategy_yaml,
+            is_control=True,
+        )
     elif experiment.tenant_id != sweep.tenant_id:
         raise _invalid("experiment", f"{experiment.pk} belongs to another tenant")
-    return arm_create(experiment=experiment, name=arm_name, strategy_yaml=probe.strategy_yaml, weight=weight)
+    return arm_create(
+        experiment=experiment, name=arm_name, strategy_yaml=probe.strategy_yaml, weight=weight
+    )
 
 
 def sizing_max_threads() -> int:
@@ -342,14 +505,25 @@ def run_sizing_start(*, run: Run, max_threads: int | None = None, probe_steps: i
     would share the cores they are sizing); the report compares it with the design document's
     estimate."""
     if run.status != Run.Status.SUCCEEDED:
-        raise _invalid("run", f"run {run.pk} is {run.status}; size a succeeded run (its strategy and profile)")
+        raise _invalid(
+            "run", f"run {run.pk} is {run.status}; size a succeeded run (its strategy and profile)"
+        )
     n = max_threads or sizing_max_threads()
     if not 1 <= n <= 256:
         raise _invalid("max_threads", f"must be between 1 and 256, got {n}")
-    sweep = sweep_create(tenant=run.tenant, name=f"vCPU sizing of run {run.pk}", base_strategy_yaml=run.config_yaml,
-                         space={"resources.threads": list(range(1, n + 1))}, probe_count=n, probe_steps=probe_steps,
-                         objectives=["usd_per_mtok", "step_time_s"], sampler=Sweep.Sampler.GRID, parallelism=1,
-                         gpu_sku=run.gpu_sku, cost_model=run.experiment.cost_model)
+    sweep = sweep_create(
+        tenant=run.tenant,
+        name=f"vCPU sizing of run {run.pk}",
+        base_strategy_yaml=run.config_yaml,
+        space={"resources.threads": list(range(1, n + 1))},
+        probe_count=n,
+        probe_steps=probe_steps,
+        objectives=["usd_per_mtok", "step_time_s"],
+        sampler=Sweep.Sampler.GRID,
+        parallelism=1,
+        gpu_sku=run.gpu_sku,
+        cost_model=run.experiment.cost_model,
+    )
     sweep.run = run
     sweep.save(update_fields=["run"])
     return sweep

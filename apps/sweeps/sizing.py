@@ -31,7 +31,9 @@ class Recommendation:
     cheapest: int
     best_tokens_per_s: float
     compliance_recommended: float  # tokens/s at the recommended size / the best
-    compliance_actual: float | None  # tokens/s at the run's own size / the best (None: that size not probed)
+    compliance_actual: (
+        float | None
+    )  # tokens/s at the run's own size / the best (None: that size not probed)
 
 
 def recommend(points: list[SizePoint], *, actual: int | None) -> Recommendation | None:
@@ -40,10 +42,16 @@ def recommend(points: list[SizePoint], *, actual: int | None) -> Recommendation 
     if not points:
         return None
     cheapest = min(points, key=lambda p: (p.usd_per_mtok, p.threads))
-    chosen = min((p for p in points if p.usd_per_mtok <= cheapest.usd_per_mtok * (1 + WITHIN)),
-                 key=lambda p: p.threads)
+    chosen = min(
+        (p for p in points if p.usd_per_mtok <= cheapest.usd_per_mtok * (1 + WITHIN)),
+        key=lambda p: p.threads,
+    )
     best = max(p.tokens_per_s for p in points)
     at_actual = next((p for p in points if p.threads == actual), None)
-    return Recommendation(recommended=chosen.threads, cheapest=cheapest.threads, best_tokens_per_s=best,
-                          compliance_recommended=chosen.tokens_per_s / best,
-                          compliance_actual=None if at_actual is None else at_actual.tokens_per_s / best)
+    return Recommendation(
+        recommended=chosen.threads,
+        cheapest=cheapest.threads,
+        best_tokens_per_s=best,
+        compliance_recommended=chosen.tokens_per_s / best,
+        compliance_actual=None if at_actual is None else at_actual.tokens_per_s / best,
+    )

@@ -45,7 +45,10 @@ class SpaceError(ValueError):
 def _range_values(key: str, spec: dict[str, Any]) -> list[int]:
     unknown = set(spec) - {"low", "high", "step", "log2"}
     if unknown:
-        raise SpaceError(f"space.{key}", f"unknown range key {sorted(unknown)[0]!r}; allowed: low, high, step, log2")
+        raise SpaceError(
+            f"space.{key}",
+            f"unknown range key {sorted(unknown)[0]!r}; allowed: low, high, step, log2",
+        )
     low, high = spec.get("low"), spec.get("high")
     for name, value in (("low", low), ("high", high)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -57,7 +60,9 @@ def _range_values(key: str, spec: dict[str, Any]) -> list[int]:
             raise SpaceError(f"space.{key}", "give step or log2, not both")
         values = [2**e for e in range(math.ceil(math.log2(low)), math.floor(math.log2(high)) + 1)]
         if not values:
-            raise SpaceError(f"space.{key}", f"empty range: no power of two between {low} and {high}")
+            raise SpaceError(
+                f"space.{key}", f"empty range: no power of two between {low} and {high}"
+            )
         return values
     step = spec.get("step", 1)
     if not isinstance(step, int) or isinstance(step, bool) or step < 1:
@@ -76,7 +81,9 @@ def space_expand(space: Any) -> dict[str, list[Any]]:
             raise SpaceError(f"space.{key}", f"unknown key; searchable: {', '.join(SEARCHABLE)}")
         values = _range_values(key, spec) if isinstance(spec, dict) else spec
         if not isinstance(values, list) or not values:
-            raise SpaceError(f"space.{key}", "empty: give a non-empty list of values or a {low, high} range")
+            raise SpaceError(
+                f"space.{key}", "empty: give a non-empty list of values or a {low, high} range"
+            )
         kinds = SEARCHABLE[key]
         for value in values:
             if not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool)):
@@ -101,7 +108,9 @@ def space_points(expanded: dict[str, list[Any]]) -> Iterator[dict[str, Any]]:
 
 def params_key(params: dict[str, Any]) -> str:
     """A candidate's identity: equal params, equal key (so a duplicate is never measured twice)."""
-    return hashlib.sha256(json.dumps(params, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps(params, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()
 
 
 def strategy_with(base: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:

@@ -28,7 +28,15 @@ class RunRepricingAdmin(admin.ModelAdmin):
     (or POST /api/v1/runs/{id}/reprice/)."""
 
     form = RunRepricingForm
-    list_display = ["run", "at", "actor", "pricing_table", "cost_before_usd", "cost_after_usd", "reason"]
+    list_display = [
+        "run",
+        "at",
+        "actor",
+        "pricing_table",
+        "cost_before_usd",
+        "cost_after_usd",
+        "reason",
+    ]
     list_select_related = ["run", "actor", "pricing_table"]
     raw_id_fields = ["run"]
     search_fields = ["run__id", "reason"]
@@ -41,8 +49,12 @@ class RunRepricingAdmin(admin.ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         try:
-            done = run_reprice(run_id=obj.run_id, actor=request.user, reason=obj.reason,
-                               pricing_table=obj.pricing_table)
+            done = run_reprice(
+                run_id=obj.run_id,
+                actor=request.user,
+                reason=obj.reason,
+                pricing_table=obj.pricing_table,
+            )
         except ApplicationError as exc:  # checked by the form; a race lands here
             raise forms.ValidationError(str(exc)) from None
         for name in ("pk", "id", "at", "actor", "cost_before_usd", "cost_after_usd"):

@@ -28,9 +28,26 @@ MAX_BATCH = 10_000
 
 # Columns written, in COPY order (run_id and attempt are per batch).
 COLUMNS = (
-    "seq", "ts", "step", "rank", "device", "util_pct", "mem_used_mb", "mem_total_mb", "power_w", "energy_j",
-    "step_time_s", "tokens", "tokens_per_s", "micro_batch", "loss", "overlap_ratio", "mfu",
-    "sm_clock_mhz", "temperature_c", "estimated",
+    "seq",
+    "ts",
+    "step",
+    "rank",
+    "device",
+    "util_pct",
+    "mem_used_mb",
+    "mem_total_mb",
+    "power_w",
+    "energy_j",
+    "step_time_s",
+    "tokens",
+    "tokens_per_s",
+    "micro_batch",
+    "loss",
+    "overlap_ratio",
+    "mfu",
+    "sm_clock_mhz",
+    "temperature_c",
+    "estimated",
 )
 
 
@@ -62,17 +79,33 @@ class SampleIn(TypedDict):
     util_pct: NotRequired[Annotated[float | None, Field(strict=True, default=None, ge=0, le=100)]]
     mem_used_mb: NotRequired[Reading]
     mem_total_mb: NotRequired[Reading]
-    power_w: NotRequired[Annotated[float | None, Field(strict=True, default=None, ge=0, le=1e7)]]  # 10 MW
-    energy_j: NotRequired[Annotated[float | None, Field(strict=True, default=None, ge=0, le=1e15)]]  # 280 GWh
-    step_time_s: NotRequired[Annotated[float | None, Field(strict=True, default=None, ge=0, le=1e7)]]
+    power_w: NotRequired[
+        Annotated[float | None, Field(strict=True, default=None, ge=0, le=1e7)]
+    ]  # 10 MW
+    energy_j: NotRequired[
+        Annotated[float | None, Field(strict=True, default=None, ge=0, le=1e15)]
+    ]  # 280 GWh
+    step_time_s: NotRequired[
+        Annotated[float | None, Field(strict=True, default=None, ge=0, le=1e7)]
+    ]
     tokens: NotRequired[Annotated[Count, Field(default=0)]]
-    tokens_per_s: NotRequired[Annotated[float | None, Field(strict=True, default=None, ge=0, le=1e13)]]
-    micro_batch: NotRequired[Annotated[int | None, Field(strict=True, default=None, ge=0, le=INT32)]]
+    tokens_per_s: NotRequired[
+        Annotated[float | None, Field(strict=True, default=None, ge=0, le=1e13)]
+    ]
+    micro_batch: NotRequired[
+        Annotated[int | None, Field(strict=True, default=None, ge=0, le=INT32)]
+    ]
     loss: NotRequired[Annotated[float | None, Field(strict=True, default=None, ge=-1e30, le=1e30)]]
-    overlap_ratio: NotRequired[Annotated[float | None, Field(strict=True, default=None, ge=0, le=1)]]
+    overlap_ratio: NotRequired[
+        Annotated[float | None, Field(strict=True, default=None, ge=0, le=1)]
+    ]
     mfu: NotRequired[Annotated[float | None, Field(strict=True, default=None, ge=0, le=10)]]
-    sm_clock_mhz: NotRequired[Annotated[float | None, Field(strict=True, default=None, ge=0, le=1e6)]]
-    temperature_c: NotRequired[Annotated[float | None, Field(strict=True, default=None, ge=-273.15, le=1e4)]]
+    sm_clock_mhz: NotRequired[
+        Annotated[float | None, Field(strict=True, default=None, ge=0, le=1e6)]
+    ]
+    temperature_c: NotRequired[
+        Annotated[float | None, Field(strict=True, default=None, ge=-273.15, le=1e4)]
+    ]
     estimated: NotRequired[Annotated[bool, Field(strict=True, default=False)]]
 
 
@@ -87,8 +120,9 @@ def _invalid(where: str, reason: str) -> ApplicationError:
     return ApplicationError(f"{where}: {reason}", {"fields": {where: [reason]}}, code="invalid")
 
 
-def samples_validate(samples: list, *, earliest: datetime | None = None,
-                     latest: datetime | None = None) -> list[SampleIn]:
+def samples_validate(
+    samples: list, *, earliest: datetime | None = None, latest: datetime | None = None
+) -> list[SampleIn]:
     """Every sample valid, or an error naming the sample index and field; nothing partial.
 
     earliest/latest: the window a timestamp must fall in (the run's creation and now, give
@@ -97,7 +131,9 @@ def samples_validate(samples: list, *, earliest: datetime | None = None,
     if not isinstance(samples, list):
         raise ApplicationError("samples: expected a list of sample objects", code="invalid")
     if len(samples) > MAX_BATCH:
-        raise ApplicationError(f"samples: at most {MAX_BATCH} per batch, got {len(samples)}", code="invalid")
+        raise ApplicationError(
+            f"samples: at most {MAX_BATCH} per batch, got {len(samples)}", code="invalid"
+        )
     try:
         parsed = _BATCH.validate_python(samples)  # one call into pydantic-core for the whole batch
     except ValidationError as exc:
@@ -109,14 +145,24 @@ def samples_validate(samples: list, *, earliest: datetime | None = None,
         first, last = min(s["ts"] for s in parsed), max(s["ts"] for s in parsed)
         if first < earliest or last > latest:
             i = next(i for i, s in enumerate(parsed) if not earliest <= s["ts"] <= latest)
-            raise _invalid(f"samples[{i}].ts", f"{parsed[i]['ts'].isoformat()} is outside the run's time window "
-                                               f"{earliest.isoformat()} .. {latest.isoformat()} (clock skew allowed)")
+            raise _invalid(
+                f"samples[{i}].ts",
+                f"{parsed[i]['ts'].isoformat()} is outside the run's time window "
+                f"{earliest.isoformat()} .. {latest.isoformat()} (clock skew allowed)",
+            )
     # Subnormal floats (5e-324) store, but Postgres arithmetic on them underflows: the billed
     # readings must not hold one. A C-speed scan of three fields (about 0.4 ms per 1000 samples).
     if any(0.0 < v < _TINY for sample in parsed for v in _BILLED(sample) if v):
-        i, name = next((i, n) for i, s in enumerate(parsed) for n, v in zip(_BILLED_NAMES, _BILLED(s), strict=True)
-                       if v and 0.0 < v < _TINY)
-        raise _invalid(f"samples[{i}].{name}", f"{parsed[i][name]!r} is too close to zero to compute with (send 0)")
+        i, name = next(
+            (i, n)
+            for i, s in enumerate(parsed)
+            for n, v in zip(_BILLED_NAMES, _BILLED(s), strict=True)
+            if v and 0.0 < v < _TINY
+        )
+        raise _invalid(
+            f"samples[{i}].{name}",
+            f"{parsed[i][name]!r} is too close to zero to compute with (send 0)",
+        )
     # A seq twice in one batch is the same sample sent twice: keep the first.
     unique = {}
     for sample in parsed:
@@ -124,7 +170,9 @@ def samples_validate(samples: list, *, earliest: datetime | None = None,
     return list(unique.values())
 
 
-def samples_insert(*, run_id: int, attempt: int, samples: list[SampleIn], after_seq: int | None = None) -> list[int]:
+def samples_insert(
+    *, run_id: int, attempt: int, samples: list[SampleIn], after_seq: int | None = None
+) -> list[int]:
     """Insert, ignoring (run, seq) already stored. Returns the seqs that were new.
 
     `after_seq`: the run's highest stored seq, when the caller holds the run's row lock and
@@ -135,16 +183,21 @@ def samples_insert(*, run_id: int, attempt: int, samples: list[SampleIn], after_
     if is_postgres():  # COPY through a staging table
         if after_seq is not None and min(s["seq"] for s in samples) > after_seq:
             try:
-                with transaction.atomic():  # a savepoint: a wrong guess costs a rollback, not the batch
+                with (
+                    transaction.atomic()
+                ):  # a savepoint: a wrong guess costs a rollback, not the batch
                     return _copy_direct(run_id=run_id, attempt=attempt, samples=samples)
             except IntegrityError:
                 pass  # a row stored without moving the watermark: the general path sorts it out
         return _insert_copy(run_id=run_id, attempt=attempt, samples=samples)
     seqs = [s["seq"] for s in samples]
-    stored = set(TelemetrySample.objects.filter(run_id=run_id, seq__in=seqs).values_list("seq", flat=True))
+    stored = set(
+        TelemetrySample.objects.filter(run_id=run_id, seq__in=seqs).values_list("seq", flat=True)
+    )
     new = [s for s in samples if s["seq"] not in stored]
-    TelemetrySample.objects.bulk_create([TelemetrySample(run_id=run_id, attempt=attempt, **s) for s in new],
-                                        batch_size=1000)
+    TelemetrySample.objects.bulk_create(
+        [TelemetrySample(run_id=run_id, attempt=attempt, **s) for s in new], batch_size=1000
+    )
     return [s["seq"] for s in new]
 
 
@@ -156,8 +209,11 @@ def out_of_range(samples: list) -> ApplicationError:
 
 def _copy_direct(*, run_id: int, attempt: int, samples: list[SampleIn]) -> list[int]:
     with connection.cursor() as cursor:
-        copy_rows(cursor, f"{TelemetrySample._meta.db_table} (run_id, attempt, {', '.join(COLUMNS)})",
-                 ((run_id, attempt, *_ROW(s)) for s in samples))
+        copy_rows(
+            cursor,
+            f"{TelemetrySample._meta.db_table} (run_id, attempt, {', '.join(COLUMNS)})",
+            ((run_id, attempt, *_ROW(s)) for s in samples),
+        )
     return [s["seq"] for s in samples]
 
 

@@ -16,19 +16,24 @@ class TelemetrySample(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="samples")
     seq = models.BigIntegerField()
     attempt = models.PositiveSmallIntegerField(
-        default=1, help_text="Worker attempt that measured it; cumulative counters restart with each attempt."
+        default=1,
+        help_text="Worker attempt that measured it; cumulative counters restart with each attempt.",
     )
     ts = models.DateTimeField()
     step = models.BigIntegerField(default=0)
     rank = models.PositiveIntegerField(
-        default=0, help_text="DDP rank whose device this reading is (0 for a single-process "
-            "run); seq stays unique per run, across ranks.")
+        default=0,
+        help_text="DDP rank whose device this reading is (0 for a single-process "
+        "run); seq stays unique per run, across ranks.",
+    )
     device = models.CharField(max_length=120, blank=True, default="")
     util_pct = models.FloatField(null=True, blank=True, help_text="Device utilization (%).")
     mem_used_mb = models.FloatField(null=True, blank=True)
     mem_total_mb = models.FloatField(null=True, blank=True)
     power_w = models.FloatField(null=True, blank=True)
-    energy_j = models.FloatField(null=True, blank=True, help_text="Cumulative energy since run start (J).")
+    energy_j = models.FloatField(
+        null=True, blank=True, help_text="Cumulative energy since run start (J)."
+    )
     step_time_s = models.FloatField(null=True, blank=True)
     tokens = models.BigIntegerField(default=0, help_text="Cumulative tokens since run start.")
     tokens_per_s = models.FloatField(null=True, blank=True)
@@ -38,7 +43,9 @@ class TelemetrySample(models.Model):
     mfu = models.FloatField(null=True, blank=True)
     sm_clock_mhz = models.FloatField(null=True, blank=True)
     temperature_c = models.FloatField(null=True, blank=True)
-    estimated = models.BooleanField(default=False, help_text="Power and energy were modelled, not measured.")
+    estimated = models.BooleanField(
+        default=False, help_text="Power and energy were modelled, not measured."
+    )
 
     class Meta:
         constraints = [
@@ -57,10 +64,16 @@ class RunRepricing(models.Model):
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="repricings")
     at = models.DateTimeField(auto_now_add=True)
-    actor = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+")
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.SET_NULL, null=True, related_name="+"
+    )
     reason = models.TextField()
     pricing_table = models.ForeignKey(
-        "pricing.PricingTable", on_delete=models.SET_NULL, null=True, blank=True, related_name="+",
+        "pricing.PricingTable",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
         help_text="The table the whole run was priced at; empty: the tables in force when it ran.",
     )
     cost_before_usd = models.DecimalField(max_digits=16, decimal_places=6)

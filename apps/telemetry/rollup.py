@@ -19,7 +19,18 @@ CLUSTER_GAP = 64
 SEQ_MAX = 2**62
 
 # What apps.pricing.bill reads of a row.
-BILL_FIELDS = ("seq", "attempt", "ts", "step", "rank", "tokens", "energy_j", "power_w", "util_pct", "estimated")
+BILL_FIELDS = (
+    "seq",
+    "attempt",
+    "ts",
+    "step",
+    "rank",
+    "tokens",
+    "energy_j",
+    "power_w",
+    "util_pct",
+    "estimated",
+)
 
 
 def seq_clusters(seqs: list[int]) -> list[tuple[int, int]]:
@@ -46,10 +57,14 @@ def batch_ranges(*, run_id: int, seqs: list[int], ranks: int = 1) -> list[tuple[
     table = TelemetrySample._meta.db_table
     values = ", ".join(["(%s, %s)"] * len(clusters))
     if ranks > 1:
-        before = (f"(SELECT MIN(m) FROM (SELECT MAX(seq) AS m FROM {table} WHERE run_id = %s AND "
-            "seq < c.lo GROUP BY rank) AS b)")
-        after = (f"(SELECT MAX(m) FROM (SELECT MIN(seq) AS m FROM {table} WHERE run_id = %s AND "
-            "seq > c.hi GROUP BY rank) AS a)")
+        before = (
+            f"(SELECT MIN(m) FROM (SELECT MAX(seq) AS m FROM {table} WHERE run_id = %s AND "
+            "seq < c.lo GROUP BY rank) AS b)"
+        )
+        after = (
+            f"(SELECT MAX(m) FROM (SELECT MIN(seq) AS m FROM {table} WHERE run_id = %s AND "
+            "seq > c.hi GROUP BY rank) AS a)"
+        )
     else:
         before = f"(SELECT MAX(seq) FROM {table} WHERE run_id = %s AND seq < c.lo)"
         after = f"(SELECT MIN(seq) FROM {table} WHERE run_id = %s AND seq > c.hi)"
@@ -58,7 +73,10 @@ def batch_ranges(*, run_id: int, seqs: list[int], ranks: int = 1) -> list[tuple[
             f"WITH c(lo, hi) AS (VALUES {values}) SELECT {before}, {after} FROM c ORDER BY c.lo",
             [v for c in clusters for v in c] + [run_id, run_id],
         )
-        bounds = [(-1 if lo is None else lo, SEQ_MAX if hi is None else hi) for lo, hi in cursor.fetchall()]
+        bounds = [
+            (-1 if lo is None else lo, SEQ_MAX if hi is None else hi)
+            for lo, hi in cursor.fetchall()
+        ]
     merged: list[tuple[int, int]] = []
     for lo, hi in bounds:
         if merged and lo < merged[-1][1]:
@@ -71,8 +89,12 @@ def batch_ranges(*, run_id: int, seqs: list[int], ranks: int = 1) -> list[tuple[
 def stream_predecessors(*, run_id: int, seq: int, ranks: set[int]) -> list[dict]:
     """Each rank's last stored row at or before seq (what an appended batch's intervals start from),
     in seq order; one indexed lookup per rank, in one query."""
-    parts = [TelemetrySample.objects.filter(run_id=run_id, rank=r, seq__lte=seq).order_by("-seq")
-             .values(*BILL_FIELDS)[:1] for r in sorted(ranks)]
+    parts = [
+        TelemetrySample.objects.filter(run_id=run_id, rank=r, seq__lte=seq)
+        .order_by("-seq")
+        .values(*BILL_FIELDS)[:1]
+        for r in sorted(ranks)
+    ]
     rows = list(parts[0].union(*parts[1:], all=True)) if len(parts) > 1 else list(parts[0])
     return sorted(rows, key=lambda r: r["seq"])
 
@@ -96,7 +118,9 @@ def rows_in_ranges(*, run_id: int, ranges: list[tuple[int, int]]) -> list[list[d
     where = Q()
     for lo, hi in ranges:
         where |= Q(seq__gte=lo, seq__lte=hi)
-    rows = list(TelemetrySample.objects.filter(where, run_id=run_id).order_by("seq").values(*BILL_FIELDS))
+    rows = list(
+        TelemetrySample.objects.filter(where, run_id=run_id).order_by("seq").values(*BILL_FIELDS)
+    )
     out, i = [], 0
     for lo, hi in ranges:  # ranges are sorted and disjoint: one pass splits the rows
         while i < len(rows) and rows[i]["seq"] < lo:

@@ -13,9 +13,20 @@ from apps.telemetry.models import TelemetrySample
 
 # Numeric columns a chart may ask for, with the unit they are in.
 SERIES_UNITS: dict[str, str] = {
-    "util_pct": "%", "mem_used_mb": "MB", "mem_total_mb": "MB", "power_w": "W", "energy_j": "J",
-    "step_time_s": "s", "tokens": "tokens", "tokens_per_s": "tokens/s", "micro_batch": "samples",
-    "loss": "", "overlap_ratio": "ratio", "mfu": "ratio", "sm_clock_mhz": "MHz", "temperature_c": "°C",
+    "util_pct": "%",
+    "mem_used_mb": "MB",
+    "mem_total_mb": "MB",
+    "power_w": "W",
+    "energy_j": "J",
+    "step_time_s": "s",
+    "tokens": "tokens",
+    "tokens_per_s": "tokens/s",
+    "micro_batch": "samples",
+    "loss": "",
+    "overlap_ratio": "ratio",
+    "mfu": "ratio",
+    "sm_clock_mhz": "MHz",
+    "temperature_c": "°C",
     "step": "steps",
 }
 
@@ -27,7 +38,9 @@ class Downsampled:
     budget: int
     series: dict[int, dict[str, list[tuple[datetime, float]]]]
     samples: dict[int, int] = field(default_factory=dict)  # stored samples per run in the window
-    estimated: dict[int, bool] = field(default_factory=dict)  # any power/energy modelled, not measured
+    estimated: dict[int, bool] = field(
+        default_factory=dict
+    )  # any power/energy modelled, not measured
 
 
 def _aware(value) -> datetime:
@@ -36,19 +49,30 @@ def _aware(value) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
-def samples_downsampled(*, run_ids: list[int], fields: list[str], budget: int,
-                        since: datetime | None = None, until: datetime | None = None) -> Downsampled:
+def samples_downsampled(
+    *,
+    run_ids: list[int],
+    fields: list[str],
+    budget: int,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> Downsampled:
     """Min/max per bucket: each run's samples are cut into budget/2 equal-count buckets (by seq) and
     each bucket keeps its lowest and highest value of each field, so peaks survive and a series has
     at most `budget` points. A series that already fits is returned whole. One query for all runs
     and fields, on Postgres and SQLite alike."""
     unknown = [f for f in fields if f not in SERIES_UNITS]
     if unknown:
-        raise ApplicationError(f"fields: '{unknown[0]}' is not a telemetry series; choose from "
-                               f"{', '.join(SERIES_UNITS)}", {"fields": {"fields": [f"unknown: {unknown[0]}"]}},
-                               code="invalid")
+        raise ApplicationError(
+            f"fields: '{unknown[0]}' is not a telemetry series; choose from "
+            f"{', '.join(SERIES_UNITS)}",
+            {"fields": {"fields": [f"unknown: {unknown[0]}"]}},
+            code="invalid",
+        )
     if budget < 2:
-        raise ApplicationError("budget: at least 2 points", {"fields": {"budget": ["at least 2"]}}, code="invalid")
+        raise ApplicationError(
+            "budget: at least 2 points", {"fields": {"budget": ["at least 2"]}}, code="invalid"
+        )
     run_ids = sorted({int(r) for r in run_ids})
     fields = list(dict.fromkeys(fields))
     result = Downsampled(budget=budget, series={r: {f: [] for f in fields} for r in run_ids})
@@ -99,6 +123,15 @@ def telemetry_by_rank(*, run_id: int) -> list[dict]:
     utilisation."""
     from django.db.models import Avg, Count, Max
 
-    return list(TelemetrySample.objects.filter(run_id=run_id).values("rank").annotate(
-        samples=Count("id"), util_pct=Avg("util_pct"), step_time_s=Avg("step_time_s"),
-        mem_used_mb=Max("mem_used_mb"), device=Max("device")).order_by("rank"))
+    return list(
+        TelemetrySample.objects.filter(run_id=run_id)
+        .values("rank")
+        .annotate(
+            samples=Count("id"),
+            util_pct=Avg("util_pct"),
+            step_time_s=Avg("step_time_s"),
+            mem_used_mb=Max("mem_used_mb"),
+            device=Max("device"),
+        )
+        .order_by("rank")
+    )

@@ -47,10 +47,15 @@ class IngestResult:
 @transaction.atomic
 def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) -> IngestResult:
     """Validate and store a batch for a run; idempotent by (run, seq). Nothing partial on error."""
-    run = Run.objects.select_for_update(of=("self",)).select_related("experiment__cost_model", "gpu_sku").get(
-        pk=run_id)
-    if run.kind == Run.Kind.WORKER and attempt is not None and (
-        run.status not in Run.ACTIVE_STATUSES or attempt != run.attempts
+    run = (
+        Run.objects.select_for_update(of=("self",))
+        .select_related("experiment__cost_model", "gpu_sku")
+        .get(pk=run_id)
+    )
+    if (
+        run.kind == Run.Kind.WORKER
+        and attempt is not None
+        and (run.status not in Run.ACTIVE_STATUSES or attempt != run.attempts)
     ):
         # A worker whose lease was swept must not write into the attempt that replaced it, nor
         # into a run whose totals are final. Swept and not yet taken again (queued, same attempt),
@@ -58,8 +63,10 @@ def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) 
         # count.
         raise ApplicationError(
             f"attempt: attempt {attempt} no longer holds run {run.pk} (now {run.status}, "
-                f"attempt {run.attempts})",
-            {"fields": {"attempt": ["stale"]}}, code="stale_attempt", status=409,
+            f"attempt {run.attempts})",
+            {"fields": {"attempt": ["stale"]}},
+            code="stale_attempt",
+            status=409,
         )
     skew = timedelta(seconds=settings.COSTLAB_TELEMETRY_CLOCK_SKEW_S)
     parsed = samples_validate(samples, earliest=run.created_at - skew, latest=timezone.now() + skew)
@@ -68,11 +75,16 @@ def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) 
         return IngestResult(received=0, inserted=0, duplicates=0)
     appended = seqs[0] > run.last_seq
     # Before the insert: the stored rows around the batch bound what it can change.
-    ranges = [(run.last_seq, SEQ_MAX)] if appended else batch_ranges(run_id=run.pk, seqs=seqs,
-                                                                      ranks=run.world_size)
+    ranges = (
+        [(run.last_seq, SEQ_MAX)]
+        if appended
+        else batch_ranges(run_id=run.pk, seqs=seqs, ranks=run.world_size)
+    )
     batch_attempt = attempt or max(run.attempts, 1)
     try:
-        fresh = samples_insert(run_id=run.pk, attempt=batch_attempt, samples=parsed, after_seq=run.last_seq)
+        fresh = samples_insert(
+            run_id=run.pk, attempt=batch_attempt, samples=parsed, after_seq=run.last_seq
+        )
         if fresh:
             if appended and len(fresh) == len(parsed):
                 # An appended batch that went in whole: the rows are in hand, only the stored
@@ -80,21 +92,44 @@ def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) 
                 for sample in parsed:
                     sample["attempt"] = batch_attempt
                 if run.world_size > 1:  # each rank's stream continues from its own last row
-                    before = stream_predecessors(run_id=run.pk, seq=run.last_seq, ranks={s["rank"] for s in parsed})
+                    before = stream_predecessors(
+                        run_id=run.pk, seq=run.last_seq, ranks={s["rank"] for s in parsed}
+                    )
                 else:
-                    before = list(TelemetrySample.objects.filter(run_id=run.pk, seq=run.last_seq).values(*BILL_FIELDS))
+                    before = list(
+                        TelemetrySample.objects.filter(run_id=run.pk, seq=run.last_seq).values(
+                            *BILL_FIELDS
+                        )
+                    )
                 now = [before + sorted(parsed, key=_SEQ)]
                 run_totals_apply(run=run, ranges=ranges, now=now, fresh=None, batch=samples)
             else:
-                run_totals_apply(run=run, ranges=ranges, now=rows_in_ranges(run_id=run.pk, ranges=ranges),
-                                 fresh=set(fresh), batch=samples)
-    except DataError:  # a number Postgres cannot store or compute with (the caller's transaction rolls back)
+                run_totals_apply(
+                    run=run,
+                    ranges=ranges,
+                    now=rows_in_ranges(run_id=run.pk, ranges=ranges),
+                    fresh=set(fresh),
+                    batch=samples,
+                )
+    except (
+        DataError
+    ):  # a number Postgres cannot store or compute with (the caller's transaction rolls back)
         raise out_of_range(samples) from None
-    return IngestResult(received=len(samples), inserted=len(fresh), duplicates=len(samples) - len(fresh))
+    return IngestResult(
+        received=len(samples), inserted=len(fresh), duplicates=len(samples) - len(fresh)
+    )
 
 
-def run_totals_apply(*, run: Run, ranges: list[tuple[int, int]], now: list[list[dict]], fresh: set[int] | None,
-                     batch: list | None = None, recompute: bool = False, pricing_table_id: int | None = None) -> None:
+def run_totals_apply(
+    *,
+    run: Run,
+    ranges: list[tuple[int, int]],
+    now: list[list[dict]],
+    fresh: set[int] | None,
+    batch: list | None = None,
+    recompute: bool = False,
+    pricing_table_id: int | None = None,
+) -> None:
     """Move the run's totals by what the rows `fresh` (just stored) changed in its bill.
 
     `now`: the stored rows of each (lo, hi] range, the row at lo included; each range is
@@ -106,16 +141,27 @@ def run_totals_apply(*, run: Run, ranges: list[tuple[int, int]], now: list[list[
     pinned table, else the tables in force over time. Caller holds the run's row lock.
     """
     cost_model = run.experiment.cost_model
-    schedule = price_schedule(tenant_id=run.tenant_id, gpu_sku_id=run.gpu_sku_id,
-                              pinned_table_id=pricing_table_id or run.experiment.pricing_table_id)
+    schedule = price_schedule(
+        tenant_id=run.tenant_id,
+        gpu_sku_id=run.gpu_sku_id,
+        pinned_table_id=pricing_table_id or run.experiment.pricing_table_id,
+    )
     edges = [b.timestamp() for b in schedule.boundaries]
     # A DDP run's samples come in one stream per rank, each with its own intervals: each stream
     # holds its share of the run's devices, so the streams' sum is the run's whole.
     streams = max(run.world_size, 1)
-    resources = {"gpu_count": run.gpu_count / streams, "vcpus": run.vcpus / streams,
-                 "memory_gb": run.memory_gb / streams}
+    resources = {
+        "gpu_count": run.gpu_count / streams,
+        "vcpus": run.vcpus / streams,
+        "memory_gb": run.memory_gb / streams,
+    }
     modelled = _modelled_power_w(run)
-    usage, cost, estimated, max_step = cost_engine.Usage.zero(), cost_engine.CostBreakdown.zero(), False, 0
+    usage, cost, estimated, max_step = (
+        cost_engine.Usage.zero(),
+        cost_engine.CostBreakdown.zero(),
+        False,
+        0,
+    )
     modelled_intervals = 0
     for (lo, _hi), rows in zip(ranges, now, strict=True):
         added = period_sums(rows, edges=edges, count_after=lo, modelled_power_w=modelled)
@@ -126,12 +172,16 @@ def run_totals_apply(*, run: Run, ranges: list[tuple[int, int]], now: list[list[
         parts = [(1, added)]
         if fresh is not None:
             old = [r for r in rows if r["seq"] not in fresh]
-            parts.append((-1, period_sums(old, edges=edges, count_after=lo, modelled_power_w=modelled)))
+            parts.append(
+                (-1, period_sums(old, edges=edges, count_after=lo, modelled_power_w=modelled))
+            )
             modelled_intervals -= parts[-1][1].modelled
         for sign, sums in parts:
             weights = cost_engine.Weights.from_cost_model(cost_model)
             for period, u in sums.usage(**resources).items():
-                priced = cost_engine.resource_weighted_cost(u, schedule.period_prices(period), weights)
+                priced = cost_engine.resource_weighted_cost(
+                    u, schedule.period_prices(period), weights
+                )
                 usage, cost = (usage + u, cost + priced) if sign > 0 else (usage - u, cost - priced)
 
     if recompute:  # the figures are the bill, not a change to it
@@ -153,20 +203,33 @@ def run_totals_apply(*, run: Run, ranges: list[tuple[int, int]], now: list[list[
     if cost_model.kind == CostModel.Kind.TIERED_PER_CALL:
         # Tiers apply to the run's cumulative units: priced from zero, whatever order they came in.
         breakdown["units"] = breakdown.get("units", 0) + (
-            usage.steps if cost_model.unit == CostModel.Unit.STEP else usage.tokens)
+            usage.steps if cost_model.unit == CostModel.Unit.STEP else usage.tokens
+        )
         breakdown["tiered_usd"] = cost_engine.tiered_cost(0, breakdown["units"], cost_model.tiers)
         bill = breakdown["tiered_usd"]
     else:
         bill = breakdown["total_usd"]
     last = max([run.last_seq, *(rows[-1]["seq"] for rows in now if rows)])
-    run.priced_seq = last if recompute else _settled_seq(run, last=last, rows=now[0] if fresh is None else None)
+    run.priced_seq = (
+        last if recompute else _settled_seq(run, last=last, rows=now[0] if fresh is None else None)
+    )
     run.last_seq = last
     run.cost_breakdown = breakdown
     run.cost_usd = Decimal(str(round(bill, 6)))
-    run.save(update_fields=[
-        "priced_seq", "last_seq", "steps", "tokens", "device_seconds", "energy_j", "energy_estimated",
-        "cost_breakdown", "cost_usd", "updated_at",
-    ])
+    run.save(
+        update_fields=[
+            "priced_seq",
+            "last_seq",
+            "steps",
+            "tokens",
+            "device_seconds",
+            "energy_j",
+            "energy_estimated",
+            "cost_breakdown",
+            "cost_usd",
+            "updated_at",
+        ]
+    )
 
 
 def _settled_seq(run: Run, *, last: int, rows: list[dict] | None) -> int:
@@ -177,8 +240,12 @@ def _settled_seq(run: Run, *, last: int, rows: list[dict] | None) -> int:
     it fills, for GAP_PATIENCE_SAMPLES (a sample lost for good), or until the run ends.
     `rows`: an appended batch with its stored predecessor, when that is what landed.
     """
-    if rows and run.priced_seq == run.last_seq and rows[-1]["seq"] - rows[0]["seq"] + 1 == len(rows) \
-            and rows[0]["seq"] == max(run.last_seq, 0):
+    if (
+        rows
+        and run.priced_seq == run.last_seq
+        and rows[-1]["seq"] - rows[0]["seq"] + 1 == len(rows)
+        and rows[0]["seq"] == max(run.last_seq, 0)
+    ):
         return last  # a batch continuing a gap-free run, with no hole of its own: no query
     end = contiguous_end(run_id=run.pk, after_seq=run.priced_seq)
     settled = run.priced_seq if end is None else end
@@ -187,14 +254,26 @@ def _settled_seq(run: Run, *, last: int, rows: list[dict] | None) -> int:
 
 def run_totals_recompute(*, run: Run, pricing_table_id: int | None = None) -> None:
     """The run's totals from all its stored samples (at finish: whatever arrived late is in)."""
-    rows = list(TelemetrySample.objects.filter(run_id=run.pk).order_by("seq").values(*BILL_FIELDS).iterator(
-        chunk_size=10_000))
-    run_totals_apply(run=run, ranges=[(-1, SEQ_MAX)], now=[rows], fresh=None, recompute=True,
-                     pricing_table_id=pricing_table_id)
+    rows = list(
+        TelemetrySample.objects.filter(run_id=run.pk)
+        .order_by("seq")
+        .values(*BILL_FIELDS)
+        .iterator(chunk_size=10_000)
+    )
+    run_totals_apply(
+        run=run,
+        ranges=[(-1, SEQ_MAX)],
+        now=[rows],
+        fresh=None,
+        recompute=True,
+        pricing_table_id=pricing_table_id,
+    )
 
 
 @transaction.atomic
-def run_reprice(*, run_id: int, actor, reason: str, pricing_table: PricingTable | None = None) -> RunRepricing:
+def run_reprice(
+    *, run_id: int, actor, reason: str, pricing_table: PricingTable | None = None
+) -> RunRepricing:
     """Re-price a finished run, audited: at one table (all of it), or again at the tables in force
     when it ran.
 
@@ -202,20 +281,38 @@ def run_reprice(*, run_id: int, actor, reason: str, pricing_table: PricingTable 
     list, a correction). The run's moved cost reaches attribution at its next window.
     """
     if not reason.strip():
-        raise ApplicationError("reason: say why the run is re-priced (kept for audit)",
-                               {"fields": {"reason": ["required"]}}, code="invalid")
-    run = Run.objects.select_for_update(of=("self",)).select_related("experiment__cost_model", "gpu_sku").get(
-        pk=run_id)
+        raise ApplicationError(
+            "reason: say why the run is re-priced (kept for audit)",
+            {"fields": {"reason": ["required"]}},
+            code="invalid",
+        )
+    run = (
+        Run.objects.select_for_update(of=("self",))
+        .select_related("experiment__cost_model", "gpu_sku")
+        .get(pk=run_id)
+    )
     if run.status in Run.ACTIVE_STATUSES:
-        raise ApplicationError(f"status: run {run.pk} is {run.status}; only a finished run is re-priced",
-                               code="run_active", status=409)
+        raise ApplicationError(
+            f"status: run {run.pk} is {run.status}; only a finished run is re-priced",
+            code="run_active",
+            status=409,
+        )
     if pricing_table is not None and pricing_table.tenant_id != run.tenant_id:
-        raise ApplicationError("pricing_table: not a table of the run's tenant",
-                               {"fields": {"pricing_table": ["other tenant"]}}, code="invalid")
+        raise ApplicationError(
+            "pricing_table: not a table of the run's tenant",
+            {"fields": {"pricing_table": ["other tenant"]}},
+            code="invalid",
+        )
     before = run.cost_usd
     run_totals_recompute(run=run, pricing_table_id=pricing_table.pk if pricing_table else None)
-    return RunRepricing.objects.create(run=run, actor=actor, reason=reason[:4000], pricing_table=pricing_table,
-                                       cost_before_usd=before, cost_after_usd=run.cost_usd)
+    return RunRepricing.objects.create(
+        run=run,
+        actor=actor,
+        reason=reason[:4000],
+        pricing_table=pricing_table,
+        cost_before_usd=before,
+        cost_after_usd=run.cost_usd,
+    )
 
 
 def _modelled_power_w(run: Run) -> float:
@@ -229,8 +326,14 @@ def _modelled_power_w(run: Run) -> float:
 def _refuse_backwards(seq: int, fresh: set[int], batch: list) -> None:
     """Name the batch's sample to blame: the one at `seq`, or the new one just before it."""
     mine = fresh or {s.get("seq") for s in batch if isinstance(s, dict)}
-    culprit = seq if seq in mine else max((s for s in mine if isinstance(s, int) and s < seq), default=seq)
-    index = next((i for i, s in enumerate(batch) if isinstance(s, dict) and s.get("seq") == culprit), 0)
+    culprit = (
+        seq
+        if seq in mine
+        else max((s for s in mine if isinstance(s, int) and s < seq), default=seq)
+    )
+    index = next(
+        (i for i, s in enumerate(batch) if isinstance(s, dict) and s.get("seq") == culprit), 0
+    )
     where = f"samples[{index}].ts"
     reason = (
         f"goes backwards against seq (seq {culprit} is timed before a sample with a lower "

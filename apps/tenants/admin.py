@@ -11,7 +11,13 @@ class MembershipInline(admin.TabularInline):
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ["name", "slug", "max_concurrent_runs", "gpu_memory_fraction", "monthly_budget_usd"]
+    list_display = [
+        "name",
+        "slug",
+        "max_concurrent_runs",
+        "gpu_memory_fraction",
+        "monthly_budget_usd",
+    ]
     search_fields = ["name", "slug"]
     prepopulated_fields = {"slug": ["name"]}
     inlines = [MembershipInline]

@@ -40,7 +40,9 @@ class Tenant(TimeStampedModel):
                 condition=Q(gpu_memory_fraction__gt=0) & Q(gpu_memory_fraction__lte=1),
                 name="tenant_gpu_memory_fraction_range",
             ),
-            models.CheckConstraint(condition=Q(monthly_budget_usd__gte=0), name="tenant_budget_non_negative"),
+            models.CheckConstraint(
+                condition=Q(monthly_budget_usd__gte=0), name="tenant_budget_non_negative"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -52,12 +54,16 @@ class Membership(TimeStampedModel):
         MEMBER = "member", "Member"
         ADMIN = "admin", "Admin"
 
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships"
+    )
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.MEMBER)
 
     class Meta:
-        constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="membership_unique_user_tenant")]
+        constraints = [
+            models.UniqueConstraint(fields=["user", "tenant"], name="membership_unique_user_tenant")
+        ]
 
     def __str__(self) -> str:
         return f"{self.user} @ {self.tenant} ({self.role})"

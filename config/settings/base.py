@@ -120,7 +120,9 @@ DATABASES["default"]["ATOMIC_REQUESTS"] = False
 DATABASES["default"]["CONN_MAX_AGE"] = env.int("DJANGO_CONN_MAX_AGE", default=60)
 if DATABASES["default"]["ENGINE"].startswith("django.db.backends.postgresql"):
     # An unreachable host fails in seconds (503), not after the kernel's TCP timeout.
-    DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = env.int("DJANGO_DB_CONNECT_TIMEOUT", default=5)
+    DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = env.int(
+        "DJANGO_DB_CONNECT_TIMEOUT", default=5
+    )
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # Web, worker and beat share the file: wait for locks instead of failing.
     DATABASES["default"]["OPTIONS"] = {"timeout": 20, "transaction_mode": "IMMEDIATE"}
@@ -228,16 +230,36 @@ COSTLAB_SERIES_ROLLUP_S = env.float("COSTLAB_SERIES_ROLLUP_S", default=5.0)
 # Its DatabaseScheduler reads `expire_seconds` (whole seconds) and ignores `expires`: a message
 # not consumed by then is discarded, so stale ticks never pile up behind a busy worker.
 CELERY_BEAT_SCHEDULE = {
-    "sweep-lost-runs": {"task": TaskName.RUNS_SWEEP_LOST, "schedule": 15.0, "options": {"expire_seconds": 14}},
-    "reconcile-queued-runs": {"task": TaskName.RUNS_RECONCILE_QUEUED, "schedule": COSTLAB_RUN_RECONCILE_S,
-                              "options": {"expire_seconds": max(1, int(COSTLAB_RUN_RECONCILE_S * 0.9))}},
-    "attribution-tick": {"task": TaskName.ATTRIBUTION_TICK, "schedule": COSTLAB_ATTRIBUTION_TICK_S,
-                         "options": {"expire_seconds": max(1, int(COSTLAB_ATTRIBUTION_TICK_S * 0.9))}},
-    "alerts-requeue-stale": {"task": TaskName.ALERTS_REQUEUE_STALE, "schedule": 60.0,
-                             "options": {"expire_seconds": 55}},
-    "reconcile-probes": {"task": TaskName.PROBES_RECONCILE, "schedule": 30.0, "options": {"expire_seconds": 28}},
-    "roll-up-series": {"task": TaskName.SERIES_BLOCKS_ROLL, "schedule": COSTLAB_SERIES_ROLLUP_S,
-                       "options": {"expire_seconds": max(1, int(COSTLAB_SERIES_ROLLUP_S * 0.9))}},
+    "sweep-lost-runs": {
+        "task": TaskName.RUNS_SWEEP_LOST,
+        "schedule": 15.0,
+        "options": {"expire_seconds": 14},
+    },
+    "reconcile-queued-runs": {
+        "task": TaskName.RUNS_RECONCILE_QUEUED,
+        "schedule": COSTLAB_RUN_RECONCILE_S,
+        "options": {"expire_seconds": max(1, int(COSTLAB_RUN_RECONCILE_S * 0.9))},
+    },
+    "attribution-tick": {
+        "task": TaskName.ATTRIBUTION_TICK,
+        "schedule": COSTLAB_ATTRIBUTION_TICK_S,
+        "options": {"expire_seconds": max(1, int(COSTLAB_ATTRIBUTION_TICK_S * 0.9))},
+    },
+    "alerts-requeue-stale": {
+        "task": TaskName.ALERTS_REQUEUE_STALE,
+        "schedule": 60.0,
+        "options": {"expire_seconds": 55},
+    },
+    "reconcile-probes": {
+        "task": TaskName.PROBES_RECONCILE,
+        "schedule": 30.0,
+        "options": {"expire_seconds": 28},
+    },
+    "roll-up-series": {
+        "task": TaskName.SERIES_BLOCKS_ROLL,
+        "schedule": COSTLAB_SERIES_ROLLUP_S,
+        "options": {"expire_seconds": max(1, int(COSTLAB_SERIES_ROLLUP_S * 0.9))},
+    },
 }
 # A sweep's running probe whose worker has not renewed it this long is lost (infeasible); the first
 # renewal comes with the first step, so this also bounds model building. Queued probes not taken
@@ -280,7 +302,9 @@ COSTLAB_CS_MIN_RUNS = env.int("COSTLAB_CS_MIN_RUNS", default=10)
 # Leave outlier runs (device time per token beyond 3 x MAD from their arm's median) out of the
 # statistics; each exclusion is recorded in the window's snapshot evidence (`excluded_runs`). Off:
 # all count.
-COSTLAB_ATTRIBUTION_EXCLUDE_OUTLIERS = env.bool("COSTLAB_ATTRIBUTION_EXCLUDE_OUTLIERS", default=False)
+COSTLAB_ATTRIBUTION_EXCLUDE_OUTLIERS = env.bool(
+    "COSTLAB_ATTRIBUTION_EXCLUDE_OUTLIERS", default=False
+)
 # Dynamic weights: each active arm keeps at least this share of traffic; no share moves more per
 # tick.
 COSTLAB_WEIGHT_MIN_SHARE = env.float("COSTLAB_WEIGHT_MIN_SHARE", default=0.05)
@@ -306,7 +330,10 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_SCHEMA_CLASS": "apps.api.schema.ApiAutoSchema",
     "DEFAULT_PAGINATION_CLASS": "apps.api.pagination.ApiPagination",
-    "DEFAULT_THROTTLE_CLASSES": ["apps.api.throttles.ClientRateThrottle", "apps.api.throttles.AnonRateThrottle"],
+    "DEFAULT_THROTTLE_CLASSES": [
+        "apps.api.throttles.ClientRateThrottle",
+        "apps.api.throttles.AnonRateThrottle",
+    ],
     "DEFAULT_PARSER_CLASSES": ["apps.api.parsers.SafeJSONParser"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "UNAUTHENTICATED_TOKEN": None,
@@ -317,10 +344,10 @@ REST_FRAMEWORK = {
 SPECTACULAR_SETTINGS = {
     "TITLE": "costlab API",
     "DESCRIPTION": "Experiments over training strategies, their runs, "
-        "telemetry and cost. Authenticate with "
-        "a "
+    "telemetry and cost. Authenticate with "
+    "a "
     "tenant's API token (`Authorization: Bearer <token>`) or a dashboard session. Every "
-        "error answers "
+    "error answers "
     '`{"error": {"message", "code", "fields"?}}`.',
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
@@ -347,7 +374,9 @@ COSTLAB_API_PAGE_SIZE = env.int("COSTLAB_API_PAGE_SIZE", default=50)
 COSTLAB_API_MAX_PAGE_SIZE = env.int("COSTLAB_API_MAX_PAGE_SIZE", default=200)
 # Request bodies over these answer 413 before they are read; JSON deeper than this answers 400.
 COSTLAB_API_MAX_BODY_BYTES = env.int("COSTLAB_API_MAX_BODY_BYTES", default=256 * 1024)
-COSTLAB_API_MAX_INGEST_BODY_BYTES = env.int("COSTLAB_API_MAX_INGEST_BODY_BYTES", default=8 * 1024 * 1024)
+COSTLAB_API_MAX_INGEST_BODY_BYTES = env.int(
+    "COSTLAB_API_MAX_INGEST_BODY_BYTES", default=8 * 1024 * 1024
+)
 # ApiGuardMiddleware caps each endpoint first; Django's own cap must not undercut the largest.
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(COSTLAB_API_MAX_INGEST_BODY_BYTES, COSTLAB_API_MAX_BODY_BYTES)
 # Telemetry timestamps are taken between the run's creation and now, give or take this clock skew.
@@ -357,10 +386,18 @@ COSTLAB_API_MAX_JSON_DEPTH = 32
 COSTLAB_API_TELEMETRY_BUDGET = 500
 COSTLAB_API_TELEMETRY_MAX_BUDGET = 5000
 COSTLAB_API_THROTTLE_RATES = {
-    "client": env("COSTLAB_API_THROTTLE_RATE", default="1200/min"),  # per token, or per signed-in user
-    "ingest": env("COSTLAB_API_INGEST_THROTTLE_RATE", default="6000/min"),  # telemetry batches, per token
-    "anon": env("COSTLAB_API_ANON_THROTTLE_RATE", default="60/min"),  # per address: open endpoints (schema)
-    "auth_failures": env("COSTLAB_API_AUTH_FAILURE_RATE", default="30/min"),  # per address: bad tokens
+    "client": env(
+        "COSTLAB_API_THROTTLE_RATE", default="1200/min"
+    ),  # per token, or per signed-in user
+    "ingest": env(
+        "COSTLAB_API_INGEST_THROTTLE_RATE", default="6000/min"
+    ),  # telemetry batches, per token
+    "anon": env(
+        "COSTLAB_API_ANON_THROTTLE_RATE", default="60/min"
+    ),  # per address: open endpoints (schema)
+    "auth_failures": env(
+        "COSTLAB_API_AUTH_FAILURE_RATE", default="30/min"
+    ),  # per address: bad tokens
 }
 # Throttle counters are shared by every web process through Redis when there is one.
 # Redis down: requests are still served, counted per process in the fallback (logged).
@@ -369,10 +406,18 @@ COSTLAB_API_THROTTLE_FALLBACK_CACHE = "default"
 CACHES = {
     "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
     COSTLAB_API_THROTTLE_CACHE: (
-        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL, "KEY_PREFIX": "costlab",
-         # A Redis that hangs must not hang the request: fail fast, fall back.
-         "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5}}
-        if REDIS_URL else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "api-throttle"}
+        {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": "costlab",
+            # A Redis that hangs must not hang the request: fail fast, fall back.
+            "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5},
+        }
+        if REDIS_URL
+        else {
+            "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+            "LOCATION": "api-throttle",
+        }
     ),
 }
 
@@ -394,5 +439,7 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env("DJANGO_LOG_LEVEL", default="INFO")},
 }
 
-EMAIL_BACKEND = env("DJANGO_EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
+EMAIL_BACKEND = env(
+    "DJANGO_EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend"
+)
 DEFAULT_FROM_EMAIL = env("DJANGO_DEFAULT_FROM_EMAIL", default="costlab@localhost")

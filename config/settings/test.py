@@ -36,14 +36,20 @@ for _var, _default in (("DATABASE_URL", POSTGRES_DEFAULT), ("REDIS_URL", REDIS_D
     if _var in os.environ:
         if not _reachable(os.environ[_var], DEFAULT_PORTS[_var]):
             _host, _port = _address(os.environ[_var], DEFAULT_PORTS[_var])
-            COSTLAB_TEST_UNREACHABLE.append(f"{_var} is set ({_host}:{_port}) but nothing answers there")
+            COSTLAB_TEST_UNREACHABLE.append(
+                f"{_var} is set ({_host}:{_port}) but nothing answers there"
+            )
             del os.environ[_var]
     elif _reachable(_default, DEFAULT_PORTS[_var]):
         os.environ[_var] = _default
 if "REDIS_URL" not in os.environ:
-    os.environ["COSTLAB_EMBEDDED_REDIS"] = "false"  # nobody starts one for tests: an in-process broker
+    os.environ["COSTLAB_EMBEDDED_REDIS"] = (
+        "false"  # nobody starts one for tests: an in-process broker
+    )
 # Exported, so the worker and stack processes that tests start share it.
-os.environ.setdefault("COSTLAB_VAR_DIR", str(Path(__file__).resolve().parent.parent.parent / "var" / "test"))
+os.environ.setdefault(
+    "COSTLAB_VAR_DIR", str(Path(__file__).resolve().parent.parent.parent / "var" / "test")
+)
 
 from .base import *  # noqa: E402,F403
 from .base import DATABASES, STORAGES, env  # noqa: E402
@@ -58,4 +64,7 @@ DATABASES["default"]["CONN_MAX_AGE"] = 0
 # serves them through Django's finders. tests/config/test_static_files.py checks what is served for
 # real: collectstatic's hashed, gzipped files with far-future cache headers.
 WHITENOISE_USE_FINDERS = True
-STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"}}
+STORAGES = {
+    **STORAGES,
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from gpu_runtime.kernels.rmsnorm_qkv import fused_rmsnorm_qkv, rmsnorm_qkv_reference, triton_available
+from gpu_runtime.kernels.rmsnorm_qkv import (
+    fused_rmsnorm_qkv,
+    rmsnorm_qkv_reference,
+    triton_available,
+)
 
 __all__ = ["fused_rmsnorm_qkv", "maybe_compile", "rmsnorm_qkv_reference", "triton_available"]
 

@@ -28,7 +28,11 @@ def triton_available() -> bool:
 
 
 def rmsnorm_qkv_reference(
-    x: torch.Tensor, norm_weight: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor,
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    wq: torch.Tensor,
+    wk: torch.Tensor,
+    wv: torch.Tensor,
     eps: float = 1e-6,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Unfused: RMSNorm in fp32, back to x's dtype, times the norm weight,
@@ -85,8 +89,14 @@ class _FusedRmsNormQkv(torch.autograd.Function):
 
 
 def fused_rmsnorm_qkv(
-    x: torch.Tensor, norm_weight: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor, wv: torch.Tensor,
-    eps: float = 1e-6, *, backend: str = "auto",
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    wq: torch.Tensor,
+    wk: torch.Tensor,
+    wv: torch.Tensor,
+    eps: float = 1e-6,
+    *,
+    backend: str = "auto",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q, k, v = projections of RMSNorm(x); x is [..., hidden], each W is [out, hidden].
 
@@ -95,16 +105,21 @@ def fused_rmsnorm_qkv(
     function (the autograd.Function with its PyTorch forward), reference.
     """
     if backend not in BACKENDS:
-        raise ValueError(f"kernels.fused_rmsnorm_qkv: unknown backend {backend!r}; one of {BACKENDS}")
+        raise ValueError(
+            f"kernels.fused_rmsnorm_qkv: unknown backend {backend!r}; one of {BACKENDS}"
+        )
     device_type = x.device.type
-    dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
+    dtype = (
+        torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else x.dtype
+    )
     if backend == "auto":
         backend = "triton" if x.is_cuda and triton_available() else "reference"
     if backend == "reference":
         with torch.autocast(device_type, enabled=False):
             return rmsnorm_qkv_reference(*(t.to(dtype) for t in (x, norm_weight, wq, wk, wv)), eps)
     lead = x.shape[:-1]
-    x2d, g, q_w, k_w, v_w = (t.to(dtype).contiguous() for t in (x.reshape(-1, x.shape[-1]),
-                                                              norm_weight, wq, wk, wv))
+    x2d, g, q_w, k_w, v_w = (
+        t.to(dtype).contiguous() for t in (x.reshape(-1, x.shape[-1]), norm_weight, wq, wk, wv)
+    )
     q, k, v = _FusedRmsNormQkv.apply(x2d, g, q_w, k_w, v_w, eps, backend == "triton")
     return q.view(*lead, -1), k.view(*lead, -1), v.view(*lead, -1)

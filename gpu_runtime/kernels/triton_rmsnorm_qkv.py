@@ -15,10 +15,23 @@ import triton.language as tl
 
 @triton.jit
 def _rmsnorm_matmul_kernel(
-    x_ptr, g_ptr, w_ptr, out_ptr, rstd_ptr,
-    M, N, K, stride_xm, stride_wn, stride_om, eps,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    IEEE_FP32: tl.constexpr, WRITE_RSTD: tl.constexpr,
+    x_ptr,
+    g_ptr,
+    w_ptr,
+    out_ptr,
+    rstd_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    eps,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    IEEE_FP32: tl.constexpr,
+    WRITE_RSTD: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -28,14 +41,20 @@ def _rmsnorm_matmul_kernel(
     sumsq = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :],
-                    mask=(rows[:, None] < M) & (ks[None, :] < K), other=0.0)
+        x = tl.load(
+            x_ptr + rows[:, None] * stride_xm + ks[None, :],
+            mask=(rows[:, None] < M) & (ks[None, :] < K),
+            other=0.0,
+        )
         g = tl.load(g_ptr + ks, mask=ks < K, other=0.0)
         xf = x.to(tl.float32)
         sumsq += tl.sum(xf * xf, axis=1)
         xg = (xf * g.to(tl.float32)[None, :]).to(x.dtype)
-        w = tl.load(w_ptr + cols[None, :] * stride_wn + ks[:, None],
-                    mask=(cols[None, :] < N) & (ks[:, None] < K), other=0.0)
+        w = tl.load(
+            w_ptr + cols[None, :] * stride_wn + ks[:, None],
+            mask=(cols[None, :] < N) & (ks[:, None] < K),
+            other=0.0,
+        )
         if IEEE_FP32:
             # TF32 would cost ~1e-3 relative error; the fp32 contract is 1e-4.
             acc += tl.dot(xg, w, input_precision="ieee")
@@ -43,8 +62,11 @@ def _rmsnorm_matmul_kernel(
             acc += tl.dot(xg, w)
     rstd = 1.0 / tl.sqrt(sumsq / K + eps)
     out = acc * rstd[:, None]
-    tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=(rows[:, None] < M) & (cols[None, :] < N))
+    tl.store(
+        out_ptr + rows[:, None] * stride_om + cols[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=(rows[:, None] < M) & (cols[None, :] < N),
+    )
     if WRITE_RSTD:
         if pid_n == 0:
             tl.store(rstd_ptr + rows, rstd, mask=rows < M)
@@ -65,11 +87,25 @@ def rmsnorm_qkv_forward(
         out = torch.empty((m, n), device=x2d.device, dtype=x2d.dtype)
         grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
         _rmsnorm_matmul_kernel[grid](
-            x2d, norm_weight, w, out, rstd,
-            m, n, k, x2d.stride(0), w.stride(0), out.stride(0), eps,
-            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-            IEEE_FP32=fp32, WRITE_RSTD=index == 0,
-            num_warps=4 if fp32 else 8, num_stages=3,
+            x2d,
+            norm_weight,
+            w,
+            out,
+            rstd,
+            m,
+            n,
+            k,
+            x2d.stride(0),
+            w.stride(0),
+            out.stride(0),
+            eps,
+            BLOCK_M=block_m,
+            BLOCK_N=block_n,
+            BLOCK_K=block_k,
+            IEEE_FP32=fp32,
+            WRITE_RSTD=index == 0,
+            num_warps=4 if fp32 else 8,
+            num_stages=3,
         )
         outputs.append(out)
     return (*outputs, rstd)

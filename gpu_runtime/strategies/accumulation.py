@@ -149,7 +149,9 @@ class NoiseScaleEstimator:
 
     def observe(self, stats: GradientStats) -> bool:
         b_big = stats.big_size
-        b_small = len(stats.small_sizes) / sum(1 / b for b in stats.small_sizes)  # E|g_i|^2 uses mean(1/b_i)
+        b_small = len(stats.small_sizes) / sum(
+            1 / b for b in stats.small_sizes
+        )  # E|g_i|^2 uses mean(1/b_i)
         if b_small >= b_big or not stats.finite:
             return False  # one micro-batch a step: nothing to difference
         small = sum(stats.small_sq_norms) / len(stats.small_sq_norms)

@@ -88,8 +88,9 @@ class MemoryModel:
             return self.baseline_bytes + self._worst[sizes[0]] / sizes[0] * micro_batch
         mean_m = sum(sizes) / len(sizes)
         mean_e = sum(self._worst.values()) / len(sizes)
-        slope = (sum((m - mean_m) * (self._worst[m] - mean_e) for m in sizes)
-                 / sum((m - mean_m) ** 2 for m in sizes))
+        slope = sum((m - mean_m) * (self._worst[m] - mean_e) for m in sizes) / sum(
+            (m - mean_m) ** 2 for m in sizes
+        )
         slope = max(slope, 0.0)
         return self.baseline_bytes + mean_e + slope * (micro_batch - mean_m)
 
@@ -110,26 +111,49 @@ class BatchScaler:
     global batch too."""
 
     def __init__(
-        self, *, global_batch: int, min_micro_batch: int, max_micro_batch: int, stability_window: int,
-        policy: str = "noise_scale", initial_micro_batch: int | None = None,
-        memory_capacity_bytes: int | None = None, memory_headroom: float = 0.9,
-        probe_steps: int = 4, min_speedup: float = 0.03,
-        adaptive_global_batch: bool = False, min_global_batch: int | None = None, lr_scaling: str = "sqrt",
-        ema_decay: float = 0.9, variance_window: int = 10, variance_threshold: float = 0.1,
-        variance_width: float = 0.1, max_floor_retries: int = 2,
+        self,
+        *,
+        global_batch: int,
+        min_micro_batch: int,
+        max_micro_batch: int,
+        stability_window: int,
+        policy: str = "noise_scale",
+        initial_micro_batch: int | None = None,
+        memory_capacity_bytes: int | None = None,
+        memory_headroom: float = 0.9,
+        probe_steps: int = 4,
+        min_speedup: float = 0.03,
+        adaptive_global_batch: bool = False,
+        min_global_batch: int | None = None,
+        lr_scaling: str = "sqrt",
+        ema_decay: float = 0.9,
+        variance_window: int = 10,
+        variance_threshold: float = 0.1,
+        variance_width: float = 0.1,
+        max_floor_retries: int = 2,
     ):
         if policy not in POLICIES:
             raise ValueError(f"{_KEY}.policy: {policy!r} is not one of {', '.join(POLICIES)}")
         if lr_scaling not in LR_SCALINGS:
-            raise ValueError(f"{_KEY}.lr_scaling: {lr_scaling!r} is not one of {', '.join(LR_SCALINGS)}")
+            raise ValueError(
+                f"{_KEY}.lr_scaling: {lr_scaling!r} is not one of {', '.join(LR_SCALINGS)}"
+            )
         if probe_steps < 1:
             raise ValueError(f"{_KEY}.probe_steps must be >= 1, got {probe_steps}")
-        self.base_global_batch = global_batch  # train.global_batch: the LR's reference and the upper bound
+        self.base_global_batch = (
+            global_batch  # train.global_batch: the LR's reference and the upper bound
+        )
         self.adaptive = adaptive_global_batch
-        floor = max(min_micro_batch, global_batch // 8) if min_global_batch is None else min_global_batch
+        floor = (
+            max(min_micro_batch, global_batch // 8)
+            if min_global_batch is None
+            else min_global_batch
+        )
         if self.adaptive and not min_micro_batch <= floor <= global_batch:
-            raise ValueError(f"{_KEY}.min_global_batch ({floor}) must lie in [min_micro_batch "
-                             f"({min_micro_batch}), train.global_batch ({global_batch})]")
+            raise ValueError(
+                f"{_KEY}.min_global_batch ({floor}) must lie in [min_micro_batch "
+                f"({min_micro_batch}), train.global_batch ({global_batch})]"
+            )
         self.min_global_batch = floor if self.adaptive else global_batch
         self.global_batch = self.min_global_batch
         self.lr_scaling = lr_scaling
@@ -146,39 +170,57 @@ class BatchScaler:
         self.memory = MemoryModel()
         self.noise = NoiseScaleEstimator(ema_decay=ema_decay)
         self._norms: deque[float] = deque(maxlen=variance_window)
-        self._oom_limit: int | None = None  # the largest micro-batch below one that ran out of memory
+        self._oom_limit: int | None = (
+            None  # the largest micro-batch below one that ran out of memory
+        )
         self._floor_failures = 0
         start = min_micro_batch if initial_micro_batch is None else initial_micro_batch
         self.micro_batch = min(max(start, min_micro_batch), self.max_micro_batch)
         self.step = 0
         self._last_change = 0  # step of the last global-batch change
-        self._seconds: dict[int, list[float]] = {}  # micro-batch -> seconds per sample of its timed steps
+        self._seconds: dict[
+            int, list[float]
+        ] = {}  # micro-batch -> seconds per sample of its timed steps
         self._warm = False  # the current size has run one (untimed) warm-up step
         self._probing = True
         self._smaller: int | None = None  # the size probed just before the current, larger one
         self.events: list[ScalerEvent] = []
 
-    def _check_bounds(self, min_micro_batch: int, max_micro_batch: int, stability_window: int) -> None:
+    def _check_bounds(
+        self, min_micro_batch: int, max_micro_batch: int, stability_window: int
+    ) -> None:
         if not 1 <= min_micro_batch <= max_micro_batch:
-            raise ValueError(f"{_KEY}: need 1 <= min_micro_batch ({min_micro_batch}) "
-                             f"<= max_micro_batch ({max_micro_batch})")
+            raise ValueError(
+                f"{_KEY}: need 1 <= min_micro_batch ({min_micro_batch}) "
+                f"<= max_micro_batch ({max_micro_batch})"
+            )
         if min_micro_batch > self.min_global_batch:
-            raise ValueError(f"{_KEY}.min_micro_batch ({min_micro_batch}) exceeds the global batch "
-                             f"({self.min_global_batch}): the micro-batch cannot be larger than the batch")
+            raise ValueError(
+                f"{_KEY}.min_micro_batch ({min_micro_batch}) exceeds the global batch "
+                f"({self.min_global_batch}): the micro-batch cannot be larger than the batch"
+            )
         if stability_window < 1:
             raise ValueError(f"{_KEY}.stability_window must be >= 1, got {stability_window}")
 
     @property
     def max_micro_batch(self) -> int:
         usable = min(self._max_requested, self.global_batch)  # more would change the global batch
-        if self.adaptive and self.policy == "noise_scale" and self.global_batch >= 2 * self.min_micro_batch:
+        if (
+            self.adaptive
+            and self.policy == "noise_scale"
+            and self.global_batch >= 2 * self.min_micro_batch
+        ):
             # the estimate differences micro-batch and step gradients: keep two micro-batches a step
             usable = min(usable, self.global_batch // 2)
         return usable
 
     @property
     def _ceiling(self) -> int:
-        return self.max_micro_batch if self._oom_limit is None else min(self.max_micro_batch, self._oom_limit)
+        return (
+            self.max_micro_batch
+            if self._oom_limit is None
+            else min(self.max_micro_batch, self._oom_limit)
+        )
 
     @property
     def lr_scale(self) -> float:
@@ -187,7 +229,9 @@ class BatchScaler:
         ratio = self.global_batch / self.base_global_batch
         return ratio if self.lr_scaling == "linear" else math.sqrt(ratio)
 
-    def reconfigure(self, *, min_micro_batch: int, max_micro_batch: int, stability_window: int) -> AccumulationPlan:
+    def reconfigure(
+        self, *, min_micro_batch: int, max_micro_batch: int, stability_window: int
+    ) -> AccumulationPlan:
         """New bounds and window (a live update), applied now: a step boundary.
 
         A micro-batch outside the new bounds is clamped into them at once (event
@@ -199,7 +243,11 @@ class BatchScaler:
         self.stability_window = stability_window
         clamped = min(max(self.micro_batch, self.min_micro_batch), self.max_micro_batch)
         if clamped != self.micro_batch:
-            self._change("bounds", clamped, {"min_micro_batch": min_micro_batch, "max_micro_batch": max_micro_batch})
+            self._change(
+                "bounds",
+                clamped,
+                {"min_micro_batch": min_micro_batch, "max_micro_batch": max_micro_batch},
+            )
         self._probing, self._smaller = True, None
         return self.plan
 
@@ -217,19 +265,30 @@ class BatchScaler:
         return var / mean**2 if mean > 0 else 0.0
 
     def update(
-        self, stats: GradientStats | None = None, *, peak_memory_bytes: int | None = None,
-        baseline_memory_bytes: int | None = None, step_seconds: float | None = None,
+        self,
+        stats: GradientStats | None = None,
+        *,
+        peak_memory_bytes: int | None = None,
+        baseline_memory_bytes: int | None = None,
+        step_seconds: float | None = None,
     ) -> AccumulationPlan:
         """Record a finished optimizer step (its compute time, memory peak, gradient stats); plan
         the next."""
         self.step += 1
         self._floor_failures = 0
         if peak_memory_bytes is not None:
-            self.memory.record(micro_batch=self.micro_batch, peak_bytes=peak_memory_bytes,
-                               baseline_bytes=baseline_memory_bytes or 0)
+            self.memory.record(
+                micro_batch=self.micro_batch,
+                peak_bytes=peak_memory_bytes,
+                baseline_bytes=baseline_memory_bytes or 0,
+            )
         if step_seconds is not None:
-            if self._warm:  # the first step at a size pays for new shapes and allocations: not timed
-                self._seconds.setdefault(self.micro_batch, []).append(step_seconds / self.global_batch)
+            if (
+                self._warm
+            ):  # the first step at a size pays for new shapes and allocations: not timed
+                self._seconds.setdefault(self.micro_batch, []).append(
+                    step_seconds / self.global_batch
+                )
             self._warm = True
         if self.adaptive:
             if stats is not None and stats.finite:
@@ -263,9 +322,15 @@ class BatchScaler:
             detail |= {"smaller": self._smaller, "smaller_samples_per_s": before, "speedup": gain}
             if gain < self.min_speedup:
                 self._probing = False
-                self._change("shrink", self._smaller, detail | {
-                    "reason": f"not faster: {gain:+.1%} < min_speedup {self.min_speedup:.0%}; "
-                              "probing stops"})
+                self._change(
+                    "shrink",
+                    self._smaller,
+                    detail
+                    | {
+                        "reason": f"not faster: {gain:+.1%} < min_speedup {self.min_speedup:.0%}; "
+                        "probing stops"
+                    },
+                )
                 return
         larger = [c for c in self._candidates() if c > self.micro_batch]
         if not larger:
@@ -276,9 +341,14 @@ class BatchScaler:
             detail["predicted_peak_bytes"] = self.memory.predict_peak(nxt)
         if not self._fits(nxt):
             self._probing = False
-            detail |= {"reason": "the memory model predicts it does not fit; probing stops",
-                       "capacity_bytes": self.memory_capacity_bytes, "wanted": nxt}
-            self.events.append(ScalerEvent(self.step, "memory_cap", self.micro_batch, self.micro_batch, detail))
+            detail |= {
+                "reason": "the memory model predicts it does not fit; probing stops",
+                "capacity_bytes": self.memory_capacity_bytes,
+                "wanted": nxt,
+            }
+            self.events.append(
+                ScalerEvent(self.step, "memory_cap", self.micro_batch, self.micro_batch, detail)
+            )
             return
         self._smaller = self.micro_batch
         self._change("grow", nxt, detail | {"reason": "probe: predicted to fit; keep it if faster"})
@@ -294,7 +364,10 @@ class BatchScaler:
             return True
         if not self.memory.samples:  # nothing measured yet: at most double
             return micro_batch <= 2 * self.micro_batch
-        return self.memory.predict_peak(micro_batch) <= self.memory_headroom * self.memory_capacity_bytes
+        return (
+            self.memory.predict_peak(micro_batch)
+            <= self.memory_headroom * self.memory_capacity_bytes
+        )
 
     def _change(self, kind: str, new: int, detail: dict) -> None:
         self.events.append(ScalerEvent(self.step, kind, self.micro_batch, new, detail))
@@ -310,7 +383,12 @@ class BatchScaler:
         variance = self.relative_grad_variance
         if variance is None:
             return None
-        return lo + (hi - lo) * (1 + math.tanh((variance - self.variance_threshold) / self.variance_width)) / 2
+        return (
+            lo
+            + (hi - lo)
+            * (1 + math.tanh((variance - self.variance_threshold) / self.variance_width))
+            / 2
+        )
 
     def _global_candidates(self) -> list[int]:
         lo, hi = self.min_global_batch, self.base_global_batch
@@ -325,9 +403,22 @@ class BatchScaler:
         kind = "global_grow" if wanted > self.global_batch else "global_shrink"
         self.global_batch = wanted
         self.micro_batch = min(max(self.micro_batch, self.min_micro_batch), self.max_micro_batch)
-        self.events.append(ScalerEvent(self.step, kind, old_micro, self.micro_batch, {
-            "reason": f"{self.policy} target {target:.4g}", "policy": self.policy, "target": target,
-            "global_batch": wanted, "lr_scale": self.lr_scale, "old_lr_scale": old_lr}))
+        self.events.append(
+            ScalerEvent(
+                self.step,
+                kind,
+                old_micro,
+                self.micro_batch,
+                {
+                    "reason": f"{self.policy} target {target:.4g}",
+                    "policy": self.policy,
+                    "target": target,
+                    "global_batch": wanted,
+                    "lr_scale": self.lr_scale,
+                    "old_lr_scale": old_lr,
+                },
+            )
+        )
         self._last_change = self.step
         self._warm = False
 
@@ -336,16 +427,22 @@ class BatchScaler:
     def on_out_of_memory(self, error: BaseException | None = None) -> AccumulationPlan:
         """Halve the micro-batch (never below min), keep it below the size that failed, stop
         probing."""
-        detail = {"reason": "out of memory", "error": str(error)[:200] if error else "out of memory"}
+        detail = {
+            "reason": "out of memory",
+            "error": str(error)[:200] if error else "out of memory",
+        }
         self._probing = False
         if self.micro_batch == self.min_micro_batch:
             self._floor_failures += 1
-            self.events.append(ScalerEvent(self.step, "oom", self.micro_batch, self.micro_batch, detail))
+            self.events.append(
+                ScalerEvent(self.step, "oom", self.micro_batch, self.micro_batch, detail)
+            )
             if self._floor_failures > self.max_floor_retries:
                 raise MicroBatchFloorError(
                     f"{_KEY}.min_micro_batch: out of memory at the minimum micro-batch "
                     f"({self.min_micro_batch}) {self._floor_failures} times; "
-                    "lower it or free memory")
+                    "lower it or free memory"
+                )
             return self.plan
         self._oom_limit = max(self.min_micro_batch, self.micro_batch - 1)
         self._change("oom", max(self.min_micro_batch, self.micro_batch // 2), detail)
@@ -357,7 +454,9 @@ def is_out_of_memory(error: BaseException) -> bool:
     if isinstance(error, torch.OutOfMemoryError):
         return True
     text = str(error).lower()
-    return isinstance(error, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+    return isinstance(error, RuntimeError) and (
+        "out of memory" in text or "can't allocate memory" in text
+    )
 
 
 def free_device_memory() -> None:
@@ -367,8 +466,11 @@ def free_device_memory() -> None:
 
 
 def run_step_with_oom_retry(
-    step_fn: Callable[[AccumulationPlan], T], scaler: BatchScaler, *,
-    cleanup: Callable[[], None] | None = None, tracker: GradientNormTracker | None = None,
+    step_fn: Callable[[AccumulationPlan], T],
+    scaler: BatchScaler,
+    *,
+    cleanup: Callable[[], None] | None = None,
+    tracker: GradientNormTracker | None = None,
 ) -> T:
     """Run one optimizer step; on out-of-memory free, halve, record and retry until it fits.
 
@@ -404,4 +506,5 @@ class SimulatedOom:
             self.raised += 1
             raise torch.OutOfMemoryError(
                 f"simulated out of memory: micro-batch {micro_batch} > {self.fits_up_to} "
-                "(test hook)")
+                "(test hook)"
+            )

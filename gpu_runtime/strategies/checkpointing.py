@@ -62,7 +62,9 @@ class PeakMemory:
 
 
 def measure_peak_memory(
-    forward: Callable[[], torch.Tensor], *, device: torch.device | str,
+    forward: Callable[[], torch.Tensor],
+    *,
+    device: torch.device | str,
     exclude: Iterable[torch.Tensor] = (),
 ) -> PeakMemory:
     """Run forward() and backward on its loss; report the memory the step added at its peak.
@@ -79,7 +81,9 @@ def measure_peak_memory(
         base = torch.cuda.memory_allocated(device)
         forward().backward()
         torch.cuda.synchronize(device)
-        return PeakMemory(torch.cuda.max_memory_allocated(device) - base, "cuda_max_memory_allocated", False)
+        return PeakMemory(
+            torch.cuda.max_memory_allocated(device) - base, "cuda_max_memory_allocated", False
+        )
     excluded = {t.untyped_storage().data_ptr() for t in exclude}
     storages: dict[int, int] = {}
 
@@ -109,8 +113,12 @@ class CheckpointingReport:
 
 
 def peak_memory_with_and_without(
-    blocks: Sequence[nn.Module], forward: Callable[[], torch.Tensor], *, every_n_blocks: int,
-    device: torch.device | str, exclude: Iterable[torch.Tensor] = (),
+    blocks: Sequence[nn.Module],
+    forward: Callable[[], torch.Tensor],
+    *,
+    every_n_blocks: int,
+    device: torch.device | str,
+    exclude: Iterable[torch.Tensor] = (),
 ) -> CheckpointingReport:
     """Measure one step without checkpointing, then with it; leaves checkpointing applied."""
     exclude = list(exclude)

@@ -43,24 +43,46 @@ class _RowsToDevice(torch.autograd.Function):
 class CpuOffloadedEmbedding(nn.Module):
     """nn.Embedding whose table stays on the CPU whatever device the model is moved to."""
 
-    def __init__(self, weight: torch.Tensor, *, padding_idx: int | None = None, max_norm: float | None = None,
-                 norm_type: float = 2.0, scale_grad_by_freq: bool = False):
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        *,
+        padding_idx: int | None = None,
+        max_norm: float | None = None,
+        norm_type: float = 2.0,
+        scale_grad_by_freq: bool = False,
+    ):
         super().__init__()
         self.weight = nn.Parameter(weight.detach().to(_CPU))
         self.num_embeddings, self.embedding_dim = self.weight.shape
         self.padding_idx = padding_idx
-        self.max_norm, self.norm_type, self.scale_grad_by_freq = max_norm, norm_type, scale_grad_by_freq
+        self.max_norm, self.norm_type, self.scale_grad_by_freq = (
+            max_norm,
+            norm_type,
+            scale_grad_by_freq,
+        )
         # where the rest of the model runs; learnt from model.to(...), else the ids' device
         self.output_device: torch.device | None = None
 
     @classmethod
     def from_embedding(cls, embedding: nn.Embedding) -> CpuOffloadedEmbedding:
-        return cls(embedding.weight, padding_idx=embedding.padding_idx, max_norm=embedding.max_norm,
-                   norm_type=embedding.norm_type, scale_grad_by_freq=embedding.scale_grad_by_freq)
+        return cls(
+            embedding.weight,
+            padding_idx=embedding.padding_idx,
+            max_norm=embedding.max_norm,
+            norm_type=embedding.norm_type,
+            scale_grad_by_freq=embedding.scale_grad_by_freq,
+        )
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = F.embedding(ids.to(_CPU), self.weight, self.padding_idx, self.max_norm, self.norm_type,
-                           self.scale_grad_by_freq)
+        rows = F.embedding(
+            ids.to(_CPU),
+            self.weight,
+            self.padding_idx,
+            self.max_norm,
+            self.norm_type,
+            self.scale_grad_by_freq,
+        )
         return _RowsToDevice.apply(rows, self.output_device or ids.device)
 
     def _apply(self, fn, recurse=True):
@@ -89,7 +111,9 @@ def _moves_tensors(fn) -> bool:
     return False
 
 
-def offload_embeddings(model: nn.Module, *, target: str, names: list[str] | None = None) -> list[str]:
+def offload_embeddings(
+    model: nn.Module, *, target: str, names: list[str] | None = None
+) -> list[str]:
     """Replace the model's nn.Embedding modules (or those in `names`) per `offload.embedding`.
 
     Call before the optimizer is built: the table becomes a new Parameter. Returns the
@@ -98,23 +122,33 @@ def offload_embeddings(model: nn.Module, *, target: str, names: list[str] | None
     if target not in TARGETS:
         raise OffloadError(f"offload.embedding: {target!r} is not one of {', '.join(TARGETS)}")
     if target == "npu":
-        raise OffloadError("offload.embedding: 'npu' is not available: no NPU backend exists in this "
-                           "runtime; use 'cpu' or 'none'")
+        raise OffloadError(
+            "offload.embedding: 'npu' is not available: no NPU backend exists in this "
+            "runtime; use 'cpu' or 'none'"
+        )
     if target == "none":
         return []
-    chosen = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Embedding)
-              and (names is None or n in names)]
+    chosen = [
+        (n, m)
+        for n, m in model.named_modules()
+        if isinstance(m, nn.Embedding) and (names is None or n in names)
+    ]
     if names is not None and len(chosen) != len(names):
         missing = sorted(set(names) - {n for n, _ in chosen})
         raise OffloadError(f"offload.embedding: no nn.Embedding named {missing}")
     if not chosen:
         raise OffloadError("offload.embedding: cpu was asked for but the model has no nn.Embedding")
     for name, embedding in chosen:
-        tied = [p for p, t in model.named_parameters(remove_duplicate=False)
-                if t is embedding.weight and p != f"{name}.weight"]
+        tied = [
+            p
+            for p, t in model.named_parameters(remove_duplicate=False)
+            if t is embedding.weight and p != f"{name}.weight"
+        ]
         if tied:
-            raise OffloadError(f"offload.embedding: the table of {name!r} is tied to {tied}; moving it to "
-                               "the CPU would move that computation too: untie it or use 'none'")
+            raise OffloadError(
+                f"offload.embedding: the table of {name!r} is tied to {tied}; moving it to "
+                "the CPU would move that computation too: untie it or use 'none'"
+            )
         _set_submodule(model, name, CpuOffloadedEmbedding.from_embedding(embedding))
     return [name for name, _ in chosen]
 
@@ -143,8 +177,9 @@ def load_tensors(path: str | os.PathLike, *, mmap: bool) -> dict:
     return torch.load(path, map_location=_CPU, mmap=mmap, weights_only=True)
 
 
-def embedding_from_file(path: str | os.PathLike, key: str, *, mmap: bool,
-                        padding_idx: int | None = None) -> CpuOffloadedEmbedding:
+def embedding_from_file(
+    path: str | os.PathLike, key: str, *, mmap: bool, padding_idx: int | None = None
+) -> CpuOffloadedEmbedding:
     """A CPU embedding whose table is read from `path[key]`: pages come in as rows are used."""
     tensors = load_tensors(path, mmap=mmap)
     if key not in tensors:

@@ -80,10 +80,16 @@ def _bitsandbytes_linear(linear: nn.Linear) -> nn.Module:
     """bitsandbytes' int8 layer; its weight is quantised when it is moved to the GPU."""
     import bitsandbytes as bnb
 
-    layer = bnb.nn.Linear8bitLt(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                                has_fp16_weights=False, threshold=6.0)
-    layer.weight = bnb.nn.Int8Params(linear.weight.detach().to("cpu", torch.float16),
-                                     requires_grad=False, has_fp16_weights=False)
+    layer = bnb.nn.Linear8bitLt(
+        linear.in_features,
+        linear.out_features,
+        bias=linear.bias is not None,
+        has_fp16_weights=False,
+        threshold=6.0,
+    )
+    layer.weight = bnb.nn.Int8Params(
+        linear.weight.detach().to("cpu", torch.float16), requires_grad=False, has_fp16_weights=False
+    )
     if linear.bias is not None:
         layer.bias = nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
     return layer.to(linear.weight.device)
@@ -95,7 +101,11 @@ class LoraInt8Linear(nn.Module):
     def __init__(self, linear: nn.Linear, *, rank: int, alpha: float, backend: str):
         super().__init__()
         self.backend = backend
-        self.base = _bitsandbytes_linear(linear) if backend == "bitsandbytes" else Int8WeightOnlyLinear(linear)
+        self.base = (
+            _bitsandbytes_linear(linear)
+            if backend == "bitsandbytes"
+            else Int8WeightOnlyLinear(linear)
+        )
         factory = {"device": linear.weight.device, "dtype": linear.weight.dtype}
         self.lora_a = nn.Parameter(torch.empty(rank, linear.in_features, **factory))
         self.lora_b = nn.Parameter(torch.zeros(linear.out_features, rank, **factory))
@@ -139,27 +149,43 @@ def _pick_backend(backend: str, device: torch.device) -> str:
 
 
 def quantize_for_lora(
-    model: nn.Module, *, target_modules: list[str], weight_bits: int = 8, lora_rank: int = 8,
-    lora_alpha: float = 16.0, full_finetune: bool = False, backend: str = "auto",
+    model: nn.Module,
+    *,
+    target_modules: list[str],
+    weight_bits: int = 8,
+    lora_rank: int = 8,
+    lora_alpha: float = 16.0,
+    full_finetune: bool = False,
+    backend: str = "auto",
 ) -> QuantizationReport:
     """Swap the targeted nn.Linear layers for frozen int8 + LoRA; build the optimizer afterwards."""
     if weight_bits != 8:
-        raise QuantizationError(f"{_KEY}.weight_bits: {weight_bits} is not supported; only 8 (int8)")
+        raise QuantizationError(
+            f"{_KEY}.weight_bits: {weight_bits} is not supported; only 8 (int8)"
+        )
     if lora_rank < 1:
-        raise QuantizationError(f"{_KEY}.lora_rank must be >= 1, got {lora_rank}: the adapters are "
-                                "the only trainable part of a quantized layer")
-    matches = [(n, m) for n, m in model.named_modules()
-               if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] in target_modules]
+        raise QuantizationError(
+            f"{_KEY}.lora_rank must be >= 1, got {lora_rank}: the adapters are "
+            "the only trainable part of a quantized layer"
+        )
+    matches = [
+        (n, m)
+        for n, m in model.named_modules()
+        if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] in target_modules
+    ]
     unmatched = sorted(set(target_modules) - {n.rsplit(".", 1)[-1] for n, _ in matches})
     if unmatched:
-        raise QuantizationError(f"{_KEY}.target_modules: no nn.Linear named {unmatched} in the model")
+        raise QuantizationError(
+            f"{_KEY}.target_modules: no nn.Linear named {unmatched} in the model"
+        )
     names = [n for n, _ in matches]
     if full_finetune:
         raise QuantizationError(
             f"{_KEY}: full fine-tuning of quantized modules {names} is not possible: "
             "their weights are "
             "frozen int8 and only the LoRA adapters train; drop them from target_modules or turn "
-            "quantization off to train them fully")
+            "quantization off to train them fully"
+        )
     chosen = _pick_backend(backend, matches[0][1].weight.device)
     before = after = adapters = 0
     for name, linear in matches:

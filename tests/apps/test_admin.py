@@ -75,7 +75,9 @@ def _pricing_form(tenant, sku, **overrides):
 
 def test_staff_can_add_a_pricing_table_with_gpu_prices(staff_client):
     tenant, sku = TenantFactory(), GpuSkuFactory()
-    response = staff_client.post(reverse("admin:pricing_pricingtable_add"), _pricing_form(tenant, sku))
+    response = staff_client.post(
+        reverse("admin:pricing_pricingtable_add"), _pricing_form(tenant, sku)
+    )
     assert response.status_code == 302, response.content[:2000]
     table = PricingTable.objects.get(tenant=tenant)
     assert table.gpu_prices.get().hourly_usd == Decimal("3.10")
@@ -114,8 +116,14 @@ def test_freeze_events_are_read_only(staff_client):
 def test_arm_admin_refuses_a_bad_strategy_naming_the_key(staff_client):
     arm = ArmFactory()
     url = reverse("admin:experiments_arm_change", args=[arm.pk])
-    form = {"experiment": arm.experiment_id, "name": arm.name, "weight": "1", "is_control": "",
-            "strategy_yaml": arm.strategy_yaml + "optimizer: {dynamic_batching: {min_micro_batch: 0}}\n"}
+    form = {
+        "experiment": arm.experiment_id,
+        "name": arm.name,
+        "weight": "1",
+        "is_control": "",
+        "strategy_yaml": arm.strategy_yaml
+        + "optimizer: {dynamic_batching: {min_micro_batch: 0}}\n",
+    }
     response = staff_client.post(url, form)
     assert response.status_code == 200
     errors = response.context["adminform"].form.errors["strategy_yaml"]
@@ -127,19 +135,30 @@ def test_arm_admin_refuses_a_bad_strategy_naming_the_key(staff_client):
 def test_arm_admin_strategy_edit_bumps_the_revision(staff_client):
     arm = ArmFactory()
     url = reverse("admin:experiments_arm_change", args=[arm.pk])
-    form = {"experiment": arm.experiment_id, "name": arm.name, "weight": "2", "is_control": "",
-            "strategy_yaml": arm.strategy_yaml + "telemetry: {interval_s: 0.5}\n"}
+    form = {
+        "experiment": arm.experiment_id,
+        "name": arm.name,
+        "weight": "2",
+        "is_control": "",
+        "strategy_yaml": arm.strategy_yaml + "telemetry: {interval_s: 0.5}\n",
+    }
     assert staff_client.post(url, form).status_code == 302
     arm.refresh_from_db()
-    assert arm.revision == 2 and arm.weight == Decimal("2") and "interval_s: 0.5" in arm.strategy_yaml
+    assert (
+        arm.revision == 2 and arm.weight == Decimal("2") and "interval_s: 0.5" in arm.strategy_yaml
+    )
 
 
 def test_arm_admin_strategy_and_name_edited_together_keep_the_new_revision(staff_client):
     """The admin used to bump the revision through the service, then save its stale copy over it."""
     arm = ArmFactory()
     url = reverse("admin:experiments_arm_change", args=[arm.pk])
-    form = {"name": "renamed", "weight": "1", "is_control": "",
-            "strategy_yaml": arm.strategy_yaml + "telemetry: {interval_s: 0.5}\n"}
+    form = {
+        "name": "renamed",
+        "weight": "1",
+        "is_control": "",
+        "strategy_yaml": arm.strategy_yaml + "telemetry: {interval_s: 0.5}\n",
+    }
     assert staff_client.post(url, form).status_code == 302
     arm.refresh_from_db()
     assert arm.revision == 2 and arm.name == "renamed" and "interval_s: 0.5" in arm.strategy_yaml
@@ -153,8 +172,13 @@ def test_arm_admin_stores_typed_yaml_as_the_file_has_it(staff_client):
 
     arm = ArmFactory()
     file_text = arm.strategy_yaml.rstrip("\n") + "\ntelemetry: {interval_s: 0.5}\n"
-    form = {"experiment": arm.experiment_id, "name": "typed", "weight": "0", "is_control": "",
-            "strategy_yaml": file_text.replace("\n", "\r\n").rstrip("\r\n")}
+    form = {
+        "experiment": arm.experiment_id,
+        "name": "typed",
+        "weight": "0",
+        "is_control": "",
+        "strategy_yaml": file_text.replace("\n", "\r\n").rstrip("\r\n"),
+    }
     assert staff_client.post(reverse("admin:experiments_arm_add"), form).status_code == 302
     typed = Arm.objects.get(experiment=arm.experiment, name="typed")
     assert typed.strategy_yaml == file_text and typed.strategy_sha256 == strategy_sha256(file_text)
@@ -168,51 +192,99 @@ def test_experiment_admin_inline_arms_save_their_strategy_through_the_services(s
     url = reverse("admin:experiments_experiment_change", args=[exp.pk])
     page = staff_client.get(url)
     form = {k: v for k, v in page.context["adminform"].form.initial.items() if v is not None}
-    form.update({"tenant": exp.tenant_id, "cost_model": exp.cost_model_id, "pricing_table": "",
-                 "target_steps": "", "status": exp.status, "freeze_policy": exp.freeze_policy,
-                 "arms-TOTAL_FORMS": "2", "arms-INITIAL_FORMS": "1", "arms-MIN_NUM_FORMS": "0",
-                 "arms-MAX_NUM_FORMS": "1000",
-                 "arms-0-id": str(arm.pk), "arms-0-experiment": str(exp.pk), "arms-0-name": arm.name,
-                 "arms-0-is_control": "on", "arms-0-weight": "1",
-                 "arms-0-strategy_yaml": arm.strategy_yaml + "telemetry: {interval_s: 0.5}\n",
-                 "arms-1-experiment": str(exp.pk), "arms-1-name": "inline", "arms-1-weight": "0",
-                 "arms-1-strategy_yaml": arm.strategy_yaml})
+    form.update(
+        {
+            "tenant": exp.tenant_id,
+            "cost_model": exp.cost_model_id,
+            "pricing_table": "",
+            "target_steps": "",
+            "status": exp.status,
+            "freeze_policy": exp.freeze_policy,
+            "arms-TOTAL_FORMS": "2",
+            "arms-INITIAL_FORMS": "1",
+            "arms-MIN_NUM_FORMS": "0",
+            "arms-MAX_NUM_FORMS": "1000",
+            "arms-0-id": str(arm.pk),
+            "arms-0-experiment": str(exp.pk),
+            "arms-0-name": arm.name,
+            "arms-0-is_control": "on",
+            "arms-0-weight": "1",
+            "arms-0-strategy_yaml": arm.strategy_yaml + "telemetry: {interval_s: 0.5}\n",
+            "arms-1-experiment": str(exp.pk),
+            "arms-1-name": "inline",
+            "arms-1-weight": "0",
+            "arms-1-strategy_yaml": arm.strategy_yaml,
+        }
+    )
     response = staff_client.post(url, form)
-    assert response.status_code == 302, response.context["adminform"].form.errors if response.context else ""
+    assert response.status_code == 302, (
+        response.context["adminform"].form.errors if response.context else ""
+    )
     arm.refresh_from_db()
     assert arm.revision == 2
-    assert Arm.objects.get(experiment=exp, name="inline").strategy_yaml == arm.strategy_yaml.replace(
-        "telemetry: {interval_s: 0.5}\n", "")
+    assert Arm.objects.get(
+        experiment=exp, name="inline"
+    ).strategy_yaml == arm.strategy_yaml.replace("telemetry: {interval_s: 0.5}\n", "")
 
 
 def test_a_price_edit_of_a_table_in_force_keeps_the_old_prices_for_the_time_before(staff_client):
     tenant, sku = TenantFactory(), GpuSkuFactory()
-    assert staff_client.post(reverse("admin:pricing_pricingtable_add"), _pricing_form(tenant, sku)).status_code == 302
+    assert (
+        staff_client.post(
+            reverse("admin:pricing_pricingtable_add"), _pricing_form(tenant, sku)
+        ).status_code
+        == 302
+    )
     table = PricingTable.objects.get(tenant=tenant)  # in force since 2026-07-01
     price = table.gpu_prices.get()
     url = reverse("admin:pricing_pricingtable_change", args=[table.pk])
     assert "a price edit takes effect from now" in staff_client.get(url).content.decode()
-    edit = _pricing_form(tenant, sku, **{"gpu_prices-INITIAL_FORMS": "1", "gpu_prices-0-id": price.pk,
-                                         "gpu_prices-0-pricing_table": table.pk, "gpu_prices-0-hourly_usd": "6.00"})
+    edit = _pricing_form(
+        tenant,
+        sku,
+        **{
+            "gpu_prices-INITIAL_FORMS": "1",
+            "gpu_prices-0-id": price.pk,
+            "gpu_prices-0-pricing_table": table.pk,
+            "gpu_prices-0-hourly_usd": "6.00",
+        },
+    )
     response = staff_client.post(url, edit, follow=True)
     assert "Prices in force are versioned" in response.content.decode()
     table.refresh_from_db()
     kept = PricingTable.objects.filter(tenant=tenant).exclude(pk=table.pk).get()
-    assert table.valid_from > kept.valid_from and table.gpu_prices.get().hourly_usd == Decimal("6.00")
-    assert kept.valid_from.isoformat().startswith("2026-07-01") and kept.gpu_prices.get().hourly_usd == Decimal("3.10")
+    assert table.valid_from > kept.valid_from and table.gpu_prices.get().hourly_usd == Decimal(
+        "6.00"
+    )
+    assert kept.valid_from.isoformat().startswith(
+        "2026-07-01"
+    ) and kept.gpu_prices.get().hourly_usd == Decimal("3.10")
 
 
 def test_re_pricing_a_run_in_the_admin_is_audited_and_refused_while_it_runs(staff_client):
     from apps.telemetry.models import RunRepricing
 
     price = GpuPriceFactory()
-    run = RunFactory(arm=ArmFactory(experiment__tenant=price.pricing_table.tenant), status="running")
+    run = RunFactory(
+        arm=ArmFactory(experiment__tenant=price.pricing_table.tenant), status="running"
+    )
     url = reverse("admin:telemetry_runrepricing_add")
     refused = staff_client.post(url, {"run": run.pk, "reason": "new list"})
-    assert refused.status_code == 200 and "only a finished run is re-priced" in refused.content.decode()
+    assert (
+        refused.status_code == 200
+        and "only a finished run is re-priced" in refused.content.decode()
+    )
     run.status = "succeeded"
     run.save(update_fields=["status"])
-    assert staff_client.post(url, {"run": run.pk, "pricing_table": price.pricing_table.pk,
-                                   "reason": "new list"}).status_code == 302
+    assert (
+        staff_client.post(
+            url, {"run": run.pk, "pricing_table": price.pricing_table.pk, "reason": "new list"}
+        ).status_code
+        == 302
+    )
     audit = RunRepricing.objects.get(run=run)
-    assert audit.actor.is_staff and audit.pricing_table == price.pricing_table and audit.reason == "new list"
+    assert (
+        audit.actor.is_staff
+        and audit.pricing_table == price.pricing_table
+        and audit.reason == "new list"
+    )

@@ -41,7 +41,9 @@ def test_negative_prices_are_refused():
     refused(lambda: GpuPrice.objects.filter(pk=price.pk).update(hourly_usd=Decimal("-0.01")))
     table = price.pricing_table
     for field in ("electricity_usd_per_kwh", "vcpu_hour_usd", "memory_gb_hour_usd"):
-        refused(lambda f=field: PricingTable.objects.filter(pk=table.pk).update(**{f: Decimal("-1")}))
+        refused(
+            lambda f=field: PricingTable.objects.filter(pk=table.pk).update(**{f: Decimal("-1")})
+        )
     refused(lambda: PricingTable.objects.filter(pk=table.pk).update(pue=Decimal("0.9")))
 
 

@@ -41,57 +41,136 @@ def strategy(tmp_path):
 
 
 def test_the_cli_imports_neither_django_nor_torch():
-    code = ("import sys, costlab_cli.main; heavy = sorted({m.split('.')[0] for m in sys.modules} & "
-            "{'django', 'torch', 'rest_framework', 'apps', 'gpu_runtime', 'config', 'yaml', "
-            "'optuna'}); "
-            "print(heavy); "
-            "sys.exit(1 if heavy else 0)")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    code = (
+        "import sys, costlab_cli.main; heavy = sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'django', 'torch', 'rest_framework', 'apps', 'gpu_runtime', 'config', 'yaml', "
+        "'optuna'}); "
+        "print(heavy); "
+        "sys.exit(1 if heavy else 0)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_submit_maps_the_strategy_file_onto_an_arm(lab, capsys, strategy):
     exp = str(lab["experiment"].pk)
-    code, out, _ = cli(capsys, "submit", "--experiment", exp, "--strategy", strategy(CANDIDATE), "--git-sha", "abc1")
+    code, out, _ = cli(
+        capsys,
+        "submit",
+        "--experiment",
+        exp,
+        "--strategy",
+        strategy(CANDIDATE),
+        "--git-sha",
+        "abc1",
+    )
     assert code == 0 and "on arm 'candidate' (matched)" in out
     run = Run.objects.get()
     assert run.arm == lab["candidate"] and run.git_sha == "abc1" and run.status == "queued"
 
-    code, out, err = cli(capsys, "submit", "--experiment", exp, "--strategy", strategy(CANDIDATE + "# pr 12\n"),
-                       "--arm", "pr-12")
+    code, out, err = cli(
+        capsys,
+        "submit",
+        "--experiment",
+        exp,
+        "--strategy",
+        strategy(CANDIDATE + "# pr 12\n"),
+        "--arm",
+        "pr-12",
+    )
     assert code == 0 and "on arm 'pr-12' (created)" in out, err
     assert Arm.objects.get(name="pr-12").weight == 0
 
-    code, out, _ = cli(capsys, "submit", "--experiment", exp, "--strategy", strategy(CANDIDATE + "# v2\n"),
-                       "--arm", "pr-12", "--run-key", "gh-99-1")
+    code, out, _ = cli(
+        capsys,
+        "submit",
+        "--experiment",
+        exp,
+        "--strategy",
+        strategy(CANDIDATE + "# v2\n"),
+        "--arm",
+        "pr-12",
+        "--run-key",
+        "gh-99-1",
+    )
     assert code == 0 and "(updated revision 2)" in out
-    again = cli(capsys, "submit", "--experiment", exp, "--strategy", strategy(CANDIDATE + "# v2\n"), "--arm", "pr-12",
-                "--run-key", "gh-99-1")
+    again = cli(
+        capsys,
+        "submit",
+        "--experiment",
+        exp,
+        "--strategy",
+        strategy(CANDIDATE + "# v2\n"),
+        "--arm",
+        "pr-12",
+        "--run-key",
+        "gh-99-1",
+    )
     assert again[0] == 0 and Run.objects.filter(run_key="gh-99-1").count() == 1  # the same run
 
 
 def test_submit_external_creates_an_external_run_with_what_it_holds(lab, capsys, strategy):
     exp = str(lab["experiment"].pk)
-    code, out, err = cli(capsys, "submit", "--experiment", exp, "--strategy", strategy(CANDIDATE), "--external",
-                         "--vcpus", "8", "--memory-gb", "32")
+    code, out, err = cli(
+        capsys,
+        "submit",
+        "--experiment",
+        exp,
+        "--strategy",
+        strategy(CANDIDATE),
+        "--external",
+        "--vcpus",
+        "8",
+        "--memory-gb",
+        "32",
+    )
     assert code == 0 and "(external: send telemetry, then finish)" in out, err
     run = Run.objects.get()
-    assert run.kind == "external" and run.status == "running" and run.vcpus == 8 and run.memory_gb == 32
-    code, _, err = cli(capsys, "submit", "--experiment", exp, "--strategy", strategy(CANDIDATE), "--vcpus", "8")
+    assert (
+        run.kind == "external"
+        and run.status == "running"
+        and run.vcpus == 8
+        and run.memory_gb == 32
+    )
+    code, _, err = cli(
+        capsys, "submit", "--experiment", exp, "--strategy", strategy(CANDIDATE), "--vcpus", "8"
+    )
     assert code == 2 and "--vcpus: only for --external runs" in err
-    code, _, err = cli(capsys, "submit", "--experiment", exp, "--strategy", strategy(CANDIDATE), "--external",
-                       "--wait")
+    code, _, err = cli(
+        capsys,
+        "submit",
+        "--experiment",
+        exp,
+        "--strategy",
+        strategy(CANDIDATE),
+        "--external",
+        "--wait",
+    )
     assert code == 2 and "--wait: an external run ends when its trainer POSTs /finish/" in err
 
 
 def test_submit_refusals_exit_2_with_the_reason(lab, capsys, strategy):
     exp = str(lab["experiment"].pk)
-    code, _, err = cli(capsys, "submit", "--experiment", exp, "--strategy", strategy(CONTROL + "# edit\n"),
-                       "--arm", "control")
+    code, _, err = cli(
+        capsys,
+        "submit",
+        "--experiment",
+        exp,
+        "--strategy",
+        strategy(CONTROL + "# edit\n"),
+        "--arm",
+        "control",
+    )
     assert code == 2 and "'control' is the control arm" in err
-    code, _, err = cli(capsys, "submit", "--experiment", exp, "--strategy", strategy(CONTROL + "# unknown\n"))
+    code, _, err = cli(
+        capsys, "submit", "--experiment", exp, "--strategy", strategy(CONTROL + "# unknown\n")
+    )
     assert code == 2 and "no arm of experiment" in err and "--arm NAME" in err
-    code, _, err = cli(capsys, "submit", "--experiment", exp, "--strategy", strategy("model: [1"), "--arm", "bad")
+    code, _, err = cli(
+        capsys, "submit", "--experiment", exp, "--strategy", strategy("model: [1"), "--arm", "bad"
+    )
     assert code == 2 and "HTTP 400: strategy_yaml: <document>: not valid YAML" in err
     code, _, err = cli(capsys, "submit", "--experiment", exp, "--strategy", "/nonexistent.yaml")
     assert code == 2 and "cannot read /nonexistent.yaml" in err
@@ -109,8 +188,12 @@ def finish_when_submitted(status: str) -> threading.Thread:
                 if run:
                     runs.run_claim(run_id=run.pk, owner="fake-worker")
                     time.sleep(0.3)
-                    runs.run_finish(run_id=run.pk, owner="fake-worker", status=status,
-                                      error="" if status == "succeeded" else "CUDA error: out of memory")
+                    runs.run_finish(
+                        run_id=run.pk,
+                        owner="fake-worker",
+                        status=status,
+                        error="" if status == "succeeded" else "CUDA error: out of memory",
+                    )
                     return
                 time.sleep(0.1)
         finally:
@@ -124,8 +207,19 @@ def finish_when_submitted(status: str) -> threading.Thread:
 @pytest.mark.parametrize(("outcome", "code"), [("succeeded", 0), ("failed", 1)])
 def test_submit_wait_exits_by_how_the_run_ended(lab, capsys, strategy, outcome, code):
     worker = finish_when_submitted(outcome)
-    got, out, _ = cli(capsys, "submit", "--experiment", str(lab["experiment"].pk), "--strategy", strategy(CONTROL),
-                      "--wait", "--poll", "0.2", "--timeout", "30")
+    got, out, _ = cli(
+        capsys,
+        "submit",
+        "--experiment",
+        str(lab["experiment"].pk),
+        "--strategy",
+        strategy(CONTROL),
+        "--wait",
+        "--poll",
+        "0.2",
+        "--timeout",
+        "30",
+    )
     worker.join(5)
     assert got == code and f": {outcome} · arm 'control'" in out.splitlines()[-1]
     if outcome == "failed":
@@ -133,8 +227,19 @@ def test_submit_wait_exits_by_how_the_run_ended(lab, capsys, strategy, outcome, 
 
 
 def test_submit_wait_gives_up_after_the_timeout(lab, capsys, strategy):
-    code, _, err = cli(capsys, "submit", "--experiment", str(lab["experiment"].pk), "--strategy", strategy(CONTROL),
-                       "--wait", "--poll", "0.1", "--timeout", "0.3")
+    code, _, err = cli(
+        capsys,
+        "submit",
+        "--experiment",
+        str(lab["experiment"].pk),
+        "--strategy",
+        strategy(CONTROL),
+        "--wait",
+        "--poll",
+        "0.1",
+        "--timeout",
+        "0.3",
+    )
     assert code == 2 and "still queued after 0.3 s" in err
 
 
@@ -142,7 +247,11 @@ def test_status_and_report_in_every_format(lab, capsys):
     priced_run(lab["control"], "1.00")
     run = priced_run(lab["candidate"], "1.02")
     code, out, _ = cli(capsys, "status", str(run.pk))
-    assert code == 0 and out == f"run {run.pk}: succeeded · arm 'candidate' · 50 steps · 1,000,000 tokens · 1.020000 USD"
+    assert (
+        code == 0
+        and out
+        == f"run {run.pk}: succeeded · arm 'candidate' · 50 steps · 1,000,000 tokens · 1.020000 USD"
+    )
     assert json.loads(cli(capsys, "status", str(run.pk), "--json")[1])["id"] == run.pk
     missing = cli(capsys, "status", "999999")
     assert missing[0] == 2 and "HTTP 404" in missing[2]
@@ -160,17 +269,27 @@ def test_status_and_report_in_every_format(lab, capsys):
 def test_gate_exit_codes_each_with_a_one_line_reason(lab, capsys):
     exp = str(lab["experiment"].pk)
     code, _, err = cli(capsys, "gate", exp, "--max-regression", "5%")
-    assert code == 2 and "control arm 'control' has no priced runs" in err and len(err.splitlines()) == 1
+    assert (
+        code == 2
+        and "control arm 'control' has no priced runs" in err
+        and len(err.splitlines()) == 1
+    )
     priced_run(lab["control"], "1.00")
     code, _, err = cli(capsys, "gate", exp, "--max-regression", "5%")
     assert code == 2 and "no candidate arm with priced runs" in err
 
     run = priced_run(lab["candidate"], "1.03")
     code, out, _ = cli(capsys, "gate", exp, "--max-regression", "5%")
-    assert code == 0 and out.startswith("PASS: arm 'candidate' costs +3.00% USD/1M tokens vs control 'control'")
+    assert code == 0 and out.startswith(
+        "PASS: arm 'candidate' costs +3.00% USD/1M tokens vs control 'control'"
+    )
     assert len(out.splitlines()) == 1
     code, out, _ = cli(capsys, "gate", exp, "--max-regression", "0.02")
-    assert code == 1 and out.startswith("REGRESSION: arm 'candidate' costs +3.00%") and "limit +2.00%" in out
+    assert (
+        code == 1
+        and out.startswith("REGRESSION: arm 'candidate' costs +3.00%")
+        and "limit +2.00%" in out
+    )
     code, out, _ = cli(capsys, "gate", exp, "--max-regression", "2%", "--run", str(run.pk))
     assert code == 1 and out.startswith(f"REGRESSION: run {run.pk} (arm 'candidate') costs +3.00%")
 
@@ -195,7 +314,9 @@ def test_credentials_and_reachability_errors_exit_2(lab, capsys, monkeypatch):
     naps = []
     monkeypatch.setattr("costlab_cli.client.time.sleep", naps.append)
     code, _, err = cli(capsys, "report", exp)
-    assert code == 2 and "cannot reach" in err and len(naps) == 3  # retried with backoff, then gave up
+    assert (
+        code == 2 and "cannot reach" in err and len(naps) == 3
+    )  # retried with backoff, then gave up
 
 
 def test_the_console_script_exits_with_the_gate_verdict(lab):
@@ -206,6 +327,13 @@ def test_the_console_script_exits_with_the_gate_verdict(lab):
     # The script of the installed package, running this checkout's code
     # (the venv may serve several).
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    result = subprocess.run([str(script), "gate", str(lab["experiment"].pk), "--max-regression", "5%"],
-                            capture_output=True, text=True, timeout=60, env=env)
-    assert result.returncode == 1 and result.stdout.startswith("REGRESSION: arm 'candidate' costs +20.00%")
+    result = subprocess.run(
+        [str(script), "gate", str(lab["experiment"].pk), "--max-regression", "5%"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert result.returncode == 1 and result.stdout.startswith(
+        "REGRESSION: arm 'candidate' costs +20.00%"
+    )

@@ -16,29 +16,55 @@ from costlab_cli.gate import REGRESSION, cmd_gate, parse_regression
 
 
 class ReportApi:
-    def __init__(self, control: float, candidate: float, low: float | None = None, high: float | None = None):
-        self.report = {"experiment_id": 1, "arms": [
-            {"name": "control", "is_control": True, "metric": "usd_per_mtok", "metric_value": control,
-             "deviation": 0.0, "deviation_low": None, "deviation_high": None},
-            {"name": "candidate", "is_control": False, "metric": "usd_per_mtok", "metric_value": candidate,
-             "deviation": candidate / control - 1, "deviation_low": low, "deviation_high": high},
-        ]}
+    def __init__(
+        self, control: float, candidate: float, low: float | None = None, high: float | None = None
+    ):
+        self.report = {
+            "experiment_id": 1,
+            "arms": [
+                {
+                    "name": "control",
+                    "is_control": True,
+                    "metric": "usd_per_mtok",
+                    "metric_value": control,
+                    "deviation": 0.0,
+                    "deviation_low": None,
+                    "deviation_high": None,
+                },
+                {
+                    "name": "candidate",
+                    "is_control": False,
+                    "metric": "usd_per_mtok",
+                    "metric_value": candidate,
+                    "deviation": candidate / control - 1,
+                    "deviation_low": low,
+                    "deviation_high": high,
+                },
+            ],
+        }
 
     def get(self, path: str) -> dict:
         return self.report
 
 
 def gate(api, limit: str, *, evidence=False) -> int:
-    return cmd_gate(api, Namespace(experiment=1, max_regression=limit, run=None, arm=None, evidence=evidence))
+    return cmd_gate(
+        api, Namespace(experiment=1, max_regression=limit, run=None, arm=None, evidence=evidence)
+    )
 
 
-@pytest.mark.parametrize(("control", "candidate", "limit"), [
-    (1.0, 1.02, "2%"),  # 1.02 / 1.0 - 1 = 0.020000000000000018 in floats
-    (1.0, 1.1, "10%"),  # 0.10000000000000009
-    (0.3, 0.306, "0.02"),  # 0.020000000000000018 again, the limit as a fraction
-    (0.7, 0.77, "10.00%"),  # 0.10000000000000009
-])
-def test_a_candidate_exactly_at_the_limit_passes_whatever_the_float_noise(capsys, control, candidate, limit):
+@pytest.mark.parametrize(
+    ("control", "candidate", "limit"),
+    [
+        (1.0, 1.02, "2%"),  # 1.02 / 1.0 - 1 = 0.020000000000000018 in floats
+        (1.0, 1.1, "10%"),  # 0.10000000000000009
+        (0.3, 0.306, "0.02"),  # 0.020000000000000018 again, the limit as a fraction
+        (0.7, 0.77, "10.00%"),  # 0.10000000000000009
+    ],
+)
+def test_a_candidate_exactly_at_the_limit_passes_whatever_the_float_noise(
+    capsys, control, candidate, limit
+):
     assert candidate / control - 1 != float(parse_regression(limit)) / 100  # the noise is there
     assert gate(ReportApi(control, candidate), limit) == 0
     assert capsys.readouterr().out.startswith("PASS")
@@ -63,7 +89,10 @@ def test_evidence_fails_only_when_the_lower_bound_clears_the_limit(capsys):
     assert gate(ReportApi(1.0, 1.08, low=0.01, high=0.15), "5%", evidence=True) == 0
     out = capsys.readouterr().out
     assert out.startswith("PASS: arm 'candidate' costs +8.00%")
-    assert "always-valid bounds +1.00% .. +15.00%" in out and "lower bound +1.00% vs limit +5.00%" in out
+    assert (
+        "always-valid bounds +1.00% .. +15.00%" in out
+        and "lower bound +1.00% vs limit +5.00%" in out
+    )
     # Without --evidence the estimate is judged: the cautious default fails it.
     assert gate(ReportApi(1.0, 1.08, low=0.01, high=0.15), "5%") == REGRESSION
     capsys.readouterr()

@@ -14,7 +14,9 @@ SHOW = (
 
 
 def test_empty_env_means_sqlite_and_the_embedded_redis_under_var(tmp_path):
-    env = clean_env(DJANGO_SETTINGS_MODULE="config.settings.local", COSTLAB_VAR_DIR=str(tmp_path / "var"))
+    env = clean_env(
+        DJANGO_SETTINGS_MODULE="config.settings.local", COSTLAB_VAR_DIR=str(tmp_path / "var")
+    )
     out = run_python(SHOW, env)
     assert out.returncode == 0, out.stderr
     shown = json.loads(out.stdout.strip().splitlines()[-1])
@@ -22,7 +24,9 @@ def test_empty_env_means_sqlite_and_the_embedded_redis_under_var(tmp_path):
     assert shown["db"].startswith(str(tmp_path / "var"))
     socket = tmp_path / "var" / "redis" / "redis.sock"
     assert shown["broker"] == shown["backend"] == f"redis+socket://{socket}"
-    assert shown["redis"] == f"unix://{socket}?db=0"  # cache, pub/sub: the production Redis code path
+    assert (
+        shown["redis"] == f"unix://{socket}?db=0"
+    )  # cache, pub/sub: the production Redis code path
 
 
 def test_a_var_dir_too_deep_for_a_unix_socket_gets_a_short_socket_path(tmp_path):
@@ -46,7 +50,9 @@ def test_service_urls_mean_postgres_and_redis(tmp_path):
 
 
 def test_production_refuses_to_start_without_secret_key(tmp_path):
-    env = clean_env(DJANGO_SETTINGS_MODULE="config.settings.production", COSTLAB_VAR_DIR=str(tmp_path))
+    env = clean_env(
+        DJANGO_SETTINGS_MODULE="config.settings.production", COSTLAB_VAR_DIR=str(tmp_path)
+    )
     out = run_python("import django; django.setup()", env)
     assert out.returncode != 0
     assert "DJANGO_SECRET_KEY is not set" in out.stderr

@@ -22,12 +22,19 @@ BASIC_TRACES = {"scatter", "bar", "pie"}  # what plotly.js's basic bundle regist
 @pytest.mark.django_db
 def test_pages_link_hashed_files_served_gzipped_and_cached_for_good(client, settings, tmp_path):
     settings.STATIC_ROOT = tmp_path
-    settings.STORAGES = {**settings.STORAGES, "staticfiles": {"BACKEND": "apps.core.staticfiles.HashedStaticStorage"}}
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "staticfiles": {"BACKEND": "apps.core.staticfiles.HashedStaticStorage"},
+    }
     settings.WHITENOISE_USE_FINDERS = False
     settings.WHITENOISE_AUTOREFRESH = False
     # The dashboard's own files (the admin's and Swagger's are collected the same way, only slower).
-    call_command("collectstatic", "--noinput", verbosity=0,
-                 ignore_patterns=["admin", "rest_framework", "drf_spectacular_sidecar"])
+    call_command(
+        "collectstatic",
+        "--noinput",
+        verbosity=0,
+        ignore_patterns=["admin", "rest_framework", "drf_spectacular_sidecar"],
+    )
 
     w = world()
     client.force_login(w.user)
@@ -45,8 +52,9 @@ def test_pages_link_hashed_files_served_gzipped_and_cached_for_good(client, sett
     cache = response["Cache-Control"]
     assert "immutable" in cache and int(re.search(r"max-age=(\d+)", cache).group(1)) >= 365 * 86400
     plain = client.get("/static/plotly/plotly-basic.min.js")
-    assert plain.status_code == 200 and "immutable" not in plain["Cache-Control"], \
+    assert plain.status_code == 200 and "immutable" not in plain["Cache-Control"], (
         "an unhashed name may change: not cached for good"
+    )
 
 
 def plotly_version(path: Path) -> str:
@@ -57,11 +65,10 @@ def plotly_version(path: Path) -> str:
 def test_the_basic_bundle_is_the_python_packages_plotly_js():
     full = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
     assert "(basic" in BASIC.read_text(encoding="utf-8")[:200]
-    assert plotly_version(BASIC) == plotly_version(full), \
-        (
-            "the plotly pin moved: replace frontend/static/plotly/plotly-basic.min.js "
-            "with that version's basic bundle"
-        )
+    assert plotly_version(BASIC) == plotly_version(full), (
+        "the plotly pin moved: replace frontend/static/plotly/plotly-basic.min.js "
+        "with that version's basic bundle"
+    )
 
 
 def test_every_trace_type_drawn_is_in_the_basic_bundle():
@@ -71,7 +78,11 @@ def test_every_trace_type_drawn_is_in_the_basic_bundle():
     for script in scripts:
         # traces: {type: "scatter", mode: ...}, {type: "bar", orientation: ...}; not axes ("date")
         # or shapes ("line")
-        drawn |= set(re.findall(r'type:\s*"(\w+)",\s*(?:mode|orientation|x|y|name|stackgroup|marker|hovertemplate|text)\s*:',
-                                script.read_text(encoding="utf-8")))
+        drawn |= set(
+            re.findall(
+                r'type:\s*"(\w+)",\s*(?:mode|orientation|x|y|name|stackgroup|marker|hovertemplate|text)\s*:',
+                script.read_text(encoding="utf-8"),
+            )
+        )
     assert drawn, "found the traces"
     assert drawn <= BASIC_TRACES, f"{drawn - BASIC_TRACES}: not in plotly.js's basic bundle"

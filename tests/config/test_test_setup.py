@@ -10,7 +10,10 @@ from django.conf import settings
 
 from tests.helpers import ROOT, clean_env
 
-UNREACHABLE = {"DATABASE_URL": "postgres://someone:secret@127.0.0.1:1/costlab", "REDIS_URL": "redis://127.0.0.1:1/0"}
+UNREACHABLE = {
+    "DATABASE_URL": "postgres://someone:secret@127.0.0.1:1/costlab",
+    "REDIS_URL": "redis://127.0.0.1:1/0",
+}
 # One test that needs the services, and one that does not.
 SELECTION = ["tests/reliability/test_attribution_worker.py", "tests/apps/core/test_local_stack.py"]
 
@@ -18,8 +21,11 @@ SELECTION = ["tests/reliability/test_attribution_worker.py", "tests/apps/core/te
 def pytest_run(tmp_path, **env) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *SELECTION],
-        cwd=ROOT, env=clean_env(COSTLAB_VAR_DIR=str(tmp_path), **UNREACHABLE, **env),
-        capture_output=True, text=True, timeout=240,
+        cwd=ROOT,
+        env=clean_env(COSTLAB_VAR_DIR=str(tmp_path), **UNREACHABLE, **env),
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
 
 
@@ -29,9 +35,11 @@ def test_unreachable_configured_urls_skip_with_one_message(tmp_path):
     assert out.returncode == 0, text
     assert "error" not in text.lower().split("short test summary")[0], text
     header = [line for line in text.splitlines() if line.startswith("services:")]
-    assert header == ["services: tests marked `services` are skipped: "
-                      "DATABASE_URL is set (127.0.0.1:1) but nothing "
-                      "answers there; REDIS_URL is set (127.0.0.1:1) but nothing answers there"], text
+    assert header == [
+        "services: tests marked `services` are skipped: "
+        "DATABASE_URL is set (127.0.0.1:1) but nothing "
+        "answers there; REDIS_URL is set (127.0.0.1:1) but nothing answers there"
+    ], text
     assert "secret" not in text  # the password in the URL is never shown
     assert " skipped" in text and " passed" in text
 
@@ -41,7 +49,9 @@ def test_under_ci_unreachable_urls_fail_at_once(tmp_path):
     out = pytest_run(tmp_path, CI="true")
     text = out.stdout + out.stderr
     assert out.returncode != 0
-    assert "CI=true but these services are unreachable: DATABASE_URL is set (127.0.0.1:1)" in text, text
+    assert (
+        "CI=true but these services are unreachable: DATABASE_URL is set (127.0.0.1:1)" in text
+    ), text
     assert " passed" not in text and time.monotonic() - started < 60
 
 

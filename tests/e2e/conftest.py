@@ -15,8 +15,13 @@ from tests.conftest import IN_CI
 
 CHROMIUM = Path(os.environ.get("COSTLAB_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-    "--disable-sync", "--no-first-run",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
 ]
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "var" / "screenshots"
 
@@ -26,8 +31,10 @@ def charts_drawn(at_least: int, scope: str = "") -> str:
     one of them is drawn. Charts are drawn after the load event, one per task, those in view first
     (dashboard/lazy.js): the load event says nothing about them."""
     selector = f"{scope} .chart".strip()
-    return (f"() => {{ const c = [...document.querySelectorAll('{selector}')]; "
-            f"return c.length >= {at_least} && c.every(el => el.querySelector('.main-svg')); }}")
+    return (
+        f"() => {{ const c = [...document.querySelectorAll('{selector}')]; "
+        f"return c.length >= {at_least} && c.every(el => el.querySelector('.main-svg')); }}"
+    )
 
 
 def wait_for_charts(page, at_least: int, scope: str = "") -> None:
@@ -37,7 +44,9 @@ def wait_for_charts(page, at_least: int, scope: str = "") -> None:
 @pytest.fixture(scope="session")
 def browser():
     if not CHROMIUM.exists():
-        message = f"needs Chromium at {CHROMIUM} (apt-get install chromium, or set COSTLAB_CHROMIUM)"
+        message = (
+            f"needs Chromium at {CHROMIUM} (apt-get install chromium, or set COSTLAB_CHROMIUM)"
+        )
         if IN_CI:
             pytest.fail(message)
         pytest.skip(message)
@@ -50,7 +59,9 @@ def browser():
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
     try:
         with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+            browser = playwright.chromium.launch(
+                executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True
+            )
             yield browser
             browser.close()
     finally:
@@ -62,7 +73,9 @@ def browser():
 
 @pytest.fixture
 def page(browser):
-    context = browser.new_context(viewport={"width": 1400, "height": 1000}, locale="en-US", timezone_id="UTC")
+    context = browser.new_context(
+        viewport={"width": 1400, "height": 1000}, locale="en-US", timezone_id="UTC"
+    )
     page = context.new_page()
     page.set_default_timeout(10_000)
     errors: list[str] = []

@@ -29,7 +29,9 @@ def sign_in(page, live_server, user, path: str) -> None:
     page.wait_for_url(live_server.url + path)
 
 
-def test_create_an_experiment_with_two_arms_submit_runs_and_see_them_train(page, live_server, screenshots):
+def test_create_an_experiment_with_two_arms_submit_runs_and_see_them_train(
+    page, live_server, screenshots
+):
     table = PricingTableFactory()
     user = UserFactory()
     MembershipFactory(user=user, tenant=table.tenant)
@@ -45,28 +47,41 @@ def test_create_an_experiment_with_two_arms_submit_runs_and_see_them_train(page,
     # Arm 1: the control, from an example, then typed over with a mistake the editor names by key.
     page.fill("#id_arms-0-name", "fp32-control")
     page.select_option("#example-0", "tiny")
-    page.wait_for_function("() => document.querySelector('[data-status-for=id_arms-0-strategy_yaml]')"
-                           ".textContent.includes('valid strategy')")
+    page.wait_for_function(
+        "() => document.querySelector('[data-status-for=id_arms-0-strategy_yaml]')"
+        ".textContent.includes('valid strategy')"
+    )
     page.fill("#id_arms-0-strategy_yaml", TINY.replace("steps: 3,", "steps: -1,"))
     status = page.locator("[data-status-for=id_arms-0-strategy_yaml]")
-    page.wait_for_function("() => document.querySelector('[data-status-for=id_arms-0-strategy_yaml]')"
-                           ".textContent.includes('train.steps')")
+    page.wait_for_function(
+        "() => document.querySelector('[data-status-for=id_arms-0-strategy_yaml]')"
+        ".textContent.includes('train.steps')"
+    )
     assert "✗" in status.inner_text()
     page.fill("#id_arms-0-strategy_yaml", TINY)
-    page.wait_for_function("() => document.querySelector('[data-status-for=id_arms-0-strategy_yaml]')"
-                           ".textContent.includes('valid strategy')")
+    page.wait_for_function(
+        "() => document.querySelector('[data-status-for=id_arms-0-strategy_yaml]')"
+        ".textContent.includes('valid strategy')"
+    )
     # Arm 2: the candidate.
     page.fill("#id_arms-1-name", "bf16")
-    page.fill("#id_arms-1-strategy_yaml", TINY.replace("compute_dtype: fp32", "compute_dtype: bf16"))
+    page.fill(
+        "#id_arms-1-strategy_yaml", TINY.replace("compute_dtype: fp32", "compute_dtype: bf16")
+    )
     page.uncheck("#id_arms-1-is_control")
     page.screenshot(path=str(screenshots / "experiment-form.png"), full_page=True)
     page.click("#save-experiment")
     page.wait_for_load_state()
     assert not page.locator(".error").count(), page.locator(".error").all_inner_texts()
-    experiment = wait_for(lambda: Experiment.objects.filter(name="made in the browser").first(), 10, "the experiment")
+    experiment = wait_for(
+        lambda: Experiment.objects.filter(name="made in the browser").first(), 10, "the experiment"
+    )
     page.wait_for_url(live_server.url + f"/experiments/{experiment.pk}/")
     assert "created" in page.locator("#messages").inner_text()
-    assert sorted(experiment.arms.values_list("name", "is_control")) == [("bf16", False), ("fp32-control", True)]
+    assert sorted(experiment.arms.values_list("name", "is_control")) == [
+        ("bf16", False),
+        ("fp32-control", True),
+    ]
     assert experiment.arms.get(name="fp32-control").strategy_yaml == TINY
 
     # Submit two runs, one per arm is not promised (weights route them): both appear on the runs page.
@@ -83,8 +98,13 @@ def test_create_an_experiment_with_two_arms_submit_runs_and_see_them_train(page,
     # A real worker trains them; the runs page shows them succeeded.
     worker, _ = start_worker(queues="cpu")
     try:
-        wait_for(lambda: Run.objects.filter(experiment=experiment, status=Run.Status.SUCCEEDED).count() == 2, 120,
-                 "both runs to train")
+        wait_for(
+            lambda: (
+                Run.objects.filter(experiment=experiment, status=Run.Status.SUCCEEDED).count() == 2
+            ),
+            120,
+            "both runs to train",
+        )
     finally:
         stop_worker(worker)
     page.reload()
@@ -104,11 +124,17 @@ def test_start_a_sweep_with_the_strategy_checked_as_typed(page, live_server, scr
     page.click("#start-sweep")
     page.wait_for_url(live_server.url + "/sweeps/new/")
     status = "[data-status-for=id_base_strategy_yaml]"
-    page.wait_for_function(f"() => document.querySelector('{status}').textContent.includes('valid strategy')")
+    page.wait_for_function(
+        f"() => document.querySelector('{status}').textContent.includes('valid strategy')"
+    )
     page.fill("#id_base_strategy_yaml", TINY.replace("seq_len: 16", "seq_len: 3"))
-    page.wait_for_function(f"() => document.querySelector('{status}').textContent.includes('model.seq_len')")
+    page.wait_for_function(
+        f"() => document.querySelector('{status}').textContent.includes('model.seq_len')"
+    )
     page.fill("#id_base_strategy_yaml", TINY)
-    page.wait_for_function(f"() => document.querySelector('{status}').textContent.includes('valid strategy')")
+    page.wait_for_function(
+        f"() => document.querySelector('{status}').textContent.includes('valid strategy')"
+    )
     page.fill("#id_name", "from the browser")
     page.fill("#id_space", '{"train.global_batch": [1, 2]}')
     page.screenshot(path=str(screenshots / "sweep-form.png"), full_page=True)

@@ -27,7 +27,9 @@ def lab():
     w.user.save()
     now = timezone.now()
     gapped = train(run_of(w.control), n=20, start=now - timedelta(minutes=6))
-    train(gapped, n=20, start=now - timedelta(minutes=2))  # a retried run: three minutes without a sample
+    train(
+        gapped, n=20, start=now - timedelta(minutes=2)
+    )  # a retried run: three minutes without a sample
     plain = [train(run_of(w.control), n=20, start=now - timedelta(minutes=5)) for _ in range(2)]
     other = train(run_of(w.candidate), n=20, start=now - timedelta(minutes=5))
     empty = world(username="empty")
@@ -49,16 +51,23 @@ def test_breaks_shades_isolation_labels(page, live_server, lab):
     sign_in(page, live_server.url, w.user.username, f"/experiments/{w.experiment.pk}/")
     wait_for_charts(page, 6)
     traces = {t["name"]: t for t in page.evaluate(TRACES, "chart-util_pct")}
-    label = {r.pk: next(n for n in traces if n.startswith(f"run {r.pk} ")) for r in (gapped, *plain, other)}
+    label = {
+        r.pk: next(n for n in traces if n.startswith(f"run {r.pk} "))
+        for r in (gapped, *plain, other)
+    }
     assert traces[label[gapped.pk]]["nulls"] >= 1, "the gap is a break in the line"
     assert all(traces[label[r.pk]]["nulls"] == 0 for r in plain), "no break without a gap"
     control_colors = {traces[label[r.pk]]["color"] for r in (gapped, *plain)}
     assert len(control_colors) == 3, ("three runs of one arm, three shades", control_colors)
     assert traces[label[other.pk]]["color"] not in control_colors
-    assert page.evaluate(LAYOUT, "chart-util_pct")["title"] == "CPU utilization", "CPU runs: CPU utilization"
+    assert page.evaluate(LAYOUT, "chart-util_pct")["title"] == "CPU utilization", (
+        "CPU runs: CPU utilization"
+    )
 
     # A click on a legend entry leaves that run alone on the chart.
-    entry = page.locator("#chart-util_pct g.traces", has=page.locator(".legendtext", has_text=f"run {other.pk} "))
+    entry = page.locator(
+        "#chart-util_pct g.traces", has=page.locator(".legendtext", has_text=f"run {other.pk} ")
+    )
     entry.locator(".legendtoggle").click()
     page.wait_for_function(f"""() => (document.getElementById('chart-util_pct').data || [])
         .filter(t => t.showlegend !== false && t.visible !== 'legendonly').map(t => t.name)
@@ -77,9 +86,13 @@ def test_empty_charts_say_so(page, live_server, lab):
     for chart in ("chart-util_pct", "chart-power_w", "chart-deviation"):
         layout = page.evaluate(LAYOUT, chart)
         assert layout["x"] is False, (chart, "no 2000 axis on an empty chart")
-        assert any("no telemetry yet" in t or "no attribution window yet" in t for t in layout["text"]), layout
-    ticks = page.evaluate("() => Array.from(document.querySelectorAll('#chart-util_pct .xtick text'))"
-                          ".map(t => t.textContent)")
+        assert any(
+            "no telemetry yet" in t or "no attribution window yet" in t for t in layout["text"]
+        ), layout
+    ticks = page.evaluate(
+        "() => Array.from(document.querySelectorAll('#chart-util_pct .xtick text'))"
+        ".map(t => t.textContent)"
+    )
     assert not any("2000" in t for t in ticks), ticks
     assert not page.js_errors, page.js_errors
 
@@ -93,12 +106,21 @@ def test_recent_runs_and_counts_follow_the_runs_without_a_reload(page, live_serv
     sign_in(page, live_server.url, w.user.username, f"/experiments/{w.experiment.pk}/")
     page.wait_for_selector("#live-status")
     assert "running" not in page.locator("#facts").inner_text()
-    run = train(run_of(w.candidate, status=Run.Status.RUNNING), n=5, start=timezone.now() - timedelta(seconds=5))
+    run = train(
+        run_of(w.candidate, status=Run.Status.RUNNING),
+        n=5,
+        start=timezone.now() - timedelta(seconds=5),
+    )
     page.wait_for_selector(f'#runs-fragment tr[data-run="{run.pk}"]', timeout=8000)
-    page.wait_for_function("() => document.getElementById('facts').innerText.includes('1 running')", timeout=8000)
+    page.wait_for_function(
+        "() => document.getElementById('facts').innerText.includes('1 running')", timeout=8000
+    )
     Run.objects.filter(pk=run.pk).update(status=Run.Status.SUCCEEDED, finished_at=timezone.now())
-    page.wait_for_function(f"""() => (document.querySelector('#runs-fragment tr[data-run="{run.pk}"]') || {{}})
-        .innerText.includes('Succeeded')""", timeout=8000)
+    page.wait_for_function(
+        f"""() => (document.querySelector('#runs-fragment tr[data-run="{run.pk}"]') || {{}})
+        .innerText.includes('Succeeded')""",
+        timeout=8000,
+    )
     assert "running" not in page.locator("#facts").inner_text()
     assert not page.js_errors, page.js_errors
 
@@ -114,12 +136,17 @@ def test_x_axis_toggle_lays_runs_over_each_other(page, live_server, lab):
     before = dict(page.evaluate(first_x))
     assert all(x > 1e12 for x in before.values()), "time of day: epoch ms"
     page.click('[data-xaxis="elapsed"]')
-    page.wait_for_function("() => document.getElementById('chart-step_time_s').layout.xaxis.type === 'linear'")
+    page.wait_for_function(
+        "() => document.getElementById('chart-step_time_s').layout.xaxis.type === 'linear'"
+    )
     after = dict(page.evaluate(first_x))
     assert all(x == 0 for x in after.values()), ("every run starts at 0 s", after)
     assert "since the run started" in page.evaluate(
-        "() => document.getElementById('chart-util_pct').layout.xaxis.title.text")
+        "() => document.getElementById('chart-util_pct').layout.xaxis.title.text"
+    )
     page.click('[data-xaxis="time"]')
-    page.wait_for_function("() => document.getElementById('chart-step_time_s').layout.xaxis.type === 'date'")
+    page.wait_for_function(
+        "() => document.getElementById('chart-step_time_s').layout.xaxis.type === 'date'"
+    )
     assert dict(page.evaluate(first_x)) == before
     assert not page.js_errors, page.js_errors

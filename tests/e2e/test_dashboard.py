@@ -42,7 +42,9 @@ def demo():
     for run in done:
         train(run, n=60, start=now - timedelta(minutes=6), estimated=run.arm_id == control.pk)
     attribution_tick(now=now - timedelta(seconds=35))
-    running = train(run_of(candidate, status=Run.Status.RUNNING), n=40, start=now - timedelta(seconds=45))
+    running = train(
+        run_of(candidate, status=Run.Status.RUNNING), n=40, start=now - timedelta(seconds=45)
+    )
     return seed, experiment, control, candidate, running
 
 
@@ -69,17 +71,29 @@ def test_experiment_page_live(page, live_server, demo, screenshots):
         total = row.locator('[data-col="total_usd"]').inner_text()
         assert "USD" in total and any(c.isdigit() and c != "0" for c in total), total
         assert "USD/1M tok" in row.locator('[data-col="usd_per_mtok"]').inner_text()
-    assert page.locator(f'#comparison-measured tr[data-arm="{control.pk}"] abbr.est').count() >= 1, \
-        "the control's energy was modelled: marked estimated"
+    assert (
+        page.locator(f'#comparison-measured tr[data-arm="{control.pk}"] abbr.est').count() >= 1
+    ), "the control's energy was modelled: marked estimated"
     assert page.locator(f'#comparison-measured tr[data-arm="{candidate.pk}"] abbr.est').count() == 0
-    assert "%" in page.locator(f'#comparison-measured tr[data-arm="{candidate.pk}"] [data-col="deviation"]').inner_text()
+    assert (
+        "%"
+        in page.locator(
+            f'#comparison-measured tr[data-arm="{candidate.pk}"] [data-col="deviation"]'
+        ).inner_text()
+    )
     assert page.locator("#comparison-projected tbody tr").count() == 2
 
     # Every chart has data.
     wait_for_charts(page, 6)
     charts = page.evaluate(CHART_POINTS)
-    assert {c["id"] for c in charts} >= {"chart-util_pct", "chart-power_w", "chart-step_time_s",
-                                          "chart-micro_batch", "chart-deviation", "chart-weights"}
+    assert {c["id"] for c in charts} >= {
+        "chart-util_pct",
+        "chart-power_w",
+        "chart-step_time_s",
+        "chart-micro_batch",
+        "chart-deviation",
+        "chart-weights",
+    }
     assert all(c["points"] > 0 for c in charts), charts
     page.wait_for_selector("#live-status.live")
 
@@ -94,21 +108,30 @@ def test_experiment_page_live(page, live_server, demo, screenshots):
     # A forced freeze puts a marker on the deviation timeline, and the table says frozen.
     assert page.evaluate(TRACE_POINTS, ["chart-deviation", "freeze"]) == 0
     arm_freeze(arm_id=candidate.pk, reason="forced by the browser test", evidence={"test": True})
-    page.wait_for_function(f"() => ({TRACE_POINTS})(['chart-deviation', 'freeze']) === 1", timeout=5000)
+    page.wait_for_function(
+        f"() => ({TRACE_POINTS})(['chart-deviation', 'freeze']) === 1", timeout=5000
+    )
     page.wait_for_function(
         f"""() => (document.querySelector('#comparison-measured tr[data-arm="{candidate.pk}"] [data-col="state"]')
-                  || {{}}).innerText === 'frozen'""", timeout=5000)
+                  || {{}}).innerText === 'frozen'""",
+        timeout=5000,
+    )
 
     page.screenshot(path=str(screenshots / "experiment.png"), full_page=True)
     assert not page.js_errors, page.js_errors
 
 
-def test_a_sample_that_lands_before_the_charts_are_drawn_is_drawn_with_them(page, live_server, demo):
+def test_a_sample_that_lands_before_the_charts_are_drawn_is_drawn_with_them(
+    page, live_server, demo
+):
     """The charts are drawn after the load event, once plotly.js is there (dashboard/lazy.js); the live
     poll runs from the start. Here plotly.js is held back: the page is usable, polls, and keeps what
     arrives for the charts, which draw it when plotly.js comes."""
     seed, experiment, control, candidate, running = demo
-    held, released = [], []  # plotly.js's requests (the page's prefetch, lazy.js's script), held until released
+    held, released = (
+        [],
+        [],
+    )  # plotly.js's requests (the page's prefetch, lazy.js's script), held until released
 
     def hold(route):
         if released:
@@ -118,15 +141,25 @@ def test_a_sample_that_lands_before_the_charts_are_drawn_is_drawn_with_them(page
 
     page.route("**/plotly-basic*.js", hold)
     sign_in(page, live_server, seed, f"/experiments/{experiment.pk}/")
-    assert page.locator("#verdict-card").is_visible() and page.locator("#comparison-measured").is_visible()
+    assert (
+        page.locator("#verdict-card").is_visible()
+        and page.locator("#comparison-measured").is_visible()
+    )
     page.wait_for_selector("#live-status.live")
     sample = samples(start=timezone.now(), first_seq=running.last_seq + 1, n=1, util=42.5)[0]
     telemetry_ingest(run_id=running.pk, samples=[sample], attempt=1)
     ts = timezone.datetime.fromisoformat(sample["ts"])
-    page.wait_for_function(f"() => document.getElementById('live-status').textContent"
-                           f".includes('last sample {ts:%H:%M:%S}')", timeout=5000)
-    assert page.evaluate("() => [window.Plotly, document.getElementById('chart-util_pct').data]") == [None, None]
-    page.wait_for_timeout(300)  # lazy.js asks for plotly.js after the load event: that request is held too
+    page.wait_for_function(
+        f"() => document.getElementById('live-status').textContent"
+        f".includes('last sample {ts:%H:%M:%S}')",
+        timeout=5000,
+    )
+    assert page.evaluate(
+        "() => [window.Plotly, document.getElementById('chart-util_pct').data]"
+    ) == [None, None]
+    page.wait_for_timeout(
+        300
+    )  # lazy.js asks for plotly.js after the load event: that request is held too
     assert page.evaluate("() => window.Plotly") is None
     released.append(True)
     for route in held:

@@ -17,8 +17,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 def test_filter_sort_csv_compare_and_spend(page, live_server, screenshots):
     w = world()
-    done = [train(run_of(arm, git_sha=sha), n=30) for arm, sha in
-            ((w.control, "aaa111"), (w.candidate, "bbb222"), (w.candidate, "bbb333"))]
+    done = [
+        train(run_of(arm, git_sha=sha), n=30)
+        for arm, sha in ((w.control, "aaa111"), (w.candidate, "bbb222"), (w.candidate, "bbb333"))
+    ]
     failed = run_of(w.control, status=Run.Status.FAILED, git_sha="ccc444")
     page.goto(live_server.url + "/runs/")
     page.fill("#id_username", w.user.username)
@@ -32,12 +34,16 @@ def test_filter_sort_csv_compare_and_spend(page, live_server, screenshots):
     page.select_option("#id_status", "succeeded")
     page.click("#apply-filters")
     page.wait_for_load_state()
-    shown = page.locator("#run-table tbody tr").evaluate_all("rows => rows.map(r => +r.dataset.run)")
+    shown = page.locator("#run-table tbody tr").evaluate_all(
+        "rows => rows.map(r => +r.dataset.run)"
+    )
     assert sorted(shown) == sorted([done[1].pk, done[2].pk])
     page.fill("#id_git_sha", "bbb3")
     page.click("#apply-filters")
     page.wait_for_load_state()
-    assert page.locator("#run-table tbody tr").evaluate_all("rows => rows.map(r => +r.dataset.run)") == [done[2].pk]
+    assert page.locator("#run-table tbody tr").evaluate_all(
+        "rows => rows.map(r => +r.dataset.run)"
+    ) == [done[2].pk]
 
     # The CSV is what the page shows.
     with page.expect_download() as download:
@@ -56,8 +62,9 @@ def test_filter_sort_csv_compare_and_spend(page, live_server, screenshots):
     page.click("#compare-runs")
     page.wait_for_url("**/runs/compare/**")
     wait_for_charts(page, 4, "#dashboard")
-    traces = page.evaluate("() => document.getElementById('chart-util_pct').data.filter(t => t.x && t.x.length)"
-                           ".length")
+    traces = page.evaluate(
+        "() => document.getElementById('chart-util_pct').data.filter(t => t.x && t.x.length).length"
+    )
     assert traces >= 2, "both runs overlaid"
     assert page.locator("#compare-cost tr[data-term=total] td").count() == 2
     page.screenshot(path=str(screenshots / "runs-compare.png"), full_page=True)
@@ -68,6 +75,8 @@ def test_filter_sort_csv_compare_and_spend(page, live_server, screenshots):
     assert "of 4" in page.locator('[data-col="quota"]').inner_text()
     names = page.evaluate("() => document.querySelector('.spend-chart').data.map(t => t.name)")
     assert any(n.endswith("/ optimized") for n in names)
-    assert "above this scale" in page.locator(".spend-chart").inner_text(), "a budget 1000x the spend is said, not drawn"
+    assert "above this scale" in page.locator(".spend-chart").inner_text(), (
+        "a budget 1000x the spend is said, not drawn"
+    )
     page.screenshot(path=str(screenshots / "spend.png"), full_page=True)
     assert not page.js_errors, page.js_errors

@@ -27,14 +27,25 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def test_sweep_page_draws_the_frontier_and_follows_landing_probes(page, live_server, screenshots, monkeypatch,
-                                                                  one_thread):
+def test_sweep_page_draws_the_frontier_and_follows_landing_probes(
+    page, live_server, screenshots, monkeypatch, one_thread
+):
     monkeypatch.setattr(services, "_probe_send", lambda **_: None)  # probes run in this process
     seed = demo_seed()
     sweep = services.sweep_create(
-        tenant=seed.experiment.tenant, name="batch x seq_len", base_strategy_yaml=BASE, probe_count=6, probe_steps=4,
-        parallelism=1, sampler="grid",
-        space={"train.global_batch": [1, 2, 4], "train.micro_batch": [2], "model.seq_len": [16, 32]})
+        tenant=seed.experiment.tenant,
+        name="batch x seq_len",
+        base_strategy_yaml=BASE,
+        probe_count=6,
+        probe_steps=4,
+        parallelism=1,
+        sampler="grid",
+        space={
+            "train.global_batch": [1, 2, 4],
+            "train.micro_batch": [2],
+            "model.seq_len": [16, 32],
+        },
+    )
     for _ in range(3):
         probe_execute(sweep.probes.get(status="queued").pk)
     sign_in(page, live_server, seed, f"/sweeps/{sweep.pk}/")
@@ -46,13 +57,18 @@ def test_sweep_page_draws_the_frontier_and_follows_landing_probes(page, live_ser
     assert page.evaluate(TRACE_POINTS, ["sweep-chart", "frontier"]) >= 1
     # A probe lands while the page is open: it shows up without a manual reload.
     probe_execute(sweep.probes.get(status="queued").pk)
-    page.wait_for_function(f"() => document.getElementById('sweep-chart').data && "
-                           f"document.querySelectorAll('#probes tbody tr').length === {sweep.probes.count()}")
+    page.wait_for_function(
+        f"() => document.getElementById('sweep-chart').data && "
+        f"document.querySelectorAll('#probes tbody tr').length === {sweep.probes.count()}"
+    )
     while sweep.probes.filter(status="queued").exists():
         probe_execute(sweep.probes.get(status="queued").pk)
     page.wait_for_selector("#sweep-status:has-text('Completed')", timeout=15_000)
     page.wait_for_function("() => document.getElementById('sweep-chart').data")
-    assert page.evaluate(TRACE_POINTS, ["sweep-chart", "probes"]) == sweep.probes.filter(status="succeeded").count()
+    assert (
+        page.evaluate(TRACE_POINTS, ["sweep-chart", "probes"])
+        == sweep.probes.filter(status="succeeded").count()
+    )
     assert "✓" in page.inner_text("#probes")
     assert not page.js_errors, page.js_errors
     page.screenshot(path=str(screenshots / "sweep.png"), full_page=True)

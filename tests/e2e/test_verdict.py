@@ -17,8 +17,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 def two_arms(tenant, name):
     experiment = ExperimentFactory(tenant=tenant, name=name, status="active")
-    return experiment, ArmFactory(experiment=experiment, name="fp32-control", is_control=True), \
-        ArmFactory(experiment=experiment, name="bf16-dynamic")
+    return (
+        experiment,
+        ArmFactory(experiment=experiment, name="fp32-control", is_control=True),
+        ArmFactory(experiment=experiment, name="bf16-dynamic"),
+    )
 
 
 @pytest.fixture
@@ -61,11 +64,16 @@ def test_verdict_card_and_column_in_each_state(page, live_server, states, screen
     sign_in(page, base, w.user.username)
     expected = {
         "conclusive": ("cheaper", ["cheaper", "per 1M tokens", "always-valid bound", "conclusive"]),
-        "inconclusive": ("inconclusive", ["inconclusive", "needs about", "more run", "evidence so far"]),
+        "inconclusive": (
+            "inconclusive",
+            ["inconclusive", "needs about", "more run", "evidence so far"],
+        ),
         "frozen": ("frozen", ["frozen at", "dearer"]),
     }
     for name, (verdict, _) in expected.items():
-        cell = page.locator(f'#experiments tr[data-experiment="{experiments[name].pk}"] [data-col="verdict"]')
+        cell = page.locator(
+            f'#experiments tr[data-experiment="{experiments[name].pk}"] [data-col="verdict"]'
+        )
         assert cell.locator(f'[data-verdict="{verdict}"]').count() == 1, (name, cell.inner_text())
     page.screenshot(path=str(screenshots / "experiments-verdicts.png"), full_page=True)
 
@@ -82,7 +90,9 @@ def test_verdict_card_and_column_in_each_state(page, live_server, states, screen
                                .map(s => document.querySelector(s).getBoundingClientRect().top)""")
         assert top == sorted(top), (name, top)
         bounds = page.locator('#comparison-measured [data-col="bounds"]').all_inner_texts()
-        lows = [float(b.strip("[] ").split(",")[0].replace("%", "").replace("+", "")) for b in bounds]
+        lows = [
+            float(b.strip("[] ").split(",")[0].replace("%", "").replace("+", "")) for b in bounds
+        ]
         assert all(low >= -100 for low in lows), ("a cost is never below -100 %", bounds)
         page.screenshot(path=str(screenshots / f"verdict-{name}.png"), full_page=True)
     assert not page.js_errors, page.js_errors

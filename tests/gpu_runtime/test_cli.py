@@ -55,8 +55,24 @@ def test_sigterm_mid_run_leaves_a_valid_result_and_metrics(tmp_path):
     metrics = tmp_path / "metrics.jsonl"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpu_runtime", "train", str(strategy), "--steps", "100000", "--out", str(metrics),
-         "--quiet"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "gpu_runtime",
+            "train",
+            str(strategy),
+            "--steps",
+            "100000",
+            "--out",
+            str(metrics),
+            "--quiet",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and proc.poll() is None:

@@ -21,8 +21,16 @@ pytestmark = pytest.mark.cuda
 def test_side_stream_batches_arrive_intact_and_in_order():
     device = torch.device("cuda", 0)
     batches = StepBatches(load_corpus(DataSection(), seed=0), seq_len=64, global_batch=8, seed=0)
-    prefetcher = Prefetcher(batches, start_step=0, end_step=6, device=device, depth=2, pin_memory=True,
-                            clock=Clock(device), io_log=deque())
+    prefetcher = Prefetcher(
+        batches,
+        start_step=0,
+        end_step=6,
+        device=device,
+        depth=2,
+        pin_memory=True,
+        clock=Clock(device),
+        io_log=deque(),
+    )
     try:
         for step in range(6):
             batch = prefetcher.next()
@@ -34,8 +42,11 @@ def test_side_stream_batches_arrive_intact_and_in_order():
 
 def test_trains_on_cuda_with_nvml_telemetry(tiny_config):
     samples = []
-    result = train(tiny_config(train={"steps": 30, "global_batch": 8}, telemetry={"interval_s": 0.02}),
-                   sink=samples.append, device="cuda")
+    result = train(
+        tiny_config(train={"steps": 30, "global_batch": 8}, telemetry={"interval_s": 0.02}),
+        sink=samples.append,
+        device="cuda",
+    )
     assert result.status == "completed" and result.device.startswith("cuda:0 ")
     assert result.peak_mem_mb > 0 and result.final_loss < 6.0
     final = samples[-1]
@@ -62,5 +73,9 @@ def test_mfu_on_a_known_gpu_uses_its_dense_peak(tiny_config):
     if peak is None:
         pytest.skip(f"{name} is not in the peak table")
     samples = []
-    train(tiny_config(train={"steps": 20}, telemetry={"interval_s": 0.02}), sink=samples.append, device="cuda")
+    train(
+        tiny_config(train={"steps": 20}, telemetry={"interval_s": 0.02}),
+        sink=samples.append,
+        device="cuda",
+    )
     assert any(s["mfu"] is not None and 0 < s["mfu"] < 1 for s in samples if s["tokens_per_s"])

@@ -34,25 +34,31 @@ def test_alpaca_loader_frames_each_record_with_the_prompt_template(tmp_path):
     corpus = load_corpus(DataSection(source="jsonl", path=str(path)), seed=0)
     tokens = _decode(corpus.tokens)
     assert tokens.count(BOS) == 2 and tokens.count(EOS) == 2
-    first = bytes(tokens[1:tokens.index(EOS)]).decode()
+    first = bytes(tokens[1 : tokens.index(EOS)]).decode()
     assert first == "### Instruction:\nAdd the numbers.\n\n### Input:\n2 and 3\n\n### Response:\n5"
-    second = bytes(tokens[tokens.index(EOS) + 2:-1]).decode()
+    second = bytes(tokens[tokens.index(EOS) + 2 : -1]).decode()
     assert second == "### Instruction:\nSay hi.\n\n### Response:\nhi"  # an empty input is left out
     assert "alpaca(2 records)" == corpus.description
 
 
-@pytest.mark.parametrize(("line", "reason"), [
-    ('{"instruction": "x"', "not valid JSON"),
-    ('{"instruction": "x", "output": 3}', "'output' must be a string"),
-    ('["instruction"]', "expected an object"),
-])
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        ('{"instruction": "x"', "not valid JSON"),
+        ('{"instruction": "x", "output": 3}', "'output' must be a string"),
+        ('["instruction"]', "expected an object"),
+    ],
+)
 def test_alpaca_loader_names_the_bad_line(tmp_path, line, reason):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"instruction": "a", "output": "b"}\n' + line + "\n", encoding="utf-8")
     with pytest.raises(StrategyError) as info:
         load_corpus(DataSection(source="jsonl", path=str(path)), seed=0)
     assert info.value.errors[0]["key"] == "data.path"
-    assert "bad.jsonl line 2" in info.value.errors[0]["message"] and reason in info.value.errors[0]["message"]
+    assert (
+        "bad.jsonl line 2" in info.value.errors[0]["message"]
+        and reason in info.value.errors[0]["message"]
+    )
 
 
 def test_text_glob_hash_is_over_the_token_stream(tmp_path):
@@ -64,13 +70,19 @@ def test_text_glob_hash_is_over_the_token_stream(tmp_path):
     stream = b"".join(t.to_bytes(2, "little") for t in expected_tokens)
     assert corpus.sha256 == hashlib.sha256(stream).hexdigest()
     (tmp_path / "b.txt").write_bytes(b"World")
-    assert load_corpus(DataSection(source="text", path=str(tmp_path / "*.txt")), seed=0).sha256 != corpus.sha256
+    assert (
+        load_corpus(DataSection(source="text", path=str(tmp_path / "*.txt")), seed=0).sha256
+        != corpus.sha256
+    )
 
 
 def test_text_glob_without_matches_names_data_path(tmp_path):
     with pytest.raises(StrategyError) as info:
         load_corpus(DataSection(source="text", path=str(tmp_path / "none-*.txt")), seed=0)
-    assert info.value.errors[0]["key"] == "data.path" and "no files match" in info.value.errors[0]["message"]
+    assert (
+        info.value.errors[0]["key"] == "data.path"
+        and "no files match" in info.value.errors[0]["message"]
+    )
 
 
 def test_synthetic_data_is_fixed_by_the_seed():
@@ -117,8 +129,16 @@ def _run_prefetched(depth: int, *, load_s: float, compute_s: float, steps: int =
     clock = Clock(CPU)
     windows: deque = deque(maxlen=64)
     io_log: deque = deque(maxlen=64)
-    prefetcher = Prefetcher(_SlowBatches(load_s), start_step=0, end_step=steps, device=CPU, depth=depth,
-                            pin_memory=True, clock=clock, io_log=io_log)
+    prefetcher = Prefetcher(
+        _SlowBatches(load_s),
+        start_step=0,
+        end_step=steps,
+        device=CPU,
+        depth=depth,
+        pin_memory=True,
+        clock=clock,
+        io_log=io_log,
+    )
     try:
         for step in range(steps):
             batch = prefetcher.next()
@@ -142,7 +162,7 @@ def test_prefetching_overlaps_loading_with_compute_and_inline_loading_does_not()
     # While batches remain to be loaded, the next one loads during each step: about 0.02 / 0.05 of
     # it. The producer runs ahead by the queue depth plus the batch in hand,
     # so the last steps have nothing left.
-    loading = sorted(threaded[1:steps - 3])
+    loading = sorted(threaded[1 : steps - 3])
     assert 0.25 < loading[len(loading) // 2] <= 1.0, threaded
     assert threaded[-1] == 0.0
 
@@ -152,8 +172,16 @@ def test_a_failing_loader_raises_in_the_training_thread():
         def batch(self, step):
             raise OSError("disk gone")
 
-    prefetcher = Prefetcher(Broken(), start_step=0, end_step=3, device=CPU, depth=2, pin_memory=False,
-                            clock=Clock(CPU), io_log=deque())
+    prefetcher = Prefetcher(
+        Broken(),
+        start_step=0,
+        end_step=3,
+        device=CPU,
+        depth=2,
+        pin_memory=False,
+        clock=Clock(CPU),
+        io_log=deque(),
+    )
     with pytest.raises(OSError, match="disk gone"):
         prefetcher.next()
     prefetcher.close()

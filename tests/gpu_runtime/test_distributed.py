@@ -20,8 +20,11 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 DDP = {"distributed": {"nproc_per_node": 2}}
 # Two micro-batches per rank (four in one process): no_sync is on the path, and the world's
 # gradient is the single process's.
-PARITY = {"train": {"global_batch": 8, "micro_batch": 2, "warmup_steps": 2}, "data": {"prefetch": 0},
-          "telemetry": {"enabled": False}}
+PARITY = {
+    "train": {"global_batch": 8, "micro_batch": 2, "warmup_steps": 2},
+    "data": {"prefetch": 0},
+    "telemetry": {"enabled": False},
+}
 
 
 def _rank_processes() -> list[psutil.Process]:
@@ -58,14 +61,20 @@ def test_two_ranks_train_as_one_process(tiny_config, tmp_path):
     alone = train(tiny_config(**twenty))
     together = train(tiny_config(**twenty, **DDP))
     assert together.steps == alone.steps == 20 and together.tokens == alone.tokens
-    assert abs(together.final_loss - alone.final_loss) / alone.final_loss <= 0.01, (alone.final_loss,
-                                                                                    together.final_loss)
-    assert [r["final_loss"] for r in together.strategies["distributed"]["ranks"]] == [together.final_loss] * 2
+    assert abs(together.final_loss - alone.final_loss) / alone.final_loss <= 0.01, (
+        alone.final_loss,
+        together.final_loss,
+    )
+    assert [r["final_loss"] for r in together.strategies["distributed"]["ranks"]] == [
+        together.final_loss
+    ] * 2
     assert not _rank_processes()
 
 
 def test_cancel_and_a_live_update_reach_both_ranks_at_the_same_step(tiny_config):
-    config = tiny_config(train={"steps": 400}, telemetry={"interval_s": 0.05, "peak_flops": 1e11}, **DDP)
+    config = tiny_config(
+        train={"steps": 400}, telemetry={"interval_s": 0.05, "peak_flops": 1e11}, **DDP
+    )
     seen: list[dict] = []
     pushed: list[int] = []
 
@@ -75,14 +84,17 @@ def test_cancel_and_a_live_update_reach_both_ranks_at_the_same_step(tiny_config)
             return {"telemetry": {"interval_s": 0.1}}
         return None
 
-    result = train(config, sink=seen.append, live=live,
-                   cancel=lambda: any(s["step"] >= 6 for s in seen))
+    result = train(
+        config, sink=seen.append, live=live, cancel=lambda: any(s["step"] >= 6 for s in seen)
+    )
     ranks = result.strategies["distributed"]["ranks"]
     assert result.status == "cancelled" and 6 <= result.steps < 400
     assert [r["status"] for r in ranks] == ["cancelled", "cancelled"]
     assert [r["steps"] for r in ranks] == [result.steps] * 2  # the same step boundary
     assert [r["live_applied"] for r in ranks] == [1, 1]
-    wanted = config.model_copy(update={"telemetry": config.telemetry.model_copy(update={"interval_s": 0.1})})
+    wanted = config.model_copy(
+        update={"telemetry": config.telemetry.model_copy(update={"interval_s": 0.1})}
+    )
     assert [r["live_config_sha256"] for r in ranks] == [config_sha256(wanted)] * 2
     # each rank sampled its own process; one seq space for the run
     assert {s["rank"] for s in seen} == {0, 1}
@@ -99,7 +111,9 @@ def test_sigterm_stops_every_rank_at_one_step_boundary(tiny_config):
     def sink(sample):
         if not sent and sample["step"] >= 3:
             sent.append(1)
-            os.kill(os.getpid(), signal.SIGTERM)  # the owner takes it; the ranks follow at one boundary
+            os.kill(
+                os.getpid(), signal.SIGTERM
+            )  # the owner takes it; the ranks follow at one boundary
 
     result = train(config, sink=sink)
     ranks = result.strategies["distributed"]["ranks"]
@@ -139,10 +153,21 @@ def test_what_a_host_cannot_give_a_distributed_run_is_refused_by_key(tiny_config
         tiny_config(train={"global_batch": 3}, distributed={"nproc_per_node": 2})
     assert [e["key"] for e in info.value.errors] == ["train.global_batch"]
     with pytest.raises(StrategyError) as info:  # ranks would each pick their own global batch
-        tiny_config(optimizer={"dynamic_batching": {"enabled": True, "min_micro_batch": 1, "max_micro_batch": 2,
-                                                    "adaptive_global_batch": True, "min_global_batch": 2}},
-                    distributed={"nproc_per_node": 2})
-    assert [e["key"] for e in info.value.errors] == ["optimizer.dynamic_batching.adaptive_global_batch"]
+        tiny_config(
+            optimizer={
+                "dynamic_batching": {
+                    "enabled": True,
+                    "min_micro_batch": 1,
+                    "max_micro_batch": 2,
+                    "adaptive_global_batch": True,
+                    "min_global_batch": 2,
+                }
+            },
+            distributed={"nproc_per_node": 2},
+        )
+    assert [e["key"] for e in info.value.errors] == [
+        "optimizer.dynamic_batching.adaptive_global_batch"
+    ]
 
 
 def test_more_processes_than_devices_on_a_gpu_host_is_refused_by_key(tiny_config):
@@ -153,18 +178,33 @@ def test_more_processes_than_devices_on_a_gpu_host_is_refused_by_key(tiny_config
     assert [p["key"] for p in problems] == ["distributed.nproc_per_node"]
     assert "4 processes" in problems[0]["message"] and "has 2" in problems[0]["message"]
     assert distributed_problems(config, cuda=True, devices=4, where="this host") == []
-    assert distributed_problems(config, cuda=False, devices=0, where="this host") == []  # gloo on CPU
+    assert (
+        distributed_problems(config, cuda=False, devices=0, where="this host") == []
+    )  # gloo on CPU
 
 
 def test_rank_0s_batch_scaler_decides_the_micro_batch_of_every_rank(tiny_config):
-    config = tiny_config(train={"steps": 10, "global_batch": 8}, telemetry={"interval_s": 0.02},
-                         optimizer={"dynamic_batching": {"enabled": True, "min_micro_batch": 1, "max_micro_batch": 8,
-                                                         "stability_window": 2}}, **DDP)
+    config = tiny_config(
+        train={"steps": 10, "global_batch": 8},
+        telemetry={"interval_s": 0.02},
+        optimizer={
+            "dynamic_batching": {
+                "enabled": True,
+                "min_micro_batch": 1,
+                "max_micro_batch": 8,
+                "stability_window": 2,
+            }
+        },
+        **DDP,
+    )
     samples: list[dict] = []
     result = train(config, sink=samples.append)
     ranks = result.strategies["distributed"]["ranks"]
     assert result.micro_batch_events, "the micro-batch never changed"
-    assert [r["scaler_events"] for r in ranks] == [len(result.micro_batch_events), 0]  # rank 1 follows
+    assert [r["scaler_events"] for r in ranks] == [
+        len(result.micro_batch_events),
+        0,
+    ]  # rank 1 follows
     by_rank: dict[int, dict[int, int]] = {0: {}, 1: {}}
     for s in samples:
         if s["step"]:
@@ -186,9 +226,16 @@ def test_two_nodes_meet_at_one_rendezvous_and_train_as_one_process(tiny_config):
 
     def node(index: int) -> None:
         try:
-            results[index] = train(config, rendezvous=Rendezvous(
-                endpoint=endpoint, id="test-two-nodes", is_host=index == 0, join_timeout_s=60,
-                local_addr="127.0.0.1"))
+            results[index] = train(
+                config,
+                rendezvous=Rendezvous(
+                    endpoint=endpoint,
+                    id="test-two-nodes",
+                    is_host=index == 0,
+                    join_timeout_s=60,
+                    local_addr="127.0.0.1",
+                ),
+            )
         except Exception as exc:  # noqa: BLE001 - asserted below
             results[index] = exc
 
@@ -203,9 +250,14 @@ def test_two_nodes_meet_at_one_rendezvous_and_train_as_one_process(tiny_config):
         assert not isinstance(result, Exception), result
         assert result.status == "completed" and result.steps == 20
         assert abs(result.final_loss - alone.final_loss) / alone.final_loss <= 0.01
-        assert result.strategies["distributed"]["rendezvous"] == {"backend": "c10d", "endpoint": endpoint,
-                                                                 "id": "test-two-nodes"}
-    assert sorted(r["rank"] for i in (0, 1) for r in results[i].strategies["distributed"]["ranks"]) == [0, 1]
+        assert result.strategies["distributed"]["rendezvous"] == {
+            "backend": "c10d",
+            "endpoint": endpoint,
+            "id": "test-two-nodes",
+        }
+    assert sorted(
+        r["rank"] for i in (0, 1) for r in results[i].strategies["distributed"]["ranks"]
+    ) == [0, 1]
 
 
 def test_a_node_alone_gives_up_at_the_join_timeout(tiny_config):
@@ -216,7 +268,17 @@ def test_a_node_alone_gives_up_at_the_join_timeout(tiny_config):
         train(config)  # across nodes, a rendezvous is needed
     assert refused.value.errors[0]["key"] == "distributed.nnodes"
     with pytest.raises(DistributedError) as info:
-        train(config, rendezvous=Rendezvous(endpoint=f"127.0.0.1:{free_port()}", id="test-alone", is_host=True,
-                                            join_timeout_s=3, local_addr="127.0.0.1"))
-    assert "distributed.rendezvous" in str(info.value) and "not every node joined" in str(info.value)
+        train(
+            config,
+            rendezvous=Rendezvous(
+                endpoint=f"127.0.0.1:{free_port()}",
+                id="test-alone",
+                is_host=True,
+                join_timeout_s=3,
+                local_addr="127.0.0.1",
+            ),
+        )
+    assert "distributed.rendezvous" in str(info.value) and "not every node joined" in str(
+        info.value
+    )
     assert not _rank_processes()

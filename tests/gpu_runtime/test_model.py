@@ -36,7 +36,12 @@ def test_presets_match_the_schema_and_their_names():
     assert 300e6 < PRESETS["350m"].num_params() < 400e6
     assert 0.9e9 < PRESETS["1b"].num_params() < 1.2e9
     seven = PRESETS["7b"]
-    assert (seven.dim, seven.n_layers, seven.n_heads, seven.hidden_dim) == (4096, 32, 32, 11008)  # LLaMA-7B
+    assert (seven.dim, seven.n_layers, seven.n_heads, seven.hidden_dim) == (
+        4096,
+        32,
+        32,
+        11008,
+    )  # LLaMA-7B
     assert 6.3e9 < seven.num_params() < 6.8e9
 
 
@@ -57,7 +62,11 @@ def test_grouped_query_shapes_count_and_run():
 
 def test_block_layout_is_the_quantization_and_fusion_contract():
     block = Transformer(preset_args("tiny", 16)).blocks[0]
-    assert isinstance(block, Block) and isinstance(block.attn_norm, RMSNorm) and isinstance(block.attn, Attention)
+    assert (
+        isinstance(block, Block)
+        and isinstance(block.attn_norm, RMSNorm)
+        and isinstance(block.attn, Attention)
+    )
     for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
         proj = getattr(block.attn, name)
         assert isinstance(proj, nn.Linear) and proj.bias is None
@@ -99,7 +108,9 @@ def test_rope_scores_depend_only_on_relative_position():
     q, k = torch.randn(16), torch.randn(16)
     q_all = apply_rope(q.expand(1, 1, 32, 16).contiguous(), cos, sin)[0, 0]
     k_all = apply_rope(k.expand(1, 1, 32, 16).contiguous(), cos, sin)[0, 0]
-    assert torch.allclose(q_all.norm(dim=-1), q.norm().expand(32), atol=1e-5)  # a rotation keeps the norm
+    assert torch.allclose(
+        q_all.norm(dim=-1), q.norm().expand(32), atol=1e-5
+    )  # a rotation keeps the norm
     assert torch.isclose(q_all[10] @ k_all[7], q_all[25] @ k_all[22], atol=1e-4)
     assert not torch.isclose(q_all[10] @ k_all[7], q_all[10] @ k_all[3], atol=1e-4)
 

@@ -8,7 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_runtime import StrategyConfig, StrategyError, config_sha256, load_strategy, strategy_json_schema
+from gpu_runtime import (
+    StrategyConfig,
+    StrategyError,
+    config_sha256,
+    load_strategy,
+    strategy_json_schema,
+)
 from gpu_runtime.errors import DOCUMENT_KEY
 
 # Verbatim from the design document (seed/, chapter 1 and section 2.3), comments included.
@@ -49,8 +55,12 @@ telemetry: {interval_s: 1.0}
 
 def test_design_document_fragments_load_verbatim():
     batching = load_strategy(DESIGN_DOC_DYNAMIC_BATCHING).optimizer.dynamic_batching
-    assert (batching.enabled, batching.min_micro_batch, batching.max_micro_batch, batching.stability_window) == (
-        True, 4, 64, 128)
+    assert (
+        batching.enabled,
+        batching.min_micro_batch,
+        batching.max_micro_batch,
+        batching.stability_window,
+    ) == (True, 4, 64, 128)
     precision = load_strategy(DESIGN_DOC_PRECISION.encode("utf-8")).precision
     assert (precision.compute_dtype, precision.storage_dtype) == ("bf16", "fp16")
     assert precision.quantization.target_modules == ["q_proj", "v_proj", "o_proj"]
@@ -59,10 +69,16 @@ def test_design_document_fragments_load_verbatim():
 
 def test_architecture_example_loads_with_every_section():
     config = load_strategy(ARCHITECTURE_EXAMPLE)
-    assert config.model.seq_len == 256 and config.train.global_batch == 64 and config.train.lr == pytest.approx(3e-4)
+    assert (
+        config.model.seq_len == 256
+        and config.train.global_batch == 64
+        and config.train.lr == pytest.approx(3e-4)
+    )
     assert config.offload.embedding == "cpu" and config.offload.mmap is True
     assert config.memory.gradient_checkpointing.every_n_blocks == 1
-    assert config.kernels.fused_rmsnorm_qkv is True and config.placement.strategy == "topology_aware"
+    assert (
+        config.kernels.fused_rmsnorm_qkv is True and config.placement.strategy == "topology_aware"
+    )
 
 
 def test_empty_document_is_all_defaults():
@@ -83,32 +99,93 @@ BAD_INPUTS = [
     ("bool for an int", "train: {global_batch: true}", "train.global_batch", "integer"),
     ("int for a bool", "data: {pin_memory: 1}", "data.pin_memory", "boolean"),
     ("negative steps", "train: {steps: -1}", "train.steps", "greater than or equal to 1"),
-    ("min above max", "optimizer: {dynamic_batching: {min_micro_batch: 65, max_micro_batch: 64}}",
-     "optimizer.dynamic_batching.min_micro_batch", "larger than max_micro_batch"),
-    ("min above global batch", "train: {global_batch: 2}\noptimizer: {dynamic_batching: {enabled: true}}",
-     "optimizer.dynamic_batching.min_micro_batch", "global_batch"),
-    ("micro above global", "train: {global_batch: 4, micro_batch: 8}", "train.micro_batch", "larger than"),
-    ("tiny CPU memory budget", "optimizer: {dynamic_batching: {cpu_memory_budget_mb: 10}}",
-     "optimizer.dynamic_batching.cpu_memory_budget_mb", "greater than or equal to 64"),
-    ("speedup above one", "optimizer: {dynamic_batching: {min_speedup: 2}}",
-     "optimizer.dynamic_batching.min_speedup", "less than or equal to 1"),
-    ("unknown LR scaling", "optimizer: {dynamic_batching: {lr_scaling: cubic}}",
-     "optimizer.dynamic_batching.lr_scaling", "'sqrt' or 'linear'"),
-    ("min global below min micro", "optimizer: {dynamic_batching: {min_global_batch: 2, min_micro_batch: 4}}",
-     "optimizer.dynamic_batching.min_global_batch", "smaller than min_micro_batch"),
-    ("min global above global", "train: {global_batch: 8}\noptimizer: {dynamic_batching: {min_global_batch: 16}}",
-     "optimizer.dynamic_batching.min_global_batch", "larger than train.global_batch"),
-    ("unsupported dtype", "precision: {compute_dtype: fp8}", "precision.compute_dtype", "'fp32', 'bf16' or 'fp16'"),
-    ("storage narrower than fp32 compute", "precision: {storage_dtype: bf16}", "precision.storage_dtype", "fp32"),
-    ("unknown quantization target", "precision: {quantization: {target_modules: [q_proj, qkv]}}",
-     "precision.quantization.target_modules.1", "q_proj"),
-    ("4-bit weights", "precision: {quantization: {weight_bits: 4}}", "precision.quantization.weight_bits", "8"),
-    ("full fine-tune of int8 weights", "precision: {quantization: {enabled: true, trainable: full}}",
-     "precision.quantization.trainable", "frozen"),
+    (
+        "min above max",
+        "optimizer: {dynamic_batching: {min_micro_batch: 65, max_micro_batch: 64}}",
+        "optimizer.dynamic_batching.min_micro_batch",
+        "larger than max_micro_batch",
+    ),
+    (
+        "min above global batch",
+        "train: {global_batch: 2}\noptimizer: {dynamic_batching: {enabled: true}}",
+        "optimizer.dynamic_batching.min_micro_batch",
+        "global_batch",
+    ),
+    (
+        "micro above global",
+        "train: {global_batch: 4, micro_batch: 8}",
+        "train.micro_batch",
+        "larger than",
+    ),
+    (
+        "tiny CPU memory budget",
+        "optimizer: {dynamic_batching: {cpu_memory_budget_mb: 10}}",
+        "optimizer.dynamic_batching.cpu_memory_budget_mb",
+        "greater than or equal to 64",
+    ),
+    (
+        "speedup above one",
+        "optimizer: {dynamic_batching: {min_speedup: 2}}",
+        "optimizer.dynamic_batching.min_speedup",
+        "less than or equal to 1",
+    ),
+    (
+        "unknown LR scaling",
+        "optimizer: {dynamic_batching: {lr_scaling: cubic}}",
+        "optimizer.dynamic_batching.lr_scaling",
+        "'sqrt' or 'linear'",
+    ),
+    (
+        "min global below min micro",
+        "optimizer: {dynamic_batching: {min_global_batch: 2, min_micro_batch: 4}}",
+        "optimizer.dynamic_batching.min_global_batch",
+        "smaller than min_micro_batch",
+    ),
+    (
+        "min global above global",
+        "train: {global_batch: 8}\noptimizer: {dynamic_batching: {min_global_batch: 16}}",
+        "optimizer.dynamic_batching.min_global_batch",
+        "larger than train.global_batch",
+    ),
+    (
+        "unsupported dtype",
+        "precision: {compute_dtype: fp8}",
+        "precision.compute_dtype",
+        "'fp32', 'bf16' or 'fp16'",
+    ),
+    (
+        "storage narrower than fp32 compute",
+        "precision: {storage_dtype: bf16}",
+        "precision.storage_dtype",
+        "fp32",
+    ),
+    (
+        "unknown quantization target",
+        "precision: {quantization: {target_modules: [q_proj, qkv]}}",
+        "precision.quantization.target_modules.1",
+        "q_proj",
+    ),
+    (
+        "4-bit weights",
+        "precision: {quantization: {weight_bits: 4}}",
+        "precision.quantization.weight_bits",
+        "8",
+    ),
+    (
+        "full fine-tune of int8 weights",
+        "precision: {quantization: {enabled: true, trainable: full}}",
+        "precision.quantization.trainable",
+        "frozen",
+    ),
     ("unknown preset", "model: {preset: 13b}", "model.preset", "7b"),
     ("text without a path", "data: {source: text}", "data.path", "required"),
     ("section not a mapping", "train: 5", "train", "dictionary"),
-    ("zero telemetry interval", "telemetry: {interval_s: 0}", "telemetry.interval_s", "greater than or equal"),
+    (
+        "zero telemetry interval",
+        "telemetry: {interval_s: 0}",
+        "telemetry.interval_s",
+        "greater than or equal",
+    ),
     ("duplicate key", "model: {preset: tiny}\nmodel: {preset: small}", "model", "duplicate"),
     ("list document", "- model\n- train", DOCUMENT_KEY, "mapping"),
     ("broken YAML", "model: {preset: tiny", DOCUMENT_KEY, "not valid YAML"),
@@ -118,7 +195,9 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize(("kind", "document", "key", "reason"), BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+@pytest.mark.parametrize(
+    ("kind", "document", "key", "reason"), BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS]
+)
 def test_bad_input_is_refused_naming_the_key(kind, document, key, reason):
     with pytest.raises(StrategyError) as info:
         load_strategy(document)
@@ -133,7 +212,11 @@ def test_bad_input_is_refused_naming_the_key(kind, document, key, reason):
 def test_every_error_is_reported_at_once():
     with pytest.raises(StrategyError) as info:
         load_strategy("train: {steps: 0, global_batch: x}\nkernels: {fuse: true}")
-    assert {e["key"] for e in info.value.errors} == {"train.steps", "train.global_batch", "kernels.fuse"}
+    assert {e["key"] for e in info.value.errors} == {
+        "train.steps",
+        "train.global_batch",
+        "kernels.fuse",
+    }
 
 
 def _billion_laughs(levels: int = 9) -> str:
@@ -175,10 +258,15 @@ def test_json_schema_covers_every_key_and_forbids_extras():
     for name, definition in schema["$defs"].items():
         assert definition["additionalProperties"] is False, name
         for key, prop in definition["properties"].items():
-            assert prop.get("description") or "$ref" in prop or "allOf" in prop, f"{name}.{key} has no description"
+            assert prop.get("description") or "$ref" in prop or "allOf" in prop, (
+                f"{name}.{key} has no description"
+            )
     seq_len = schema["$defs"]["ModelSection"]["properties"]["seq_len"]
     assert seq_len["default"] == 256 and "tokens" in seq_len["description"]
-    assert "seconds" in schema["$defs"]["TelemetrySection"]["properties"]["interval_s"]["description"].lower()
+    assert (
+        "seconds"
+        in schema["$defs"]["TelemetrySection"]["properties"]["interval_s"]["description"].lower()
+    )
 
 
 def test_config_hash_is_canonical():
@@ -200,9 +288,13 @@ def test_arbitrary_text_either_loads_or_is_refused_cleanly(text):
 def test_every_example_strategy_loads():
     from pathlib import Path
 
-    examples = sorted((Path(__file__).resolve().parents[2] / "gpu_runtime" / "examples").glob("*.yaml"))
+    examples = sorted(
+        (Path(__file__).resolve().parents[2] / "gpu_runtime" / "examples").glob("*.yaml")
+    )
     assert len(examples) >= 2
     for path in examples:
         load_strategy(path.read_bytes())
-    batching = load_strategy((examples[0].parent / "dynamic_batching.yaml").read_bytes()).optimizer.dynamic_batching
+    batching = load_strategy(
+        (examples[0].parent / "dynamic_batching.yaml").read_bytes()
+    ).optimizer.dynamic_batching
     assert batching.enabled and not batching.adaptive_global_batch

@@ -34,13 +34,22 @@ def train_on_cpu(config, **kwargs):
 
 
 def dynamic(**settings):
-    return {"dynamic_batching": {"enabled": True, "min_micro_batch": 1, "max_micro_batch": 8, **settings}}
+    return {
+        "dynamic_batching": {
+            "enabled": True,
+            "min_micro_batch": 1,
+            "max_micro_batch": 8,
+            **settings,
+        }
+    }
 
 
 @pytest.fixture
 def config(tiny_config):
     def make(**sections):
-        merged = {key: {**SMALL.get(key, {}), **sections.get(key, {})} for key in {*SMALL, *sections}}
+        merged = {
+            key: {**SMALL.get(key, {}), **sections.get(key, {})} for key in {*SMALL, *sections}
+        }
         return tiny_config(**merged)
 
     return make
@@ -50,6 +59,7 @@ def config(tiny_config):
 def spy(monkeypatch):
     """The trainers train_on_cpu() builds, recording each step's plan;
     `around_step` may wrap every step."""
+
     class Built(list):
         cls: type
 
@@ -74,7 +84,9 @@ def spy(monkeypatch):
     return built
 
 
-def test_dynamic_batching_grows_the_micro_batch_while_faster_and_keeps_the_global_batch(config, spy, monkeypatch):
+def test_dynamic_batching_grows_the_micro_batch_while_faster_and_keeps_the_global_batch(
+    config, spy, monkeypatch
+):
     """Each micro-batch costs 20 ms of fixed CPU work (a busy loop in accumulation): larger ones
     are faster.
 
@@ -90,14 +102,21 @@ def test_dynamic_batching_grows_the_micro_batch_while_faster_and_keeps_the_globa
 
     monkeypatch.setattr(spy.cls, "_accumulate", with_overhead)
     samples = []
-    result = train_on_cpu(config(optimizer=dynamic(probe_steps=2), train={"steps": 12, "micro_batch": 1}),
-                          sink=samples.append)
+    result = train_on_cpu(
+        config(optimizer=dynamic(probe_steps=2), train={"steps": 12, "micro_batch": 1}),
+        sink=samples.append,
+    )
     events = result.micro_batch_events
     assert [(e["kind"], e["old_micro_batch"], e["new_micro_batch"]) for e in events] == [
-        ("grow", 1, 2), ("grow", 2, 4), ("grow", 4, 8)]
+        ("grow", 1, 2),
+        ("grow", 2, 4),
+        ("grow", 4, 8),
+    ]
     assert all(e["detail"]["reason"] for e in events) and events[1]["detail"]["speedup"] > 0.03
     plans = spy[0].plans
-    assert plans == [1] * 3 + [2] * 3 + [4] * 3 + [8] * 3  # a warm-up step and two timed ones per size
+    assert (
+        plans == [1] * 3 + [2] * 3 + [4] * 3 + [8] * 3
+    )  # a warm-up step and two timed ones per size
     assert spy[0].batching.tracker is None, "no gradient statistics without adaptive_global_batch"
     assert result.tokens == 12 * 8 * 16  # the global batch never moved
     assert {s["micro_batch"] for s in samples} <= set(plans)
@@ -112,29 +131,51 @@ def test_adaptive_global_batch_is_opt_in_and_scales_the_learning_rate(config, mo
     class Recording(Trainer):
         def train_step(self, step, total_steps, tokens):
             out = super().train_step(step, total_steps, tokens)
-            seen.append((out.plan.global_batch, self.optimizer.param_groups[0]["lr"] / lr_at(
-                step, self.config.train, total_steps)))
+            seen.append(
+                (
+                    out.plan.global_batch,
+                    self.optimizer.param_groups[0]["lr"]
+                    / lr_at(step, self.config.train, total_steps),
+                )
+            )
             return out
 
     monkeypatch.setattr(runtime, "Trainer", Recording)
-    settings = dynamic(adaptive_global_batch=True, min_global_batch=2, min_micro_batch=1, stability_window=2,
-                       policy="grad_variance", lr_scaling="linear")
-    result = train_on_cpu(config(optimizer=settings, train={"steps": 14}, telemetry={"enabled": False}))
-    assert seen[0] == (2, pytest.approx(2 / 8))  # starts at min_global_batch, the LR scaled linearly
+    settings = dynamic(
+        adaptive_global_batch=True,
+        min_global_batch=2,
+        min_micro_batch=1,
+        stability_window=2,
+        policy="grad_variance",
+        lr_scaling="linear",
+    )
+    result = train_on_cpu(
+        config(optimizer=settings, train={"steps": 14}, telemetry={"enabled": False})
+    )
+    assert seen[0] == (
+        2,
+        pytest.approx(2 / 8),
+    )  # starts at min_global_batch, the LR scaled linearly
     assert all(scale == pytest.approx(g / 8) for g, scale in seen)
     assert result.tokens == sum(g for g, _ in seen) * 16
     moves = [e for e in result.micro_batch_events if e["kind"].startswith("global_")]
     assert moves and len({g for g, _ in seen}) > 1, "the global batch never moved"
-    assert all(e["detail"]["reason"] and e["detail"]["lr_scale"] == pytest.approx(e["detail"]["global_batch"] / 8)
-               for e in moves)
+    assert all(
+        e["detail"]["reason"]
+        and e["detail"]["lr_scale"] == pytest.approx(e["detail"]["global_batch"] / 8)
+        for e in moves
+    )
 
 
 def test_a_forced_out_of_memory_is_survived_halved_and_recorded(config, spy, monkeypatch):
     monkeypatch.setattr(Trainer, "fault", SimulatedOom(fits_up_to=2))
-    result = train_on_cpu(config(optimizer=dynamic(stability_window=100), train={"micro_batch": 8, "steps": 3}))
+    result = train_on_cpu(
+        config(optimizer=dynamic(stability_window=100), train={"micro_batch": 8, "steps": 3})
+    )
     assert result.status == "completed" and result.steps == 3
-    assert [(e["kind"], e["old_micro_batch"], e["new_micro_batch"]) for e in result.micro_batch_events] == [
-        ("oom", 8, 4), ("oom", 4, 2)]  # halved twice; the retry at 2 fits
+    assert [
+        (e["kind"], e["old_micro_batch"], e["new_micro_batch"]) for e in result.micro_batch_events
+    ] == [("oom", 8, 4), ("oom", 4, 2)]  # halved twice; the retry at 2 fits
     assert "simulated out of memory" in result.micro_batch_events[0]["detail"]["error"]
     assert spy[0].plans == [2, 2, 2] and Trainer.fault.raised == 2
     # without dynamic batching there is nothing to halve: the error is not swallowed
@@ -147,12 +188,19 @@ def test_a_live_max_micro_batch_is_applied_at_the_next_step_boundary(config, spy
 
     def live():
         polls.append(len(spy[0].plans))  # steps finished when this boundary was polled
-        return {"optimizer": {"dynamic_batching": {"max_micro_batch": 2}}} if len(polls) == 3 else None
+        return (
+            {"optimizer": {"dynamic_batching": {"max_micro_batch": 2}}} if len(polls) == 3 else None
+        )
 
-    result = train_on_cpu(config(optimizer=dynamic(stability_window=100), train={"micro_batch": 4, "steps": 5}), live=live)
+    result = train_on_cpu(
+        config(optimizer=dynamic(stability_window=100), train={"micro_batch": 4, "steps": 5}),
+        live=live,
+    )
     assert polls[2] == 2
     assert spy[0].plans == [4, 4, 2, 2, 2]
-    assert [(e["step"], e["kind"], e["new_micro_batch"]) for e in result.micro_batch_events] == [(2, "bounds", 2)]
+    assert [(e["step"], e["kind"], e["new_micro_batch"]) for e in result.micro_batch_events] == [
+        (2, "bounds", 2)
+    ]
     assert spy[0].config.optimizer.dynamic_batching.max_micro_batch == 2
 
 
@@ -163,8 +211,11 @@ def test_embedding_table_and_its_optimizer_state_stay_on_the_cpu(config, spy):
     assert isinstance(table, CpuOffloadedEmbedding) and table.weight.device.type == "cpu"
     state = trainer.optimizer.state[table.weight]
     assert state["exp_avg"].device.type == "cpu" and state["exp_avg"].abs().sum() > 0  # it trained
-    assert result.strategies["offload.embedding"] == {"modules": ["tok_embeddings"], "table_device": "cpu",
-                                                      "table_bytes": 320 * 256 * 4}
+    assert result.strategies["offload.embedding"] == {
+        "modules": ["tok_embeddings"],
+        "table_device": "cpu",
+        "table_bytes": 320 * 256 * 4,
+    }
 
 
 @pytest.mark.cuda
@@ -202,8 +253,11 @@ def test_gradient_checkpointing_lowers_the_activations_kept_for_backward(config,
     for enabled in (False, True):
         spy.clear()
         spy.cls.around_step = staticmethod(contextlib.nullcontext)
-        cfg = config(memory={"gradient_checkpointing": {"enabled": enabled}}, train={"steps": 1},
-                     telemetry={"enabled": False})
+        cfg = config(
+            memory={"gradient_checkpointing": {"enabled": enabled}},
+            train={"steps": 1},
+            telemetry={"enabled": False},
+        )
         # measured inside the real training step: checkpointed blocks hand autograd only their
         # inputs
         measure, totals = _saved_activation_bytes(lambda: spy[0].model.parameters())
@@ -212,13 +266,18 @@ def test_gradient_checkpointing_lowers_the_activations_kept_for_backward(config,
         kept[enabled] = totals[0]
     assert kept[True] < 0.5 * kept[False], kept
     report = result.strategies["memory.gradient_checkpointing"]
-    assert report["blocks"] == [0, 1, 2, 3] and report["peak_bytes_with"] < report["peak_bytes_without"]
+    assert (
+        report["blocks"] == [0, 1, 2, 3]
+        and report["peak_bytes_with"] < report["peak_bytes_without"]
+    )
 
 
 def test_quantized_weights_are_int8_and_frozen_while_the_adapters_train(config, spy):
     targets = ["q_proj", "v_proj", "o_proj"]
-    cfg = config(precision={"quantization": {"enabled": True, "target_modules": targets, "adapter_rank": 4}},
-                 telemetry={"enabled": False})
+    cfg = config(
+        precision={"quantization": {"enabled": True, "target_modules": targets, "adapter_rank": 4}},
+        telemetry={"enabled": False},
+    )
     result = train_on_cpu(cfg)
     model = spy[0].model
     layers = {n: m for n, m in model.named_modules() if isinstance(m, LoraInt8Linear)}
@@ -230,7 +289,11 @@ def test_quantized_weights_are_int8_and_frozen_while_the_adapters_train(config, 
     for name, layer in layers.items():
         assert layer.base.weight_int8.dtype == torch.int8
         want = initial.get_submodule(name).weight.detach()
-        want_q = torch.round(want / (want.abs().amax(1, keepdim=True) / 127)).clamp(-127, 127).to(torch.int8)
+        want_q = (
+            torch.round(want / (want.abs().amax(1, keepdim=True) / 127))
+            .clamp(-127, 127)
+            .to(torch.int8)
+        )
         assert torch.equal(layer.base.weight_int8, want_q), f"{name} moved"
         assert not any(b.requires_grad for b in layer.base.buffers())
         assert layer.lora_b.abs().sum() > 0, f"{name} adapter did not train"  # B starts at zero
@@ -244,12 +307,22 @@ def test_the_fused_rmsnorm_qkv_path_runs_and_matches_the_unfused_model(config, m
 
     calls = []
     original = assembly.fused_rmsnorm_qkv
-    monkeypatch.setattr(assembly, "fused_rmsnorm_qkv", lambda *a, **k: calls.append(k["backend"]) or original(*a, **k))
+    monkeypatch.setattr(
+        assembly,
+        "fused_rmsnorm_qkv",
+        lambda *a, **k: calls.append(k["backend"]) or original(*a, **k),
+    )
     tolerance = {"fp32": 1e-4, "bf16": 2e-1}
     for dtype, atol in tolerance.items():
         calls.clear()
-        cfg = config(precision={"compute_dtype": dtype}, train={"steps": 2}, telemetry={"enabled": False})
-        fused = train_on_cpu(cfg.model_copy(update={"kernels": cfg.kernels.model_copy(update={"fused_rmsnorm_qkv": True})}))
+        cfg = config(
+            precision={"compute_dtype": dtype}, train={"steps": 2}, telemetry={"enabled": False}
+        )
+        fused = train_on_cpu(
+            cfg.model_copy(
+                update={"kernels": cfg.kernels.model_copy(update={"fused_rmsnorm_qkv": True})}
+            )
+        )
         assert len(calls) == 2 * 4 and set(calls) == {"function"}  # steps x blocks
         unfused = train_on_cpu(cfg)
         assert fused.final_loss == pytest.approx(unfused.final_loss, abs=atol), dtype
@@ -262,7 +335,9 @@ def test_the_fused_rmsnorm_qkv_path_runs_and_matches_the_unfused_model(config, m
     torch.testing.assert_close(model(tokens)[0], reference, atol=1e-4, rtol=0)
 
 
-def test_compile_wraps_the_model_the_trainer_calls_and_checkpoints_stay_plain(config, spy, monkeypatch, tmp_path):
+def test_compile_wraps_the_model_the_trainer_calls_and_checkpoints_stay_plain(
+    config, spy, monkeypatch, tmp_path
+):
     wrapped = []
 
     class Compiled(torch.nn.Module):  # what torch.compile returns, minus minutes of compiling
@@ -274,9 +349,13 @@ def test_compile_wraps_the_model_the_trainer_calls_and_checkpoints_stay_plain(co
             self.calls += 1
             return self._orig_mod(*args)
 
-    monkeypatch.setattr(torch, "compile", lambda module: wrapped.append(Compiled(module)) or wrapped[-1])
-    result = train_on_cpu(config(kernels={"compile": True}, train={"steps": 2}, telemetry={"enabled": False}),
-                   checkpoint_dir=str(tmp_path))
+    monkeypatch.setattr(
+        torch, "compile", lambda module: wrapped.append(Compiled(module)) or wrapped[-1]
+    )
+    result = train_on_cpu(
+        config(kernels={"compile": True}, train={"steps": 2}, telemetry={"enabled": False}),
+        checkpoint_dir=str(tmp_path),
+    )
     assert len(wrapped) == 1 and wrapped[0].calls == 2 and spy[0].forward is wrapped[0]
     assert result.strategies["kernels.compile"] == {"wrapper": "Compiled"}
     saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["model"]
@@ -288,7 +367,9 @@ def test_resume_maps_the_checkpoint_when_offload_mmap_is_set(config, monkeypatch
     train_on_cpu(cfg, steps=2, checkpoint_dir=str(tmp_path))
     seen = []
     original = torch.load
-    monkeypatch.setattr(torch, "load", lambda *a, **k: seen.append(k.get("mmap")) or original(*a, **k))
+    monkeypatch.setattr(
+        torch, "load", lambda *a, **k: seen.append(k.get("mmap")) or original(*a, **k)
+    )
     assert train_on_cpu(cfg, steps=3, resume_from=str(tmp_path)).steps == 3
     assert seen == [True]
 
@@ -296,34 +377,55 @@ def test_resume_maps_the_checkpoint_when_offload_mmap_is_set(config, monkeypatch
 def _topology() -> Topology:
     """4 GPUs: 0-1 one PCIe switch, 2-3 NVLink, the pairs across the CPU."""
     pix, nvl, phb, same = LinkLevel.PIX, LinkLevel.NVLINK, LinkLevel.PHB, LinkLevel.SAME
-    levels = ((same, pix, phb, phb), (pix, same, phb, phb), (phb, phb, same, nvl), (phb, phb, nvl, same))
-    return Topology(tuple(f"0000:{b:02x}:00.0" for b in (0x18, 0x3b, 0x86, 0xaf)), levels)
+    levels = (
+        (same, pix, phb, phb),
+        (pix, same, phb, phb),
+        (phb, phb, same, nvl),
+        (phb, phb, nvl, same),
+    )
+    return Topology(tuple(f"0000:{b:02x}:00.0" for b in (0x18, 0x3B, 0x86, 0xAF)), levels)
 
 
-@pytest.mark.parametrize(("strategy", "gpus", "busy", "want"), [
-    ("topology_aware", 2, set(), [1, 0]),  # NVML 2-3 (NVLink) are CUDA 1 and 0 here
-    ("round_robin", 2, set(), [3, 2]),  # NVML 0-1, whatever joins them
-    ("topology_aware", 1, {0}, [2]),  # one GPU: the first idle one
-])
-def test_placement_picks_the_nvlink_pair_and_maps_it_to_cuda_indices(monkeypatch, strategy, gpus, busy, want):
+@pytest.mark.parametrize(
+    ("strategy", "gpus", "busy", "want"),
+    [
+        ("topology_aware", 2, set(), [1, 0]),  # NVML 2-3 (NVLink) are CUDA 1 and 0 here
+        ("round_robin", 2, set(), [3, 2]),  # NVML 0-1, whatever joins them
+        ("topology_aware", 1, {0}, [2]),  # one GPU: the first idle one
+    ],
+)
+def test_placement_picks_the_nvlink_pair_and_maps_it_to_cuda_indices(
+    monkeypatch, strategy, gpus, busy, want
+):
     import gpu_runtime.placement as placement
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(placement, "read_topology", _topology)
     monkeypatch.setattr(placement, "busy_gpus", lambda: busy)
     # CUDA enumerates in another order than NVML
-    monkeypatch.setattr(placement, "cuda_bus_ids", lambda: ["0000:af:00.0", "0000:86:00.0", "0000:3b:00.0",
-                                                            "0000:18:00.0"])
+    monkeypatch.setattr(
+        placement,
+        "cuda_bus_ids",
+        lambda: ["0000:af:00.0", "0000:86:00.0", "0000:3b:00.0", "0000:18:00.0"],
+    )
     device, report = choose_device(strategy=strategy, gpus=gpus, requested=None)
     assert report["devices"] == want and device == f"cuda:{want[0]}"
-    assert choose_device(strategy=strategy, gpus=gpus, requested="cuda:3")[0] == "cuda:3"  # a worker's choice stands
+    assert (
+        choose_device(strategy=strategy, gpus=gpus, requested="cuda:3")[0] == "cuda:3"
+    )  # a worker's choice stands
 
 
 def test_placement_without_a_gpu_places_nothing_and_multi_gpu_jobs_are_refused(config):
-    result = train(config(train={"steps": 1}, telemetry={"enabled": False}))  # no device: placement decides
+    result = train(
+        config(train={"steps": 1}, telemetry={"enabled": False})
+    )  # no device: placement decides
     if not torch.cuda.is_available():
-        assert result.strategies["placement"] == {"strategy": "topology_aware", "gpus": 1, "devices": [],
-                                                  "how": "no GPU"}
+        assert result.strategies["placement"] == {
+            "strategy": "topology_aware",
+            "gpus": 1,
+            "devices": [],
+            "how": "no GPU",
+        }
     with pytest.raises(StrategyError) as info:
         train_on_cpu(config(placement={"gpus": 2}))
     assert [e["key"] for e in info.value.errors] == ["placement.gpus"]
@@ -332,7 +434,9 @@ def test_placement_without_a_gpu_places_nothing_and_multi_gpu_jobs_are_refused(c
 def test_the_fused_optimizer_steps_with_the_fused_adamw_and_matches_the_default(config, spy):
     cfg = config(train={"steps": 3}, telemetry={"enabled": False})
     plain = train_on_cpu(cfg)
-    fused = train_on_cpu(cfg.model_copy(update={"kernels": cfg.kernels.model_copy(update={"fused_optimizer": True})}))
+    fused = train_on_cpu(
+        cfg.model_copy(update={"kernels": cfg.kernels.model_copy(update={"fused_optimizer": True})})
+    )
     default_groups, fused_groups = spy[0].optimizer.param_groups, spy[1].optimizer.param_groups
     assert not any(g["fused"] for g in default_groups) and all(g["fused"] for g in fused_groups)
     assert fused.strategies["kernels.fused_optimizer"]["parameters"] > 0
@@ -344,19 +448,32 @@ def test_the_fused_optimizer_refuses_a_parameter_it_cannot_step():
     from gpu_runtime.optim import build_adamw
     from gpu_runtime.schema import OptimizerSection
 
-    with pytest.raises(StrategyError, match=r"kernels\.fused_optimizer: parameter scale is torch\.int64"):
-        build_adamw([("scale", torch.zeros(3, dtype=torch.long))], OptimizerSection(), 1e-3, fused=True)
+    with pytest.raises(
+        StrategyError, match=r"kernels\.fused_optimizer: parameter scale is torch\.int64"
+    ):
+        build_adamw(
+            [("scale", torch.zeros(3, dtype=torch.long))], OptimizerSection(), 1e-3, fused=True
+        )
     # parameters on two devices (an offloaded embedding beside GPU weights; meta stands in here)
-    with pytest.raises(StrategyError, match=r"kernels\.fused_optimizer: parameters live on cpu and meta"):
-        build_adamw([("a", torch.zeros(3)), ("b", torch.zeros(3, device="meta"))], OptimizerSection(), 1e-3,
-                    fused=True)
+    with pytest.raises(
+        StrategyError, match=r"kernels\.fused_optimizer: parameters live on cpu and meta"
+    ):
+        build_adamw(
+            [("a", torch.zeros(3)), ("b", torch.zeros(3, device="meta"))],
+            OptimizerSection(),
+            1e-3,
+            fused=True,
+        )
 
 
 @pytest.mark.parametrize("saved_fused, resumed_fused", [(False, True), (True, False)])
-def test_a_resumed_run_steps_as_its_strategy_says_not_as_the_checkpoint_did(config, spy, tmp_path, saved_fused,
-                                                                            resumed_fused):
+def test_a_resumed_run_steps_as_its_strategy_says_not_as_the_checkpoint_did(
+    config, spy, tmp_path, saved_fused, resumed_fused
+):
     def with_fused(cfg, on):
-        return cfg.model_copy(update={"kernels": cfg.kernels.model_copy(update={"fused_optimizer": on})})
+        return cfg.model_copy(
+            update={"kernels": cfg.kernels.model_copy(update={"fused_optimizer": on})}
+        )
 
     cfg = config(telemetry={"enabled": False})
     train_on_cpu(with_fused(cfg, saved_fused), steps=2, checkpoint_dir=str(tmp_path))
@@ -366,4 +483,6 @@ def test_a_resumed_run_steps_as_its_strategy_says_not_as_the_checkpoint_did(conf
     assert all(bool(g["fused"]) is resumed_fused for g in groups)
     assert ("kernels.fused_optimizer" in resumed.strategies) is resumed_fused
     state = spy[-1].optimizer.state
-    assert state and all(s["step"].item() == 4 for s in state.values())  # the moments carried on, not restarted
+    assert state and all(
+        s["step"].item() == 4 for s in state.values()
+    )  # the moments carried on, not restarted

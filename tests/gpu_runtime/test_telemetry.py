@@ -14,9 +14,28 @@ from gpu_runtime.telemetry import SAMPLE_KEYS, Progress, RunCounters, Sampler
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-SINK_KEYS = {"seq", "ts", "step", "rank", "device", "util_pct", "mem_used_mb", "mem_total_mb", "power_w", "energy_j",
-             "step_time_s", "tokens", "tokens_per_s", "micro_batch", "loss", "overlap_ratio", "mfu",
-             "sm_clock_mhz", "temperature_c", "estimated"}
+SINK_KEYS = {
+    "seq",
+    "ts",
+    "step",
+    "rank",
+    "device",
+    "util_pct",
+    "mem_used_mb",
+    "mem_total_mb",
+    "power_w",
+    "energy_j",
+    "step_time_s",
+    "tokens",
+    "tokens_per_s",
+    "micro_batch",
+    "loss",
+    "overlap_ratio",
+    "mfu",
+    "sm_clock_mhz",
+    "temperature_c",
+    "estimated",
+}
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +63,9 @@ def test_sink_sees_every_key_increasing_seq_and_cumulative_counters(sampled_run)
     assert final["device"] == "cpu" == result.device
     assert final["estimated"] is CpuProbe(tdp_w=65.0).estimated is result.energy_estimated
     assert final["micro_batch"] == 4 and final["loss"] == pytest.approx(result.final_loss)
-    assert final["sm_clock_mhz"] is None and final["temperature_c"] is None  # no such thing on a CPU
+    assert (
+        final["sm_clock_mhz"] is None and final["temperature_c"] is None
+    )  # no such thing on a CPU
     timed = [s for s in samples if s["step_time_s"] is not None]
     assert timed and all(0 < s["step_time_s"] < 5 for s in timed)
     overlaps = [s["overlap_ratio"] for s in samples if s["overlap_ratio"] is not None]
@@ -119,13 +140,26 @@ class _ScriptedProbe:
 
 
 def _sampler(probe, sink=None):
-    return Sampler(probe=probe, counters=RunCounters(Progress(0, 0, 0.0, 0, None, 1)), interval_s=60.0, sink=sink,
-                   flops_per_token=1.0, peak=None, overlap=None)
+    return Sampler(
+        probe=probe,
+        counters=RunCounters(Progress(0, 0, 0.0, 0, None, 1)),
+        interval_s=60.0,
+        sink=sink,
+        flops_per_token=1.0,
+        peak=None,
+        overlap=None,
+    )
 
 
 def test_energy_comes_from_the_counter_and_never_decreases():
-    probe = _ScriptedProbe([Reading(energy_j=1000.0), Reading(energy_j=1010.0), Reading(energy_j=1004.0),
-                            Reading(energy_j=1030.0)])
+    probe = _ScriptedProbe(
+        [
+            Reading(energy_j=1000.0),
+            Reading(energy_j=1010.0),
+            Reading(energy_j=1004.0),
+            Reading(energy_j=1030.0),
+        ]
+    )
     sampler = _sampler(probe)
     energies = [sampler.sample()["energy_j"] for _ in range(3)]
     assert energies == [pytest.approx(10.0), pytest.approx(10.0), pytest.approx(30.0)]
@@ -139,7 +173,9 @@ def test_energy_without_a_counter_is_power_times_time():
     elapsed = time.perf_counter() - start
     assert first["estimated"] is True
     assert 100.0 * 0.1 <= first["energy_j"] <= 100.0 * elapsed + 1e-9
-    assert _sampler(_ScriptedProbe([Reading()])).sample()["energy_j"] is None  # nothing known: None, not 0
+    assert (
+        _sampler(_ScriptedProbe([Reading()])).sample()["energy_j"] is None
+    )  # nothing known: None, not 0
 
 
 def test_a_failing_sink_does_not_stop_the_run(tiny_config):
@@ -156,7 +192,9 @@ def test_the_training_loop_never_probes_the_device(tiny_config, monkeypatch):
     monkeypatch.setattr(CpuProbe, "read", lambda self: reads.append(1) or original(self))
     result = train(tiny_config(train={"steps": 6}, telemetry={"interval_s": 3600.0}))
     assert result.steps == 6
-    assert len(reads) == 2  # the baseline when the sampler starts and the final sample: none per step
+    assert (
+        len(reads) == 2
+    )  # the baseline when the sampler starts and the final sample: none per step
 
 
 def test_a_diverged_loss_is_reported_as_unknown_not_nan():
@@ -167,9 +205,13 @@ def test_a_diverged_loss_is_reported_as_unknown_not_nan():
 
 
 def test_a_live_update_retimes_the_sampler_and_bad_ones_are_ignored(tiny_config):
-    updates = [{"telemetry": {"interval_s": 0.02}},
-               {"optimizer": {"dynamic_batching": {"min_micro_batch": 100}}},  # min > max: refused, run goes on
-               {"model": {"preset": "small"}}]  # not a live key: ignored
+    updates = [
+        {"telemetry": {"interval_s": 0.02}},
+        {
+            "optimizer": {"dynamic_batching": {"min_micro_batch": 100}}
+        },  # min > max: refused, run goes on
+        {"model": {"preset": "small"}},
+    ]  # not a live key: ignored
     calls = []
 
     def live():
@@ -177,6 +219,10 @@ def test_a_live_update_retimes_the_sampler_and_bad_ones_are_ignored(tiny_config)
         return updates.pop(0) if updates else None
 
     samples = []
-    result = train(tiny_config(train={"steps": 12}, telemetry={"interval_s": 3600.0}), sink=samples.append, live=live)
+    result = train(
+        tiny_config(train={"steps": 12}, telemetry={"interval_s": 3600.0}),
+        sink=samples.append,
+        live=live,
+    )
     assert result.status == "completed" and len(calls) == 12
     assert len(samples) > 3  # an hourly sampler would have sent only the final sample

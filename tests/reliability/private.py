@@ -38,8 +38,12 @@ class PrivatePostgres:
     as a crash does."""
 
     def __init__(self):
-        bindir = shutil.which("pg_config") and subprocess.run(
-            ["pg_config", "--bindir"], capture_output=True, text=True).stdout.strip()
+        bindir = (
+            shutil.which("pg_config")
+            and subprocess.run(
+                ["pg_config", "--bindir"], capture_output=True, text=True
+            ).stdout.strip()
+        )
         if not bindir or not Path(bindir, "initdb").exists():
             pytest.skip("a private Postgres cluster needs initdb and pg_ctl (pg_config --bindir)")
         self.bin = Path(bindir)
@@ -49,20 +53,47 @@ class PrivatePostgres:
         self.port = free_port()
         if self.as_user:
             shutil.chown(self.dir, "postgres")
-        self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8")
+        self._run(
+            "initdb",
+            "-D",
+            str(self.data),
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "--no-sync",
+            "-E",
+            "UTF8",
+        )
         self.start()
         self._run("createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "costlab")
         self.url = f"postgres://postgres@127.0.0.1:{self.port}/costlab"
 
     def _run(self, tool: str, *args: str) -> None:
-        out = subprocess.run([*self.as_user, str(self.bin / tool), *args], capture_output=True, text=True,
-                             timeout=120, cwd=self.dir)
+        out = subprocess.run(
+            [*self.as_user, str(self.bin / tool), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=self.dir,
+        )
         if out.returncode:
             raise RuntimeError(f"{tool} failed ({out.returncode}): {out.stderr.strip()[-800:]}")
 
     def start(self) -> None:
-        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.dir / "log"), "-w", "-t", "60",
-                  "-o", f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off", "start")
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.dir / "log"),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off",
+            "start",
+        )
         wait_for(lambda: _reachable(self.port), 30, "the private Postgres to listen")
 
     def stop(self, mode: str = "immediate") -> None:
@@ -78,17 +109,53 @@ class PrivatePostgres:
         faster than migrating."""
         env = dict(os.environ, PGPASSWORD=settings_dict.get("PASSWORD") or "")
         dump = subprocess.run(
-            [str(self.bin / "pg_dump"), "--schema-only", "--no-owner", "--no-privileges",
-             "-h", settings_dict["HOST"] or "127.0.0.1", "-p", str(settings_dict["PORT"] or 5432),
-             "-U", settings_dict["USER"], settings_dict["NAME"]],
-            capture_output=True, text=True, timeout=120, env=env, check=True).stdout
+            [
+                str(self.bin / "pg_dump"),
+                "--schema-only",
+                "--no-owner",
+                "--no-privileges",
+                "-h",
+                settings_dict["HOST"] or "127.0.0.1",
+                "-p",
+                str(settings_dict["PORT"] or 5432),
+                "-U",
+                settings_dict["USER"],
+                settings_dict["NAME"],
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+            check=True,
+        ).stdout
         migrations = subprocess.run(
-            [str(self.bin / "pg_dump"), "--data-only", "--table=django_migrations", "--table=django_content_type",
-             "-h", settings_dict["HOST"] or "127.0.0.1", "-p", str(settings_dict["PORT"] or 5432),
-             "-U", settings_dict["USER"], settings_dict["NAME"]],
-            capture_output=True, text=True, timeout=120, env=env, check=True).stdout
-        subprocess.run([str(self.bin / "psql"), "-q", "-v", "ON_ERROR_STOP=1", self.url], input=dump + migrations,
-                       capture_output=True, text=True, timeout=120, check=True)
+            [
+                str(self.bin / "pg_dump"),
+                "--data-only",
+                "--table=django_migrations",
+                "--table=django_content_type",
+                "-h",
+                settings_dict["HOST"] or "127.0.0.1",
+                "-p",
+                str(settings_dict["PORT"] or 5432),
+                "-U",
+                settings_dict["USER"],
+                settings_dict["NAME"],
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+            check=True,
+        ).stdout
+        subprocess.run(
+            [str(self.bin / "psql"), "-q", "-v", "ON_ERROR_STOP=1", self.url],
+            input=dump + migrations,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
 
     def query(self, sql: str, *params):
         import psycopg
@@ -119,11 +186,25 @@ class PrivateRedis:
         self.start()
 
     def start(self) -> None:
-        persistence = (["--appendonly", "yes", "--appendfsync", "always", "--save", ""] if self.persistent
-                       else ["--appendonly", "no", "--save", ""])
+        persistence = (
+            ["--appendonly", "yes", "--appendfsync", "always", "--save", ""]
+            if self.persistent
+            else ["--appendonly", "no", "--save", ""]
+        )
         self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir), *persistence],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.dir),
+                *persistence,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         wait_for(lambda: _reachable(self.port), 20, "the private Redis to listen")
 
     def kill(self) -> None:

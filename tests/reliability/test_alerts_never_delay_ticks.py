@@ -24,7 +24,10 @@ SLOW_S = 4.0
 def platform_and_alerts_workers(django_db_setup):
     """The two workers of make run that matter here:
     default queue (concurrency 1), alerts (threads)."""
-    started = [start_worker(queues="default"), start_worker(queues="alerts", pool="threads", concurrency=4)]
+    started = [
+        start_worker(queues="default"),
+        start_worker(queues="alerts", pool="threads", concurrency=4),
+    ]
     yield
     for proc, _ in started:
         stop_worker(proc)
@@ -53,13 +56,19 @@ def test_three_slow_receivers_do_not_delay_the_tick(platform_and_alerts_workers)
         receivers = [r1, r2, r3]
         deliveries = []
         for n in range(3):
-            event = FreezeEvent.objects.create(experiment=lab.experiment, arm=lab.arms["b"], action="freeze",
-                                               reason=f"test {n}")
+            event = FreezeEvent.objects.create(
+                experiment=lab.experiment, arm=lab.arms["b"], action="freeze", reason=f"test {n}"
+            )
             for receiver in receivers:
                 receiver.script = [(200, SLOW_S)] * 10
-                deliveries.append(AlertDelivery.objects.create(
-                    event=event, kind="webhook", target=receiver.url,
-                    payload={"event": "arm_freeze", "n": n}))
+                deliveries.append(
+                    AlertDelivery.objects.create(
+                        event=event,
+                        kind="webhook",
+                        target=receiver.url,
+                        payload={"event": "arm_freeze", "n": n},
+                    )
+                )
         for delivery in deliveries:
             app.send_task("costlab.alert_deliver", args=[delivery.pk])
 
@@ -68,6 +77,9 @@ def test_three_slow_receivers_do_not_delay_the_tick(platform_and_alerts_workers)
         assert len(starts) >= 9, f"only {len(starts)} ticks ran in 12 s at one a second: {gaps}"
         assert max(gaps) <= 2.5, f"a tick waited: gaps between ticks {gaps}"
         # ... and the alerts were delivered meanwhile, not starved either.
-        wait_for(lambda: AlertDelivery.objects.filter(status="sent").count() == len(deliveries), 60,
-                 "all nine slow deliveries to be sent")
+        wait_for(
+            lambda: AlertDelivery.objects.filter(status="sent").count() == len(deliveries),
+            60,
+            "all nine slow deliveries to be sent",
+        )
         assert sum(len(r.alerts()) for r in receivers) == len(deliveries)

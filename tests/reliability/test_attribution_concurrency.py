@@ -63,7 +63,11 @@ def test_two_concurrent_ticks_commit_one_result(monkeypatch):
     assert RunWindow.objects.count() == per_run_window
     for run in Run.objects.all():
         cursor = RunCursor.objects.get(run=run)
-        assert (cursor.priced_seq, cursor.tokens, cursor.cost_usd) == (run.priced_seq, run.tokens, run.cost_usd)
+        assert (cursor.priced_seq, cursor.tokens, cursor.cost_usd) == (
+            run.priced_seq,
+            run.tokens,
+            run.cost_usd,
+        )
     # The next tick finds nothing new: the first one covered it all.
     assert attribution_tick(now=now + timedelta(seconds=30)).windows == 0
 

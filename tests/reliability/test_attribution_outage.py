@@ -20,17 +20,43 @@ pytestmark = pytest.mark.django_db
 
 
 def samples(seqs, speed, **override):
-    return [{"seq": i, "ts": T0.timestamp() + i, "step": i, "device": "cuda:0 Test GPU", "util_pct": 90.0,
-             "power_w": 300.0, "energy_j": 300.0 * i, "tokens": int(speed * i), "estimated": False, **override}
-            for i in seqs]
+    return [
+        {
+            "seq": i,
+            "ts": T0.timestamp() + i,
+            "step": i,
+            "device": "cuda:0 Test GPU",
+            "util_pct": 90.0,
+            "power_w": 300.0,
+            "energy_j": 300.0 * i,
+            "tokens": int(speed * i),
+            "estimated": False,
+            **override,
+        }
+        for i in seqs
+    ]
 
 
 def test_a_beat_outage_loses_nothing_and_counts_nothing_twice():
     price = priced_tenant()
     exp = ExperimentFactory(tenant=price.pricing_table.tenant, status="active")
-    arms = [ArmFactory(experiment=exp, name="control", is_control=True), ArmFactory(experiment=exp, name="b")]
-    runs = [RunFactory(arm=arm, status=Run.Status.RUNNING, attempts=1, gpu_sku=price.sku, gpu_count=1,
-                       started_at=T0, created=T0 - timedelta(minutes=1)) for arm in arms for _ in range(2)]
+    arms = [
+        ArmFactory(experiment=exp, name="control", is_control=True),
+        ArmFactory(experiment=exp, name="b"),
+    ]
+    runs = [
+        RunFactory(
+            arm=arm,
+            status=Run.Status.RUNNING,
+            attempts=1,
+            gpu_sku=price.sku,
+            gpu_count=1,
+            started_at=T0,
+            created=T0 - timedelta(minutes=1),
+        )
+        for arm in arms
+        for _ in range(2)
+    ]
     speed = {r.pk: 1000 + 100 * i for i, r in enumerate(runs)}
 
     def land(seqs, **override):
@@ -45,18 +71,26 @@ def test_a_beat_outage_loses_nothing_and_counts_nothing_twice():
     result = attribution_tick(now=T0 + timedelta(minutes=10, seconds=30))
     assert result.windows == 1  # one window covers the outage
     # Priced at once, gap and all; the gap-free mark (upto_seq) waits for the gap.
-    assert set(RunWindow.objects.filter(window__number=2).values_list("upto_seq", flat=True)) == {29}
+    assert set(RunWindow.objects.filter(window__number=2).values_list("upto_seq", flat=True)) == {
+        29
+    }
     # The gap fills with samples drawing 600 W and no counter: re-priced below the watermark.
     land(range(30, 40), power_w=600.0, energy_j=None)
     attribution_tick(now=T0 + timedelta(minutes=11))
     window_3 = RunWindow.objects.filter(window__number=3)
-    assert set(window_3.values_list("upto_seq", flat=True)) == {59} and all(o.cost_usd != 0 for o in window_3)
+    assert set(window_3.values_list("upto_seq", flat=True)) == {59} and all(
+        o.cost_usd != 0 for o in window_3
+    )
 
     weights = cost_engine.Weights.from_cost_model(exp.cost_model)
     for run in Run.objects.filter(pk__in=[r.pk for r in runs]):
         rows = list(TelemetrySample.objects.filter(run=run).order_by("seq").values())
-        usage, cost = cost_engine.price_samples(rows, prices_at=price_schedule(
-            tenant_id=run.tenant_id, gpu_sku_id=run.gpu_sku_id).at, weights=weights, gpu_count=1)
+        usage, cost = cost_engine.price_samples(
+            rows,
+            prices_at=price_schedule(tenant_id=run.tenant_id, gpu_sku_id=run.gpu_sku_id).at,
+            weights=weights,
+            gpu_count=1,
+        )
         observed = list(RunWindow.objects.filter(run=run).order_by("window__number"))
         assert [o.window.number for o in observed] == [1, 2, 3]
         assert sum(o.samples for o in observed) == 60

@@ -43,7 +43,9 @@ def broker(request):
         redis.close()
 
 
-@pytest.mark.parametrize("broker", [False, True], ids=["no-persistence", "append-only"], indirect=True)
+@pytest.mark.parametrize(
+    "broker", [False, True], ids=["no-persistence", "append-only"], indirect=True
+)
 def test_a_redis_crash_loses_no_run_and_a_submit_during_it_answers_201(broker):
     price = GpuPriceFactory()
     tenant = price.pricing_table.tenant
@@ -56,17 +58,27 @@ def test_a_redis_crash_loses_no_run_and_a_submit_during_it_answers_201(broker):
     on_private = {"CELERY_BROKER_URL": broker.url}
     port = free_port()
     web = start_web(port, **on_private)
-    worker, _ = start_worker(beat=True, COSTLAB_RUN_RESEND_AFTER_S="3", COSTLAB_RUN_RECONCILE_S="1", **on_private)
-    api = httpx.Client(base_url=f"http://127.0.0.1:{port}/api/v1/", headers={"Authorization": f"Bearer {secret}"},
-                       timeout=30)
+    worker, _ = start_worker(
+        beat=True, COSTLAB_RUN_RESEND_AFTER_S="3", COSTLAB_RUN_RECONCILE_S="1", **on_private
+    )
+    api = httpx.Client(
+        base_url=f"http://127.0.0.1:{port}/api/v1/",
+        headers={"Authorization": f"Bearer {secret}"},
+        timeout=30,
+    )
 
     def submit(key):
         return api.post("runs/", json={"experiment": exp.pk, "run_key": key})
 
     try:
         first = [submit(f"before-{i}").json()["id"] for i in range(3)]
-        wait_for(lambda: Run.objects.filter(pk__in=first, status="running", samples__isnull=False).exists(), 120,
-                 "one run training")
+        wait_for(
+            lambda: Run.objects.filter(
+                pk__in=first, status="running", samples__isnull=False
+            ).exists(),
+            120,
+            "one run training",
+        )
         assert Run.objects.filter(pk__in=first, status="queued").count() >= 1
 
         broker.kill()
@@ -81,14 +93,19 @@ def test_a_redis_crash_loses_no_run_and_a_submit_during_it_answers_201(broker):
         time.sleep(3)
         broker.start()  # empty without persistence; with it, the queued messages come back
         ids = [*first, during.pk]
-        wait_for(lambda: not Run.objects.filter(pk__in=ids, status__in=Run.ACTIVE_STATUSES).exists(), 300,
-                 "every run to end")
+        wait_for(
+            lambda: not Run.objects.filter(pk__in=ids, status__in=Run.ACTIVE_STATUSES).exists(),
+            300,
+            "every run to end",
+        )
     finally:
         api.close()
         stop_worker(worker)
         stop_group(web)
     ended = list(Run.objects.filter(pk__in=ids).order_by("pk"))
-    assert [r.status for r in ended] == ["succeeded"] * 4, [(r.pk, r.status, r.error) for r in ended]
+    assert [r.status for r in ended] == ["succeeded"] * 4, [
+        (r.pk, r.status, r.error) for r in ended
+    ]
     for run in ended:
         assert run.steps == STEPS and run.tokens == STEPS * BATCH * SEQ  # trained once, billed once
         assert run.samples.aggregate(m=Max("attempt"))["m"] == run.attempts

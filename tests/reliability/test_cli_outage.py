@@ -29,10 +29,27 @@ def test_submit_wait_rides_out_a_web_outage(celery_worker_process, tmp_path):
     port = free_port()
     web = start_web(port)
     cli = subprocess.Popen(
-        [sys.executable, "-m", "costlab_cli", "submit", "--experiment", str(exp.pk), "--strategy", str(strategy),
-         "--wait", "--poll", "0.5", "--retry-for", "60"],
-        cwd=ROOT, env=clean_env(COSTLAB_URL=f"http://127.0.0.1:{port}", COSTLAB_TOKEN=secret),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "costlab_cli",
+            "submit",
+            "--experiment",
+            str(exp.pk),
+            "--strategy",
+            str(strategy),
+            "--wait",
+            "--poll",
+            "0.5",
+            "--retry-for",
+            "60",
+        ],
+        cwd=ROOT,
+        env=clean_env(COSTLAB_URL=f"http://127.0.0.1:{port}", COSTLAB_TOKEN=secret),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(lambda: exp.runs.exists(), 60, "the CLI's submit")
         time.sleep(1)

@@ -62,7 +62,9 @@ def cluster():
 
 
 def _python(code: str, pg, redis, timeout: float = 120) -> str:
-    env = clean_env(DJANGO_SETTINGS_MODULE="config.settings.test", DATABASE_URL=pg.url, REDIS_URL=redis.url)
+    env = clean_env(
+        DJANGO_SETTINGS_MODULE="config.settings.test", DATABASE_URL=pg.url, REDIS_URL=redis.url
+    )
     out = run_python(code, env, timeout=timeout)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout.strip().splitlines()[-1]
@@ -72,7 +74,9 @@ def _row(pg, run_id: int) -> dict:
     cols = ["status", "attempts", "steps", "tokens", "cost_usd", "error"]
     for _ in range(100):  # the cluster may be coming back up
         try:
-            (values,) = pg.query(f"SELECT {', '.join(cols)} FROM experiments_run WHERE id = %s", run_id)
+            (values,) = pg.query(
+                f"SELECT {', '.join(cols)} FROM experiments_run WHERE id = %s", run_id
+            )
             return dict(zip(cols, values, strict=True))
         except Exception:
             time.sleep(0.2)
@@ -81,8 +85,10 @@ def _row(pg, run_id: int) -> dict:
 
 def _max_step(pg, run_id: int) -> int:
     try:
-        return pg.query("SELECT coalesce(max(step), -1) FROM telemetry_telemetrysample WHERE run_id = %s",
-                        run_id)[0][0]
+        return pg.query(
+            "SELECT coalesce(max(step), -1) FROM telemetry_telemetrysample WHERE run_id = %s",
+            run_id,
+        )[0][0]
     except Exception:
         return -1
 
@@ -93,25 +99,37 @@ def test_a_postgres_restart_ends_the_run_once_billed_for_one_training(cluster, w
     # Beat's sweeper runs beside the worker, and the lease outlasts the outage (as 30 s outlasts 10
     # s in production): a run left `running` by a failed finish is swept and trained again,
     # as it was before.
-    worker, _ = start_worker(lease_s=12, beat=True, DATABASE_URL=pg.url, REDIS_URL=redis.url,
-                             COSTLAB_WORKER_DB_RETRY_S="120")
+    worker, _ = start_worker(
+        lease_s=12,
+        beat=True,
+        DATABASE_URL=pg.url,
+        REDIS_URL=redis.url,
+        COSTLAB_WORKER_DB_RETRY_S="120",
+    )
     try:
         run_id = json.loads(_python(SUBMIT.format(strategy=STRATEGY), pg, redis))
         if when == "during training":
-            wait_for(lambda: 5 <= _max_step(pg, run_id) < STEPS // 2, 300, "the run to be a few steps in")
+            wait_for(
+                lambda: 5 <= _max_step(pg, run_id) < STEPS // 2, 300, "the run to be a few steps in"
+            )
         else:  # the last steps: the run ends while the database is down
             wait_for(lambda: _max_step(pg, run_id) >= STEPS - 12, 400, "the run's last steps")
         pg.restart(down_s=8)
-        row = wait_for(lambda: (r := _row(pg, run_id))["status"] not in ("queued", "running") and r, 240,
-                    "the run to end")
+        row = wait_for(
+            lambda: (r := _row(pg, run_id))["status"] not in ("queued", "running") and r,
+            240,
+            "the run to end",
+        )
         time.sleep(6)  # a sweep after the end must change nothing
         row = _row(pg, run_id)
     finally:
         stop_worker(worker)
     assert row["status"] == "succeeded", row["error"]
     assert row["tokens"] == STEPS * BATCH * SEQ and row["steps"] == STEPS  # one training, not two
-    attempts = pg.query("SELECT number, outcome FROM experiments_runattempt WHERE run_id = %s ORDER BY number",
-                        run_id)
+    attempts = pg.query(
+        "SELECT number, outcome FROM experiments_runattempt WHERE run_id = %s ORDER BY number",
+        run_id,
+    )
     assert attempts == [(1, "succeeded")], attempts
     tokens, cost_usd = json.loads(_python(RECOMPUTE.format(run_id=run_id), pg, redis))
     assert tokens == row["tokens"] and float(row["cost_usd"]) == pytest.approx(cost_usd, abs=2e-6)

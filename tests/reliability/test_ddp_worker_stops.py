@@ -29,8 +29,11 @@ distributed: {nproc_per_node: 2}
 
 
 def _ranks_of(worker) -> list[psutil.Process]:
-    return [p for p in psutil.Process(worker.pid).children(recursive=True)
-            if any("gpu_runtime.rank" in part for part in p.cmdline())]
+    return [
+        p
+        for p in psutil.Process(worker.pid).children(recursive=True)
+        if any("gpu_runtime.rank" in part for part in p.cmdline())
+    ]
 
 
 def _gone(procs: list[psutil.Process], within_s: float) -> bool:
@@ -39,7 +42,11 @@ def _gone(procs: list[psutil.Process], within_s: float) -> bool:
 
 
 def _training_on_both_ranks(worker, run) -> list[psutil.Process]:
-    wait_for(lambda: TelemetrySample.objects.filter(run=run, rank=1).count() >= 2, 120, "both ranks to train")
+    wait_for(
+        lambda: TelemetrySample.objects.filter(run=run, rank=1).count() >= 2,
+        120,
+        "both ranks to train",
+    )
     ranks = _ranks_of(worker)
     assert len(ranks) == 2
     return ranks
@@ -68,7 +75,9 @@ def test_a_killed_worker_leaves_no_rank_behind(django_db_setup):
     try:
         run = run_submit(experiment=experiment_with(LONG_DDP))
         ranks = _training_on_both_ranks(worker, run)
-        os.killpg(worker.pid, signal.SIGKILL)  # the worker and its pool child; the ranks are not in the group
+        os.killpg(
+            worker.pid, signal.SIGKILL
+        )  # the worker and its pool child; the ranks are not in the group
         worker.wait(10)
         started = time.monotonic()
         assert _gone(ranks, within_s=10), [p.pid for p in ranks if p.is_running()]

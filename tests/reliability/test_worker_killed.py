@@ -35,8 +35,9 @@ def recompute(run):
     weights = cost_engine.Weights.from_cost_model(run.experiment.cost_model)
     usage, cost = cost_engine.Usage.zero(), cost_engine.CostBreakdown.zero()
     for _, group in itertools.groupby(rows, key=lambda r: r["attempt"]):
-        u, c = cost_engine.price_samples(list(group), prices_at=prices_at, weights=weights, gpu_count=0,
-                                         vcpus=run.vcpus)
+        u, c = cost_engine.price_samples(
+            list(group), prices_at=prices_at, weights=weights, gpu_count=0, vcpus=run.vcpus
+        )
         usage, cost = usage + u, cost + c
     return usage, cost
 
@@ -50,7 +51,11 @@ def test_sigkill_mid_run_is_swept_lost_then_retried_and_billed_once(django_db_se
     survivor = None
     try:
         run = run_submit(experiment=exp)
-        wait_for(lambda: TelemetrySample.objects.filter(run=run).count() >= 3, 120, "telemetry from worker A")
+        wait_for(
+            lambda: TelemetrySample.objects.filter(run=run).count() >= 3,
+            120,
+            "telemetry from worker A",
+        )
         os.killpg(doomed.pid, signal.SIGKILL)  # the worker and its pool child, at once
         doomed.wait(10)
         run.refresh_from_db()
@@ -63,8 +68,11 @@ def test_sigkill_mid_run_is_swept_lost_then_retried_and_billed_once(django_db_se
         assert run.status == "queued" and run.attempts == 1 and "lost" in run.error
 
         survivor, _ = start_worker()
-        run = wait_for(lambda: Run.objects.filter(pk=run.pk, status__in=["succeeded", "failed"]).first(), 120,
-                       "the retry to finish")
+        run = wait_for(
+            lambda: Run.objects.filter(pk=run.pk, status__in=["succeeded", "failed"]).first(),
+            120,
+            "the retry to finish",
+        )
     finally:
         for proc in (doomed, survivor):
             if proc is not None and proc.poll() is None:

@@ -55,8 +55,11 @@ def test_three_graceful_stops_use_no_attempt_and_the_run_still_succeeds(django_d
         try:
             if run is None:
                 run = run_submit(experiment=exp)
-            wait_for(lambda n=stop, r=run: TelemetrySample.objects.filter(run=r, attempt=n).count() >= 2, 120,
-                     f"attempt {stop} to train")
+            wait_for(
+                lambda n=stop, r=run: TelemetrySample.objects.filter(run=r, attempt=n).count() >= 2,
+                120,
+                f"attempt {stop} to train",
+            )
             worker.send_signal(signal.SIGTERM)
             worker.wait(timeout=30)
         finally:
@@ -66,10 +69,18 @@ def test_three_graceful_stops_use_no_attempt_and_the_run_still_succeeds(django_d
         assert run.status == Run.Status.QUEUED, (stop, run.status, run.error)
     worker, _ = start_worker()
     try:
-        run = wait_for(lambda: Run.objects.filter(pk=run.pk).exclude(status__in=Run.ACTIVE_STATUSES).first(), 180,
-                       "the fourth attempt to finish")
+        run = wait_for(
+            lambda: Run.objects.filter(pk=run.pk).exclude(status__in=Run.ACTIVE_STATUSES).first(),
+            180,
+            "the fourth attempt to finish",
+        )
     finally:
         stop_worker(worker)
     assert run.status == Run.Status.SUCCEEDED, run.error
-    assert list(run.attempt_log.values_list("outcome", flat=True)) == ["stopped", "stopped", "stopped", "succeeded"]
+    assert list(run.attempt_log.values_list("outcome", flat=True)) == [
+        "stopped",
+        "stopped",
+        "stopped",
+        "succeeded",
+    ]
     assert run.attempts == 4 and run.max_attempts == 3

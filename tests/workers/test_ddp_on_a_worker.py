@@ -24,11 +24,16 @@ distributed: {nproc_per_node: 2}
 
 def test_a_two_rank_run_trains_on_a_worker_and_is_billed_for_two_devices(celery_worker_process):
     run = run_submit(experiment=experiment_with(TWO_RANKS), git_sha="beef")
-    run = wait_for(lambda: Run.objects.filter(pk=run.pk, status__in=["succeeded", "failed"]).first(), 180,
-                   "the run to end")
+    run = wait_for(
+        lambda: Run.objects.filter(pk=run.pk, status__in=["succeeded", "failed"]).first(),
+        180,
+        "the run to end",
+    )
     assert run.status == "succeeded", run.error
     assert run.world_size == 2 and run.device == "cpu x2" and run.vcpus == 2  # one thread per rank
-    rows = list(TelemetrySample.objects.filter(run=run).order_by("seq").values("seq", "rank", "ts", "step"))
+    rows = list(
+        TelemetrySample.objects.filter(run=run).order_by("seq").values("seq", "rank", "ts", "step")
+    )
     assert [r["seq"] for r in rows] == list(range(len(rows)))  # one seq space, nothing lost
     streams = defaultdict(list)
     for r in rows:
@@ -40,5 +45,7 @@ def test_a_two_rank_run_trains_on_a_worker_and_is_billed_for_two_devices(celery_
     assert run.device_seconds == pytest.approx(sum(spans), rel=1e-6)
     assert run.device_seconds > 1.5 * max(spans)
     vcpu_hour_usd = 0.04  # the factory's table
-    assert run.cost_breakdown["cpu_usd"] == pytest.approx(sum(spans) * 1 * vcpu_hour_usd / 3600, rel=1e-6)
+    assert run.cost_breakdown["cpu_usd"] == pytest.approx(
+        sum(spans) * 1 * vcpu_hour_usd / 3600, rel=1e-6
+    )
     assert run.cost_usd > 0 and run.energy_j > 0 and run.energy_estimated

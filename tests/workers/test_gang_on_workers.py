@@ -25,8 +25,11 @@ def test_two_workers_train_one_run_as_two_nodes(django_db_setup):
     workers = [start_worker(COSTLAB_RDZV_JOIN_TIMEOUT_S="60")[0] for _ in range(2)]
     try:
         run = run_submit(experiment=experiment_with(TWO_NODES))
-        run = wait_for(lambda: Run.objects.filter(pk=run.pk, status__in=["succeeded", "failed"]).first(), 240,
-                       "the run to end")
+        run = wait_for(
+            lambda: Run.objects.filter(pk=run.pk, status__in=["succeeded", "failed"]).first(),
+            240,
+            "the run to end",
+        )
     finally:
         for worker in workers:
             stop_worker(worker)
@@ -42,12 +45,17 @@ def test_a_gang_missing_a_node_is_requeued_once_then_fails_with_the_reason(djang
     worker, _ = start_worker(COSTLAB_RDZV_JOIN_TIMEOUT_S="4")
     try:
         run = run_submit(experiment=experiment_with(TWO_NODES))
-        run = wait_for(lambda: Run.objects.filter(pk=run.pk, status__in=["succeeded", "failed"]).first(), 120,
-                       "the run to give up")
+        run = wait_for(
+            lambda: Run.objects.filter(pk=run.pk, status__in=["succeeded", "failed"]).first(),
+            120,
+            "the run to give up",
+        )
     finally:
         stop_worker(worker)
     assert run.status == "failed" and run.gang_requeues == 1
     assert "not every node joined" in run.error and "again after one requeue" in run.error
     first, second = run.attempt_log.order_by("number")
-    assert first.outcome == "stopped" and "not every node joined" in first.reason  # the requeue, with its reason
+    assert (
+        first.outcome == "stopped" and "not every node joined" in first.reason
+    )  # the requeue, with its reason
     assert second.outcome == "failed"

@@ -29,14 +29,17 @@ def experiment_with(strategy):
     return exp
 
 
-
-
 def test_a_submitted_run_trains_and_ends_with_telemetry_and_a_cost(celery_worker_process):
     run = run_submit(experiment=experiment_with(SHORT), git_sha="deadbeef")
-    run = wait_for(lambda: Run.objects.filter(pk=run.pk, status__in=["succeeded", "failed"]).first(), 120,
-                   "the run to end")
+    run = wait_for(
+        lambda: Run.objects.filter(pk=run.pk, status__in=["succeeded", "failed"]).first(),
+        120,
+        "the run to end",
+    )
     assert run.status == "succeeded", run.error
-    seqs = list(TelemetrySample.objects.filter(run=run).order_by("seq").values_list("seq", flat=True))
+    seqs = list(
+        TelemetrySample.objects.filter(run=run).order_by("seq").values_list("seq", flat=True)
+    )
     assert seqs and seqs == list(range(len(seqs)))
     assert run.priced_seq == seqs[-1]
     assert run.steps == 20 and run.tokens == 20 * 2 * 32
@@ -48,7 +51,9 @@ def test_a_submitted_run_trains_and_ends_with_telemetry_and_a_cost(celery_worker
 
 def test_a_cancelled_run_stops_at_a_step_boundary_and_keeps_its_telemetry(celery_worker_process):
     run = run_submit(experiment=experiment_with(LONG))
-    wait_for(lambda: TelemetrySample.objects.filter(run=run).count() >= 3, 120, "telemetry to arrive")
+    wait_for(
+        lambda: TelemetrySample.objects.filter(run=run).count() >= 3, 120, "telemetry to arrive"
+    )
     asked = time.monotonic()
     run_cancel(run=run)
     wait_for(lambda: Run.objects.filter(pk=run.pk, status="cancelled").exists(), 10, "the cancel")

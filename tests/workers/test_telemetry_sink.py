@@ -20,7 +20,14 @@ T0 = datetime(2026, 6, 1, tzinfo=UTC).timestamp()
 
 
 def sample(i):
-    return {"seq": i, "ts": T0 + i, "step": i, "tokens": 10 * i, "energy_j": float(i), "util_pct": 50.0}
+    return {
+        "seq": i,
+        "ts": T0 + i,
+        "step": i,
+        "tokens": 10 * i,
+        "energy_j": float(i),
+        "util_pct": 50.0,
+    }
 
 
 class DatabaseOutage:
@@ -38,14 +45,18 @@ class DatabaseOutage:
 
 
 def test_a_failed_flush_is_retried_with_the_same_seqs_and_everything_lands(caplog):
-    run = RunFactory(status=Run.Status.RUNNING, attempts=1, created=datetime.fromtimestamp(T0 - 60, UTC))
+    run = RunFactory(
+        status=Run.Status.RUNNING, attempts=1, created=datetime.fromtimestamp(T0 - 60, UTC)
+    )
     outage = DatabaseOutage(failures=2)
     sink = TelemetrySink(run_id=run.pk, attempt=1, seq_base=100, ingest=outage, flush_s=0.05)
     with caplog.at_level(logging.WARNING):
         for i in range(50):
             sink.put(sample(i))
         sink.close(timeout_s=30)
-    stored = list(TelemetrySample.objects.filter(run=run).order_by("seq").values_list("seq", flat=True))
+    stored = list(
+        TelemetrySample.objects.filter(run=run).order_by("seq").values_list("seq", flat=True)
+    )
     assert stored == list(range(100, 150))  # offset by the base, none lost, none twice
     assert outage.calls[0] == outage.calls[1] == outage.calls[2][: len(outage.calls[0])]
     assert "telemetry flush failed" in caplog.text and "keeping" in caplog.text
@@ -55,7 +66,9 @@ def test_a_failed_flush_is_retried_with_the_same_seqs_and_everything_lands(caplo
 def test_the_buffer_is_bounded_and_drops_oldest_loudly(caplog):
     run = RunFactory(status=Run.Status.RUNNING, attempts=1)
     outage = DatabaseOutage(failures=10**9)
-    sink = TelemetrySink(run_id=run.pk, attempt=1, seq_base=0, ingest=outage, max_buffered=20, flush_s=0.05)
+    sink = TelemetrySink(
+        run_id=run.pk, attempt=1, seq_base=0, ingest=outage, max_buffered=20, flush_s=0.05
+    )
     with caplog.at_level(logging.ERROR):
         for i in range(30):
             sink.put(sample(i))
@@ -67,7 +80,9 @@ def test_the_buffer_is_bounded_and_drops_oldest_loudly(caplog):
 
 def test_a_refused_batch_is_dropped_not_retried_forever(caplog):
     run = RunFactory(status=Run.Status.RUNNING, attempts=2)  # this sink's attempt 1 was swept
-    sink = TelemetrySink(run_id=run.pk, attempt=1, seq_base=0, ingest=telemetry_ingest, flush_s=0.05)
+    sink = TelemetrySink(
+        run_id=run.pk, attempt=1, seq_base=0, ingest=telemetry_ingest, flush_s=0.05
+    )
     with caplog.at_level(logging.ERROR):
         for i in range(10):
             sink.put(sample(i))

@@ -18,17 +18,35 @@ class ArmSummarySerializer(serializers.ModelSerializer):
 
 class ExperimentSerializer(serializers.ModelSerializer):
     cost_model = TenantPrimaryKeyField(queryset=CostModel.objects.all())
-    pricing_table = TenantPrimaryKeyField(queryset=PricingTable.objects.all(), allow_null=True, required=False)
+    pricing_table = TenantPrimaryKeyField(
+        queryset=PricingTable.objects.all(), allow_null=True, required=False
+    )
     arms = ArmSummarySerializer(many=True, read_only=True)
     outlier_runs = serializers.SerializerMethodField(
-        help_text="Runs whose device seconds per token lie beyond 3 x MAD from their arm's median.")
+        help_text="Runs whose device seconds per token lie beyond 3 x MAD from their arm's median."
+    )
 
     class Meta:
         model = Experiment
         fields = [
-            "id", "name", "description", "status", "cost_model", "pricing_table", "freeze_threshold",
-            "attribution_interval_s", "min_runs_per_arm", "min_samples_per_arm", "alpha", "freeze_policy",
-            "dynamic_weights", "target_steps", "arms", "outlier_runs", "created_at", "updated_at",
+            "id",
+            "name",
+            "description",
+            "status",
+            "cost_model",
+            "pricing_table",
+            "freeze_threshold",
+            "attribution_interval_s",
+            "min_runs_per_arm",
+            "min_samples_per_arm",
+            "alpha",
+            "freeze_policy",
+            "dynamic_weights",
+            "target_steps",
+            "arms",
+            "outlier_runs",
+            "created_at",
+            "updated_at",
         ]
         read_only_fields = ["id", "arms", "outlier_runs", "created_at", "updated_at"]
         extra_kwargs = {
@@ -42,12 +60,14 @@ class ExperimentSerializer(serializers.ModelSerializer):
         # (tenant, name) uniqueness is checked by the service, which knows the tenant
         validators = []
 
-
     @extend_schema_field(RunOutlierSerializer(many=True))
     def get_outlier_runs(self, experiment: Experiment) -> list[dict]:
         if experiment.pk is None:
             return []
-        return [o.as_dict() for o in sorted(outliers_of(self, experiment.pk).values(), key=lambda o: o.run_id)]
+        return [
+            o.as_dict()
+            for o in sorted(outliers_of(self, experiment.pk).values(), key=lambda o: o.run_id)
+        ]
 
 
 class ArmSerializer(serializers.ModelSerializer):
@@ -56,23 +76,48 @@ class ArmSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Arm
-        fields = ["id", "experiment", "name", "strategy_yaml", "strategy_sha256", "weight", "is_control", "state",
-                  "revision", "created_at", "updated_at"]
-        read_only_fields = ["id", "strategy_sha256", "state", "revision", "created_at", "updated_at"]
+        fields = [
+            "id",
+            "experiment",
+            "name",
+            "strategy_yaml",
+            "strategy_sha256",
+            "weight",
+            "is_control",
+            "state",
+            "revision",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = [
+            "id",
+            "strategy_sha256",
+            "state",
+            "revision",
+            "created_at",
+            "updated_at",
+        ]
         validators = []
 
 
 class ArmUpdateSerializer(serializers.Serializer):
     """What may change on an arm: its strategy (a new revision) and its traffic weight."""
 
-    strategy_yaml = serializers.CharField(max_length=STRATEGY_MAX_CHARS, trim_whitespace=False, required=False)
+    strategy_yaml = serializers.CharField(
+        max_length=STRATEGY_MAX_CHARS, trim_whitespace=False, required=False
+    )
     weight = serializers.DecimalField(max_digits=7, decimal_places=4, min_value=0, required=False)
 
 
 class ArmUpdateResultSerializer(ArmSerializer):
-    live_keys = serializers.DictField(read_only=True, help_text="Changed keys that reach running runs at their next step.")
-    new_runs_only = serializers.ListField(child=serializers.CharField(), read_only=True,
-                                          help_text="Changed keys that only runs started from now on use.")
+    live_keys = serializers.DictField(
+        read_only=True, help_text="Changed keys that reach running runs at their next step."
+    )
+    new_runs_only = serializers.ListField(
+        child=serializers.CharField(),
+        read_only=True,
+        help_text="Changed keys that only runs started from now on use.",
+    )
 
     class Meta(ArmSerializer.Meta):
         fields = [*ArmSerializer.Meta.fields, "live_keys", "new_runs_only"]

@@ -12,4 +12,6 @@ class TenantPrimaryKeyField(serializers.PrimaryKeyRelatedField):
     def get_queryset(self):
         queryset = super().get_queryset()
         tenant = getattr(self.context.get("request"), "tenant", None)
-        return queryset.filter(**{self.tenant_path: tenant}) if tenant is not None else queryset.none()
+        return (
+            queryset.filter(**{self.tenant_path: tenant}) if tenant is not None else queryset.none()
+        )

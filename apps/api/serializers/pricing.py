@@ -23,8 +23,21 @@ class PricingTableSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = PricingTable
-        fields = ["id", "name", "currency", "valid_from", "electricity_usd_per_kwh", "pue", "vcpu_hour_usd",
-                  "memory_gb_hour_usd", "is_example", "notes", "gpu_prices", "created_at", "updated_at"]
+        fields = [
+            "id",
+            "name",
+            "currency",
+            "valid_from",
+            "electricity_usd_per_kwh",
+            "pue",
+            "vcpu_hour_usd",
+            "memory_gb_hour_usd",
+            "is_example",
+            "notes",
+            "gpu_prices",
+            "created_at",
+            "updated_at",
+        ]
         read_only_fields = ["id", "created_at", "updated_at"]
         extra_kwargs = {"notes": {"max_length": 10_000}, "name": {"max_length": 120}}
         validators = []  # (tenant, valid_from) uniqueness: checked by full_clean in the service
@@ -33,8 +46,19 @@ class PricingTableSerializer(serializers.ModelSerializer):
 class CostModelSerializer(serializers.ModelSerializer):
     class Meta:
         model = CostModel
-        fields = ["id", "name", "kind", "gpu_weight", "energy_weight", "cpu_weight", "memory_weight", "unit",
-                  "tiers", "created_at", "updated_at"]
+        fields = [
+            "id",
+            "name",
+            "kind",
+            "gpu_weight",
+            "energy_weight",
+            "cpu_weight",
+            "memory_weight",
+            "unit",
+            "tiers",
+            "created_at",
+            "updated_at",
+        ]
         read_only_fields = ["id", "created_at", "updated_at"]
         extra_kwargs = {"name": {"max_length": 120}}
         validators = []

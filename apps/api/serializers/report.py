@@ -12,7 +12,9 @@ class ProjectionSerializer(serializers.Serializer):
     electricity_usd = serializers.FloatField()
     total_usd = serializers.FloatField()
     completion_s = serializers.FloatField()
-    estimated = serializers.BooleanField(help_text="Always true: every figure here is projected, not measured.")
+    estimated = serializers.BooleanField(
+        help_text="Always true: every figure here is projected, not measured."
+    )
 
 
 class PricingTableRefSerializer(serializers.Serializer):
@@ -34,16 +36,27 @@ class ArmReportSerializer(serializers.Serializer):
     energy_kwh = serializers.FloatField()
     energy_estimated = serializers.BooleanField(help_text="Some energy was modelled, not measured.")
     electricity_usd = serializers.FloatField()
-    total_usd = serializers.FloatField(help_text="As billed: each run at the tables in force while it ran.")
+    total_usd = serializers.FloatField(
+        help_text="As billed: each run at the tables in force while it ran."
+    )
     compared_usd = serializers.FloatField(
         help_text="The arm's usage priced at the report's one comparison table (pricing_table): "
-            "what usd_per_mtok, metric_value and deviation compare.")
-    usd_per_mtok = serializers.FloatField(allow_null=True, help_text="USD per million tokens, at the comparison table.")
-    metric = serializers.CharField(help_text="What deviation compares: usd_per_mtok, or usd_per_step.")
+        "what usd_per_mtok, metric_value and deviation compare."
+    )
+    usd_per_mtok = serializers.FloatField(
+        allow_null=True, help_text="USD per million tokens, at the comparison table."
+    )
+    metric = serializers.CharField(
+        help_text="What deviation compares: usd_per_mtok, or usd_per_step."
+    )
     metric_value = serializers.FloatField(allow_null=True)
     throughput_tok_s = serializers.FloatField(allow_null=True)
-    completion_s = serializers.FloatField(allow_null=True, help_text="Mean wall time of succeeded runs (s).")
-    deviation = serializers.FloatField(allow_null=True, help_text="(arm - control) / control; 0.05 = 5 % costlier.")
+    completion_s = serializers.FloatField(
+        allow_null=True, help_text="Mean wall time of succeeded runs (s)."
+    )
+    deviation = serializers.FloatField(
+        allow_null=True, help_text="(arm - control) / control; 0.05 = 5 % costlier."
+    )
     deviation_low = serializers.FloatField(allow_null=True)
     deviation_high = serializers.FloatField(allow_null=True)
     projected = ProjectionSerializer(allow_null=True)
@@ -55,10 +68,14 @@ class ExperimentReportSerializer(serializers.Serializer):
     name = serializers.CharField()
     threshold = serializers.FloatField(help_text="The experiment's freeze threshold (0.05 = 5 %).")
     target_steps = serializers.IntegerField(allow_null=True)
-    window_end = serializers.DateTimeField(allow_null=True, help_text="Latest attribution window; null before the first.")
+    window_end = serializers.DateTimeField(
+        allow_null=True, help_text="Latest attribution window; null before the first."
+    )
     pricing_table = PricingTableRefSerializer(
-        allow_null=True, help_text="The one table every arm is compared at (the latest window's: pinned, else in "
-                                   "force at its end); null before the first window (compared as billed).")
+        allow_null=True,
+        help_text="The one table every arm is compared at (the latest window's: pinned, else in "
+        "force at its end); null before the first window (compared as billed).",
+    )
     arms = ArmReportSerializer(many=True)
 
 
@@ -67,8 +84,14 @@ class FreezeRequestSerializer(serializers.Serializer):
 
 
 class UnfreezeRequestSerializer(FreezeRequestSerializer):
-    weight = serializers.DecimalField(max_digits=7, decimal_places=4, min_value=0, required=False, allow_null=True,
-                                      help_text="Traffic weight to restore; default the weight it had before.")
+    weight = serializers.DecimalField(
+        max_digits=7,
+        decimal_places=4,
+        min_value=0,
+        required=False,
+        allow_null=True,
+        help_text="Traffic weight to restore; default the weight it had before.",
+    )
 
 
 class FreezeEventSerializer(serializers.ModelSerializer):
@@ -77,6 +100,17 @@ class FreezeEventSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = FreezeEvent
-        fields = ["id", "arm", "action", "reason", "actor", "deviation", "deviation_low", "threshold", "evidence",
-                  "arm_state", "created_at"]
+        fields = [
+            "id",
+            "arm",
+            "action",
+            "reason",
+            "actor",
+            "deviation",
+            "deviation_low",
+            "threshold",
+            "evidence",
+            "arm_state",
+            "created_at",
+        ]
         read_only_fields = fields

@@ -22,7 +22,9 @@ class RunOutlierSerializer(serializers.Serializer):
     arm = serializers.IntegerField()
     device_s_per_token = serializers.FloatField()
     arm_median = serializers.FloatField(help_text="The arm's median device seconds per token.")
-    mad = serializers.FloatField(help_text="The arm's median absolute deviation (at least 1 % of the median).")
+    mad = serializers.FloatField(
+        help_text="The arm's median absolute deviation (at least 1 % of the median)."
+    )
     distance_mads = serializers.FloatField()
     reason = serializers.CharField()
 
@@ -33,7 +35,11 @@ def outliers_of(field: serializers.Field, experiment_id: int) -> dict:
     one query per serialization, however many rows."""
     cache = field.context.setdefault("_run_outliers", {})
     if experiment_id not in cache:
-        rows = getattr(field.parent, "instance", None) if isinstance(field.parent, serializers.ListSerializer) else None
+        rows = (
+            getattr(field.parent, "instance", None)
+            if isinstance(field.parent, serializers.ListSerializer)
+            else None
+        )
         ids = {experiment_id} | {getattr(r, "experiment_id", None) or r.pk for r in rows or ()}
         found = runs_outliers(experiment_ids=sorted(ids))
         for pk in ids:
@@ -48,16 +54,45 @@ class RunSerializer(serializers.ModelSerializer):
     gpu_sku = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
     outlier = serializers.SerializerMethodField(
         help_text="Set when the run's device seconds per token lie beyond 3 MADs (scaled to a "
-            "standard deviation) from its arm's median: the figures and why (attribution may "
-            "exclude such runs: COSTLAB_ATTRIBUTION_EXCLUDE_OUTLIERS).")
+        "standard deviation) from its arm's median: the figures and why (attribution may "
+        "exclude such runs: COSTLAB_ATTRIBUTION_EXCLUDE_OUTLIERS)."
+    )
 
     class Meta:
         model = Run
         fields = [
-            "id", "experiment", "arm", "kind", "status", "queue", "run_key", "git_sha", "dataset_sha256", "host",
-            "device", "gpu_sku", "gpu_count", "vcpus", "memory_gb", "attempts", "max_attempts", "cancel_requested", "error", "queued_at",
-            "started_at", "finished_at", "steps", "tokens", "device_seconds", "energy_j", "energy_estimated",
-            "cost_usd", "cost_breakdown", "config_sha256", "config_revision", "outlier",
+            "id",
+            "experiment",
+            "arm",
+            "kind",
+            "status",
+            "queue",
+            "run_key",
+            "git_sha",
+            "dataset_sha256",
+            "host",
+            "device",
+            "gpu_sku",
+            "gpu_count",
+            "vcpus",
+            "memory_gb",
+            "attempts",
+            "max_attempts",
+            "cancel_requested",
+            "error",
+            "queued_at",
+            "started_at",
+            "finished_at",
+            "steps",
+            "tokens",
+            "device_seconds",
+            "energy_j",
+            "energy_estimated",
+            "cost_usd",
+            "cost_breakdown",
+            "config_sha256",
+            "config_revision",
+            "outlier",
         ]
         read_only_fields = fields
 
@@ -75,8 +110,11 @@ class RunAttemptSerializer(serializers.ModelSerializer):
 
 
 class RunDetailSerializer(RunSerializer):
-    attempt_log = RunAttemptSerializer(many=True, read_only=True,
-                                       help_text="Every time a worker held the run: stops, losses and the outcome.")
+    attempt_log = RunAttemptSerializer(
+        many=True,
+        read_only=True,
+        help_text="Every time a worker held the run: stops, losses and the outcome.",
+    )
 
     class Meta(RunSerializer.Meta):
         fields = [*RunSerializer.Meta.fields, "config_yaml", "config_history", "attempt_log"]
@@ -85,33 +123,68 @@ class RunDetailSerializer(RunSerializer):
 
 class RunSubmitSerializer(serializers.Serializer):
     experiment = TenantPrimaryKeyField(queryset=Experiment.objects.all())
-    arm = TenantPrimaryKeyField(queryset=Arm.objects.all(), tenant_path="experiment__tenant", required=False,
-                                allow_null=True, help_text="Omit to let traffic weights choose.")
-    run_key = serializers.CharField(max_length=120, required=False, default="",
-                                    help_text="Client key: a retried submission with the same key returns the same run.")
-    git_sha = serializers.RegexField(HEX, max_length=40, required=False, default="", allow_blank=True)
-    dataset_sha256 = serializers.RegexField(HEX, max_length=64, required=False, default="", allow_blank=True)
+    arm = TenantPrimaryKeyField(
+        queryset=Arm.objects.all(),
+        tenant_path="experiment__tenant",
+        required=False,
+        allow_null=True,
+        help_text="Omit to let traffic weights choose.",
+    )
+    run_key = serializers.CharField(
+        max_length=120,
+        required=False,
+        default="",
+        help_text="Client key: a retried submission with the same key returns the same run.",
+    )
+    git_sha = serializers.RegexField(
+        HEX, max_length=40, required=False, default="", allow_blank=True
+    )
+    dataset_sha256 = serializers.RegexField(
+        HEX, max_length=64, required=False, default="", allow_blank=True
+    )
     kind = serializers.ChoiceField(choices=Run.Kind.choices, default=Run.Kind.WORKER)
-    gpu_sku = serializers.SlugRelatedField(slug_field="name", queryset=GpuSku.objects.all(), required=False,
-                                           allow_null=True, help_text="GPU model by name; omit for a CPU run.")
-    gpu_count = serializers.IntegerField(min_value=0, max_value=1024, required=False, allow_null=True)
-    vcpus = serializers.IntegerField(min_value=0, max_value=4096, required=False, default=0,
-                                     help_text="External runs: vCPUs held, priced per vCPU-hour.")
-    memory_gb = serializers.FloatField(min_value=0, max_value=65536, required=False, default=0.0,
-                                       help_text="External runs: host memory held (GB), priced per GB-hour.")
+    gpu_sku = serializers.SlugRelatedField(
+        slug_field="name",
+        queryset=GpuSku.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="GPU model by name; omit for a CPU run.",
+    )
+    gpu_count = serializers.IntegerField(
+        min_value=0, max_value=1024, required=False, allow_null=True
+    )
+    vcpus = serializers.IntegerField(
+        min_value=0,
+        max_value=4096,
+        required=False,
+        default=0,
+        help_text="External runs: vCPUs held, priced per vCPU-hour.",
+    )
+    memory_gb = serializers.FloatField(
+        min_value=0,
+        max_value=65536,
+        required=False,
+        default=0.0,
+        help_text="External runs: host memory held (GB), priced per GB-hour.",
+    )
 
 
 class RunFinishSerializer(serializers.Serializer):
     status = serializers.ChoiceField(choices=[Run.Status.SUCCEEDED, Run.Status.FAILED])
     error = serializers.CharField(max_length=4000, required=False, default="", allow_blank=True)
-    dataset_sha256 = serializers.RegexField(HEX, max_length=64, required=False, default="", allow_blank=True)
+    dataset_sha256 = serializers.RegexField(
+        HEX, max_length=64, required=False, default="", allow_blank=True
+    )
 
 
 class RunRepriceSerializer(serializers.Serializer):
     reason = serializers.CharField(max_length=4000, help_text="Why; kept for audit.")
-    pricing_table = TenantPrimaryKeyField(queryset=PricingTable.objects.all(), required=False, allow_null=True,
-                                          help_text="Price the whole run at this table; omit: the tables in force "
-                                                    "when it ran.")
+    pricing_table = TenantPrimaryKeyField(
+        queryset=PricingTable.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="Price the whole run at this table; omit: the tables in force when it ran.",
+    )
 
 
 class RunRepricingSerializer(serializers.ModelSerializer):
@@ -119,5 +192,14 @@ class RunRepricingSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = RunRepricing
-        fields = ["id", "run", "at", "actor", "reason", "pricing_table", "cost_before_usd", "cost_after_usd"]
+        fields = [
+            "id",
+            "run",
+            "at",
+            "actor",
+            "reason",
+            "pricing_table",
+            "cost_before_usd",
+            "cost_after_usd",
+        ]
         read_only_fields = fields

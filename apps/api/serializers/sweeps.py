@@ -14,9 +14,28 @@ class ProbeSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Probe
-        fields = ["id", "number", "params", "status", "reason", "device", "steps_timed", "step_time_s",
-                  "step_time_spread", "tokens_per_s", "peak_mem_mb", "mem_estimated", "energy_j", "energy_estimated",
-                  "cost_usd", "usd_per_mtok", "final_loss", "started_at", "finished_at", "on_frontier"]
+        fields = [
+            "id",
+            "number",
+            "params",
+            "status",
+            "reason",
+            "device",
+            "steps_timed",
+            "step_time_s",
+            "step_time_spread",
+            "tokens_per_s",
+            "peak_mem_mb",
+            "mem_estimated",
+            "energy_j",
+            "energy_estimated",
+            "cost_usd",
+            "usd_per_mtok",
+            "final_loss",
+            "started_at",
+            "finished_at",
+            "on_frontier",
+        ]
         read_only_fields = fields
 
 
@@ -26,14 +45,36 @@ class SweepSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Sweep
-        fields = ["id", "name", "status", "sampler", "objectives", "space", "probe_count", "probe_steps",
-                  "warmup_steps", "parallelism", "queue", "gpu_sku", "cost_model", "seed", "tie_tolerance",
-                  "probes_done", "note", "created_at", "finished_at"]
+        fields = [
+            "id",
+            "name",
+            "status",
+            "sampler",
+            "objectives",
+            "space",
+            "probe_count",
+            "probe_steps",
+            "warmup_steps",
+            "parallelism",
+            "queue",
+            "gpu_sku",
+            "cost_model",
+            "seed",
+            "tie_tolerance",
+            "probes_done",
+            "note",
+            "created_at",
+            "finished_at",
+        ]
         read_only_fields = fields
 
     def get_probes_done(self, sweep) -> int:
-        landed = getattr(sweep, "probes_landed", None)  # annotated by sweep_list; a single sweep counts here
-        return landed if landed is not None else sweep.probes.exclude(status__in=Probe.PENDING).count()
+        landed = getattr(
+            sweep, "probes_landed", None
+        )  # annotated by sweep_list; a single sweep counts here
+        return (
+            landed if landed is not None else sweep.probes.exclude(status__in=Probe.PENDING).count()
+        )
 
 
 class SweepDetailSerializer(SweepSerializer):
@@ -43,8 +84,11 @@ class SweepDetailSerializer(SweepSerializer):
 
 
 class SweepCreatedSerializer(SweepDetailSerializer):
-    warnings = serializers.ListField(child=serializers.CharField(), read_only=True,
-                                     help_text="E.g. no worker consumes the sweep's queue now.")
+    warnings = serializers.ListField(
+        child=serializers.CharField(),
+        read_only=True,
+        help_text="E.g. no worker consumes the sweep's queue now.",
+    )
 
     class Meta(SweepDetailSerializer.Meta):
         fields = [*SweepDetailSerializer.Meta.fields, "warnings"]
@@ -54,34 +98,56 @@ class SweepCreatedSerializer(SweepDetailSerializer):
 class SweepCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=120)
     base_strategy_yaml = serializers.CharField(max_length=STRATEGY_MAX_CHARS, trim_whitespace=False)
-    space = serializers.JSONField(help_text="Dotted strategy key -> list of values, or {low, high, step | log2}.")
-    objectives = serializers.ListField(child=serializers.CharField(), required=False,
-                                       help_text="Minimised, from: " + ", ".join(OBJECTIVES))
-    sampler = serializers.ChoiceField(choices=SAMPLER_CHOICES, default="auto",
-                                      help_text="auto: grid when the space fits the budget, else tpe.")
+    space = serializers.JSONField(
+        help_text="Dotted strategy key -> list of values, or {low, high, step | log2}."
+    )
+    objectives = serializers.ListField(
+        child=serializers.CharField(),
+        required=False,
+        help_text="Minimised, from: " + ", ".join(OBJECTIVES),
+    )
+    sampler = serializers.ChoiceField(
+        choices=SAMPLER_CHOICES,
+        default="auto",
+        help_text="auto: grid when the space fits the budget, else tpe.",
+    )
     seed = serializers.IntegerField(min_value=0, max_value=2**31 - 1, default=0)
     probe_count = serializers.IntegerField(min_value=1, max_value=10_000)
     probe_steps = serializers.IntegerField(min_value=2, max_value=100_000)
     warmup_steps = serializers.IntegerField(min_value=0, max_value=10_000, default=2)
     parallelism = serializers.IntegerField(min_value=1, max_value=1024, default=2)
-    gpu_sku = serializers.SlugRelatedField(slug_field="name", queryset=GpuSku.objects.all(), required=False,
-                                           allow_null=True, help_text="GPU model by name; omit to probe on CPU.")
-    cost_model = TenantPrimaryKeyField(queryset=CostModel.objects.all(), required=False, allow_null=True)
-    tie_tolerance = serializers.DecimalField(max_digits=5, decimal_places=4, min_value=0, max_value=Decimal("0.5"),
-                                             required=False)
+    gpu_sku = serializers.SlugRelatedField(
+        slug_field="name",
+        queryset=GpuSku.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="GPU model by name; omit to probe on CPU.",
+    )
+    cost_model = TenantPrimaryKeyField(
+        queryset=CostModel.objects.all(), required=False, allow_null=True
+    )
+    tie_tolerance = serializers.DecimalField(
+        max_digits=5, decimal_places=4, min_value=0, max_value=Decimal("0.5"), required=False
+    )
 
     def validate(self, attrs):
         unknown = sorted(set(self.initial_data) - set(self.fields))
         if unknown:
-            raise serializers.ValidationError({unknown[0]: [f"unknown key; allowed: {', '.join(self.fields)}"]})
+            raise serializers.ValidationError(
+                {unknown[0]: [f"unknown key; allowed: {', '.join(self.fields)}"]}
+            )
         return attrs
 
 
 class SweepPromoteSerializer(serializers.Serializer):
     probe = serializers.IntegerField(help_text="The probe id of a frontier point.")
     weight = serializers.DecimalField(max_digits=7, decimal_places=4, min_value=0, default=1)
-    experiment = TenantPrimaryKeyField(queryset=Experiment.objects.all(), required=False, allow_null=True,
-                                       help_text="An existing experiment; omit and give experiment_name for a new one.")
+    experiment = TenantPrimaryKeyField(
+        queryset=Experiment.objects.all(),
+        required=False,
+        allow_null=True,
+        help_text="An existing experiment; omit and give experiment_name for a new one.",
+    )
     experiment_name = serializers.CharField(max_length=120, required=False, default="")
     arm_name = serializers.CharField(max_length=80, required=False, default="")
 
@@ -95,26 +161,45 @@ class SizeSerializer(serializers.Serializer):
 
 
 class ProfileSerializer(serializers.Serializer):
-    cpu_util = serializers.FloatField(allow_null=True, help_text="0..1; None on a GPU run (util_pct is the GPU's).")
-    io_wait = serializers.FloatField(allow_null=True, help_text="Not sampled by the runtime: None, taken as 0.")
+    cpu_util = serializers.FloatField(
+        allow_null=True, help_text="0..1; None on a GPU run (util_pct is the GPU's)."
+    )
+    io_wait = serializers.FloatField(
+        allow_null=True, help_text="Not sampled by the runtime: None, taken as 0."
+    )
     mem_usage_gb = serializers.FloatField(allow_null=True)
 
 
 class RunSizingSerializer(serializers.Serializer):
     profile = ProfileSerializer()
-    estimate_vcpus = serializers.IntegerField(allow_null=True, help_text="The design document's estimate_vcpus.")
+    estimate_vcpus = serializers.IntegerField(
+        allow_null=True, help_text="The design document's estimate_vcpus."
+    )
     actual_vcpus = serializers.IntegerField()
-    sweep = serializers.DictField(allow_null=True, help_text="The latest sizing sweep: id and status.")
+    sweep = serializers.DictField(
+        allow_null=True, help_text="The latest sizing sweep: id and status."
+    )
     sizes = SizeSerializer(many=True)
-    recommended_vcpus = serializers.IntegerField(allow_null=True,
-                                                 help_text="Smallest size within 5 % of the cheapest USD per 1M tok.")
+    recommended_vcpus = serializers.IntegerField(
+        allow_null=True, help_text="Smallest size within 5 % of the cheapest USD per 1M tok."
+    )
     cheapest_vcpus = serializers.IntegerField(allow_null=True)
-    compliance_recommended = serializers.FloatField(allow_null=True, help_text="Tokens/s there / the best measured.")
-    compliance_actual = serializers.FloatField(allow_null=True, help_text="Tokens/s at the run's size / the best.")
-    difference_vcpus = serializers.IntegerField(allow_null=True, help_text="estimate - recommended.")
+    compliance_recommended = serializers.FloatField(
+        allow_null=True, help_text="Tokens/s there / the best measured."
+    )
+    compliance_actual = serializers.FloatField(
+        allow_null=True, help_text="Tokens/s at the run's size / the best."
+    )
+    difference_vcpus = serializers.IntegerField(
+        allow_null=True, help_text="estimate - recommended."
+    )
 
 
 class RunSizingStartSerializer(serializers.Serializer):
-    max_threads = serializers.IntegerField(min_value=1, max_value=256, required=False,
-                                           help_text="Probe 1..N threads (default: COSTLAB_SIZING_MAX_THREADS).")
+    max_threads = serializers.IntegerField(
+        min_value=1,
+        max_value=256,
+        required=False,
+        help_text="Probe 1..N threads (default: COSTLAB_SIZING_MAX_THREADS).",
+    )
     probe_steps = serializers.IntegerField(min_value=2, max_value=10_000, default=12)

@@ -9,7 +9,9 @@ class TelemetrySampleSerializer(serializers.Serializer):
     """One sample, as gpu_runtime's sink emits it. Documentation only: the ingest service
     validates."""
 
-    seq = serializers.IntegerField(min_value=0, help_text="Per-run sequence number; a seq sent twice is stored once.")
+    seq = serializers.IntegerField(
+        min_value=0, help_text="Per-run sequence number; a seq sent twice is stored once."
+    )
     ts = serializers.DateTimeField(help_text="ISO 8601, or Unix seconds.")
     step = serializers.IntegerField(min_value=0, required=False)
     device = serializers.CharField(max_length=120, required=False)
@@ -17,18 +19,26 @@ class TelemetrySampleSerializer(serializers.Serializer):
     mem_used_mb = serializers.FloatField(min_value=0, required=False, allow_null=True)
     mem_total_mb = serializers.FloatField(min_value=0, required=False, allow_null=True)
     power_w = serializers.FloatField(min_value=0, required=False, allow_null=True)
-    energy_j = serializers.FloatField(min_value=0, required=False, allow_null=True,
-                                      help_text="Cumulative energy since the run started (J).")
+    energy_j = serializers.FloatField(
+        min_value=0,
+        required=False,
+        allow_null=True,
+        help_text="Cumulative energy since the run started (J).",
+    )
     step_time_s = serializers.FloatField(min_value=0, required=False, allow_null=True)
     tokens = serializers.IntegerField(min_value=0, required=False, help_text="Cumulative tokens.")
     tokens_per_s = serializers.FloatField(min_value=0, required=False, allow_null=True)
     micro_batch = serializers.IntegerField(min_value=0, required=False, allow_null=True)
     loss = serializers.FloatField(required=False, allow_null=True)
-    overlap_ratio = serializers.FloatField(min_value=0, max_value=1, required=False, allow_null=True)
+    overlap_ratio = serializers.FloatField(
+        min_value=0, max_value=1, required=False, allow_null=True
+    )
     mfu = serializers.FloatField(min_value=0, required=False, allow_null=True)
     sm_clock_mhz = serializers.FloatField(min_value=0, required=False, allow_null=True)
     temperature_c = serializers.FloatField(required=False, allow_null=True)
-    estimated = serializers.BooleanField(required=False, help_text="Power and energy were modelled, not measured.")
+    estimated = serializers.BooleanField(
+        required=False, help_text="Power and energy were modelled, not measured."
+    )
 
 
 @extend_schema_field(TelemetrySampleSerializer(many=True))
@@ -40,7 +50,9 @@ class SampleListField(serializers.Field):
         if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
             raise serializers.ValidationError("expected a list of sample objects")
         if len(data) > MAX_BATCH:
-            raise serializers.ValidationError(f"at most {MAX_BATCH} samples per batch, got {len(data)}")
+            raise serializers.ValidationError(
+                f"at most {MAX_BATCH} samples per batch, got {len(data)}"
+            )
         return data
 
     def to_representation(self, value):
@@ -55,13 +67,20 @@ class TelemetryBatchSerializer(serializers.Serializer):
 class IngestResultSerializer(serializers.Serializer):
     received = serializers.IntegerField()
     inserted = serializers.IntegerField()
-    duplicates = serializers.IntegerField(help_text="Samples whose seq was already stored (a retried batch).")
+    duplicates = serializers.IntegerField(
+        help_text="Samples whose seq was already stored (a retried batch)."
+    )
 
 
 class TelemetryQuerySerializer(serializers.Serializer):
-    fields = serializers.CharField(required=False, default="util_pct,power_w,tokens_per_s",
-                                   help_text=f"Comma-separated series: {', '.join(SERIES_UNITS)}.")
-    budget = serializers.IntegerField(required=False, min_value=2, help_text="Points per series at most.")
+    fields = serializers.CharField(
+        required=False,
+        default="util_pct,power_w,tokens_per_s",
+        help_text=f"Comma-separated series: {', '.join(SERIES_UNITS)}.",
+    )
+    budget = serializers.IntegerField(
+        required=False, min_value=2, help_text="Points per series at most."
+    )
     since = serializers.DateTimeField(required=False)
     until = serializers.DateTimeField(required=False)
 
@@ -71,7 +90,8 @@ class TelemetryQuerySerializer(serializers.Serializer):
         if unknown or not names:
             raise serializers.ValidationError(
                 f"'{unknown[0] if unknown else value}' is not a series; choose from "
-                    f"{', '.join(SERIES_UNITS)}")
+                f"{', '.join(SERIES_UNITS)}"
+            )
         return list(dict.fromkeys(names))
 
 
@@ -86,6 +106,10 @@ class SeriesSerializer(serializers.Serializer):
 class TelemetrySeriesSerializer(serializers.Serializer):
     run = serializers.IntegerField()
     budget = serializers.IntegerField()
-    samples = serializers.IntegerField(help_text="Stored samples in the window, before downsampling.")
-    estimated = serializers.BooleanField(help_text="Power and energy were modelled for some samples.")
+    samples = serializers.IntegerField(
+        help_text="Stored samples in the window, before downsampling."
+    )
+    estimated = serializers.BooleanField(
+        help_text="Power and energy were modelled for some samples."
+    )
     series = serializers.DictField(child=SeriesSerializer())

@@ -56,7 +56,9 @@ class ExperimentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
     def partial_update(self, request, pk=None):
         serializer = self.get_serializer(self.get_object(), data=request.data, partial=True)
         serializer.is_valid(raise_exception=True)
-        experiment = services.experiment_update(experiment=serializer.instance, **serializer.validated_data)
+        experiment = services.experiment_update(
+            experiment=serializer.instance, **serializer.validated_data
+        )
         return Response(self.get_serializer(experiment).data)
 
     def destroy(self, request, pk=None):
@@ -71,10 +73,19 @@ class ExperimentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
         experiment = self.get_object()
         report = experiment_report(experiment=experiment)
         threshold = float(experiment.freeze_threshold)
-        arms = [{**dataclasses.asdict(arm), "verdict": arm_verdict(arm, threshold=threshold)} for arm in report.arms]
-        return Response(ExperimentReportSerializer({
-            **dataclasses.asdict(report), "threshold": threshold, "arms": arms,
-        }).data)
+        arms = [
+            {**dataclasses.asdict(arm), "verdict": arm_verdict(arm, threshold=threshold)}
+            for arm in report.arms
+        ]
+        return Response(
+            ExperimentReportSerializer(
+                {
+                    **dataclasses.asdict(report),
+                    "threshold": threshold,
+                    "arms": arms,
+                }
+            ).data
+        )
 
 
 class ArmViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet):
@@ -99,7 +110,9 @@ class ArmViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet
         serializer.is_valid(raise_exception=True)
         update = services.arm_update(arm=arm, **serializer.validated_data)
         data = ArmSerializer(update.arm, context=self.get_serializer_context()).data
-        return Response({**data, "live_keys": update.live_keys, "new_runs_only": update.new_runs_only})
+        return Response(
+            {**data, "live_keys": update.live_keys, "new_runs_only": update.new_runs_only}
+        )
 
     def destroy(self, request, pk=None):
         services.arm_delete(arm=self.get_object())
@@ -112,10 +125,15 @@ class ArmViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet
         arm = self.get_object()
         serializer = FreezeRequestSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        event = arm_freeze(arm_id=arm.pk, reason=serializer.validated_data["reason"],
-                           evidence={"manual": True, "by": request.user.get_username()})
+        event = arm_freeze(
+            arm_id=arm.pk,
+            reason=serializer.validated_data["reason"],
+            evidence={"manual": True, "by": request.user.get_username()},
+        )
         if event is None:
-            raise ApplicationError(f"state: arm '{arm.name}' is frozen already", code="already_frozen", status=409)
+            raise ApplicationError(
+                f"state: arm '{arm.name}' is frozen already", code="already_frozen", status=409
+            )
         return Response(FreezeEventSerializer(event).data)
 
     @extend_schema(request=UnfreezeRequestSerializer, responses=FreezeEventSerializer)

@@ -15,14 +15,23 @@ from apps.api.models import ApiToken
 from apps.api.permissions import TenantMember, is_staff_session
 from apps.core.exceptions import error_body
 
-WhoAmI = inline_serializer(name="WhoAmI", fields={
-    "tenant": inline_serializer(name="TenantRef", fields={
-        "id": serializers.IntegerField(), "slug": serializers.CharField(), "name": serializers.CharField()}),
-    "principal": serializers.CharField(help_text="token:<name> or the username."),
-    "auth": serializers.ChoiceField(choices=["token", "session"]),
-    "staff": serializers.BooleanField(),
-    "token_expiry": serializers.DateTimeField(allow_null=True),
-})
+WhoAmI = inline_serializer(
+    name="WhoAmI",
+    fields={
+        "tenant": inline_serializer(
+            name="TenantRef",
+            fields={
+                "id": serializers.IntegerField(),
+                "slug": serializers.CharField(),
+                "name": serializers.CharField(),
+            },
+        ),
+        "principal": serializers.CharField(help_text="token:<name> or the username."),
+        "auth": serializers.ChoiceField(choices=["token", "session"]),
+        "staff": serializers.BooleanField(),
+        "token_expiry": serializers.DateTimeField(allow_null=True),
+    },
+)
 
 
 class WhoAmIView(APIView):
@@ -32,13 +41,15 @@ class WhoAmIView(APIView):
     def get(self, request):
         tenant = request.tenant
         token = request.auth if isinstance(request.auth, ApiToken) else None
-        return Response({
-            "tenant": {"id": tenant.pk, "slug": tenant.slug, "name": tenant.name},
-            "principal": str(request.user.username),
-            "auth": "token" if token else "session",
-            "staff": is_staff_session(request),
-            "token_expiry": token.expiry if token else None,
-        })
+        return Response(
+            {
+                "tenant": {"id": tenant.pk, "slug": tenant.slug, "name": tenant.name},
+                "principal": str(request.user.username),
+                "auth": "token" if token else "session",
+                "staff": is_staff_session(request),
+                "token_expiry": token.expiry if token else None,
+            }
+        )
 
 
 class StrategySchemaView(APIView):
@@ -71,7 +82,12 @@ class ApiRootView(APIRootView):
 
     permission_classes = [AllowAny]
     # Besides the router's collections (name -> URL name in the api namespace).
-    EXTRA = {"me": "me", "strategy-schema": "strategy-schema", "schema": "schema", "swagger": "swagger"}
+    EXTRA = {
+        "me": "me",
+        "strategy-schema": "strategy-schema",
+        "schema": "schema",
+        "swagger": "swagger",
+    }
 
 
 class ApiRouter(DefaultRouter):
@@ -79,5 +95,7 @@ class ApiRouter(DefaultRouter):
 
     def get_api_root_view(self, api_urls=None):
         list_name = self.routes[0].name
-        links = {prefix: list_name.format(basename=basename) for prefix, _, basename in self.registry}
+        links = {
+            prefix: list_name.format(basename=basename) for prefix, _, basename in self.registry
+        }
         return self.APIRootView.as_view(api_root_dict={**links, **ApiRootView.EXTRA})

@@ -8,7 +8,11 @@ from rest_framework.response import Response
 
 from apps.api.filters import CostModelFilter, PricingTableFilter
 from apps.api.permissions import StaffWritesMembersRead, TenantMember
-from apps.api.serializers.pricing import CostModelSerializer, GpuSkuSerializer, PricingTableSerializer
+from apps.api.serializers.pricing import (
+    CostModelSerializer,
+    GpuSkuSerializer,
+    PricingTableSerializer,
+)
 from apps.api.views.base import TenantViewSet
 from apps.pricing import services
 from apps.pricing.models import CostModel, GpuSku, PricingTable
@@ -42,7 +46,9 @@ class PricingTableViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tena
     def partial_update(self, request, pk=None):
         serializer = self.get_serializer(self.get_object(), data=request.data, partial=True)
         serializer.is_valid(raise_exception=True)
-        table = services.pricing_table_update(table=serializer.instance, **serializer.validated_data)
+        table = services.pricing_table_update(
+            table=serializer.instance, **serializer.validated_data
+        )
         return Response(self.get_serializer(table).data)
 
     def destroy(self, request, pk=None):
@@ -69,7 +75,9 @@ class CostModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantV
     def partial_update(self, request, pk=None):
         serializer = self.get_serializer(self.get_object(), data=request.data, partial=True)
         serializer.is_valid(raise_exception=True)
-        cost_model = services.cost_model_update(cost_model=serializer.instance, **serializer.validated_data)
+        cost_model = services.cost_model_update(
+            cost_model=serializer.instance, **serializer.validated_data
+        )
         return Response(self.get_serializer(cost_model).data)
 
     def destroy(self, request, pk=None):

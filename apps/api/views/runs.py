@@ -48,7 +48,9 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet
     filterset_class = RunFilter
     ordering_fields = ["created_at", "cost_usd", "finished_at"]
 
-    max_body_bytes = None  # ApiGuardMiddleware's cap, by setting name; the telemetry action raises it
+    max_body_bytes = (
+        None  # ApiGuardMiddleware's cap, by setting name; the telemetry action raises it
+    )
 
     def get_serializer_class(self):
         return RunDetailSerializer if self.action == "retrieve" else RunSerializer
@@ -60,10 +62,14 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet
         serializer = RunSubmitSerializer(data=request.data, context=self.get_serializer_context())
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        seen = bool(data["run_key"]) and Run.objects.filter(
-            experiment=data["experiment"], run_key=data["run_key"]).exists()
+        seen = (
+            bool(data["run_key"])
+            and Run.objects.filter(experiment=data["experiment"], run_key=data["run_key"]).exists()
+        )
         run = services.run_submit(**data)
-        return Response(RunSerializer(run).data, status=status.HTTP_200_OK if seen else status.HTTP_201_CREATED)
+        return Response(
+            RunSerializer(run).data, status=status.HTTP_200_OK if seen else status.HTTP_201_CREATED
+        )
 
     @extend_schema(request=None, responses=RunSerializer)
     @action(detail=True, methods=["post"])
@@ -98,17 +104,24 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet
         return super().get_throttles()
 
     @extend_schema(
-        methods=["GET"], parameters=[TelemetryQuerySerializer], responses=TelemetrySeriesSerializer,
+        methods=["GET"],
+        parameters=[TelemetryQuerySerializer],
+        responses=TelemetrySeriesSerializer,
         description="Series downsampled in SQL (min/max per bucket) to at most `budget` points "
-            "each.",
+        "each.",
     )
     @extend_schema(
-        methods=["POST"], request=TelemetryBatchSerializer,
-        responses={200: OpenApiResponse(IngestResultSerializer, description="Stored; duplicates ignored.")},
+        methods=["POST"],
+        request=TelemetryBatchSerializer,
+        responses={
+            200: OpenApiResponse(IngestResultSerializer, description="Stored; duplicates ignored.")
+        },
         description="A batch of an external run's samples; idempotent by seq (a retried batch "
-            "stores nothing twice).",
+        "stores nothing twice).",
     )
-    @action(detail=True, methods=["get", "post"], max_body_bytes="COSTLAB_API_MAX_INGEST_BODY_BYTES")
+    @action(
+        detail=True, methods=["get", "post"], max_body_bytes="COSTLAB_API_MAX_INGEST_BODY_BYTES"
+    )
     def telemetry(self, request, pk=None):
         run = self.get_object()
         if request.method == "POST":
@@ -119,18 +132,35 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet
         query = TelemetryQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         q = query.validated_data
-        budget = min(q.get("budget") or settings.COSTLAB_API_TELEMETRY_BUDGET, settings.COSTLAB_API_TELEMETRY_MAX_BUDGET)
-        down = samples_downsampled(run_ids=[run.pk], fields=q["fields"], budget=budget,
-                                   since=q.get("since"), until=q.get("until"))
+        budget = min(
+            q.get("budget") or settings.COSTLAB_API_TELEMETRY_BUDGET,
+            settings.COSTLAB_API_TELEMETRY_MAX_BUDGET,
+        )
+        down = samples_downsampled(
+            run_ids=[run.pk],
+            fields=q["fields"],
+            budget=budget,
+            since=q.get("since"),
+            until=q.get("until"),
+        )
         series = {
             name: {"unit": SERIES_UNITS[name], "points": [[ts.isoformat(), v] for ts, v in points]}
             for name, points in down.series[run.pk].items()
         }
-        return Response({"run": run.pk, "budget": budget, "samples": down.samples.get(run.pk, 0),
-                         "estimated": down.estimated.get(run.pk, False), "series": series})
+        return Response(
+            {
+                "run": run.pk,
+                "budget": budget,
+                "samples": down.samples.get(run.pk, 0),
+                "estimated": down.estimated.get(run.pk, False),
+                "series": series,
+            }
+        )
 
     @extend_schema(methods=["GET"], responses=RunSizingSerializer)
-    @extend_schema(methods=["POST"], request=RunSizingStartSerializer, responses={201: RunSizingSerializer})
+    @extend_schema(
+        methods=["POST"], request=RunSizingStartSerializer, responses={201: RunSizingSerializer}
+    )
     @action(detail=True, methods=["get", "post"])
     def sizing(self, request, pk=None):
         """vCPU right-sizing: the design document's estimate from the run's profile beside a
@@ -141,4 +171,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet
             start.is_valid(raise_exception=True)
             run_sizing_start(run=run, **start.validated_data)
         report = RunSizingSerializer(run_sizing_report(run=run)).data
-        return Response(report, status=status.HTTP_201_CREATED if request.method == "POST" else status.HTTP_200_OK)
+        return Response(
+            report,
+            status=status.HTTP_201_CREATED if request.method == "POST" else status.HTTP_200_OK,
+        )

@@ -61,13 +61,20 @@ class SweepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewS
         """Turn a frontier point into an arm of an experiment (existing, or new with the base as
         control)."""
         sweep = self.get_object()
-        serializer = SweepPromoteSerializer(data=request.data, context=self.get_serializer_context())
+        serializer = SweepPromoteSerializer(
+            data=request.data, context=self.get_serializer_context()
+        )
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         probe = sweep.probes.filter(pk=data.pop("probe")).first()
         if probe is None:
-            raise ApplicationError("probe: not a probe of this sweep", {"fields": {"probe": ["not found"]}},
-                                   code="invalid")
+            raise ApplicationError(
+                "probe: not a probe of this sweep",
+                {"fields": {"probe": ["not found"]}},
+                code="invalid",
+            )
         arm = services.sweep_promote(sweep=sweep, probe=probe, **data)
-        return Response(ArmSerializer(arm, context=self.get_serializer_context()).data,
-                        status=status.HTTP_201_CREATED)
+        return Response(
+            ArmSerializer(arm, context=self.get_serializer_context()).data,
+            status=status.HTTP_201_CREATED,
+        )

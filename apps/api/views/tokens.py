@@ -35,8 +35,11 @@ class ApiTokenViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantVi
         data = serializer.validated_data
         days = data.get("expires_in_days")
         token, secret = services.api_token_create(
-            tenant=request.tenant, name=data["name"], created_by=request.user,
-            ttl=timedelta(days=days) if days else None, no_expiry=data["no_expiry"],
+            tenant=request.tenant,
+            name=data["name"],
+            created_by=request.user,
+            ttl=timedelta(days=days) if days else None,
+            no_expiry=data["no_expiry"],
         )
         token.token = secret
         return Response(ApiTokenCreatedSerializer(token).data, status=status.HTTP_201_CREATED)

@@ -14,6 +14,11 @@ def plotly_styles() -> str:
     href = static("dashboard/plotly.css")
     # plotly.js skips its own <style> when an element of this id has the class no-inline-styles; the
     # libraries it bundles (maplibre: maps, not drawn here) skip theirs when any element of their id exists.
-    marks = format_html_join("", '<span hidden id="{}"></span>', ((i,) for i in injected_style_ids()))
-    return format_html('<link id="plotly.js-style-global" class="no-inline-styles" rel="stylesheet" href="{}">{}',
-                       href, marks)
+    marks = format_html_join(
+        "", '<span hidden id="{}"></span>', ((i,) for i in injected_style_ids())
+    )
+    return format_html(
+        '<link id="plotly.js-style-global" class="no-inline-styles" rel="stylesheet" href="{}">{}',
+        href,
+        marks,
+    )

@@ -19,8 +19,10 @@ from tests.factories import (
     UserFactory,
 )
 
-GOOD = ("model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\n"
-        "train: {steps: 5, global_batch: 2}\n")
+GOOD = (
+    "model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\n"
+    "train: {steps: 5, global_batch: 2}\n"
+)
 OTHER = GOOD.replace("steps: 5", "steps: 7")
 
 
@@ -84,9 +86,15 @@ def staff(tenant) -> APIClient:
 
 @pytest.fixture
 def experiment(tenant):
-    exp = ExperimentFactory(tenant=tenant, name="batching", status="active",
-                            cost_model=CostModelFactory(tenant=tenant, name="default"))
-    ArmFactory(experiment=exp, name="control", is_control=True, strategy_yaml=GOOD, weight=Decimal("1"))
+    exp = ExperimentFactory(
+        tenant=tenant,
+        name="batching",
+        status="active",
+        cost_model=CostModelFactory(tenant=tenant, name="default"),
+    )
+    ArmFactory(
+        experiment=exp, name="control", is_control=True, strategy_yaml=GOOD, weight=Decimal("1")
+    )
     ArmFactory(experiment=exp, name="candidate", strategy_yaml=OTHER, weight=Decimal("1"))
     return exp
 

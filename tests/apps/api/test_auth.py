@@ -25,7 +25,9 @@ def test_no_credentials_is_401_with_the_error_body_and_a_challenge():
     assert response["WWW-Authenticate"].startswith("Bearer")
 
 
-@pytest.mark.parametrize("header", ["Bearer nope", "Bearer clb_0123456789abcdef", "Token x y", "Bearer \u00e9t\u00e9"])
+@pytest.mark.parametrize(
+    "header", ["Bearer nope", "Bearer clb_0123456789abcdef", "Token x y", "Bearer \u00e9t\u00e9"]
+)
 def test_a_bad_token_is_refused(header, tenant):
     token_client(tenant)  # a real token exists; a wrong one must still fail
     response = APIClient().get(ME, HTTP_AUTHORIZATION=header.encode("utf-8").decode("latin-1"))
@@ -39,7 +41,9 @@ def test_the_token_is_stored_as_a_digest_and_acts_for_its_tenant_only(api, tenan
     assert api.secret not in (token.digest, token.token_key) and token.digest != api.secret
     assert len(token.digest) == 128  # sha512 hex
     body = api.get(ME).json()
-    assert body["tenant"]["slug"] == tenant.slug and body["auth"] == "token" and body["staff"] is False
+    assert (
+        body["tenant"]["slug"] == tenant.slug and body["auth"] == "token" and body["staff"] is False
+    )
     assert body["principal"] == "token:ci"
     token.refresh_from_db()
     assert token.last_used_at is not None
@@ -57,8 +61,17 @@ def test_revoked_and_expired_tokens_stop_working(api, tenant):
 
 def test_the_management_command_prints_the_secret_once_and_revoke_stops_it(tenant):
     out, err = StringIO(), StringIO()
-    call_command("api_token_create", "--tenant", tenant.slug, "--name", "github", "--expires-days", "7",
-                 stdout=out, stderr=err)
+    call_command(
+        "api_token_create",
+        "--tenant",
+        tenant.slug,
+        "--name",
+        "github",
+        "--expires-days",
+        "7",
+        stdout=out,
+        stderr=err,
+    )
     secret = out.getvalue().strip()
     assert secret.startswith("clb_") and "not shown again" in err.getvalue()
     token = ApiToken.objects.get(name="github")
@@ -74,12 +87,18 @@ def test_a_session_needs_csrf_for_writes(member, experiment):
     session = APIClient(enforce_csrf_checks=True)
     session.force_login(member)
     assert session.get("/api/v1/experiments/").status_code == 200
-    body = {"experiment": experiment.pk, "name": "new", "strategy_yaml": experiment.arms.first().strategy_yaml}
+    body = {
+        "experiment": experiment.pk,
+        "name": "new",
+        "strategy_yaml": experiment.arms.first().strategy_yaml,
+    }
     refused = session.post("/api/v1/arms/", body, format="json")
     assert refused.status_code == 403 and "CSRF" in error(refused)["message"]
     session.get("/admin/login/")  # any page that sets the CSRF cookie
     csrf = session.cookies["csrftoken"].value
-    assert session.post("/api/v1/arms/", body, format="json", HTTP_X_CSRFTOKEN=csrf).status_code == 201
+    assert (
+        session.post("/api/v1/arms/", body, format="json", HTTP_X_CSRFTOKEN=csrf).status_code == 201
+    )
 
 
 def test_a_member_of_several_tenants_names_one(member, tenant):
@@ -103,7 +122,9 @@ def test_a_user_without_a_tenant_is_refused():
 
 
 def test_staff_may_act_on_any_tenant_they_name(staff, other_tenant):
-    assert staff.get(ME, HTTP_X_COSTLAB_TENANT=other_tenant.slug).json()["tenant"]["slug"] == "globex"
+    assert (
+        staff.get(ME, HTTP_X_COSTLAB_TENANT=other_tenant.slug).json()["tenant"]["slug"] == "globex"
+    )
     assert staff.get(ME).json()["staff"] is True
 
 
@@ -125,14 +146,26 @@ def test_clients_are_throttled_per_token_with_retry_after(settings, tenant):
 
 
 def test_failed_token_attempts_are_throttled_by_address(settings, api):
-    settings.COSTLAB_API_THROTTLE_RATES = {**settings.COSTLAB_API_THROTTLE_RATES, "auth_failures": "2/min"}
+    settings.COSTLAB_API_THROTTLE_RATES = {
+        **settings.COSTLAB_API_THROTTLE_RATES,
+        "auth_failures": "2/min",
+    }
     guesser = APIClient(HTTP_AUTHORIZATION="Bearer clb_guess", REMOTE_ADDR="10.0.0.9")
     assert [guesser.get(ME).status_code for _ in range(3)] == [401, 401, 429]
-    assert api.get(ME, REMOTE_ADDR="10.0.0.10").status_code == 200  # a good token elsewhere is unaffected
+    assert (
+        api.get(ME, REMOTE_ADDR="10.0.0.10").status_code == 200
+    )  # a good token elsewhere is unaffected
 
 
 def test_a_client_cannot_dodge_the_address_throttle_with_a_forwarded_header(settings):
-    settings.COSTLAB_API_THROTTLE_RATES = {**settings.COSTLAB_API_THROTTLE_RATES, "auth_failures": "2/min"}
-    codes = [APIClient(HTTP_AUTHORIZATION="Bearer clb_guess", HTTP_X_FORWARDED_FOR=f"10.9.9.{i}").get(ME).status_code
-             for i in range(3)]
+    settings.COSTLAB_API_THROTTLE_RATES = {
+        **settings.COSTLAB_API_THROTTLE_RATES,
+        "auth_failures": "2/min",
+    }
+    codes = [
+        APIClient(HTTP_AUTHORIZATION="Bearer clb_guess", HTTP_X_FORWARDED_FOR=f"10.9.9.{i}")
+        .get(ME)
+        .status_code
+        for i in range(3)
+    ]
     assert codes == [401, 401, 429]

@@ -32,21 +32,40 @@ CLEAN_USD = Decimal("0.338485")
 @pytest.fixture
 def sku(experiment):
     sku = GpuSkuFactory(tdp_w=700)
-    GpuPriceFactory(sku=sku, hourly_usd=Decimal("3.00"),
-                    pricing_table=PricingTableFactory(tenant=experiment.tenant, valid_from=T0 - timedelta(days=30)))
+    GpuPriceFactory(
+        sku=sku,
+        hourly_usd=Decimal("3.00"),
+        pricing_table=PricingTableFactory(
+            tenant=experiment.tenant, valid_from=T0 - timedelta(days=30)
+        ),
+    )
     return sku
 
 
 @pytest.fixture
 def gpu_run(experiment, sku):
-    return RunFactory(arm=experiment.arms.first(), kind="external", status="running", gpu_sku=sku, gpu_count=1,
-                      created=T0 - timedelta(minutes=1))
+    return RunFactory(
+        arm=experiment.arms.first(),
+        kind="external",
+        status="running",
+        gpu_sku=sku,
+        gpu_count=1,
+        created=T0 - timedelta(minutes=1),
+    )
 
 
 def sample(s: int, t: float | None = None, **fields) -> dict:
     t = s if t is None else t
-    return {"seq": s, "ts": (T0 + timedelta(seconds=t)).isoformat(), "step": s, "tokens": 100 * s,
-            "power_w": 300.0, "energy_j": 300.0 * t, "util_pct": 100.0, **fields}
+    return {
+        "seq": s,
+        "ts": (T0 + timedelta(seconds=t)).isoformat(),
+        "step": s,
+        "tokens": 100 * s,
+        "power_w": 300.0,
+        "energy_j": 300.0 * t,
+        "util_pct": 100.0,
+        **fields,
+    }
 
 
 def post(api, run, samples):
@@ -58,7 +77,7 @@ def totals(api, run) -> dict:
 
 
 def chunks(items: list, size: int) -> list[list]:
-    return [items[i:i + size] for i in range(0, len(items), size)]
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 CLEAN = [sample(s) for s in range(400)]
@@ -80,7 +99,9 @@ def test_any_delivery_bills_what_in_order_delivery_bills(api, gpu_run, delivery)
     assert run["device_seconds"] == pytest.approx(399.0)
     assert run["energy_j"] == pytest.approx(119_700.0)
     assert run["tokens"] == 39_900
-    finished = api.post(f"/api/v1/runs/{gpu_run.pk}/finish/", {"status": "succeeded"}, format="json").json()
+    finished = api.post(
+        f"/api/v1/runs/{gpu_run.pk}/finish/", {"status": "succeeded"}, format="json"
+    ).json()
     assert Decimal(finished["cost_usd"]) == CLEAN_USD
 
 
@@ -101,37 +122,54 @@ def test_a_timestamp_behind_its_neighbours_is_refused_and_nothing_is_stored(api,
 
 def test_time_is_split_at_a_price_table_starting_inside_a_gap(api, experiment, sku, gpu_run):
     # 10 samples (t = 0..9), a 3601 s gap, 10 more (t = 3610..3619); 6.00 USD/h from t = 1809.
-    GpuPriceFactory(sku=sku, hourly_usd=Decimal("6.00"), pricing_table=PricingTableFactory(
-        tenant=experiment.tenant, valid_from=T0 + timedelta(seconds=1809)))
+    GpuPriceFactory(
+        sku=sku,
+        hourly_usd=Decimal("6.00"),
+        pricing_table=PricingTableFactory(
+            tenant=experiment.tenant, valid_from=T0 + timedelta(seconds=1809)
+        ),
+    )
     samples = [sample(s) for s in range(10)] + [sample(s, t=3600 + s) for s in range(10, 20)]
     assert post(api, gpu_run, samples[::-1]).status_code == 200
     # 1809 s at 3.00 USD/h + 1810 s at 6.00 USD/h + 3619 s x 300 W x 1.2 x 0.15 USD/kWh
     expected = 1809 / 3600 * 3.0 + 1810 / 3600 * 6.0 + 3619 * 300 / 3.6e6 * 1.2 * 0.15
-    assert Decimal(totals(api, gpu_run)["cost_usd"]) == Decimal("4.578452") == round(Decimal(expected), 6)
+    assert (
+        Decimal(totals(api, gpu_run)["cost_usd"])
+        == Decimal("4.578452")
+        == round(Decimal(expected), 6)
+    )
 
 
 def test_a_gpu_run_without_power_has_its_energy_modelled_and_flagged(api, gpu_run):
-    samples = [{"seq": s, "ts": (T0 + timedelta(seconds=s)).isoformat(), "util_pct": 50.0} for s in range(101)]
+    samples = [
+        {"seq": s, "ts": (T0 + timedelta(seconds=s)).isoformat(), "util_pct": 50.0}
+        for s in range(101)
+    ]
     assert post(api, gpu_run, samples).status_code == 200
     run = totals(api, gpu_run)
     # 700 W board power x 50 % busy x 100 s = 35 kJ; 100 s x 3.00 USD/h + 35 kJ x 1.2 x 0.15
     # USD/kWh.
     assert run["energy_j"] == pytest.approx(35_000.0) and run["energy_estimated"] is True
-    assert Decimal(run["cost_usd"]) == round(Decimal(100 / 3600 * 3.0 + 35_000 / 3.6e6 * 1.2 * 0.15), 6)
+    assert Decimal(run["cost_usd"]) == round(
+        Decimal(100 / 3600 * 3.0 + 35_000 / 3.6e6 * 1.2 * 0.15), 6
+    )
 
 
-@pytest.mark.parametrize("bad, where", [
-    ({"ts": "2100-01-01T00:00:00Z"}, "samples[1].ts"),
-    ({"ts": (T0 - timedelta(days=3)).isoformat()}, "samples[1].ts"),
-    ({"micro_batch": 2147483648}, "samples[1].micro_batch"),
-    ({"tokens": 9223372036854775808}, "samples[1].tokens"),
-    ({"device": "cuda:0\x00"}, "samples[1].device"),
-    ({"power_w": 1e308}, "samples[1].power_w"),
-    ({"power_w": 5e-324}, "samples[1].power_w"),
-    ({"power": 300.0}, "samples[1].power"),
-    ({"seq": True}, "samples[1].seq"),
-    ({"step": 2.5}, "samples[1].step"),
-])
+@pytest.mark.parametrize(
+    "bad, where",
+    [
+        ({"ts": "2100-01-01T00:00:00Z"}, "samples[1].ts"),
+        ({"ts": (T0 - timedelta(days=3)).isoformat()}, "samples[1].ts"),
+        ({"micro_batch": 2147483648}, "samples[1].micro_batch"),
+        ({"tokens": 9223372036854775808}, "samples[1].tokens"),
+        ({"device": "cuda:0\x00"}, "samples[1].device"),
+        ({"power_w": 1e308}, "samples[1].power_w"),
+        ({"power_w": 5e-324}, "samples[1].power_w"),
+        ({"power": 300.0}, "samples[1].power"),
+        ({"seq": True}, "samples[1].seq"),
+        ({"step": 2.5}, "samples[1].step"),
+    ],
+)
 def test_a_bad_sample_is_refused_naming_index_and_field(api, gpu_run, bad, where):
     samples = [sample(0), {**sample(1), **bad}, sample(2)]
     response = post(api, gpu_run, samples)
@@ -143,29 +181,63 @@ def test_a_bad_sample_is_refused_naming_index_and_field(api, gpu_run, bad, where
 
 def test_a_realistic_batch_up_to_the_ingest_cap_is_accepted(api, gpu_run, settings):
     # 10,000 samples with every field: over Django's default 2.5 MiB, under the 8 MiB cap.
-    samples = [sample(s, t=s * 0.1, device="cuda:0 NVIDIA H200 141GB HBM3e", mem_used_mb=70_000.5,
-                      mem_total_mb=143_771.0, step_time_s=0.1, tokens_per_s=40_960.0, micro_batch=8, loss=2.5,
-                      overlap_ratio=0.8, mfu=0.41, sm_clock_mhz=1980.0, temperature_c=61.0, estimated=False)
-               for s in range(10_000)]
+    samples = [
+        sample(
+            s,
+            t=s * 0.1,
+            device="cuda:0 NVIDIA H200 141GB HBM3e",
+            mem_used_mb=70_000.5,
+            mem_total_mb=143_771.0,
+            step_time_s=0.1,
+            tokens_per_s=40_960.0,
+            micro_batch=8,
+            loss=2.5,
+            overlap_ratio=0.8,
+            mfu=0.41,
+            sm_clock_mhz=1980.0,
+            temperature_c=61.0,
+            estimated=False,
+        )
+        for s in range(10_000)
+    ]
     body = json.dumps({"samples": samples})
     assert 2.5 * 1024 * 1024 < len(body) < settings.COSTLAB_API_MAX_INGEST_BODY_BYTES
-    response = api.post(f"/api/v1/runs/{gpu_run.pk}/telemetry/", body, content_type="application/json")
+    response = api.post(
+        f"/api/v1/runs/{gpu_run.pk}/telemetry/", body, content_type="application/json"
+    )
     assert response.status_code == 200 and response.json()["inserted"] == 10_000
 
 
-def test_an_external_run_declares_vcpus_and_memory_and_completes_in_its_telemetry_span(api, experiment, sku):
-    submitted = api.post("/api/v1/runs/", {"experiment": experiment.pk, "arm": experiment.arms.first().pk,
-                                           "kind": "external", "vcpus": 8, "memory_gb": 32.0}, format="json")
+def test_an_external_run_declares_vcpus_and_memory_and_completes_in_its_telemetry_span(
+    api, experiment, sku
+):
+    submitted = api.post(
+        "/api/v1/runs/",
+        {
+            "experiment": experiment.pk,
+            "arm": experiment.arms.first().pk,
+            "kind": "external",
+            "vcpus": 8,
+            "memory_gb": 32.0,
+        },
+        format="json",
+    )
     assert submitted.status_code == 201, submitted.content
     run = Run.objects.get(pk=submitted.json()["id"])
     assert (submitted.json()["vcpus"], submitted.json()["memory_gb"]) == (8, 32.0)
     Run.objects.filter(pk=run.pk).update(created_at=T0 - timedelta(minutes=1))
-    samples = [{"seq": s, "ts": (T0 + timedelta(seconds=s * 0.5)).isoformat()} for s in range(3799)]  # 1899 s
+    samples = [
+        {"seq": s, "ts": (T0 + timedelta(seconds=s * 0.5)).isoformat()} for s in range(3799)
+    ]  # 1899 s
     for batch in chunks(samples, 1000)[::-1]:
         assert post(api, run, batch).status_code == 200
-    finished = api.post(f"/api/v1/runs/{run.pk}/finish/", {"status": "succeeded"}, format="json").json()
+    finished = api.post(
+        f"/api/v1/runs/{run.pk}/finish/", {"status": "succeeded"}, format="json"
+    ).json()
     # 1899 s x (8 vCPU x 0.04 USD/h + 32 GB x 0.005 USD/h) = 1899 / 3600 x 0.48
-    assert Decimal(finished["cost_usd"]) == round(Decimal(1899 * 0.48 / 3600), 6) == Decimal("0.2532")
+    assert (
+        Decimal(finished["cost_usd"]) == round(Decimal(1899 * 0.48 / 3600), 6) == Decimal("0.2532")
+    )
     report = api.get(f"/api/v1/experiments/{experiment.pk}/report/").json()
     arm = next(a for a in report["arms"] if a["name"] == "control")
     assert arm["completion_s"] == pytest.approx(1899.0)  # not the seconds between submit and finish
@@ -181,40 +253,72 @@ def test_every_projected_figure_is_marked_estimated(api, experiment, sku, gpu_ru
     experiment.save(update_fields=["target_steps"])
     assert post(api, gpu_run, CLEAN[:100]).status_code == 200
     api.post(f"/api/v1/runs/{gpu_run.pk}/finish/", {"status": "succeeded"}, format="json")
-    arm = next(a for a in api.get(f"/api/v1/experiments/{experiment.pk}/report/").json()["arms"] if a["is_control"])
+    arm = next(
+        a
+        for a in api.get(f"/api/v1/experiments/{experiment.pk}/report/").json()["arms"]
+        if a["is_control"]
+    )
     assert arm["projected"]["estimated"] is True and arm["projected"]["target_steps"] == 1000
     # 99 steps measured over 99 s: 1000 steps take 1000 s.
     assert arm["projected"]["completion_s"] == pytest.approx(1000.0)
 
 
-def test_a_price_edit_of_a_table_in_force_starts_a_new_version_and_history_stands(api, staff, sku, gpu_run):
+def test_a_price_edit_of_a_table_in_force_starts_a_new_version_and_history_stands(
+    api, staff, sku, gpu_run
+):
     table = PricingTable.objects.get(gpu_prices__sku=sku)
     assert post(api, gpu_run, CLEAN[:200]).status_code == 200  # a day ago, at 3.00 USD/h
     before = Run.objects.get(pk=gpu_run.pk).cost_usd
-    renamed = staff.patch(f"/api/v1/pricing-tables/{table.pk}/", {"name": "list prices"}, format="json").json()
-    assert renamed["id"] == table.pk and PricingTable.objects.count() == 1  # no price moved: edited in place
-    edited = staff.patch(f"/api/v1/pricing-tables/{table.pk}/",
-                         {"gpu_prices": [{"sku": sku.name, "hourly_usd": "6.00"}]}, format="json")
+    renamed = staff.patch(
+        f"/api/v1/pricing-tables/{table.pk}/", {"name": "list prices"}, format="json"
+    ).json()
+    assert (
+        renamed["id"] == table.pk and PricingTable.objects.count() == 1
+    )  # no price moved: edited in place
+    edited = staff.patch(
+        f"/api/v1/pricing-tables/{table.pk}/",
+        {"gpu_prices": [{"sku": sku.name, "hourly_usd": "6.00"}]},
+        format="json",
+    )
     assert edited.status_code == 200, edited.content
-    assert timezone.now() - timedelta(minutes=1) < datetime.fromisoformat(edited.json()["valid_from"])
+    assert timezone.now() - timedelta(minutes=1) < datetime.fromisoformat(
+        edited.json()["valid_from"]
+    )
     kept = PricingTable.objects.exclude(pk=table.pk).get()
-    assert kept.valid_from == table.valid_from and kept.gpu_prices.get().hourly_usd == Decimal("3.00")
+    assert kept.valid_from == table.valid_from and kept.gpu_prices.get().hourly_usd == Decimal(
+        "3.00"
+    )
     assert kept.name.startswith("list prices (until ")
-    finished = api.post(f"/api/v1/runs/{gpu_run.pk}/finish/", {"status": "succeeded"}, format="json").json()
+    finished = api.post(
+        f"/api/v1/runs/{gpu_run.pk}/finish/", {"status": "succeeded"}, format="json"
+    ).json()
     # 199 s at 3.00 USD/h + 59.7 kJ x 1.2 x 0.15 USD/kWh, as billed before the edit.
-    assert Decimal(finished["cost_usd"]) == before == round(Decimal(199 / 3600 * 3.0 + 59_700 / 3.6e6 * 0.18), 6)
-    moved = staff.patch(f"/api/v1/pricing-tables/{table.pk}/", {"valid_from": "2020-01-01T00:00:00Z"}, format="json")
+    assert (
+        Decimal(finished["cost_usd"])
+        == before
+        == round(Decimal(199 / 3600 * 3.0 + 59_700 / 3.6e6 * 0.18), 6)
+    )
+    moved = staff.patch(
+        f"/api/v1/pricing-tables/{table.pk}/", {"valid_from": "2020-01-01T00:00:00Z"}, format="json"
+    )
     assert moved.status_code == 409 and error(moved)["message"].startswith("valid_from:")
 
 
-def test_a_finished_run_is_re_priced_only_deliberately_and_the_act_is_audited(api, staff, experiment, sku, gpu_run):
+def test_a_finished_run_is_re_priced_only_deliberately_and_the_act_is_audited(
+    api, staff, experiment, sku, gpu_run
+):
     assert post(api, gpu_run, CLEAN[:200]).status_code == 200
     url = f"/api/v1/runs/{gpu_run.pk}/reprice/"
-    assert staff.post(url, {"reason": "new list"}, format="json").status_code == 409  # still running
+    assert (
+        staff.post(url, {"reason": "new list"}, format="json").status_code == 409
+    )  # still running
     api.post(f"/api/v1/runs/{gpu_run.pk}/finish/", {"status": "succeeded"}, format="json")
     before = Run.objects.get(pk=gpu_run.pk).cost_usd
-    newer = PricingTableFactory(tenant=experiment.tenant, valid_from=timezone.now() + timedelta(days=1),
-                                electricity_usd_per_kwh=Decimal("0.15"))
+    newer = PricingTableFactory(
+        tenant=experiment.tenant,
+        valid_from=timezone.now() + timedelta(days=1),
+        electricity_usd_per_kwh=Decimal("0.15"),
+    )
     GpuPriceFactory(pricing_table=newer, sku=sku, hourly_usd=Decimal("6.00"))
     assert api.post(url, {"reason": "x"}, format="json").status_code == 403  # tokens cannot
     assert error(staff.post(url, {"reason": " "}, format="json"))["message"].startswith("reason:")

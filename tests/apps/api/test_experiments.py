@@ -7,7 +7,13 @@ import pytest
 
 from apps.experiments.models import Arm, Experiment
 from tests.apps.api.conftest import GOOD, OTHER, error
-from tests.factories import ArmFactory, CostModelFactory, ExperimentFactory, PricingTableFactory, RunFactory
+from tests.factories import (
+    ArmFactory,
+    CostModelFactory,
+    ExperimentFactory,
+    PricingTableFactory,
+    RunFactory,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -15,9 +21,16 @@ pytestmark = pytest.mark.django_db
 def test_create_read_update_delete_an_experiment(api, tenant):
     cost_model = CostModelFactory(tenant=tenant)
     table = PricingTableFactory(tenant=tenant)
-    created = api.post("/api/v1/experiments/", {
-        "name": "offload", "cost_model": cost_model.pk, "pricing_table": table.pk, "freeze_threshold": "0.03",
-    }, format="json")
+    created = api.post(
+        "/api/v1/experiments/",
+        {
+            "name": "offload",
+            "cost_model": cost_model.pk,
+            "pricing_table": table.pk,
+            "freeze_threshold": "0.03",
+        },
+        format="json",
+    )
     assert created.status_code == 201, created.json()
     body = created.json()
     assert body["status"] == "draft" and body["freeze_threshold"] == "0.0300" and body["arms"] == []
@@ -33,10 +46,16 @@ def test_create_read_update_delete_an_experiment(api, tenant):
 
 def test_experiment_errors_name_the_field(api, tenant, experiment):
     cost_model = experiment.cost_model
-    duplicate = api.post("/api/v1/experiments/", {"name": "batching", "cost_model": cost_model.pk}, format="json")
+    duplicate = api.post(
+        "/api/v1/experiments/", {"name": "batching", "cost_model": cost_model.pk}, format="json"
+    )
     assert duplicate.status_code == 409 and error(duplicate)["message"].startswith("name: ")
     assert error(duplicate)["fields"] == {"name": ["already exists"]}
-    bad = api.post("/api/v1/experiments/", {"name": "x", "cost_model": cost_model.pk, "alpha": "0.9"}, format="json")
+    bad = api.post(
+        "/api/v1/experiments/",
+        {"name": "x", "cost_model": cost_model.pk, "alpha": "0.9"},
+        format="json",
+    )
     assert bad.status_code == 400
     assert error(bad)["message"].startswith("alpha:") and "alpha" in error(bad)["fields"]
     missing = api.post("/api/v1/experiments/", {"name": "x"}, format="json")
@@ -56,15 +75,23 @@ def test_an_experiment_with_finished_runs_is_deleted_with_them(api, experiment):
     assert not Experiment.objects.filter(pk=experiment.pk).exists()
 
 
-def test_list_is_paginated_with_a_cap_and_filters(api, tenant, settings, django_assert_max_num_queries):
+def test_list_is_paginated_with_a_cap_and_filters(
+    api, tenant, settings, django_assert_max_num_queries
+):
     settings.COSTLAB_API_MAX_PAGE_SIZE = 5
     cost_model = CostModelFactory(tenant=tenant)
     for i in range(7):
-        exp = ExperimentFactory(tenant=tenant, cost_model=cost_model, name=f"exp {i}",
-                                status="active" if i % 2 else "draft")
+        exp = ExperimentFactory(
+            tenant=tenant,
+            cost_model=cost_model,
+            name=f"exp {i}",
+            status="active" if i % 2 else "draft",
+        )
         ArmFactory(experiment=exp, name="control", is_control=True)
         ArmFactory(experiment=exp, name="b")
-    with django_assert_max_num_queries(6):  # auth, count, page, arms prefetch: not one per experiment
+    with django_assert_max_num_queries(
+        6
+    ):  # auth, count, page, arms prefetch: not one per experiment
         page = api.get("/api/v1/experiments/?page_size=1000").json()
     assert page["count"] == 7 and len(page["results"]) == 5 and page["next"]
     assert [a["name"] for a in page["results"][0]["arms"]] == ["control", "b"]
@@ -78,24 +105,40 @@ def test_list_is_paginated_with_a_cap_and_filters(api, tenant, settings, django_
 
 
 def test_arm_create_validates_the_strategy_and_names_the_key(api, experiment):
-    response = api.post("/api/v1/arms/", {
-        "experiment": experiment.pk, "name": "broken",
-        "strategy_yaml": ("model: {preset: tiny}\ndata: {source: synthetic}\n"
-                          "train: {global_batch: -3}\n"),
-    }, format="json")
+    response = api.post(
+        "/api/v1/arms/",
+        {
+            "experiment": experiment.pk,
+            "name": "broken",
+            "strategy_yaml": (
+                "model: {preset: tiny}\ndata: {source: synthetic}\ntrain: {global_batch: -3}\n"
+            ),
+        },
+        format="json",
+    )
     assert response.status_code == 400
     body = error(response)
     assert body["code"] == "invalid_strategy" and "train.global_batch" in body["message"]
     assert any("train.global_batch" in m for m in body["fields"]["strategy_yaml"])
-    unknown = api.post("/api/v1/arms/", {"experiment": experiment.pk, "name": "typo",
-                                        "strategy_yaml": GOOD + "precison: {compute_dtype: bf16}\n"}, format="json")
+    unknown = api.post(
+        "/api/v1/arms/",
+        {
+            "experiment": experiment.pk,
+            "name": "typo",
+            "strategy_yaml": GOOD + "precison: {compute_dtype: bf16}\n",
+        },
+        format="json",
+    )
     assert unknown.status_code == 400 and "precison" in error(unknown)["message"]
     assert not Arm.objects.filter(name__in=["broken", "typo"]).exists()
 
 
 def test_arm_create_update_delete(api, experiment):
-    created = api.post("/api/v1/arms/", {"experiment": experiment.pk, "name": "ckpt",
-                                        "strategy_yaml": GOOD, "weight": "0"}, format="json")
+    created = api.post(
+        "/api/v1/arms/",
+        {"experiment": experiment.pk, "name": "ckpt", "strategy_yaml": GOOD, "weight": "0"},
+        format="json",
+    )
     assert created.status_code == 201, created.json()
     arm = created.json()
     assert arm["revision"] == 1 and len(arm["strategy_sha256"]) == 64 and arm["weight"] == "0.0000"
@@ -103,7 +146,9 @@ def test_arm_create_update_delete(api, experiment):
     patched = api.patch(url, {"strategy_yaml": OTHER, "weight": "2"}, format="json").json()
     assert patched["revision"] == 2 and patched["weight"] == "2.0000"
     assert patched["new_runs_only"] == ["train.steps"] and patched["live_keys"] == {}
-    live = api.patch(url, {"strategy_yaml": OTHER + "telemetry: {interval_s: 2.0}\n"}, format="json").json()
+    live = api.patch(
+        url, {"strategy_yaml": OTHER + "telemetry: {interval_s: 2.0}\n"}, format="json"
+    ).json()
     assert live["live_keys"] == {"telemetry": {"interval_s": 2.0}} and live["revision"] == 3
     assert api.delete(url).status_code == 204
 
@@ -116,18 +161,28 @@ def test_an_arm_with_runs_is_kept(api, experiment):
 
 
 def test_a_second_control_or_a_duplicate_name_is_refused(api, experiment):
-    control = api.post("/api/v1/arms/", {"experiment": experiment.pk, "name": "c2", "strategy_yaml": GOOD,
-                                        "is_control": True}, format="json")
+    control = api.post(
+        "/api/v1/arms/",
+        {"experiment": experiment.pk, "name": "c2", "strategy_yaml": GOOD, "is_control": True},
+        format="json",
+    )
     assert control.status_code == 409 and error(control)["message"].startswith("is_control:")
-    same = api.post("/api/v1/arms/", {"experiment": experiment.pk, "name": "control", "strategy_yaml": GOOD},
-                    format="json")
+    same = api.post(
+        "/api/v1/arms/",
+        {"experiment": experiment.pk, "name": "control", "strategy_yaml": GOOD},
+        format="json",
+    )
     assert same.status_code == 409 and error(same)["message"].startswith("name:")
 
 
-def test_arms_filter_by_experiment_and_strategy_hash(api, experiment, django_assert_max_num_queries):
+def test_arms_filter_by_experiment_and_strategy_hash(
+    api, experiment, django_assert_max_num_queries
+):
     control = experiment.arms.get(name="control")
     with django_assert_max_num_queries(4):
-        found = api.get(f"/api/v1/arms/?experiment={experiment.pk}&strategy_sha256={control.strategy_sha256}")
+        found = api.get(
+            f"/api/v1/arms/?experiment={experiment.pk}&strategy_sha256={control.strategy_sha256}"
+        )
     assert [a["name"] for a in found.json()["results"]] == ["control"]
 
 

@@ -32,7 +32,11 @@ def api_routes() -> list[tuple[str, object, set[str]]]:
         for p in patterns:
             if isinstance(p, URLResolver):
                 walk(p.url_patterns, prefix + str(p.pattern))
-            elif isinstance(p, URLPattern) and (prefix + str(p.pattern)).startswith("api/v1/") and p.name:
+            elif (
+                isinstance(p, URLPattern)
+                and (prefix + str(p.pattern)).startswith("api/v1/")
+                and p.name
+            ):
                 found.append((p.name, p.callback, set(p.pattern.regex.groupindex)))
 
     walk(get_resolver().url_patterns, "")
@@ -47,10 +51,24 @@ def objects_of(tenant) -> dict[str, int]:
     table = PricingTableFactory(tenant=tenant)
     GpuPriceFactory(pricing_table=table)
     token, _ = api_token_create(tenant=tenant, name="theirs")
-    sweep = Sweep.objects.create(tenant=tenant, name="theirs", base_strategy_yaml=GOOD, space={"model.seq_len": [16]},
-                                 sampler="grid", probe_count=1, probe_steps=2)
-    return {"experiment": experiment.pk, "arm": arm.pk, "run": run.pk, "pricing-table": table.pk,
-            "cost-model": experiment.cost_model_id, "token": token.pk, "sweep": sweep.pk}
+    sweep = Sweep.objects.create(
+        tenant=tenant,
+        name="theirs",
+        base_strategy_yaml=GOOD,
+        space={"model.seq_len": [16]},
+        sampler="grid",
+        probe_count=1,
+        probe_steps=2,
+    )
+    return {
+        "experiment": experiment.pk,
+        "arm": arm.pk,
+        "run": run.pk,
+        "pricing-table": table.pk,
+        "cost-model": experiment.cost_model_id,
+        "token": token.pk,
+        "sweep": sweep.pk,
+    }
 
 
 @pytest.fixture
@@ -77,23 +95,44 @@ def test_every_detail_route_answers_404_for_another_tenants_object(api, staff, t
         basename, _, suffix = name.rpartition("-")
         if not basename or basename in SHARED or "pk" not in params:
             continue
-        url, missing = (reverse(f"api:{name}", kwargs={"pk": pk}) for pk in (theirs[basename], 10**9))
+        url, missing = (
+            reverse(f"api:{name}", kwargs={"pk": pk}) for pk in (theirs[basename], 10**9)
+        )
         for method in methods(view):
             for who, client in (("token", api), ("staff", staff)):
                 response = getattr(client, method)(url, {}, format="json")
                 absent = getattr(client, method)(missing, {}, format="json")
-                assert (response.status_code, response.json()) == (absent.status_code, absent.json()), (who, method, url)
+                assert (response.status_code, response.json()) == (
+                    absent.status_code,
+                    absent.json(),
+                ), (who, method, url)
                 expected = 404 if who == "staff" else (404, 403)
-                assert response.status_code in (expected if isinstance(expected, tuple) else (expected,)), \
-                    (who, method, url, response.status_code)
+                assert response.status_code in (
+                    expected if isinstance(expected, tuple) else (expected,)
+                ), (who, method, url, response.status_code)
             checked.add((basename, suffix, method))
-    assert {b for b, _, _ in checked} == {"experiment", "arm", "run", "pricing-table", "cost-model", "token", "sweep"}
+    assert {b for b, _, _ in checked} == {
+        "experiment",
+        "arm",
+        "run",
+        "pricing-table",
+        "cost-model",
+        "token",
+        "sweep",
+    }
     assert ("run", "telemetry", "post") in checked and ("run", "finish", "post") in checked
     assert ("experiment", "detail", "delete") in checked and ("arm", "detail", "patch") in checked
-    assert {("arm", "freeze", "post"), ("arm", "unfreeze", "post"), ("experiment", "report", "get")} <= checked
+    assert {
+        ("arm", "freeze", "post"),
+        ("arm", "unfreeze", "post"),
+        ("experiment", "report", "get"),
+    } <= checked
     # Nothing of theirs changed.
     assert Run.objects.get(pk=theirs["run"]).status == "running"
-    assert Experiment.objects.filter(pk=theirs["experiment"]).exists() and Arm.objects.filter(pk=theirs["arm"]).exists()
+    assert (
+        Experiment.objects.filter(pk=theirs["experiment"]).exists()
+        and Arm.objects.filter(pk=theirs["arm"]).exists()
+    )
 
 
 def test_lists_never_show_another_tenants_objects(api, staff, theirs, mine):
@@ -113,13 +152,22 @@ def test_lists_never_show_another_tenants_objects(api, staff, theirs, mine):
     assert listed == {"experiment", "arm", "run", "pricing-table", "cost-model", "token", "sweep"}
 
 
-def test_creating_with_another_tenants_reference_fails_as_if_it_did_not_exist(api, tenant, theirs, mine):
+def test_creating_with_another_tenants_reference_fails_as_if_it_did_not_exist(
+    api, tenant, theirs, mine
+):
     own_cost_model = mine["cost-model"]
     attempts = [
         ("/api/v1/experiments/", {"name": "x", "cost_model": theirs["cost-model"]}, "cost_model"),
-        ("/api/v1/experiments/", {"name": "y", "cost_model": own_cost_model, "pricing_table": theirs["pricing-table"]},
-         "pricing_table"),
-        ("/api/v1/arms/", {"experiment": theirs["experiment"], "name": "z", "strategy_yaml": GOOD}, "experiment"),
+        (
+            "/api/v1/experiments/",
+            {"name": "y", "cost_model": own_cost_model, "pricing_table": theirs["pricing-table"]},
+            "pricing_table",
+        ),
+        (
+            "/api/v1/arms/",
+            {"experiment": theirs["experiment"], "name": "z", "strategy_yaml": GOOD},
+            "experiment",
+        ),
         ("/api/v1/runs/", {"experiment": theirs["experiment"]}, "experiment"),
         ("/api/v1/runs/", {"experiment": mine["experiment"], "arm": theirs["arm"]}, "arm"),
     ]
@@ -128,14 +176,20 @@ def test_creating_with_another_tenants_reference_fails_as_if_it_did_not_exist(ap
         response = api.post(url, body, format="json")
         assert response.status_code == 400, (url, body)
         assert "does not exist" in response.json()["error"]["fields"][field][0], response.json()
-    patched = api.patch(f"/api/v1/experiments/{mine['experiment']}/", {"cost_model": theirs["cost-model"]},
-                        format="json")
+    patched = api.patch(
+        f"/api/v1/experiments/{mine['experiment']}/",
+        {"cost_model": theirs["cost-model"]},
+        format="json",
+    )
     assert patched.status_code == 400
     assert (Experiment.objects.count(), Arm.objects.count(), Run.objects.count()) == before
 
 
 def test_a_token_ignores_a_tenant_header(api, other_tenant):
-    assert api.get("/api/v1/me/", HTTP_X_COSTLAB_TENANT=other_tenant.slug).json()["tenant"]["slug"] == "acme"
+    assert (
+        api.get("/api/v1/me/", HTTP_X_COSTLAB_TENANT=other_tenant.slug).json()["tenant"]["slug"]
+        == "acme"
+    )
 
 
 def test_no_list_makes_a_query_per_row(staff, tenant):

@@ -20,14 +20,19 @@ CLOSED_PORT_REDIS = "redis://127.0.0.1:1/0"  # nothing listens on port 1
 def redis_down(settings):
     settings.CACHES = {
         **settings.CACHES,
-        "unreachable": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": CLOSED_PORT_REDIS,
-                        "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5}},
+        "unreachable": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": CLOSED_PORT_REDIS,
+            "OPTIONS": {"socket_connect_timeout": 0.5, "socket_timeout": 0.5},
+        },
     }
     settings.COSTLAB_API_THROTTLE_CACHE = "unreachable"
     throttles._last_fallback_log = 0.0
 
 
-def test_redis_down_the_api_still_answers_and_logs_the_fallback(api, experiment, redis_down, caplog):
+def test_redis_down_the_api_still_answers_and_logs_the_fallback(
+    api, experiment, redis_down, caplog
+):
     with caplog.at_level(logging.WARNING, logger="apps.api.throttles"):
         listed = api.get("/api/v1/experiments/")
         read = api.get(f"/api/v1/experiments/{experiment.pk}/")
@@ -58,15 +63,20 @@ POSTGRES_DOWN = (
 
 
 def test_postgres_down_is_a_503_json_with_retry_after(tmp_path):
-    env = clean_env(DJANGO_SETTINGS_MODULE="config.settings.local", COSTLAB_VAR_DIR=str(tmp_path),
-                    DATABASE_URL="postgres://postgres@127.0.0.1:1/nothing")
+    env = clean_env(
+        DJANGO_SETTINGS_MODULE="config.settings.local",
+        COSTLAB_VAR_DIR=str(tmp_path),
+        DATABASE_URL="postgres://postgres@127.0.0.1:1/nothing",
+    )
     out = run_python(POSTGRES_DOWN, env)
     assert out.returncode == 0, out.stderr
     shown = json.loads(out.stdout.strip().splitlines()[-1])
     assert shown["status"] == 503 and shown["retry"] == "5"
     assert shown["body"]["error"]["code"] == "service_unavailable"
     assert shown["body"]["error"]["message"].startswith("database: ")
-    assert "127.0.0.1" not in json.dumps(shown["body"])  # no host, port or driver text to the caller
+    assert "127.0.0.1" not in json.dumps(
+        shown["body"]
+    )  # no host, port or driver text to the caller
 
 
 @pytest.mark.django_db(transaction=True)  # the request commits, so the enqueue runs inside it
@@ -81,4 +91,6 @@ def test_broker_down_a_submission_is_kept_and_answered_not_500(api, experiment):
     finally:
         app.conf.broker_url = original
     assert response.status_code == 201, response.content
-    assert Run.objects.filter(status="queued").count() == 1  # the row is the truth; the reconciler re-sends
+    assert (
+        Run.objects.filter(status="queued").count() == 1
+    )  # the row is the truth; the reconciler re-sends

@@ -19,11 +19,21 @@ pytestmark = pytest.mark.django_db
 
 def priced_run(arm, usd: str, tokens: int = 1_000_000, **extra):
     extra.setdefault("device_seconds", 60.0)
-    return RunFactory(arm=arm, status="succeeded", priced_seq=10, last_seq=10, tokens=tokens, steps=100,
-                      cost_usd=Decimal(usd), **extra)
+    return RunFactory(
+        arm=arm,
+        status="succeeded",
+        priced_seq=10,
+        last_seq=10,
+        tokens=tokens,
+        steps=100,
+        cost_usd=Decimal(usd),
+        **extra,
+    )
 
 
-def test_the_report_compares_each_arm_with_the_control(api, experiment, django_assert_max_num_queries):
+def test_the_report_compares_each_arm_with_the_control(
+    api, experiment, django_assert_max_num_queries
+):
     control, candidate = experiment.arms.get(name="control"), experiment.arms.get(name="candidate")
     priced_run(control, "1.00")
     priced_run(control, "1.00")
@@ -32,7 +42,9 @@ def test_the_report_compares_each_arm_with_the_control(api, experiment, django_a
         body = api.get(f"/api/v1/experiments/{experiment.pk}/report/").json()
     assert body["threshold"] == 0.05 and body["window_end"] is None
     arms = {a["name"]: a for a in body["arms"]}
-    assert arms["control"]["verdict"] == "control" and arms["control"]["usd_per_mtok"] == pytest.approx(1.0)
+    assert arms["control"]["verdict"] == "control" and arms["control"][
+        "usd_per_mtok"
+    ] == pytest.approx(1.0)
     assert arms["candidate"]["usd_per_mtok"] == pytest.approx(1.1)
     assert arms["candidate"]["deviation"] == pytest.approx(0.10)
     assert arms["candidate"]["verdict"] == "inconclusive"  # no confidence bounds yet
@@ -41,32 +53,61 @@ def test_the_report_compares_each_arm_with_the_control(api, experiment, django_a
 
 def test_an_arm_without_priced_runs_has_no_data(api, experiment):
     priced_run(experiment.arms.get(name="control"), "1.00")
-    arms = {a["name"]: a for a in api.get(f"/api/v1/experiments/{experiment.pk}/report/").json()["arms"]}
+    arms = {
+        a["name"]: a for a in api.get(f"/api/v1/experiments/{experiment.pk}/report/").json()["arms"]
+    }
     assert arms["candidate"]["verdict"] == "no_data" and arms["candidate"]["deviation"] is None
 
 
-BASE = ArmReport(arm_id=1, name="b", is_control=False, state="active", weight=Decimal(1), runs=5, runs_succeeded=5,
-                 tokens=1, steps=1, gpu_hours=0, energy_kwh=0, energy_estimated=False, electricity_usd=0, total_usd=0,
-                 compared_usd=0, usd_per_mtok=1, metric="usd_per_mtok", metric_value=1, throughput_tok_s=None, completion_s=None,
-                 deviation=0.0, deviation_low=None, deviation_high=None, projected=None)
+BASE = ArmReport(
+    arm_id=1,
+    name="b",
+    is_control=False,
+    state="active",
+    weight=Decimal(1),
+    runs=5,
+    runs_succeeded=5,
+    tokens=1,
+    steps=1,
+    gpu_hours=0,
+    energy_kwh=0,
+    energy_estimated=False,
+    electricity_usd=0,
+    total_usd=0,
+    compared_usd=0,
+    usd_per_mtok=1,
+    metric="usd_per_mtok",
+    metric_value=1,
+    throughput_tok_s=None,
+    completion_s=None,
+    deviation=0.0,
+    deviation_low=None,
+    deviation_high=None,
+    projected=None,
+)
 
 
-@pytest.mark.parametrize(("changes", "verdict"), [
-    ({"is_control": True}, "control"),
-    ({"state": "frozen"}, "frozen"),
-    ({"deviation": None}, "no_data"),
-    ({"deviation": 0.09, "deviation_low": 0.06, "deviation_high": 0.12}, "costlier"),
-    ({"deviation": 0.09, "deviation_low": 0.01, "deviation_high": 0.17}, "inconclusive"),
-    ({"deviation": -0.09, "deviation_low": -0.12, "deviation_high": -0.06}, "cheaper"),
-    ({"deviation": 0.03, "deviation_low": -0.01, "deviation_high": 0.07}, "within_threshold"),
-])
+@pytest.mark.parametrize(
+    ("changes", "verdict"),
+    [
+        ({"is_control": True}, "control"),
+        ({"state": "frozen"}, "frozen"),
+        ({"deviation": None}, "no_data"),
+        ({"deviation": 0.09, "deviation_low": 0.06, "deviation_high": 0.12}, "costlier"),
+        ({"deviation": 0.09, "deviation_low": 0.01, "deviation_high": 0.17}, "inconclusive"),
+        ({"deviation": -0.09, "deviation_low": -0.12, "deviation_high": -0.06}, "cheaper"),
+        ({"deviation": 0.03, "deviation_low": -0.01, "deviation_high": 0.07}, "within_threshold"),
+    ],
+)
 def test_verdicts(changes, verdict):
     assert arm_verdict(replace(BASE, **changes), threshold=0.05) == verdict
 
 
 def test_staff_freeze_and_unfreeze_with_a_reason(staff, experiment):
     arm = experiment.arms.get(name="candidate")
-    frozen = staff.post(f"/api/v1/arms/{arm.pk}/freeze/", {"reason": "OOM on every run"}, format="json")
+    frozen = staff.post(
+        f"/api/v1/arms/{arm.pk}/freeze/", {"reason": "OOM on every run"}, format="json"
+    )
     assert frozen.status_code == 200, frozen.json()
     assert frozen.json()["action"] == "freeze" and frozen.json()["arm_state"] == "frozen"
     assert frozen.json()["evidence"]["by"] == "sam"
@@ -76,13 +117,17 @@ def test_staff_freeze_and_unfreeze_with_a_reason(staff, experiment):
     assert again.status_code == 409 and error(again)["code"] == "already_frozen"
     no_reason = staff.post(f"/api/v1/arms/{arm.pk}/unfreeze/", {"reason": ""}, format="json")
     assert no_reason.status_code == 400 and "reason" in error(no_reason)["fields"]
-    thawed = staff.post(f"/api/v1/arms/{arm.pk}/unfreeze/", {"reason": "fixed the loader", "weight": "0.5"},
-                        format="json")
+    thawed = staff.post(
+        f"/api/v1/arms/{arm.pk}/unfreeze/",
+        {"reason": "fixed the loader", "weight": "0.5"},
+        format="json",
+    )
     assert thawed.status_code == 200 and thawed.json()["actor"] == "sam"
     arm.refresh_from_db()
     assert arm.state == "active" and arm.weight == Decimal("0.5")
-    assert list(FreezeEvent.objects.filter(arm=arm).values_list("action", flat=True).order_by("pk")) == \
-        ["freeze", "unfreeze"]
+    assert list(
+        FreezeEvent.objects.filter(arm=arm).values_list("action", flat=True).order_by("pk")
+    ) == ["freeze", "unfreeze"]
 
 
 def test_members_and_tokens_cannot_freeze(api, session, experiment):
@@ -91,7 +136,10 @@ def test_members_and_tokens_cannot_freeze(api, session, experiment):
         response = client.post(f"/api/v1/arms/{arm.pk}/freeze/", {"reason": "nope"}, format="json")
         assert response.status_code == 403 and "staff" in error(response)["message"]
     Arm.objects.filter(pk=arm.pk).update(state="frozen", weight=0)
-    assert api.post(f"/api/v1/arms/{arm.pk}/unfreeze/", {"reason": "x"}, format="json").status_code == 403
+    assert (
+        api.post(f"/api/v1/arms/{arm.pk}/unfreeze/", {"reason": "x"}, format="json").status_code
+        == 403
+    )
     assert not FreezeEvent.objects.exists()
 
 
@@ -106,7 +154,11 @@ def test_the_report_compares_arms_at_one_table_across_a_price_edit(api, experime
     sku = GpuSkuFactory()
     old = PricingTableFactory(tenant=experiment.tenant, valid_from=t0 - timedelta(days=1))
     GpuPriceFactory(pricing_table=old, sku=sku, hourly_usd=Decimal("3.00"))
-    gpu_hour = {"gpu_sku": sku, "gpu_count": 1, "device_seconds": 3600.0}  # one GPU-hour each, no energy
+    gpu_hour = {
+        "gpu_sku": sku,
+        "gpu_count": 1,
+        "device_seconds": 3600.0,
+    }  # one GPU-hour each, no energy
     for _ in range(2):
         priced_run(experiment.arms.get(name="control"), "3.00", **gpu_hour)
     assert attribution_tick(now=t0).windows == 1
@@ -119,8 +171,16 @@ def test_the_report_compares_arms_at_one_table_across_a_price_edit(api, experime
     body = api.get(f"/api/v1/experiments/{experiment.pk}/report/").json()
     arms = {a["name"]: a for a in body["arms"]}
     assert body["pricing_table"]["id"] == new.pk
-    assert arms["control"]["total_usd"] == pytest.approx(6.0) and arms["candidate"]["total_usd"] == pytest.approx(12.0)
-    assert arms["control"]["compared_usd"] == pytest.approx(12.0) == arms["candidate"]["compared_usd"]
-    assert arms["candidate"]["usd_per_mtok"] == pytest.approx(arms["control"]["usd_per_mtok"]) == pytest.approx(6.0)
+    assert arms["control"]["total_usd"] == pytest.approx(6.0) and arms["candidate"][
+        "total_usd"
+    ] == pytest.approx(12.0)
+    assert (
+        arms["control"]["compared_usd"] == pytest.approx(12.0) == arms["candidate"]["compared_usd"]
+    )
+    assert (
+        arms["candidate"]["usd_per_mtok"]
+        == pytest.approx(arms["control"]["usd_per_mtok"])
+        == pytest.approx(6.0)
+    )
     assert arms["candidate"]["deviation"] == pytest.approx(0.0, abs=1e-9)
     assert arms["candidate"]["deviation_low"] <= 0 <= arms["candidate"]["deviation_high"]

@@ -13,7 +13,9 @@ pytestmark = pytest.mark.django_db
 
 
 def test_submit_answers_201_with_the_run_and_the_arm_chosen(api, experiment):
-    response = api.post("/api/v1/runs/", {"experiment": experiment.pk, "git_sha": "a1b2c3"}, format="json")
+    response = api.post(
+        "/api/v1/runs/", {"experiment": experiment.pk, "git_sha": "a1b2c3"}, format="json"
+    )
     assert response.status_code == 201, response.json()
     body = response.json()
     assert body["status"] == "queued" and body["git_sha"] == "a1b2c3" and body["kind"] == "worker"
@@ -23,9 +25,14 @@ def test_submit_answers_201_with_the_run_and_the_arm_chosen(api, experiment):
 
 
 def test_a_retried_submission_returns_the_same_run(api, experiment):
-    first = api.post("/api/v1/runs/", {"experiment": experiment.pk, "run_key": "gh-77-1", "git_sha": ""},
-                     format="json")
-    again = api.post("/api/v1/runs/", {"experiment": experiment.pk, "run_key": "gh-77-1"}, format="json")
+    first = api.post(
+        "/api/v1/runs/",
+        {"experiment": experiment.pk, "run_key": "gh-77-1", "git_sha": ""},
+        format="json",
+    )
+    again = api.post(
+        "/api/v1/runs/", {"experiment": experiment.pk, "run_key": "gh-77-1"}, format="json"
+    )
     assert (first.status_code, again.status_code) == (201, 200)
     assert first.json()["id"] == again.json()["id"] and Run.objects.count() == 1
 
@@ -33,8 +40,11 @@ def test_a_retried_submission_returns_the_same_run(api, experiment):
 def test_submit_to_a_named_arm_on_a_gpu(api, experiment):
     sku = GpuSkuFactory(name="H100 SXM")
     arm = experiment.arms.get(name="candidate")
-    body = api.post("/api/v1/runs/", {"experiment": experiment.pk, "arm": arm.pk, "gpu_sku": "H100 SXM"},
-                    format="json").json()
+    body = api.post(
+        "/api/v1/runs/",
+        {"experiment": experiment.pk, "arm": arm.pk, "gpu_sku": "H100 SXM"},
+        format="json",
+    ).json()
     assert body["arm"]["id"] == arm.pk and body["queue"] == "gpu" and body["gpu_sku"] == sku.name
     assert body["gpu_count"] == 1
 
@@ -44,7 +54,9 @@ def test_submit_refusals_name_the_reason(api, experiment, tenant):
     Arm.objects.filter(pk=arm.pk).update(state="frozen", weight=0)
     frozen = api.post("/api/v1/runs/", {"experiment": experiment.pk, "arm": arm.pk}, format="json")
     assert frozen.status_code == 400 and error(frozen)["code"] == "arm_frozen"
-    bad_sha = api.post("/api/v1/runs/", {"experiment": experiment.pk, "git_sha": "not hex!"}, format="json")
+    bad_sha = api.post(
+        "/api/v1/runs/", {"experiment": experiment.pk, "git_sha": "not hex!"}, format="json"
+    )
     assert bad_sha.status_code == 400 and "git_sha" in error(bad_sha)["fields"]
     tenant.max_concurrent_runs = 0
     tenant.save()
@@ -67,8 +79,12 @@ def test_status_and_cancel(api, experiment):
 def test_run_list_filters_without_a_query_per_run(api, experiment, django_assert_max_num_queries):
     control, candidate = experiment.arms.get(name="control"), experiment.arms.get(name="candidate")
     for i in range(6):
-        RunFactory(arm=control if i % 2 else candidate, status="succeeded" if i < 4 else "failed",
-                   git_sha=f"{i:x}" * 4, gpu_sku=GpuSkuFactory())
+        RunFactory(
+            arm=control if i % 2 else candidate,
+            status="succeeded" if i < 4 else "failed",
+            git_sha=f"{i:x}" * 4,
+            gpu_sku=GpuSkuFactory(),
+        )
     with django_assert_max_num_queries(5):  # ... and the page's outlier runs: one query
         everything = api.get("/api/v1/runs/").json()
     assert everything["count"] == 6 and everything["results"][0]["arm"]["name"]
@@ -80,13 +96,19 @@ def test_run_list_filters_without_a_query_per_run(api, experiment, django_assert
 
 
 def test_an_external_run_is_finished_by_its_client(api, experiment):
-    submitted = api.post("/api/v1/runs/", {"experiment": experiment.pk, "kind": "external"}, format="json").json()
+    submitted = api.post(
+        "/api/v1/runs/", {"experiment": experiment.pk, "kind": "external"}, format="json"
+    ).json()
     assert submitted["status"] == "running"
     url = f"/api/v1/runs/{submitted['id']}/finish/"
     bad = api.post(url, {"status": "lost"}, format="json")
     assert bad.status_code == 400 and "status" in error(bad)["fields"]
     done = api.post(url, {"status": "succeeded", "dataset_sha256": "ab" * 32}, format="json")
-    assert done.status_code == 200 and done.json()["status"] == "succeeded" and done.json()["finished_at"]
+    assert (
+        done.status_code == 200
+        and done.json()["status"] == "succeeded"
+        and done.json()["finished_at"]
+    )
     twice = api.post(url, {"status": "failed"}, format="json")
     assert twice.status_code == 409 and error(twice)["code"] == "run_finished"
 
@@ -100,14 +122,23 @@ def test_a_worker_run_cannot_be_finished_over_http(api, experiment):
 def test_a_run_shows_every_attempt_with_its_outcome(api, experiment):
     from apps.experiments import runs
 
-    run = RunFactory(experiment=experiment, tenant=experiment.tenant, arm=experiment.arms.first(), status="queued")
+    run = RunFactory(
+        experiment=experiment,
+        tenant=experiment.tenant,
+        arm=experiment.arms.first(),
+        status="queued",
+    )
     runs.run_claim(run_id=run.pk, owner="host-a:1:x", host="host-a")
-    runs.run_release(run_id=run.pk, owner="host-a:1:x", reason="worker stopped before the run finished")
+    runs.run_release(
+        run_id=run.pk, owner="host-a:1:x", reason="worker stopped before the run finished"
+    )
     runs.run_claim(run_id=run.pk, owner="host-b:2:y", host="host-b")
     runs.run_finish(run_id=run.pk, owner="host-b:2:y", status="succeeded")
     body = api.get(f"/api/v1/runs/{run.pk}/").json()
     assert [(a["number"], a["host"], a["outcome"]) for a in body["attempt_log"]] == [
-        (1, "host-a", "stopped"), (2, "host-b", "succeeded")]
+        (1, "host-a", "stopped"),
+        (2, "host-b", "succeeded"),
+    ]
     assert body["attempt_log"][0]["reason"] == "worker stopped before the run finished"
     assert all(a["started_at"] and a["ended_at"] for a in body["attempt_log"])
 
@@ -117,9 +148,13 @@ def test_submit_refuses_distributed_keys_the_queue_cannot_give_naming_the_key(ap
     arm = experiment.arms.get(name="candidate")
 
     def submit(distributed: str, **extra):
-        arm.strategy_yaml = "model: {preset: tiny}\ntrain: {global_batch: 8}\n" + f"distributed: {distributed}\n"
+        arm.strategy_yaml = (
+            "model: {preset: tiny}\ntrain: {global_batch: 8}\n" + f"distributed: {distributed}\n"
+        )
         arm.save()
-        return api.post("/api/v1/runs/", {"experiment": experiment.pk, "arm": arm.pk, **extra}, format="json")
+        return api.post(
+            "/api/v1/runs/", {"experiment": experiment.pk, "arm": arm.pk, **extra}, format="json"
+        )
 
     nccl = submit("{nproc_per_node: 2, backend: nccl}")  # no gpu_sku: the cpu queue
     assert nccl.status_code == 400 and error(nccl)["code"] == "invalid_strategy"

@@ -17,7 +17,9 @@ def test_the_schema_documents_auth_and_errors_for_every_operation():
     assert schema["openapi"].startswith("3.")
     token_auth = schema["components"]["securitySchemes"]["tokenAuth"]
     assert (token_auth["type"], token_auth["scheme"]) == ("http", "bearer")
-    operations = [(path, method, op) for path, item in schema["paths"].items() for method, op in item.items()]
+    operations = [
+        (path, method, op) for path, item in schema["paths"].items() for method, op in item.items()
+    ]
     assert len(operations) >= 30 and all(path.startswith("/api/v1/") for path, _, _ in operations)
     for path, method, op in operations:
         assert {"tokenAuth": []} in op["security"], (path, method)

@@ -37,23 +37,39 @@ def api_schema(live_server, transactional_db, settings):
     from apps.api.services import api_token_create
 
     settings.COSTLAB_API_THROTTLE_CACHE = "default"
-    settings.COSTLAB_API_THROTTLE_RATES = dict.fromkeys(settings.COSTLAB_API_THROTTLE_RATES, "100000/min")
-    tenant, other = TenantFactory(slug="fuzz", max_concurrent_runs=10_000), TenantFactory(slug="victim")
+    settings.COSTLAB_API_THROTTLE_RATES = dict.fromkeys(
+        settings.COSTLAB_API_THROTTLE_RATES, "100000/min"
+    )
+    tenant, other = (
+        TenantFactory(slug="fuzz", max_concurrent_runs=10_000),
+        TenantFactory(slug="victim"),
+    )
     experiments = []
     for owner in (tenant, other):
-        exp = ExperimentFactory(tenant=owner, cost_model=CostModelFactory(tenant=owner), status="active")
+        exp = ExperimentFactory(
+            tenant=owner, cost_model=CostModelFactory(tenant=owner), status="active"
+        )
         ArmFactory(experiment=exp, name="control", is_control=True, strategy_yaml=GOOD)
         ArmFactory(experiment=exp, name="candidate", strategy_yaml=OTHER)
         GpuPriceFactory(pricing_table=PricingTableFactory(tenant=owner), sku=GpuSkuFactory())
         experiments.append(exp)
     exp = experiments[0]
-    runs = [RunFactory(arm=arm, kind=kind, status="running") for arm in exp.arms.all() for kind in ("external", "worker")]
+    runs = [
+        RunFactory(arm=arm, kind=kind, status="running")
+        for arm in exp.arms.all()
+        for kind in ("external", "worker")
+    ]
     REAL_IDS.clear()
-    REAL_IDS.update({
-        "experiments": [e.pk for e in experiments], "arms": [a.pk for e in experiments for a in e.arms.all()],
-        "runs": [r.pk for r in runs], "pricing-tables": [t.pk for t in tenant.pricing_tables.all()],
-        "cost-models": [exp.cost_model_id], "gpu-skus": [1],
-    })
+    REAL_IDS.update(
+        {
+            "experiments": [e.pk for e in experiments],
+            "arms": [a.pk for e in experiments for a in e.arms.all()],
+            "runs": [r.pk for r in runs],
+            "pricing-tables": [t.pk for t in tenant.pricing_tables.all()],
+            "cost-models": [exp.cost_model_id],
+            "gpu-skus": [1],
+        }
+    )
     _token, secret = api_token_create(tenant=tenant, name="fuzzer")
     schema = schemathesis.openapi.from_url(f"{live_server.url}/api/schema/")
     schema.config.update(headers={"Authorization": f"Bearer {secret}"})
@@ -65,8 +81,9 @@ def api_schema(live_server, transactional_db, settings):
         resource = context.operation.path.split("/")[3]
         if not path_parameters or "id" not in path_parameters or resource not in REAL_IDS:
             return st.just(path_parameters)
-        return st.sampled_from(REAL_IDS[resource]).map(lambda pk: {**path_parameters, "id": pk}) | \
-            st.just(path_parameters)
+        return st.sampled_from(REAL_IDS[resource]).map(
+            lambda pk: {**path_parameters, "id": pk}
+        ) | st.just(path_parameters)
 
     return schema
 
@@ -79,8 +96,13 @@ def test_the_api_keeps_its_schema(api_schema):
         operation = result.ok()
         operations += 1
 
-        @settings(max_examples=10, deadline=None, derandomize=True, database=None,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=10,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
         @given(case=operation.as_strategy())
         def check(case):
             case.call_and_validate(excluded_checks=[positive_data_acceptance])
@@ -104,9 +126,18 @@ def test_every_operation_refuses_missing_or_bad_credentials(api_schema, live_ser
             resource = path.split("/")[3]
             url = path.replace("{id}", str(REAL_IDS.get(resource, [1])[0]))
             for method in item:
-                for headers in ({}, {"Authorization": "Bearer clb_not-a-token"}, {"Authorization": "Basic eDp5"}):
-                    response = http.request(method.upper(), url, headers=headers, json={} if method != "get" else None)
+                for headers in (
+                    {},
+                    {"Authorization": "Bearer clb_not-a-token"},
+                    {"Authorization": "Basic eDp5"},
+                ):
+                    response = http.request(
+                        method.upper(), url, headers=headers, json={} if method != "get" else None
+                    )
                     assert response.status_code == 401, (method, url, headers, response.status_code)
-                    assert response.json()["error"]["code"] in ("not_authenticated", "authentication_failed")
+                    assert response.json()["error"]["code"] in (
+                        "not_authenticated",
+                        "authentication_failed",
+                    )
                 checked += 1
     assert checked >= 30

@@ -16,19 +16,38 @@ T0 = datetime(2026, 3, 1, tzinfo=UTC)
 
 
 def batch(start: int, n: int) -> list[dict]:
-    return [{"seq": s, "ts": (T0 + timedelta(seconds=s)).isoformat(), "step": s, "power_w": 100.0 + s,
-             "energy_j": 100.0 * s, "tokens": 64 * s, "util_pct": 50.0} for s in range(start, start + n)]
+    return [
+        {
+            "seq": s,
+            "ts": (T0 + timedelta(seconds=s)).isoformat(),
+            "step": s,
+            "power_w": 100.0 + s,
+            "energy_j": 100.0 * s,
+            "tokens": 64 * s,
+            "util_pct": 50.0,
+        }
+        for s in range(start, start + n)
+    ]
 
 
 @pytest.fixture
 def external(experiment):
-    return RunFactory(arm=experiment.arms.first(), kind="external", status="running", created=T0 - timedelta(minutes=1))
+    return RunFactory(
+        arm=experiment.arms.first(),
+        kind="external",
+        status="running",
+        created=T0 - timedelta(minutes=1),
+    )
 
 
 def test_ingest_is_idempotent_by_seq_and_moves_the_totals(api, external):
     url = f"/api/v1/runs/{external.pk}/telemetry/"
     first = api.post(url, {"samples": batch(0, 10)}, format="json")
-    assert first.status_code == 200 and first.json() == {"received": 10, "inserted": 10, "duplicates": 0}
+    assert first.status_code == 200 and first.json() == {
+        "received": 10,
+        "inserted": 10,
+        "duplicates": 0,
+    }
     retried = api.post(url, {"samples": batch(5, 10)}, format="json").json()
     assert retried == {"received": 10, "inserted": 5, "duplicates": 5}
     assert TelemetrySample.objects.filter(run=external).count() == 15
@@ -39,7 +58,9 @@ def test_ingest_is_idempotent_by_seq_and_moves_the_totals(api, external):
 def test_a_bad_sample_names_its_index_and_field_and_nothing_is_stored(api, external):
     samples = batch(0, 5)
     samples[3]["util_pct"] = 140
-    response = api.post(f"/api/v1/runs/{external.pk}/telemetry/", {"samples": samples}, format="json")
+    response = api.post(
+        f"/api/v1/runs/{external.pk}/telemetry/", {"samples": samples}, format="json"
+    )
     assert response.status_code == 400
     assert error(response)["message"].startswith("samples[3].util_pct:")
     assert "samples[3].util_pct" in error(response)["fields"]
@@ -50,19 +71,31 @@ def test_a_bad_sample_names_its_index_and_field_and_nothing_is_stored(api, exter
 
 def test_only_running_external_runs_take_telemetry(api, experiment, external):
     worker_run = RunFactory(arm=experiment.arms.first(), status="running")
-    refused = api.post(f"/api/v1/runs/{worker_run.pk}/telemetry/", {"samples": batch(0, 1)}, format="json")
+    refused = api.post(
+        f"/api/v1/runs/{worker_run.pk}/telemetry/", {"samples": batch(0, 1)}, format="json"
+    )
     assert refused.status_code == 409 and error(refused)["code"] == "not_external"
     Run.objects.filter(pk=external.pk).update(status="succeeded")
-    late = api.post(f"/api/v1/runs/{external.pk}/telemetry/", {"samples": batch(0, 1)}, format="json")
+    late = api.post(
+        f"/api/v1/runs/{external.pk}/telemetry/", {"samples": batch(0, 1)}, format="json"
+    )
     assert late.status_code == 409 and error(late)["code"] == "run_finished"
     assert not TelemetrySample.objects.exists()
 
 
 def test_read_is_downsampled_to_the_budget_keeping_peaks(api, external):
     for s in range(1000):
-        TelemetrySampleFactory(run=external, seq=s, ts=T0 + timedelta(seconds=s), power_w=300.0 if s == 777 else 100.0,
-                               util_pct=float(s % 100), estimated=s == 3)
-    body = api.get(f"/api/v1/runs/{external.pk}/telemetry/?fields=power_w,util_pct&budget=50").json()
+        TelemetrySampleFactory(
+            run=external,
+            seq=s,
+            ts=T0 + timedelta(seconds=s),
+            power_w=300.0 if s == 777 else 100.0,
+            util_pct=float(s % 100),
+            estimated=s == 3,
+        )
+    body = api.get(
+        f"/api/v1/runs/{external.pk}/telemetry/?fields=power_w,util_pct&budget=50"
+    ).json()
     assert body["budget"] == 50 and body["samples"] == 1000 and body["estimated"] is True
     power = body["series"]["power_w"]
     assert power["unit"] == "W" and len(power["points"]) <= 50
@@ -78,6 +111,10 @@ def test_read_budget_is_capped_and_fields_are_checked(api, external, settings):
     assert body["budget"] == 10 and len(body["series"]["power_w"]["points"]) <= 10
     bad = api.get(f"/api/v1/runs/{external.pk}/telemetry/?fields=password")
     assert bad.status_code == 400 and "password" in error(bad)["message"]
-    window = api.get(f"/api/v1/runs/{external.pk}/telemetry/",
-                     {"fields": "power_w", "since": (T0 + timedelta(seconds=30)).isoformat()})
-    assert [v for _, v in window.json()["series"]["power_w"]["points"]] == [float(s) for s in range(30, 40)]
+    window = api.get(
+        f"/api/v1/runs/{external.pk}/telemetry/",
+        {"fields": "power_w", "since": (T0 + timedelta(seconds=30)).isoformat()},
+    )
+    assert [v for _, v in window.json()["series"]["power_w"]["points"]] == [
+        float(s) for s in range(30, 40)
+    ]

@@ -16,12 +16,16 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def admin_session(tenant):
     client = APIClient()
-    client.force_login(MembershipFactory(tenant=tenant, user=UserFactory(username="ada"), role="admin").user)
+    client.force_login(
+        MembershipFactory(tenant=tenant, user=UserFactory(username="ada"), role="admin").user
+    )
     return client
 
 
 def test_an_admin_mints_lists_and_revokes(admin_session, tenant):
-    created = admin_session.post("/api/v1/tokens/", {"name": "gha", "expires_in_days": 30}, format="json")
+    created = admin_session.post(
+        "/api/v1/tokens/", {"name": "gha", "expires_in_days": 30}, format="json"
+    )
     assert created.status_code == 201
     secret = created.json()["token"]
     assert secret.startswith(created.json()["prefix"]) and created.json()["created_by"] == "ada"

@@ -22,7 +22,11 @@ class Receiver:
 
     def alerts(self, event: str | None = None) -> list[dict]:
         """Requests answered 2xx (what the receiver accepted), optionally of one event type."""
-        return [r for r in self.requests if 200 <= r["status"] < 300 and (event is None or r["body"]["event"] == event)]
+        return [
+            r
+            for r in self.requests
+            if 200 <= r["status"] < 300 and (event is None or r["body"]["event"] == event)
+        ]
 
     def wait_for(self, n: int, timeout_s: float = 30.0) -> list[dict]:
         deadline = time.monotonic() + timeout_s
@@ -42,8 +46,14 @@ def webhook_receiver():
             if delay:
                 time.sleep(delay)
             with receiver.lock:
-                receiver.requests.append({"headers": dict(self.headers), "body": body, "status": status,
-                                          "raw": json.dumps(body, sort_keys=True)})
+                receiver.requests.append(
+                    {
+                        "headers": dict(self.headers),
+                        "body": body,
+                        "status": status,
+                        "raw": json.dumps(body, sort_keys=True),
+                    }
+                )
             try:
                 self.send_response(status)
                 self.end_headers()

@@ -47,8 +47,14 @@ def eager_delivery(monkeypatch):
 
 def lab_with_channel(url="", emails="", secret="", **kwargs):
     lab = Lab({"control": 1.0, "b": 1.25}, seed=40, dynamic_weights=False, **kwargs)
-    AlertChannel.objects.create(tenant=lab.experiment.tenant, experiment=lab.experiment, name="team",
-                                webhook_url=url, webhook_secret=secret, email_recipients=emails)
+    AlertChannel.objects.create(
+        tenant=lab.experiment.tenant,
+        experiment=lab.experiment,
+        name="team",
+        webhook_url=url,
+        webhook_secret=secret,
+        email_recipients=emails,
+    )
     return lab
 
 
@@ -61,7 +67,9 @@ def tick_until_frozen(lab, capture, limit=30):
     raise AssertionError("never frozen")
 
 
-def test_a_freeze_sends_exactly_one_webhook_alert(receiver, eager_delivery, django_capture_on_commit_callbacks):
+def test_a_freeze_sends_exactly_one_webhook_alert(
+    receiver, eager_delivery, django_capture_on_commit_callbacks
+):
     lab = lab_with_channel(url=receiver.url)
     event = tick_until_frozen(lab, django_capture_on_commit_callbacks)
     for _ in range(5):  # later ticks do not alert again
@@ -71,8 +79,16 @@ def test_a_freeze_sends_exactly_one_webhook_alert(receiver, eager_delivery, djan
     assert len(receiver.requests) == 1
     body = receiver.requests[0]["body"]
     assert body["event"] == "arm_freeze" and body["event_id"] == event.pk
-    assert body["arm"] == {"id": lab.arms["b"].pk, "name": "b", "state": "frozen", "weight": "0.0000"}
-    assert body["experiment"]["name"] == lab.experiment.name and body["tenant"] == lab.experiment.tenant.slug
+    assert body["arm"] == {
+        "id": lab.arms["b"].pk,
+        "name": "b",
+        "state": "frozen",
+        "weight": "0.0000",
+    }
+    assert (
+        body["experiment"]["name"] == lab.experiment.name
+        and body["tenant"] == lab.experiment.tenant.slug
+    )
     assert body["deviation_low"] == event.deviation_low > body["threshold"] == 0.05
     assert body["runs"] == 10 and body["metric"] == "usd_per_mtok" and body["control_value"] > 0
     headers = receiver.requests[0]["headers"]
@@ -86,27 +102,39 @@ def test_an_unfreeze_is_alerted_too(receiver, eager_delivery, django_capture_on_
     lab = lab_with_channel(url=receiver.url)
     tick_until_frozen(lab, django_capture_on_commit_callbacks)
     with django_capture_on_commit_callbacks(execute=True):
-        arm_unfreeze(arm=lab.arms["b"], actor=UserFactory(is_staff=True, username="ops"), reason="false alarm")
+        arm_unfreeze(
+            arm=lab.arms["b"],
+            actor=UserFactory(is_staff=True, username="ops"),
+            reason="false alarm",
+        )
     assert [r["body"]["event"] for r in receiver.requests] == ["arm_freeze", "arm_unfreeze"]
-    assert receiver.requests[1]["body"]["actor"] == "ops" and receiver.requests[1]["body"]["reason"] == "false alarm"
+    assert (
+        receiver.requests[1]["body"]["actor"] == "ops"
+        and receiver.requests[1]["body"]["reason"] == "false alarm"
+    )
 
 
 @override_settings(COSTLAB_ALERT_BACKOFF_S=2.0)
-def test_a_receiver_that_fails_with_500_is_retried_with_backoff_until_it_accepts(receiver, eager_delivery,
-                                                                                django_capture_on_commit_callbacks):
+def test_a_receiver_that_fails_with_500_is_retried_with_backoff_until_it_accepts(
+    receiver, eager_delivery, django_capture_on_commit_callbacks
+):
     receiver.script = [(500, 0.0), (503, 0.0)]
     lab = lab_with_channel(url=receiver.url)
     tick_until_frozen(lab, django_capture_on_commit_callbacks)
     assert [r["status"] for r in receiver.requests] == [500, 503, 200]
     assert len(receiver.alerts("arm_freeze")) == 1  # accepted exactly once
-    assert len({r["headers"]["Idempotency-Key"] for r in receiver.requests}) == 1  # one alert, three tries
+    assert (
+        len({r["headers"]["Idempotency-Key"] for r in receiver.requests}) == 1
+    )  # one alert, three tries
     delivery = AlertDelivery.objects.get()
     assert (delivery.status, delivery.attempts) == ("sent", 3)
     assert [backoff_s(1), backoff_s(2), backoff_s(3)] == [2.0, 4.0, 8.0]
 
 
 @override_settings(COSTLAB_ALERT_TIMEOUT_S=0.3)
-def test_a_receiver_that_times_out_is_retried(receiver, django_capture_on_commit_callbacks, monkeypatch):
+def test_a_receiver_that_times_out_is_retried(
+    receiver, django_capture_on_commit_callbacks, monkeypatch
+):
     monkeypatch.setattr(alerts, "deliveries_send", lambda **kwargs: None)
     receiver.script = [(200, 1.5)]  # too slow the first time
     lab = lab_with_channel(url=receiver.url)
@@ -123,7 +151,8 @@ def test_a_receiver_that_times_out_is_retried(receiver, django_capture_on_commit
 
 @override_settings(COSTLAB_ALERT_MAX_ATTEMPTS=3)
 def test_a_receiver_that_keeps_failing_is_recorded_failed_and_the_freeze_stands(
-        receiver, eager_delivery, django_capture_on_commit_callbacks, caplog):
+    receiver, eager_delivery, django_capture_on_commit_callbacks, caplog
+):
     receiver.script = [(500, 0.0)] * 10
     lab = lab_with_channel(url=receiver.url)
     with caplog.at_level(logging.ERROR, logger="costlab.attribution"):
@@ -162,7 +191,9 @@ def test_the_tick_does_not_wait_for_a_slow_receiver(receiver, django_capture_on_
     assert len(queued) == 2  # the log line and the send, both only once the freeze commits
 
 
-def test_email_and_the_structured_log_line(eager_delivery, django_capture_on_commit_callbacks, caplog):
+def test_email_and_the_structured_log_line(
+    eager_delivery, django_capture_on_commit_callbacks, caplog
+):
     lab = lab_with_channel(emails="ml-team@example.com; oncall@example.com")
     with caplog.at_level(logging.WARNING, logger="costlab.attribution"):
         event = tick_until_frozen(lab, django_capture_on_commit_callbacks)
@@ -172,11 +203,17 @@ def test_email_and_the_structured_log_line(eager_delivery, django_capture_on_com
     assert "arm 'b' freeze" in message.subject and event.reason in message.body
     line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("arm_freeze "))
     logged = json.loads(line.removeprefix("arm_freeze "))
-    assert logged["event_id"] == event.pk and logged["arm"]["name"] == "b" and logged["deliveries"] == 1
+    assert (
+        logged["event_id"] == event.pk
+        and logged["arm"]["name"] == "b"
+        and logged["deliveries"] == 1
+    )
     assert logged["deviation"] == event.deviation
 
 
-def test_a_signed_webhook_carries_an_hmac_of_its_body(receiver, eager_delivery, django_capture_on_commit_callbacks):
+def test_a_signed_webhook_carries_an_hmac_of_its_body(
+    receiver, eager_delivery, django_capture_on_commit_callbacks
+):
     lab = lab_with_channel(url=receiver.url, secret="s3cret")
     tick_until_frozen(lab, django_capture_on_commit_callbacks)
     request = receiver.requests[0]
@@ -186,30 +223,41 @@ def test_a_signed_webhook_carries_an_hmac_of_its_body(receiver, eager_delivery, 
 
 
 @override_settings(COSTLAB_ALERT_WEBHOOK_URL="http://127.0.0.1:9/default")
-def test_the_default_webhook_from_settings_is_used_alongside_the_channels(receiver, monkeypatch,
-                                                                          django_capture_on_commit_callbacks):
+def test_the_default_webhook_from_settings_is_used_alongside_the_channels(
+    receiver, monkeypatch, django_capture_on_commit_callbacks
+):
     monkeypatch.setattr(alerts, "deliveries_send", lambda **kwargs: None)
     lab = lab_with_channel(url=receiver.url)
     tick_until_frozen(lab, django_capture_on_commit_callbacks)
     assert sorted(AlertDelivery.objects.values_list("target", flat=True)) == sorted(
-        [receiver.url, "http://127.0.0.1:9/default"])
+        [receiver.url, "http://127.0.0.1:9/default"]
+    )
 
 
-def test_pending_deliveries_whose_task_was_lost_are_queued_again(monkeypatch, django_capture_on_commit_callbacks):
-    monkeypatch.setattr(alerts, "deliveries_send", lambda **kwargs: None)  # the broker was down at commit
+def test_pending_deliveries_whose_task_was_lost_are_queued_again(
+    monkeypatch, django_capture_on_commit_callbacks
+):
+    monkeypatch.setattr(
+        alerts, "deliveries_send", lambda **kwargs: None
+    )  # the broker was down at commit
     lab = lab_with_channel(url="http://127.0.0.1:9/unused")
     tick_until_frozen(lab, django_capture_on_commit_callbacks)
     delivery = AlertDelivery.objects.get()
     requeued = []
-    monkeypatch.setattr(alerts, "deliveries_send", lambda *, delivery_ids, countdown=None: requeued.extend(delivery_ids))
+    monkeypatch.setattr(
+        alerts,
+        "deliveries_send",
+        lambda *, delivery_ids, countdown=None: requeued.extend(delivery_ids),
+    )
     assert deliveries_requeue_stale() == [] and requeued == []  # not stale yet
     later = delivery.next_attempt_at + timedelta(seconds=61)
     assert deliveries_requeue_stale(now=later) == [delivery.pk] and requeued == [delivery.pk]
 
 
 @pytest.mark.django_db(transaction=True)  # two threads, two connections: both must see the rows
-def test_a_second_task_for_a_delivery_in_flight_does_not_send_it_again(receiver, django_capture_on_commit_callbacks,
-                                                                      monkeypatch):
+def test_a_second_task_for_a_delivery_in_flight_does_not_send_it_again(
+    receiver, django_capture_on_commit_callbacks, monkeypatch
+):
     import threading
 
     monkeypatch.setattr(alerts, "deliveries_send", lambda **kwargs: None)

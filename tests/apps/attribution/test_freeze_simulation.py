@@ -34,22 +34,35 @@ def _ratio(n, cost, units, cost_sq, cost_units, units_sq):
 
 def _arm(rng, replicates, *, runs, concurrent, windows, factor, run_sd):
     """Cumulative (cost, tokens) of every run after 0..windows windows, and when each run starts."""
-    effect = rng.normal(0, run_sd, (replicates, runs)) + 0.5 * (rng.random((replicates, runs)) < 0.05)
+    effect = rng.normal(0, run_sd, (replicates, runs)) + 0.5 * (
+        rng.random((replicates, runs)) < 0.05
+    )
     tokens = 300_000 * (1 + 0.05 * rng.normal(0, 1, (replicates, runs, windows)))
-    noise = 0.02 * rng.normal(0, 1, (replicates, runs, windows)) + 2.0 * (rng.random((replicates, runs, windows)) < 0.01)
+    noise = 0.02 * rng.normal(0, 1, (replicates, runs, windows)) + 2.0 * (
+        rng.random((replicates, runs, windows)) < 0.01
+    )
     cost = tokens * USD_PER_TOKEN * factor * (1 + effect[:, :, None]) * (1 + noise)
     zero = np.zeros((replicates, runs, 1))
-    return (np.concatenate([zero, cost.cumsum(2)], 2), np.concatenate([zero, tokens.cumsum(2)], 2),
-            (np.arange(runs) // concurrent) * windows, cost, tokens)
+    return (
+        np.concatenate([zero, cost.cumsum(2)], 2),
+        np.concatenate([zero, tokens.cumsum(2)], 2),
+        (np.arange(runs) // concurrent) * windows,
+        cost,
+        tokens,
+    )
 
 
-def simulate(factor, *, run_sd, windows, threshold=0.05, unit="run", replicates=400, looks=60, seed=0):
+def simulate(
+    factor, *, run_sd, windows, threshold=0.05, unit="run", replicates=400, looks=60, seed=0
+):
     """Share of replicates the rule freezes at any look:
     deviation > threshold and its lower bound too."""
     rng = np.random.default_rng(seed)
     r2 = stats.tuning_r2(alpha=ALPHA, expected_n=EXPECTED_RUNS)
-    arms = [_arm(rng, replicates, runs=40, concurrent=4, windows=windows, factor=1.0, run_sd=run_sd),
-            _arm(rng, replicates, runs=25, concurrent=2, windows=windows, factor=factor, run_sd=run_sd)]
+    arms = [
+        _arm(rng, replicates, runs=40, concurrent=4, windows=windows, factor=1.0, run_sd=run_sd),
+        _arm(rng, replicates, runs=25, concurrent=2, windows=windows, factor=factor, run_sd=run_sd),
+    ]
     end = max(start[-1] + windows for _, _, start, _, _ in arms)
     frozen = np.zeros(replicates, bool)
     for tick in np.linspace(1, end, looks).astype(int):
@@ -62,7 +75,11 @@ def simulate(factor, *, run_sd, windows, threshold=0.05, unit="run", replicates=
                 n = int((seen > 0).sum())
             else:  # every run-window its own observation
                 mask = np.arange(windows)[None, None, :] < seen[None, :, None]
-                c, u, n = (cost * mask).reshape(replicates, -1), (tokens * mask).reshape(replicates, -1), int(seen.sum())
+                c, u, n = (
+                    (cost * mask).reshape(replicates, -1),
+                    (tokens * mask).reshape(replicates, -1),
+                    int(seen.sum()),
+                )
             sums.append((n, c.sum(1), u.sum(1), (c * c).sum(1), (c * u).sum(1), (u * u).sum(1)))
         (n_control, *control), (n_arm, *arm) = sums
         if min(n_control, n_arm) < MIN_RUNS:
@@ -73,7 +90,9 @@ def simulate(factor, *, run_sd, windows, threshold=0.05, unit="run", replicates=
         t = n_control + n_arm
         sd = np.sqrt((va / rc**2 + ra**2 * vc / rc**4) * t)
         tr = t * r2
-        halfwidth = sd * math.sqrt(2 * (tr + 1) / (t * t * r2) * math.log(math.sqrt(tr + 1) / ALPHA))
+        halfwidth = sd * math.sqrt(
+            2 * (tr + 1) / (t * t * r2) * math.log(math.sqrt(tr + 1) / ALPHA)
+        )
         frozen |= (deviation > threshold) & (deviation - halfwidth > threshold)
     return float(frozen.mean())
 
@@ -84,7 +103,9 @@ SETTINGS = [(run_sd, windows) for run_sd in (0.02, 0.10, 0.20) for windows in (1
 @pytest.mark.parametrize(("run_sd", "windows"), SETTINGS)
 def test_a_a_arms_are_falsely_frozen_at_most_alpha_with_the_run_as_the_unit(run_sd, windows):
     assert simulate(1.0, run_sd=run_sd, windows=windows) <= ALPHA  # the full rule (5 % threshold)
-    assert simulate(1.0, run_sd=run_sd, windows=windows, threshold=1e-4, seed=1) <= ALPHA  # the bound alone
+    assert (
+        simulate(1.0, run_sd=run_sd, windows=windows, threshold=1e-4, seed=1) <= ALPHA
+    )  # the bound alone
 
 
 def test_counting_run_windows_as_independent_freezes_a_a_arms_far_more_than_alpha():
@@ -98,8 +119,14 @@ def test_a_real_regression_is_caught():
 
 def test_the_vectorised_rule_is_the_production_one():
     rng = np.random.default_rng(9)
-    control = [(float(c), float(u)) for c, u in zip(rng.uniform(1, 2, 12), rng.uniform(1e6, 2e6, 12), strict=True)]
-    arm = [(float(c) * 1.1, float(u)) for c, u in zip(rng.uniform(1, 2, 15), rng.uniform(1e6, 2e6, 15), strict=True)]
+    control = [
+        (float(c), float(u))
+        for c, u in zip(rng.uniform(1, 2, 12), rng.uniform(1e6, 2e6, 12), strict=True)
+    ]
+    arm = [
+        (float(c) * 1.1, float(u))
+        for c, u in zip(rng.uniform(1, 2, 15), rng.uniform(1e6, 2e6, 15), strict=True)
+    ]
     r2 = stats.tuning_r2(alpha=ALPHA, expected_n=EXPECTED_RUNS)
     ec, ea = (stats.ratio_estimate(stats.RatioSums.of(pairs)) for pairs in (control, arm))
     expected = stats.relative_deviation(ea, ec, alpha=ALPHA, r2=r2)
@@ -113,4 +140,6 @@ def test_the_vectorised_rule_is_the_production_one():
     t = nc + na
     sd = math.sqrt((va / rc**2 + ra**2 * vc / rc**4) * t)
     assert ra / rc - 1 == pytest.approx(expected.estimate, rel=1e-9)
-    assert stats.cs_halfwidth(sd=sd, t=t, alpha=ALPHA, r2=r2) == pytest.approx(expected.halfwidth, rel=1e-9)
+    assert stats.cs_halfwidth(sd=sd, t=t, alpha=ALPHA, r2=r2) == pytest.approx(
+        expected.halfwidth, rel=1e-9
+    )

@@ -24,7 +24,9 @@ def make_outlier(run: Run, factor: float = 20.0) -> None:
 
 
 def snapshot(lab, arm, number):
-    return AttributionWindow.objects.get(experiment=lab.experiment, number=number).snapshots.get(arm=lab.arms[arm])
+    return AttributionWindow.objects.get(experiment=lab.experiment, number=number).snapshots.get(
+        arm=lab.arms[arm]
+    )
 
 
 def test_outliers_count_by_default_and_are_left_out_and_recorded_when_asked(settings):
@@ -42,8 +44,12 @@ def test_outliers_count_by_default_and_are_left_out_and_recorded_when_asked(sett
     kept = snapshot(lab, "control", 2)
     assert kept.runs == 5
     [excluded] = kept.evidence["excluded_runs"]
-    assert excluded["run"] == slow.pk and excluded["distance_mads"] > 3 and "MAD" in excluded["reason"]
-    assert "excluded_runs" not in snapshot(lab, "b", 2).evidence  # b's runs are alike: nothing left out
+    assert (
+        excluded["run"] == slow.pk and excluded["distance_mads"] > 3 and "MAD" in excluded["reason"]
+    )
+    assert (
+        "excluded_runs" not in snapshot(lab, "b", 2).evidence
+    )  # b's runs are alike: nothing left out
     # without the 20x run the control costs what its runs cost: b is ~10 % cheaper, not ~80 %
     b = snapshot(lab, "b", 2)
     assert b.deviation == pytest.approx(-0.1, abs=0.03)

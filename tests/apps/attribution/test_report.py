@@ -17,10 +17,22 @@ pytestmark = pytest.mark.django_db
 def finished_run(arm, *, cost, energy_usd, status=Run.Status.SUCCEEDED, estimated=False):
     # One GPU-hour, 1 kWh, 100 steps and 1M tokens per run.
     sku = arm.experiment.tenant.pricing_tables.get().gpu_prices.get().sku
-    return RunFactory(arm=arm, status=status, gpu_count=1, gpu_sku=sku, tokens=1_000_000, steps=100, priced_seq=99,
-                      device_seconds=3600.0, energy_j=3_600_000.0, energy_estimated=estimated,
-                      cost_usd=Decimal(cost), cost_breakdown={"energy_usd": energy_usd, "total_usd": float(cost)},
-                      started_at=T0, finished_at=T0 + timedelta(hours=1))
+    return RunFactory(
+        arm=arm,
+        status=status,
+        gpu_count=1,
+        gpu_sku=sku,
+        tokens=1_000_000,
+        steps=100,
+        priced_seq=99,
+        device_seconds=3600.0,
+        energy_j=3_600_000.0,
+        energy_estimated=estimated,
+        cost_usd=Decimal(cost),
+        cost_breakdown={"energy_usd": energy_usd, "total_usd": float(cost)},
+        started_at=T0,
+        finished_at=T0 + timedelta(hours=1),
+    )
 
 
 @pytest.fixture
@@ -32,8 +44,9 @@ def experiment():
     for _ in range(2):
         finished_run(control, cost="3.500000", energy_usd=0.18)
         finished_run(optimized, cost="3.850000", energy_usd=0.20, estimated=True)
-    Run.objects.filter(pk=finished_run(optimized, cost="9.0", energy_usd=1.0, status=Run.Status.RUNNING).pk
-                       ).update(finished_at=None)
+    Run.objects.filter(
+        pk=finished_run(optimized, cost="9.0", energy_usd=1.0, status=Run.Status.RUNNING).pk
+    ).update(finished_at=None)
     return exp
 
 
@@ -44,14 +57,22 @@ def test_measured_figures_per_arm(experiment, django_assert_max_num_queries):
     assert (baseline.name, baseline.is_control, optimized.name) == ("baseline", True, "optimized")
     assert baseline.runs == 2 and baseline.runs_succeeded == 2
     assert baseline.gpu_hours == pytest.approx(2.0) and baseline.energy_kwh == pytest.approx(2.0)
-    assert baseline.electricity_usd == pytest.approx(0.36) and baseline.total_usd == pytest.approx(7.0)
+    assert baseline.electricity_usd == pytest.approx(0.36) and baseline.total_usd == pytest.approx(
+        7.0
+    )
     assert baseline.usd_per_mtok == pytest.approx(3.5) and baseline.deviation == pytest.approx(0.0)
     assert baseline.completion_s == pytest.approx(3600.0)
     assert baseline.throughput_tok_s == pytest.approx(1_000_000 / 3600)
     assert not baseline.energy_estimated and optimized.energy_estimated
     # The running third run counts in what was spent, not in the completion time.
-    assert optimized.runs == 3 and optimized.runs_succeeded == 2 and optimized.completion_s == pytest.approx(3600.0)
-    assert optimized.total_usd == pytest.approx(16.7) and optimized.usd_per_mtok == pytest.approx(16.7 / 3)
+    assert (
+        optimized.runs == 3
+        and optimized.runs_succeeded == 2
+        and optimized.completion_s == pytest.approx(3600.0)
+    )
+    assert optimized.total_usd == pytest.approx(16.7) and optimized.usd_per_mtok == pytest.approx(
+        16.7 / 3
+    )
     assert optimized.deviation == pytest.approx((16.7 / 3) / 3.5 - 1)
     assert optimized.state == "active"
 
@@ -84,8 +105,14 @@ def test_no_target_steps_no_projection(experiment):
 def test_a_tiered_model_projects_piecewise_through_its_tiers():
     price = priced_tenant()
     tiers = [{"up_to": 100, "usd_per_unit": "0.01"}, {"up_to": None, "usd_per_unit": "0.005"}]
-    exp = ExperimentFactory(tenant=price.pricing_table.tenant, status="active", target_steps=1000,
-                            cost_model__kind="tiered_per_call", cost_model__unit="step", cost_model__tiers=tiers)
+    exp = ExperimentFactory(
+        tenant=price.pricing_table.tenant,
+        status="active",
+        target_steps=1000,
+        cost_model__kind="tiered_per_call",
+        cost_model__unit="step",
+        cost_model__tiers=tiers,
+    )
     arm = ArmFactory(experiment=exp, name="baseline", is_control=True)
     finished_run(arm, cost="1.000000", energy_usd=0.0)  # 100 steps x 0.01 USD
     p = experiment_report(experiment=exp).arms[0].projected
@@ -100,9 +127,21 @@ def test_a_cpu_ddp_runs_wall_time_is_its_device_seconds_per_rank():
     price = priced_tenant()
     exp = ExperimentFactory(tenant=price.pricing_table.tenant, status="active")
     arm = ArmFactory(experiment=exp, name="ddp", is_control=True)
-    run = RunFactory(arm=arm, status=Run.Status.SUCCEEDED, gpu_count=0, world_size=2, tokens=1_000_000, steps=100,
-                     priced_seq=99, device_seconds=7200.0, energy_j=0.0, cost_usd=Decimal("1.0"),
-                     cost_breakdown={"total_usd": 1.0}, started_at=T0, finished_at=T0 + timedelta(hours=1))
+    run = RunFactory(
+        arm=arm,
+        status=Run.Status.SUCCEEDED,
+        gpu_count=0,
+        world_size=2,
+        tokens=1_000_000,
+        steps=100,
+        priced_seq=99,
+        device_seconds=7200.0,
+        energy_j=0.0,
+        cost_usd=Decimal("1.0"),
+        cost_breakdown={"total_usd": 1.0},
+        started_at=T0,
+        finished_at=T0 + timedelta(hours=1),
+    )
     report = experiment_report(experiment=exp).arms[0]
     assert report.completion_s == pytest.approx(3600.0)
     assert report.throughput_tok_s == pytest.approx(1_000_000 / 3600)

@@ -15,23 +15,33 @@ from apps.attribution.weights import rebalance
 def test_halfwidth_matches_the_formula_by_hand():
     # s=1, t=100, alpha=0.05, r2=0.01: sqrt(2 * 2 / (10000 * 0.01) * log(sqrt(2) / 0.05)) =
     # sqrt(0.04 * 3.342306)
-    assert stats.cs_halfwidth(sd=1.0, t=100, alpha=0.05, r2=0.01) == pytest.approx(0.365639, abs=1e-6)
-    assert stats.cs_halfwidth(sd=2.0, t=100, alpha=0.05, r2=0.01) == pytest.approx(2 * 0.365639, abs=2e-6)
+    assert stats.cs_halfwidth(sd=1.0, t=100, alpha=0.05, r2=0.01) == pytest.approx(
+        0.365639, abs=1e-6
+    )
+    assert stats.cs_halfwidth(sd=2.0, t=100, alpha=0.05, r2=0.01) == pytest.approx(
+        2 * 0.365639, abs=2e-6
+    )
 
 
 def test_tuning_is_growthbooks_choice_for_the_expected_sample_size():
     # (-2 log 0.05 + log(-2 log 0.05 + 1)) / 500 = (5.991465 + 1.944692) / 500
     assert stats.tuning_r2(alpha=0.05, expected_n=500) == pytest.approx(0.0158723, rel=1e-5)
     r2 = stats.tuning_r2(alpha=0.05, expected_n=500)
-    widths = {t: stats.cs_halfwidth(sd=1, t=t, alpha=0.05, r2=r2) * math.sqrt(t) for t in (50, 500, 5000)}
-    assert widths[500] < widths[50] and widths[500] < widths[5000]  # tightest (relative to 1/sqrt t) near t*
+    widths = {
+        t: stats.cs_halfwidth(sd=1, t=t, alpha=0.05, r2=r2) * math.sqrt(t) for t in (50, 500, 5000)
+    }
+    assert (
+        widths[500] < widths[50] and widths[500] < widths[5000]
+    )  # tightest (relative to 1/sqrt t) near t*
 
 
 def test_the_sequence_is_wider_than_a_one_look_interval_and_shrinks_with_evidence():
     r2 = stats.tuning_r2(alpha=0.05, expected_n=500)
     for t in (10, 100, 1000, 100_000):
         assert stats.cs_halfwidth(sd=1, t=t, alpha=0.05, r2=r2) > 1.96 / math.sqrt(t)
-    assert stats.cs_halfwidth(sd=1, t=100_000, alpha=0.05, r2=r2) < stats.cs_halfwidth(sd=1, t=100, alpha=0.05, r2=r2)
+    assert stats.cs_halfwidth(sd=1, t=100_000, alpha=0.05, r2=r2) < stats.cs_halfwidth(
+        sd=1, t=100, alpha=0.05, r2=r2
+    )
 
 
 def test_ratio_estimate_by_hand():
@@ -51,7 +61,8 @@ def test_exact_sums_keep_the_residual_variance_where_floats_cancel():
     # Costs exactly proportional to units but for one tiny wobble: the float formula
     # sum(x^2) - 2R sum(xy) + R^2 sum(y^2) loses it to cancellation at these magnitudes.
     pairs = [(Decimal("1000000.000001") * k, Decimal(10**12) * k) for k in range(1, 50)] + [
-        (Decimal("3000000.000002"), Decimal(3 * 10**12))]
+        (Decimal("3000000.000002"), Decimal(3 * 10**12))
+    ]
     est = stats.ratio_estimate(stats.RatioSums.of(pairs))
     assert est.variance > 0
 
@@ -62,8 +73,13 @@ def test_relative_deviation_by_delta_method():
     iv = stats.relative_deviation(arm, control, alpha=0.05, r2=0.01)
     variance = 0.0004 / 1.0 + 1.21 * 0.0001 / 1.0  # var(a)/c^2 + a^2 var(c)/c^4
     assert iv.estimate == pytest.approx(0.1)
-    assert iv.halfwidth == pytest.approx(stats.cs_halfwidth(sd=math.sqrt(variance * 200), t=200, alpha=0.05, r2=0.01))
-    assert stats.relative_deviation(arm, stats.RatioEstimate(0.0, 0.0, 10), alpha=0.05, r2=0.01) is None
+    assert iv.halfwidth == pytest.approx(
+        stats.cs_halfwidth(sd=math.sqrt(variance * 200), t=200, alpha=0.05, r2=0.01)
+    )
+    assert (
+        stats.relative_deviation(arm, stats.RatioEstimate(0.0, 0.0, 10), alpha=0.05, r2=0.01)
+        is None
+    )
 
 
 def _simulate(factor, *, replicates, ticks=200, runs=3, noise=0.02, threshold=0.05, seed=7):
@@ -89,8 +105,10 @@ def _simulate(factor, *, replicates, ticks=200, runs=3, noise=0.02, threshold=0.
             if tick < 9:  # min samples: 30 observations per arm
                 continue
             control, arm = (stats.ratio_estimate(stats.RatioSums(*s)) for s in sums)
-            for kind, iv in (("cs", stats.relative_deviation(arm, control, alpha=alpha, r2=r2)),
-                             ("fixed", stats.fixed_n_deviation(arm, control))):
+            for kind, iv in (
+                ("cs", stats.relative_deviation(arm, control, alpha=alpha, r2=r2)),
+                ("fixed", stats.fixed_n_deviation(arm, control)),
+            ):
                 hit[kind] = hit[kind] or (iv.estimate > threshold and iv.low > threshold)
             if all(hit.values()):
                 break
@@ -125,9 +143,18 @@ def test_rebalance_moves_toward_cheaper_arms_within_bounds():
 
 
 def test_rebalance_keeps_the_minimum_share_and_never_overshoots():
-    nxt = rebalance({"a": 0.34, "b": 0.33, "c": 0.33}, {"a": 1.0, "b": 2.0, "c": 3.0}, tau=0.05, min_share=0.1,
-                    max_step=1.0)
-    assert nxt["b"] == pytest.approx(0.1) and nxt["c"] == pytest.approx(0.1) and nxt["a"] == pytest.approx(0.8)
+    nxt = rebalance(
+        {"a": 0.34, "b": 0.33, "c": 0.33},
+        {"a": 1.0, "b": 2.0, "c": 3.0},
+        tau=0.05,
+        min_share=0.1,
+        max_step=1.0,
+    )
+    assert (
+        nxt["b"] == pytest.approx(0.1)
+        and nxt["c"] == pytest.approx(0.1)
+        and nxt["a"] == pytest.approx(0.8)
+    )
     current = {"a": 0.5, "b": 0.5}
     nxt = rebalance(current, {"a": 1.0, "b": 1.0}, tau=0.05, min_share=0.05, max_step=0.05)
     assert nxt == pytest.approx(current)  # equal costs: nothing to shift

@@ -13,9 +13,16 @@ pytestmark = pytest.mark.django_db
 
 def test_tasks_are_registered_under_stable_names_and_the_tick_is_on_beat():
     app.loader.import_default_modules()
-    assert {"costlab.attribution_tick", "costlab.alert_deliver", "costlab.alerts_requeue_stale"} <= set(app.tasks)
+    assert {
+        "costlab.attribution_tick",
+        "costlab.alert_deliver",
+        "costlab.alerts_requeue_stale",
+    } <= set(app.tasks)
     beat = settings.CELERY_BEAT_SCHEDULE["attribution-tick"]
-    assert beat["task"] == "costlab.attribution_tick" and beat["schedule"] == settings.COSTLAB_ATTRIBUTION_TICK_S
+    assert (
+        beat["task"] == "costlab.attribution_tick"
+        and beat["schedule"] == settings.COSTLAB_ATTRIBUTION_TICK_S
+    )
     assert settings.COSTLAB_ATTRIBUTION_TICK_S <= 5  # no experiment interval may be shorter
 
 

@@ -68,7 +68,9 @@ def test_four_percent_is_measured_but_never_frozen():
     snap = latest_snapshot(lab.arm("b"))
     assert snap.deviation == pytest.approx(0.04, abs=0.01)
     assert snap.deviation_low < 0.05
-    assert any(r.startswith("bound:") or r.startswith("deviation:") for r in snap.evidence["blocked_by"])
+    assert any(
+        r.startswith("bound:") or r.startswith("deviation:") for r in snap.evidence["blocked_by"]
+    )
     assert not FreezeEvent.objects.exists()
 
 
@@ -76,10 +78,14 @@ def test_twenty_percent_with_too_few_runs_waits_for_the_minimum():
     lab = Lab({"control": 1.0, "b": 1.20}, runs_per_arm=9, seed=4)
     assert ticks_until_frozen(lab, limit=15) is None
     blocked = latest_snapshot(lab.arm("b")).evidence["blocked_by"]
-    assert ("runs: arm has 9 < 10 runs, the least the confidence sequence is consulted on "
-            "(COSTLAB_CS_MIN_RUNS)") in blocked
+    assert (
+        "runs: arm has 9 < 10 runs, the least the confidence sequence is consulted on "
+        "(COSTLAB_CS_MIN_RUNS)"
+    ) in blocked
     assert any(r.startswith("runs: control has 9 < 10 runs") for r in blocked)
-    assert latest_snapshot(lab.arm("b")).deviation_low > 0.05  # the bound alone would have frozen it
+    assert (
+        latest_snapshot(lab.arm("b")).deviation_low > 0.05
+    )  # the bound alone would have frozen it
     for arm in ("control", "b"):
         lab.add_run(lab.arms[arm])
     assert ticks_until_frozen(lab, limit=3) is not None  # the missing evidence was the only reason
@@ -96,8 +102,15 @@ def test_twenty_percent_on_thin_noisy_evidence_is_not_frozen():
 
 def test_a_a_experiments_over_200_ticks_are_not_frozen_beyond_alpha():
     # Threshold at its minimum: only the always-valid bound stands between noise and a freeze.
-    labs = [Lab({"control": 1.0, "same": 1.0}, seed=100 + i, freeze_threshold=Decimal("0.0001"),
-                dynamic_weights=False) for i in range(6)]
+    labs = [
+        Lab(
+            {"control": 1.0, "same": 1.0},
+            seed=100 + i,
+            freeze_threshold=Decimal("0.0001"),
+            dynamic_weights=False,
+        )
+        for i in range(6)
+    ]
     now = T0
     for _ in range(200):
         for lab in labs:
@@ -126,7 +139,10 @@ def test_the_same_window_attributed_twice_gives_identical_snapshots():
     assert same(window_recompute(window=window))
     # A tick at a window's own end again (a redelivered beat message) attributes nothing twice.
     result = attribution_tick(now=lab.now)
-    assert result.windows == 0 and AttributionWindow.objects.filter(experiment=lab.experiment).count() == 7
+    assert (
+        result.windows == 0
+        and AttributionWindow.objects.filter(experiment=lab.experiment).count() == 7
+    )
 
 
 def test_a_beat_gap_is_covered_exactly_once():
@@ -156,7 +172,9 @@ def test_an_experiment_is_attributed_on_its_own_interval():
     assert attribution_tick(now=T0).windows == 1
     lab.step()
     assert attribution_tick(now=T0 + timedelta(seconds=30)).windows == 0  # not due yet
-    assert attribution_tick(now=T0 + timedelta(seconds=59.5)).windows == 1  # due, within beat jitter
+    assert (
+        attribution_tick(now=T0 + timedelta(seconds=59.5)).windows == 1
+    )  # due, within beat jitter
 
 
 def test_faults_skip_their_experiment_with_a_reason_and_the_tick_goes_on():
@@ -182,13 +200,18 @@ def test_faults_skip_their_experiment_with_a_reason_and_the_tick_goes_on():
         result = attribution_tick(now=now)
         frozen += result.frozen
     assert frozen == [healthy.arms["b"].pk]  # the healthy experiment was attributed all along
-    reasons = {lab: AttributionWindow.objects.filter(experiment=lab.experiment).latest("number") for lab in labs}
+    reasons = {
+        lab: AttributionWindow.objects.filter(experiment=lab.experiment).latest("number")
+        for lab in labs
+    }
     assert reasons[healthy].status == AttributionWindow.Status.ATTRIBUTED
     assert reasons[no_control].skip_reason.startswith("arms: the experiment has no control arm")
     assert reasons[zero_control].skip_reason.startswith("control: arm 'control' has zero cost")
     assert "has no price for GPU SKU 'Mystery GPU'" in reasons[unpriced].skip_reason
-    assert f"device: run {odd.pk} ran on 'cuda:0 Prototype X1', which matches no GPU SKU" in \
-        reasons[unknown_device].skip_reason
+    assert (
+        f"device: run {odd.pk} ran on 'cuda:0 Prototype X1', which matches no GPU SKU"
+        in reasons[unknown_device].skip_reason
+    )
     assert reasons[no_table].skip_reason.startswith("pricing_table: tenant")
     for lab in labs[1:]:
         assert reasons[lab].status == AttributionWindow.Status.SKIPPED
@@ -200,8 +223,10 @@ def test_faults_skip_their_experiment_with_a_reason_and_the_tick_goes_on():
 
 def test_the_tick_costs_the_same_queries_for_one_experiment_or_many():
     def queries(n_experiments):
-        labs = [Lab({"control": 1.0, "b": 1.01, "c": 0.99, "d": 1.0}, runs_per_arm=3, seed=i)
-                for i in range(n_experiments)]
+        labs = [
+            Lab({"control": 1.0, "b": 1.01, "c": 0.99, "d": 1.0}, runs_per_arm=3, seed=i)
+            for i in range(n_experiments)
+        ]
         for lab in labs:
             lab.step()
         with CaptureQueriesContext(connection) as ctx:
@@ -211,7 +236,9 @@ def test_the_tick_costs_the_same_queries_for_one_experiment_or_many():
         return len(ctx.captured_queries)
 
     one, six = queries(1), queries(6)
-    assert one <= 22  # 18 on Postgres; the run-level moments of the freeze rule and the comparison table are two
+    assert (
+        one <= 22
+    )  # 18 on Postgres; the run-level moments of the freeze rule and the comparison table are two
     # Five more experiments cost fewer than five more queries: nothing runs per experiment
     # (Postgres: none at all; SQLite splits big bulk inserts into a few statements).
     assert six - one < 5
@@ -256,8 +283,12 @@ def test_a_pricing_table_pinned_by_the_experiment_is_the_one_checked():
 
 def test_a_tiered_per_step_cost_model_compares_usd_per_step():
     price = priced_tenant()
-    tiered = CostModelFactory(tenant=price.pricing_table.tenant, kind="tiered_per_call", unit="step",
-                              tiers=[{"up_to": None, "usd_per_unit": "0.001"}])
+    tiered = CostModelFactory(
+        tenant=price.pricing_table.tenant,
+        kind="tiered_per_call",
+        unit="step",
+        tiers=[{"up_to": None, "usd_per_unit": "0.001"}],
+    )
     lab = Lab({"control": 1.0, "b": 1.0}, price=price, cost_model=tiered)
     lab.run_ticks(2)
     snap = latest_snapshot(lab.arms["b"])

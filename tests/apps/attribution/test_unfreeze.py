@@ -29,23 +29,33 @@ def frozen_lab():
 
 def test_unfreeze_is_audited_and_restores_the_weight(frozen_lab):
     staff = UserFactory(is_staff=True)
-    event = arm_unfreeze(arm=frozen_lab.arms["b"], actor=staff, reason="fixed the dataloader regression")
+    event = arm_unfreeze(
+        arm=frozen_lab.arms["b"], actor=staff, reason="fixed the dataloader regression"
+    )
     b = frozen_lab.arm("b")
     assert (b.state, b.weight) == (Arm.State.ACTIVE, Decimal("1.0000"))
-    assert (event.action, event.actor, event.reason) == (FreezeEvent.Action.UNFREEZE, staff,
-                                                         "fixed the dataloader regression")
+    assert (event.action, event.actor, event.reason) == (
+        FreezeEvent.Action.UNFREEZE,
+        staff,
+        "fixed the dataloader regression",
+    )
     change = WeightChange.objects.get(arm=b, kind=WeightChange.Kind.UNFREEZE)
     assert (change.old_weight, change.new_weight, change.actor) == (0, Decimal("1.0000"), staff)
-    assert list(FreezeEvent.objects.filter(arm=b).order_by("pk").values_list("action", flat=True)) == [
-        "freeze", "unfreeze"]
+    assert list(
+        FreezeEvent.objects.filter(arm=b).order_by("pk").values_list("action", flat=True)
+    ) == ["freeze", "unfreeze"]
 
 
 def test_an_unfrozen_arm_is_not_refrozen_on_the_evidence_that_froze_it(frozen_lab):
-    arm_unfreeze(arm=frozen_lab.arms["b"], actor=UserFactory(is_staff=True), reason="checked by hand")
+    arm_unfreeze(
+        arm=frozen_lab.arms["b"], actor=UserFactory(is_staff=True), reason="checked by hand"
+    )
     frozen_lab.step()
     frozen_lab.tick()
     snap = AttributionSnapshot.objects.filter(arm=frozen_lab.arms["b"]).latest("window_end")
-    assert snap.epoch_start == snap.window.number - 1 and snap.observations == 10  # one window's worth
+    assert (
+        snap.epoch_start == snap.window.number - 1 and snap.observations == 10
+    )  # one window's worth
     assert frozen_lab.arm("b").state == Arm.State.ACTIVE
     assert snap.runs == 10  # the runs that go on count again, in the new epoch
     assert "samples: arm has 300 < min_samples_per_arm 600" in snap.evidence["blocked_by"]
@@ -62,11 +72,14 @@ def test_an_unfrozen_arm_is_not_refrozen_on_the_evidence_that_froze_it(frozen_la
     assert FreezeEvent.objects.filter(arm=frozen_lab.arms["b"], action="freeze").count() == 2
 
 
-@pytest.mark.parametrize(("actor", "reason", "message"), [
-    ("staff", "  ", "reason: say why the arm is unfrozen"),
-    ("user", "because", "actor: only staff can unfreeze an arm"),
-    (None, "because", "actor: only staff can unfreeze an arm"),
-])
+@pytest.mark.parametrize(
+    ("actor", "reason", "message"),
+    [
+        ("staff", "  ", "reason: say why the arm is unfrozen"),
+        ("user", "because", "actor: only staff can unfreeze an arm"),
+        (None, "because", "actor: only staff can unfreeze an arm"),
+    ],
+)
 def test_unfreeze_refuses_without_a_reason_or_by_non_staff(frozen_lab, actor, reason, message):
     users = {"staff": UserFactory(is_staff=True), "user": UserFactory(is_staff=False), None: None}
     with pytest.raises(ApplicationError, match=message):
@@ -88,11 +101,20 @@ def test_the_admin_action_asks_for_a_reason_then_unfreezes(frozen_lab, client):
     assert page.status_code == 200 and b.name in page.content.decode()
     form = client.post(url, {"action": "unfreeze", "_selected_action": [b.pk]})
     assert form.status_code == 200 and "reason" in form.content.decode()
-    missing = client.post(url, {"action": "unfreeze", "_selected_action": [b.pk], "apply": "1", "reason": ""})
+    missing = client.post(
+        url, {"action": "unfreeze", "_selected_action": [b.pk], "apply": "1", "reason": ""}
+    )
     assert missing.status_code == 200 and "This field is required" in missing.content.decode()
     assert frozen_lab.arm("b").state == Arm.State.FROZEN
-    done = client.post(url, {"action": "unfreeze", "_selected_action": [b.pk], "apply": "1",
-                             "reason": "cost regression was a pricing typo"})
+    done = client.post(
+        url,
+        {
+            "action": "unfreeze",
+            "_selected_action": [b.pk],
+            "apply": "1",
+            "reason": "cost regression was a pricing typo",
+        },
+    )
     assert done.status_code == 302
     assert frozen_lab.arm("b").state == Arm.State.ACTIVE
     event = FreezeEvent.objects.get(arm=b, action=FreezeEvent.Action.UNFREEZE)

@@ -29,7 +29,9 @@ def test_traffic_shifts_toward_the_cheaper_arm_in_bounded_recorded_steps():
     final = history[-1]
     assert final["cheap"] > final["control"] and final["cheap"] > final["pricey"]
     for before, after in zip(history, history[1:], strict=False):
-        assert sum(after.values()) == pytest.approx(total, abs=Decimal("0.0003"))  # shares move, total stays
+        assert sum(after.values()) == pytest.approx(
+            total, abs=Decimal("0.0003")
+        )  # shares move, total stays
         for name in after:
             assert abs(after[name] - before[name]) <= Decimal("0.05") * total + Decimal("0.0001")
             assert after[name] >= Decimal("0.1") * total - Decimal("0.0001")
@@ -70,5 +72,8 @@ def test_a_weight_a_person_changed_meanwhile_is_not_overwritten(monkeypatch):
 
     monkeypatch.setattr(selectors, "unfreeze_epochs", person_edits_the_weight)
     lab.tick()
-    assert weights(lab) == {"control": Decimal("3"), "cheap": Decimal("1.1000")}  # cheap still moved
+    assert weights(lab) == {
+        "control": Decimal("3"),
+        "cheap": Decimal("1.1000"),
+    }  # cheap still moved
     assert not WeightChange.objects.filter(arm=lab.arms["control"]).exists()

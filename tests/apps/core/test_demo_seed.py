@@ -47,15 +47,22 @@ def test_seed_can_queue_demo_runs_once(django_capture_on_commit_callbacks):
         call_command("seed_demo", "--submit-runs", "2")
         call_command("seed_demo", "--submit-runs", "2")  # runs still queued: nothing more
     assert Run.objects.count() == 4 and len(enqueued) == 4
-    assert set(Run.objects.values_list("arm__name", flat=True)) == {"pytorch-baseline", "costlab-optimized"}
+    assert set(Run.objects.values_list("arm__name", flat=True)) == {
+        "pytorch-baseline",
+        "costlab-optimized",
+    }
 
 
-def test_seeding_again_after_the_demo_runs_finished_queues_nothing(django_capture_on_commit_callbacks):
+def test_seeding_again_after_the_demo_runs_finished_queues_nothing(
+    django_capture_on_commit_callbacks,
+):
     from apps.experiments.models import Run
 
     with django_capture_on_commit_callbacks(execute=False):
         call_command("seed_demo", "--submit-runs", "2")
-    Run.objects.update(status=Run.Status.SUCCEEDED)  # the demo ran to the end; make run starts again
+    Run.objects.update(
+        status=Run.Status.SUCCEEDED
+    )  # the demo ran to the end; make run starts again
     with django_capture_on_commit_callbacks(execute=False) as enqueued:
         call_command("seed_demo", "--submit-runs", "2")
     assert Run.objects.count() == 4 and enqueued == []
@@ -78,22 +85,39 @@ def test_the_demo_description_says_exactly_what_its_arms_configs_differ_in():
     control = _flat(load_strategy(CONTROL_STRATEGY).model_dump())
     optimized = _flat(load_strategy(OPTIMIZED_STRATEGY).model_dump())
     differ = {key for key in control if control[key] != optimized[key]}
-    described = {"precision.compute_dtype", "optimizer.dynamic_batching.enabled",
-                 "optimizer.dynamic_batching.min_micro_batch", "optimizer.dynamic_batching.max_micro_batch",
-                 "optimizer.dynamic_batching.probe_steps"}
-    assert differ <= described, f"the arms differ in keys the description does not mention: {differ - described}"
+    described = {
+        "precision.compute_dtype",
+        "optimizer.dynamic_batching.enabled",
+        "optimizer.dynamic_batching.min_micro_batch",
+        "optimizer.dynamic_batching.max_micro_batch",
+        "optimizer.dynamic_batching.probe_steps",
+    }
+    assert differ <= described, (
+        f"the arms differ in keys the description does not mention: {differ - described}"
+    )
     text = DEMO_DESCRIPTION
     control_part, optimized_part = text.split("Optimized:")[0], text.split("Optimized:")[1]
-    assert f"{control['precision.compute_dtype']}, micro-batch {control['train.micro_batch']}" in control_part
+    assert (
+        f"{control['precision.compute_dtype']}, micro-batch {control['train.micro_batch']}"
+        in control_part
+    )
     assert f"{optimized['precision.compute_dtype']} autocast" in optimized_part
     dyn = "optimizer.dynamic_batching."
     assert optimized[dyn + "enabled"] and not control[dyn + "enabled"]
-    assert (f"dynamic batching growing the micro-batch from {optimized[dyn + 'min_micro_batch']} up to "
-            f"{optimized[dyn + 'max_micro_batch']}") in optimized_part
-    assert optimized["train.micro_batch"] == control["train.micro_batch"] == optimized[dyn + "min_micro_batch"]
+    assert (
+        f"dynamic batching growing the micro-batch from {optimized[dyn + 'min_micro_batch']} up to "
+        f"{optimized[dyn + 'max_micro_batch']}"
+    ) in optimized_part
+    assert (
+        optimized["train.micro_batch"]
+        == control["train.micro_batch"]
+        == optimized[dyn + "min_micro_batch"]
+    )
     assert f"global batch of {control['train.global_batch']}" in text
-    assert (f"{control['model.preset']} preset, seq_len {control['model.seq_len']}, "
-            f"{control['train.steps']} steps, {control['data.source']} data") in text
+    assert (
+        f"{control['model.preset']} preset, seq_len {control['model.seq_len']}, "
+        f"{control['train.steps']} steps, {control['data.source']} data"
+    ) in text
     # nothing promised that neither arm does
     switched_on = {
         "checkpointing": optimized["memory.gradient_checkpointing.enabled"],
@@ -110,7 +134,8 @@ def test_the_demo_description_says_exactly_what_its_arms_configs_differ_in():
 
 
 def test_demo_runs_are_queued_interleaved_and_the_experiment_holds_demo_evidence_minimums(
-        django_capture_on_commit_callbacks):
+    django_capture_on_commit_callbacks,
+):
     from apps.demo.services import DEMO_EXPERIMENT, DEMO_NAME
     from apps.experiments.models import Run
 
@@ -135,9 +160,12 @@ def test_the_demo_leaves_room_in_the_quota_for_a_new_users_runs(django_capture_o
         for _ in range(4):
             run_submit(experiment=experiment)  # a new user's first runs
         tenant = Tenant.objects.get(slug="demo")
-        while Run.objects.filter(status__in=Run.ACTIVE_STATUSES).count() < tenant.max_concurrent_runs:
+        while (
+            Run.objects.filter(status__in=Run.ACTIVE_STATUSES).count() < tenant.max_concurrent_runs
+        ):
             run_submit(experiment=experiment)
         with pytest.raises(ApplicationError) as refused:
             run_submit(experiment=experiment)
-    assert str(refused.value).startswith("max_concurrent_runs:") and f"limit {tenant.max_concurrent_runs}" in str(
-        refused.value)
+    assert str(refused.value).startswith(
+        "max_concurrent_runs:"
+    ) and f"limit {tenant.max_concurrent_runs}" in str(refused.value)

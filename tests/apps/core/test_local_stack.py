@@ -29,15 +29,21 @@ def alive(pid: int) -> bool:
 
 
 def test_a_killed_process_is_restarted_and_the_others_keep_running(caplog):
-    stack = LocalStack([ProcessSpec("web", SLEEPER), ProcessSpec("worker", SLEEPER)], cwd=ROOT,
-                       backoff_base_s=0.2, stop_timeout_s=5)
+    stack = LocalStack(
+        [ProcessSpec("web", SLEEPER), ProcessSpec("worker", SLEEPER)],
+        cwd=ROOT,
+        backoff_base_s=0.2,
+        stop_timeout_s=5,
+    )
     stack.start_all()
     try:
         web, worker = stack.children["web"].proc, stack.children["worker"].proc
         web.kill()
         with caplog.at_level(logging.WARNING, logger="costlab.local_stack"):
             supervise_for(stack, 1.0)
-        assert stack.children["web"].proc.pid != web.pid and stack.children["web"].proc.poll() is None
+        assert (
+            stack.children["web"].proc.pid != web.pid and stack.children["web"].proc.poll() is None
+        )
         assert stack.children["worker"].proc is worker and worker.poll() is None
         assert stack.restarts() == {"web": 1, "worker": 0}
         assert "web: exited with status -9" in caplog.text and "restarting in 0.2 s" in caplog.text
@@ -46,7 +52,9 @@ def test_a_killed_process_is_restarted_and_the_others_keep_running(caplog):
 
 
 def test_backoff_doubles_while_a_process_keeps_failing_fast():
-    stack = LocalStack([ProcessSpec("crasher", CRASHER)], cwd=ROOT, backoff_base_s=0.1, backoff_max_s=0.4)
+    stack = LocalStack(
+        [ProcessSpec("crasher", CRASHER)], cwd=ROOT, backoff_base_s=0.1, backoff_max_s=0.4
+    )
     stack.start_all()
     try:
         supervise_for(stack, 2.0)
@@ -54,22 +62,35 @@ def test_backoff_doubles_while_a_process_keeps_failing_fast():
         stack.stop_all()
     child = stack.children["crasher"]
     assert child.exits and set(child.exits) == {3}
-    assert 3 <= child.restarts <= 8, child.restarts  # 0.1 + 0.2 + 0.4 + 0.4 ... not a restart every poll
+    assert 3 <= child.restarts <= 8, (
+        child.restarts
+    )  # 0.1 + 0.2 + 0.4 + 0.4 ... not a restart every poll
     assert [stack.backoff_s(n) for n in (1, 2, 3, 4)] == [0.1, 0.2, 0.4, 0.4]
 
 
 def test_stop_all_ends_every_process_and_stops_the_broker_last(tmp_path):
     marker = tmp_path / "order"
+
     # Each writes its name when SIGTERM arrives, then exits.
     def writer(name: str) -> list[str]:
-        return [sys.executable, "-c",
-                "import signal, sys, time\n"
-                f"def bye(*a): open({str(marker)!r}, 'a').write({name!r} + '\\n'); "
-                "time.sleep(0.2); sys.exit(0)\n"
-                "signal.signal(signal.SIGTERM, bye)\nprint('ready', flush=True)\ntime.sleep(600)"]
+        return [
+            sys.executable,
+            "-c",
+            "import signal, sys, time\n"
+            f"def bye(*a): open({str(marker)!r}, 'a').write({name!r} + '\\n'); "
+            "time.sleep(0.2); sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, bye)\nprint('ready', flush=True)\ntime.sleep(600)",
+        ]
 
-    stack = LocalStack([ProcessSpec("broker", writer("broker"), stop_last=True), ProcessSpec("web", writer("web")),
-                        ProcessSpec("worker", writer("worker"))], cwd=ROOT, stop_timeout_s=5)
+    stack = LocalStack(
+        [
+            ProcessSpec("broker", writer("broker"), stop_last=True),
+            ProcessSpec("web", writer("web")),
+            ProcessSpec("worker", writer("worker")),
+        ],
+        cwd=ROOT,
+        stop_timeout_s=5,
+    )
     stack.start_all()
     time.sleep(1.0)  # let them install their handlers
     pids = [c.proc.pid for c in stack.children.values()]
@@ -85,7 +106,10 @@ def test_training_gets_cores_of_its_own_and_a_thread_per_core(tmp_path):
     assert core_sets({0}) == (None, None)
     assert core_sets({0, 1}) == ({1}, {0})
     assert core_sets({0, 1, 2, 3, 5}) == ({2, 3, 5}, {0, 1})
-    specs = {s.name: s for s in local_stack_specs(host="127.0.0.1", port=1, var_dir=tmp_path, redis_argv=None)}
+    specs = {
+        s.name: s
+        for s in local_stack_specs(host="127.0.0.1", port=1, var_dir=tmp_path, redis_argv=None)
+    }
     train, others = core_sets()
     assert specs["train-worker"].cpus == train
     assert all(specs[n].cpus == others for n in ("web", "platform-worker", "alerts-worker", "beat"))
@@ -97,9 +121,15 @@ def test_training_gets_cores_of_its_own_and_a_thread_per_core(tmp_path):
 def test_a_process_runs_on_its_cpu_set_with_its_environment(tmp_path):
     cpu = min(os.sched_getaffinity(0))
     out = tmp_path / "seen"
-    probe = [sys.executable, "-c", f"import os; open({str(out)!r}, 'w').write("
-             "repr((sorted(os.sched_getaffinity(0)), os.environ['OMP_NUM_THREADS'])))"]
-    stack = LocalStack([ProcessSpec("probe", probe, cpus=frozenset({cpu}), env={"OMP_NUM_THREADS": "1"})], cwd=ROOT)
+    probe = [
+        sys.executable,
+        "-c",
+        f"import os; open({str(out)!r}, 'w').write("
+        "repr((sorted(os.sched_getaffinity(0)), os.environ['OMP_NUM_THREADS'])))",
+    ]
+    stack = LocalStack(
+        [ProcessSpec("probe", probe, cpus=frozenset({cpu}), env={"OMP_NUM_THREADS": "1"})], cwd=ROOT
+    )
     stack.start("probe")
     stack.children["probe"].proc.wait(timeout=30)
     assert out.read_text() == repr(([cpu], "1"))

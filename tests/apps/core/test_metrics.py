@@ -19,7 +19,10 @@ def scrape(client, **headers) -> dict[str, list]:
     response = client.get("/metrics", **headers)
     assert response.status_code == 200, response.content
     assert response["Content-Type"].startswith("text/plain")
-    return {family.name: family.samples for family in text_string_to_metric_families(response.content.decode())}
+    return {
+        family.name: family.samples
+        for family in text_string_to_metric_families(response.content.decode())
+    }
 
 
 def value(samples, **labels) -> float:
@@ -45,8 +48,12 @@ def test_runs_queue_age_attempts_ingest_and_the_tick(client, settings):
     RunFactory(status=Run.Status.SUCCEEDED, queue="cpu", attempts=1)
     for seq in range(30):
         TelemetrySampleFactory(run=running, seq=seq, ts=now - timedelta(seconds=seq))
-    PeriodicTaskRun.objects.create(name="attribution_tick", last_started_at=now - timedelta(seconds=7),
-                                   last_duration_s=0.25, runs=40)
+    PeriodicTaskRun.objects.create(
+        name="attribution_tick",
+        last_started_at=now - timedelta(seconds=7),
+        last_duration_s=0.25,
+        runs=40,
+    )
 
     m = scrape(client, HTTP_AUTHORIZATION="Bearer ops-token-for-metrics")
     assert value(m["costlab_database_up"]) == 1 and value(m["costlab_broker_up"]) == 1

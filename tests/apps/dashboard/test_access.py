@@ -12,7 +12,8 @@ pytestmark = pytest.mark.django_db
 
 def pages(w, run):
     return [
-        reverse("dashboard:experiments"), reverse("dashboard:pricing"),
+        reverse("dashboard:experiments"),
+        reverse("dashboard:pricing"),
         reverse("dashboard:experiment", args=[w.experiment.pk]),
         reverse("dashboard:experiment-comparison", args=[w.experiment.pk]),
         reverse("dashboard:run", args=[run.pk]),
@@ -29,7 +30,10 @@ def test_anonymous_visitors_are_sent_to_the_dashboard_login(client, w):
 
 def test_polling_endpoints_answer_json_401_when_signed_out(client, w):
     run = run_of(w.control, status=Run.Status.RUNNING)
-    for url in (reverse("dashboard:experiment-live", args=[w.experiment.pk]), reverse("dashboard:run-live", args=[run.pk])):
+    for url in (
+        reverse("dashboard:experiment-live", args=[w.experiment.pk]),
+        reverse("dashboard:run-live", args=[run.pk]),
+    ):
         response = client.get(url, {"since": 0})
         assert response.status_code == 401
         assert response.json()["error"]["code"] == "not_authenticated"
@@ -38,9 +42,13 @@ def test_polling_endpoints_answer_json_401_when_signed_out(client, w):
 def test_sign_in_with_the_login_page_then_sign_out(client, w):
     page = client.get(reverse("dashboard:login"))
     assert page.status_code == 200 and b'name="password"' in page.content
-    wrong = client.post(reverse("dashboard:login"), {"username": w.user.username, "password": "nope"})
+    wrong = client.post(
+        reverse("dashboard:login"), {"username": w.user.username, "password": "nope"}
+    )
     assert wrong.status_code == 200 and b"did not match" in wrong.content
-    ok = client.post(reverse("dashboard:login"), {"username": w.user.username, "password": PASSWORD})
+    ok = client.post(
+        reverse("dashboard:login"), {"username": w.user.username, "password": PASSWORD}
+    )
     assert ok.status_code == 302 and ok["Location"] == reverse("dashboard:experiments")
     assert client.get(reverse("dashboard:experiments")).status_code == 200
     out = client.post(reverse("dashboard:logout"))
@@ -53,8 +61,10 @@ def test_another_teams_experiment_and_runs_are_404(member, w):
     run = run_of(other.control, status=Run.Status.RUNNING)
     for url in pages(other, run)[2:]:
         assert member.get(url).status_code == 404, url
-    for url in (reverse("dashboard:experiment-live", args=[other.experiment.pk]),
-                reverse("dashboard:run-live", args=[run.pk])):
+    for url in (
+        reverse("dashboard:experiment-live", args=[other.experiment.pk]),
+        reverse("dashboard:run-live", args=[run.pk]),
+    ):
         response = member.get(url, {"since": 0})
         assert response.status_code == 404 and response.json()["error"]["code"] == "not_found"
 

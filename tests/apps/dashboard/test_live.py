@@ -23,12 +23,18 @@ def live(w):
     for arm in (w.control, w.candidate):
         train(run_of(arm), n=30, start=timezone.now() - timedelta(minutes=5))
     attribution_tick(now=timezone.now())
-    running = train(run_of(w.candidate, status=Run.Status.RUNNING), n=20, start=timezone.now() - timedelta(seconds=60))
+    running = train(
+        run_of(w.candidate, status=Run.Status.RUNNING),
+        n=20,
+        start=timezone.now() - timedelta(seconds=60),
+    )
     return w, running
 
 
 def poll(client, w, since, av=""):
-    response = client.get(reverse("dashboard:experiment-live", args=[w.experiment.pk]), {"since": since, "av": av})
+    response = client.get(
+        reverse("dashboard:experiment-live", args=[w.experiment.pk]), {"since": since, "av": av}
+    )
     assert response.status_code == 200, response.content
     return response.json()
 
@@ -48,8 +54,11 @@ def test_a_new_sample_comes_back_on_the_next_poll(member, live):
 
 def test_finished_runs_are_not_polled(member, live):
     w, running = live
-    Run.objects.filter(pk=running.pk).update(status=Run.Status.SUCCEEDED, finished_at=timezone.now() - timedelta(hours=1),
-                                             heartbeat_at=timezone.now() - timedelta(hours=1))
+    Run.objects.filter(pk=running.pk).update(
+        status=Run.Status.SUCCEEDED,
+        finished_at=timezone.now() - timedelta(hours=1),
+        heartbeat_at=timezone.now() - timedelta(hours=1),
+    )
     assert poll(member, w, ms(timezone.now()))["active"] is False
 
 
@@ -77,9 +86,16 @@ def test_the_cursor_must_be_recent_and_well_formed(member, live):
 
 def test_run_live_polls_one_run(member, live):
     w, running = live
-    telemetry_ingest(run_id=running.pk, samples=samples(start=timezone.now(), first_seq=running.last_seq + 1, n=2,
-                                                        tokens_per_s=999.0), attempt=1)
-    response = member.get(reverse("dashboard:run-live", args=[running.pk]), {"since": ms(timezone.now())})
+    telemetry_ingest(
+        run_id=running.pk,
+        samples=samples(
+            start=timezone.now(), first_seq=running.last_seq + 1, n=2, tokens_per_s=999.0
+        ),
+        attempt=1,
+    )
+    response = member.get(
+        reverse("dashboard:run-live", args=[running.pk]), {"since": ms(timezone.now())}
+    )
     data = response.json()
     assert list(data["runs"]) == [str(running.pk)]
     assert data["series"]["tokens_per_s"][str(running.pk)]["y"][-2:] == [999.0, 999.0]

@@ -21,19 +21,27 @@ pytestmark = pytest.mark.django_db
 
 def text(response) -> str:
     """The page as a person reads it: tags and the embedded chart data dropped, whitespace collapsed."""
-    html = re.sub(r'<script id="dashboard-data".*?</script>', "", response.content.decode(), flags=re.S)
+    html = re.sub(
+        r'<script id="dashboard-data".*?</script>', "", response.content.decode(), flags=re.S
+    )
     return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
 
 
 def row(response, arm_id: int, table: str = "comparison-measured") -> str:
     html = response.content.decode()
-    table_html = html[html.index(f'id="{table}"'):]
+    table_html = html[html.index(f'id="{table}"') :]
     start = table_html.index(f'data-arm="{arm_id}"')
-    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", table_html[start:table_html.index("</tr>", start)]))
+    return re.sub(
+        r"\s+", " ", re.sub(r"<[^>]+>", " ", table_html[start : table_html.index("</tr>", start)])
+    )
 
 
 def chart_data(response) -> dict:
-    match = re.search(r'<script id="dashboard-data" type="application/json">(.*?)</script>', response.content.decode(), re.S)
+    match = re.search(
+        r'<script id="dashboard-data" type="application/json">(.*?)</script>',
+        response.content.decode(),
+        re.S,
+    )
     return json.loads(match.group(1))
 
 
@@ -42,7 +50,9 @@ def trained(w):
     """Two finished runs per arm; the control's energy modelled (estimated), the candidate's measured."""
     for arm, estimated in ((w.control, True), (w.candidate, False)):
         for _ in range(2):
-            train(run_of(arm), n=60, estimated=estimated, power_w=300.0 if arm == w.control else 360.0)
+            train(
+                run_of(arm), n=60, estimated=estimated, power_w=300.0 if arm == w.control else 360.0
+            )
     return w
 
 
@@ -98,7 +108,9 @@ def test_empty_experiment_says_no_runs_yet_and_charts_are_empty(member, w):
     response = member.get(reverse("dashboard:experiment", args=[w.experiment.pk]))
     page = text(response)
     assert "No runs yet" in page and f"costlab submit --experiment {w.experiment.pk}" in page
-    assert chart_data(response)["telemetry"]["series"] == {f: {} for f in ("util_pct", "power_w", "step_time_s", "micro_batch")}
+    assert chart_data(response)["telemetry"]["series"] == {
+        f: {} for f in ("util_pct", "power_w", "step_time_s", "micro_batch")
+    }
 
 
 def test_attribution_not_yet_run_then_the_timeline_fills(member, trained):
@@ -114,11 +126,18 @@ def test_attribution_not_yet_run_then_the_timeline_fills(member, trained):
 
 
 def test_a_skipped_attribution_says_why(member, trained):
-    window = AttributionWindow.objects.create(experiment=trained.experiment, number=1, window_end=timezone.now(),
-                                              status=AttributionWindow.Status.SKIPPED,
-                                              skip_reason="pricing_table: no table in force")
+    window = AttributionWindow.objects.create(
+        experiment=trained.experiment,
+        number=1,
+        window_end=timezone.now(),
+        status=AttributionWindow.Status.SKIPPED,
+        skip_reason="pricing_table: no table in force",
+    )
     page = text(member.get(reverse("dashboard:experiment", args=[trained.experiment.pk])))
-    assert f"Latest attribution (window {window.number}) was skipped" in page and "no table in force" in page
+    assert (
+        f"Latest attribution (window {window.number}) was skipped" in page
+        and "no table in force" in page
+    )
 
 
 def test_worker_offline_when_runs_wait_and_no_worker_reports(member, w):
@@ -141,8 +160,11 @@ def test_a_fresh_queue_is_not_an_alarm(member, w):
 
 
 def test_run_page_shows_config_provenance_and_cost_breakdown(member, w):
-    run = train(run_of(w.candidate, git_sha="abc1234", host="gpu-7", device="cuda:0 NVIDIA H100"), n=30,
-                estimated=True)
+    run = train(
+        run_of(w.candidate, git_sha="abc1234", host="gpu-7", device="cuda:0 NVIDIA H100"),
+        n=30,
+        estimated=True,
+    )
     response = member.get(reverse("dashboard:run", args=[run.pk]))
     page = text(response)
     assert "abc1234" in page and "gpu-7" in page and "cuda:0 NVIDIA H100" in page
@@ -153,22 +175,39 @@ def test_run_page_shows_config_provenance_and_cost_breakdown(member, w):
     assert "kWh" in page and "est." in page
     data = chart_data(response)
     assert data["cost"]["energy_estimated"] is True
-    assert set(data["telemetry"]["series"]) == {"util_pct", "power_w", "step_time_s", "micro_batch",
-                                                "tokens_per_s", "loss"}
+    assert set(data["telemetry"]["series"]) == {
+        "util_pct",
+        "power_w",
+        "step_time_s",
+        "micro_batch",
+        "tokens_per_s",
+        "loss",
+    }
     assert len(data["telemetry"]["series"]["util_pct"][str(run.pk)]["x"]) == 30
 
 
 def test_pricing_page_shows_the_table_in_force_and_labels_example_prices(member, w):
     table = w.experiment.tenant.pricing_tables.get()
     GpuPriceFactory(pricing_table=table)
-    later = table.__class__.objects.create(tenant=table.tenant, name="Next quarter", valid_from=timezone.now() + timedelta(days=30),
-                                           electricity_usd_per_kwh=1)
+    later = table.__class__.objects.create(
+        tenant=table.tenant,
+        name="Next quarter",
+        valid_from=timezone.now() + timedelta(days=30),
+        electricity_usd_per_kwh=1,
+    )
     page = text(member.get(reverse("dashboard:pricing")))
     assert f"{table.name} example prices" in page and "Example prices: demo figures" in page
-    assert "The prices costs are" not in page and "The prices every run's cost is computed from" in page
+    assert (
+        "The prices costs are" not in page
+        and "The prices every run's cost is computed from" in page
+    )
     table.notes = "Not a quote from any provider."
     table.save()
-    warning = text(member.get(reverse("dashboard:pricing"))).split("Example prices:")[1].split("Electricity")[0]
+    warning = (
+        text(member.get(reverse("dashboard:pricing")))
+        .split("Example prices:")[1]
+        .split("Electricity")[0]
+    )
     assert warning.lower().count("not a quote from any provider") == 1, "the warning says it once"
     assert "USD/kWh" in page and "USD per GPU-hour" in page and "USD per vCPU-hour" in page
     assert f"{later.name}: from" in page and "upcoming" in page

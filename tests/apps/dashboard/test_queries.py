@@ -44,9 +44,16 @@ def test_query_counts_do_not_grow_with_data(member, w, size, django_assert_max_n
     with django_assert_max_num_queries(LIST_QUERIES):
         assert member.get(reverse("dashboard:experiments")).status_code == 200
     with django_assert_max_num_queries(EXPERIMENT_QUERIES):
-        assert member.get(reverse("dashboard:experiment", args=[w.experiment.pk])).status_code == 200
+        assert (
+            member.get(reverse("dashboard:experiment", args=[w.experiment.pk])).status_code == 200
+        )
     with django_assert_max_num_queries(LIVE_QUERIES):
-        assert member.get(reverse("dashboard:experiment-live", args=[w.experiment.pk]), {"since": since}).status_code == 200
+        assert (
+            member.get(
+                reverse("dashboard:experiment-live", args=[w.experiment.pk]), {"since": since}
+            ).status_code
+            == 200
+        )
     with django_assert_max_num_queries(RUN_QUERIES):
         assert member.get(reverse("dashboard:run", args=[run.pk])).status_code == 200
     with django_assert_max_num_queries(PRICING_QUERIES):

@@ -31,9 +31,18 @@ def runs(w):
     """Five runs of the member's team over three days, and one of another team's."""
     now = timezone.now()
     r = {
-        "a": queued(run_of(w.control), now - timedelta(days=2), git_sha="abc1230000", cost_usd=Decimal("1.5")),
-        "b": queued(run_of(w.control, status=Run.Status.FAILED), now - timedelta(days=1), git_sha="abd9"),
-        "c": queued(run_of(w.candidate), now - timedelta(days=1), git_sha="abc99", cost_usd=Decimal("0.2")),
+        "a": queued(
+            run_of(w.control),
+            now - timedelta(days=2),
+            git_sha="abc1230000",
+            cost_usd=Decimal("1.5"),
+        ),
+        "b": queued(
+            run_of(w.control, status=Run.Status.FAILED), now - timedelta(days=1), git_sha="abd9"
+        ),
+        "c": queued(
+            run_of(w.candidate), now - timedelta(days=1), git_sha="abc99", cost_usd=Decimal("0.2")
+        ),
         "d": queued(run_of(w.candidate, status=Run.Status.QUEUED), now),
         "e": queued(run_of(w.candidate, status=Run.Status.RUNNING), now, cost_usd=Decimal("3")),
     }
@@ -49,18 +58,30 @@ def test_runs_filtered_scopes_and_filters(w, runs):
     user = w.user
     everything = ids(selectors.runs_filtered(user=user))
     assert set(everything) == {runs[k].pk for k in "abcde"}, "another team's run is never listed"
-    assert everything[:2] == sorted([runs["d"].pk, runs["e"].pk], reverse=True), "newest first, then by id"
-    assert set(ids(selectors.runs_filtered(user=user, arm=w.control))) == {runs["a"].pk, runs["b"].pk}
+    assert everything[:2] == sorted([runs["d"].pk, runs["e"].pk], reverse=True), (
+        "newest first, then by id"
+    )
+    assert set(ids(selectors.runs_filtered(user=user, arm=w.control))) == {
+        runs["a"].pk,
+        runs["b"].pk,
+    }
     assert ids(selectors.runs_filtered(user=user, status="failed")) == [runs["b"].pk]
-    assert set(ids(selectors.runs_filtered(user=user, git_sha="ABC"))) == {runs["a"].pk, runs["c"].pk}, \
-        "a prefix, any case"
+    assert set(ids(selectors.runs_filtered(user=user, git_sha="ABC"))) == {
+        runs["a"].pk,
+        runs["c"].pk,
+    }, "a prefix, any case"
     today = timezone.now().date()
     assert set(ids(selectors.runs_filtered(user=user, since=today))) == {runs["d"].pk, runs["e"].pk}
     yesterday = today - timedelta(days=1)
     assert set(ids(selectors.runs_filtered(user=user, since=yesterday, until=yesterday))) == {
-        runs["b"].pk, runs["c"].pk}
+        runs["b"].pk,
+        runs["c"].pk,
+    }
     assert ids(selectors.runs_filtered(user=user, experiment=w.experiment, sort="-cost"))[:3] == [
-        runs["e"].pk, runs["a"].pk, runs["c"].pk]
+        runs["e"].pk,
+        runs["a"].pk,
+        runs["c"].pk,
+    ]
     assert ids(selectors.runs_filtered(user=user, sort="cost"))[-1] == runs["e"].pk
 
 
@@ -79,10 +100,13 @@ def test_the_page_filters_sorts_and_names_a_bad_filter(member, w, runs):
     response = member.get(reverse("dashboard:runs"), {"git_sha": "xyz!", "since": "2026-13-01"})
     assert response.status_code == 400
     errors = response.context["form"].errors
-    assert errors["git_sha"] == ["git_sha: hexadecimal, a prefix of the commit"] and "since" in errors
+    assert (
+        errors["git_sha"] == ["git_sha: hexadecimal, a prefix of the commit"] and "since" in errors
+    )
     other_arm = Run.objects.get(pk=runs["other"].pk).arm_id
-    assert member.get(reverse("dashboard:runs"), {"arm": other_arm}).status_code == 400, \
+    assert member.get(reverse("dashboard:runs"), {"arm": other_arm}).status_code == 400, (
         "another team's arm is not a choice"
+    )
 
 
 def test_pages_of_fifty(member, w, runs):
@@ -96,7 +120,9 @@ def test_pages_of_fifty(member, w, runs):
 
 
 @pytest.mark.parametrize("extra_runs", [0, 40], ids=["small", "large"])
-def test_the_runs_page_costs_a_fixed_number_of_queries(member, w, extra_runs, django_assert_max_num_queries):
+def test_the_runs_page_costs_a_fixed_number_of_queries(
+    member, w, extra_runs, django_assert_max_num_queries
+):
     arms = [ArmFactory(experiment=w.experiment) for _ in range(extra_runs // 10)]
     for i in range(extra_runs):
         run_of(arms[i % len(arms)], git_sha="abc")
@@ -113,7 +139,9 @@ def read_csv(response) -> list[dict]:
 
 
 def test_runs_csv_follows_the_filters(member, w, runs):
-    response = member.get(reverse("dashboard:runs-csv"), {"experiment": w.experiment.pk, "status": "succeeded"})
+    response = member.get(
+        reverse("dashboard:runs-csv"), {"experiment": w.experiment.pk, "status": "succeeded"}
+    )
     assert response.status_code == 200 and response["Content-Type"].startswith("text/csv")
     assert "attachment" in response["Content-Disposition"]
     rows = read_csv(response)
@@ -131,9 +159,15 @@ def test_experiment_comparison_csv_has_a_row_per_arm(member, w):
     assert [r["name"] for r in rows] == ["baseline", "optimized"]
     assert float(rows[0]["total_usd"]) > 0 and float(rows[0]["usd_per_mtok"]) > 0
     assert rows[0]["deviation"] == "" or float(rows[0]["deviation"]) == 0.0
-    assert float(rows[0]["projected.total_usd"]) > 0 and rows[0]["projected.estimated"] == "True", \
+    assert float(rows[0]["projected.total_usd"]) > 0 and rows[0]["projected.estimated"] == "True", (
         "the projection is columns of its own, flagged estimated"
-    assert member.get(reverse("dashboard:experiment-comparison-csv", args=[world().experiment.pk])).status_code == 404
+    )
+    assert (
+        member.get(
+            reverse("dashboard:experiment-comparison-csv", args=[world().experiment.pk])
+        ).status_code
+        == 404
+    )
 
 
 def test_compare_two_runs_config_diff_first_and_costs(member, w):
@@ -169,16 +203,25 @@ def test_spend_per_arm_this_month_against_the_budget(member, w):
     queued(run_of(w.control), start + timedelta(days=5), cost_usd=Decimal("1"))
     queued(run_of(w.candidate), start + timedelta(days=5), cost_usd=Decimal("4"))
     queued(run_of(w.candidate), start - timedelta(days=1), cost_usd=Decimal("100"))  # February
-    queued(run_of(world().control), start + timedelta(days=3), cost_usd=Decimal("50"))  # another team
+    queued(
+        run_of(world().control), start + timedelta(days=3), cost_usd=Decimal("50")
+    )  # another team
     overview = selectors.spend_overview(user=w.user, month=date(2026, 3, 17))
     [spend] = overview["tenants"]
     assert spend.spent_usd == Decimal("7") and spend.budget_usd == Decimal("10")
     assert spend.budget_share == pytest.approx(0.7)
     assert [(r["arm__name"], r["runs"], r["cost_usd"]) for r in spend.by_arm] == [
-        ("baseline", 2, Decimal("3")), ("optimized", 1, Decimal("4"))]
+        ("baseline", 2, Decimal("3")),
+        ("optimized", 1, Decimal("4")),
+    ]
     chart = overview["chart"][str(tenant.pk)]
     baseline = next(t for t in chart["traces"] if t["name"].endswith("/ baseline"))
-    assert len(baseline["x"]) == 31 and baseline["y"][1] == 0 and baseline["y"][2] == 2 and baseline["y"][-1] == 3
+    assert (
+        len(baseline["x"]) == 31
+        and baseline["y"][1] == 0
+        and baseline["y"][2] == 2
+        and baseline["y"][-1] == 3
+    )
     assert chart["budget_usd"] == 10.0
     page = member.get(reverse("dashboard:spend"), {"month": "2026-03"})
     assert page.status_code == 200 and "70 %" in page.content.decode()
@@ -201,15 +244,25 @@ def test_every_column_header_sorts_and_a_bad_sort_is_named(member, w, runs):
 
 def test_the_new_pages_need_a_signed_in_user(client, w):
     run = run_of(w.control, status=Run.Status.QUEUED)
-    gets = [reverse("dashboard:runs"), reverse("dashboard:runs-csv"), reverse("dashboard:runs-compare"),
-            reverse("dashboard:spend"), reverse("dashboard:experiment-new"), reverse("dashboard:sweep-new"),
-            reverse("dashboard:experiment-edit", args=[w.experiment.pk]),
-            reverse("dashboard:runs-new", args=[w.experiment.pk]),
-            reverse("dashboard:experiment-comparison-csv", args=[w.experiment.pk])]
+    gets = [
+        reverse("dashboard:runs"),
+        reverse("dashboard:runs-csv"),
+        reverse("dashboard:runs-compare"),
+        reverse("dashboard:spend"),
+        reverse("dashboard:experiment-new"),
+        reverse("dashboard:sweep-new"),
+        reverse("dashboard:experiment-edit", args=[w.experiment.pk]),
+        reverse("dashboard:runs-new", args=[w.experiment.pk]),
+        reverse("dashboard:experiment-comparison-csv", args=[w.experiment.pk]),
+    ]
     for url in gets:
         response = client.get(url)
-        assert response.status_code == 302 and response["Location"].startswith(reverse("dashboard:login")), url
+        assert response.status_code == 302 and response["Location"].startswith(
+            reverse("dashboard:login")
+        ), url
     response = client.post(reverse("dashboard:run-cancel", args=[run.pk]))
-    assert response.status_code == 302 and response["Location"].startswith(reverse("dashboard:login"))
+    assert response.status_code == 302 and response["Location"].startswith(
+        reverse("dashboard:login")
+    )
     run.refresh_from_db()
     assert run.status == Run.Status.QUEUED

@@ -21,12 +21,24 @@ T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 FIELDS = ("util_pct", "power_w")
 
 
-def stored(run: Run, n: int, *, priced: int, spike_at: int | None = None, estimated_from: int | None = None) -> Run:
+def stored(
+    run: Run, n: int, *, priced: int, spike_at: int | None = None, estimated_from: int | None = None
+) -> Run:
     """n samples stored directly (fast), the first `priced` of them settled by pricing."""
-    TelemetrySample.objects.bulk_create([
-        TelemetrySample(run=run, seq=i, ts=T0 + timedelta(seconds=i), util_pct=100.0 if i == spike_at else 50.0 + i % 10,
-                        power_w=300.0, estimated=estimated_from is not None and i >= estimated_from)
-        for i in range(n)], batch_size=5000)
+    TelemetrySample.objects.bulk_create(
+        [
+            TelemetrySample(
+                run=run,
+                seq=i,
+                ts=T0 + timedelta(seconds=i),
+                util_pct=100.0 if i == spike_at else 50.0 + i % 10,
+                power_w=300.0,
+                estimated=estimated_from is not None and i >= estimated_from,
+            )
+            for i in range(n)
+        ],
+        batch_size=5000,
+    )
     Run.objects.filter(pk=run.pk).update(last_seq=n - 1, priced_seq=priced - 1)
     run.refresh_from_db()
     return run
@@ -57,7 +69,10 @@ def test_a_long_run_is_drawn_from_blocks_of_settled_samples(w):
     blocks = SeriesBlock.objects.filter(run=run)
     assert blocks.count() == priced // SeriesBlock.SEQS, "only whole blocks of settled samples"
     assert blocks.order_by("-block").first().block == priced // SeriesBlock.SEQS - 1
-    assert sum(blocks.values_list("samples", flat=True)) == priced // SeriesBlock.SEQS * SeriesBlock.SEQS
+    assert (
+        sum(blocks.values_list("samples", flat=True))
+        == priced // SeriesBlock.SEQS * SeriesBlock.SEQS
+    )
     band = series.series[run.pk]["util_pct"]
     assert len(band.x) <= 200 + 200 // 4
     assert max(band.hi) == 100.0, "a one-sample peak survives the rollup"
@@ -74,9 +89,14 @@ def test_blocks_are_rolled_up_once_and_then_incrementally(w):
     with CaptureQueriesContext(connection) as queries:
         assert series_blocks_refresh(runs=[run]) == upto
     assert len(queries) == 1, "nothing new: one indexed read, no insert"
-    more = [TelemetrySample(run=run, seq=run.last_seq + 1 + i, ts=T0, util_pct=1.0) for i in range(SeriesBlock.SEQS)]
+    more = [
+        TelemetrySample(run=run, seq=run.last_seq + 1 + i, ts=T0, util_pct=1.0)
+        for i in range(SeriesBlock.SEQS)
+    ]
     TelemetrySample.objects.bulk_create(more)
-    Run.objects.filter(pk=run.pk).update(last_seq=run.last_seq + SeriesBlock.SEQS, priced_seq=run.priced_seq + SeriesBlock.SEQS)
+    Run.objects.filter(pk=run.pk).update(
+        last_seq=run.last_seq + SeriesBlock.SEQS, priced_seq=run.priced_seq + SeriesBlock.SEQS
+    )
     run.refresh_from_db()
     assert series_blocks_refresh(runs=[run])[run.pk] == upto[run.pk] + SeriesBlock.SEQS
     assert SeriesBlock.objects.filter(run=run).count() == count + 1
@@ -89,12 +109,16 @@ def test_a_page_view_writes_nothing_and_shows_the_tail_until_beat_rolls_up(w):
         band = run_series(runs=[run], fields=FIELDS, budget=200).series[run.pk]["util_pct"]
     writes = [q["sql"] for q in queries if not q["sql"].lstrip().upper().startswith("SELECT")]
     assert writes == [] and not SeriesBlock.objects.exists(), "a read never rolls up"
-    assert band.x[0] >= int((T0 + timedelta(seconds=n - RAW_MAX)).timestamp() * 1000), "only the raw tail so far"
+    assert band.x[0] >= int((T0 + timedelta(seconds=n - RAW_MAX)).timestamp() * 1000), (
+        "only the raw tail so far"
+    )
     assert max(band.hi) < 100.0, "the early peak is not in the tail"
 
     assert series_blocks_roll_due() == 1
     band = run_series(runs=[run], fields=FIELDS, budget=200).series[run.pk]["util_pct"]
-    assert max(band.hi) == 100.0 and band.x[0] < int((T0 + timedelta(seconds=100)).timestamp() * 1000)
+    assert max(band.hi) == 100.0 and band.x[0] < int(
+        (T0 + timedelta(seconds=100)).timestamp() * 1000
+    )
 
 
 def test_beat_rolls_up_only_the_runs_with_a_new_settled_block(w):
@@ -103,9 +127,15 @@ def test_beat_rolls_up_only_the_runs_with_a_new_settled_block(w):
     assert series_blocks_roll_due() == 1 and not SeriesBlock.objects.filter(run=small).exists()
     assert series_blocks_roll_due() == 0, "up to date: nothing is due"
     # A few more settled samples, short of a whole block: still nothing due; a whole block: due again.
-    TelemetrySample.objects.bulk_create([TelemetrySample(run=behind, seq=behind.last_seq + 1 + i, ts=T0, util_pct=1.0)
-                                         for i in range(SeriesBlock.SEQS)])
-    short = SeriesBlock.SEQS - (behind.priced_seq + 1) % SeriesBlock.SEQS - 1  # one sample short of a block
+    TelemetrySample.objects.bulk_create(
+        [
+            TelemetrySample(run=behind, seq=behind.last_seq + 1 + i, ts=T0, util_pct=1.0)
+            for i in range(SeriesBlock.SEQS)
+        ]
+    )
+    short = (
+        SeriesBlock.SEQS - (behind.priced_seq + 1) % SeriesBlock.SEQS - 1
+    )  # one sample short of a block
     Run.objects.filter(pk=behind.pk).update(priced_seq=F("priced_seq") + short)
     assert series_blocks_roll_due() == 0
     Run.objects.filter(pk=behind.pk).update(priced_seq=F("priced_seq") + 1)
@@ -114,15 +144,29 @@ def test_beat_rolls_up_only_the_runs_with_a_new_settled_block(w):
 
 def test_a_ddp_runs_line_is_the_mean_of_its_ranks_not_a_zigzag(w):
     run = run_of(w.control, world_size=2)
-    TelemetrySample.objects.bulk_create([  # the ranks' samples interleave in one seq order
-        TelemetrySample(run=run, seq=i, rank=i % 2, ts=T0 + timedelta(seconds=i // 2), util_pct=90.0 if i % 2 else 30.0,
-                        power_w=300.0) for i in range(40)])
+    TelemetrySample.objects.bulk_create(
+        [  # the ranks' samples interleave in one seq order
+            TelemetrySample(
+                run=run,
+                seq=i,
+                rank=i % 2,
+                ts=T0 + timedelta(seconds=i // 2),
+                util_pct=90.0 if i % 2 else 30.0,
+                power_w=300.0,
+            )
+            for i in range(40)
+        ]
+    )
     Run.objects.filter(pk=run.pk).update(last_seq=39, priced_seq=39)
     run.refresh_from_db()
     band = run_series(runs=[run], fields=FIELDS, budget=100).series[run.pk]["util_pct"]
     assert len(band.x) == 20 and set(band.y) == {60.0}, "one point per step of both ranks"
-    assert set(band.lo) == {30.0} and set(band.hi) == {90.0}, "the band shows the spread across devices"
-    live = live_series(runs=[run], fields=FIELDS, since=T0 + timedelta(seconds=15)).series[run.pk]["util_pct"]
+    assert set(band.lo) == {30.0} and set(band.hi) == {90.0}, (
+        "the band shows the spread across devices"
+    )
+    live = live_series(runs=[run], fields=FIELDS, since=T0 + timedelta(seconds=15)).series[run.pk][
+        "util_pct"
+    ]
     assert live.y and set(live.y) == {60.0}
 
 
@@ -137,7 +181,10 @@ def test_live_series_returns_only_samples_since_the_cursor(w):
 
 def test_runs_without_samples_have_empty_series(w):
     run = run_of(w.control, status=Run.Status.QUEUED)
-    assert run_series(runs=[run], fields=FIELDS, budget=100).as_json(FIELDS) == {"util_pct": {}, "power_w": {}}
+    assert run_series(runs=[run], fields=FIELDS, budget=100).as_json(FIELDS) == {
+        "util_pct": {},
+        "power_w": {},
+    }
 
 
 def test_unknown_fields_are_refused(w):

@@ -20,7 +20,9 @@ def test_every_page_has_a_strict_csp(member, w):
         directives = dict(d.strip().split(" ", 1) for d in policy.split(";") if d.strip())
         assert directives["script-src"] == "'self'", policy
         assert directives["style-src"] == "'self'", policy
-        assert directives["object-src"] == "'none'" and directives["frame-ancestors"] == "'none'", policy
+        assert directives["object-src"] == "'none'" and directives["frame-ancestors"] == "'none'", (
+            policy
+        )
 
 
 def test_api_root_lists_the_collections(client):
@@ -28,8 +30,12 @@ def test_api_root_lists_the_collections(client):
     assert response.status_code == 200, response.content
     body = response.json()
     assert body["experiments"].endswith("/api/v1/experiments/")
-    assert body["runs"].endswith("/api/v1/runs/") and body["swagger"].endswith("/api/schema/swagger/")
-    assert client.get("/api/v1/experiments/").status_code == 401, "the collections still ask for credentials"
+    assert body["runs"].endswith("/api/v1/runs/") and body["swagger"].endswith(
+        "/api/schema/swagger/"
+    )
+    assert client.get("/api/v1/experiments/").status_code == 401, (
+        "the collections still ask for credentials"
+    )
 
 
 def test_swagger_page_has_no_inline_style_or_script(client):
@@ -39,7 +45,11 @@ def test_swagger_page_has_no_inline_style_or_script(client):
 
 def test_favicon(client):
     response = client.get("/favicon.ico")
-    assert response.status_code == 302 and response["Location"].endswith(".svg") and "favicon" in response["Location"]
+    assert (
+        response.status_code == 302
+        and response["Location"].endswith(".svg")
+        and "favicon" in response["Location"]
+    )
     page = client.get(reverse("dashboard:login")).content.decode()
     assert 'rel="icon"' in page
 
@@ -68,7 +78,12 @@ def test_admin_labels_are_written_for_people(client):
     staff = UserFactory(is_staff=True, is_superuser=True)
     client.force_login(staff)
     form = client.get(reverse("admin:pricing_pricingtable_add")).content.decode()
-    for label in ("PUE", "Price per vCPU-hour (USD)", "Price per GB-hour of memory (USD)", "Electricity (USD per kWh)"):
+    for label in (
+        "PUE",
+        "Price per vCPU-hour (USD)",
+        "Price per GB-hour of memory (USD)",
+        "Electricity (USD per kWh)",
+    ):
         assert f">{label}:<" in form, label
     assert ">Pue:<" not in form and "Vcpu hour usd" not in form
     experiment_form = client.get(reverse("admin:experiments_experiment_add")).content.decode()
@@ -95,10 +110,14 @@ def test_admin_login_lockout_names_the_limit(client):
     url = reverse("admin:login")
     for _ in range(10):
         client.post(url, {"username": "ops", "password": "wrong"}, REMOTE_ADDR="10.0.0.1")
-    refused = client.post(url, {"username": "ops", "password": "right-password-1"}, REMOTE_ADDR="10.0.0.1")
+    refused = client.post(
+        url, {"username": "ops", "password": "right-password-1"}, REMOTE_ADDR="10.0.0.1"
+    )
     assert refused.status_code == 429
     assert b"Too many failed sign-ins" in refused.content and b"15 min" in refused.content
     assert "_auth_user_id" not in client.session
     # Another address is not locked out: the lockout is per username and address.
-    ok = client.post(url, {"username": "ops", "password": "right-password-1"}, REMOTE_ADDR="10.0.0.2")
+    ok = client.post(
+        url, {"username": "ops", "password": "right-password-1"}, REMOTE_ADDR="10.0.0.2"
+    )
     assert ok.status_code == 302 and "_auth_user_id" in client.session

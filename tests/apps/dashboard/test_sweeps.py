@@ -17,9 +17,15 @@ BASE = "model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\ntrain: {s
 
 
 def landed_sweep(tenant):
-    sweep = services.sweep_create(tenant=tenant, name="cheaper", base_strategy_yaml=BASE, probe_count=3,
-                                  probe_steps=3, parallelism=1,
-                                  space={"train.global_batch": [1, 2], "train.micro_batch": [2], "model.seq_len": [16]})
+    sweep = services.sweep_create(
+        tenant=tenant,
+        name="cheaper",
+        base_strategy_yaml=BASE,
+        probe_count=3,
+        probe_steps=3,
+        parallelism=1,
+        space={"train.global_batch": [1, 2], "train.micro_batch": [2], "model.seq_len": [16]},
+    )
     while sweep.probes.filter(status="queued").exists():
         probe_execute(sweep.probes.get(status="queued").pk)
     return sweep
@@ -30,22 +36,37 @@ def test_the_sweep_page_draws_probes_marks_the_frontier_and_the_infeasible(membe
     page = member.get(reverse("dashboard:sweep", args=[sweep.pk]))
     assert page.status_code == 200
     html = page.content.decode()
-    chart = json.loads(re.search(r'<script id="sweep-data" type="application/json">(.*?)</script>', html, re.S)[1])
-    assert [a["key"] for a in chart["axes"]] == ["usd_per_mtok", "peak_mem_mb"] and chart["poll_ms"] is None
-    bad, = (p for p in chart["probes"] if "train.global_batch=1," in p["strategy"] + ",")
-    good, = (p for p in chart["probes"] if "train.global_batch=2," in p["strategy"] + ",")
+    chart = json.loads(
+        re.search(r'<script id="sweep-data" type="application/json">(.*?)</script>', html, re.S)[1]
+    )
+    assert [a["key"] for a in chart["axes"]] == ["usd_per_mtok", "peak_mem_mb"] and chart[
+        "poll_ms"
+    ] is None
+    (bad,) = (p for p in chart["probes"] if "train.global_batch=1," in p["strategy"] + ",")
+    (good,) = (p for p in chart["probes"] if "train.global_batch=2," in p["strategy"] + ",")
     assert bad["status"] == "infeasible" and bad["x"] is None and "micro_batch" in bad["reason"]
     assert good["on_frontier"] and good["x"] > 0
-    table = html[html.index('id="probes"'):]
-    assert table.count("✓") == 1 and "Infeasible" in table and "USD per 1M tok" in table and "est." in table
+    table = html[html.index('id="probes"') :]
+    assert (
+        table.count("✓") == 1
+        and "Infeasible" in table
+        and "USD per 1M tok" in table
+        and "est." in table
+    )
     live = member.get(reverse("dashboard:sweep-live", args=[sweep.pk])).json()
     assert live["probes"] == chart["probes"]
     assert sweep.name in member.get(reverse("dashboard:sweeps")).content.decode()
 
 
 def test_another_tenants_sweep_is_not_found(member, w):
-    sweep = services.sweep_create(tenant=TenantFactory(), name="theirs", base_strategy_yaml=BASE, probe_count=1,
-                                  probe_steps=3, space={"model.seq_len": [16]})
+    sweep = services.sweep_create(
+        tenant=TenantFactory(),
+        name="theirs",
+        base_strategy_yaml=BASE,
+        probe_count=1,
+        probe_steps=3,
+        space={"model.seq_len": [16]},
+    )
     assert member.get(reverse("dashboard:sweep", args=[sweep.pk])).status_code == 404
     assert member.get(reverse("dashboard:sweep-live", args=[sweep.pk])).status_code == 404
     assert "theirs" not in member.get(reverse("dashboard:sweeps")).content.decode()

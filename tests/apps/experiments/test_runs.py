@@ -35,7 +35,9 @@ def test_heartbeat_renews_and_reports_cancel_and_lost_lease():
     assert not runs.run_heartbeat(run_id=run.pk, owner="someone-else").held
 
 
-def test_expired_leases_are_requeued_until_attempts_run_out_then_failed(django_capture_on_commit_callbacks):
+def test_expired_leases_are_requeued_until_attempts_run_out_then_failed(
+    django_capture_on_commit_callbacks,
+):
     run = RunFactory(status="queued", max_attempts=2)
     with django_capture_on_commit_callbacks(execute=False) as enqueued:
         runs.run_claim(run_id=run.pk, owner="w1")
@@ -67,13 +69,20 @@ def test_graceful_stops_requeue_without_using_an_attempt_and_each_attempt_keeps_
     run = RunFactory(status="queued", max_attempts=3)
     for n in range(1, 4):  # three deploys in a row: SIGTERM each time
         assert runs.run_claim(run_id=run.pk, owner=f"w{n}", host="host-a") is not None
-        assert runs.run_release(run_id=run.pk, owner=f"w{n}", reason="worker stopped before the run finished")
+        assert runs.run_release(
+            run_id=run.pk, owner=f"w{n}", reason="worker stopped before the run finished"
+        )
     assert runs.run_claim(run_id=run.pk, owner="w4", host="host-b") is not None
     assert runs.run_finish(run_id=run.pk, owner="w4", status="succeeded")
     run.refresh_from_db()
     assert run.status == "succeeded" and run.attempts == 4
     log = list(run.attempt_log.values_list("number", "worker", "outcome"))
-    assert log == [(1, "w1", "stopped"), (2, "w2", "stopped"), (3, "w3", "stopped"), (4, "w4", "succeeded")]
+    assert log == [
+        (1, "w1", "stopped"),
+        (2, "w2", "stopped"),
+        (3, "w3", "stopped"),
+        (4, "w4", "succeeded"),
+    ]
     assert all(a.ended_at and a.started_at <= a.ended_at for a in run.attempt_log.all())
 
 
@@ -102,8 +111,10 @@ def test_claim_and_finish_repeated_by_their_owner_are_idempotent():
     assert run.status == "succeeded" and run.attempt_log.count() == 1
 
 
-STEPS_6 = ("model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\n"
-           "train: {steps: 6, global_batch: 2}\n")
+STEPS_6 = (
+    "model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\n"
+    "train: {steps: 6, global_batch: 2}\n"
+)
 
 
 def _samples(run, attempt, steps):
@@ -116,7 +127,9 @@ def _samples(run, attempt, steps):
 def test_the_sweeper_never_retrains_a_run_whose_telemetry_shows_every_step_trained():
     run = RunFactory(status="queued", arm__strategy_yaml=STEPS_6, config_yaml=STEPS_6)
     runs.run_claim(run_id=run.pk, owner="w1")
-    _samples(run, 1, [2, 4, 6])  # the final sample: all 6 steps done; the finish never reached the database
+    _samples(
+        run, 1, [2, 4, 6]
+    )  # the final sample: all 6 steps done; the finish never reached the database
     expire(run)
     assert runs.runs_sweep_lost() == [run.pk]
     run.refresh_from_db()
@@ -166,7 +179,9 @@ def test_the_reconciler_sends_queued_runs_that_never_reached_the_broker_and_back
     past = timezone.now() - td(seconds=60)
     Run.objects.filter(pk__in=[never.pk, claimed.pk, cancelled.pk]).update(updated_at=past)
     sent = runs.runs_reconcile_queued()
-    assert sent == [never.pk]  # not the one just submitted (its own send is in flight), nor the others
+    assert sent == [
+        never.pk
+    ]  # not the one just submitted (its own send is in flight), nor the others
     never.refresh_from_db()
     assert never.sends == 1 and never.sent_at is not None
     assert runs.runs_reconcile_queued() == []  # just sent
@@ -192,7 +207,9 @@ def test_a_swept_attempts_last_samples_land_until_another_worker_takes_the_run()
         return [{"seq": seq, "ts": timezone.now().isoformat(), "step": 6, "tokens": 384}]
 
     assert telemetry_ingest(run_id=run.pk, samples=batch(0), attempt=1).inserted == 1
-    assert runs.run_finish(run_id=run.pk, owner="w1", status="succeeded")  # ... and so is its finish
+    assert runs.run_finish(
+        run_id=run.pk, owner="w1", status="succeeded"
+    )  # ... and so is its finish
     run.refresh_from_db()
     assert run.status == "succeeded" and run.tokens == 384
 
@@ -205,7 +222,9 @@ def test_a_swept_attempts_last_samples_land_until_another_worker_takes_the_run()
         telemetry_ingest(run_id=other.pk, samples=batch(0), attempt=1)
 
 
-def test_a_retried_submit_sends_again_a_run_whose_message_never_left(django_capture_on_commit_callbacks):
+def test_a_retried_submit_sends_again_a_run_whose_message_never_left(
+    django_capture_on_commit_callbacks,
+):
     """Resubmitting the same run key used to answer 200 and leave a never-sent run
     queued for good."""
     from apps.experiments.services import run_submit

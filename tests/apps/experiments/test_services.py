@@ -12,21 +12,29 @@ from tests.factories import ArmFactory, ExperimentFactory, RunFactory
 
 pytestmark = pytest.mark.django_db
 
-GOOD = ("model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\n"
-        "train: {steps: 5, global_batch: 2}\n")
+GOOD = (
+    "model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\n"
+    "train: {steps: 5, global_batch: 2}\n"
+)
 
 
 @pytest.fixture
 def experiment():
     exp = ExperimentFactory(tenant__max_concurrent_runs=1000, status="active")
-    ArmFactory(experiment=exp, name="control", is_control=True, strategy_yaml=GOOD, weight=Decimal("3"))
+    ArmFactory(
+        experiment=exp, name="control", is_control=True, strategy_yaml=GOOD, weight=Decimal("3")
+    )
     ArmFactory(experiment=exp, name="candidate", strategy_yaml=GOOD, weight=Decimal("1"))
     return exp
 
 
-def test_runs_follow_traffic_weights_and_a_retry_lands_on_the_same_arm(experiment, django_capture_on_commit_callbacks):
+def test_runs_follow_traffic_weights_and_a_retry_lands_on_the_same_arm(
+    experiment, django_capture_on_commit_callbacks
+):
     with django_capture_on_commit_callbacks(execute=False):
-        arms = Counter(run_submit(experiment=experiment, run_key=f"k{i}").arm.name for i in range(400))
+        arms = Counter(
+            run_submit(experiment=experiment, run_key=f"k{i}").arm.name for i in range(400)
+        )
         again = run_submit(experiment=experiment, run_key="k7")
     assert 0.65 < arms["control"] / 400 < 0.85  # weight 3 of 4
     assert again.pk == Run.objects.get(run_key="k7").pk
@@ -43,7 +51,9 @@ def test_a_frozen_arm_gets_no_new_runs(experiment, django_capture_on_commit_call
             run_submit(experiment=experiment, arm=candidate)
 
 
-def test_submission_snapshots_the_strategy_and_queues_once_committed(experiment, django_capture_on_commit_callbacks):
+def test_submission_snapshots_the_strategy_and_queues_once_committed(
+    experiment, django_capture_on_commit_callbacks
+):
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         run = run_submit(experiment=experiment, git_sha="abc123")
     assert len(callbacks) == 1  # enqueue happens only after commit
@@ -55,7 +65,9 @@ def test_submission_snapshots_the_strategy_and_queues_once_committed(experiment,
     assert run.config_yaml == GOOD
 
 
-def test_concurrency_quota_refuses_with_the_limit_named(experiment, django_capture_on_commit_callbacks):
+def test_concurrency_quota_refuses_with_the_limit_named(
+    experiment, django_capture_on_commit_callbacks
+):
     tenant = experiment.tenant
     tenant.max_concurrent_runs = 2
     tenant.save()
@@ -73,13 +85,18 @@ def test_monthly_budget_refuses_once_spent(experiment, django_capture_on_commit_
     tenant.monthly_budget_usd = Decimal("10")
     tenant.save()
     RunFactory(arm=experiment.arms.first(), status="succeeded", cost_usd=Decimal("10.5"))
-    with django_capture_on_commit_callbacks(execute=False), pytest.raises(ApplicationError, match="monthly_budget_usd"):
+    with (
+        django_capture_on_commit_callbacks(execute=False),
+        pytest.raises(ApplicationError, match="monthly_budget_usd"),
+    ):
         run_submit(experiment=experiment)
 
 
 def test_a_bad_strategy_is_refused_naming_the_key(experiment):
     arm = experiment.arms.get(name="candidate")
-    Arm.objects.filter(pk=arm.pk).update(strategy_yaml=GOOD + "optimizer: {dynamic_batching: {min_micro_batch: -3}}\n")
+    Arm.objects.filter(pk=arm.pk).update(
+        strategy_yaml=GOOD + "optimizer: {dynamic_batching: {min_micro_batch: -3}}\n"
+    )
     arm.refresh_from_db()
     with pytest.raises(ApplicationError) as err:
         run_submit(experiment=experiment, arm=arm)

@@ -49,13 +49,19 @@ def test_the_api_stores_typed_text_as_the_file_has_it(client):
     arm = ArmFactory()
     _, secret = api_token_create(tenant=arm.experiment.tenant, name="t")
     auth = {"HTTP_AUTHORIZATION": f"Bearer {secret}"}
-    created = client.post("/api/v1/arms/", {"experiment": arm.experiment_id, "name": "typed", "strategy_yaml": TYPED,
-                                            "weight": "0"}, content_type="application/json", **auth)
+    created = client.post(
+        "/api/v1/arms/",
+        {"experiment": arm.experiment_id, "name": "typed", "strategy_yaml": TYPED, "weight": "0"},
+        content_type="application/json",
+        **auth,
+    )
     assert created.status_code == 201, created.content
     assert created.json()["strategy_sha256"] == FILE_SHA
     found = client.get("/api/v1/arms/", {"strategy_sha256": FILE_SHA}, **auth).json()["results"]
     assert [a["name"] for a in found] == ["typed"]
-    checked = client.post("/api/v1/arms/validate/", {"strategy_yaml": TYPED}, content_type="application/json", **auth)
+    checked = client.post(
+        "/api/v1/arms/validate/", {"strategy_yaml": TYPED}, content_type="application/json", **auth
+    )
     assert checked.json()["strategy_sha256"] == FILE_SHA
 
 
@@ -65,15 +71,33 @@ def test_admin_inline_typed_text_is_stored_as_the_file_and_a_strategy_is_require
     control = ArmFactory(is_control=True)
     exp = control.experiment
     url = reverse("admin:experiments_experiment_change", args=[exp.pk])
-    form = {k: v for k, v in client.get(url).context["adminform"].form.initial.items() if v is not None}
-    form.update({"tenant": exp.tenant_id, "cost_model": exp.cost_model_id, "pricing_table": "", "target_steps": "",
-                 "status": exp.status, "freeze_policy": exp.freeze_policy,
-                 "arms-TOTAL_FORMS": "2", "arms-INITIAL_FORMS": "1", "arms-MIN_NUM_FORMS": "0",
-                 "arms-MAX_NUM_FORMS": "1000",
-                 "arms-0-id": str(control.pk), "arms-0-experiment": str(exp.pk), "arms-0-name": control.name,
-                 "arms-0-is_control": "on", "arms-0-weight": "1", "arms-0-strategy_yaml": control.strategy_yaml,
-                 "arms-1-experiment": str(exp.pk), "arms-1-name": "typed", "arms-1-weight": "0",
-                 "arms-1-strategy_yaml": ""})
+    form = {
+        k: v for k, v in client.get(url).context["adminform"].form.initial.items() if v is not None
+    }
+    form.update(
+        {
+            "tenant": exp.tenant_id,
+            "cost_model": exp.cost_model_id,
+            "pricing_table": "",
+            "target_steps": "",
+            "status": exp.status,
+            "freeze_policy": exp.freeze_policy,
+            "arms-TOTAL_FORMS": "2",
+            "arms-INITIAL_FORMS": "1",
+            "arms-MIN_NUM_FORMS": "0",
+            "arms-MAX_NUM_FORMS": "1000",
+            "arms-0-id": str(control.pk),
+            "arms-0-experiment": str(exp.pk),
+            "arms-0-name": control.name,
+            "arms-0-is_control": "on",
+            "arms-0-weight": "1",
+            "arms-0-strategy_yaml": control.strategy_yaml,
+            "arms-1-experiment": str(exp.pk),
+            "arms-1-name": "typed",
+            "arms-1-weight": "0",
+            "arms-1-strategy_yaml": "",
+        }
+    )
     refused = client.post(url, form)
     assert refused.status_code == 200, "an inline arm without a strategy is refused"
     assert "strategy_yaml" in refused.context["inline_admin_formsets"][0].formset.errors[1]

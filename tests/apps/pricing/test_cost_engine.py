@@ -28,7 +28,11 @@ from apps.pricing.cost_engine import (
 
 # 3.00 USD per GPU-hour, 0.15 USD/kWh, PUE 1.2, 0.04 USD per vCPU-hour, 0.005 USD per GB-hour.
 PRICES = Prices(
-    gpu_hour_usd=3.0, electricity_usd_per_kwh=0.15, pue=1.2, vcpu_hour_usd=0.04, memory_gb_hour_usd=0.005
+    gpu_hour_usd=3.0,
+    electricity_usd_per_kwh=0.15,
+    pue=1.2,
+    vcpu_hour_usd=0.04,
+    memory_gb_hour_usd=0.005,
 )
 TIERS = [
     {"up_to": 1000, "usd_per_unit": "0.002"},
@@ -167,7 +171,9 @@ def test_objects_with_datetimes_and_decimal_tables():
     )
     usage = usage_between(prev, cur)
     assert usage.wall_s == 3600.0 and usage.busy_device_seconds == 900.0
-    decimal_host = usage_between(sample(0.0), sample(3600.0), vcpus=Decimal("2"), memory_gb=Decimal("1.5"))
+    decimal_host = usage_between(
+        sample(0.0), sample(3600.0), vcpus=Decimal("2"), memory_gb=Decimal("1.5")
+    )
     assert (decimal_host.vcpu_seconds, decimal_host.memory_gb_seconds) == (7200.0, 5400.0)
     table = SimpleNamespace(
         electricity_usd_per_kwh=Decimal("0.150000"),
@@ -249,7 +255,9 @@ def test_pricing_table_change_mid_run():
     # Table B (4.00 USD/h) is in force from ts 1800. Intervals are priced by their closing sample:
     # (0, 900] under A = 0.25 h x 2.00 = 0.50; (900, 1800], (1800, 2700], (2700, 3600] under B
     # = 0.75 h x 4.00 = 3.00; total 3.50 USD.
-    a = Prices(gpu_hour_usd=2.0, electricity_usd_per_kwh=0, pue=1, vcpu_hour_usd=0, memory_gb_hour_usd=0)
+    a = Prices(
+        gpu_hour_usd=2.0, electricity_usd_per_kwh=0, pue=1, vcpu_hour_usd=0, memory_gb_hour_usd=0
+    )
     b = dataclasses.replace(a, gpu_hour_usd=4.0)
     seen = []
 
@@ -267,7 +275,14 @@ def test_pricing_table_change_mid_run():
 
 def realistic_run(n: int) -> list[dict]:
     return [
-        sample(10.0 * i, energy_j=2500.0 * i, tokens=4096 * i, step=i, util_pct=(i * 37) % 101, power_w=250.0)
+        sample(
+            10.0 * i,
+            energy_j=2500.0 * i,
+            tokens=4096 * i,
+            step=i,
+            util_pct=(i * 37) % 101,
+            power_w=250.0,
+        )
         for i in range(n)
     ]
 
@@ -334,7 +349,9 @@ def runs(draw) -> list[dict]:
     return out
 
 
-resources = dict(gpu_count=st.integers(0, 8), vcpus=st.integers(0, 64), memory_gb=st.floats(0, 512, **finite))
+resources = dict(
+    gpu_count=st.integers(0, 8), vcpus=st.integers(0, 64), memory_gb=st.floats(0, 512, **finite)
+)
 
 
 def two_tables(a: Prices, b: Prices, switch: float):
@@ -379,7 +396,9 @@ def test_cost_is_never_negative_and_used_plus_idle_is_total(
     weights=weights_st,
     **resources,
 )
-def test_additive_over_disjoint_windows(samples, data, a, b, switch, weights, gpu_count, vcpus, memory_gb):
+def test_additive_over_disjoint_windows(
+    samples, data, a, b, switch, weights, gpu_count, vcpus, memory_gb
+):
     k = data.draw(st.integers(0, len(samples)), label="split")
     kw = dict(
         prices_at=two_tables(a, b, switch),
@@ -404,7 +423,9 @@ def test_additive_over_disjoint_windows(samples, data, a, b, switch, weights, gp
     bump=st.floats(0, 50, **finite),
     **resources,
 )
-def test_monotone_in_every_price(samples, prices, weights, field, bump, gpu_count, vcpus, memory_gb):
+def test_monotone_in_every_price(
+    samples, prices, weights, field, bump, gpu_count, vcpus, memory_gb
+):
     dearer = dataclasses.replace(prices, **{field: getattr(prices, field) + bump})
     kw = dict(weights=weights, gpu_count=gpu_count, vcpus=vcpus, memory_gb=memory_gb)
     _, cheap = price_samples(samples, prices_at=lambda ts: prices, **kw)
@@ -414,10 +435,15 @@ def test_monotone_in_every_price(samples, prices, weights, field, bump, gpu_coun
 
 
 tiers_st = st.lists(
-    st.tuples(st.integers(1, 10_000), st.decimals(0, 1, places=6, allow_nan=False)), min_size=1, max_size=5
+    st.tuples(st.integers(1, 10_000), st.decimals(0, 1, places=6, allow_nan=False)),
+    min_size=1,
+    max_size=5,
 ).map(
     lambda rows: [
-        {"up_to": None if i == len(rows) - 1 else sum(r[0] for r in rows[: i + 1]), "usd_per_unit": str(r[1])}
+        {
+            "up_to": None if i == len(rows) - 1 else sum(r[0] for r in rows[: i + 1]),
+            "usd_per_unit": str(r[1]),
+        }
         for i, r in enumerate(rows)
     ]
 )
@@ -429,6 +455,9 @@ def test_tiered_cost_is_additive_and_non_negative(tiers, before, x, y):
     whole = tiered_cost(before, x + y, tiers)
     assert whole >= 0
     assert math.isclose(
-        tiered_cost(before, x, tiers) + tiered_cost(before + x, y, tiers), whole, rel_tol=1e-9, abs_tol=1e-9
+        tiered_cost(before, x, tiers) + tiered_cost(before + x, y, tiers),
+        whole,
+        rel_tol=1e-9,
+        abs_tol=1e-9,
     )
     assert tiered_cost(before, x, tiers) <= whole

@@ -35,7 +35,9 @@ def test_measurement_spread_widens_the_tolerance():
 
 
 def test_duplicates_are_both_kept():
-    assert pareto_front([Point("a", [1.0, 5.0]), Point("b", [1.0, 5.0]), Point("c", [3.0, 6.0])]) == ["a", "b"]
+    assert pareto_front(
+        [Point("a", [1.0, 5.0]), Point("b", [1.0, 5.0]), Point("c", [3.0, 6.0])]
+    ) == ["a", "b"]
 
 
 def test_infeasible_and_incomplete_points_are_never_on_the_frontier_nor_dominate():

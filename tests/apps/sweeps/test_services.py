@@ -23,29 +23,42 @@ train: {steps: 1000, global_batch: 2, seed: 1}
 
 
 def create(tenant, **overrides):
-    fields = dict(tenant=tenant, name="s", base_strategy_yaml=BASE, probe_count=4, probe_steps=4,
-                  space={"train.global_batch": [1, 2], "model.seq_len": [16, 32]})
+    fields = dict(
+        tenant=tenant,
+        name="s",
+        base_strategy_yaml=BASE,
+        probe_count=4,
+        probe_steps=4,
+        space={"train.global_batch": [1, 2], "model.seq_len": [16, 32]},
+    )
     fields.update(overrides)
     return services.sweep_create(**fields)
 
 
 @pytest.fixture
 def tenant():
-    return GpuPriceFactory().pricing_table.tenant  # a pricing table: CPU probes pay vCPU-hours and energy
+    return (
+        GpuPriceFactory().pricing_table.tenant
+    )  # a pricing table: CPU probes pay vCPU-hours and energy
 
 
-@pytest.mark.parametrize(("overrides", "field"), [
-    ({"space": {"train.global_batch": []}}, "space.train.global_batch"),
-    ({"space": {"model.seq_len": {"low": 64, "high": 16}}}, "space.model.seq_len"),
-    ({"space": {"train.bogus": [1]}}, "space.train.bogus"),
-    ({"space": {"precision.compute_dtype": ["fp32", "fp12"]}}, "space.precision.compute_dtype"),
-    ({"sampler": "grid", "probe_count": 3}, "space"),
-    ({"objectives": ["usd_per_mtok", "beauty"]}, "objectives"),
-    ({"parallelism": 99}, "parallelism"),
-    ({"base_strategy_yaml": "model: {preset: huge}\n"}, "base_strategy_yaml"),
-    ({"probe_count": 0}, "probe_count"),
-])
-def test_bad_input_names_the_field_and_queues_nothing(tenant, overrides, field, django_capture_on_commit_callbacks):
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"space": {"train.global_batch": []}}, "space.train.global_batch"),
+        ({"space": {"model.seq_len": {"low": 64, "high": 16}}}, "space.model.seq_len"),
+        ({"space": {"train.bogus": [1]}}, "space.train.bogus"),
+        ({"space": {"precision.compute_dtype": ["fp32", "fp12"]}}, "space.precision.compute_dtype"),
+        ({"sampler": "grid", "probe_count": 3}, "space"),
+        ({"objectives": ["usd_per_mtok", "beauty"]}, "objectives"),
+        ({"parallelism": 99}, "parallelism"),
+        ({"base_strategy_yaml": "model: {preset: huge}\n"}, "base_strategy_yaml"),
+        ({"probe_count": 0}, "probe_count"),
+    ],
+)
+def test_bad_input_names_the_field_and_queues_nothing(
+    tenant, overrides, field, django_capture_on_commit_callbacks
+):
     with django_capture_on_commit_callbacks() as sent, pytest.raises(ApplicationError) as err:
         create(tenant, **overrides)
     assert err.value.message.startswith(f"{field}:"), err.value.message
@@ -60,17 +73,23 @@ def test_a_spent_monthly_budget_refuses_the_sweep(tenant):
         create(tenant)
 
 
-def test_create_picks_the_sampler_and_queues_parallelism_distinct_probes(tenant, django_capture_on_commit_callbacks):
+def test_create_picks_the_sampler_and_queues_parallelism_distinct_probes(
+    tenant, django_capture_on_commit_callbacks
+):
     with django_capture_on_commit_callbacks() as sent:
         sweep = create(tenant, parallelism=3)
     assert sweep.sampler == "grid" and sweep.objectives == ["usd_per_mtok", "peak_mem_mb"]
     probes = list(sweep.probes.all())
     assert len(probes) == 3 == len(sent) and len({p.params_key for p in probes}) == 3
-    bigger = create(tenant, name="t", space={"train.global_batch": [1, 2, 4], "model.seq_len": [16, 32]})
+    bigger = create(
+        tenant, name="t", space={"train.global_batch": [1, 2, 4], "model.seq_len": [16, 32]}
+    )
     assert bigger.sampler == "tpe"  # 6 points, 4 probes: subsampled
 
 
-def test_probes_train_for_real_are_priced_and_the_next_one_is_queued(tenant, django_capture_on_commit_callbacks):
+def test_probes_train_for_real_are_priced_and_the_next_one_is_queued(
+    tenant, django_capture_on_commit_callbacks
+):
     sweep = create(tenant, parallelism=1, probe_steps=6)
     first = sweep.probes.get()
     with django_capture_on_commit_callbacks() as sent:
@@ -78,7 +97,12 @@ def test_probes_train_for_real_are_priced_and_the_next_one_is_queued(tenant, dja
     first.refresh_from_db()
     assert first.status == "succeeded", first.reason
     assert first.steps_timed >= 1 and first.step_time_s > 0 and first.tokens_per_s > 0
-    assert first.usd_per_mtok > 0 and first.cost_usd > 0 and first.energy_j > 0 and first.energy_estimated
+    assert (
+        first.usd_per_mtok > 0
+        and first.cost_usd > 0
+        and first.energy_j > 0
+        and first.energy_estimated
+    )
     assert first.peak_mem_mb is not None and first.mem_estimated and first.final_loss > 0
     assert first.device == "cpu"
     assert len(sent) == 1 and sweep.probes.count() == 2  # the proposer queued the next probe
@@ -86,8 +110,12 @@ def test_probes_train_for_real_are_priced_and_the_next_one_is_queued(tenant, dja
 
 
 def test_an_infeasible_probe_is_recorded_with_its_reason_and_the_sweep_goes_on(tenant):
-    sweep = create(tenant, parallelism=1, probe_count=2,
-                   space={"train.global_batch": [1, 2], "train.micro_batch": [2]})  # 2 > 1: refused together
+    sweep = create(
+        tenant,
+        parallelism=1,
+        probe_count=2,
+        space={"train.global_batch": [1, 2], "train.micro_batch": [2]},
+    )  # 2 > 1: refused together
     while sweep.probes.filter(status="queued").exists():
         probe_execute(sweep.probes.get(status="queued").pk)
     by_gb = {p.params["train.global_batch"]: p for p in sweep.probes.all()}
@@ -95,12 +123,20 @@ def test_an_infeasible_probe_is_recorded_with_its_reason_and_the_sweep_goes_on(t
     assert by_gb[2].status == "succeeded"
     sweep.refresh_from_db()
     assert sweep.status == "completed"
-    assert [p.on_frontier for p in sweep_frontier(sweep=sweep) if p.status == "infeasible"] == [False]
+    assert [p.on_frontier for p in sweep_frontier(sweep=sweep) if p.status == "infeasible"] == [
+        False
+    ]
 
 
 def test_the_space_exhausted_ends_the_sweep_without_duplicates(tenant):
-    sweep = create(tenant, parallelism=2, probe_count=50, probe_steps=3, space={"model.seq_len": [16, 32]},
-                   sampler="nsga2")
+    sweep = create(
+        tenant,
+        parallelism=2,
+        probe_count=50,
+        probe_steps=3,
+        space={"model.seq_len": [16, 32]},
+        sampler="nsga2",
+    )
     assert sweep.probe_count == 2  # never more probes than points
     while sweep.probes.filter(status="queued").exists():
         probe_execute(sweep.probes.filter(status="queued").first().pk)
@@ -126,23 +162,35 @@ def test_promote_a_frontier_point_into_a_new_experiment_and_refuse_others(tenant
     probes = sweep_frontier(sweep=sweep)
     on = [p for p in probes if p.on_frontier]
     assert on, [(p.status, p.reason) for p in probes]
-    arm = services.sweep_promote(sweep=sweep, probe=on[0], weight=Decimal("0.5"), experiment_name="confirm")
+    arm = services.sweep_promote(
+        sweep=sweep, probe=on[0], weight=Decimal("0.5"), experiment_name="confirm"
+    )
     assert arm.weight == Decimal("0.5") and arm.strategy_yaml == on[0].strategy_yaml
     assert {a.name for a in arm.experiment.arms.all()} == {"base", arm.name}
     assert arm.experiment.arms.get(is_control=True).strategy_yaml == BASE
     existing = ExperimentFactory(tenant=tenant)
-    again = services.sweep_promote(sweep=sweep, probe=on[0], weight=Decimal("2"), experiment=existing, arm_name="x")
+    again = services.sweep_promote(
+        sweep=sweep, probe=on[0], weight=Decimal("2"), experiment=existing, arm_name="x"
+    )
     assert again.experiment == existing and Arm.objects.filter(experiment=existing).count() == 1
     off = [p for p in probes if not p.on_frontier]
     if off:
         with pytest.raises(ApplicationError, match="^probe:"):
-            services.sweep_promote(sweep=sweep, probe=off[0], weight=Decimal("1"), experiment=existing)
+            services.sweep_promote(
+                sweep=sweep, probe=off[0], weight=Decimal("1"), experiment=existing
+            )
     with pytest.raises(ApplicationError, match="^experiment:"):
-        services.sweep_promote(sweep=sweep, probe=on[0], weight=Decimal("1"), experiment=ExperimentFactory(
-            tenant=TenantFactory()))
+        services.sweep_promote(
+            sweep=sweep,
+            probe=on[0],
+            weight=Decimal("1"),
+            experiment=ExperimentFactory(tenant=TenantFactory()),
+        )
 
 
-def test_reconcile_marks_a_silent_probe_lost_and_resends_an_unsent_one(tenant, monkeypatch, settings):
+def test_reconcile_marks_a_silent_probe_lost_and_resends_an_unsent_one(
+    tenant, monkeypatch, settings
+):
     from datetime import timedelta
 
     from django.utils import timezone
@@ -158,7 +206,11 @@ def test_reconcile_marks_a_silent_probe_lost_and_resends_an_unsent_one(tenant, m
     sent.clear()
     outcome = services.probes_reconcile(now=later)
     first.refresh_from_db()
-    assert outcome["lost"] == [first.pk] and first.status == "infeasible" and first.reason.startswith("lost:")
+    assert (
+        outcome["lost"] == [first.pk]
+        and first.status == "infeasible"
+        and first.reason.startswith("lost:")
+    )
     assert second.pk in outcome["resent"]  # never sent (the broker was "down"): sent again
     assert sweep.probes.count() == 3  # the lost probe's slot went to a new candidate
     assert services.probes_reconcile(now=timezone.now()) == {"lost": [], "resent": []}

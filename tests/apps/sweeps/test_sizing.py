@@ -25,7 +25,12 @@ def test_estimate_is_the_design_documents_formula():
 
 
 def test_the_smallest_size_within_five_percent_of_the_cheapest_is_recommended():
-    points = [SizePoint(1, 1.00, 100.0), SizePoint(2, 0.52, 380.0), SizePoint(3, 0.50, 390.0), SizePoint(4, 0.60, 400.0)]
+    points = [
+        SizePoint(1, 1.00, 100.0),
+        SizePoint(2, 0.52, 380.0),
+        SizePoint(3, 0.50, 390.0),
+        SizePoint(4, 0.60, 400.0),
+    ]
     rec = recommend(points, actual=4)
     assert rec.cheapest == 3 and rec.recommended == 2  # 0.52 <= 0.50 x 1.05
     assert rec.compliance_recommended == pytest.approx(380 / 400) and rec.compliance_actual == 1.0
@@ -34,24 +39,41 @@ def test_the_smallest_size_within_five_percent_of_the_cheapest_is_recommended():
 
 
 @pytest.mark.django_db
-def test_a_run_is_sized_end_to_end_and_shown_in_the_api_and_on_its_page(client, django_capture_on_commit_callbacks):
+def test_a_run_is_sized_end_to_end_and_shown_in_the_api_and_on_its_page(
+    client, django_capture_on_commit_callbacks
+):
     from tests.apps.dashboard.world import world
 
     w = world()
-    run = run_of(w.control, vcpus=2, config_yaml="model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\n"
-                                                 "train: {steps: 50, global_batch: 2}\n")
+    run = run_of(
+        w.control,
+        vcpus=2,
+        config_yaml="model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\n"
+        "train: {steps: 50, global_batch: 2}\n",
+    )
     now = datetime.now(UTC)
     for i, (util, mem) in enumerate([(60.0, 900.0), (80.0, 1200.0)]):
-        TelemetrySample.objects.create(run=run, seq=i, ts=now - timedelta(seconds=10 - i), util_pct=util,
-                                       mem_used_mb=mem)
+        TelemetrySample.objects.create(
+            run=run, seq=i, ts=now - timedelta(seconds=10 - i), util_pct=util, mem_used_mb=mem
+        )
     PricingTableFactory(tenant=run.tenant)
     api = token_client(run.tenant)
     before = api.get(f"/api/v1/runs/{run.pk}/sizing/").json()
-    assert before["profile"] == {"cpu_util": 0.7, "io_wait": None, "mem_usage_gb": pytest.approx(1200 / 1024)}
-    assert before["estimate_vcpus"] == 5 and before["recommended_vcpus"] is None and before["sweep"] is None
+    assert before["profile"] == {
+        "cpu_util": 0.7,
+        "io_wait": None,
+        "mem_usage_gb": pytest.approx(1200 / 1024),
+    }
+    assert (
+        before["estimate_vcpus"] == 5
+        and before["recommended_vcpus"] is None
+        and before["sweep"] is None
+    )
 
     with django_capture_on_commit_callbacks():
-        started = api.post(f"/api/v1/runs/{run.pk}/sizing/", {"max_threads": 2, "probe_steps": 4}, format="json")
+        started = api.post(
+            f"/api/v1/runs/{run.pk}/sizing/", {"max_threads": 2, "probe_steps": 4}, format="json"
+        )
     assert started.status_code == 201, started.json()
     sweep = run.sizing_sweeps.get()
     assert sweep.space == {"resources.threads": [1, 2]} and sweep.parallelism == 1
@@ -67,7 +89,7 @@ def test_a_run_is_sized_end_to_end_and_shown_in_the_api_and_on_its_page(client, 
 
     client.force_login(w.user)
     page = client.get(reverse("dashboard:run", args=[run.pk])).content.decode()
-    section = page[page.index('id="sizing"'):]
+    section = page[page.index('id="sizing"') :]
     assert "5 vCPU" in section and f"<strong>{report['recommended_vcpus']} vCPU</strong>" in section
     assert "I/O wait" in section and "not sampled" in section
 

@@ -22,18 +22,36 @@ T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC).timestamp()
 
 def samples(n, *, start=0, util=80.0):
     return [
-        {"seq": i, "ts": T0 + i, "step": i, "device": "cuda:0 Test GPU", "util_pct": util, "power_w": 300.0,
-         "energy_j": 300.0 * i, "tokens": 1000 * i, "loss": 5.0 - i * 0.01, "estimated": False}
+        {
+            "seq": i,
+            "ts": T0 + i,
+            "step": i,
+            "device": "cuda:0 Test GPU",
+            "util_pct": util,
+            "power_w": 300.0,
+            "energy_j": 300.0 * i,
+            "tokens": 1000 * i,
+            "loss": 5.0 - i * 0.01,
+            "estimated": False,
+        }
         for i in range(start, start + n)
     ]
 
 
 @pytest.fixture
 def gpu_run():
-    price = GpuPriceFactory(pricing_table=PricingTableFactory(valid_from=datetime(2026, 1, 1, tzinfo=UTC)))
+    price = GpuPriceFactory(
+        pricing_table=PricingTableFactory(valid_from=datetime(2026, 1, 1, tzinfo=UTC))
+    )
     arm = ArmFactory(experiment__tenant=price.pricing_table.tenant)
-    return RunFactory(arm=arm, gpu_sku=price.sku, gpu_count=1, status=Run.Status.RUNNING, attempts=1,
-                      created=datetime.fromtimestamp(T0 - 60, UTC))
+    return RunFactory(
+        arm=arm,
+        gpu_sku=price.sku,
+        gpu_count=1,
+        status=Run.Status.RUNNING,
+        attempts=1,
+        created=datetime.fromtimestamp(T0 - 60, UTC),
+    )
 
 
 def full_recompute(run):
@@ -54,7 +72,7 @@ def test_a_batch_sent_twice_is_stored_once(gpu_run):
 
 def test_out_of_order_and_overlapping_batches_give_the_in_order_totals(gpu_run):
     batch = samples(60)
-    chunks = [batch[i:i + 7] for i in range(0, 60, 7)]
+    chunks = [batch[i : i + 7] for i in range(0, 60, 7)]
     random.Random(4).shuffle(chunks)
     for chunk in chunks + chunks[:3]:  # every chunk, then some again
         telemetry_ingest(run_id=gpu_run.pk, samples=chunk)
@@ -133,16 +151,22 @@ def test_a_swept_attempt_cannot_write_into_the_run_that_replaced_it(gpu_run):
 
 def test_a_sample_landing_below_the_watermark_is_priced_in_its_own_interval(gpu_run):
     batch = samples(30)
-    batch[10]["util_pct"] = 0.0  # idle for the second before seq 10: the late sample changes the idle share
+    batch[10]["util_pct"] = (
+        0.0  # idle for the second before seq 10: the late sample changes the idle share
+    )
     telemetry_ingest(run_id=gpu_run.pk, samples=batch[:10] + batch[11:], attempt=1)
     gpu_run.refresh_from_db()
     idle_before = gpu_run.cost_breakdown["idle_usd"]
     telemetry_ingest(run_id=gpu_run.pk, samples=[batch[10]], attempt=1)  # seq 10, late
     gpu_run.refresh_from_db()
     usage, cost = full_recompute(gpu_run)
-    assert gpu_run.tokens == usage.tokens and float(gpu_run.cost_usd) == pytest.approx(cost.total_usd, abs=1e-6)
+    assert gpu_run.tokens == usage.tokens and float(gpu_run.cost_usd) == pytest.approx(
+        cost.total_usd, abs=1e-6
+    )
     # One second of one GPU at 3.00 USD/h went idle (seq 10's interval), nothing else moved.
-    assert gpu_run.cost_breakdown["idle_usd"] - idle_before == pytest.approx(3.0 / 3600 - 0.2 * 3.0 / 3600)
+    assert gpu_run.cost_breakdown["idle_usd"] - idle_before == pytest.approx(
+        3.0 / 3600 - 0.2 * 3.0 / 3600
+    )
 
 
 def test_a_gap_that_never_fills_stops_holding_the_gap_free_mark_back(gpu_run):
@@ -177,8 +201,14 @@ def test_an_appended_batch_skips_the_staging_table(gpu_run):
 def test_rows_stored_behind_the_watermark_fall_back_to_the_idempotent_path(gpu_run):
     # Samples written without moving the run's watermark: the fast path's guess is wrong,
     # its savepoint is rolled back, and the batch still lands once per seq.
-    TelemetrySample.objects.bulk_create([TelemetrySample(run=gpu_run, seq=s["seq"], ts=datetime.fromtimestamp(s["ts"], UTC))
-                                         for s in samples(3, start=5)])
+    TelemetrySample.objects.bulk_create(
+        [
+            TelemetrySample(run=gpu_run, seq=s["seq"], ts=datetime.fromtimestamp(s["ts"], UTC))
+            for s in samples(3, start=5)
+        ]
+    )
     result = telemetry_ingest(run_id=gpu_run.pk, samples=samples(10))
     assert (result.inserted, result.duplicates) == (7, 3)
-    assert sorted(TelemetrySample.objects.filter(run=gpu_run).values_list("seq", flat=True)) == list(range(10))
+    assert sorted(
+        TelemetrySample.objects.filter(run=gpu_run).values_list("seq", flat=True)
+    ) == list(range(10))

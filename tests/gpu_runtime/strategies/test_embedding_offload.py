@@ -55,7 +55,9 @@ def test_embedding_table_stays_on_cpu_when_the_model_moves():
     assert model.proj.weight.device.type == "meta"
     assert model.tok_embeddings.weight.device.type == "cpu"
     assert torch.equal(model.tok_embeddings.weight.detach(), before)
-    assert model.tok_embeddings.output_device == torch.device("meta")  # rows go where the model went
+    assert model.tok_embeddings.output_device == torch.device(
+        "meta"
+    )  # rows go where the model went
     model.to(torch.float64)
     assert model.tok_embeddings.output_device == torch.device("meta")  # a cast is not a move
 
@@ -81,7 +83,9 @@ def test_offloaded_embedding_trains_like_the_original_with_cpu_optimizer_state()
     ids = ids_batch()
     for m in (reference, model):
         m(ids).logsumexp(-1).mean().backward()
-    torch.testing.assert_close(model.tok_embeddings.weight.grad, reference.tok_embeddings.weight.grad)
+    torch.testing.assert_close(
+        model.tok_embeddings.weight.grad, reference.tok_embeddings.weight.grad
+    )
     optimizers = [torch.optim.AdamW(ps, lr=1e-2) for ps in parameters_by_device(model).values()]
     for opt in optimizers:
         opt.step()
@@ -163,6 +167,8 @@ def test_on_cuda_rows_cross_pinned_and_only_the_table_stays_behind():
     assert out.is_cuda
     out.logsumexp(-1).mean().backward()
     reference(ids.cuda()).logsumexp(-1).mean().backward()
-    torch.testing.assert_close(model.tok_embeddings.weight.grad, reference.tok_embeddings.weight.grad.cpu())
+    torch.testing.assert_close(
+        model.tok_embeddings.weight.grad, reference.tok_embeddings.weight.grad.cpu()
+    )
     groups = parameters_by_device(model)
     assert {d.type for d in groups} == {"cpu", "cuda"}

@@ -31,16 +31,21 @@ def check_against_reference(shape, dtype, backend, device="cpu"):
     refs = [t.detach().float().requires_grad_() for t in inputs]
     out = fused_rmsnorm_qkv(*inputs, EPS, backend=backend)
     ref = unfused_fp32(*refs)
-    upstream = [torch.randn(r.shape, generator=torch.Generator().manual_seed(1)).to(device) for r in ref]
+    upstream = [
+        torch.randn(r.shape, generator=torch.Generator().manual_seed(1)).to(device) for r in ref
+    ]
     sum((o.float() * u).sum() for o, u in zip(out, upstream, strict=True)).backward()
     sum((r * u).sum() for r, u in zip(ref, upstream, strict=True)).backward()
     for name, got, want in zip("qkv", out, ref, strict=True):
         assert got.dtype == dtype
         torch.testing.assert_close(got.float(), want, **TOLERANCE[dtype], msg=f"output {name}")
-    for name, tensor, ref_tensor in zip(("x", "norm_weight", "wq", "wk", "wv"), inputs, refs, strict=True):
+    for name, tensor, ref_tensor in zip(
+        ("x", "norm_weight", "wq", "wk", "wv"), inputs, refs, strict=True
+    ):
         assert tensor.grad is not None, f"no gradient for {name}"
-        torch.testing.assert_close(tensor.grad.float(), ref_tensor.grad, **TOLERANCE[dtype],
-                                   msg=f"gradient of {name}")
+        torch.testing.assert_close(
+            tensor.grad.float(), ref_tensor.grad, **TOLERANCE[dtype], msg=f"gradient of {name}"
+        )
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -76,10 +81,12 @@ def test_autocast_runs_the_fused_path_in_bf16():
 
 
 def test_cpu_auto_backend_never_imports_triton():
-    code = ("import sys, torch; from gpu_runtime.kernels import fused_rmsnorm_qkv;"
-            "x = torch.randn(2, 8); w = torch.randn(8, 8);"
-            "fused_rmsnorm_qkv(x, torch.ones(8), w, w, w);"
-            "assert 'triton' not in sys.modules, 'triton imported'")
+    code = (
+        "import sys, torch; from gpu_runtime.kernels import fused_rmsnorm_qkv;"
+        "x = torch.randn(2, 8); w = torch.randn(8, 8);"
+        "fused_rmsnorm_qkv(x, torch.ones(8), w, w, w);"
+        "assert 'triton' not in sys.modules, 'triton imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 

@@ -74,8 +74,9 @@ def test_checkpointed_blocks_really_run_again_in_the_backward():
 def test_checkpointing_lowers_saved_activation_memory():
     model, x = make()
     params = list(model.parameters())
-    report = peak_memory_with_and_without(model.layers, loss_of(model, x), every_n_blocks=1,
-                                          device="cpu", exclude=params)
+    report = peak_memory_with_and_without(
+        model.layers, loss_of(model, x), every_n_blocks=1, device="cpu", exclude=params
+    )
     assert report.without.estimated and report.without.method == "saved_tensor_bytes"
     # per block: up (8 KiB-ish rows x 256) + gelu + down inputs ~ 0.75 MiB;
     # checkpointing keeps the inputs
@@ -86,7 +87,9 @@ def test_checkpointing_lowers_saved_activation_memory():
     half = copy.deepcopy(model)
     remove_gradient_checkpointing(half.layers)
     apply_gradient_checkpointing(half.layers, every_n_blocks=2)
-    every_other = measure_peak_memory(loss_of(half, x), device="cpu", exclude=list(half.parameters()))
+    every_other = measure_peak_memory(
+        loss_of(half, x), device="cpu", exclude=list(half.parameters())
+    )
     assert report.with_checkpointing.bytes < every_other.bytes < report.without.bytes
 
 
@@ -122,6 +125,8 @@ def test_cuda_peak_memory_is_lower_with_checkpointing():
     torch.manual_seed(0)
     model = Stack(n=8, dim=256).cuda()
     x = torch.randn(16, 512, 256, device="cuda")
-    report = peak_memory_with_and_without(model.layers, loss_of(model, x), every_n_blocks=1, device="cuda")
+    report = peak_memory_with_and_without(
+        model.layers, loss_of(model, x), every_n_blocks=1, device="cuda"
+    )
     assert not report.without.estimated
     assert report.with_checkpointing.bytes < 0.5 * report.without.bytes

@@ -130,16 +130,21 @@ def test_autocast_runs_the_int8_path_in_bf16():
 
 
 def test_full_finetuning_of_a_quantized_module_is_refused():
-    with pytest.raises(QuantizationError, match=r"full fine-tuning of quantized modules.*layers\.0\.q_proj"):
+    with pytest.raises(
+        QuantizationError, match=r"full fine-tuning of quantized modules.*layers\.0\.q_proj"
+    ):
         quantize_for_lora(TwoLayer(), target_modules=TARGETS, full_finetune=True)
 
 
-@pytest.mark.parametrize(("kwargs", "key"), [
-    (dict(weight_bits=4), "weight_bits"),
-    (dict(target_modules=["q_proj", "qkv"]), "target_modules"),
-    (dict(lora_rank=0), "lora_rank"),
-    (dict(backend="gptq"), "backend"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "key"),
+    [
+        (dict(weight_bits=4), "weight_bits"),
+        (dict(target_modules=["q_proj", "qkv"]), "target_modules"),
+        (dict(lora_rank=0), "lora_rank"),
+        (dict(backend="gptq"), "backend"),
+    ],
+)
 def test_bad_requests_name_the_key(kwargs, key):
     with pytest.raises(QuantizationError, match=key):
         quantize_for_lora(TwoLayer(), **{"target_modules": TARGETS, **kwargs})

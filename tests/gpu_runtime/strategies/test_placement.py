@@ -98,14 +98,16 @@ def test_unknown_strategy_names_the_key():
 def test_bus_ids_from_nvml_and_cuda_are_matched():
     assert normalize_bus_id(b"00000000:89:00.0") == "0000:89:00.0"
     assert normalize_bus_id("0000:1A:00.0") == "0000:1a:00.0"
-    assert cuda_indices_for(["00000000:1A:00.0", "00000000:0B:00.0"],
-                            ["0000:0b:00.0", "0000:1a:00.0"]) == (1, 0)
+    assert cuda_indices_for(
+        ["00000000:1A:00.0", "00000000:0B:00.0"], ["0000:0b:00.0", "0000:1a:00.0"]
+    ) == (1, 0)
     with pytest.raises(PlacementError, match="not visible to CUDA"):
         cuda_indices_for(["00000000:1A:00.0"], ["0000:0b:00.0"])
 
 
 def _fake_pynvml(bus_ids, ancestors, links, switch_gpus=()):
     """A stand-in for pynvml: `links[i]` lists the GPUs that GPU i's active NVLinks reach."""
+
     class NVMLError(Exception):
         pass
 
@@ -131,7 +133,8 @@ def _fake_pynvml(bus_ids, ancestors, links, switch_gpus=()):
     m.nvmlDeviceGetNvLinkState = state
     m.nvmlDeviceGetNvLinkRemoteDeviceType = lambda h, link: 2 if h in switch_gpus else 0
     m.nvmlDeviceGetNvLinkRemotePciInfo = lambda h, link: types.SimpleNamespace(
-        busId=bus_ids[links[h][link]].encode())
+        busId=bus_ids[links[h][link]].encode()
+    )
     return m
 
 
@@ -159,8 +162,10 @@ def test_read_topology_treats_gpus_on_an_nvswitch_as_nvlinked(monkeypatch):
 def test_cuda_bus_ids_are_formatted_like_nvml_ones(monkeypatch):
     import torch
 
-    props = [types.SimpleNamespace(pci_domain_id=0, pci_bus_id=0x8A, pci_device_id=0),
-             types.SimpleNamespace(pci_domain_id=0, pci_bus_id=0x0A, pci_device_id=0)]
+    props = [
+        types.SimpleNamespace(pci_domain_id=0, pci_bus_id=0x8A, pci_device_id=0),
+        types.SimpleNamespace(pci_domain_id=0, pci_bus_id=0x0A, pci_device_id=0),
+    ]
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props[i])
     assert cuda_bus_ids() == ["0000:8a:00.0", "0000:0a:00.0"]

