@@ -116,11 +116,12 @@ def _build(name: str, samples_total: int, *, tenant, cost_model):
     with connection.cursor() as cursor:
         for run in runs:
             cursor.execute(
-                f"INSERT INTO {table} (run_id, seq, attempt, ts, step, rank, device, util_pct, power_w, energy_j, "
-                "step_time_s, tokens, tokens_per_s, micro_batch, loss, estimated) "
-                "SELECT %s, g, 1, %s + g * interval '1 second', g, 0, 'cuda:0', 60 + 35 * random(), 250 + 150 * random(), "
-                "g * 300.0, 0.4 + 0.2 * random(), g * 4096, 8000 + 500 * random(), 8 + (g / 5000) %% 8, "
-                "3.0 / (1 + g / 10000.0), false FROM generate_series(0, %s) g",
+                f"INSERT INTO {table} (run_id, seq, attempt, ts, step, rank, device, util_pct, "
+                "power_w, energy_j, step_time_s, tokens, tokens_per_s, micro_batch, loss, "
+                "estimated) SELECT %s, g, 1, %s + g * interval '1 second', g, 0, 'cuda:0', 60 + "
+                "35 * random(), 250 + 150 * random(), g * 300.0, 0.4 + 0.2 * random(), g * 4096, "
+                "8000 + 500 * random(), 8 + (g / 5000) %% 8, 3.0 / (1 + g / 10000.0), false FROM "
+                "generate_series(0, %s) g",
                 [run.pk, t0, per_run - 1],
             )
         cursor.execute(f"ANALYZE {table}")
@@ -169,7 +170,9 @@ LOAD_MS = """() => { const n = performance.getEntriesByType('navigation')[0];
 CHARTS_DRAWN = (
     "() => !window.costlabLazy || performance.getEntriesByName('costlab:charts-drawn').length > 0"
 )
-CHARTS_MS = """(name) => { const m = performance.getEntriesByName(name)[0]; return m ? m.startTime : null; }"""
+CHARTS_MS = (
+    "(name) => { const m = performance.getEntriesByName(name)[0]; return m ? m.startTime : null; }"
+)
 
 
 def browser_pages(*, experiment, user, rounds: int) -> dict[str, dict]:
@@ -208,7 +211,8 @@ def browser_pages(*, experiment, user, rounds: int) -> dict[str, dict]:
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "config.settings.local",
         "DJANGO_DEBUG": "false",
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:"
+        f"{db['PORT'] or 5432}/{db['NAME']}",
         "DJANGO_LOG_LEVEL": "ERROR",
     }
     web = subprocess.Popen(
@@ -256,8 +260,8 @@ def browser_pages(*, experiment, user, rounds: int) -> dict[str, dict]:
             browser = playwright.chromium.launch(
                 executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True
             )
-            # Server warm-up: each gunicorn worker's first requests (imports, connection, templates) are not
-            # what a browser's cold cache costs.
+            # Server warm-up: each gunicorn worker's first requests (imports, connection, templates)
+            # are not what a browser's cold cache costs.
             with httpx.Client(cookies={cookie["name"]: cookie["value"]}) as http:
                 for url in pages.values():
                     for _ in range(4):
@@ -309,7 +313,8 @@ def main() -> None:
 
     from apps.core.staticfiles import static_collect_if_stale
 
-    static_collect_if_stale()  # pages link the hashed, gzipped files, as make run and production serve them
+    # Pages link the hashed, gzipped files, as make run and production serve them.
+    static_collect_if_stale()
 
     from apps.dashboard import charts
     from apps.dashboard.models import SeriesBlock
@@ -385,20 +390,24 @@ def main() -> None:
         ("live poll, 1M experiment", lv),
     ):
         print(
-            f"{label:<40}{s['median']:>10.3f}{s['min']:>9.3f}{s['max']:>9.3f}   {s['q1']:.3f}-{s['q3']:.3f}"
+            f"{label:<40}{s['median']:>10.3f}{s['min']:>9.3f}{s['max']:>9.3f}   "
+            f"{s['q1']:.3f}-{s['q3']:.3f}"
         )
     print(f"{'first view of the 1M page (no blocks)':<40}{cold:>10.3f}")
     print(f"{'beat rollup of the 1M samples':<40}{rollup:>10.3f}   (once, off the page's path)")
     if naive is not None:
         print(
-            f"{'samples_downsampled, same series':<40}{naive:>10.3f}   (downsampling the raw samples per view)"
+            f"{'samples_downsampled, same series':<40}{naive:>10.3f}   (downsampling the raw "
+            "samples per view)"
         )
     print(
-        f"ratio 1M/1k page: {rt['median']:.2f} (IQR {rt['q1']:.2f}-{rt['q3']:.2f}, min {rt['min']:.2f}, "
-        f"max {rt['max']:.2f}; {rounds} interleaved rounds); 1M page {big['median']:.3f} s, target <= 1.0 s"
+        f"ratio 1M/1k page: {rt['median']:.2f} (IQR {rt['q1']:.2f}-{rt['q3']:.2f}, min "
+        f"{rt['min']:.2f}, max {rt['max']:.2f}; {rounds} interleaved rounds); 1M page "
+        f"{big['median']:.3f} s, target <= 1.0 s"
     )
     print(
-        f"\n{'Chromium, navigation start to load event':<40}{'cold s':>10}{'max':>9}{'warm s':>10}{'max':>9}"
+        f"\n{'Chromium, navigation start to load event':<40}{'cold s':>10}{'max':>9}"
+        f"{'warm s':>10}{'max':>9}"
         f"{'first chart, cold s':>21}{'all charts, cold s':>20}{'warm s':>10}"
     )
     for name, t in browser.items():
@@ -411,19 +420,21 @@ def main() -> None:
     worst = max(browser, key=lambda name: browser[name]["cold"]["median"])
     browser_cold = browser[worst]["cold"]["median"]
     print(
-        f"browser_cold_s: {browser_cold:.3f} s ({worst}, median of {browser[worst]['cold']['rounds']} cold "
-        f"navigations; worst single {max(t['cold']['max'] for t in browser.values()):.3f} s), target <= 1.0 s"
+        f"browser_cold_s: {browser_cold:.3f} s ({worst}, median of "
+        f"{browser[worst]['cold']['rounds']} cold navigations; worst single "
+        f"{max(t['cold']['max'] for t in browser.values()):.3f} s), target <= 1.0 s"
     )
     worst_charts = max(browser, key=lambda name: browser[name]["cold charts"]["median"])
     browser_charts = browser[worst_charts]["cold charts"]["median"]
     print(
-        f"browser_charts_s: {browser_charts:.3f} s ({worst_charts}: navigation start to every chart drawn, cold; "
-        f"median of {browser[worst_charts]['cold charts']['rounds']})"
+        f"browser_charts_s: {browser_charts:.3f} s ({worst_charts}: navigation start to every "
+        f"chart drawn, cold; median of {browser[worst_charts]['cold charts']['rounds']})"
     )
     worst_first = max(browser, key=lambda name: browser[name]["cold first chart"]["median"])
     browser_first = browser[worst_first]["cold first chart"]["median"]
     print(
-        f"browser_first_chart_s: {browser_first:.3f} s ({worst_first}: navigation start to its first chart drawn, cold)"
+        f"browser_first_chart_s: {browser_first:.3f} s ({worst_first}: navigation start to its "
+        "first chart drawn, cold)"
     )
     if args.json:
         print(

@@ -12,7 +12,8 @@ admin.site.site_title = "costlab admin"
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     # Pages without the <link rel="icon"> (the admin, Swagger UI) make browsers ask here.
-    # A temporary redirect, resolved per request: the hashed name changes with the file (collectstatic).
+    # A temporary redirect, resolved per request: the hashed name changes with the file
+    # (collectstatic).
     path(
         "favicon.ico", lambda request: HttpResponseRedirect(static("favicon.svg")), name="favicon"
     ),

@@ -3,11 +3,11 @@
 whitenoise's CompressedManifestStaticFilesStorage (collectstatic writes `name.<hash>.ext` and
 `.gz` copies; whitenoise serves the hashed names with `Cache-Control: max-age=315360000,
 immutable`), with one change: templates get the hashed URL even when DEBUG is on (DJANGO_DEBUG=true;
-`make run` runs without it), so every page caches plotly.js (frontend/static/plotly/: 1.1 MB, 0.37 MB gzipped) once per browser as
-production does. Any change to a static file is a new name, so a cached copy is never stale; it
-needs collectstatic,
-which `make run`, the Docker image and the benchmarks run (a file not collected is linked by its
-plain name, which whitenoise serves from the sources under DEBUG, uncached).
+`make run` runs without it), so every page caches plotly.js (frontend/static/plotly/: 1.1 MB, 0.37
+MB gzipped) once per browser as production does. Any change to a static file is a new name, so a
+cached copy is never stale; it needs collectstatic, which `make run`, the Docker image and the
+benchmarks run (a file not collected is linked by its plain name, which whitenoise serves from the
+sources under DEBUG, uncached).
 """
 
 from __future__ import annotations

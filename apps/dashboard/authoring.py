@@ -37,8 +37,8 @@ def experiment_author(
     """Create (with tenant) or edit (with experiment) an experiment and its arms, all or nothing.
 
     Each arm: name, strategy_yaml, weight, is_control, and arm_id and delete for an existing one
-    (an arm with runs is refused: they need it). Deletions and arms that give up the control role are
-    saved first, so the role can move from one arm to another."""
+    (an arm with runs is refused: they need it). Deletions and arms that give up the control role
+    are saved first, so the role can move from one arm to another."""
     if experiment is None:
         experiment = experiment_create(tenant=tenant, **fields)
     else:
@@ -68,7 +68,8 @@ def experiment_author(
 def runs_submit(
     *, experiment: Experiment, count: int, arm: Arm | None = None, git_sha: str = ""
 ) -> list[Run]:
-    """Queue `count` runs, all or none: a quota that lets only some through queues none, saying why."""
+    """Queue `count` runs, all or none: a quota that lets only some through queues none, saying
+    why."""
     runs = []
     for i in range(count):
         try:
@@ -76,7 +77,8 @@ def runs_submit(
         except ApplicationError as exc:
             if exc.code in ("quota_exceeded", "budget_exceeded"):
                 raise ApplicationError(
-                    f"count: none of the {count} runs was queued, run {i + 1} was refused: {exc.message}",
+                    f"count: none of the {count} runs was queued, run {i + 1} was refused: "
+                    f"{exc.message}",
                     exc.extra,
                     code=exc.code,
                     status=exc.status_code,

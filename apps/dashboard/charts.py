@@ -93,7 +93,8 @@ def _thin(rows: list, limit: int) -> list:
 
 
 def attribution_version(*, experiment: Experiment) -> str:
-    """Changes whenever the deviation timeline, the freezes or the weights would draw differently."""
+    """Changes whenever the deviation timeline, the freezes or the weights would draw
+    differently."""
     row = (
         Experiment.objects.filter(pk=experiment.pk)
         .annotate(
@@ -140,8 +141,8 @@ def attribution_json(
     now: datetime | None = None,
     version: str | None = None,
 ) -> dict:
-    """The deviation timeline (percent vs control, with its always-valid bounds), freeze and unfreeze
-    markers, and each arm's traffic weight as a step line up to now. Three queries."""
+    """The deviation timeline (percent vs control, with its always-valid bounds), freeze and
+    unfreeze markers, and each arm's traffic weight as a step line up to now. Three queries."""
     now = now or timezone.now()
     snapshots = list(
         snapshot_series(experiment=experiment)
@@ -216,7 +217,8 @@ def _pct(fraction: float | None) -> float | None:
 
 
 def cost_breakdown_json(run: Run) -> dict:
-    """A run's cost two ways: device time used vs idle, and by resource (energy vs device-hours ...)."""
+    """A run's cost two ways: device time used vs idle, and by resource (energy vs device-hours
+    ...)."""
     b = run.cost_breakdown or {}
     return {
         "used_idle": {"used": b.get("used_usd", 0.0), "idle": b.get("idle_usd", 0.0)},

@@ -38,8 +38,8 @@ class NamedErrors:
 
 def error_to_form(form: forms.BaseForm, exc: ApplicationError) -> None:
     """A service's refusal on the form: on the field its message names ("field: reason", or
-    "field.key: reason") when the form has that field, else on the form. A strategy's errors come one
-    per key ("train.steps: ...")."""
+    "field.key: reason") when the form has that field, else on the form. A strategy's errors come
+    one per key ("train.steps: ...")."""
     named = (
         exc.message.partition(":")[0].strip().split(".")[0]
     )  # "space.train.bogus: ..." is on space
@@ -172,8 +172,8 @@ class BaseArmFormSet(forms.BaseFormSet):
             raise ValidationError("is_control: only one arm can be the control")
 
     def arms(self) -> list[dict]:
-        """The filled-in arms, in order, each with its form's index; `delete` for an existing arm ticked
-        for deletion (a new one ticked is left out)."""
+        """The filled-in arms, in order, each with its form's index; `delete` for an existing arm
+        ticked for deletion (a new one ticked is left out)."""
         out = []
         for i, form in enumerate(self.forms):
             if not form.cleaned_data or (
@@ -219,7 +219,8 @@ class SubmitRunsForm(NamedErrors, forms.Form):
 
 
 class RunFilterForm(NamedErrors, forms.Form):
-    """The runs page's filters and sort, from the query string; a bad value is named, never a 500."""
+    """The runs page's filters and sort, from the query string; a bad value is named, never a
+    500."""
 
     experiment = forms.ModelChoiceField(
         queryset=None, required=False, empty_label="all experiments"
@@ -260,7 +261,8 @@ class RunFilterForm(NamedErrors, forms.Form):
 
 
 class SweepForm(NamedErrors, forms.Form):
-    """A strategy search: a base strategy, the space of values to try, how many probes, what to minimise."""
+    """A strategy search: a base strategy, the space of values to try, how many probes, what to
+    minimise."""
 
     EXAMPLE_SPACE = (
         '{\n  "train.global_batch": [4, 8],\n  "precision.compute_dtype": ["fp32", "bf16"]\n}'
@@ -285,7 +287,8 @@ class SweepForm(NamedErrors, forms.Form):
     space = forms.JSONField(
         widget=forms.Textarea(attrs={"rows": 5, "spellcheck": "false", "class": "code"}),
         initial=EXAMPLE_SPACE,
-        help_text='JSON: dotted strategy key -> a list of values, or {"low", "high", "step" | "log2"}.',
+        help_text="JSON: dotted strategy key -> a list of values, "
+        'or {"low", "high", "step" | "log2"}.',
     )
     objectives = forms.MultipleChoiceField(
         choices=list(OBJECTIVES.items()),

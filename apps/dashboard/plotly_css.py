@@ -3,10 +3,11 @@
 plotly.js inserts its global rules into a <style id="plotly.js-style-global"> it creates, which a
 Content-Security-Policy without 'unsafe-inline' styles blocks. It skips that when the page already
 has an element of that id with the class `no-inline-styles`: the pages with charts link this file
-under that id (`{% plotly_styles %}`), and mark the ids of the stylesheets of libraries it bundles and injects
-the same way (maplibre's, about 70 kB, for map traces, which the dashboard does not draw: add its
-rules here before drawing a map). The rules are read from the served bundle (plotly-basic.min.js), so the file follows plotly
-upgrades: `manage.py plotly_css` writes it, and a test fails while it differs from the bundle's.
+under that id (`{% plotly_styles %}`), and mark the ids of the stylesheets of libraries it bundles
+and injects the same way (maplibre's, about 70 kB, for map traces, which the dashboard does not
+draw: add its rules here before drawing a map). The rules are read from the served bundle
+(plotly-basic.min.js), so the file follows plotly upgrades: `manage.py plotly_css` writes it, and a
+test fails while it differs from the bundle's.
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ BUNDLE = (
     Path(settings.BASE_DIR) / "frontend" / "static" / "plotly" / "plotly-basic.min.js"
 )  # the one served
 STYLESHEET = Path(settings.BASE_DIR) / "frontend" / "static" / "dashboard" / "plotly.css"
-# The bundle's rules object: {"X,X div": "direction:ltr;...", ...}; X and Y stand for these selectors.
+# The bundle's rules object: {"X,X div": "direction:ltr;...", ...}; X and Y stand for these
+# selectors.
 _RULES = re.compile(r'=(\{"X,X div":.*?\});for\(', re.S)
 _STRING = r""""(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'"""
 _ENTRY = re.compile(rf"({_STRING}):({_STRING})")
-# Bundled libraries' stylesheets (maplibre's) that the bundle injects once, unless an element of that id exists.
+# Bundled libraries' stylesheets (maplibre's) that the bundle injects once, unless an element of
+# that id exists.
 _INJECTED = re.compile(
     r'getElementById\("(\w+)"\)\)\{var (\w+)=document\.createElement\("style"\);'
     r'\2\.id="\1",\2\.textContent=`([^`]*)`'

@@ -55,7 +55,8 @@ def runs_filtered(
     until: date | None = None,
     sort: str = DEFAULT_SORT,
 ) -> QuerySet[Run]:
-    """Every run of the user's tenants matching the filters (dates are UTC days, `until` included)."""
+    """Every run of the user's tenants matching the filters (dates are UTC days, `until`
+    included)."""
     runs = runs_visible(user=user)
     if experiment is not None:
         runs = runs.filter(experiment=experiment)
@@ -136,9 +137,10 @@ def runs_csv_rows(runs: QuerySet[Run]) -> Iterator[list]:
 # The experiment comparison as CSV
 # ---------------------------------------------------------------------------------------------
 def comparison_csv_rows(*, experiment: Experiment) -> Iterator[list]:
-    """One row per arm of experiment_report, as the comparison table shows it. Names carry their units
-    (total_usd, energy_kwh, usd_per_mtok ...); energy_estimated flags modelled energy, and the
-    projected.* columns (one run of target_steps) are estimates (projected.estimated says so)."""
+    """One row per arm of experiment_report, as the comparison table shows it. Names carry
+    their units (total_usd, energy_kwh, usd_per_mtok ...); energy_estimated flags modelled
+    energy, and the projected.* columns (one run of target_steps) are estimates
+    (projected.estimated says so)."""
     report = experiment_report(experiment=experiment)
     rows = []
     for arm in report.arms:
@@ -231,7 +233,8 @@ def cost_rows(runs: list[Run]) -> list[tuple[str, list]]:
 
 
 def runs_compare(*, user, ids: list[int]) -> dict:
-    """2-4 of the user's runs side by side: config diff, cost breakdown, overlaid telemetry charts."""
+    """2-4 of the user's runs side by side: config diff, cost breakdown, overlaid telemetry
+    charts."""
     runs = list(runs_visible(user=user).filter(pk__in=ids).order_by("pk"))
     series = run_series(
         runs=runs, fields=charts.RUN_FIELDS, budget=charts.budget_per_run(len(runs))
@@ -286,9 +289,9 @@ def _next_month(start: datetime) -> datetime:
 
 
 def spend_overview(*, user, month: date | None = None) -> dict:
-    """Per tenant of the user, for one calendar month (UTC): spend per experiment and arm, per day and
-    cumulative, against the monthly budget, with the run quota. Spend is counted as the budget check
-    counts it (apps.experiments.services): the cost of runs queued in the month."""
+    """Per tenant of the user, for one calendar month (UTC): spend per experiment and arm, per day
+    and cumulative, against the monthly budget, with the run quota. Spend is counted as the budget
+    check counts it (apps.experiments.services): the cost of runs queued in the month."""
     start = month_start(month or timezone.now().date())
     end = _next_month(start)
     tenants = list(tenants_of(user=user))

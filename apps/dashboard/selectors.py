@@ -92,7 +92,8 @@ class ExperimentRow:
 
 
 def experiment_rows(*, user) -> list[ExperimentRow]:
-    """State, arms, verdicts, spend to date, last attribution and frozen arms of each visible experiment.
+    """State, arms, verdicts, spend to date, last attribution and frozen arms of each visible
+    experiment.
     Four queries, whatever the number of experiments."""
     last = AttributionWindow.objects.filter(experiment=OuterRef("pk")).order_by("-number")
     experiments = (
@@ -190,9 +191,9 @@ def worker_notices(*, stats: RunStats, now: datetime) -> list[Notice]:
                 Notice(
                     "warning",
                     "Worker offline",
-                    f"{queued} run(s) queued, the oldest for {waited}, and no worker has reported a "
-                    f"heartbeat in the last {lease_s:.0f} s. Start one (`make run` starts web, worker "
-                    "and beat; with Docker Compose, the `worker` service).",
+                    f"{queued} run(s) queued, the oldest for {waited}, and no worker has reported "
+                    f"a heartbeat in the last {lease_s:.0f} s. Start one (`make run` starts web, "
+                    "worker and beat; with Docker Compose, the `worker` service).",
                 )
             )
     if stats.stalest_heartbeat and (now - stats.stalest_heartbeat).total_seconds() > lease_s:
@@ -200,8 +201,8 @@ def worker_notices(*, stats: RunStats, now: datetime) -> list[Notice]:
             Notice(
                 "warning",
                 "A running run stopped reporting",
-                f"A worker last reported {_ago(now - stats.stalest_heartbeat)} ago. Its run will be "
-                "marked lost and retried by the sweeper (celery beat).",
+                f"A worker last reported {_ago(now - stats.stalest_heartbeat)} ago. Its run will "
+                "be marked lost and retried by the sweeper (celery beat).",
             )
         )
     return out
@@ -220,9 +221,10 @@ def attribution_notices(
             Notice(
                 "info",
                 "No runs yet",
-                f"Submit one with the CLI (`costlab submit --experiment {experiment.pk} --strategy "
-                "FILE.yaml`) or the API (`POST /api/v1/runs/`). Charts and costs fill in as soon as "
-                "a worker reports telemetry.",
+                "Submit one with the CLI "
+                f"(`costlab submit --experiment {experiment.pk} --strategy FILE.yaml`) or the API "
+                "(`POST /api/v1/runs/`). Charts and costs fill in as soon as a worker reports "
+                "telemetry.",
             )
         )
     if experiment.status != Experiment.Status.ACTIVE:
@@ -238,9 +240,10 @@ def attribution_notices(
             Notice(
                 "info",
                 "Attribution not yet run",
-                f"Costs below are measured; the comparison with the control, its confidence bounds and "
-                f"freezes start at the first attribution, due within {experiment.attribution_interval_s} s "
-                "of priced telemetry. It runs on celery beat: if this stays, check that beat is running.",
+                "Costs below are measured; the comparison with the control, its confidence "
+                "bounds and freezes start at the first attribution, due within "
+                f"{experiment.attribution_interval_s} s of priced telemetry. It runs on celery "
+                "beat: if this stays, check that beat is running.",
             )
         )
     elif last_window is None and stats.counts:
@@ -281,7 +284,8 @@ def _charted_runs(experiment: Experiment) -> list[Run]:
 
 
 def experiment_page(*, experiment: Experiment, now: datetime | None = None) -> ExperimentPage:
-    """Everything the experiment page shows: the verdicts, the comparison, runs, notices and every chart's data."""
+    """Everything the experiment page shows: the verdicts, the comparison, runs, notices and every
+    chart's data."""
     now = now or timezone.now()
     arms = list(experiment.arms.order_by("-is_control", "name"))
     parts = experiment_parts(experiment=experiment, now=now, arm_ids=[a.pk for a in arms])
@@ -317,9 +321,9 @@ def experiment_page(*, experiment: Experiment, now: datetime | None = None) -> E
 def experiment_parts(
     *, experiment: Experiment, now: datetime | None = None, arm_ids: list[int] | None = None
 ) -> dict:
-    """The parts of the experiment page that move while runs train, rendered on the page and again by the
-    fragment the page fetches (dashboard/_experiment_parts.html): the verdict card, the run counts, the
-    comparison table with its notices, and the recent runs."""
+    """The parts of the experiment page that move while runs train, rendered on the page and again
+    by the fragment the page fetches (dashboard/_experiment_parts.html): the verdict card, the run
+    counts, the comparison table with its notices, and the recent runs."""
     now = now or timezone.now()
     report = experiment_report(experiment=experiment)
     stats = _run_stats(experiment)
@@ -364,7 +368,8 @@ def live_update(
     now: datetime | None = None,
     fields: tuple[str, ...] = charts.EXPERIMENT_FIELDS,
 ) -> dict:
-    """New samples of the runs training now (or just finished) since the cursor, and the next cursor."""
+    """New samples of the runs training now (or just finished) since the cursor, and the next
+    cursor."""
     now = now or timezone.now()
     live = _live_runs(runs, now)
     series = live_series(runs=live, fields=fields, since=since)
@@ -447,7 +452,8 @@ class TenantPricing:
 
 
 def pricing_overview(*, user, now: datetime | None = None) -> list[TenantPricing]:
-    """Per tenant of the user: the pricing table in force now (with its GPU prices), and the others."""
+    """Per tenant of the user: the pricing table in force now (with its GPU prices), and the
+    others."""
     now = now or timezone.now()
     tenants = list(tenants_of(user=user))
     gpu_prices = GpuPrice.objects.select_related("sku").order_by("sku__name")

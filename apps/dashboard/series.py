@@ -81,7 +81,8 @@ class RunSeries:
 
 
 def _bucket_rows(sql: str, params: list, fields: tuple[str, ...], series: RunSeries) -> None:
-    """Add rows of (run_id, group, first ms, last ms, estimated, then min, max, sum, count per field)."""
+    """Add rows of (run_id, group, first ms, last ms, estimated, then min, max, sum, count per
+    field)."""
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
@@ -104,9 +105,9 @@ def _block_buckets(
     cols = ", ".join(f"MIN({f}_min), MAX({f}_max), SUM({f}_sum), SUM({f}_n)" for f in fields)
     # One SELECT per run, so each reads its own range of the (run, block) index.
     per_run = (
-        f"SELECT run_id, block / %s, {epoch_ms_sql('MIN(ts_first)')}, {epoch_ms_sql('MAX(ts_last)')}, "
-        "MAX(CASE WHEN estimated THEN 1 ELSE 0 END), "
-        f"{cols} FROM {SeriesBlock._meta.db_table} WHERE run_id = %s AND block < %s GROUP BY 1, 2"
+        f"SELECT run_id, block / %s, {epoch_ms_sql('MIN(ts_first)')}, "
+        f"{epoch_ms_sql('MAX(ts_last)')}, MAX(CASE WHEN estimated THEN 1 ELSE 0 END), {cols} FROM "
+        f"{SeriesBlock._meta.db_table} WHERE run_id = %s AND block < %s GROUP BY 1, 2"
     )
     _union(
         per_run,
@@ -119,12 +120,13 @@ def _block_buckets(
 def _sample_buckets(
     wanted: dict[int, tuple[int, int]], fields: tuple[str, ...], series: RunSeries
 ) -> None:
-    """wanted[run] = (first seq, seqs per bucket): the run's samples from first seq on, grouped in SQL."""
+    """wanted[run] = (first seq, seqs per bucket): the run's samples from first seq on, grouped in
+    SQL."""
     cols = ", ".join(f"MIN({f}), MAX({f}), SUM({f}), COUNT({f})" for f in fields)
     per_run = (
         f"SELECT run_id, (seq - %s) / %s, {epoch_ms_sql('MIN(ts)')}, {epoch_ms_sql('MAX(ts)')}, "
-        "MAX(CASE WHEN estimated THEN 1 ELSE 0 END), "
-        f"{cols} FROM {TelemetrySample._meta.db_table} WHERE run_id = %s AND seq >= %s GROUP BY 1, 2"
+        f"MAX(CASE WHEN estimated THEN 1 ELSE 0 END), {cols} FROM "
+        f"{TelemetrySample._meta.db_table} WHERE run_id = %s AND seq >= %s GROUP BY 1, 2"
     )
     _union(per_run, [(lo, k, run_id, lo) for run_id, (lo, k) in wanted.items()], fields, series)
 
@@ -147,7 +149,8 @@ def last_block() -> Subquery:
 
 
 def blocks_upto(runs: list[Run]) -> dict[int, int]:
-    """Per run, the first seq after its rolled-up blocks (0: none). A read: blocks are built on beat."""
+    """Per run, the first seq after its rolled-up blocks (0: none). A read: blocks are built on
+    beat."""
     if not runs:
         return {}
     return {
@@ -163,8 +166,8 @@ def _ranks(run: Run) -> int:
 
 
 def _per_bucket(samples: int, points: int, run: Run) -> int:
-    """Samples per bucket: a multiple of a DDP run's ranks (their samples interleave in one seq order),
-    so a point is the mean over its devices, not one rank then the other (a zigzag)."""
+    """Samples per bucket: a multiple of a DDP run's ranks (their samples interleave in one seq
+    order), so a point is the mean over its devices, not one rank then the other (a zigzag)."""
     ranks = _ranks(run)
     return ranks * max(1, math.ceil(math.ceil(samples / points) / ranks))
 
@@ -204,7 +207,8 @@ def run_series(*, runs: list[Run], fields: tuple[str, ...], budget: int) -> RunS
 
 
 def live_series(*, runs: list[Run], fields: tuple[str, ...], since: datetime) -> RunSeries:
-    """Samples of these runs taken since `since` (less LIVE_OVERLAP_S), as raw points; for polling."""
+    """Samples of these runs taken since `since` (less LIVE_OVERLAP_S), as raw points; for
+    polling."""
     data = samples_downsampled(
         run_ids=[r.pk for r in runs],
         fields=list(fields),

@@ -25,18 +25,18 @@ def _rollup_sql(ranges: int) -> str:
     values = ", ".join(["(CAST(%s AS BIGINT), CAST(%s AS BIGINT), CAST(%s AS BIGINT))"] * ranges)
     # The WHERE keeps SQLite's parser from reading ON CONFLICT as a join's ON clause.
     return (
-        f"WITH w(run_id, lo, hi) AS (VALUES {values}) "
-        f"INSERT INTO {SeriesBlock._meta.db_table} (run_id, block, samples, ts_first, ts_last, estimated, {columns}) "
-        f"SELECT s.run_id, s.seq / {block}, COUNT(*), MIN(s.ts), MAX(s.ts), "
-        f"MAX(CASE WHEN s.estimated THEN 1 ELSE 0 END) = 1, {', '.join(stats)} "
-        f"FROM {TelemetrySample._meta.db_table} s JOIN w ON s.run_id = w.run_id "
-        f"WHERE s.seq >= w.lo AND s.seq < w.hi GROUP BY s.run_id, s.seq / {block} "
-        "ON CONFLICT (run_id, block) DO NOTHING"
+        f"WITH w(run_id, lo, hi) AS (VALUES {values}) INSERT INTO {SeriesBlock._meta.db_table} "
+        f"(run_id, block, samples, ts_first, ts_last, estimated, {columns}) SELECT s.run_id, "
+        f"s.seq / {block}, COUNT(*), MIN(s.ts), MAX(s.ts), MAX(CASE WHEN s.estimated THEN 1 ELSE "
+        f"0 END) = 1, {', '.join(stats)} FROM {TelemetrySample._meta.db_table} s JOIN w ON "
+        "s.run_id = w.run_id WHERE s.seq >= w.lo AND s.seq < w.hi GROUP BY s.run_id, s.seq / "
+        f"{block} ON CONFLICT (run_id, block) DO NOTHING"
     )
 
 
 def series_blocks_refresh(*, runs: Iterable[Run]) -> dict[int, int]:
-    """Roll up every block of these runs whose samples are all settled; per run, the first seq not rolled up.
+    """Roll up every block of these runs whose samples are all settled; per run, the first seq not
+    rolled up.
 
     Incremental: only blocks after the run's last one are read, so a training run adds a block or
     two per call. Idempotent (ON CONFLICT DO NOTHING): concurrent calls are harmless.
@@ -68,7 +68,8 @@ def series_blocks_refresh(*, runs: Iterable[Run]) -> dict[int, int]:
 
 
 def series_blocks_roll_due(*, limit: int = 500) -> int:
-    """Beat: roll up the runs with a whole settled block past their last one; how many runs were rolled.
+    """Beat: roll up the runs with a whole settled block past their last one; how many runs were
+    rolled.
 
     One query finds them (the last block of each run read backwards from the (run, block) index),
     the newest first; `limit` bounds one call's work, the next call takes the rest.

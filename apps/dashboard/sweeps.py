@@ -25,7 +25,8 @@ def _strategy(params: dict) -> str:
 
 
 def sweep_data(*, sweep: Sweep) -> dict:
-    """Every probe with its objectives and frontier flag: what the scatter and the live poll draw."""
+    """Every probe with its objectives and frontier flag: what the scatter and the live poll
+    draw."""
     probes = sweep_frontier(sweep=sweep)
     axes = (
         list(sweep.objectives) if len(sweep.objectives) > 1 else [*sweep.objectives, "step_time_s"]
@@ -65,7 +66,8 @@ def sweep_page(*, sweep: Sweep) -> dict:
 
 
 def run_sizing(*, run) -> dict | None:
-    """The run page's vCPU right-sizing section: only for a finished run with telemetry or a sizing sweep."""
+    """The run page's vCPU right-sizing section: only for a finished run with telemetry or a sizing
+    sweep."""
     if run.status != run.Status.SUCCEEDED:
         return None
     return run_sizing_report(run=run)

@@ -97,8 +97,9 @@ def runs_needed(
     threshold: float,
     min_runs: int,
 ) -> int:
-    """About how many more runs per arm until the bound clears the threshold, if the spread between runs
-    stays as it is (the bound narrows about as 1/sqrt(runs)); at least what the minimums still ask."""
+    """About how many more runs per arm until the bound clears the threshold, if the spread between
+    runs stays as it is (the bound narrows about as 1/sqrt(runs)); at least what the minimums still
+    ask."""
     need = max(0, min_runs - runs)
     if deviation is not None and low is not None and high is not None and runs > 0:
         half, margin = (high - low) / 2, abs(deviation) - threshold
@@ -163,9 +164,9 @@ def _say(
                 min_runs=min_runs,
             )
             detail = (
-                f"needs about {needed} more run{'s' if needed != 1 else ''} per arm, if the spread between "
-                f"runs stays as it is (evidence so far: {runs} run{'s' if runs != 1 else ''} of {arm.name}, "
-                f"{control_runs} of {control_name})"
+                f"needs about {needed} more run{'s' if needed != 1 else ''} per arm, if the "
+                f"spread between runs stays as it is (evidence so far: {runs} "
+                f"run{'s' if runs != 1 else ''} of {arm.name}, {control_runs} of {control_name})"
             )
         if low is None:
             detail = (detail + "; " if detail else "") + "bounds after the next attribution"
@@ -193,7 +194,8 @@ def _say(
 
 
 def _min_runs(experiment: Experiment) -> int:
-    """Runs per arm before a freeze may be decided: the experiment's minimum, and the confidence sequence's."""
+    """Runs per arm before a freeze may be decided: the experiment's minimum, and the confidence
+    sequence's."""
     return max(experiment.min_runs_per_arm, settings.COSTLAB_CS_MIN_RUNS)
 
 

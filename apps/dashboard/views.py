@@ -35,7 +35,8 @@ def _error(status: int, message: str, code: str) -> JsonResponse:
 
 
 def json_endpoint(view):
-    """Polled by JavaScript: a signed-out session or a missing object answers JSON, not a login page."""
+    """Polled by JavaScript: a signed-out session or a missing object answers JSON, not a login
+    page."""
 
     @functools.wraps(view)
     def wrapped(request, *args, **kwargs):

@@ -30,7 +30,8 @@ from apps.sweeps.services import sweep_create
 
 
 def strategy_examples() -> dict[str, str]:
-    """The runtime's example strategies (gpu_runtime/examples/*.yaml), by file name: starting points."""
+    """The runtime's example strategies (gpu_runtime/examples/*.yaml), by file name: starting
+    points."""
     import gpu_runtime
 
     folder = Path(gpu_runtime.__file__).parent / "examples"
@@ -148,7 +149,8 @@ def run_cancel_view(request, pk: int):
     else:
         messages.success(
             request,
-            f"Run {run.pk}: cancelled{'' if run.status == 'queued' else '; it stops at its next step'}.",
+            f"Run {run.pk}: "
+            f"cancelled{'' if run.status == 'queued' else '; it stops at its next step'}.",
         )
     target = request.POST.get("next", "")
     if not url_has_allowed_host_and_scheme(

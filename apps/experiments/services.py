@@ -340,7 +340,8 @@ def arm_create(
     weight: Decimal = Decimal("1"),
     is_control: bool = False,
 ) -> Arm:
-    """Add an arm; its strategy is validated by gpu_runtime's schema first, errors naming the key."""
+    """Add an arm; its strategy is validated by gpu_runtime's schema first, errors naming the
+    key."""
     strategy_yaml = strategy_normalise(strategy_yaml)
     strategy_validate(strategy_yaml)
     if is_control and experiment.arms.filter(is_control=True).exists():

@@ -12,15 +12,16 @@ from apps.core.exceptions import ApplicationError
 
 
 def strategy_sha256(strategy_yaml: str) -> str:
-    """Hash of the normalised strategy text: what is stored and what a run snapshots. The same YAML hashes
-    the same whether it was typed in a browser (CRLF, no final newline) or read from a file; the CLI
-    hashes a file the same way (costlab_cli.submit.strategy_digest)."""
+    """Hash of the normalised strategy text: what is stored and what a run snapshots. The same YAML
+    hashes the same whether it was typed in a browser (CRLF, no final newline) or read from a file;
+    the CLI hashes a file the same way (costlab_cli.submit.strategy_digest)."""
     return hashlib.sha256(strategy_normalise(strategy_yaml).encode("utf-8")).hexdigest()
 
 
 def strategy_normalise(strategy_yaml: str) -> str:
-    """LF line endings and exactly one final newline, as a YAML file has (text typed into a browser form
-    comes with CRLF and no final newline). Applied before any strategy text is hashed or stored."""
+    """LF line endings and exactly one final newline, as a YAML file has (text typed into a browser
+    form comes with CRLF and no final newline). Applied before any strategy text is hashed or
+    stored."""
     text = strategy_yaml.replace("\r\n", "\n").replace("\r", "\n").rstrip("\n")
     return text + "\n" if text else ""
 

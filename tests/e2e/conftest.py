@@ -1,4 +1,5 @@
-"""Real-browser tests: Debian's Chromium driven by Playwright (sync API) through its executable path.
+"""Real-browser tests: Debian's Chromium driven by Playwright (sync API) through its executable
+path.
 
 No `playwright install`: the browser is the system's /usr/bin/chromium (or $COSTLAB_CHROMIUM).
 Without it these tests skip with the reason, except under CI=true, where they fail.
@@ -27,9 +28,9 @@ SCREENSHOTS = Path(__file__).resolve().parents[2] / "var" / "screenshots"
 
 
 def charts_drawn(at_least: int, scope: str = "") -> str:
-    """JavaScript, true once the page has at least `at_least` charts (`.chart` under `scope`) and every
-    one of them is drawn. Charts are drawn after the load event, one per task, those in view first
-    (dashboard/lazy.js): the load event says nothing about them."""
+    """JavaScript, true once the page has at least `at_least` charts (`.chart` under `scope`) and
+    every one of them is drawn. Charts are drawn after the load event, one per task, those in view
+    first (dashboard/lazy.js): the load event says nothing about them."""
     selector = f"{scope} .chart".strip()
     return (
         f"() => {{ const c = [...document.querySelectorAll('{selector}')]; "

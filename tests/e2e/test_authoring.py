@@ -1,5 +1,6 @@
 """Authoring in a real browser: create an experiment with two arms (the strategy editor naming a bad
-key as it is typed), submit runs, see them queued on the runs page, and see a real worker train them."""
+key as it is typed), submit runs, see them queued on the runs page, and see a real worker train
+them."""
 
 from __future__ import annotations
 
@@ -84,7 +85,8 @@ def test_create_an_experiment_with_two_arms_submit_runs_and_see_them_train(
     ]
     assert experiment.arms.get(name="fp32-control").strategy_yaml == TINY
 
-    # Submit two runs, one per arm is not promised (weights route them): both appear on the runs page.
+    # Submit two runs, one per arm is not promised (weights route them): both appear on the runs
+    # page.
     purge_run_queues()
     page.click("text=Submit runs")
     page.fill("#id_count", "2")

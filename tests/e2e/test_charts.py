@@ -1,5 +1,6 @@
-"""The charts in Chromium: a gap in a run is a break, runs of one arm get distinct shades of its colour,
-a click on a legend entry isolates that run, CPU runs are labelled as such, and empty charts say so."""
+"""The charts in Chromium: a gap in a run is a break, runs of one arm get distinct shades of its
+colour, a click on a legend entry isolates that run, CPU runs are labelled as such, and empty
+charts say so."""
 
 from __future__ import annotations
 
@@ -16,8 +17,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 TRACES = """(id) => (document.getElementById(id).data || []).filter(t => t.showlegend !== false)
   .map(t => ({name: t.name, color: t.line.color, nulls: t.y.filter(v => v === null).length,
               visible: t.visible === undefined ? true : t.visible}))"""
-LAYOUT = """(id) => { const l = document.getElementById(id).layout;
-  return {title: l.title.text, x: l.xaxis.visible, text: (l.annotations || []).map(a => a.text)}; }"""
+LAYOUT = (
+    "(id) => { const l = document.getElementById(id).layout;\n"
+    "  return {title: l.title.text, x: l.xaxis.visible, "
+    "text: (l.annotations || []).map(a => a.text)}; }"
+)
 
 
 @pytest.fixture
@@ -98,8 +102,8 @@ def test_empty_charts_say_so(page, live_server, lab):
 
 
 def test_recent_runs_and_counts_follow_the_runs_without_a_reload(page, live_server, lab):
-    """A run that starts training shows in "Recent runs" and the header counts within seconds, and again
-    when it ends (it used to stay missing a minute later while the charts already drew it)."""
+    """A run that starts training shows in "Recent runs" and the header counts within seconds, and
+    again when it ends (it used to stay missing a minute later while the charts already drew it)."""
     from apps.experiments.models import Run
 
     w, *_ = lab
@@ -126,8 +130,8 @@ def test_recent_runs_and_counts_follow_the_runs_without_a_reload(page, live_serv
 
 
 def test_x_axis_toggle_lays_runs_over_each_other(page, live_server, lab):
-    """'since run start': each run's x is seconds from its first sample, so runs started minutes apart
-    overlap; 'time (UTC)' brings the time of day back."""
+    """'since run start': each run's x is seconds from its first sample, so runs started minutes
+    apart overlap; 'time (UTC)' brings the time of day back."""
     w, gapped, plain, other, _ = lab
     sign_in(page, live_server.url, w.user.username, f"/experiments/{w.experiment.pk}/")
     wait_for_charts(page, 6)

@@ -112,8 +112,9 @@ def test_experiment_page_live(page, live_server, demo, screenshots):
         f"() => ({TRACE_POINTS})(['chart-deviation', 'freeze']) === 1", timeout=5000
     )
     page.wait_for_function(
-        f"""() => (document.querySelector('#comparison-measured tr[data-arm="{candidate.pk}"] [data-col="state"]')
-                  || {{}}).innerText === 'frozen'""",
+        "() => (document.querySelector('#comparison-measured "
+        f"""tr[data-arm="{candidate.pk}"] [data-col="state"]')\n"""
+        "                  || {}).innerText === 'frozen'",
         timeout=5000,
     )
 
@@ -124,9 +125,9 @@ def test_experiment_page_live(page, live_server, demo, screenshots):
 def test_a_sample_that_lands_before_the_charts_are_drawn_is_drawn_with_them(
     page, live_server, demo
 ):
-    """The charts are drawn after the load event, once plotly.js is there (dashboard/lazy.js); the live
-    poll runs from the start. Here plotly.js is held back: the page is usable, polls, and keeps what
-    arrives for the charts, which draw it when plotly.js comes."""
+    """The charts are drawn after the load event, once plotly.js is there (dashboard/lazy.js); the
+    live poll runs from the start. Here plotly.js is held back: the page is usable, polls, and
+    keeps what arrives for the charts, which draw it when plotly.js comes."""
     seed, experiment, control, candidate, running = demo
     held, released = (
         [],

@@ -1,5 +1,6 @@
-"""The hardened web surface in a real browser: a strict Content-Security-Policy that no page violates,
-chart labels shown as text (never as HTML), and sign-in throttling on /login/ and /admin/login/."""
+"""The hardened web surface in a real browser: a strict Content-Security-Policy that no page
+violates, chart labels shown as text (never as HTML), and sign-in throttling on /login/ and
+/admin/login/."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ document.addEventListener('securitypolicyviolation', (e) => {
 
 @pytest.fixture
 def demo():
-    """The demo after some training and two attribution windows; the candidate arm has a hostile name."""
+    """The demo after some training and two attribution windows; the candidate arm has a hostile
+    name."""
     seed = demo_seed()
     experiment = seed.experiment
     control, candidate = experiment.arms.order_by("-is_control", "name")
@@ -106,7 +108,8 @@ def test_no_csp_violation_on_any_page(page, live_server, demo, monkeypatch):
         probe_steps=2,
         parallelism=1,
         sampler="grid",
-        base_strategy_yaml="model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\ntrain: {steps: 5, global_batch: 2}\n",
+        base_strategy_yaml="model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\n"
+        "train: {steps: 5, global_batch: 2}\n",
         space={"train.global_batch": [1, 2]},
     )
     problems = watch(page)
@@ -114,7 +117,10 @@ def test_no_csp_violation_on_any_page(page, live_server, demo, monkeypatch):
     visit(page, base + "/login/", problems)
     sign_in(page, base, seed.admin_username, seed.admin_password)
     charts = charts_drawn(2)
-    checked = "() => [...document.querySelectorAll('.strategy-status')].some(e => e.textContent.includes('valid'))"
+    checked = (
+        "() => [...document.querySelectorAll('.strategy-status')].some(e => "
+        "e.textContent.includes('valid'))"
+    )
     for path, settle in [
         ("/", None),
         (f"/experiments/{experiment.pk}/", charts),
@@ -135,7 +141,8 @@ def test_no_csp_violation_on_any_page(page, live_server, demo, monkeypatch):
         ("/admin/experiments/arm/add/", None),
         ("/api/schema/swagger/", "() => !!document.querySelector('.swagger-ui .info')"),
         ("/api/v1/", None),
-        # Authoring, the runs page, compare, spend (the strategy editors check their text through the API).
+        # Authoring, the runs page, compare, spend (the strategy editors check their text through
+        # the API).
         ("/runs/", None),
         (f"/runs/compare/?run={runs[0].pk}&run={runs[2].pk}", charts),
         ("/spend/", "() => document.querySelectorAll('.spend-chart .main-svg').length >= 1"),
@@ -175,16 +182,20 @@ def test_hostile_arm_name_is_text_in_charts(page, live_server, demo):
             ".map(t => t.textContent)"
         )
         assert any(HOSTILE in text for text in legends), (path, legends)
-        # Hover labels too: hover the hostile line (a run's third trace; on the spend page, its arm's area)
-        # programmatically, on the page's first chart that draws one.
+        # Hover labels too: hover the hostile line (a run's third trace; on the spend page, its
+        # arm's area) programmatically, on the page's first chart that draws one.
         hover = page.evaluate(
-            """(name) => {
-            const hostile = t => t.name && t.name.includes('SIGN IN AGAIN') && t.showlegend !== false;
-            const el = [...document.querySelectorAll('.chart')].find(c => (c.data || []).some(hostile));
-            const i = el.data.findIndex(hostile);
-            Plotly.Fx.hover(el, [{curveNumber: i, pointNumber: Math.min(1, el.data[i].x.length - 1)}]);
-            const layer = el.querySelector('.hoverlayer');
-            return {text: layer.textContent, links: layer.querySelectorAll('a').length}; }""",
+            "(name) => {\n"
+            "            const hostile = t => t.name && t.name.includes('SIGN IN AGAIN') "
+            "&& t.showlegend !== false;\n"
+            "            const el = [...document.querySelectorAll('.chart')]"
+            ".find(c => (c.data || []).some(hostile));\n"
+            "            const i = el.data.findIndex(hostile);\n"
+            "            Plotly.Fx.hover(el, [{curveNumber: i, "
+            "pointNumber: Math.min(1, el.data[i].x.length - 1)}]);\n"
+            "            const layer = el.querySelector('.hoverlayer');\n"
+            "            return {text: layer.textContent, "
+            "links: layer.querySelectorAll('a').length}; }",
             HOSTILE,
         )
         assert hover["links"] == 0 and "SIGN IN AGAIN</a>" in hover["text"], (path, hover)
@@ -208,7 +219,8 @@ def _lockout_case(page, base: str, path: str, username: str, password: str) -> N
 
 
 def test_login_lockout_dashboard_and_admin(page, live_server, demo):
-    """10 wrong passwords, then the right one is refused during the lockout: on /login/ and /admin/login/."""
+    """10 wrong passwords, then the right one is refused during the lockout: on /login/ and
+    /admin/login/."""
     seed, experiment, runs = demo
     base = live_server.url
     _lockout_case(page, base, "/login/", seed.admin_username, seed.admin_password)

@@ -12,13 +12,17 @@ from workers.sweeps import probe_execute
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-BASE = "model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\ntrain: {steps: 1000, global_batch: 2}\n"
+BASE = (
+    "model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\n"
+    "train: {steps: 1000, global_batch: 2}\n"
+)
 LANDED = "() => document.querySelectorAll('#probes tbody tr td:nth-child(5)').length"
 
 
 @pytest.fixture
 def one_thread():
-    """Probes here share two cores with Chromium and the live server: one torch thread keeps steps steady."""
+    """Probes here share two cores with Chromium and the live server: one torch thread keeps steps
+    steady."""
     import torch
 
     before = torch.get_num_threads()

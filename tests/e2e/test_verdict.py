@@ -1,5 +1,5 @@
-"""The answer at a glance, in Chromium: the verdict card first on the experiment page and the verdict
-column of the list, in each state (conclusive, inconclusive, frozen)."""
+"""The answer at a glance, in Chromium: the verdict card first on the experiment page and the
+verdict column of the list, in each state (conclusive, inconclusive, frozen)."""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ def two_arms(tenant, name):
 
 @pytest.fixture
 def states():
-    """Three experiments of one team: a conclusive one (identical runs per arm: no spread), an inconclusive
-    one (runs of the candidate far apart), and one whose candidate was frozen."""
+    """Three experiments of one team: a conclusive one (identical runs per arm: no spread), an
+    inconclusive one (runs of the candidate far apart), and one whose candidate was frozen."""
     w = world(username="analyst")
     w.user.set_password(PASSWORD)
     w.user.save()

@@ -64,7 +64,8 @@ def pct(fraction, signed: bool = True) -> str:
 
 @register.filter
 def duration(seconds) -> str:
-    """Seconds (or a timedelta) as a duration a person reads at a glance: '45 s', '12 min 5 s', '3 h 20 min'."""
+    """Seconds (or a timedelta) as a duration a person reads at a glance: '45 s', '12 min 5 s',
+    '3 h 20 min'."""
     if isinstance(seconds, timedelta):
         seconds = seconds.total_seconds()
     number = _number(seconds)

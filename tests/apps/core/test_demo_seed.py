@@ -148,8 +148,8 @@ def test_demo_runs_are_queued_interleaved_and_the_experiment_holds_demo_evidence
 
 
 def test_the_demo_leaves_room_in_the_quota_for_a_new_users_runs(django_capture_on_commit_callbacks):
-    """make run queues 2 runs per arm; a new user's first submissions must not be refused by the quota,
-    and once it is full, the refusal names the limit."""
+    """make run queues 2 runs per arm; a new user's first submissions must not be refused by the
+    quota, and once it is full, the refusal names the limit."""
     from apps.core.exceptions import ApplicationError
     from apps.experiments.models import Run
     from apps.experiments.services import run_submit

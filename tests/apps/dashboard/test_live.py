@@ -1,4 +1,5 @@
-"""The polling endpoints: new samples since the cursor, and the attribution charts when they change."""
+"""The polling endpoints: new samples since the cursor, and the attribution charts when they
+change."""
 
 from datetime import timedelta
 

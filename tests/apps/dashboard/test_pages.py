@@ -20,7 +20,8 @@ pytestmark = pytest.mark.django_db
 
 
 def text(response) -> str:
-    """The page as a person reads it: tags and the embedded chart data dropped, whitespace collapsed."""
+    """The page as a person reads it: tags and the embedded chart data dropped, whitespace
+    collapsed."""
     html = re.sub(
         r'<script id="dashboard-data".*?</script>', "", response.content.decode(), flags=re.S
     )
@@ -47,7 +48,8 @@ def chart_data(response) -> dict:
 
 @pytest.fixture
 def trained(w):
-    """Two finished runs per arm; the control's energy modelled (estimated), the candidate's measured."""
+    """Two finished runs per arm; the control's energy modelled (estimated), the candidate's
+    measured."""
     for arm, estimated in ((w.control, True), (w.candidate, False)):
         for _ in range(2):
             train(

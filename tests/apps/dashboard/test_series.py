@@ -1,6 +1,8 @@
-"""Chart series: whole history within a point budget, peaks kept, settled blocks rolled up once, on beat.
+"""Chart series: whole history within a point budget, peaks kept, settled blocks rolled up once, on
+beat.
 
-A page view only reads: the blocks are built by series_blocks_roll_due (beat), never by run_series."""
+A page view only reads: the blocks are built by series_blocks_roll_due (beat), never by
+run_series."""
 
 from datetime import UTC, datetime, timedelta
 
@@ -126,7 +128,8 @@ def test_beat_rolls_up_only_the_runs_with_a_new_settled_block(w):
     small = stored(run_of(w.control), SeriesBlock.SEQS - 1, priced=SeriesBlock.SEQS - 1)
     assert series_blocks_roll_due() == 1 and not SeriesBlock.objects.filter(run=small).exists()
     assert series_blocks_roll_due() == 0, "up to date: nothing is due"
-    # A few more settled samples, short of a whole block: still nothing due; a whole block: due again.
+    # A few more settled samples, short of a whole block: still nothing due; a whole block: due
+    # again.
     TelemetrySample.objects.bulk_create(
         [
             TelemetrySample(run=behind, seq=behind.last_seq + 1 + i, ts=T0, util_pct=1.0)

@@ -55,7 +55,8 @@ def test_favicon(client):
 
 
 def test_local_settings_show_the_sites_own_404(monkeypatch):
-    """`make run` (config.settings.local) runs without DEBUG unless DJANGO_DEBUG=true asks for it."""
+    """`make run` (config.settings.local) runs without DEBUG unless DJANGO_DEBUG=true asks for
+    it."""
     import importlib
 
     monkeypatch.delenv("DJANGO_DEBUG", raising=False)
@@ -97,13 +98,15 @@ def test_admin_has_one_token_section():
 
 
 def test_plotly_stylesheet_matches_the_installed_bundle():
-    """plotly.css holds the rules plotly.js would insert inline; after a plotly upgrade: `manage.py plotly_css`."""
+    """plotly.css holds the rules plotly.js would insert inline; after a plotly upgrade: `manage.py
+    plotly_css`."""
     assert STYLESHEET.read_text(encoding="utf-8") == plotly_css(), "run `manage.py plotly_css`"
     assert ".js-plotly-plot .plotly .modebar{" in STYLESHEET.read_text(encoding="utf-8")
 
 
 def test_admin_login_lockout_names_the_limit(client):
-    """10 wrong passwords on /admin/login/, then the right one is refused with a clear message (429)."""
+    """10 wrong passwords on /admin/login/, then the right one is refused with a clear message
+    (429)."""
     staff = UserFactory(username="ops", is_staff=True)
     staff.set_password("right-password-1")
     staff.save()

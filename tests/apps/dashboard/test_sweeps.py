@@ -13,7 +13,10 @@ from workers.sweeps import probe_execute
 
 pytestmark = pytest.mark.django_db
 
-BASE = "model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\ntrain: {steps: 9, global_batch: 2}\n"
+BASE = (
+    "model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\n"
+    "train: {steps: 9, global_batch: 2}\n"
+)
 
 
 def landed_sweep(tenant):

@@ -1,5 +1,5 @@
-"""The verdict card's words: attribution's verdict said per unit of work, bounds clipped to what a cost
-can be, what evidence is missing, when an arm was frozen; the same in the experiments list."""
+"""The verdict card's words: attribution's verdict said per unit of work, bounds clipped to what a
+cost can be, what evidence is missing, when an arm was frozen; the same in the experiments list."""
 
 from __future__ import annotations
 
@@ -128,7 +128,8 @@ def test_frozen_says_when_and_by_how_much(w):
 
 
 def test_page_and_list_say_the_verdict(member, w):
-    """Identical runs per arm (no spread): a tight bound, a conclusive verdict, on the page and in the list."""
+    """Identical runs per arm (no spread): a tight bound, a conclusive verdict, on the page and in
+    the list."""
     start = timezone.now() - timedelta(minutes=5)
     for arm, power in ((w.control, 600.0), (w.candidate, 150.0)):
         for _ in range(3):

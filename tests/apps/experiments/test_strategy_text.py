@@ -1,6 +1,8 @@
 """Strategy text is normalised (LF line endings, one final newline) before it is hashed or stored,
-whichever way it comes in: the admin (arm page or experiment inline), the API, a direct save, the CLI.
-So a strategy typed into a browser (CRLF, no final newline) has the SHA-256 of the same YAML file."""
+whichever way it comes in: the admin (arm page or experiment inline), the API, a direct save, the
+CLI.
+So a strategy typed into a browser (CRLF, no final newline) has the SHA-256 of the same YAML
+file."""
 
 from __future__ import annotations
 
@@ -16,7 +18,10 @@ from tests.factories import ArmFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
-FILE = "model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\ntrain: {steps: 5, global_batch: 2}\n"
+FILE = (
+    "model: {preset: tiny, seq_len: 32}\ndata: {source: synthetic}\n"
+    "train: {steps: 5, global_batch: 2}\n"
+)
 TYPED = FILE.replace("\n", "\r\n").rstrip("\r\n")  # what a browser's textarea sends
 FILE_SHA = hashlib.sha256(FILE.encode()).hexdigest()  # what `sha256sum strategy.yaml` says
 
@@ -66,7 +71,8 @@ def test_the_api_stores_typed_text_as_the_file_has_it(client):
 
 
 def test_admin_inline_typed_text_is_stored_as_the_file_and_a_strategy_is_required(client):
-    """The reported bug: arms added in the experiment's inline were stored with CRLF and no final newline."""
+    """The reported bug: arms added in the experiment's inline were stored with CRLF and no final
+    newline."""
     client.force_login(UserFactory(is_staff=True, is_superuser=True))
     control = ArmFactory(is_control=True)
     exp = control.experiment
