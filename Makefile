@@ -39,6 +39,7 @@ test: install-dev
 
 lint: install-dev
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 clean:
 	rm -rf var .pytest_cache .ruff_cache
