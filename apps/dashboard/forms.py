@@ -14,6 +14,7 @@ from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from apps.core.exceptions import ApplicationError
 from apps.dashboard.runs import SORTS
 from apps.experiments.models import Arm, Experiment, Run
+from apps.experiments.services import EXPERIMENT_EDITABLE
 from apps.experiments.strategies import strategy_normalise
 from apps.pricing.models import CostModel, PricingTable
 from apps.sweeps.models import DEFAULT_OBJECTIVES, OBJECTIVES, SAMPLER_CHOICES
@@ -63,21 +64,7 @@ class ExperimentForm(NamedErrors, forms.ModelForm):
 
     class Meta:
         model = Experiment
-        fields = [
-            "name",
-            "description",
-            "status",
-            "cost_model",
-            "pricing_table",
-            "freeze_threshold",
-            "alpha",
-            "attribution_interval_s",
-            "min_runs_per_arm",
-            "min_samples_per_arm",
-            "freeze_policy",
-            "dynamic_weights",
-            "target_steps",
-        ]
+        fields = list(EXPERIMENT_EDITABLE)  # what the API may write, no more
         widgets = {"description": forms.Textarea(attrs={"rows": 2})}
         labels = {
             "freeze_threshold": "Freeze threshold",

@@ -4,6 +4,7 @@ from rest_framework import serializers
 from apps.api.serializers.fields import TenantPrimaryKeyField
 from apps.api.serializers.runs import RunOutlierSerializer, outliers_of
 from apps.experiments.models import Arm, Experiment
+from apps.experiments.services import EXPERIMENT_EDITABLE
 from apps.pricing.models import CostModel, PricingTable
 
 STRATEGY_MAX_CHARS = 64 * 1024  # gpu_runtime refuses larger documents too
@@ -28,26 +29,7 @@ class ExperimentSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Experiment
-        fields = [
-            "id",
-            "name",
-            "description",
-            "status",
-            "cost_model",
-            "pricing_table",
-            "freeze_threshold",
-            "attribution_interval_s",
-            "min_runs_per_arm",
-            "min_samples_per_arm",
-            "alpha",
-            "freeze_policy",
-            "dynamic_weights",
-            "target_steps",
-            "arms",
-            "outlier_runs",
-            "created_at",
-            "updated_at",
-        ]
+        fields = ["id", *EXPERIMENT_EDITABLE, "arms", "outlier_runs", "created_at", "updated_at"]
         read_only_fields = ["id", "arms", "outlier_runs", "created_at", "updated_at"]
         extra_kwargs = {
             "name": {"max_length": 120},
