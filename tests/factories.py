@@ -1,11 +1,13 @@
 """Model factories shared by the suite."""
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
 
 import factory
 from django.contrib.auth import get_user_model
 
+from apps.attribution.report import ArmReport
 from apps.experiments.models import Arm, Experiment, Run
 from apps.pricing.models import CostModel, GpuPrice, GpuSku, PricingTable
 from apps.telemetry.models import TelemetrySample
@@ -125,3 +127,36 @@ class TelemetrySampleFactory(factory.django.DjangoModelFactory):
     run = factory.SubFactory(RunFactory)
     seq = factory.Sequence(int)
     ts = factory.LazyFunction(lambda: datetime.now(UTC))
+
+
+_ARM_REPORT = ArmReport(
+    arm_id=1,
+    name="b",
+    is_control=False,
+    state="active",
+    weight=Decimal(1),
+    runs=5,
+    runs_succeeded=5,
+    tokens=1,
+    steps=1,
+    gpu_hours=0,
+    energy_kwh=0,
+    energy_estimated=False,
+    electricity_usd=0,
+    total_usd=0,
+    compared_usd=0,
+    usd_per_mtok=1,
+    metric="usd_per_mtok",
+    metric_value=1,
+    throughput_tok_s=None,
+    completion_s=None,
+    deviation=0.0,
+    deviation_low=None,
+    deviation_high=None,
+    projected=None,
+)
+
+
+def arm_report(**changes) -> ArmReport:
+    """An arm's report row (apps.attribution.report) with these fields changed: no database."""
+    return replace(_ARM_REPORT, **changes)

@@ -8,11 +8,10 @@ from decimal import Decimal
 import pytest
 
 from apps.attribution.models import FreezeEvent
-from apps.attribution.report import ArmReport
 from apps.attribution.verdict import arm_verdict
 from apps.experiments.models import Arm
 from tests.apps.api.conftest import error
-from tests.factories import RunFactory
+from tests.factories import RunFactory, arm_report
 
 pytestmark = pytest.mark.django_db
 
@@ -59,32 +58,7 @@ def test_an_arm_without_priced_runs_has_no_data(api, experiment):
     assert arms["candidate"]["verdict"] == "no_data" and arms["candidate"]["deviation"] is None
 
 
-BASE = ArmReport(
-    arm_id=1,
-    name="b",
-    is_control=False,
-    state="active",
-    weight=Decimal(1),
-    runs=5,
-    runs_succeeded=5,
-    tokens=1,
-    steps=1,
-    gpu_hours=0,
-    energy_kwh=0,
-    energy_estimated=False,
-    electricity_usd=0,
-    total_usd=0,
-    compared_usd=0,
-    usd_per_mtok=1,
-    metric="usd_per_mtok",
-    metric_value=1,
-    throughput_tok_s=None,
-    completion_s=None,
-    deviation=0.0,
-    deviation_low=None,
-    deviation_high=None,
-    projected=None,
-)
+BASE = arm_report()
 
 
 @pytest.mark.parametrize(

@@ -5,45 +5,20 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import timedelta
-from decimal import Decimal
 
 import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from apps.attribution.report import ArmReport, ExperimentReport
+from apps.attribution.report import ExperimentReport
 from apps.attribution.services import arm_freeze, attribution_tick
 from apps.dashboard.verdicts import experiment_verdicts, runs_needed
 from tests.apps.dashboard.world import run_of, train
+from tests.factories import arm_report
 
 pytestmark = pytest.mark.django_db
 
-CONTROL = ArmReport(
-    arm_id=1,
-    name="fp32-control",
-    is_control=True,
-    state="active",
-    weight=Decimal(1),
-    runs=6,
-    runs_succeeded=6,
-    tokens=1,
-    steps=1,
-    gpu_hours=0,
-    energy_kwh=0,
-    energy_estimated=False,
-    electricity_usd=0,
-    total_usd=0,
-    compared_usd=0,
-    usd_per_mtok=1,
-    metric="usd_per_mtok",
-    metric_value=1,
-    throughput_tok_s=None,
-    completion_s=None,
-    deviation=0.0,
-    deviation_low=None,
-    deviation_high=None,
-    projected=None,
-)
+CONTROL = arm_report(name="fp32-control", is_control=True, runs=6, runs_succeeded=6)
 ARM = replace(CONTROL, arm_id=2, name="bf16-dynamic", is_control=False, runs=4)
 
 
