@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
 DEPS   := pyproject.toml constraints.txt
 
-.PHONY: run test lint install install-dev migrate seed clean
+.PHONY: run test test-fast lint install install-dev migrate seed clean
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; sys.exit("costlab needs Python >= 3.11, found " + sys.version.split()[0]) if sys.version_info < (3, 11) else None'
@@ -33,9 +33,17 @@ seed: migrate
 run: migrate
 	@bash platform/run-local.sh --submit-runs 6
 
-## The whole suite. Postgres/Redis when reachable, else SQLite (service tests skip; CI=true fails instead).
+## The whole suite, in parallel (pytest-xdist: a test database, Redis db and var dir per worker).
+## Postgres/Redis when reachable, else SQLite (service tests skip; CI=true fails instead).
+## TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 4
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 test: install-dev
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
+
+## The edit loop: everything that starts no process (-m "not slow").
+test-fast: install-dev
+	$(BIN)/python -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 lint: install-dev
 	$(BIN)/ruff check .

@@ -9,6 +9,8 @@ import yaml
 from tests.conftest import IN_CI
 from tests.helpers import ROOT
 
+pytestmark = pytest.mark.slow  # docker-compose config in a process
+
 EXPECTED = {
     "postgres",
     "redis",

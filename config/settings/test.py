@@ -42,6 +42,26 @@ for _var, _default in (("DATABASE_URL", POSTGRES_DEFAULT), ("REDIS_URL", REDIS_D
             del os.environ[_var]
     elif _reachable(_default, DEFAULT_PORTS[_var]):
         os.environ[_var] = _default
+# pytest-xdist: each worker (gw0, gw1, ...) gets a Redis db, a test database (pytest-django adds
+# the suffix) and a var dir of its own, so parallel workers never see each other's queues, runs or
+# files. Applied once: processes that tests start inherit the worker's values, not a second shift.
+XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if XDIST_WORKER and not os.environ.get("COSTLAB_TEST_ISOLATED"):
+    os.environ["COSTLAB_TEST_ISOLATED"] = XDIST_WORKER
+    _index = int(XDIST_WORKER.removeprefix("gw") or 0)
+    if "REDIS_URL" in os.environ:
+        _parts = urlsplit(os.environ["REDIS_URL"])
+        _db = int(_parts.path.lstrip("/") or 0)
+        _db = (_db - _index) % 16  # 15, 14, 13 ... for gw0, gw1, gw2 from the default db 15
+        os.environ["REDIS_URL"] = _parts._replace(path=f"/{_db}").geturl()
+    os.environ["COSTLAB_VAR_DIR"] = str(
+        Path(
+            os.environ.get(
+                "COSTLAB_VAR_DIR", Path(__file__).resolve().parent.parent.parent / "var" / "test"
+            )
+        )
+        / XDIST_WORKER
+    )
 if "REDIS_URL" not in os.environ:
     os.environ["COSTLAB_EMBEDDED_REDIS"] = (
         "false"  # nobody starts one for tests: an in-process broker

@@ -3,7 +3,11 @@
 import json
 import secrets
 
+import pytest
+
 from tests.helpers import ROOT, clean_env, run_python
+
+pytestmark = pytest.mark.slow  # each test starts a Python process
 
 SHOW = (
     "import django, json; django.setup(); from django.conf import settings as s; "

@@ -6,9 +6,12 @@ import subprocess
 import sys
 import time
 
+import pytest
 from django.conf import settings
 
 from tests.helpers import ROOT, clean_env
+
+pytestmark = pytest.mark.slow  # each test starts pytest in a process
 
 UNREACHABLE = {
     "DATABASE_URL": "postgres://someone:secret@127.0.0.1:1/costlab",

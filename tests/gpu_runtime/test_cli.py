@@ -49,6 +49,7 @@ def test_validate_and_schema(tmp_path, capsys):
     assert "properties" in json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.slow
 def test_sigterm_mid_run_leaves_a_valid_result_and_metrics(tmp_path):
     strategy = tmp_path / "strategy.yaml"
     strategy.write_text(STRATEGY)

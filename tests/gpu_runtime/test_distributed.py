@@ -15,7 +15,7 @@ from gpu_runtime.checkpoint import checkpoint_path
 from gpu_runtime.distributed import DistributedError
 from gpu_runtime.schema import config_sha256
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]  # ranks are processes
 
 DDP = {"distributed": {"nproc_per_node": 2}}
 # Two micro-batches per rank (four in one process): no_sync is on the path, and the world's

@@ -84,6 +84,7 @@ def spy(monkeypatch):
     return built
 
 
+@pytest.mark.slow
 def test_dynamic_batching_grows_the_micro_batch_while_faster_and_keeps_the_global_batch(
     config, spy, monkeypatch
 ):

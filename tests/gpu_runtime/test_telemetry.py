@@ -204,6 +204,7 @@ def test_a_diverged_loss_is_reported_as_unknown_not_nan():
     assert sample["loss"] is None and sample["step"] == 3
 
 
+@pytest.mark.slow
 def test_a_live_update_retimes_the_sampler_and_bad_ones_are_ignored(tiny_config):
     updates = [
         {"telemetry": {"interval_s": 0.02}},

@@ -34,6 +34,7 @@ def _initial_loss(config) -> float:
         return model(tokens[:, :-1], tokens[:, 1:])[1].item()
 
 
+@pytest.mark.slow
 def test_loss_falls_over_50_steps_on_tiny(tiny_config):
     # Two micro-batches per step, so gradient accumulation is on the path that has to work.
     config = tiny_config(
@@ -47,6 +48,7 @@ def test_loss_falls_over_50_steps_on_tiny(tiny_config):
     assert result.final_loss < start - 2.0, (start, result.final_loss)
 
 
+@pytest.mark.slow
 def test_resume_from_a_checkpoint_reproduces_the_next_step(tiny_config, tmp_path):
     config = tiny_config(train={"steps": 6}, telemetry={"enabled": False})
     straight = train(config)

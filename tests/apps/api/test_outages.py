@@ -62,6 +62,7 @@ POSTGRES_DOWN = (
 )
 
 
+@pytest.mark.slow
 def test_postgres_down_is_a_503_json_with_retry_after(tmp_path):
     env = clean_env(
         DJANGO_SETTINGS_MODULE="config.settings.local",

@@ -67,6 +67,7 @@ def test_bad_input_is_a_400_naming_the_field_and_nothing_is_queued(
     assert not sent and not Sweep.objects.exists()
 
 
+@pytest.mark.slow
 def test_frontier_and_promote(api, tenant):
     PricingTableFactory(tenant=tenant)
     CostModelFactory(tenant=tenant)

@@ -117,6 +117,7 @@ def _simulate(factor, *, replicates, ticks=200, runs=3, noise=0.02, threshold=0.
     return {kind: n / replicates for kind, n in frozen.items()}
 
 
+@pytest.mark.slow
 def test_a_a_arms_looked_at_200_times_are_falsely_frozen_at_most_alpha():
     # Threshold ~0, so the bound alone stands between A/A noise and a freeze.
     rates = _simulate(1.0, replicates=150, threshold=0.0001)

@@ -100,6 +100,7 @@ def test_twenty_percent_on_thin_noisy_evidence_is_not_frozen():
     assert lab.arm("b").state == Arm.State.ACTIVE
 
 
+@pytest.mark.slow
 def test_a_a_experiments_over_200_ticks_are_not_frozen_beyond_alpha():
     # Threshold at its minimum: only the always-valid bound stands between noise and a freeze.
     labs = [

@@ -17,6 +17,7 @@ def weights(lab):
     return {a.name: a.weight for a in Arm.objects.filter(experiment=lab.experiment)}
 
 
+@pytest.mark.slow
 @override_settings(COSTLAB_WEIGHT_MIN_SHARE=0.1, COSTLAB_WEIGHT_MAX_STEP=0.05)
 def test_traffic_shifts_toward_the_cheaper_arm_in_bounded_recorded_steps():
     lab = Lab({"control": 1.0, "cheap": 0.80, "pricey": 1.03}, seed=20)

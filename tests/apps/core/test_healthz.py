@@ -54,6 +54,7 @@ def test_the_ops_token_sees_the_details(client, settings):
     assert client.get("/healthz", HTTP_AUTHORIZATION="Bearer wrong").json() == {"status": "ok"}
 
 
+@pytest.mark.slow
 def test_database_down_is_degraded_and_the_token_still_sees_why(tmp_path):
     env = clean_env(
         DJANGO_SETTINGS_MODULE="config.settings.local",

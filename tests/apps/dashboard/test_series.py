@@ -63,6 +63,7 @@ def test_a_run_over_budget_is_bucketed_and_keeps_its_peak(w):
     assert band.x[0] >= int(T0.timestamp() * 1000) and band.x == sorted(band.x)
 
 
+@pytest.mark.slow
 def test_a_long_run_is_drawn_from_blocks_of_settled_samples(w):
     n, priced = RAW_MAX + 5000, RAW_MAX + 1000
     run = stored(run_of(w.control), n, priced=priced, spike_at=123, estimated_from=n - 10)

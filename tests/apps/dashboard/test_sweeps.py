@@ -34,6 +34,7 @@ def landed_sweep(tenant):
     return sweep
 
 
+@pytest.mark.slow
 def test_the_sweep_page_draws_probes_marks_the_frontier_and_the_infeasible(member, w):
     sweep = landed_sweep(w.experiment.tenant)
     page = member.get(reverse("dashboard:sweep", args=[sweep.pk]))

@@ -28,6 +28,7 @@ def experiment():
     return exp
 
 
+@pytest.mark.slow
 def test_runs_follow_traffic_weights_and_a_retry_lands_on_the_same_arm(
     experiment, django_capture_on_commit_callbacks
 ):

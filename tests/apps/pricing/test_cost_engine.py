@@ -367,6 +367,7 @@ def two_tables(a: Prices, b: Prices, switch: float):
     weights=weights_st,
     **resources,
 )
+@pytest.mark.slow
 def test_cost_is_never_negative_and_used_plus_idle_is_total(
     samples, a, b, switch, weights, gpu_count, vcpus, memory_gb
 ):

@@ -87,6 +87,7 @@ def test_create_picks_the_sampler_and_queues_parallelism_distinct_probes(
     assert bigger.sampler == "tpe"  # 6 points, 4 probes: subsampled
 
 
+@pytest.mark.slow
 def test_probes_train_for_real_are_priced_and_the_next_one_is_queued(
     tenant, django_capture_on_commit_callbacks
 ):
@@ -109,6 +110,7 @@ def test_probes_train_for_real_are_priced_and_the_next_one_is_queued(
     assert sweep.probes.exclude(pk=first.pk).get().params_key != first.params_key
 
 
+@pytest.mark.slow
 def test_an_infeasible_probe_is_recorded_with_its_reason_and_the_sweep_goes_on(tenant):
     sweep = create(
         tenant,
@@ -128,6 +130,7 @@ def test_an_infeasible_probe_is_recorded_with_its_reason_and_the_sweep_goes_on(t
     ]
 
 
+@pytest.mark.slow
 def test_the_space_exhausted_ends_the_sweep_without_duplicates(tenant):
     sweep = create(
         tenant,
@@ -154,6 +157,7 @@ def test_cancel_ends_queued_probes_and_a_worker_does_not_take_them(tenant):
         services.sweep_cancel(sweep=sweep)
 
 
+@pytest.mark.slow
 def test_promote_a_frontier_point_into_a_new_experiment_and_refuse_others(tenant):
     CostModelFactory(tenant=tenant)
     sweep = create(tenant, parallelism=1, probe_count=2, space={"model.seq_len": [16, 32]})

@@ -38,6 +38,7 @@ def test_the_smallest_size_within_five_percent_of_the_cheapest_is_recommended():
     assert recommend([], actual=1) is None
 
 
+@pytest.mark.slow
 @pytest.mark.django_db
 def test_a_run_is_sized_end_to_end_and_shown_in_the_api_and_on_its_page(
     client, django_capture_on_commit_callbacks

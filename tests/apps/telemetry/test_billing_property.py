@@ -164,6 +164,7 @@ def assert_totals_are_the_bill(run: Run) -> None:
     memory_gb=st.sampled_from([0.0, 7.5, 64.0]),
     table_offsets=st.lists(st.floats(-10, 9000).map(lambda s: round(s, 3)), max_size=3),
 )
+@pytest.mark.slow
 def test_stored_totals_equal_the_bill_of_the_sorted_set_whatever_the_delivery(
     data, gpu_count, vcpus, memory_gb, table_offsets
 ):

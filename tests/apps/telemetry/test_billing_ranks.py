@@ -69,6 +69,7 @@ def world_sample_sets(draw, world: int):
     gpus_per_rank=st.integers(0, 2),
     vcpus=st.integers(0, 8),
 )
+@pytest.mark.slow
 def test_stored_totals_of_a_world_equal_the_bill_whatever_the_delivery(
     data, world, gpus_per_rank, vcpus
 ):

@@ -393,6 +393,7 @@ def test_statistics_read_each_gradient_twice_a_step_and_copy_none():
         model.zero_grad(set_to_none=True)
 
 
+@pytest.mark.slow
 def test_statistics_cost_at_most_two_percent_of_step_time(one_torch_thread):
     """Timed on a real step: the tiny preset at the schema's default seq_len (256) and global batch
     (8).

@@ -80,6 +80,7 @@ def test_autocast_runs_the_fused_path_in_bf16():
     assert inputs[0].grad.dtype == torch.float32 and inputs[2].grad.dtype == torch.float32
 
 
+@pytest.mark.slow
 def test_cpu_auto_backend_never_imports_triton():
     code = (
         "import sys, torch; from gpu_runtime.kernels import fused_rmsnorm_qkv;"
