@@ -1,8 +1,9 @@
-"""Command line: ``python -m gpu_runtime {train,validate,schema}``.
+"""Command line: ``python -m gpu_runtime {train,validate,schema,profile}``.
 
 ``train`` writes one JSON line per telemetry sample to ``--out`` and prints the
 RunResult as one JSON object on the last line of stdout. Exit status: 0 completed,
 2 strategy refused, 143 stopped by SIGTERM (the result is still printed).
+``profile`` times the device's GEMMs per dtype and prints a table (``--json``: one object).
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpu_runtime.errors import StrategyError
 from gpu_runtime.schema import config_sha256, load_strategy, strategy_json_schema
 from gpu_runtime.yaml_loader import MAX_DOCUMENT_BYTES
+
+if TYPE_CHECKING:
+    from gpu_runtime.profile import DeviceProfile
 
 EXIT_REFUSED = 2
 EXIT_SIGTERM = 143
@@ -89,6 +93,59 @@ def _validate(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _profile_table(profile: DeviceProfile, best: str, warnings: dict[str, str]) -> str:
+    def num(value: float | None, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
+    if profile.device == "cpu":
+        about = profile.cpu_model
+    else:
+        cc = ".".join(map(str, profile.compute_capability or ()))
+        about = (
+            f"compute capability {cc}, {num(profile.total_memory_mib, ',d')} MiB, "
+            f"power limit {num(profile.power_limit_w, '.0f')} W, "
+            f"GPM {'yes' if profile.gpm_supported else 'no'}"
+        )
+    lines = [
+        f"device     {profile.device_label}  ({about})",
+        f"class      {profile.device_class}",
+        f"host       {profile.host}, torch {profile.torch_version}, {profile.threads} threads",
+        f"memory     {num(profile.memory_bandwidth_gbs, ',.1f')} GB/s (copy)",
+        "",
+        f"{'dtype':<6} {'GFLOP/s':>10} {'vs fp32':>8}  {'native':<7} why",
+    ]
+    for name, r in profile.dtypes.items():
+        native = "yes" if r.native else ("EMUL" if r.flags_native else "no")
+        ratio = "-" if r.ratio_vs_fp32 is None else f"{r.ratio_vs_fp32:.2f}x"
+        why = r.error or r.reason
+        lines.append(f"{name:<6} {num(r.gflops, ',.1f'):>10} {ratio:>8}  {native:<7} {why}")
+    lines += ["", f"best dtype {best}"]
+    lines += [f"warning    {w}" for w in warnings.values()]
+    lines += [f"note       {n}" for n in profile.notes]
+    lines.append(f"measured in {profile.elapsed_s:.2f} s (budget {profile.budget_s:.2f} s)")
+    return "\n".join(lines)
+
+
+def _profile(ns: argparse.Namespace) -> int:
+    import torch
+
+    from gpu_runtime.profile import ProfileError, best_dtype, dtype_warning, measure_profile
+
+    device = ns.device or ("cuda:0" if torch.cuda.is_available() else "cpu")
+    try:
+        profile = measure_profile(device, budget_s=ns.budget, threads=ns.threads)
+    except ProfileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    best = best_dtype(profile)
+    warnings = {d: w for d in profile.dtypes if (w := dtype_warning(profile, d)) is not None}
+    if ns.json:
+        print(json.dumps({**profile.as_dict(), "best_dtype": best, "warnings": warnings}))
+    else:
+        print(_profile_table(profile, best, warnings))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m gpu_runtime", description=__doc__.splitlines()[0]
@@ -113,6 +170,16 @@ def build_parser() -> argparse.ArgumentParser:
     va.set_defaults(handler=_validate)
     sc = sub.add_parser("schema", help="print the strategy JSON Schema")
     sc.set_defaults(handler=lambda ns: print(json.dumps(strategy_json_schema(), indent=2)) or 0)
+    pr = sub.add_parser(
+        "profile", help="time this device's GEMMs per dtype (fp32, bf16, fp16, int8)"
+    )
+    pr.add_argument("--device", help="cpu or cuda:N (default: cuda:0 if present, else cpu)")
+    pr.add_argument("--json", action="store_true", help="print one JSON object")
+    pr.add_argument(
+        "--budget", type=float, help="seconds to spend timing (default: cpu 2, cuda 0.8)"
+    )
+    pr.add_argument("--threads", type=int, help="CPU threads to time on (default: torch's)")
+    pr.set_defaults(handler=_profile)
     return parser
 
 

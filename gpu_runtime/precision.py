@@ -93,3 +93,50 @@ class Precision:
 
     def autocast(self) -> contextlib.AbstractContextManager:
         return autocast(self.device, self.section.compute_dtype)
+
+
+# One profile per device per process: `auto` on a device never measured measures it first
+# (never a guess); the worker hands in the profile it measured at start instead.
+_PROFILES: dict[str, object] = {}
+
+
+def device_profile(device: torch.device, profile=None):
+    """The device's profile: the one given, else this process's cached one, else measured now."""
+    from gpu_runtime.profile import measure_profile
+
+    key = str(device)
+    if profile is not None:
+        _PROFILES[key] = profile
+    elif key not in _PROFILES:
+        _PROFILES[key] = measure_profile(device)
+    return _PROFILES[key]
+
+
+def resolve_auto_precision(config, device: torch.device, profile=None):
+    """``precision.compute_dtype: auto`` made concrete from the device's profile
+    (gpu_runtime.profile.best_dtype); returns the config to train and what was decided
+    (None when the strategy named its dtype)."""
+    if config.precision.compute_dtype != "auto":
+        return config, None
+    from gpu_runtime.profile import best_dtype
+
+    measured = device_profile(device, profile)
+    dtype = best_dtype(measured)
+    fp32 = measured.dtypes.get("fp32")
+    chosen = measured.dtypes.get(dtype)
+    report = {
+        "requested": "auto",
+        "resolved": dtype,
+        "device_class": measured.device_class,
+        "measured_at": measured.measured_at,
+        "gflops": {name: r.gflops for name, r in measured.dtypes.items() if r.gflops is not None},
+        "why": (
+            f"{dtype} is native here and measured {chosen.ratio_vs_fp32:.2f}x fp32"
+            if dtype != "fp32" and chosen is not None and chosen.ratio_vs_fp32
+            else "no dtype runs natively faster than fp32 here"
+            if fp32 is not None
+            else "fp32: the profile has no fp32 figure"
+        ),
+    }
+    precision = config.precision.model_copy(update={"compute_dtype": dtype})
+    return config.model_copy(update={"precision": precision}), report

@@ -31,7 +31,7 @@ from gpu_runtime.mfu import peak_flops
 from gpu_runtime.model import ModelArgs, Transformer, preset_args
 from gpu_runtime.optim import build_adamw, load_optimizer_state
 from gpu_runtime.placement import choose_device
-from gpu_runtime.precision import Precision
+from gpu_runtime.precision import Precision, resolve_auto_precision
 from gpu_runtime.prefetch import Prefetcher
 from gpu_runtime.probes import MIB, open_probe
 from gpu_runtime.result import RunResult
@@ -175,6 +175,7 @@ def train(
     resume_from: str | None = None,
     live: Callable[[], dict[str, Any] | None] | None = None,
     rendezvous: Rendezvous | None = None,
+    profile=None,
 ) -> RunResult:
     """Train with a strategy, streaming telemetry samples to ``sink``; return what was measured.
 
@@ -190,6 +191,10 @@ def train(
     forwards their samples (each with its ``rank``) and returns the world's result. A run
     across ``distributed.nnodes`` nodes needs the ``rendezvous`` every node meets at; each
     node's call returns its own ranks' result.
+
+    ``precision.compute_dtype: auto`` resolves from ``profile`` (a
+    gpu_runtime.profile.DeviceProfile of the device), or from one measured now when none is
+    given; the decision is reported under ``strategies["precision.compute_dtype"]``.
     """
     config = _with_steps(config, steps)
     if config.distributed.world_size == 1:
@@ -201,10 +206,12 @@ def train(
             checkpoint_dir=checkpoint_dir,
             resume_from=resume_from,
             live=live,
+            profile=profile,
         )
     dev = resolve_device(
         device if device not in (None, "cuda") else ("cuda" if torch.cuda.is_available() else "cpu")
     )
+    config, auto = resolve_auto_precision(config, dev, profile)
     _refuse_what_the_host_cannot_run(config, dev)
     if config.distributed.nnodes > 1 and rendezvous is None:
         raise StrategyError.single(
@@ -215,7 +222,7 @@ def train(
             ),
         )
     with _stop_on_sigterm() as stop:
-        return train_distributed(
+        result = train_distributed(
             config,
             sink=sink,
             cancel=cancel,
@@ -226,6 +233,9 @@ def train(
             stop=stop,
             rendezvous=rendezvous,
         )
+    if auto is not None:
+        result.strategies["precision.compute_dtype"] = auto
+    return result
 
 
 class _Shard:
@@ -271,6 +281,7 @@ def train_local(
     resume_from: str | None = None,
     live: Callable[[], dict[str, Any] | None] | None = None,
     world: World | None = None,
+    profile=None,
 ) -> RunResult:
     """``train()`` in this process: alone, or as one rank of a ``world`` (its process group
     initialised)."""
@@ -279,6 +290,7 @@ def train_local(
         strategy=config.placement.strategy, gpus=config.placement.gpus, requested=device
     )
     dev = resolve_device(device)
+    config, auto = resolve_auto_precision(config, dev, profile)
     if world is None:
         _refuse_what_the_host_cannot_run(config, dev)
     args = preset_args(config.model.preset, config.model.seq_len)
@@ -297,6 +309,8 @@ def train_local(
     precision = Precision(config.precision, dev)
     built = assemble_model(Transformer(args), config, dev, precision, sample=batches.batch(0))
     strategies = {"placement": placement, **built.report}
+    if auto is not None:
+        strategies["precision.compute_dtype"] = auto
     optimizer = build_adamw(
         built.named_params, config.optimizer, config.train.lr, fused=config.kernels.fused_optimizer
     )

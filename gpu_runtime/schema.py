@@ -34,6 +34,9 @@ def _yaml_float(value: Any) -> Any:
 
 Float = Annotated[float, BeforeValidator(_yaml_float)]
 Dtype = Literal["fp32", "bf16", "fp16"]
+# `auto`: the fastest dtype this device runs natively, from its measured profile
+# (gpu_runtime.profile.best_dtype), resolved when the run starts and recorded on it.
+ComputeDtype = Literal["auto", "fp32", "bf16", "fp16"]
 
 
 class _Section(BaseModel):
@@ -254,8 +257,12 @@ class QuantizationSection(_Section):
 
 
 class PrecisionSection(_Section):
-    compute_dtype: Dtype = Field(
-        "fp32", description="Matmul dtype through torch.autocast: fp32, bf16 or fp16."
+    compute_dtype: ComputeDtype = Field(
+        "fp32",
+        description=(
+            "Matmul dtype through torch.autocast: fp32, bf16 or fp16; auto picks the fastest one "
+            "the device runs natively, from its measured profile."
+        ),
     )
     storage_dtype: Dtype = Field(
         "fp32", description="Parameter dtype; below fp32 the optimizer keeps fp32 master weights."
@@ -264,12 +271,19 @@ class PrecisionSection(_Section):
 
     @model_validator(mode="after")
     def _storage_not_narrower_than_fp32_compute(self) -> PrecisionSection:
-        if self.compute_dtype == "fp32" and self.storage_dtype != "fp32":
+        if self.compute_dtype in ("fp32", "auto") and self.storage_dtype != "fp32":
             raise PydanticCustomError(
                 "storage_below_compute",
-                "storage_dtype {storage} with compute_dtype fp32 would compute in {storage}; "
-                "set compute_dtype to bf16/fp16 or storage_dtype to fp32",
-                {"field": "storage_dtype", "storage": self.storage_dtype},
+                "storage_dtype {storage} with compute_dtype {compute} would compute in "
+                "{storage}{why}; set compute_dtype to bf16/fp16 or storage_dtype to fp32",
+                {
+                    "field": "storage_dtype",
+                    "storage": self.storage_dtype,
+                    "compute": self.compute_dtype,
+                    "why": " (auto resolves to fp32 where nothing is faster)"
+                    if self.compute_dtype == "auto"
+                    else "",
+                },
             )
         return self
 

@@ -160,3 +160,37 @@ _ARM_REPORT = ArmReport(
 def arm_report(**changes) -> ArmReport:
     """An arm's report row (apps.attribution.report) with these fields changed: no database."""
     return replace(_ARM_REPORT, **changes)
+
+
+# Device profiles (gpu_runtime.profile) of two CPUs the project has met: one that emulates bf16
+# (AVX2 and FMA only) and one with AMX.
+EPYC_AVX2 = ("AMD EPYC 7B13", ("avx2", "fma"), {"fp32": 60.0, "bf16": 1.2, "fp16": 1.0})
+XEON_AMX = (
+    "Intel(R) Xeon(R) Platinum 8481C",
+    ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_int8"),
+    {"fp32": 55.0, "bf16": 230.0, "fp16": 60.0},
+)
+
+
+def device_profile(cpu=EPYC_AVX2, *, host: str = "worker-1") -> dict:
+    """A CPU's profile as a worker records it (DeviceProfile.as_dict()), from its model, flags and
+    GFLOP/s per dtype, without timing anything."""
+    import torch
+
+    from gpu_runtime.profile import DeviceProfile, classify_cpu, cpu_device_class
+
+    model, flags, gflops = cpu
+    dtypes, notes = classify_cpu(model, flags, gflops)
+    return DeviceProfile(
+        host=host,
+        device="cpu",
+        device_label="cpu",
+        device_class=cpu_device_class(model, flags),
+        cpu_model=model,
+        cpu_flags=tuple(flags),
+        torch_version=torch.__version__,
+        threads=2,
+        dtypes=dtypes,
+        notes=tuple(notes),
+        measured_at="2026-12-01T00:00:00+00:00",
+    ).as_dict()

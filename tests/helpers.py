@@ -74,6 +74,8 @@ def start_worker(
     )
     if lease_s is not None:
         env["COSTLAB_RUN_LEASE_S"] = str(lease_s)
+    # Device profiles in half a second: the verdicts stand at this budget, and workers start often.
+    env.setdefault("COSTLAB_DEVICE_PROFILE_BUDGET_S", "0.5")
     env.update(extra_env)
     proc = subprocess.Popen(
         [

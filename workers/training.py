@@ -27,6 +27,8 @@ from apps.core.queues import CeleryQueue
 from apps.experiments import runs
 from apps.telemetry.services import telemetry_ingest
 from gpu_runtime.live import live_changes
+from gpu_runtime.profile import DeviceProfile
+from workers.devices import run_profile
 from workers.telemetry_sink import TelemetrySink
 
 logger = logging.getLogger(__name__)
@@ -156,6 +158,23 @@ def _device_for(queue: str, world_size: int = 1) -> tuple[str, str | None, int]:
     return "cpu", None, 0
 
 
+def _compute_dtype(config_yaml: str, measurement) -> str:
+    """The dtype the run computes in: the strategy's, or what `auto` resolves to on the measured
+    device (gpu_runtime resolves it from the same profile); "" when auto meets no profile (the
+    runtime measures the device itself)."""
+    from gpu_runtime.profile import best_dtype
+
+    try:
+        dtype = gpu_runtime.load_strategy(config_yaml).precision.compute_dtype
+    except gpu_runtime.StrategyError:
+        return ""  # refused again where it trains, with the reason
+    if dtype != "auto":
+        return dtype
+    if measurement is None:
+        return ""
+    return best_dtype(DeviceProfile.from_dict(measurement.profile))
+
+
 def run_execute(run_id: int) -> None:
     """Train one run to its end; the row says truthfully how it ended."""
     import torch
@@ -181,6 +200,8 @@ def run_execute(run_id: int) -> None:
         # Tenants are isolated by process (one task per child) and by this memory cap.
         torch.cuda.set_per_process_memory_fraction(float(run.tenant.gpu_memory_fraction))
     label = f"{device} {gpu_name}" if gpu_name else device
+    measurement = run_profile(host=host, device=device, queue=run.queue)
+    profile = None if measurement is None else DeviceProfile.from_dict(measurement.profile)
     db_retry(
         runs.run_device_record,
         what=f"run {run_id}: device record",
@@ -196,6 +217,8 @@ def run_execute(run_id: int) -> None:
         if world > 1
         else torch.get_num_threads(),
         memory_gb=0.0,
+        measurement=measurement,
+        compute_dtype=_compute_dtype(run.config_yaml, measurement),
     )
     rendezvous, gang = None, None
     if (
@@ -230,6 +253,7 @@ def run_execute(run_id: int) -> None:
                 device=device,
                 live=control.live_updates,
                 rendezvous=rendezvous,
+                profile=profile,
             )
             dataset_sha, result_status = result.dataset_sha256 or "", result.status
             if result.status == "completed":

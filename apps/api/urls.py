@@ -4,6 +4,7 @@
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
+from apps.api.views.devices import DeviceViewSet
 from apps.api.views.experiments import ArmViewSet, ExperimentViewSet
 from apps.api.views.meta import ApiRouter, StrategySchemaView, WhoAmIView, api_not_found
 from apps.api.views.pricing import CostModelViewSet, GpuSkuViewSet, PricingTableViewSet
@@ -20,6 +21,7 @@ router.register("runs", RunViewSet, basename="run")
 router.register("pricing-tables", PricingTableViewSet, basename="pricing-table")
 router.register("cost-models", CostModelViewSet, basename="cost-model")
 router.register("gpu-skus", GpuSkuViewSet, basename="gpu-sku")
+router.register("devices", DeviceViewSet, basename="device")
 router.register("tokens", ApiTokenViewSet, basename="token")
 router.register("sweeps", SweepViewSet, basename="sweep")
 

@@ -401,6 +401,25 @@ def experiment_live(
 # ---------------------------------------------------------------------------------------------
 # Run page
 # ---------------------------------------------------------------------------------------------
+def _device_facts(run: Run) -> None:
+    """What the run page says of the hardware: its class in words, the strategy's dtype (auto or
+    named), and the profile's GFLOP/s per float dtype."""
+    from apps.devices.selectors import device_class_label
+    from gpu_runtime import StrategyError, load_strategy
+
+    run.device_class_label = device_class_label(run.device_class)
+    try:
+        run.strategy_compute_dtype = load_strategy(run.config_yaml).precision.compute_dtype
+    except StrategyError:
+        run.strategy_compute_dtype = ""
+    profile = run.device_measurement.profile if run.device_measurement_id else {}
+    run.profile_dtypes = [
+        {"dtype": name, **row}
+        for name, row in (profile.get("dtypes") or {}).items()
+        if name != "int8" and row.get("gflops") is not None
+    ]
+
+
 def run_page(*, run: Run, now: datetime | None = None) -> dict:
     now = now or timezone.now()
     series = run_series(runs=[run], fields=charts.RUN_FIELDS, budget=charts.RUN_BUDGET_MAX)
@@ -413,6 +432,7 @@ def run_page(*, run: Run, now: datetime | None = None) -> dict:
         notices = worker_notices(stats=RunStats({}, None, run.heartbeat_at), now=now)
     if run.last_seq < 0 and run.status != Run.Status.QUEUED:
         notices.append(Notice("info", "No telemetry", "This run has not reported any telemetry."))
+    _device_facts(run)
     return {
         "run": run,
         "notices": notices,

@@ -20,6 +20,7 @@ urlpatterns = [
     path("runs/<int:pk>/", views.run_detail, name="run"),
     path("runs/<int:pk>/live.json", views.run_live, name="run-live"),
     path("pricing/", views.pricing, name="pricing"),
+    path("devices/", views.devices, name="devices"),
     path("sweeps/", views.sweep_list, name="sweeps"),
     path("sweeps/<int:pk>/", views.sweep_detail, name="sweep"),
     path("sweeps/<int:pk>/live.json", views.sweep_live, name="sweep-live"),

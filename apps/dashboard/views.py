@@ -144,6 +144,14 @@ def pricing(request):
 
 @login_required
 @require_GET
+def devices(request):
+    from apps.devices.selectors import device_list, device_pages
+
+    return render(request, "dashboard/devices.html", {"devices": device_pages(device_list())})
+
+
+@login_required
+@require_GET
 def sweep_list(request):
     return render(
         request, "dashboard/sweep_list.html", {"sweeps": sweeps.sweeps_visible(user=request.user)}

@@ -8,6 +8,7 @@ from django.db.models import Q
 
 from apps.core.models import TimeStampedModel
 from apps.core.queues import CeleryQueue
+from apps.devices.models import DeviceMeasurement
 from apps.experiments.strategies import strategy_normalise, strategy_sha256
 from apps.pricing.models import CostModel, GpuSku, PricingTable
 from apps.tenants.models import Tenant
@@ -203,6 +204,28 @@ class Run(TimeStampedModel):
         related_name="runs",
         verbose_name="GPU",
     )
+    # The hardware it trained on: the profile measured of that device, its class (runs compare
+    # only within one class: apps.attribution), and the compute dtype precision auto resolved to.
+    device_measurement = models.ForeignKey(
+        DeviceMeasurement,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="runs",
+        help_text="The device profile the run trained on.",
+    )
+    device_class = models.CharField(
+        max_length=255,
+        blank=True,
+        default="",
+        help_text="Comparable hardware (CPU model and flags, or GPU name); empty: not known.",
+    )
+    compute_dtype = models.CharField(
+        max_length=8,
+        blank=True,
+        default="",
+        help_text="The matmul dtype it trained in (precision auto resolved on its device).",
+    )
     gpu_count = models.PositiveIntegerField(
         "held GPUs", default=0, help_text="Accelerators held by the run (0: CPU only)."
     )
@@ -315,6 +338,8 @@ class Run(TimeStampedModel):
             # The dashboard's runs page: a team's runs by date (its default order and date filter),
             # and a git commit by prefix (LIKE 'abc%' needs the pattern operator class on Postgres).
             models.Index(fields=["tenant", "queued_at"], name="run_tenant_queued_idx"),
+            # Attribution's per-class verdicts: an experiment's runs by device class.
+            models.Index(fields=["experiment", "device_class"], name="run_experiment_class_idx"),
             models.Index(
                 fields=["git_sha"], name="run_git_sha_prefix_idx", opclasses=["varchar_pattern_ops"]
             ),

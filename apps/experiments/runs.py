@@ -233,14 +233,25 @@ def run_device_record(
     gpu_count: int,
     vcpus: int,
     memory_gb: float,
+    measurement=None,
+    compute_dtype: str = "",
 ) -> None:
-    """What the run actually holds, so it is priced for that (the SKU matched by device name)."""
+    """What the run actually holds, so it is priced for that (the SKU matched by device name);
+    the device profile it trains on (`measurement`, an apps.devices DeviceMeasurement), its
+    device class and its compute dtype."""
     sku = None
     if gpu_name:
         sku = next((s for s in GpuSku.objects.all() if _same_gpu(s.name, gpu_name)), None)
     runs = Run.objects.filter(pk=run_id, lease_owner=owner)
     runs.update(
-        host=host, device=device[:120], gpu_count=gpu_count, vcpus=vcpus, memory_gb=memory_gb
+        host=host,
+        device=device[:120],
+        gpu_count=gpu_count,
+        vcpus=vcpus,
+        memory_gb=memory_gb,
+        device_measurement=measurement,
+        device_class="" if measurement is None else measurement.device_class,
+        compute_dtype=compute_dtype,
     )
     if sku is not None:
         runs.filter(gpu_sku__isnull=True).update(gpu_sku=sku)  # a SKU chosen at submission wins

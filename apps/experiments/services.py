@@ -17,6 +17,7 @@ from apps.core.queues import CeleryQueue
 from apps.experiments.models import Arm, Experiment, Run
 from apps.experiments.runs import run_end, run_enqueue
 from apps.experiments.strategies import (
+    strategy_device_warnings,
     strategy_normalise,
     strategy_sha256,
     strategy_validate,
@@ -202,6 +203,8 @@ def run_submit(
     world_size, nnodes = strategy_world_size(
         arm.strategy_yaml, gpu=gpu_sku is not None, gpu_count=gpu_count
     )
+    if kind == Run.Kind.WORKER:  # a dtype no device of its queue can run is refused here
+        strategy_device_warnings(arm.strategy_yaml, queue=queue.value)
     run = Run.objects.create(
         tenant=tenant,
         experiment=experiment,

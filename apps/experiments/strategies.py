@@ -72,3 +72,24 @@ def strategy_world_size(
     if problems:
         raise _refused(field, StrategyError(problems))
     return config.distributed.world_size, nodes
+
+
+def strategy_device_warnings(
+    strategy_yaml: str, *, queue: str | None = None, field: str = "strategy_yaml"
+) -> list[dict]:
+    """What the devices `queue` has seen (None: every training queue) say of this valid
+    strategy: warnings ({queue, key, message, ratio, devices}) for a dtype that is emulated or
+    slower than fp32 on all of them. A dtype none of them can run at all is refused, naming the
+    key, before anything is stored or queued."""
+    from apps.core.queues import CeleryQueue
+    from apps.devices.selectors import strategy_device_findings
+    from gpu_runtime import StrategyError, load_strategy
+
+    config = load_strategy(strategy_yaml)
+    out = []
+    for q in [queue] if queue else [CeleryQueue.CPU.value, CeleryQueue.GPU.value]:
+        warnings, refusals = strategy_device_findings(config=config, queue=q)
+        if refusals and queue:
+            raise _refused(field, StrategyError(refusals))
+        out += [{"queue": q, **w.as_dict()} for w in warnings]
+    return out

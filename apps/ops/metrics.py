@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from apps.core.models import PeriodicTaskRun
 from apps.core.selectors import broker_reachable, database_reachable
+from apps.devices.models import Device
 from apps.experiments.models import Run
 from apps.telemetry.models import TelemetrySample
 
@@ -85,6 +86,8 @@ class PlatformCollector(Collector):
             value=(recent.count() / INGEST_WINDOW_S) if running else 0.0,
         )
 
+        yield from _device_metrics()
+
         tick = PeriodicTaskRun.objects.filter(name="attribution_tick").first()
         if tick is not None:
             yield GaugeMetricFamily(
@@ -101,6 +104,37 @@ class PlatformCollector(Collector):
             yield CounterMetricFamily(
                 "costlab_attribution_ticks", "Attribution ticks run.", value=tick.runs
             )
+
+
+def _device_metrics() -> Iterator[Metric]:
+    """Each device's latest profile: GEMM GFLOP/s and native (1) or emulated (0) per dtype."""
+    gflops = GaugeMetricFamily(
+        "costlab_device_gemm_gflops",
+        "Measured GEMM throughput of each device per dtype (GOP/s for int8).",
+        labels=["host", "device", "device_class", "dtype"],
+    )
+    native = GaugeMetricFamily(
+        "costlab_device_dtype_native",
+        "1 when the device runs the dtype natively, 0 when it is emulated (measured).",
+        labels=["host", "device", "device_class", "dtype"],
+    )
+    failed = GaugeMetricFamily(
+        "costlab_device_profile_failed",
+        "1 when the device's last measurement failed (its reason is on the Devices page).",
+        labels=["host", "device"],
+    )
+    for device in Device.objects.select_related("latest"):
+        failed.add_metric([device.host, device.label], int(bool(device.error)))
+        if device.latest is None:
+            continue
+        for dtype, row in (device.latest.profile.get("dtypes") or {}).items():
+            labels = [device.host, device.label, device.device_class, dtype]
+            if row.get("gflops") is not None:
+                gflops.add_metric(labels, row["gflops"])
+            native.add_metric(labels, int(bool(row.get("native"))))
+    yield gflops
+    yield native
+    yield failed
 
 
 def metrics_registry() -> CollectorRegistry:

@@ -57,6 +57,7 @@ THIRD_PARTY_APPS = [
 LOCAL_APPS = [
     "apps.core",
     "apps.tenants",
+    "apps.devices",
     "apps.pricing",
     "apps.experiments",
     "apps.telemetry",
@@ -275,6 +276,11 @@ COSTLAB_SIZING_MAX_THREADS = env.int("COSTLAB_SIZING_MAX_THREADS", default=0)
 # ------------------------------------------------------------------------------
 # A worker renews its lease every second; a run whose lease is older than this is lost.
 COSTLAB_RUN_LEASE_S = env.float("COSTLAB_RUN_LEASE_S", default=30.0)
+# Device profiles (gpu_runtime.profile): a training worker times its devices' GEMMs per dtype at
+# start, for about this long per device (unset: 2 s on a CPU, 0.8 s on a GPU); `auto` precision,
+# the authoring warnings and per-device-class attribution read them.
+COSTLAB_DEVICE_PROFILE_BUDGET_S = env.float("COSTLAB_DEVICE_PROFILE_BUDGET_S", default=None)
+COSTLAB_DEVICE_PROFILE_AT_START = env.bool("COSTLAB_DEVICE_PROFILE_AT_START", default=True)
 # GPUs on a GPU worker's host: a run asking for more DDP processes per node is refused at submit.
 COSTLAB_GPUS_PER_NODE = env.int("COSTLAB_GPUS_PER_NODE", default=8)
 # A run across nodes: the node that claims it serves the c10d rendezvous on this address (as the

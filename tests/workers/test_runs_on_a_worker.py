@@ -49,6 +49,28 @@ def test_a_submitted_run_trains_and_ends_with_telemetry_and_a_cost(celery_worker
     assert run.attempts == 1 and not run.lease_owner
 
 
+def test_a_worker_profiles_its_device_and_an_auto_run_records_what_it_resolved_to(
+    celery_worker_process,
+):
+    from apps.devices.models import Device
+    from gpu_runtime.profile import DeviceProfile, best_dtype
+
+    auto = SHORT.replace("train:", "precision: {compute_dtype: auto}\ntrain:")
+    run = run_submit(experiment=experiment_with(auto))
+    run = wait_for(
+        lambda: Run.objects.filter(pk=run.pk, status__in=["succeeded", "failed"]).first(),
+        120,
+        "the run to end",
+    )
+    assert run.status == "succeeded", run.error
+    device = Device.objects.get(host=run.host, label="cpu")
+    assert device.queues and "cpu" in device.queues and device.latest is not None
+    assert run.device_measurement is not None and run.device_measurement.device == device
+    profile = DeviceProfile.from_dict(run.device_measurement.profile)
+    assert run.device_class == profile.device_class and run.device_class.startswith("cpu:")
+    assert run.compute_dtype == best_dtype(profile) and run.compute_dtype in ("fp32", "bf16")
+
+
 def test_a_cancelled_run_stops_at_a_step_boundary_and_keeps_its_telemetry(celery_worker_process):
     run = run_submit(experiment=experiment_with(LONG))
     wait_for(

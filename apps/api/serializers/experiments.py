@@ -3,6 +3,7 @@ from rest_framework import serializers
 
 from apps.api.serializers.fields import TenantPrimaryKeyField
 from apps.api.serializers.runs import RunOutlierSerializer, outliers_of
+from apps.core.queues import CeleryQueue
 from apps.experiments.models import Arm, Experiment
 from apps.experiments.services import EXPERIMENT_EDITABLE
 from apps.pricing.models import CostModel, PricingTable
@@ -91,7 +92,28 @@ class ArmUpdateSerializer(serializers.Serializer):
     weight = serializers.DecimalField(max_digits=7, decimal_places=4, min_value=0, required=False)
 
 
-class ArmUpdateResultSerializer(ArmSerializer):
+class StrategyWarningSerializer(serializers.Serializer):
+    queue = serializers.CharField(help_text="The queue whose devices say so.")
+    key = serializers.CharField(help_text="The strategy key warned about.")
+    message = serializers.CharField()
+    ratio = serializers.FloatField(
+        allow_null=True, help_text="Measured throughput of the named dtype over fp32 (best device)."
+    )
+    devices = serializers.IntegerField(help_text="Devices of the queue it was measured on.")
+
+
+class ArmWriteResultSerializer(ArmSerializer):
+    warnings = StrategyWarningSerializer(
+        many=True,
+        read_only=True,
+        help_text="What the training queues' measured devices say of the strategy's dtypes.",
+    )
+
+    class Meta(ArmSerializer.Meta):
+        fields = [*ArmSerializer.Meta.fields, "warnings"]
+
+
+class ArmUpdateResultSerializer(ArmWriteResultSerializer):
     live_keys = serializers.DictField(
         read_only=True, help_text="Changed keys that reach running runs at their next step."
     )
@@ -102,13 +124,19 @@ class ArmUpdateResultSerializer(ArmSerializer):
     )
 
     class Meta(ArmSerializer.Meta):
-        fields = [*ArmSerializer.Meta.fields, "live_keys", "new_runs_only"]
+        fields = [*ArmWriteResultSerializer.Meta.fields, "live_keys", "new_runs_only"]
 
 
 class StrategyCheckSerializer(serializers.Serializer):
     strategy_yaml = serializers.CharField(max_length=STRATEGY_MAX_CHARS, trim_whitespace=False)
+    queue = serializers.ChoiceField(
+        choices=[CeleryQueue.CPU.value, CeleryQueue.GPU.value],
+        default=CeleryQueue.CPU.value,
+        help_text="Whose devices to check the strategy against (their measured profiles).",
+    )
 
 
 class StrategyCheckResultSerializer(serializers.Serializer):
     valid = serializers.BooleanField()
     strategy_sha256 = serializers.CharField()
+    warnings = StrategyWarningSerializer(many=True)

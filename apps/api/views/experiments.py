@@ -17,6 +17,7 @@ from apps.api.serializers.experiments import (
     ArmSerializer,
     ArmUpdateResultSerializer,
     ArmUpdateSerializer,
+    ArmWriteResultSerializer,
     ExperimentSerializer,
     StrategyCheckResultSerializer,
     StrategyCheckSerializer,
@@ -97,11 +98,18 @@ class ArmViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet
     filter_backends = [DjangoFilterBackend]
     filterset_class = ArmFilter
 
+    @extend_schema(responses={201: ArmWriteResultSerializer})
     def create(self, request):
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         arm = services.arm_create(**serializer.validated_data)
-        return Response(self.get_serializer(arm).data, status=status.HTTP_201_CREATED)
+        return Response(
+            {
+                **self.get_serializer(arm).data,
+                "warnings": services.strategy_device_warnings(arm.strategy_yaml),
+            },
+            status=status.HTTP_201_CREATED,
+        )
 
     @extend_schema(request=ArmUpdateSerializer, responses=ArmUpdateResultSerializer)
     def partial_update(self, request, pk=None):
@@ -111,7 +119,12 @@ class ArmViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet
         update = services.arm_update(arm=arm, **serializer.validated_data)
         data = ArmSerializer(update.arm, context=self.get_serializer_context()).data
         return Response(
-            {**data, "live_keys": update.live_keys, "new_runs_only": update.new_runs_only}
+            {
+                **data,
+                "live_keys": update.live_keys,
+                "new_runs_only": update.new_runs_only,
+                "warnings": services.strategy_device_warnings(update.arm.strategy_yaml),
+            }
         )
 
     def destroy(self, request, pk=None):
@@ -149,9 +162,14 @@ class ArmViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet
     @extend_schema(request=StrategyCheckSerializer, responses=StrategyCheckResultSerializer)
     @action(detail=False, methods=["post"], url_path="validate")
     def validate_strategy(self, request):
-        """Check a strategy against gpu_runtime's schema without storing anything."""
+        """Check a strategy against gpu_runtime's schema and the measured devices of a queue
+        (`cpu` by default) without storing anything: `warnings` name each key whose dtype is
+        emulated or slower there; a dtype none of them can run is refused."""
         serializer = StrategyCheckSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         text = serializer.validated_data["strategy_yaml"]
         services.strategy_validate(text)
-        return Response({"valid": True, "strategy_sha256": services.strategy_sha256(text)})
+        warnings = services.strategy_device_warnings(text, queue=serializer.validated_data["queue"])
+        return Response(
+            {"valid": True, "strategy_sha256": services.strategy_sha256(text), "warnings": warnings}
+        )

@@ -21,7 +21,7 @@ from tests.factories import (
 )
 
 pytestmark = pytest.mark.django_db
-SHARED = {"gpu-sku"}  # accelerator models are the same for every tenant
+SHARED = {"gpu-sku", "device"}  # accelerator models and workers' devices serve every tenant
 
 
 def api_routes() -> list[tuple[str, object, set[str]]]:
