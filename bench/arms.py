@@ -3,6 +3,11 @@
     python bench/arms.py [--quick] [--json] [--device cpu|cuda] [--price-per-hour USD]
                          [--compile auto|on|off]
     python bench/arms.py --ddp N [--quick] [--json] [--device cpu|cuda]
+    python bench/arms.py --smoke [--json] [--ddp N]
+
+`--smoke`: the tiny preset at seq_len 32, global batch 4, one round of 3 steps, bf16 and dynamic
+batching alone only: the same code path and JSON keys in seconds, to check that the benchmark
+runs (tests/bench); its figures mean nothing.
 
 The shape: the `small` preset (26M parameters) at seq_len 256, global batch 8 (64 on CUDA).
 At seq_len 64 and micro-batch 2 a forward pass is 128 tokens: per-op overhead, norms and the
@@ -70,6 +75,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psutil  # noqa: E402
 import torch  # noqa: E402
+from _setup import spread as _spread  # noqa: E402  (bench/, the script's directory)
 
 from gpu_runtime import strategy_from_dict, train  # noqa: E402
 from gpu_runtime.capability import device_label, resolve_device  # noqa: E402
@@ -229,14 +235,7 @@ def run_arm(config: dict, device: str) -> dict[str, Any]:
 
 
 def spread(values: list[float]) -> dict[str, float]:
-    q = statistics.quantiles(values, n=4) if len(values) >= 2 else [values[0]] * 3
-    return {
-        "median": statistics.median(values),
-        "min": min(values),
-        "max": max(values),
-        "q1": q[0],
-        "q3": q[2],
-    }
+    return _spread(values, keys=("median", "min", "max", "q1", "q3"))
 
 
 def _timer(clock: str):
@@ -494,8 +493,11 @@ def main() -> int:
         action="store_true",
         help="last line: one JSON object with ratio and per-arm figures",
     )
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny sizes, seconds: checks the code path only"
+    )
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
-    parser.add_argument("--preset", default="small")
+    parser.add_argument("--preset", default=None, help="default small (--smoke: tiny)")
     parser.add_argument(
         "--seq-len", type=int, default=None, help="default 256 (matmuls dominate a step)"
     )
@@ -538,10 +540,13 @@ def main() -> int:
     if ns.threads and not cuda:
         torch.set_num_threads(ns.threads)
     ns.clock = ns.clock if ns.clock != "auto" else ("wall" if cuda else "cpu")
-    ns.seq_len = ns.seq_len or 256
-    ns.global_batch = ns.global_batch or (64 if cuda else 8)
-    ns.baseline_micro_batch = ns.baseline_micro_batch or (8 if cuda else 2)
-    if cuda:
+    ns.preset = ns.preset or ("tiny" if ns.smoke else "small")
+    ns.seq_len = ns.seq_len or (32 if ns.smoke else 256)
+    ns.global_batch = ns.global_batch or (4 if ns.smoke else 64 if cuda else 8)
+    ns.baseline_micro_batch = ns.baseline_micro_batch or (8 if cuda and not ns.smoke else 2)
+    if ns.smoke:
+        rounds, ns.steps, alone_rounds = 1, 3, 0
+    elif cuda:
         rounds, ns.steps, alone_rounds = (3, 12, 1) if ns.quick else (6, 30, 2)
     else:
         rounds, ns.steps, alone_rounds = (2, 6, 0) if ns.quick else (5, 10, 1)
@@ -553,12 +558,14 @@ def main() -> int:
         skipped["embedding offload (cpu)"] = (
             "no device memory to spare on a CPU run: the table is already there"
         )
-        if ns.quick:
-            for name in alone:
-                if name not in ("bf16 autocast", "dynamic batching", "embedding offload (cpu)"):
-                    skipped[name] = (
-                        "--quick keeps bf16 and dynamic batching alone; the full run measures it"
-                    )
+    if ns.smoke or (ns.quick and not cuda):
+        for name in alone:
+            if name not in ("bf16 autocast", "dynamic batching"):
+                skipped.setdefault(
+                    name,
+                    "--quick and --smoke keep bf16 and dynamic batching alone; "
+                    "the full run measures it",
+                )
     for name in skipped:
         alone.pop(name)
 

@@ -1,6 +1,6 @@
 """Attribution tick: 100 active experiments x 4 arms over millions of telemetry samples.
 
-    python bench/attribution.py [--quick] [--json] [--samples N]
+    python bench/attribution.py [--quick] [--smoke] [--json] [--samples N]
     (targets: tick_s <= 1, freeze_latency_s <= 7)
 
 Two measures, on a real Postgres (bench/_setup.py):
@@ -17,6 +17,9 @@ Two measures, on a real Postgres (bench/_setup.py):
 
 Samples are generated in Postgres once and kept (tenant `bench-attribution`); a later run with
 the same --samples reuses them. --quick: fewer rounds, and 1M samples unless more are there.
+--smoke: one round of each measure over 10 experiments of two samples per run, on a database
+of its own (`_attribution_smoke`): the same code path and JSON keys in seconds, to check that the
+benchmark runs (tests/bench); its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from decimal import Decimal
 from _setup import django_on_postgres, spread
 
 EXPERIMENTS, ARMS, RUNS_PER_ARM = 100, 4, 5
+SMOKE_EXPERIMENTS = 10  # --smoke: every tick is over fewer experiments
 FACTORS = (
     1.0,
     0.97,
@@ -51,7 +55,7 @@ def _drop(experiments) -> None:
     experiments.delete()
 
 
-def build_world(n_samples: int, log) -> dict:
+def build_world(n_samples: int, log, experiments: int = EXPERIMENTS) -> dict:
     """The experiments, arms and runs, and the samples generated server-side
     (reused when present)."""
     from django.db import connection
@@ -61,13 +65,13 @@ def build_world(n_samples: int, log) -> dict:
     from apps.telemetry.models import TelemetrySample
     from apps.tenants.models import Tenant
 
-    per_run = max(2, n_samples // (EXPERIMENTS * ARMS * RUNS_PER_ARM))
+    per_run = max(2, n_samples // (experiments * ARMS * RUNS_PER_ARM))
     tenant = Tenant.objects.filter(slug="bench-attribution").first()
     if tenant is not None:
         _drop(Experiment.objects.filter(tenant=tenant, name__startswith="latency"))
         runs = Run.objects.filter(tenant=tenant)
         if (
-            runs.count() == EXPERIMENTS * ARMS * RUNS_PER_ARM
+            runs.count() == experiments * ARMS * RUNS_PER_ARM
             and TelemetrySample.objects.filter(run_id=runs.first().pk).count() == per_run
         ):
             log(f"reusing {per_run * runs.count():,} samples")
@@ -81,7 +85,7 @@ def build_world(n_samples: int, log) -> dict:
         _drop(Experiment.objects.filter(tenant=tenant))
         tenant.delete()
     log(
-        f"generating {per_run * EXPERIMENTS * ARMS * RUNS_PER_ARM:,} samples "
+        f"generating {per_run * experiments * ARMS * RUNS_PER_ARM:,} samples "
         "(once; kept for later runs)"
     )
     tenant = Tenant.objects.create(
@@ -109,7 +113,7 @@ def build_world(n_samples: int, log) -> dict:
                 attribution_interval_s=INTERVAL_S,
                 target_steps=100_000,
             )
-            for i in range(EXPERIMENTS)
+            for i in range(experiments)
         ]
     )
     strategy = "model: {family: llama, preset: tiny, seq_len: 64}\ndata: {source: synthetic}\n"
@@ -142,9 +146,9 @@ def build_world(n_samples: int, log) -> dict:
             cursor.execute(
                 f"""
                 INSERT INTO {TelemetrySample._meta.db_table}
-                    (run_id, seq, attempt, ts, step, device, util_pct, power_w, energy_j, tokens,
-                     estimated)
-                SELECT r.id, g.i, 1, TIMESTAMPTZ '2026-06-01' + g.i * INTERVAL '1 second', g.i,
+                    (run_id, seq, attempt, ts, step, rank, device, util_pct, power_w, energy_j,
+                     tokens, estimated)
+                SELECT r.id, g.i, 1, TIMESTAMPTZ '2026-06-01' + g.i * INTERVAL '1 second', g.i, 0,
                        'cuda:0 Bench GPU', 90.0, 650.0, 650.0 * g.i, 4096 * g.i, FALSE
                 FROM {Run._meta.db_table} r CROSS JOIN generate_series(0, %s - 1) AS g(i)
                 WHERE r.experiment_id = %s""",
@@ -346,14 +350,20 @@ def main() -> None:
     parser.add_argument(
         "--quick", action="store_true", help="fewer rounds, 1M samples unless present (< 1 min)"
     )
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny sizes, seconds: checks the code path only"
+    )
     parser.add_argument("--json", action="store_true", help="last line: one JSON object")
     parser.add_argument(
-        "--samples", type=int, default=None, help="telemetry samples in all (default 10M)"
+        "--samples",
+        type=int,
+        default=None,
+        help="telemetry samples in all (default 10M; --smoke: two per run)",
     )
     args = parser.parse_args()
-    rounds, latency_rounds = (3, 3) if args.quick else (15, 8)
+    rounds, latency_rounds = (1, 1) if args.smoke else (3, 3) if args.quick else (15, 8)
 
-    django_on_postgres()
+    django_on_postgres(smoke=args.smoke)
     from django.utils import timezone
 
     from apps.attribution.services import attribution_tick
@@ -362,11 +372,14 @@ def main() -> None:
     def log(message: str) -> None:
         print(f"# {message}", flush=True)
 
-    n_samples = args.samples or 10_000_000
+    experiments = SMOKE_EXPERIMENTS if args.smoke else EXPERIMENTS
+    n_samples = args.samples or (
+        2 * experiments * ARMS * RUNS_PER_ARM if args.smoke else 10_000_000
+    )
     if args.quick and args.samples is None:
         existing = TelemetrySample.objects.filter(run__tenant__slug="bench-attribution").count()
         n_samples = existing if existing >= 1_000_000 else 1_000_000
-    world = build_world(n_samples, log)
+    world = build_world(n_samples, log, experiments)
     experiment_ids = reset(world)
     total = TelemetrySample.objects.filter(run__tenant=world["tenant"]).count()
 
@@ -382,7 +395,7 @@ def main() -> None:
             start = time.perf_counter()
             if name == "tick":
                 result = attribution_tick(now=now)
-                assert result.windows == EXPERIMENTS, result
+                assert result.windows == experiments, result
             else:
                 rescan(experiment_ids)
             times[name] = time.perf_counter() - start
@@ -393,13 +406,15 @@ def main() -> None:
         ratios.append(times["rescan"] / times["tick"])
 
     # Phases from just after a beat (the worst case: a whole interval to wait) to just before one.
-    phases = [0.05 + (INTERVAL_S - 0.1) * k / (latency_rounds - 1) for k in range(latency_rounds)]
+    phases = [
+        0.05 + (INTERVAL_S - 0.1) * k / max(1, latency_rounds - 1) for k in range(latency_rounds)
+    ]
     measured = [latency_round(world, phase, k) for k, phase in enumerate(phases)]
     latency = [m[0] for m in measured]
 
     t, s, q, lat = spread(tick_s), spread(rescan_s), spread(ratios), spread(latency)
     print(
-        f"{EXPERIMENTS} experiments x {ARMS} arms x {RUNS_PER_ARM} runs, "
+        f"{experiments} experiments x {ARMS} arms x {RUNS_PER_ARM} runs, "
         f"{total:,} telemetry samples, "
         f"every run moved since the last tick"
     )
@@ -434,7 +449,7 @@ def main() -> None:
                     "freeze_latency_median_s": round(lat["median"], 3),
                     "interval_s": INTERVAL_S,
                     "samples": total,
-                    "experiments": EXPERIMENTS,
+                    "experiments": experiments,
                     "arms": ARMS,
                     "rounds": rounds,
                 }

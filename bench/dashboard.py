@@ -25,7 +25,12 @@ start to the performance mark "costlab:charts-drawn" that lazy.js sets when its 
 and browser_first_chart_s when the first one is ("costlab:first-chart": one in view). Until the
 charts moved off the load event's path, both were the load event itself.
 
-    python bench/dashboard.py [--quick] [--json]      (targets: page_s, browser_cold_s <= 1.0)
+    python bench/dashboard.py [--quick] [--smoke] [--json]  (targets: page_s, browser_cold_s <= 1.0)
+
+`--smoke`: 8,000 and 800 samples over 4 runs each, 20 attribution windows, two server rounds and
+one browser round, on a database of its own (`_dashboard_smoke`): the same code path and JSON keys
+in seconds, to check that the benchmark runs (tests/bench); its figures mean nothing. It needs
+Chromium as the full run does ($COSTLAB_CHROMIUM or /usr/bin/chromium).
 """
 
 from __future__ import annotations
@@ -41,18 +46,23 @@ from _setup import django_on_postgres, spread
 
 LARGE, SMALL = 1_000_000, 1_000
 RUNS, WINDOWS = 8, 2_000
+SMOKE = {"large": 8_000, "small": 800, "runs": 4, "windows": 20}  # --smoke's sizes
 
 
-def build(name: str, samples_total: int, *, tenant, cost_model):
-    """An experiment with RUNS runs holding samples_total samples and WINDOWS attribution windows
-    (in one transaction: a failed build leaves nothing half-made behind)."""
+def build(
+    name: str, samples_total: int, *, tenant, cost_model, runs: int = RUNS, windows: int = WINDOWS
+):
+    """An experiment with `runs` runs holding samples_total samples and `windows` attribution
+    windows (in one transaction: a failed build leaves nothing half-made behind)."""
     from django.db import transaction
 
     with transaction.atomic():
-        return _build(name, samples_total, tenant=tenant, cost_model=cost_model)
+        return _build(
+            name, samples_total, tenant=tenant, cost_model=cost_model, runs=runs, windows=windows
+        )
 
 
-def _build(name: str, samples_total: int, *, tenant, cost_model):
+def _build(name: str, samples_total: int, *, tenant, cost_model, runs: int, windows: int):
     from django.db import connection
 
     from apps.attribution.models import (
@@ -72,7 +82,7 @@ def _build(name: str, samples_total: int, *, tenant, cost_model):
         return experiment
     if experiment:
         experiment.delete()
-    per_run = samples_total // RUNS
+    per_run = samples_total // runs
     t0 = datetime.now(UTC) - timedelta(seconds=per_run)
     experiment = Experiment.objects.create(
         tenant=tenant, name=name, cost_model=cost_model, status="active", target_steps=100_000
@@ -86,10 +96,10 @@ def _build(name: str, samples_total: int, *, tenant, cost_model):
         )
         for i, n in enumerate(("baseline", "optimized"))
     ]
-    runs = []
-    for i in range(RUNS):
+    made = []
+    for i in range(runs):
         arm = arms[i % 2]
-        runs.append(
+        made.append(
             Run.objects.create(
                 tenant=tenant,
                 experiment=experiment,
@@ -114,7 +124,7 @@ def _build(name: str, samples_total: int, *, tenant, cost_model):
         )
     table = TelemetrySample._meta.db_table
     with connection.cursor() as cursor:
-        for run in runs:
+        for run in made:
             cursor.execute(
                 f"INSERT INTO {table} (run_id, seq, attempt, ts, step, rank, device, util_pct, "
                 "power_w, energy_j, step_time_s, tokens, tokens_per_s, micro_batch, loss, "
@@ -125,11 +135,11 @@ def _build(name: str, samples_total: int, *, tenant, cost_model):
                 [run.pk, t0, per_run - 1],
             )
         cursor.execute(f"ANALYZE {table}")
-    step = timedelta(seconds=per_run / WINDOWS)
+    step = timedelta(seconds=per_run / windows)
     windows = AttributionWindow.objects.bulk_create(
         [
             AttributionWindow(experiment=experiment, number=n + 1, window_end=t0 + step * (n + 1))
-            for n in range(WINDOWS)
+            for n in range(windows)
         ]
     )
     rng = random.Random(0)
@@ -303,11 +313,21 @@ def main() -> None:
     parser.add_argument(
         "--quick", action="store_true", help="fewer rounds, no samples_downsampled baseline"
     )
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny sizes, seconds: checks the code path only"
+    )
     parser.add_argument("--json", action="store_true", help="last line: one JSON object")
     args = parser.parse_args()
-    rounds = 5 if args.quick else 15
+    rounds = 2 if args.smoke else 5 if args.quick else 15
+    sizes = (
+        SMOKE if args.smoke else {"large": LARGE, "small": SMALL, "runs": RUNS, "windows": WINDOWS}
+    )
+    n_large, n_small = sizes["large"], sizes["small"]
+    names = ("bench: smoke, large", "bench: smoke, small")
+    if not args.smoke:
+        names = ("bench: 1M samples", "bench: 1k samples")
 
-    django_on_postgres()
+    django_on_postgres(smoke=args.smoke)
     from django.conf import settings
     from django.test import Client
 
@@ -327,11 +347,12 @@ def main() -> None:
     seed = demo_seed(admin_username="bench-admin")
     cost_model = seed.experiment.cost_model
     t_build = time.perf_counter()
-    large = build("bench: 1M samples", LARGE, tenant=seed.tenant, cost_model=cost_model)
-    small = build("bench: 1k samples", SMALL, tenant=seed.tenant, cost_model=cost_model)
+    shape = {"runs": sizes["runs"], "windows": sizes["windows"]}
+    large = build(names[0], n_large, tenant=seed.tenant, cost_model=cost_model, **shape)
+    small = build(names[1], n_small, tenant=seed.tenant, cost_model=cost_model, **shape)
     print(
-        f"data ready in {time.perf_counter() - t_build:.1f} s: {LARGE:,} and {SMALL:,} samples, "
-        f"{RUNS} runs and {WINDOWS} attribution windows each"
+        f"data ready in {time.perf_counter() - t_build:.1f} s: {n_large:,} and {n_small:,} "
+        f"samples, {sizes['runs']} runs and {sizes['windows']} attribution windows each"
     )
 
     client = Client(SERVER_NAME="localhost")
@@ -380,13 +401,15 @@ def main() -> None:
         naive = time.perf_counter() - start
 
     browser = browser_pages(
-        experiment=large, user=seed.tenant.memberships.first().user, rounds=2 if args.quick else 5
+        experiment=large,
+        user=seed.tenant.memberships.first().user,
+        rounds=1 if args.smoke else 2 if args.quick else 5,
     )
     big, sm, rt, lv = spread(times["large"]), spread(times["small"]), spread(ratios), spread(live)
     print(f"{'experiment page (server time)':<40}{'median s':>10}{'min':>9}{'max':>9}{'IQR':>17}")
     for label, s in (
-        (f"{LARGE:,} samples", big),
-        (f"{SMALL:,} samples", sm),
+        (f"{n_large:,} samples", big),
+        (f"{n_small:,} samples", sm),
         ("live poll, 1M experiment", lv),
     ):
         print(
@@ -462,7 +485,7 @@ def main() -> None:
                     "live_poll_s": round(lv["median"], 4),
                     "naive_downsample_s": None if naive is None else round(naive, 3),
                     "rounds": rounds,
-                    "samples": LARGE,
+                    "samples": n_large,
                 }
             )
         )

