@@ -17,7 +17,13 @@ RETRY_STATUSES = {429, 502, 503, 504}
 
 
 class CliError(Exception):
-    """Anything that ends a command with exit status 2; the message is the one-line reason."""
+    """Anything that ends a command with exit status 2; the message is the one-line reason.
+    From an HTTP answer: `status` its code and `reason` the server's message alone."""
+
+    def __init__(self, message: str, *, status: int | None = None, reason: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.reason = message if reason is None else reason
 
 
 class Api:
@@ -132,7 +138,12 @@ class Api:
                 raise CliError(
                     f"{method} {path}: the answer is not JSON; is COSTLAB_URL the costlab site?"
                 ) from None
-        raise CliError(f"{method} {path}: HTTP {response.status_code}: {_reason(response)}")
+        reason = _reason(response)
+        raise CliError(
+            f"{method} {path}: HTTP {response.status_code}: {reason}",
+            status=response.status_code,
+            reason=reason,
+        )
 
     @staticmethod
     def _sleep(attempt: int, retry_after: str | None = None, cap: float | None = None) -> None:
@@ -151,3 +162,13 @@ def _reason(response: httpx.Response) -> str:
     except (ValueError, KeyError, TypeError):
         lines = response.text.strip().splitlines()
         return lines[0][:200] if lines else response.reason_phrase
+
+
+def print_warnings(command: str, answer: Any) -> None:
+    """Each of an answer's `warnings` on stderr, one line each: "costlab COMMAND: warning: ...".
+    A warning is an object with a `message` (arms: a dtype emulated or slower than fp32 on a
+    queue's devices) or a plain string (sweeps)."""
+    warnings = answer.get("warnings") if isinstance(answer, dict) else None
+    for warning in warnings or []:
+        text = warning.get("message", warning) if isinstance(warning, dict) else warning
+        print(f"costlab {command}: warning: {text}", file=sys.stderr, flush=True)

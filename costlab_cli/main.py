@@ -1,10 +1,12 @@
-"""costlab CLI: submit runs, read their status and the experiment report,
+"""costlab CLI: validate strategies, submit runs, read their status and the experiment report,
 and gate a CI build on cost.
 
 Reads COSTLAB_URL (the site, e.g. https://costlab.example.com) and COSTLAB_TOKEN
 (a tenant's API token).
-Exit status: 0 success / pass, 1 regression (gate) or a run that did not succeed (submit --wait),
-2 error. Every outcome prints one line that says why.
+Exit status: 0 success / pass, 1 regression (gate), a run that did not succeed (submit --wait) or
+a strategy refused (validate), 2 error. Every outcome prints one line that says why. Warnings
+(e.g. a dtype emulated or slower than fp32 on every device a queue has measured) go to stderr as
+"costlab COMMAND: warning: ..." and never change the exit status.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from costlab_cli.gate import cmd_gate
 from costlab_cli.report import cmd_report
 from costlab_cli.submit import cmd_status, cmd_submit
 from costlab_cli.sweep import add_parser as add_sweep_parser
+from costlab_cli.validate import add_parser as add_validate_parser
 
 EXIT_ERROR = 2
 
@@ -31,6 +34,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"costlab {__version__}")
     p.add_argument("--url", help="Overrides COSTLAB_URL.")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_validate_parser(sub)
 
     s = sub.add_parser(
         "submit", help="Submit a run of a strategy file (see --arm for how it maps onto an arm)."
@@ -41,7 +45,8 @@ def parser() -> argparse.ArgumentParser:
         "--arm",
         metavar="NAME",
         help="Run on this arm: created if missing (weight 0), its strategy replaced if it differs "
-        "(never the control's). Without it: the arm whose strategy has the file's SHA-256.",
+        "(never the control's); the server's warnings on that strategy go to stderr. "
+        "Without it: the arm whose strategy has the file's SHA-256.",
     )
     s.add_argument("--git-sha", metavar="SHA", help="Commit trained (default $GITHUB_SHA).")
     s.add_argument(

@@ -10,6 +10,8 @@ does):
                      deliberately, not from a branch.
   no --arm:          the experiment's arm whose strategy has this hash; none is an error naming
                      the hash.
+An arm created or updated here prints the server's warnings on stderr (a dtype the strategy names
+that is emulated or slower than fp32 on a training queue's measured devices); they never fail it.
 """
 
 from __future__ import annotations
@@ -21,18 +23,18 @@ import time
 import uuid
 from pathlib import Path
 
-from costlab_cli.client import Api, CliError
+from costlab_cli.client import Api, CliError, print_warnings
 
 TERMINAL = {"succeeded", "failed", "cancelled", "lost"}
 
 
-def read_strategy(path: str) -> str:
+def read_strategy(path: str, *, what: str = "--strategy") -> str:
     try:
         return Path(path).read_bytes().decode("utf-8")
     except OSError as exc:
-        raise CliError(f"--strategy: cannot read {path}: {exc.strerror or exc}") from None
+        raise CliError(f"{what}: cannot read {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
-        raise CliError(f"--strategy: {path} is not UTF-8 text") from None
+        raise CliError(f"{what}: {path} is not UTF-8 text") from None
 
 
 def strategy_normalise(text: str) -> str:
@@ -70,6 +72,7 @@ def arm_for_strategy(
             "arms/",
             {"experiment": experiment, "name": arm_name, "strategy_yaml": text, "weight": "0"},
         )
+        print_warnings("submit", arm)
         return arm, "created"
     arm = found[0]
     if arm["strategy_sha256"] == digest:
@@ -79,7 +82,9 @@ def arm_for_strategy(
             f"--arm: '{arm_name}' is the control arm and its strategy differs from {path}; "
             f"change the baseline deliberately (PATCH /api/v1/arms/{arm['id']}/), not from a CI run"
         )
-    return api.patch(f"arms/{arm['id']}/", {"strategy_yaml": text}), "updated"
+    arm = api.patch(f"arms/{arm['id']}/", {"strategy_yaml": text})
+    print_warnings("submit", arm)
+    return arm, "updated"
 
 
 EXTERNAL_ONLY = ("gpu_sku", "gpu_count", "vcpus", "memory_gb")
@@ -118,6 +123,7 @@ def cmd_submit(api: Api, args) -> int:
     run = api.post(
         "runs/", body, idempotent=True
     )  # the run key makes a retried POST return the same run
+    print_warnings("submit", run)
     revision = f" revision {arm.get('revision', 1)}" if how == "updated" else ""
     print(
         f"run {run['id']} {run['status']} on arm '{run['arm']['name']}' ({how}{revision}) "

@@ -4,10 +4,9 @@ read its Pareto frontier."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-from costlab_cli.client import Api, CliError
+from costlab_cli.client import Api, CliError, print_warnings
 
 METRICS = [
     ("step s", "step_time_s", 4),
@@ -57,8 +56,7 @@ def cmd_sweep_start(api: Api, args) -> int:
         f"sweep {sweep['id']} started: {sweep['sampler']} over {len(sweep['space'])} keys, "
         f"{sweep['probe_count']} probes of {sweep['probe_steps']} steps on queue {sweep['queue']}"
     )
-    for warning in sweep.get("warnings", []):
-        print(f"costlab sweep start: warning: {warning}", file=sys.stderr)
+    print_warnings("sweep start", sweep)
     return 0
 
 

@@ -14,6 +14,7 @@ from apps.experiments.services import (
     experiment_create,
     experiment_update,
     run_submit,
+    strategy_device_warnings,
 )
 from apps.tenants.models import Tenant
 
@@ -62,6 +63,21 @@ def experiment_author(
         except ApplicationError as exc:
             raise ArmRefused(exc, arm["index"]) from None
     return experiment
+
+
+def arm_device_warnings(*, experiment: Experiment, arms: list[dict]) -> list[str]:
+    """After experiment_author: what the training queues' measured devices say of each arm the
+    form saved (created or edited, not deleted), one notice per warning naming the arm and the key,
+    e.g. "Arm 'bf16': precision.compute_dtype: bf16 runs at 0.02x fp32 on cpu (...)". The same
+    warnings as the API's arm writes (strategy_device_warnings, every training queue); they never
+    refuse a save."""
+    names = [arm["name"] for arm in arms if not arm.get("delete")]
+    saved = experiment.arms.filter(name__in=names).order_by("-is_control", "name")
+    return [
+        f"Arm '{arm.name}': {warning['message']}"
+        for arm in saved
+        for warning in strategy_device_warnings(arm.strategy_yaml)
+    ]
 
 
 @transaction.atomic

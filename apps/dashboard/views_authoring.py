@@ -16,7 +16,12 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from apps.core.exceptions import ApplicationError
 from apps.dashboard import selectors
-from apps.dashboard.authoring import ArmRefused, experiment_author, runs_submit
+from apps.dashboard.authoring import (
+    ArmRefused,
+    arm_device_warnings,
+    experiment_author,
+    runs_submit,
+)
 from apps.dashboard.forms import (
     ArmFormSet,
     ExperimentForm,
@@ -82,6 +87,8 @@ def _author(request, *, experiment=None):
             messages.success(
                 request, f"Experiment '{saved.name}' {'saved' if experiment else 'created'}."
             )
+            for notice in arm_device_warnings(experiment=saved, arms=arms.arms()):
+                messages.warning(request, notice)
             return redirect("dashboard:experiment", saved.pk)
     tenant = experiment.tenant if experiment else None
     return render(
