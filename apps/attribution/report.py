@@ -3,7 +3,7 @@ to the experiment's target number of steps with cost_engine.project."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
 from django.db.models import Avg, Case, Count, F, FloatField, Q, Sum, Value, When
@@ -11,6 +11,7 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import Cast
 
 from apps.attribution.comparison import Comparison
+from apps.attribution.device_classes import ClassVerdict, class_verdicts
 from apps.attribution.selectors import arm_repricing, snapshots_latest
 from apps.attribution.snapshots import policy_for
 from apps.experiments.models import Experiment, Run
@@ -68,6 +69,10 @@ class ExperimentReport:
     window_end: object  # the latest attribution window's end, or None before the first tick
     pricing_table: dict | None  # {id, valid_from}: the table every arm's usage is compared at
     arms: list[ArmReport]
+    # The device class the arms' verdicts compare within, and one verdict per class
+    # (apps.attribution.device_classes).
+    device_class: str = ""
+    device_classes: list[ClassVerdict] = field(default_factory=list)
 
 
 # A run's wall time as billed: a GPU run's device-seconds per device, a CPU run's wall seconds
@@ -202,6 +207,17 @@ def experiment_report(*, experiment: Experiment) -> ExperimentReport:
                 else None,
             )
         )
+    classes = class_verdicts(
+        experiment=experiment,
+        policy=policy,
+        arms=arms,
+        reference_report={a.arm_id: a for a in out},
+    )
+    if len(classes) > 1:
+        # Several device classes: the point deviation is the reference class's alone, as the
+        # bounds beside it are (the tick compares within it).
+        by_arm = {a.arm_id: a.deviation for a in classes[0].arms}
+        out = [replace(a, deviation=by_arm.get(a.arm_id)) for a in out]
     window_end = next(iter(latest.values())).window_end if latest else None
     table = (
         {"id": comparison.table_id, "valid_from": comparison.valid_from}
@@ -215,6 +231,8 @@ def experiment_report(*, experiment: Experiment) -> ExperimentReport:
         window_end=window_end,
         pricing_table=table,
         arms=out,
+        device_class=classes[0].device_class if classes else "",
+        device_classes=classes,
     )
 
 

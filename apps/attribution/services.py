@@ -23,6 +23,7 @@ from apps.attribution.decisions import (
     ExperimentVerdict,
     experiment_decide,
 )
+from apps.attribution.device_classes import ClassSplit, class_splits
 from apps.attribution.locks import lock_try
 from apps.attribution.models import (
     AttributionSnapshot,
@@ -109,6 +110,9 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
         result = TickResult(ran=True, windows=len(windows), observations=recorded)
         faults = selectors.pricing_faults(experiments=experiments, window_ids=window_ids, now=now)
         omitted = [run_id for _, run_ids in faults.values() for run_id in run_ids]
+        # Runs on another device class than the reference's are counted, not compared.
+        splits = class_splits(experiment_ids=[e.pk for e in experiments])
+        omitted += [run_id for split in splits.values() for run_id in split.omitted_runs()]
         if omitted:
             RunWindow.objects.filter(window_id__in=window_ids, run_id__in=omitted).update(
                 omitted=True
@@ -161,6 +165,7 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
                 fault,
                 comparisons[experiment.pk],
                 excluded=excluded,
+                split=splits.get(experiment.pk),
             )
             snapshots += s
             freezes += f
@@ -231,16 +236,21 @@ def _attribute(
     fault: str,
     comparison: Comparison,
     excluded: dict | None = None,
+    split: ClassSplit | None = None,
 ) -> tuple[list, list, list]:
     """One experiment's window: its snapshots, the freezes and weight moves it decides (unsaved).
 
     `excluded`: arm id -> outlier runs left out of its statistics, recorded in its evidence.
+    `split`: the device class compared (its evidence names it) and the other classes' runs.
     """
     policy = policy_for(experiment)
     verdict = _decide(experiment, inputs, policy)
     for arm_id, outliers in (excluded or {}).items():
         if arm_id in verdict.arms:
             verdict.arms[arm_id].evidence["excluded_runs"] = [o.as_dict() for o in outliers]
+    if split is not None:
+        for arm_id, arm_verdict in verdict.arms.items():
+            arm_verdict.evidence.update(split.evidence(arm_id))
     reason = fault or verdict.skip_reason
     if reason:
         window.status, window.skip_reason = AttributionWindow.Status.SKIPPED, reason
@@ -287,6 +297,11 @@ def _freeze_reason(arm: ArmInput, verdict: ArmVerdict) -> str:
         f"(always-valid lower bound {dev.low:+.2%}) "
         f"above the threshold {verdict.evidence['threshold']:.2%}, "
         f"over {arm.sums.runs} runs and {arm.sums.samples} samples"
+        + (
+            f" on {verdict.evidence['device_class_label']}"
+            if verdict.evidence.get("device_class")
+            else ""
+        )
     )
 
 

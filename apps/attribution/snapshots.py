@@ -30,7 +30,11 @@ SNAPSHOT_EVIDENCE = (
     "min_samples",
     "min_cs_runs",
     "excluded_runs",
+    "device_class",
+    "device_class_label",
+    "other_device_classes",
 )
+CLASS_EVIDENCE = ("device_class", "device_class_label", "other_device_classes")
 
 
 def full_evidence(
@@ -192,6 +196,10 @@ def window_recompute(*, window: AttributionWindow) -> list[AttributionSnapshot]:
     verdict = experiment_decide(inputs, policy)
     for pk, runs in excluded.items():
         verdict.arms[pk].evidence["excluded_runs"] = runs
+    for pk, s in stored.items():  # the device class compared, as the tick recorded it
+        verdict.arms[pk].evidence.update(
+            {k: s.evidence[k] for k in CLASS_EVIDENCE if k in (s.evidence or {})}
+        )
     reason = window.skip_reason or verdict.skip_reason
     return [
         snapshot_build(

@@ -63,6 +63,35 @@ class ArmReportSerializer(serializers.Serializer):
     verdict = serializers.ChoiceField(choices=VERDICTS)
 
 
+class ClassArmSerializer(serializers.Serializer):
+    arm_id = serializers.IntegerField()
+    name = serializers.CharField()
+    is_control = serializers.BooleanField()
+    runs = serializers.IntegerField(help_text="The arm's priced runs on this device class.")
+    metric_value = serializers.FloatField(
+        allow_null=True, help_text="Cost per unit of work over these runs (as billed)."
+    )
+    deviation = serializers.FloatField(allow_null=True)
+    deviation_low = serializers.FloatField(allow_null=True)
+    deviation_high = serializers.FloatField(allow_null=True)
+    verdict = serializers.ChoiceField(choices=VERDICTS)
+
+
+class ClassVerdictSerializer(serializers.Serializer):
+    device_class = serializers.CharField(
+        help_text="CPU model and the flags that decide dtype speed, or the GPU's name; "
+        "empty: runs with no recorded profile."
+    )
+    label = serializers.CharField()
+    reference = serializers.BooleanField(
+        help_text="The class the arms' verdicts above, freezes and traffic compare within."
+    )
+    runs = serializers.IntegerField()
+    control_runs = serializers.IntegerField()
+    arms = ClassArmSerializer(many=True)
+    note = serializers.CharField(help_text="Why this class is counted but not compared, if so.")
+
+
 class ExperimentReportSerializer(serializers.Serializer):
     experiment_id = serializers.IntegerField()
     name = serializers.CharField()
@@ -77,6 +106,12 @@ class ExperimentReportSerializer(serializers.Serializer):
         "force at its end); null before the first window (compared as billed).",
     )
     arms = ArmReportSerializer(many=True)
+    device_class = serializers.CharField(
+        help_text="The device class the verdicts compare within (the control's first run's)."
+    )
+    device_classes = ClassVerdictSerializer(
+        many=True, help_text="One verdict per device class, each from that class's runs alone."
+    )
 
 
 class FreezeRequestSerializer(serializers.Serializer):

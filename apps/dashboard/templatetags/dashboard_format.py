@@ -100,3 +100,20 @@ def get(mapping, key):
         return mapping.get(key)
     except AttributeError:
         return None
+
+
+VERDICT_WORDS = {
+    "cheaper": "cheaper (conclusive)",
+    "costlier": "dearer (conclusive)",
+    "within_threshold": "within the threshold",
+    "inconclusive": "inconclusive",
+    "frozen": "frozen",
+    "no_data": "not compared",
+    "control": "control",
+}
+
+
+@register.filter
+def verdict_words(verdict: str) -> str:
+    """An arm's verdict (apps.attribution.verdict.VERDICTS) in words for a table cell."""
+    return VERDICT_WORDS.get(verdict, verdict)

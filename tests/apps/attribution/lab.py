@@ -59,6 +59,7 @@ class Lab:
         )
         self.arms: dict[str, Arm] = {}
         self.factor: dict[int, float] = {}
+        self.run_factor: dict[int, float] = {}  # run id -> its own cost factor (its hardware's)
         self.runs: list[Run] = []
         for i, (name, factor) in enumerate(arms.items()):
             arm = ArmFactory(experiment=self.experiment, name=name, is_control=i == 0)
@@ -69,8 +70,9 @@ class Lab:
         self.now = T0
         self.interval = timedelta(seconds=interval_s)
 
-    def add_run(self, arm: Arm) -> Run:
+    def add_run(self, arm: Arm, *, device_class: str = "", factor: float = 1.0) -> Run:
         run = RunFactory(
+            device_class=device_class,
             arm=arm,
             status=Run.Status.RUNNING,
             gpu_sku=self.price.sku,
@@ -79,6 +81,7 @@ class Lab:
             started_at=T0 - timedelta(minutes=5),
         )
         self.runs.append(run)
+        self.run_factor[run.pk] = factor
         return run
 
     def step(
@@ -95,6 +98,7 @@ class Lab:
                 tokens
                 * USD_PER_TOKEN
                 * self.factor[run.arm_id]
+                * self.run_factor.get(run.pk, 1.0)
                 * (1 + self.noise * self.rng.gauss(0, 1))
             )
             run.tokens += tokens
