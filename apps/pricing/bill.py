@@ -3,7 +3,7 @@
 Ingest bills a batch with the same code: the intervals a batch touches (the ones its new
 samples close, and the one after each) are summed over the rows around it as they are now
 and as they were before it, and the difference moves the run's totals (apps.telemetry.services).
-The rules, in the README's "External runs and billing rules":
+The rules, in docs/billing.md ("The billing rules"):
 - Samples are taken in seq order; each one closes the interval since the sample before it
   of the same rank (a DDP run has one stream per device), when that sample belongs to the
   same attempt. Time and energy add up over the streams; tokens and steps (the world's
