@@ -82,6 +82,12 @@ class Sweep(TimeStampedModel):
         help_text="Relative difference below which two probes tie "
         "(widened by their measured spread).",
     )
+    pruned = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Values of the space left out before the search, each with why: "
+        "[{key, value, reason}] (apps.sweeps.pruning).",
+    )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
     finished_at = models.DateTimeField(null=True, blank=True)
     note = models.TextField(

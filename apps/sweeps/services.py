@@ -27,6 +27,7 @@ from apps.sweeps.measure import peak_memory_mb, timed_stretch
 from apps.sweeps.models import OBJECTIVES, Probe, Sweep
 from apps.sweeps.proposer import Known, propose
 from apps.sweeps.selectors import sweep_frontier
+from apps.sweeps.pruning import dominated_values, space_pruned
 from apps.sweeps.space import SpaceError, params_key, space_expand, space_size, strategy_with
 from apps.tenants.models import Tenant
 
@@ -124,6 +125,9 @@ def sweep_create(
     except SpaceError as exc:
         raise _invalid(exc.key, exc.message) from None
     _check_values(base, expanded)
+    queue = CeleryQueue.GPU if gpu_sku is not None else CeleryQueue.CPU
+    pruned = dominated_values(expanded=expanded, queue=queue)
+    expanded = space_pruned(expanded, pruned)
     objectives = list(objectives) if objectives else ["usd_per_mtok", "peak_mem_mb"]
     for name_ in objectives:
         if name_ not in OBJECTIVES:
@@ -163,7 +167,8 @@ def sweep_create(
         probe_steps=probe_steps,
         warmup_steps=warmup_steps,
         parallelism=parallelism,
-        queue=CeleryQueue.GPU if gpu_sku is not None else CeleryQueue.CPU,
+        queue=queue,
+        pruned=pruned,
         gpu_sku=gpu_sku,
         cost_model=cost_model,
         tie_tolerance=tie_tolerance,
@@ -354,7 +359,7 @@ def sweep_advance(*, sweep: Sweep) -> None:
     exhausted = False
     if probes < sweep.probe_count and pending < sweep.parallelism:
         base = _base_document(sweep.base_strategy_yaml)
-        expanded = space_expand(sweep.space)
+        expanded = space_pruned(space_expand(sweep.space), sweep.pruned)
         for _ in range(min(sweep.parallelism - pending, sweep.probe_count - probes)):
             if _probe_next(sweep, base, expanded) is None:
                 exhausted = True

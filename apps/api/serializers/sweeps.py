@@ -52,6 +52,7 @@ class SweepSerializer(serializers.ModelSerializer):
             "sampler",
             "objectives",
             "space",
+            "pruned",
             "probe_count",
             "probe_steps",
             "warmup_steps",
