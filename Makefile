@@ -37,7 +37,7 @@ run: migrate
 ## Postgres/Redis when reachable, else SQLite (service tests skip; CI=true fails instead).
 ## TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 4
-XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
 test: install-dev
 	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
