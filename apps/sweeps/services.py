@@ -26,8 +26,8 @@ from apps.pricing.selectors import price_schedule
 from apps.sweeps.measure import peak_memory_mb, timed_stretch
 from apps.sweeps.models import OBJECTIVES, Probe, Sweep
 from apps.sweeps.proposer import Known, propose
-from apps.sweeps.selectors import sweep_frontier
 from apps.sweeps.pruning import dominated_values, space_pruned
+from apps.sweeps.selectors import sweep_frontier
 from apps.sweeps.space import SpaceError, params_key, space_expand, space_size, strategy_with
 from apps.tenants.models import Tenant
 
