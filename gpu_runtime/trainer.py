@@ -15,7 +15,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 from torch import nn
@@ -28,7 +28,6 @@ from gpu_runtime.precision import Precision
 from gpu_runtime.prefetch import Prefetcher
 from gpu_runtime.schema import StrategyConfig
 from gpu_runtime.strategies.accumulation import AccumulationPlan
-from gpu_runtime.strategies.batch_scaler import SimulatedOom
 from gpu_runtime.telemetry import Progress, RunCounters
 from gpu_runtime.timeline import Clock, StepWindow
 
@@ -70,13 +69,17 @@ def _loss_scale(scaler: torch.amp.GradScaler) -> torch.Tensor | None:
     return scale if isinstance(scale, torch.Tensor) else None
 
 
+class FaultHook(Protocol):
+    def check(self, micro_batch: int) -> None: ...
+
+
 class Trainer:
     """Owns the model, optimizer, precision policy and micro-batch policy of one run and steps
     them."""
 
     # Test hook: an object whose check(micro_batch_rows) may raise an out-of-memory error
-    # before a micro-batch's forward (strategies.batch_scaler.SimulatedOom).
-    fault: SimulatedOom | None = None
+    # before a micro-batch's forward (the tests' tests.gpu_runtime.faults.SimulatedOom).
+    fault: FaultHook | None = None
 
     def __init__(
         self,

@@ -8,7 +8,6 @@ from gpu_runtime.strategies.batch_scaler import (
     BatchScaler,
     GradientNormTracker,
     MicroBatchFloorError,
-    SimulatedOom,
     plan_accumulation,
     run_step_with_oom_retry,
 )
@@ -32,7 +31,6 @@ __all__ = [
     "MicroBatchFloorError",
     "OffloadError",
     "QuantizationError",
-    "SimulatedOom",
     "apply_gradient_checkpointing",
     "load_tensors",
     "measure_peak_memory",

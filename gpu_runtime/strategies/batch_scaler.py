@@ -492,19 +492,3 @@ def run_step_with_oom_retry(
             tracker.reset()
         free_device_memory()
         scaler.on_out_of_memory(failure)
-
-
-class SimulatedOom:
-    """Test hook: raises torch.OutOfMemoryError for micro-batches above `fits_up_to`."""
-
-    def __init__(self, fits_up_to: int):
-        self.fits_up_to = fits_up_to
-        self.raised = 0
-
-    def check(self, micro_batch: int) -> None:
-        if micro_batch > self.fits_up_to:
-            self.raised += 1
-            raise torch.OutOfMemoryError(
-                f"simulated out of memory: micro-batch {micro_batch} > {self.fits_up_to} "
-                "(test hook)"
-            )

@@ -17,10 +17,10 @@ from gpu_runtime import StrategyError, runtime, train
 from gpu_runtime.model import Transformer, preset_args
 from gpu_runtime.optim import lr_at
 from gpu_runtime.placement import LinkLevel, Topology, choose_device
-from gpu_runtime.strategies.batch_scaler import SimulatedOom
 from gpu_runtime.strategies.offload import CpuOffloadedEmbedding
 from gpu_runtime.strategies.quantization import LoraInt8Linear
 from gpu_runtime.trainer import Trainer
+from tests.gpu_runtime.faults import SimulatedOom
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

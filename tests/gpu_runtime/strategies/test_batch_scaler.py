@@ -11,10 +11,10 @@ from gpu_runtime.strategies.batch_scaler import (
     GradientStats,
     MicroBatchFloorError,
     NoiseScaleEstimator,
-    SimulatedOom,
     plan_accumulation,
     run_step_with_oom_retry,
 )
+from tests.gpu_runtime.faults import SimulatedOom
 
 
 def synthetic_stats(gen, *, sizes, grad_sq=1.0, trace=64.0, dim=256):
