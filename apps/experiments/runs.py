@@ -148,15 +148,20 @@ def run_node_join(*, run_id: int) -> NodeSeat | None:
     )
 
 
-@transaction.atomic
-def run_gang_timeout(*, run_id: int, owner: str, reason: str) -> bool:
-    """Not every node joined in time: back to the queue once (the attempt recorded with the reason,
-    not counted as failed), then the run fails. False when the run is no longer ours."""
-    run = (
+def _ours_locked(*, run_id: int, owner: str) -> Run | None:
+    """The run, locked for update, while it is still running under this owner's lease."""
+    return (
         Run.objects.select_for_update()
         .filter(pk=run_id, lease_owner=owner, status=Run.Status.RUNNING)
         .first()
     )
+
+
+@transaction.atomic
+def run_gang_timeout(*, run_id: int, owner: str, reason: str) -> bool:
+    """Not every node joined in time: back to the queue once (the attempt recorded with the reason,
+    not counted as failed), then the run fails. False when the run is no longer ours."""
+    run = _ours_locked(run_id=run_id, owner=owner)
     if run is None:
         return False
     run.rdzv_endpoint, run.rdzv_id, run.nodes_joined = "", "", 0
@@ -344,11 +349,7 @@ def run_finish(
 @transaction.atomic
 def run_release(*, run_id: int, owner: str, reason: str) -> bool:
     """Give a running run back to the queue (the worker is shutting down); no attempt is used."""
-    run = (
-        Run.objects.select_for_update()
-        .filter(pk=run_id, lease_owner=owner, status=Run.Status.RUNNING)
-        .first()
-    )
+    run = _ours_locked(run_id=run_id, owner=owner)
     if run is None:
         return False
     _requeue_or_fail(run, Outcome.STOPPED, reason)

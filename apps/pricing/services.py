@@ -12,6 +12,19 @@ from apps.core.exceptions import ApplicationError
 from apps.pricing.models import CostModel, GpuPrice, PricingTable
 from apps.tenants.models import Tenant
 
+# A pricing table's own fields, as the API edits them and a superseded copy keeps them.
+PRICING_TABLE_FIELDS = (
+    "name",
+    "currency",
+    "valid_from",
+    "electricity_usd_per_kwh",
+    "pue",
+    "vcpu_hour_usd",
+    "memory_gb_hour_usd",
+    "is_example",
+    "notes",
+)
+
 
 def _unique(obj, field: str, label: str) -> None:
     """The tenant-wide uniqueness of `field`, refused with the field named
@@ -119,17 +132,7 @@ def pricing_table_version_keep(
     table.valid_from = until
     copy = PricingTable.objects.get(pk=table.pk)
     copy.pk = copy.id = None
-    for name in (
-        "name",
-        "currency",
-        "valid_from",
-        "electricity_usd_per_kwh",
-        "pue",
-        "vcpu_hour_usd",
-        "memory_gb_hour_usd",
-        "is_example",
-        "notes",
-    ):
+    for name in PRICING_TABLE_FIELDS:
         setattr(copy, name, getattr(stored, name))
     copy.name = f"{stored.name} (until {until:%Y-%m-%d %H:%M} UTC)"[:120]
     copy.save()

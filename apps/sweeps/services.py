@@ -270,7 +270,9 @@ def _measure(
     vcpus: int,
     baseline_mem_mb: float,
 ) -> None:
-    """Fill the probe's measured fields, priced like a run (cost_engine over its timed samples)."""
+    """Fill the probe's measured fields, priced with cost_engine.price_samples over its timed
+    samples (each interval at the table in force when it closed; a run's bill instead splits an
+    interval at a price boundary: apps.pricing.bill)."""
     sweep = probe.sweep
     timed = timed_stretch(samples, warmup_steps=sweep.warmup_steps)
     if timed is None:

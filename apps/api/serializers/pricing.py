@@ -1,6 +1,7 @@
 from rest_framework import serializers
 
 from apps.pricing.models import CostModel, GpuPrice, GpuSku, PricingTable
+from apps.pricing.services import PRICING_TABLE_FIELDS
 
 
 class GpuSkuSerializer(serializers.ModelSerializer):
@@ -23,21 +24,7 @@ class PricingTableSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = PricingTable
-        fields = [
-            "id",
-            "name",
-            "currency",
-            "valid_from",
-            "electricity_usd_per_kwh",
-            "pue",
-            "vcpu_hour_usd",
-            "memory_gb_hour_usd",
-            "is_example",
-            "notes",
-            "gpu_prices",
-            "created_at",
-            "updated_at",
-        ]
+        fields = ["id", *PRICING_TABLE_FIELDS, "gpu_prices", "created_at", "updated_at"]
         read_only_fields = ["id", "created_at", "updated_at"]
         extra_kwargs = {"notes": {"max_length": 10_000}, "name": {"max_length": 120}}
         validators = []  # (tenant, valid_from) uniqueness: checked by full_clean in the service
