@@ -8,196 +8,60 @@ forward every rank's telemetry to the run's sink. It talks to the ranks through 
 directory: ``spec.json`` (what to train), ``control.json`` (stop, cancel, live keys, written
 atomically), ``samples-<rank>.jsonl`` (each rank's sampler) and ``result-<rank>.json``.
 
-Inside the world (``World``), rank 0 reads the control file at every step boundary and one
-all-reduce (MAX) of a three-int tensor carries its flags and any rank's own SIGTERM to all,
-so every rank stops, cancels or takes a live update at the same step. Live keys travel as
-one ``broadcast_object_list`` from rank 0, only when they changed.
+Inside the world: ``gpu_runtime.world`` (``World``, ``Rendezvous``); a rank's process:
+``gpu_runtime.rank``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from gpu_runtime.errors import StrategyError
-from gpu_runtime.live import live_poller
 from gpu_runtime.result import RunResult
-from gpu_runtime.schema import StrategyConfig, config_sha256, strategy_from_dict
+from gpu_runtime.schema import StrategyConfig
+from gpu_runtime.world import (
+    CONTROL,
+    SPEC,
+    DistributedError,
+    Rendezvous,
+    World,
+    backend_for,
+    free_port,
+    read_json,
+    threads_per_rank,
+    write_json,
+)
 
 log = logging.getLogger(__name__)
 
-SPEC, CONTROL = "spec.json", "control.json"
 POLL_S = 0.05  # the owner's loop: cancel, live, SIGTERM and telemetry forwarding
 SHUTDOWN_S = 5  # a rank that ignores SIGTERM this long after a peer died is killed
 
 
-class DistributedError(RuntimeError):
-    """A distributed run failed: names the rank and the reason (or the rendezvous that did not
-    form)."""
-
-
-def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Atomically (write, then rename): a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-
-
-def backend_for(config: StrategyConfig, device_type: str) -> str:
-    backend = config.distributed.backend
-    if backend == "auto":
-        return "nccl" if device_type == "cuda" else "gloo"
-    return backend
-
-
-def threads_per_rank(nproc: int) -> int:
-    """Intra-op threads each local rank gets on CPU: this process's share, at least one."""
-    return max(1, torch.get_num_threads() // nproc)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-# ------------------------------------------------------------------------------
-# Inside the world: one per rank process
-# ------------------------------------------------------------------------------
-class World:
-    """This rank's place in the world and the few collectives training needs besides DDP's own."""
-
-    def __init__(
-        self,
-        *,
-        rank: int,
-        world_size: int,
-        control: Path | None,
-        device: torch.device | None = None,
-    ):
-        self.rank, self.world_size, self.control = rank, world_size, control
-        self.cancelled = False
-        self.live_version = 0
-        self.live_config: StrategyConfig | None = (
-            None  # the config after the last live update taken
-        )
-        # On the rank's device: nccl reduces CUDA tensors only (gloo, CPU ones)
-        self._flags = torch.zeros(3, dtype=torch.int64, device=device or torch.device("cpu"))
-
-    @property
-    def lead(self) -> bool:
-        return self.rank == 0
-
-    def shard(self, rows: torch.Tensor) -> torch.Tensor:
-        """This rank's contiguous share of a global batch (the same rows a single process trains
-        on)."""
-        share = rows.shape[0] // self.world_size
-        return rows[self.rank * share : (self.rank + 1) * share]
-
-    def mean(self, value: torch.Tensor) -> torch.Tensor:
-        """The world's mean of a per-rank scalar (the step's loss), on this rank's device."""
-        out = value.detach().clone()
-        dist.all_reduce(out, op=dist.ReduceOp.SUM)
-        return out / self.world_size
-
-    def broadcast_int(self, value: int, device: torch.device) -> int:
-        """Rank 0's integer, on every rank (the BatchScaler's next micro-batch)."""
-        t = torch.tensor([value], dtype=torch.int64, device=device)
-        dist.broadcast(t, src=0)
-        return int(t.item())
-
-    def boundary(
-        self,
-        *,
-        stop: threading.Event,
-        current: Callable[[], StrategyConfig],
-        apply: Callable[[StrategyConfig], None],
-    ) -> Callable[[], None]:
-        """The step-boundary agreement (the trainer's ``agree`` hook): stop, cancel and live keys,
-        world-wide.
-
-        Each node's local rank 0 reads its node's control file (``control``; None on other
-        ranks)."""
-
-        def agree() -> None:
-            control = (read_json(self.control) or {}) if self.control is not None else {}
-            flags = self._flags
-            flags.copy_(
-                torch.tensor(
-                    [
-                        int(stop.is_set() or bool(control.get("stop"))),
-                        int(bool(control.get("cancel"))),
-                        int(control.get("live_version", 0)),
-                    ],
-                    dtype=torch.int64,
-                )
-            )
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-            stopping, cancel, version = (int(v) for v in flags.tolist())
-            if stopping:
-                stop.set()
-            if cancel:
-                self.cancelled = True
-            if version > self.live_version:
-                # The owner's node holds the live keys; in a run across nodes it need not host rank
-                # 0.
-                mine = (int(control.get("live_version", 0)), control.get("live"))
-                gathered: list[Any] = [None] * self.world_size
-                dist.all_gather_object(gathered, mine)
-                live = max(gathered, key=lambda item: item[0])[1]
-                self.live_version = version
-                live_poller(lambda: live, current=current, apply=self._recording(apply))()
-
-        return agree
-
-    def _recording(
-        self, apply: Callable[[StrategyConfig], None]
-    ) -> Callable[[StrategyConfig], None]:
-        def take(updated: StrategyConfig) -> None:
-            apply(updated)
-            self.live_config = updated
-
-        return take
-
-
-@dataclass(frozen=True)
-class Rendezvous:
-    """Where the nodes of a run across nodes meet (c10d): every node passes the same endpoint and
-    id.
-
-    ``is_host``: this node serves the rendezvous store on the endpoint's port. ``join_timeout_s``:
-    how long the nodes wait for each other before all give up. ``local_addr``: this node's address
-    as the others reach it.
-    """
-
-    endpoint: str
-    id: str
-    is_host: bool
-    join_timeout_s: float = 60.0
-    local_addr: str | None = None
+__all__ = [
+    "DistributedError",
+    "Rendezvous",
+    "World",
+    "backend_for",
+    "ddp_devices",
+    "free_port",
+    "threads_per_rank",
+    "train_distributed",
+]
 
 
 # ------------------------------------------------------------------------------
@@ -518,83 +382,4 @@ def _gather(
         samples=samples,
         micro_batch_events=lead["micro_batch_events"],
         strategies=strategies,
-    )
-
-
-# ------------------------------------------------------------------------------
-# A rank's process
-# ------------------------------------------------------------------------------
-def _exit_with_owner(owner_pid: int) -> None:
-    """A rank whose owner died (killed outright, no time to close the launcher) ends too: no
-    orphans."""
-
-    def watch() -> None:
-        while True:
-            time.sleep(0.5)
-            if os.getppid() != owner_pid:
-                os._exit(70)
-
-    threading.Thread(target=watch, name="gpu_runtime-owner-watch", daemon=True).start()
-
-
-@contextlib.contextmanager
-def process_group(backend: str, device: torch.device) -> Iterator[None]:
-    from datetime import timedelta
-
-    kwargs: dict[str, Any] = {"backend": backend, "timeout": timedelta(seconds=120)}
-    if device.type == "cuda":
-        kwargs["device_id"] = device
-    dist.init_process_group(**kwargs)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
-def rank_main(workdir: str) -> None:
-    """Entry point of one rank (``python -m gpu_runtime.rank WORKDIR``), started by the elastic
-    agent."""
-    from gpu_runtime.result import JsonlSink
-    from gpu_runtime.runtime import train_local
-
-    root = Path(workdir)
-    spec = json.loads((root / SPEC).read_text())
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-    world_size = int(os.environ["WORLD_SIZE"])
-    _exit_with_owner(int(spec["owner_pid"]))
-    torch.set_num_threads(int(spec["threads"]))
-    if spec["device_type"] == "cuda":
-        device = torch.device("cuda", spec["devices"][local_rank])
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    config = strategy_from_dict(spec["config"])
-    world = World(
-        rank=rank,
-        world_size=world_size,
-        control=root / CONTROL if local_rank == 0 else None,
-        device=device,
-    )
-    sink = JsonlSink(root / f"samples-{local_rank}.jsonl")
-    try:
-        with process_group(spec["backend"], device):
-            result = train_local(
-                config,
-                sink=sink,
-                device=str(device),
-                world=world,
-                checkpoint_dir=spec["checkpoint_dir"] if rank == 0 else None,
-                resume_from=spec["resume_from"],
-            )
-    finally:
-        sink.close()
-    live_sha = None if world.live_config is None else config_sha256(world.live_config)
-    write_json(
-        root / f"result-{local_rank}.json",
-        {
-            **result.to_dict(),
-            "rank": rank,
-            "live_applied": world.live_version,
-            "live_config_sha256": live_sha,
-        },
     )

@@ -24,7 +24,7 @@ from gpu_runtime.batching import MicroBatching
 from gpu_runtime.capability import capability_problems, device_label, resolve_device
 from gpu_runtime.checkpoint import load_checkpoint
 from gpu_runtime.data import StepBatches, load_corpus
-from gpu_runtime.distributed import Rendezvous, World, train_distributed
+from gpu_runtime.distributed import train_distributed
 from gpu_runtime.errors import StrategyError
 from gpu_runtime.live import live_poller
 from gpu_runtime.mfu import peak_flops
@@ -39,6 +39,7 @@ from gpu_runtime.schema import StrategyConfig, config_sha256
 from gpu_runtime.telemetry import Progress, RunCounters, Sampler
 from gpu_runtime.timeline import Clock, OverlapMeter, StepWindow
 from gpu_runtime.trainer import Trainer
+from gpu_runtime.world import Rendezvous, World
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,6 @@ from torch import nn
 
 from gpu_runtime.batching import MicroBatching
 from gpu_runtime.checkpoint import TrainState, save_checkpoint
-from gpu_runtime.distributed import World
 from gpu_runtime.optim import lr_at, set_lr
 from gpu_runtime.precision import Precision
 from gpu_runtime.prefetch import Prefetcher
@@ -30,6 +29,7 @@ from gpu_runtime.schema import StrategyConfig
 from gpu_runtime.strategies.accumulation import AccumulationPlan
 from gpu_runtime.telemetry import Progress, RunCounters
 from gpu_runtime.timeline import Clock, StepWindow
+from gpu_runtime.world import World
 
 StopReason = Literal["completed", "cancelled", "interrupted"]
 
