@@ -36,7 +36,7 @@ class RunMoments:
     @classmethod
     def of(cls, runs) -> RunMoments:
         """From (cost, tokens, steps) per run; C is the run's compared cost."""
-        runs = [(stats._dec(c), stats._dec(t), stats._dec(s)) for c, t, s in runs]
+        runs = [(stats.as_decimal(c), stats.as_decimal(t), stats.as_decimal(s)) for c, t, s in runs]
         return cls(
             runs=len(runs),
             cost=sum((c for c, _, _ in runs), Decimal(0)),
@@ -114,7 +114,7 @@ class ArmSums:
             elif f.name in ("observations", "runs", "samples", "tokens", "steps"):
                 values[f.name] = int(v or 0)
             else:
-                values[f.name] = stats._dec(v)
+                values[f.name] = stats.as_decimal(v)
         return cls(**values)
 
     def ratio(self, unit: str) -> stats.RatioSums:

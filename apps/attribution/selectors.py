@@ -25,7 +25,7 @@ from django.db.models.functions import Cast, Coalesce
 from apps.attribution.comparison import MICRO, Comparison, price_deltas
 from apps.attribution.decisions import ArmSums, RunMoments
 from apps.attribution.models import AttributionSnapshot, AttributionWindow, FreezeEvent, RunWindow
-from apps.attribution.stats import _dec
+from apps.attribution.stats import as_decimal
 from apps.core.db import cte_fenced
 from apps.experiments.models import Arm, Experiment, Run
 from apps.pricing.models import GpuPrice, PricingTable
@@ -346,7 +346,7 @@ def comparisons_at(*, experiments: list[Experiment], at: datetime) -> dict[int, 
 
 
 def _at(value, places: int) -> Decimal:
-    return _dec(value).quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_EVEN)
+    return as_decimal(value).quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_EVEN)
 
 
 SNAPSHOT_SUMS = {

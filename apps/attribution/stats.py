@@ -34,7 +34,7 @@ from decimal import Decimal, localcontext
 _PRECISION = 80
 
 
-def _dec(value) -> Decimal:
+def as_decimal(value) -> Decimal:
     """Database sums arrive as Decimal (Postgres) or float/int (SQLite); floats convert exactly."""
     if isinstance(value, Decimal):
         return value
@@ -56,7 +56,7 @@ class RatioSums:
     @classmethod
     def of(cls, pairs) -> RatioSums:
         """From (cost, units) pairs; for tests and simulations."""
-        pairs = [(_dec(c), _dec(u)) for c, u in pairs]
+        pairs = [(as_decimal(c), as_decimal(u)) for c, u in pairs]
         return cls(
             n=len(pairs),
             cost=sum((c for c, _ in pairs), Decimal(0)),
@@ -87,14 +87,15 @@ class Interval:
 def ratio_estimate(sums: RatioSums) -> RatioEstimate | None:
     """R = sum(cost) / sum(units) and its delta-method variance;
     None without 2 observations or units."""
-    if sums.n < 2 or _dec(sums.units) <= 0:
+    if sums.n < 2 or as_decimal(sums.units) <= 0:
         return None
     with localcontext() as ctx:
         ctx.prec = _PRECISION
-        cost, units = _dec(sums.cost), _dec(sums.units)
+        cost, units = as_decimal(sums.cost), as_decimal(sums.units)
         r = cost / units
         # sum((c - r u)^2), exact up to the division: no cancellation between large sums.
-        rss = _dec(sums.cost_sq) - 2 * r * _dec(sums.cost_units) + r * r * _dec(sums.units_sq)
+        cost_sq, cost_units = as_decimal(sums.cost_sq), as_decimal(sums.cost_units)
+        rss = cost_sq - 2 * r * cost_units + r * r * as_decimal(sums.units_sq)
         rss = max(rss, Decimal(0))
         variance = rss * sums.n / ((sums.n - 1) * units * units)
     return RatioEstimate(value=float(r), variance=float(variance), n=sums.n)
