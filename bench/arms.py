@@ -1,7 +1,7 @@
 """The cost benchmark: plain PyTorch against costlab's strategies, same model, data and machine.
 
     python bench/arms.py [--quick] [--json] [--device cpu|cuda] [--price-per-hour USD]
-                         [--compile auto|on|off]
+                         [--compile auto|on|off] [--rounds N] [--steps N] [--budget-s S]
     python bench/arms.py --ddp N [--quick] [--json] [--device cpu|cuda]
     python bench/arms.py --smoke [--json] [--ddp N]
 
@@ -13,18 +13,29 @@ The shape: the `small` preset (26M parameters) at seq_len 256, global batch 8 (6
 At seq_len 64 and micro-batch 2 a forward pass is 128 tokens: per-op overhead, norms and the
 optimizer dominate, and a dtype or a batching strategy barely shows. Real LLM training is
 matmul-bound; at seq_len 256 the model's GEMMs are most of a step on this CPU too, so what
-bf16 and larger micro-batches buy here is what they buy there. `--quick` (2 rounds of 6
-steps, bf16 and dynamic batching alone only) takes about 3 minutes on a 2-core CPU.
+a cheaper dtype and larger micro-batches buy here is what they buy there. `--quick` (2 rounds
+of 6 steps, bf16 and dynamic batching alone only) takes about 3 minutes on a 2-core CPU, and
+never more than its budget (`--budget-s`, 300 s with --quick): a round, a strategy alone or a
+GEMM pass that would not fit is skipped, and the output says so.
+
+The device first: `gpu_runtime.profile.measure_profile` times a few GEMMs per dtype (about
+2 s) and reads the CPU flags or the GPU; `best_dtype` is the fastest dtype that runs natively
+here and beats fp32 by >= 1.1x (bf16 on an AMX CPU or a GPU, fp32 on an AVX2-only CPU, where
+bf16 is emulated at 1/30 to 1/60 of fp32). The profile goes to every train() call
+(`profile=`), and into the output (`profile`, `best_dtype`).
 
 Arms, each a strategy run through gpu_runtime.train() (the real code path):
 
 * baseline: fp32, a static micro-batch (`--baseline-micro-batch`), eager, no prefetch;
-* optimized: bf16 mixed precision (autocast compute, bf16 parameter storage with fp32
-  master weights) + dynamic batching (starting at the baseline's micro-batch and growing
-  toward the global batch while each larger size is measurably faster: one timed step per
-  size, so it acts within the run) + fused kernels (RMSNorm+QKV, and AdamW:
-  `kernels.fused_optimizer`) + prefetch + torch.compile (`--compile on`; `auto`: on CUDA
-  only, as a CPU compile of every micro-batch shape costs minutes).
+* optimized: `precision.compute_dtype: auto` (train() resolves it from the profile: the
+  device's best dtype, through autocast) + dynamic batching (starting at the baseline's
+  micro-batch and growing toward the global batch while each larger size is measurably
+  faster: one timed step per size, so it acts within the run) + fused kernels (RMSNorm+QKV,
+  and AdamW: `kernels.fused_optimizer`) + prefetch + torch.compile (`--compile on`; `auto`:
+  on CUDA only, as a CPU compile of every micro-batch shape costs minutes). Parameters are
+  stored in the resolved dtype where the schema allows it; it refuses any storage below fp32
+  with `compute_dtype: auto` (auto may resolve to fp32), so they are stored in fp32 and the
+  output names the storage dtype (`optimized_precision`).
 
 Both arms run in one process, interleaved over rounds (baseline first in even rounds),
 so the machine's drift hits both. A step's time is the gap between two calls of the
@@ -32,20 +43,39 @@ cancel callback, which train() makes before every step; each run's first step is
 warm-up (allocator, caches, compilation) and not timed. USD per 1M tokens applies one
 device-hour price to both arms (an assumed price: pass your own), so the headline
 `ratio` (optimized / baseline cost per token) is the inverse throughput ratio, with its
-spread over rounds. Target: ratio <= 0.40.
+spread over rounds. Target: ratio <= 0.40. A ratio above 1.0 means the "optimized" arm is
+dearer here: the output says so plainly (`optimized_is_dearer`). The bench does not then
+swap in the cheaper arm: picking the better of two noisy measurements after the fact would
+bias the ratio; the strategy itself falls back (auto resolves to fp32 where nothing is
+faster, dynamic batching grows only while faster).
 
 Held to the machine's floor: every GEMM one step runs (each linear layer's forward and two
-backward products, attention's products) is timed at the model's own shapes in fp32 and
-bf16. `gemm_floor` = bf16 / fp32 GEMM time at the baseline's micro-batch: the cost ratio
-the dtype alone allows. `floor_ratio` = ratio / gemm_floor (target <= 1.10): how close the
-optimized arm comes to it. `loss_delta` = |optimized - baseline final loss| / baseline at
-equal tokens (target <= 0.02); a strategy above it buys speed with loss and is flagged.
-`optimized_micro_batches` lists every micro-batch the optimized arm ran.
+backward products, attention's products) is timed at the model's own shapes. `gemm_floor` =
+GEMM time of one step in the device's best dtype at the largest micro-batch the optimized arm
+reached / fp32 GEMM time at the baseline's micro-batch: the cost ratio that dtype and
+micro-batch allow if a step were GEMMs only (on a host whose best dtype is fp32: fp32 at the
+larger micro-batch / fp32 at the baseline's). `floor_ratio` = ratio / gemm_floor (target
+<= 1.10): how close the optimized arm comes to it; what is not a GEMM (norms, softmax,
+elementwise, the optimizer) gains neither from the dtype nor from the micro-batch, so a
+device where the best dtype's GEMMs are much faster than fp32 sits further from its floor.
+Extra keys: `gemm_floor_dtype_alone` (best dtype / fp32, both at the baseline's micro-batch)
+and, where bf16 is native, the bf16 figures (`gemm_floor_bf16`: bf16 / fp32 at the baseline's
+micro-batch, the old `gemm_floor`). `loss_delta` = |optimized - baseline final loss| /
+baseline at equal tokens (target <= 0.02); a strategy above it buys speed with loss and is
+flagged. `optimized_micro_batches` lists every micro-batch the optimized arm ran.
 
-Then each strategy alone against the baseline: tokens/s, peak memory and loss delta. Peak
-memory is the CUDA allocator's maximum on a GPU; on CPU the growth of the process's resident
-set over the run, sampled every 10 ms after returning freed memory to the OS (an estimate).
-Telemetry is off in every arm: its cost is bench/runtime_overhead.py's subject.
+Then each strategy alone against the baseline: tokens/s, peak memory and loss delta. Rows that
+force a dtype (bf16 autocast, bf16 storage) are measured comparisons, labelled forced; where
+bf16 is not native, --quick and --smoke skip them (a step would take tens of times the
+baseline's) and the full run caps them to one short round. Peak memory is the CUDA
+allocator's maximum on a GPU; on CPU the growth of the process's resident set over the run,
+sampled every 10 ms after returning freed memory to the OS (an estimate). Telemetry is off in
+every arm: its cost is bench/runtime_overhead.py's subject.
+
+SIGTERM: train() already stops at the next step boundary; the bench then starts no further
+arm, round, strategy or GEMM pass, prints what it measured so far (its JSON with
+`"interrupted": true`) and exits 143. A step or GEMM that has not ended within GRACE_S of the
+signal is not waited for: the bench prints the same and exits 143 at once.
 
 `--ddp N`: the design document's comparison, native DDP against costlab's strategies on the
 same world size. Both arms train as N-process DDP (torch's elastic launcher; gloo and one
@@ -64,10 +94,14 @@ import copy
 import ctypes
 import gc
 import json
+import os
+import signal
 import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -77,10 +111,12 @@ import psutil  # noqa: E402
 import torch  # noqa: E402
 from _setup import spread as _spread  # noqa: E402  (bench/, the script's directory)
 
-from gpu_runtime import strategy_from_dict, train  # noqa: E402
-from gpu_runtime.capability import device_label, resolve_device  # noqa: E402
+from gpu_runtime import StrategyError, strategy_from_dict, train  # noqa: E402
+from gpu_runtime.capability import TORCH_DTYPES, device_label, resolve_device  # noqa: E402
 from gpu_runtime.mfu import peak_flops  # noqa: E402
 from gpu_runtime.model import preset_args  # noqa: E402
+from gpu_runtime.precision import device_profile  # noqa: E402
+from gpu_runtime.profile import DeviceProfile, best_dtype, measure_profile  # noqa: E402
 
 TARGET = 0.40
 MIB = 2**20
@@ -91,6 +127,63 @@ ASSUMED_PRICE = {"cpu": 0.10, "cuda": 3.50}  # a 2-vCPU cloud VM; one H200-class
 PROBE_STEPS = 1
 FLOOR_TARGET = 1.10  # ratio / gemm_floor
 LOSS_TARGET = 0.02  # |optimized - baseline final loss| / baseline, at equal tokens
+# --quick ends within this: a round, a strategy alone or a GEMM pass that would not fit is skipped
+QUICK_BUDGET_S = 300.0
+GRACE_S = 10.0  # after SIGTERM, how long the step (or GEMM) under way may take before exit anyway
+INTERRUPTED_RC = 143  # 128 + SIGTERM, what a shell reports for a process that SIGTERM ended
+FORCED_STEPS = 3  # a forced-dtype row where that dtype is not native: one round this short
+# the rows that force a dtype whatever the device does best: measured comparisons, labelled forced
+FORCED = {"bf16 autocast": "bf16", "bf16 autocast + storage": "bf16"}
+
+
+class Interrupted(Exception):
+    """SIGTERM arrived: start no further arm, round, strategy or GEMM pass."""
+
+
+class Stopper:
+    """SIGTERM as a flag the bench checks between its runs, and a deadline after it.
+
+    train() installs its own SIGTERM handler while it trains (stop at the next step boundary)
+    and puts this one back after; either handler's signal also reaches a wake-up fd
+    (signal.set_wakeup_fd), which a watcher thread reads: it sets the flag whichever handler
+    took the signal, and if the bench has not finished GRACE_S later (a long step, a GEMM),
+    prints what was measured (``on_timeout``) and exits 143 at once.
+    """
+
+    def __init__(self, grace_s: float = GRACE_S):
+        self.grace_s = grace_s
+        self.event = threading.Event()
+        self.done = threading.Event()
+        self.on_timeout: Callable[[], None] | None = None
+
+    def install(self) -> Stopper:
+        signal.signal(signal.SIGTERM, lambda signum, frame: self.event.set())
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        threading.Thread(target=self._watch, args=(read_fd,), daemon=True).start()
+        return self
+
+    def _watch(self, read_fd: int) -> None:
+        while signal.SIGTERM not in os.read(read_fd, 64):
+            pass
+        self.event.set()
+        if self.done.wait(self.grace_s):
+            return
+        with contextlib.suppress(Exception):
+            if self.on_timeout is not None:
+                self.on_timeout()
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        os._exit(INTERRUPTED_RC)
+
+    @property
+    def stopped(self) -> bool:
+        return self.event.is_set()
+
+    def check(self) -> None:
+        if self.event.is_set():
+            raise Interrupted
 
 
 def _merge(base: dict, extra: dict) -> dict:
@@ -100,10 +193,30 @@ def _merge(base: dict, extra: dict) -> dict:
     return out
 
 
+def optimized_precision(best: str) -> tuple[dict, list[str]]:
+    """The optimized arm's precision section: compute `auto` (train() resolves it to `best`),
+    parameters stored in `best` when it is below fp32 and the schema takes that with `auto`, else
+    fp32; and a note when the schema refused."""
+    section = {"compute_dtype": "auto", "storage_dtype": "fp32"}
+    if best == "fp32":
+        return section, []
+    wanted = {"compute_dtype": "auto", "storage_dtype": best}
+    try:
+        strategy_from_dict({"precision": wanted})
+    except StrategyError as exc:
+        return section, [
+            f"optimized arm: the schema refuses {best} storage with compute_dtype auto "
+            f"({exc}); its parameters are stored in fp32"
+        ]
+    return wanted, []
+
+
 def arm_configs(
-    ns: argparse.Namespace, compile_optimized: bool
-) -> tuple[dict, dict, dict[str, dict]]:
-    """(baseline, optimized, {strategy alone: overrides of the baseline})."""
+    ns: argparse.Namespace, compile_optimized: bool, best: str = "bf16"
+) -> tuple[dict, dict, dict[str, dict], list[str]]:
+    """(baseline, optimized, {strategy alone: overrides of the baseline}, notes); `best` is the
+    device's best dtype (gpu_runtime.profile.best_dtype), which sets the optimized arm's
+    storage."""
     baseline = {
         "model": {"preset": ns.preset, "seq_len": ns.seq_len},
         "data": {"source": "synthetic", "prefetch": 0},
@@ -129,6 +242,7 @@ def arm_configs(
         "train": {"micro_batch": None},
     }
     alone = {
+        "precision auto": {"precision": {"compute_dtype": "auto"}},
         "bf16 autocast": {"precision": {"compute_dtype": "bf16"}},
         "bf16 autocast + storage": {
             "precision": {"compute_dtype": "bf16", "storage_dtype": "bf16"}
@@ -142,18 +256,13 @@ def arm_configs(
         "int8 + LoRA (q,v,o)": {"precision": {"quantization": {"enabled": True}}},
         "embedding offload (cpu)": {"offload": {"embedding": "cpu"}},
     }
-    optimized = baseline
-    for name in (
-        "bf16 autocast + storage",
-        "dynamic batching",
-        "fused RMSNorm+QKV",
-        "fused AdamW",
-        "prefetch (2 batches)",
-    ):
+    precision, notes = optimized_precision(best)
+    optimized = _merge(baseline, {"precision": precision})
+    for name in ("dynamic batching", "fused RMSNorm+QKV", "fused AdamW", "prefetch (2 batches)"):
         optimized = _merge(optimized, alone[name])
     if compile_optimized:
         optimized = _merge(optimized, alone["torch.compile"])
-    return baseline, optimized, alone
+    return baseline, optimized, alone, notes
 
 
 class PeakMemory:
@@ -195,24 +304,37 @@ class PeakMemory:
         return (self._peak - self._base) / MIB
 
 
-def run_arm(config: dict, device: str) -> dict[str, Any]:
+def run_arm(
+    config: dict,
+    device: str,
+    profile: DeviceProfile | None = None,
+    stopper: Stopper | None = None,
+) -> dict[str, Any]:
     """One train() call: tokens/s over the steps after the first (wall and CPU clocks), peak
-    memory, loss."""
+    memory, loss. A run that SIGTERM (or the stopper) cut short raises Interrupted: its figures
+    are not a run's."""
     wall: list[float] = []
     cpu: list[float] = []
 
     def mark() -> bool:
         wall.append(time.perf_counter())
         cpu.append(time.process_time())
-        return False
+        return stopper is not None and stopper.stopped
 
+    if stopper is not None:
+        stopper.check()
     strategy = strategy_from_dict(config)
     dev = resolve_device(device)
+    began = time.perf_counter()
     with PeakMemory(dev) as memory:
-        result = train(strategy, device=device, cancel=mark)
+        result = train(strategy, device=device, cancel=mark, profile=profile)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         mark()  # the last step ends when train() returns (no checkpoint is written)
+    if result.status != "completed" or (stopper is not None and stopper.stopped):
+        if stopper is not None:
+            stopper.event.set()
+        raise Interrupted
     tokens_per_step = strategy.train.global_batch * strategy.model.seq_len
     first = 1 if len(wall) > 2 else 0  # the first step is warm-up: allocator, caches, compilation
     timed = len(wall) - 1 - first
@@ -231,6 +353,11 @@ def run_arm(config: dict, device: str) -> dict[str, Any]:
             (e["step"], e["kind"], e["old_micro_batch"], e["new_micro_batch"])
             for e in result.micro_batch_events
         ],
+        "compute_dtype": (result.strategies.get("precision.compute_dtype") or {}).get(
+            "resolved", strategy.precision.compute_dtype
+        ),
+        "auto": result.strategies.get("precision.compute_dtype"),
+        "seconds": time.perf_counter() - began,
     }
 
 
@@ -295,12 +422,19 @@ def _gemm(layout: str, m: int, k: int, n: int, device: torch.device, dtype: torc
 
 
 def gemm_step_seconds(
-    ns: argparse.Namespace, device: torch.device, dtype: torch.dtype, micro_batch: int, clock: str
+    ns: argparse.Namespace,
+    device: torch.device,
+    dtype: torch.dtype,
+    micro_batch: int,
+    clock: str,
+    stopper: Stopper | None = None,
 ) -> float:
     """Seconds of GEMM one optimizer step needs at this micro-batch and dtype: each shape timed
     (best of 5)."""
     now, total = _timer(clock), 0.0
     for count, layout, m, k, n in gemm_shapes(ns, micro_batch):
+        if stopper is not None:
+            stopper.check()
         run = _gemm(layout, m, k, n, device, dtype)
         for _ in range(2):
             run()
@@ -317,49 +451,96 @@ def gemm_step_seconds(
     return total * ns.global_batch / micro_batch
 
 
+def _floor_needs(ns: argparse.Namespace, best: str, reached: int, bf16: bool) -> list[tuple]:
+    """The (dtype, micro-batch) GEMM timings one floor pass takes, each once: fp32 at the
+    baseline's micro-batch, the best dtype there and at `reached`, and (`bf16`) bf16 at both."""
+    base = ns.baseline_micro_batch
+    needs = [("fp32", base), (best, base), (best, reached)]
+    if bf16:
+        needs += [("bf16", base), ("bf16", reached)]
+    return list(dict.fromkeys(needs))
+
+
+def gemm_pass_estimate_s(ns: argparse.Namespace, profile: DeviceProfile, needs: list) -> float:
+    """About how long one floor pass takes, from the profile's GFLOP/s (each shape runs 7 times),
+    with a margin: what --quick's budget keeps back for it."""
+    fp32 = profile.dtypes["fp32"].gflops or 1.0
+    total = 0.0
+    for dtype, micro_batch in needs:
+        r = profile.dtypes.get(dtype)
+        gflops = r.gflops if r is not None and r.gflops else fp32 / 60
+        flops = sum(2 * m * k * n for _, _, m, k, n in gemm_shapes(ns, micro_batch))
+        total += 7 * flops / (gflops * 1e9)
+    return 1.5 * total + 0.5
+
+
 def gemm_floor(
     ns: argparse.Namespace,
     device: torch.device,
-    optimized_micro_batch: int,
+    best: str,
+    reached: int,
     clock: str,
+    *,
+    bf16: bool = False,
     repeats: int = 3,
+    stopper: Stopper | None = None,
+    fits: Callable[[float], bool] = lambda seconds: True,
+    on_pass: Callable[[dict[str, Any]], None] = lambda figures: None,
 ) -> dict[str, Any]:
-    """What dtype alone allows: bf16 / fp32 GEMM time of one step at the model's own shapes.
+    """What dtype and micro-batch allow: one step's GEMM time at the model's own shapes in the
+    device's `best` dtype at the optimized arm's largest micro-batch `reached`, over fp32 at the
+    baseline's micro-batch (`gemm_floor`).
 
-    `gemm_floor` compares both dtypes at the baseline's micro-batch (dtype alone);
-    `gemm_floor_at_optimized_micro_batch` puts bf16 at the largest micro-batch the optimized arm
-    reached. fp32 and bf16 are timed back to back, `repeats` times, and the ratios' median kept: on
-    a shared CPU (hyperthread siblings share the matrix units) one pass can be off by 2x.
+    Also `gemm_floor_dtype_alone` (`best` / fp32, both at the baseline's micro-batch) and, with
+    `bf16` (where bf16 is native), `gemm_floor_bf16` (bf16 / fp32 at the baseline's micro-batch:
+    this benchmark's old `gemm_floor`) and bf16 at `reached`. The timings of a pass run back to
+    back, up to `repeats` passes (another only if `fits` its duration), and each ratio's median
+    over passes is kept: on a shared CPU (hyperthread siblings share the matrix units) one pass
+    can be off by 2x. `on_pass` gets the figures so far after each pass.
     """
-    passes = []
-    for _ in range(repeats):
-        fp32 = gemm_step_seconds(ns, device, torch.float32, ns.baseline_micro_batch, clock)
-        bf16 = gemm_step_seconds(ns, device, torch.bfloat16, ns.baseline_micro_batch, clock)
-        bf16_opt = (
-            bf16
-            if optimized_micro_batch == ns.baseline_micro_batch
-            else gemm_step_seconds(ns, device, torch.bfloat16, optimized_micro_batch, clock)
-        )
-        passes.append((fp32, bf16, bf16_opt))
-    floors = [b / f for f, b, _ in passes]
-    at_opt = [o / f for f, _, o in passes]
-    fp32, bf16, bf16_opt = (statistics.median(p[i] for p in passes) for i in range(3))
+    base = ns.baseline_micro_batch
+    needs = _floor_needs(ns, best, reached, bf16)
     flops = (
-        sum(2 * c * m * k * n for c, _, m, k, n in gemm_shapes(ns, ns.baseline_micro_batch))
-        * ns.global_batch
-        / ns.baseline_micro_batch
-    )
-    return {
-        "gemm_floor": statistics.median(floors),
-        "gemm_floor_per_pass": floors,
-        "gemm_floor_at_optimized_micro_batch": statistics.median(at_opt),
-        "gemm_step_s": {
-            "fp32": fp32,
-            "bf16": bf16,
-            f"bf16_micro_batch_{optimized_micro_batch}": bf16_opt,
-        },
-        "gemm_gflops": {"fp32": flops / fp32 / 1e9, "bf16": flops / bf16 / 1e9},
-    }
+        sum(2 * c * m * k * n for c, _, m, k, n in gemm_shapes(ns, base)) * ns.global_batch / base
+    )  # per step: the same at any micro-batch (FLOPs per token do not depend on it)
+    passes: list[dict[tuple[str, int], float]] = []
+    figures: dict[str, Any] = {}
+    for i in range(repeats):
+        began = time.perf_counter()
+        times = {
+            (dtype, mb): gemm_step_seconds(ns, device, TORCH_DTYPES[dtype], mb, clock, stopper)
+            for dtype, mb in needs
+        }
+        passes.append(times)
+
+        def ratios(dtype: str, mb: int) -> list[float]:
+            return [p[(dtype, mb)] / p[("fp32", base)] for p in passes]
+
+        def key(dtype: str, mb: int) -> str:
+            return dtype if mb == base else f"{dtype}_micro_batch_{mb}"
+
+        floors = ratios(best, reached)
+        step_s = {key(d, mb): statistics.median(p[(d, mb)] for p in passes) for d, mb in needs}
+        figures = {
+            "gemm_floor": statistics.median(floors),
+            "gemm_floor_per_pass": floors,
+            "gemm_floor_dtype": best,
+            "gemm_floor_micro_batch": reached,
+            "gemm_floor_dtype_alone": statistics.median(ratios(best, base)),
+            # the old key: the floor with the optimized arm's micro-batch, now gemm_floor itself
+            "gemm_floor_at_optimized_micro_batch": statistics.median(floors),
+            "gemm_floor_bf16": statistics.median(ratios("bf16", base)) if bf16 else None,
+            "gemm_floor_bf16_at_optimized_micro_batch": (
+                statistics.median(ratios("bf16", reached)) if bf16 else None
+            ),
+            "gemm_step_s": step_s,
+            "gemm_gflops": {name: flops / s / 1e9 for name, s in step_s.items()},
+            "gemm_passes": len(passes),
+        }
+        on_pass(figures)
+        if i + 1 < repeats and not fits(time.perf_counter() - began):
+            break
+    return figures
 
 
 def usd_per_million(tokens_per_s: float, price_per_hour: float) -> float:
@@ -392,10 +573,18 @@ def loss_delta(baseline_loss: float, loss: float) -> float:
 
 
 def ddp_main(
-    ns: argparse.Namespace, baseline: dict, optimized: dict, price: float, rounds: int
+    ns: argparse.Namespace,
+    baseline: dict,
+    optimized: dict,
+    price: float,
+    rounds: int,
+    profile: DeviceProfile,
+    best: str,
+    stopper: Stopper,
 ) -> int:
     """Both arms as ns.ddp-process DDP: device-hours, electricity, completion time, cost per
-    token."""
+    token. `auto` resolves in this process from `profile` (the cache train() reads) and the
+    ranks get the resolved dtype; SIGTERM ends it after the rounds done (143)."""
     from ddp import run_measured  # bench/ddp.py: one DDP run measured from rank 0's telemetry
 
     world = ns.ddp
@@ -404,20 +593,42 @@ def ddp_main(
         "telemetry": {"enabled": True, "interval_s": 0.2},
     }
     arms = {"baseline": _merge(baseline, extra), "optimized": _merge(optimized, extra)}
-    run_measured(
-        strategy_from_dict(_merge(arms["baseline"], {"train": {"steps": 3}})),
-        ns.device,
-        warmup_steps=1,
-    )  # warm the process: first-call costs are no arm's
+    head = {"mode": "ddp", "world_size": world, "device": ns.device, "best_dtype": best}
+    head["profile"] = profile.as_dict()
+
+    def interrupted_line() -> None:
+        if ns.json:
+            print(json.dumps({**head, "rounds": 0, "ratio": None, "interrupted": True}))
+
+    stopper.on_timeout = interrupted_line
+
+    def measured(config: dict) -> dict:
+        stopper.check()
+        try:
+            out = run_measured(strategy_from_dict(config), ns.device, warmup_steps=1)
+        except SystemExit:  # too few samples: a run SIGTERM cut short, or a real failure
+            if stopper.stopped:
+                raise Interrupted from None
+            raise
+        if out["status"] != "completed" or stopper.stopped:
+            stopper.event.set()
+            raise Interrupted
+        return out
+
     rows = []
-    for r in range(rounds):
-        order = ["baseline", "optimized"] if r % 2 == 0 else ["optimized", "baseline"]
-        rows.append(
-            {
-                name: run_measured(strategy_from_dict(arms[name]), ns.device, warmup_steps=1)
-                for name in order
-            }
-        )
+    interrupted = False
+    try:
+        measured(_merge(arms["baseline"], {"train": {"steps": 3}}))  # warm the process
+        for r in range(rounds):
+            order = ["baseline", "optimized"] if r % 2 == 0 else ["optimized", "baseline"]
+            rows.append({name: measured(arms[name]) for name in order})
+    except Interrupted:
+        interrupted = True
+    if not rows:
+        print("interrupted (SIGTERM) before a round ended")
+        interrupted_line()
+        stopper.done.set()
+        return INTERRUPTED_RC
     figures: dict[str, dict[str, Any]] = {}
     for name in arms:
         runs = [row[name] for row in rows]
@@ -439,7 +650,8 @@ def ddp_main(
         f"DDP comparison: {world} processes per arm "
         f"({'nccl' if ns.device.startswith('cuda') else 'gloo, one thread each'}), {ns.preset} "
         f"preset, seq_len {ns.seq_len}, global batch {ns.global_batch}, {ns.steps} steps, "
-        f"{rounds} interleaved rounds; price ${price:.2f} per "
+        f"{len(rows)} interleaved rounds{' (INTERRUPTED by SIGTERM)' if interrupted else ''}; "
+        f"price ${price:.2f} per "
         f"device-hour{' (ASSUMED)' if ns.price_per_hour is None else ''}"
     )
     print(
@@ -465,10 +677,9 @@ def ddp_main(
         print(
             json.dumps(
                 {
-                    "mode": "ddp",
-                    "world_size": world,
-                    "device": ns.device,
-                    "rounds": rounds,
+                    **head,
+                    "rounds": len(rows),
+                    "interrupted": interrupted,
                     "ratio": s["median"],
                     "ratio_spread": s,
                     "arms": figures,
@@ -478,7 +689,51 @@ def ddp_main(
                 }
             )
         )
-    return 0
+    stopper.done.set()
+    return INTERRUPTED_RC if interrupted else 0
+
+
+@dataclass
+class Bench:
+    """One benchmark's settings and what it has measured so far (a SIGTERM reports this)."""
+
+    ns: argparse.Namespace
+    dev: torch.device
+    profile: DeviceProfile
+    best: str
+    price: float
+    compile_optimized: bool
+    baseline: dict
+    optimized: dict
+    skipped: dict[str, str]
+    notes: list[str]
+    rounds_planned: int
+    started: float
+    per_round: list[dict[str, dict]] = field(default_factory=list)
+    alone_rows: dict[str, dict] = field(default_factory=dict)
+    rates: dict[str, Any] | None = None
+    phase: str = "start"  # what the bench is doing: a SIGTERM names it
+    interrupted_during: str | None = None
+    _emitted: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _profile_line(profile: DeviceProfile, best: str) -> str:
+    dtypes = ", ".join(
+        f"{name} {r.gflops:.0f} GFLOP/s ({r.ratio_vs_fp32:.2f}x, "
+        f"{'native' if r.native else 'emulated'})"
+        if r.gflops and name != "fp32" and r.ratio_vs_fp32 is not None
+        else f"{name} {r.gflops:.0f} GFLOP/s"
+        if r.gflops
+        else f"{name}: {r.error or 'not measured'}"
+        for name, r in profile.dtypes.items()
+        if name != "int8"
+    )
+    return (
+        f"device profile: {profile.device_label}, class {profile.device_class}; best dtype "
+        f"{best} (auto resolves to it); {dtypes}; measured in {profile.elapsed_s:.1f} s on "
+        f"{profile.threads} thread(s)"
+    )
 
 
 def main() -> int:
@@ -486,7 +741,8 @@ def main() -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="fewer rounds, steps and strategies alone: about 3 minutes on a 2-core CPU",
+        help="fewer rounds, steps and strategies alone: about 3 minutes on a 2-core CPU, "
+        f"never more than --budget-s ({QUICK_BUDGET_S:.0f} s)",
     )
     parser.add_argument(
         "--json",
@@ -506,6 +762,17 @@ def main() -> int:
     )
     parser.add_argument(
         "--baseline-micro-batch", type=int, default=None, help="default 2 on CPU, 8 on CUDA"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="interleaved rounds (default: by mode)"
+    )
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (default: by mode)")
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help=f"wall-clock budget: what would not fit is skipped and said (--quick: "
+        f"{QUICK_BUDGET_S:.0f}; otherwise none; 0: none)",
     )
     parser.add_argument(
         "--price-per-hour", type=float, default=None, help="USD per device-hour (default: assumed)"
@@ -534,6 +801,8 @@ def main() -> int:
         "time (the seed's table)",
     )
     ns = parser.parse_args()
+    stopper = Stopper().install()  # from here on SIGTERM ends the bench with what it measured
+    started = time.perf_counter()
     dev = resolve_device(ns.device)
     cuda = dev.type == "cuda"
     ns.device = str(dev)
@@ -545,14 +814,28 @@ def main() -> int:
     ns.global_batch = ns.global_batch or (4 if ns.smoke else 64 if cuda else 8)
     ns.baseline_micro_batch = ns.baseline_micro_batch or (8 if cuda and not ns.smoke else 2)
     if ns.smoke:
-        rounds, ns.steps, alone_rounds = 1, 3, 0
+        rounds, steps, alone_rounds = 1, 3, 0
     elif cuda:
-        rounds, ns.steps, alone_rounds = (3, 12, 1) if ns.quick else (6, 30, 2)
+        rounds, steps, alone_rounds = (3, 12, 1) if ns.quick else (6, 30, 2)
     else:
-        rounds, ns.steps, alone_rounds = (2, 6, 0) if ns.quick else (5, 10, 1)
+        rounds, steps, alone_rounds = (2, 6, 0) if ns.quick else (5, 10, 1)
+    rounds = ns.rounds or rounds
+    ns.steps = ns.steps or steps
+    if ns.budget_s is None:
+        ns.budget_s = QUICK_BUDGET_S if ns.quick and not ns.smoke else 0.0
+    deadline = started + ns.budget_s if ns.budget_s else None
     compile_optimized = ns.compile == "on" or (ns.compile == "auto" and cuda)
     price = ns.price_per_hour if ns.price_per_hour is not None else ASSUMED_PRICE[dev.type]
-    baseline, optimized, alone = arm_configs(ns, compile_optimized)
+
+    # the device first: every train() call gets this profile, `auto` resolves from it
+    profile = measure_profile(dev, budget_s=0.5 if ns.smoke else None)
+    device_profile(dev, profile)  # this process's cache: train() calls given no profile use it
+    best = best_dtype(profile)
+    print(_profile_line(profile, best), flush=True)
+    bf16 = profile.dtypes.get("bf16")
+    bf16_native = bool(bf16 is not None and bf16.native and not bf16.error and bf16.gflops)
+
+    baseline, optimized, alone, notes = arm_configs(ns, compile_optimized, best)
     skipped = {}
     if not cuda:
         skipped["embedding offload (cpu)"] = (
@@ -566,8 +849,24 @@ def main() -> int:
                     "--quick and --smoke keep bf16 and dynamic batching alone; "
                     "the full run measures it",
                 )
+    forced_short: set[str] = set()
+    for name, dtype in FORCED.items():
+        r = profile.dtypes.get(dtype)
+        if name in skipped or (r is not None and r.native and not r.error):
+            continue
+        speed = (
+            f"{r.ratio_vs_fp32:.2f}x fp32" if r is not None and r.ratio_vs_fp32 else "unmeasured"
+        )
+        if ns.smoke or ns.quick:
+            skipped[name] = (
+                f"forced {dtype} is not native on this device ({speed} in its profile): a step "
+                f"would take many times the baseline's, so --quick and --smoke skip it; the full "
+                f"run measures it in one round of {FORCED_STEPS} steps"
+            )
+        else:
+            forced_short.add(name)
     for name in skipped:
-        alone.pop(name)
+        alone.pop(name, None)
 
     if ns.ddp:
         if ns.ddp < 2 or ns.global_batch % ns.ddp:
@@ -575,76 +874,152 @@ def main() -> int:
                 f"--ddp: {ns.ddp} processes must be 2 or more and divide the global "
                 f"batch {ns.global_batch}"
             )
-        return ddp_main(ns, baseline, optimized, price, rounds)
-    started = time.perf_counter()
-    run_arm(
-        _merge(baseline, {"train": {"steps": 2}}), ns.device
-    )  # warm the process: first-call costs are no arm's
-    # compile, and meet every micro-batch shape the scaler can reach, before anything is timed
-    run_arm(
-        _merge(
-            optimized, {"train": {"steps": 2 + 2 * (PROBE_STEPS + 1) if compile_optimized else 2}}
-        ),
-        ns.device,
+        return ddp_main(ns, baseline, optimized, price, rounds, profile, best, stopper)
+
+    b = Bench(
+        ns=ns,
+        dev=dev,
+        profile=profile,
+        best=best,
+        price=price,
+        compile_optimized=compile_optimized,
+        baseline=baseline,
+        optimized=optimized,
+        skipped=skipped,
+        notes=notes,
+        rounds_planned=rounds,
+        started=started,
     )
-    per_round: list[dict[str, dict]] = []
-    for r in range(rounds):
-        order = [("baseline", baseline), ("optimized", optimized)]
-        if r % 2:
-            order.reverse()
-        per_round.append({name: run_arm(config, ns.device) for name, config in order})
-    alone_rows = {}
-    for name, overrides in alone.items():
-        if alone_rounds == 0:  # --quick: one run each, against the headline rounds' baselines
-            mine = run_arm(_merge(baseline, overrides), ns.device)
-            runs = [{"baseline": r["baseline"], name: mine} for r in per_round]
-        else:
-            runs = []
-            for r in range(alone_rounds):
-                pair = [("baseline", baseline), (name, _merge(baseline, overrides))]
-                if r % 2:
-                    pair.reverse()
-                runs.append({arm: run_arm(config, ns.device) for arm, config in pair})
-        alone_rows[name] = _alone_row(runs, name, ns.clock)
-    reached = max(m for r in per_round for m in r["optimized"]["micro_batches"])
-    rates = gemm_floor(ns, dev, reached, ns.clock)
-    elapsed = time.perf_counter() - started
-    return report(
-        ns,
-        dev,
-        price,
-        per_round,
-        alone_rows,
-        skipped,
-        rates,
-        compile_optimized,
-        elapsed,
-        baseline,
-        optimized,
+    stopper.on_timeout = lambda: emit(b, interrupted=True, human=False)
+    # what --quick keeps back for the GEMM floor's first pass (the largest micro-batch it may meet)
+    reserve = gemm_pass_estimate_s(
+        ns, profile, _floor_needs(ns, best, ns.global_batch, bf16_native)
     )
 
+    def fits(seconds: float) -> bool:
+        return deadline is None or time.perf_counter() + seconds + reserve <= deadline
 
-def report(
-    ns,
-    dev,
-    price,
-    per_round,
-    alone_rows,
-    skipped,
-    rates,
-    compile_optimized,
-    elapsed,
-    baseline,
-    optimized,
-) -> int:
+    def arm(config: dict) -> dict[str, Any]:
+        return run_arm(config, ns.device, profile, stopper)
+
+    b.phase = "warm-up"
+    try:
+        arm(_merge(baseline, {"train": {"steps": 2}}))  # warm the process: no arm's first calls
+        # compile, and meet every micro-batch shape the scaler can reach, before anything is timed
+        arm(
+            _merge(
+                optimized,
+                {"train": {"steps": 2 + 2 * (PROBE_STEPS + 1) if compile_optimized else 2}},
+            )
+        )
+        round_s: list[float] = []
+        for r in range(rounds):
+            b.phase = f"round {r + 1} of {rounds}"
+            if round_s and not fits(round_s[-1]):
+                b.notes.append(
+                    f"--budget-s {ns.budget_s:.0f}: stopped after {len(b.per_round)} of {rounds} "
+                    f"rounds (a round takes ~{round_s[-1]:.0f} s)"
+                )
+                break
+            began = time.perf_counter()
+            order = [("baseline", baseline), ("optimized", optimized)]
+            if r % 2:
+                order.reverse()
+            b.per_round.append({name: arm(config) for name, config in order})
+            round_s.append(time.perf_counter() - began)
+        base_s = statistics.median(x["baseline"]["seconds"] for x in b.per_round)
+        for name, overrides in alone.items():
+            b.phase = f"strategy alone: {name}"
+            if not fits(1.2 * base_s):
+                b.skipped[name] = (
+                    f"--budget-s {ns.budget_s:.0f}: a run (~{base_s:.0f} s) would not fit"
+                )
+                continue
+            if name in forced_short:  # forced and not native: one short round, equal steps
+                short = {"train": {"steps": FORCED_STEPS}}
+                pair = {
+                    "baseline": arm(_merge(baseline, short)),
+                    name: arm(_merge(_merge(baseline, overrides), short)),
+                }
+                runs = [pair]
+            elif alone_rounds == 0:  # --quick: one run each, against the headline rounds' baselines
+                mine = arm(_merge(baseline, overrides))
+                runs = [{"baseline": r["baseline"], name: mine} for r in b.per_round]
+            else:
+                runs = []
+                for r in range(alone_rounds):
+                    pair = [("baseline", baseline), (name, _merge(baseline, overrides))]
+                    if r % 2:
+                        pair.reverse()
+                    runs.append({a: arm(config) for a, config in pair})
+            row = _alone_row(runs, name, ns.clock)
+            if name in FORCED:
+                row["forced_dtype"] = FORCED[name]
+            if name in forced_short:
+                row["short"] = f"1 round of {FORCED_STEPS} steps: {FORCED[name]} is not native"
+            b.alone_rows[name] = row
+        b.phase = "GEMM floor"
+        reached = max(m for r in b.per_round for m in r["optimized"]["micro_batches"])
+
+        def store(figures: dict[str, Any]) -> None:
+            b.rates = figures
+
+        gemm_floor(
+            ns,
+            dev,
+            best,
+            reached,
+            ns.clock,
+            bf16=bf16_native,
+            stopper=stopper,
+            fits=lambda seconds: fits(seconds - reserve),
+            on_pass=store,
+        )
+        if b.rates and b.rates["gemm_passes"] < 3:
+            b.notes.append(
+                f"--budget-s {ns.budget_s:.0f}: {b.rates['gemm_passes']} GEMM floor pass(es) of 3"
+            )
+    except Interrupted:
+        b.interrupted_during = b.phase
+    rc = emit(b, interrupted=b.interrupted_during is not None)
+    stopper.done.set()
+    return rc
+
+
+def emit(b: Bench, *, interrupted: bool, human: bool = True) -> int:
+    """Print the report once (the main thread, or the SIGTERM watcher when the bench overran its
+    grace period: then the JSON line only); 143 when interrupted, else 0."""
+    with b._lock:
+        if not b._emitted:
+            b._emitted = True
+            figures = summarize(b, interrupted)
+            if human:
+                print_report(b, figures)
+            else:
+                print(f"interrupted (SIGTERM) during {b.phase}: the step under way overran")
+            if b.ns.json:
+                print(json.dumps(figures))
+            sys.stdout.flush()
+    return INTERRUPTED_RC if interrupted else 0
+
+
+def summarize(b: Bench, interrupted: bool) -> dict[str, Any]:
+    """Every figure of the report, as the JSON line holds them; None where not measured (an
+    interrupted run)."""
+    ns, dev = b.ns, b.dev
+    per_round, alone_rows, rates = list(b.per_round), dict(b.alone_rows), b.rates
     label = device_label(dev)
     args = preset_args(ns.preset, ns.seq_len)
     flops_per_token = args.flops_per_token(ns.seq_len)
+    mem = (
+        "CUDA max allocated" if dev.type == "cuda" else "RSS growth, sampled every 10 ms (estimate)"
+    )
     arms: dict[str, dict[str, Any]] = {}
-    for name, config in (("baseline", baseline), ("optimized", optimized)):
+    for name, config in (("baseline", b.baseline), ("optimized", b.optimized)) if per_round else ():
         tps = [r[name]["tokens_per_s"][ns.clock] for r in per_round]
         median_tps = statistics.median(tps)
-        peak = peak_flops(label, config["precision"]["compute_dtype"])
+        dtype = per_round[-1][name]["compute_dtype"]
+        peak = peak_flops(label, dtype)
         arms[name] = {
             "tokens_per_s": median_tps,
             "tokens_per_s_spread": spread(tps),
@@ -652,10 +1027,12 @@ def report(
                 r[name]["tokens_per_s"]["wall"] for r in per_round
             ),
             "peak_mem_mb": statistics.median(r[name]["peak_mem_mb"] for r in per_round),
-            "usd_per_1m_tokens": usd_per_million(median_tps, price),
+            "usd_per_1m_tokens": usd_per_million(median_tps, b.price),
             "mfu": None if peak is None else median_tps * flops_per_token / peak,
             "final_loss": statistics.median(r[name]["final_loss"] for r in per_round),
             "micro_batches": sorted({m for r in per_round for m in r[name]["micro_batches"]}),
+            "compute_dtype": dtype,
+            "storage_dtype": config["precision"].get("storage_dtype", "fp32"),
         }
     ratios = [
         r["baseline"]["tokens_per_s"][ns.clock] / r["optimized"]["tokens_per_s"][ns.clock]
@@ -665,20 +1042,96 @@ def report(
         r["baseline"]["tokens_per_s"]["wall"] / r["optimized"]["tokens_per_s"]["wall"]
         for r in per_round
     ]
-    s = spread(ratios)
-    floor_ratio = s["median"] / rates["gemm_floor"]
-    delta = loss_delta(arms["baseline"]["final_loss"], arms["optimized"]["final_loss"])
-    used = arms["optimized"]["micro_batches"]
+    s = spread(ratios) if ratios else None
+    ratio = None if s is None else s["median"]
+    floor = None if rates is None else rates["gemm_floor"]
+    floor_ratio = None if ratio is None or not floor else ratio / floor
+    delta = (
+        loss_delta(arms["baseline"]["final_loss"], arms["optimized"]["final_loss"])
+        if arms
+        else None
+    )
+    used = arms["optimized"]["micro_batches"] if arms else []
     flagged = {
         name: row["loss_delta"]
         for name, row in alone_rows.items()
         if row["loss_delta"] > LOSS_TARGET
     }
-    if delta > LOSS_TARGET:
+    if delta is not None and delta > LOSS_TARGET:
         flagged["optimized"] = delta
-    mem = (
-        "CUDA max allocated" if dev.type == "cuda" else "RSS growth, sampled every 10 ms (estimate)"
-    )
+    auto = next((r["optimized"]["auto"] for r in per_round if r["optimized"]["auto"]), None)
+    return {
+        "ratio": ratio,
+        "ratio_spread": None if s is None else (s["max"] - s["min"]) / 2,
+        "ratio_min": None if s is None else s["min"],
+        "ratio_max": None if s is None else s["max"],
+        "ratio_iqr": None if s is None else [s["q1"], s["q3"]],
+        "ratio_per_round": ratios,
+        "ratio_wall_clock_per_round": wall_ratios,
+        "clock": ns.clock,
+        "target": TARGET,
+        "met": ratio is not None and ratio <= TARGET,
+        "optimized_is_dearer": ratio is not None and ratio > 1.0,
+        "price_per_hour_usd": b.price,
+        "price_assumed": ns.price_per_hour is None,
+        "device": label,
+        "device_class": b.profile.device_class,
+        "best_dtype": b.best,
+        "profile": b.profile.as_dict(),
+        "optimized_precision": {
+            "compute_dtype": b.optimized["precision"]["compute_dtype"],
+            "resolved": b.best if auto is None else auto["resolved"],
+            "storage_dtype": b.optimized["precision"].get("storage_dtype", "fp32"),
+            "resolution": auto,
+        },
+        "preset": ns.preset,
+        "seq_len": ns.seq_len,
+        "global_batch": ns.global_batch,
+        "baseline_micro_batch": ns.baseline_micro_batch,
+        "steps_per_run": ns.steps,
+        "rounds": len(per_round),
+        "rounds_planned": b.rounds_planned,
+        "budget_s": ns.budget_s or None,
+        "compile_in_optimized": b.compile_optimized,
+        "peak_memory_method": mem,
+        "arms": arms,
+        "strategies_alone": alone_rows,
+        "strategies_skipped": dict(b.skipped),
+        "gemm_floor": floor,
+        "floor_ratio": floor_ratio,
+        "floor_target": FLOOR_TARGET,
+        "floor_met": floor_ratio is not None and floor_ratio <= FLOOR_TARGET,
+        **{
+            key: None if rates is None else rates[key]
+            for key in (
+                "gemm_floor_per_pass",
+                "gemm_floor_dtype",
+                "gemm_floor_micro_batch",
+                "gemm_floor_dtype_alone",
+                "gemm_floor_at_optimized_micro_batch",
+                "gemm_floor_bf16",
+                "gemm_floor_bf16_at_optimized_micro_batch",
+                "gemm_step_s",
+                "gemm_gflops",
+                "gemm_passes",
+            )
+        },
+        "loss_delta": delta,
+        "loss_target": LOSS_TARGET,
+        "loss_flagged": flagged,
+        "optimized_micro_batches": used,
+        "optimized_above_baseline_micro_batch": bool(used) and max(used) > ns.baseline_micro_batch,
+        "optimized_micro_batch_events": [r["optimized"]["micro_batch_events"] for r in per_round],
+        "notes": list(b.notes) + list(b.profile.notes),
+        "interrupted": interrupted,
+        "interrupted_during": (b.interrupted_during or b.phase) if interrupted else None,
+        "wall_s": time.perf_counter() - b.started,
+    }
+
+
+def print_report(b: Bench, f: dict[str, Any]) -> None:
+    ns = b.ns
+    args = preset_args(ns.preset, ns.seq_len)
     clock = (
         "wall clock"
         if ns.clock == "wall"
@@ -688,140 +1141,129 @@ def report(
         f"cost benchmark: {ns.preset} preset ({args.num_params() / 1e6:.1f}M parameters), "
         f"seq_len {ns.seq_len}, global batch {ns.global_batch}, baseline micro-batch "
         f"{ns.baseline_micro_batch}, on "
-        f"{label}{'' if dev.type == 'cuda' else f', torch threads {torch.get_num_threads()}'}"
+        f"{f['device']}"
+        f"{'' if b.dev.type == 'cuda' else f', torch threads {torch.get_num_threads()}'}"
     )
     print(
-        f"{len(per_round)} interleaved rounds x {ns.steps} steps (the first of each run "
+        f"device class {f['device_class']}: best dtype {f['best_dtype']} "
+        f"(precision.compute_dtype auto resolves to it)"
+    )
+    print(
+        f"{f['rounds']} interleaved rounds x {ns.steps} steps (the first of each run "
         f"untimed); step time: {clock}"
     )
+    p = f["optimized_precision"]
     print(
-        "optimized = bf16 autocast + bf16 storage (fp32 masters) + dynamic batching "
-        f"[{ns.baseline_micro_batch}, {ns.global_batch}] + fused RMSNorm+QKV + fused AdamW + "
-        f"prefetch{' + torch.compile' if compile_optimized else ' (no compile)'}"
+        f"optimized = precision auto (-> {p['resolved']} autocast here, {p['storage_dtype']} "
+        f"storage) + dynamic batching [{ns.baseline_micro_batch}, {ns.global_batch}] + fused "
+        f"RMSNorm+QKV + fused AdamW + prefetch"
+        f"{' + torch.compile' if b.compile_optimized else ' (no compile)'}"
     )
     print(
-        f"price: ${price:.2f} per device-hour, "
+        f"price: ${b.price:.2f} per device-hour, "
         f"{'ASSUMED (--price-per-hour sets it)' if ns.price_per_hour is None else 'given'}; "
         "cost = device time only, energy excluded"
     )
+    if f["interrupted"]:
+        print(f"INTERRUPTED (SIGTERM) during {f['interrupted_during']}: what was measured so far")
     print()
     print(
         f"{'arm':<10} {'tokens/s':>9} {'(wall)':>8} {'peak MiB':>9} {'USD/1M tok':>11} "
         f"{'MFU':>7} {'loss':>7}  micro-batches"
     )
-    for name, a in arms.items():
+    for name, a in f["arms"].items():
         mfu = "-" if a["mfu"] is None else f"{a['mfu']:.3f}"
         print(
             f"{name:<10} {a['tokens_per_s']:>9.1f} {a['tokens_per_s_wall']:>8.1f} "
             f"{a['peak_mem_mb']:>9.1f} {a['usd_per_1m_tokens']:>11.4f} {mfu:>7} "
             f"{a['final_loss']:>7.3f}  {a['micro_batches']}"
         )
-    met = s["median"] <= TARGET
+    if f["ratio"] is not None:
+        print(
+            f"\nratio (optimized / baseline USD per 1M tokens) = {f['ratio']:.3f}  spread: min "
+            f"{f['ratio_min']:.3f}, max {f['ratio_max']:.3f}, IQR [{f['ratio_iqr'][0]:.3f}, "
+            f"{f['ratio_iqr'][1]:.3f}]  target <= {TARGET:.2f}: "
+            f"{'MET' if f['met'] else 'NOT MET'}"
+        )
+        print(
+            f"per round: {', '.join(f'{x:.3f}' for x in f['ratio_per_round'])}   (wall clock: "
+            f"{', '.join(f'{x:.3f}' for x in f['ratio_wall_clock_per_round'])})"
+        )
+        if f["optimized_is_dearer"]:
+            print(
+                f"THE OPTIMIZED ARM IS DEARER HERE: it costs {f['ratio']:.2f}x the baseline per "
+                "token on this device; it is no optimization on it"
+            )
+    rows, flagged = f["strategies_alone"], f["loss_flagged"]
+
+    def label(name: str) -> str:
+        row = rows.get(name, {})
+        forced = f" [forced {row['forced_dtype']}]" if row.get("forced_dtype") else ""
+        return f"{name}{forced}{' [short]' if row.get('short') else ''}"
+
+    print(f"\neach strategy alone vs baseline (median; peak memory: {f['peak_memory_method']})")
     print(
-        f"\nratio (optimized / baseline USD per 1M tokens) = {s['median']:.3f}  spread: min "
-        f"{s['min']:.3f}, max {s['max']:.3f}, IQR [{s['q1']:.3f}, {s['q3']:.3f}]  target <= "
-        f"{TARGET:.2f}: {'MET' if met else 'NOT MET'}"
-    )
-    print(
-        f"per round: {', '.join(f'{x:.3f}' for x in ratios)}   (wall clock: "
-        f"{', '.join(f'{x:.3f}' for x in wall_ratios)})"
-    )
-    print(f"\neach strategy alone vs baseline (median; peak memory: {mem})")
-    print(
-        f"{'strategy':<26} {'tokens/s':>9} {'x base':>7} {'peak MiB':>9} {'x base':>7}  "
+        f"{'strategy':<36} {'tokens/s':>9} {'x base':>7} {'peak MiB':>9} {'x base':>7}  "
         "micro-batches"
     )
-    for name, row in alone_rows.items():
+    for name, row in rows.items():
         print(
-            f"{name:<26} {row['tokens_per_s']:>9.1f} {row['tokens_per_s_ratio']:>7.3f} "
+            f"{label(name):<36} {row['tokens_per_s']:>9.1f} {row['tokens_per_s_ratio']:>7.3f} "
             f"{row['peak_mem_mb']:>9.1f} {row['peak_mem_ratio']:>7.3f}  {row['micro_batches']}"
         )
-    for name, why in skipped.items():
-        print(f"{name:<26} skipped: {why}")
-    print(f"{'strategy':<26} loss delta vs baseline (target <= {LOSS_TARGET})")
-    for name, row in alone_rows.items():
+    for name, why in f["strategies_skipped"].items():
+        print(f"{name:<36} skipped: {why}")
+    print(f"{'strategy':<36} loss delta vs baseline (target <= {LOSS_TARGET})")
+    for name, row in rows.items():
         print(
-            f"{name:<26} {row['loss_delta']:.4f}"
+            f"{label(name):<36} {row['loss_delta']:.4f}"
             f"{'  FLAGGED: speed bought with loss' if name in flagged else ''}"
         )
-    g = rates["gemm_gflops"]
-    print(
-        "\nGEMM at the model's own shapes (one step, baseline micro-batch "
-        f"{ns.baseline_micro_batch}): fp32 {g['fp32']:.0f} GFLOP/s, bf16 {g['bf16']:.0f} GFLOP/s"
-    )
-    print(
-        "gemm_floor (bf16 / fp32 GEMM time: the cost ratio dtype alone allows) = "
-        f"{rates['gemm_floor']:.3f} (passes: "
-        f"{', '.join(f'{x:.3f}' for x in rates['gemm_floor_per_pass'])}); with bf16 at "
-        f"micro-batch {max(used)}: {rates['gemm_floor_at_optimized_micro_batch']:.3f}"
-    )
-    print(
-        f"floor_ratio (ratio / gemm_floor) = {floor_ratio:.3f}  target <= {FLOOR_TARGET:.2f}: "
-        f"{'MET' if floor_ratio <= FLOOR_TARGET else 'NOT MET'}"
-    )
-    print(
-        f"loss_delta (|optimized - baseline| / baseline final loss, equal tokens) = {delta:.4f}"
-        f"  target <= {LOSS_TARGET}: "
-        f"{'MET' if delta <= LOSS_TARGET else 'NOT MET: the optimized arm buys speed with loss'}"
-    )
-    above = max(used) > ns.baseline_micro_batch
-    print(
-        f"optimized micro-batches {used}: {'above' if above else 'NOT above'} the baseline's "
-        f"{ns.baseline_micro_batch}; events per run: "
-        f"{[r['optimized']['micro_batch_events'] for r in per_round]}"
-    )
-    print(f"wall time {elapsed:.0f} s")
-    if ns.json:
+    if f["gemm_floor"] is not None:
+        g, best, reached = f["gemm_gflops"], f["gemm_floor_dtype"], f["gemm_floor_micro_batch"]
         print(
-            json.dumps(
-                {
-                    "ratio": s["median"],
-                    "ratio_spread": (s["max"] - s["min"]) / 2,
-                    "ratio_min": s["min"],
-                    "ratio_max": s["max"],
-                    "ratio_iqr": [s["q1"], s["q3"]],
-                    "ratio_per_round": ratios,
-                    "ratio_wall_clock_per_round": wall_ratios,
-                    "clock": ns.clock,
-                    "target": TARGET,
-                    "met": met,
-                    "price_per_hour_usd": price,
-                    "price_assumed": ns.price_per_hour is None,
-                    "device": label,
-                    "preset": ns.preset,
-                    "seq_len": ns.seq_len,
-                    "global_batch": ns.global_batch,
-                    "baseline_micro_batch": ns.baseline_micro_batch,
-                    "steps_per_run": ns.steps,
-                    "rounds": len(per_round),
-                    "compile_in_optimized": compile_optimized,
-                    "peak_memory_method": mem,
-                    "arms": arms,
-                    "strategies_alone": alone_rows,
-                    "strategies_skipped": skipped,
-                    "gemm_floor": rates["gemm_floor"],
-                    "floor_ratio": floor_ratio,
-                    "floor_target": FLOOR_TARGET,
-                    "floor_met": floor_ratio <= FLOOR_TARGET,
-                    "gemm_floor_per_pass": rates["gemm_floor_per_pass"],
-                    "gemm_floor_at_optimized_micro_batch": rates[
-                        "gemm_floor_at_optimized_micro_batch"
-                    ],
-                    "gemm_step_s": rates["gemm_step_s"],
-                    "gemm_gflops": rates["gemm_gflops"],
-                    "loss_delta": delta,
-                    "loss_target": LOSS_TARGET,
-                    "loss_flagged": flagged,
-                    "optimized_micro_batches": used,
-                    "optimized_above_baseline_micro_batch": above,
-                    "optimized_micro_batch_events": [
-                        r["optimized"]["micro_batch_events"] for r in per_round
-                    ],
-                    "wall_s": elapsed,
-                }
+            "\nGEMM at the model's own shapes (one step): "
+            + ", ".join(f"{name} {value:.0f} GFLOP/s" for name, value in g.items())
+        )
+        print(
+            f"gemm_floor ({best} GEMM time at the optimized arm's micro-batch {reached} / fp32 at "
+            f"the baseline's {ns.baseline_micro_batch}: the cost ratio dtype and micro-batch "
+            f"allow) = {f['gemm_floor']:.3f} (passes: "
+            f"{', '.join(f'{x:.3f}' for x in f['gemm_floor_per_pass'])})"
+            + (
+                ""
+                if best == "fp32"
+                else f"; {best} alone at micro-batch {ns.baseline_micro_batch}: "
+                f"{f['gemm_floor_dtype_alone']:.3f}"
+            )
+            + (
+                ""
+                if f["gemm_floor_bf16"] is None or best == "bf16"
+                else f"; bf16 alone: {f['gemm_floor_bf16']:.3f}"
             )
         )
-    return 0
+    if f["floor_ratio"] is not None:
+        print(
+            f"floor_ratio (ratio / gemm_floor) = {f['floor_ratio']:.3f}  target <= "
+            f"{FLOOR_TARGET:.2f}: {'MET' if f['floor_met'] else 'NOT MET'}"
+        )
+    if f["loss_delta"] is not None:
+        delta = f["loss_delta"]
+        print(
+            f"loss_delta (|optimized - baseline| / baseline final loss, equal tokens) = "
+            f"{delta:.4f}  target <= {LOSS_TARGET}: "
+            + ("MET" if delta <= LOSS_TARGET else "NOT MET: the optimized arm buys speed with loss")
+        )
+        used = f["optimized_micro_batches"]
+        print(
+            f"optimized micro-batches {used}: "
+            f"{'above' if f['optimized_above_baseline_micro_batch'] else 'NOT above'} the "
+            f"baseline's {ns.baseline_micro_batch}; events per run: "
+            f"{f['optimized_micro_batch_events']}"
+        )
+    for note in f["notes"]:
+        print(f"note: {note}")
+    print(f"wall time {f['wall_s']:.0f} s")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,9 @@ appended (bench/_setup.py appends `_<benchmark>_smoke`), so two workers never sh
 database; the one that needs Redis gets the worker's own REDIS_URL (config.settings.test gives each
 worker a Redis db). bench/dashboard.py needs Chromium: $COSTLAB_CHROMIUM, or `chromium` on PATH;
 without it the test skips, except under CI=true.
+
+bench/arms.py must also end cleanly on SIGTERM: it stops at the next step boundary (or within its
+grace period), prints the JSON of what it measured so far and exits 143.
 """
 
 from __future__ import annotations
@@ -17,8 +20,11 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -167,3 +173,56 @@ def test_bench_smoke_runs_and_prints_its_figures(bench: Bench):
         value = lookup(figures, key)
         assert isinstance(value, int | float) and not isinstance(value, bool), (key, value)
         assert math.isfinite(value), (key, value)
+
+
+@pytest.mark.slow
+def test_arms_stops_on_sigterm_and_prints_what_it_measured(tmp_path):
+    """SIGTERM mid-benchmark (many rounds asked for): the bench starts no further run, prints its
+    JSON line with `interrupted` and exits 143 within seconds (0 if it had finished first)."""
+    stderr_path = tmp_path / "stderr.txt"
+    with stderr_path.open("w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "bench/arms.py", "--smoke", "--json", "--rounds", "1000"],
+            cwd=ROOT,
+            env=clean_env(PYTHONUNBUFFERED="1"),
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+    lines: list[str] = []
+    profiled = threading.Event()  # its first line: the device profile, after SIGTERM is handled
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("device profile:"):
+                profiled.set()
+        profiled.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert profiled.wait(120), "bench/arms.py printed no device profile within 120 s"
+        time.sleep(3)
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        try:
+            rc = proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            pytest.fail("bench/arms.py still running 15 s after SIGTERM")
+        took = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(5)
+
+    tail = f"stdout:\n{''.join(lines)[-3000:]}\nstderr:\n{stderr_path.read_text()[-3000:]}"
+    assert rc in (143, 0), f"exit {rc} after SIGTERM\n{tail}"
+    assert lines, f"printed nothing\n{tail}"
+    figures = json.loads(lines[-1])
+    assert figures["interrupted"] is (rc == 143), (rc, figures["interrupted"])
+    assert took < 15, took
+    if rc == 143:
+        assert figures["interrupted_during"], figures
+        assert figures["rounds"] < 1000, figures["rounds"]
