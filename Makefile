@@ -36,7 +36,7 @@ run: migrate
 ## The whole suite, in parallel (pytest-xdist: a test database, Redis db and var dir per worker).
 ## Postgres/Redis when reachable, else SQLite (service tests skip; CI=true fails instead).
 ## TEST_WORKERS=0 runs it in one process.
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 3
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
 test: install-dev
 	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)

@@ -7,7 +7,7 @@
 #
 # Bounded: tests 150 s, benchmark (--quick: 3 rounds x 12 steps, compile included) 270 s, so the whole stays under about 7 minutes
 # (the device budget counts every second). Results go to $OUT (or ./var/gpu_check)
-# as cuda_tests.txt, arms.txt and arms.json (the benchmark's last line).
+# as profile.json, cuda_tests.txt, arms.txt and arms.json (the benchmark's last line).
 set -u
 cd "$(dirname "$0")/.."
 OUT_DIR="${OUT:-var/gpu_check}"
@@ -35,6 +35,13 @@ fi
     || echo "bitsandbytes: not installed (int8 uses the PyTorch path)"
 } | tee "$OUT_DIR/environment.txt"
 
+# The device profile (gpu_runtime.profile): NVML's SKU name, memory, power limit, GPM support, and
+# GEMM GFLOP/s per dtype; what `precision.compute_dtype: auto` resolves to on this GPU.
+echo "== device profile"
+timeout 60 "$PY" -m gpu_runtime profile --device cuda:0 --json > "$OUT_DIR/profile.json" 2> "$OUT_DIR/profile.err"
+profile_rc=$?
+"$PY" -c 'import json, sys; p = json.load(open(sys.argv[1])); print(p["device_label"], p.get("compute_capability"), p.get("total_memory_mib"), "MiB", p.get("power_limit_w"), "W, GPM", p.get("gpm_supported"), "best", p.get("best_dtype")); [print(" ", k, v.get("gflops"), v.get("ratio_vs_fp32"), "native" if v.get("native") else "emulated") for k, v in p["dtypes"].items()]' "$OUT_DIR/profile.json" 2>&1 | tee "$OUT_DIR/profile.txt"
+
 # Only gpu_runtime's conftest (--confcutdir): the suite's root conftest needs Django, this machine may not have it.
 echo "== CUDA tests"
 timeout 150 "$PY" -m pytest -c /dev/null --confcutdir=tests/gpu_runtime -p no:django -p no:cacheprovider \
@@ -47,5 +54,5 @@ timeout 270 "$PY" bench/arms.py --device cuda --quick --json 2>&1 | tee "$OUT_DI
 bench_rc=${PIPESTATUS[0]}
 tail -n 1 "$OUT_DIR/arms.txt" > "$OUT_DIR/arms.json"
 
-echo "cuda tests rc=$tests_rc (124: timed out), arms rc=$bench_rc" | tee "$OUT_DIR/summary.txt"
+echo "profile rc=$profile_rc, cuda tests rc=$tests_rc (124: timed out), arms rc=$bench_rc" | tee "$OUT_DIR/summary.txt"
 [ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]

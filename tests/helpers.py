@@ -74,8 +74,11 @@ def start_worker(
     )
     if lease_s is not None:
         env["COSTLAB_RUN_LEASE_S"] = str(lease_s)
-    # Device profiles in half a second: the verdicts stand at this budget, and workers start often.
+    # Device profiles in half a second: the verdicts stand at this budget, and workers start often;
+    # not at start (a process that imports torch again), unless a test asks: a run measures its
+    # device itself when none is recorded (workers.devices.run_profile).
     env.setdefault("COSTLAB_DEVICE_PROFILE_BUDGET_S", "0.5")
+    env.setdefault("COSTLAB_DEVICE_PROFILE_AT_START", "false")
     env.update(extra_env)
     proc = subprocess.Popen(
         [

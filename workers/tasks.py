@@ -45,3 +45,12 @@ def runs_reconcile_queued() -> None:
     from apps.experiments.runs import runs_reconcile_queued as reconcile
 
     reconcile()
+
+
+@shared_task(name=TaskName.DEVICES_PROFILE, bind=True, time_limit=300)
+def devices_profile(self) -> None:
+    """On demand: the training worker that takes this re-measures its devices."""
+    from workers.devices import devices_measure
+
+    queue = (self.request.delivery_info or {}).get("routing_key") or "cpu"
+    devices_measure(queues=[queue])

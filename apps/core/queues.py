@@ -28,6 +28,7 @@ class TaskName(StrEnum):
     SWEEP_PROBE = "costlab.sweep_probe"
     PROBES_RECONCILE = "costlab.probes_reconcile"
     SERIES_BLOCKS_ROLL = "costlab.series_blocks_roll"
+    DEVICES_PROFILE = "costlab.devices_profile"
 
 
 def task_send(task: TaskName, *, args: list, queue: str) -> bool:

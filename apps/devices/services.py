@@ -34,3 +34,11 @@ def device_profile_record(
     device.latest, device.device_class, device.error = measurement, parsed.device_class[:255], ""
     device.save(update_fields=["queues", "latest", "device_class", "error", "updated_at"])
     return device
+
+
+def devices_profile_request(*, queue: str) -> bool:
+    """Ask a training worker of `queue` to measure its devices again (its profile is recorded
+    when it has); False when the broker could not take the message."""
+    from apps.core.queues import TaskName, task_send
+
+    return task_send(TaskName.DEVICES_PROFILE, args=[], queue=queue)

@@ -216,6 +216,7 @@ CELERY_TASK_ROUTES = {
     # the worker that runs the attribution tick.
     TaskName.ALERT_DELIVER: {"queue": CeleryQueue.ALERTS},
     TaskName.SWEEP_PROBE: {"queue": CeleryQueue.CPU},  # a sweep picks cpu or gpu, like a run
+    TaskName.DEVICES_PROFILE: {"queue": CeleryQueue.CPU},  # sent to a training queue, named
 }
 # Each experiment is attributed every attribution_interval_s; this is how often beat looks for
 # due ones (the smallest interval an experiment may have). A tick that expires unrun loses

@@ -71,6 +71,29 @@ def test_a_worker_profiles_its_device_and_an_auto_run_records_what_it_resolved_t
     assert run.compute_dtype == best_dtype(profile) and run.compute_dtype in ("fp32", "bf16")
 
 
+def test_a_training_worker_profiles_its_devices_as_it_starts(transactional_db):
+    from apps.devices.models import Device
+    from tests.helpers import start_worker, stop_worker
+
+    proc, _name = start_worker(queues="cpu", COSTLAB_DEVICE_PROFILE_AT_START="true")
+    try:
+        device = wait_for(
+            lambda: Device.objects.filter(label="cpu", latest__isnull=False).first(),
+            60,
+            "the worker's device profile",
+        )
+        # and again on demand (the API's POST /api/v1/devices/measure/ sends this)
+        from apps.devices.services import devices_profile_request
+
+        assert devices_profile_request(queue="cpu")
+        wait_for(lambda: device.measurements.count() >= 2, 60, "a second measurement")
+    finally:
+        stop_worker(proc)
+    assert device.queues == ["cpu"] and device.device_class.startswith("cpu:")
+    assert set(device.latest.profile["dtypes"]) >= {"fp32", "bf16", "fp16"}
+    assert device.latest.best_dtype in ("fp32", "bf16", "fp16")
+
+
 def test_a_cancelled_run_stops_at_a_step_boundary_and_keeps_its_telemetry(celery_worker_process):
     run = run_submit(experiment=experiment_with(LONG))
     wait_for(

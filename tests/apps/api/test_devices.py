@@ -132,3 +132,11 @@ def test_devices_are_listed_with_their_profiles(api):
     assert row["latest"]["best_dtype"] == "fp32"
     assert row["latest"]["profile"]["dtypes"]["bf16"]["native"] is False
     assert row["device_class_label"] == "AMD EPYC 7B13 (avx2)"
+
+
+def test_only_staff_ask_for_a_new_measurement_and_the_queue_is_named(api, staff):
+    assert api.post("/api/v1/devices/measure/", {"queue": "cpu"}, format="json").status_code == 403
+    bad = staff.post("/api/v1/devices/measure/", {"queue": "tpu"}, format="json")
+    assert bad.status_code == 400 and "queue" in error(bad)["message"]
+    ok = staff.post("/api/v1/devices/measure/", {"queue": "cpu"}, format="json")
+    assert ok.status_code == 202 and ok.json()["queue"] == "cpu"
