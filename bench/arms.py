@@ -113,9 +113,9 @@ from _setup import spread as _spread  # noqa: E402  (bench/, the script's direct
 
 from gpu_runtime import StrategyError, strategy_from_dict, train  # noqa: E402
 from gpu_runtime.capability import TORCH_DTYPES, device_label, resolve_device  # noqa: E402
+from gpu_runtime.device_keys import device_profile  # noqa: E402
 from gpu_runtime.mfu import peak_flops  # noqa: E402
 from gpu_runtime.model import preset_args  # noqa: E402
-from gpu_runtime.precision import device_profile  # noqa: E402
 from gpu_runtime.profile import DeviceProfile, best_dtype, measure_profile  # noqa: E402
 
 TARGET = 0.40

@@ -24,6 +24,7 @@ from gpu_runtime.batching import MicroBatching
 from gpu_runtime.capability import capability_problems, device_label, resolve_device
 from gpu_runtime.checkpoint import load_checkpoint
 from gpu_runtime.data import StepBatches, load_corpus
+from gpu_runtime.device_keys import resolve_device_keys
 from gpu_runtime.distributed import train_distributed
 from gpu_runtime.errors import StrategyError
 from gpu_runtime.live import live_poller
@@ -31,7 +32,7 @@ from gpu_runtime.mfu import peak_flops
 from gpu_runtime.model import ModelArgs, Transformer, preset_args
 from gpu_runtime.optim import build_adamw, load_optimizer_state
 from gpu_runtime.placement import choose_device
-from gpu_runtime.precision import Precision, resolve_auto_precision
+from gpu_runtime.precision import Precision
 from gpu_runtime.prefetch import Prefetcher
 from gpu_runtime.probes import MIB, open_probe
 from gpu_runtime.result import RunResult
@@ -193,9 +194,9 @@ def train(
     across ``distributed.nnodes`` nodes needs the ``rendezvous`` every node meets at; each
     node's call returns its own ranks' result.
 
-    ``precision.compute_dtype: auto`` resolves from ``profile`` (a
+    ``precision.compute_dtype: auto`` and ``kernels.compile: auto`` resolve from ``profile`` (a
     gpu_runtime.profile.DeviceProfile of the device), or from one measured now when none is
-    given; the decision is reported under ``strategies["precision.compute_dtype"]``.
+    given (gpu_runtime.device_keys); each decision is reported under its key in ``strategies``.
     """
     config = _with_steps(config, steps)
     if config.distributed.world_size == 1:
@@ -212,7 +213,7 @@ def train(
     dev = resolve_device(
         device if device not in (None, "cuda") else ("cuda" if torch.cuda.is_available() else "cpu")
     )
-    config, auto = resolve_auto_precision(config, dev, profile)
+    config, auto = resolve_device_keys(config, dev, profile)
     _refuse_what_the_host_cannot_run(config, dev)
     if config.distributed.nnodes > 1 and rendezvous is None:
         raise StrategyError.single(
@@ -234,8 +235,7 @@ def train(
             stop=stop,
             rendezvous=rendezvous,
         )
-    if auto is not None:
-        result.strategies["precision.compute_dtype"] = auto
+    result.strategies.update(auto)
     return result
 
 
@@ -291,7 +291,7 @@ def train_local(
         strategy=config.placement.strategy, gpus=config.placement.gpus, requested=device
     )
     dev = resolve_device(device)
-    config, auto = resolve_auto_precision(config, dev, profile)
+    config, auto = resolve_device_keys(config, dev, profile)
     if world is None:
         _refuse_what_the_host_cannot_run(config, dev)
     args = preset_args(config.model.preset, config.model.seq_len)
@@ -310,8 +310,7 @@ def train_local(
     precision = Precision(config.precision, dev)
     built = assemble_model(Transformer(args), config, dev, precision, sample=batches.batch(0))
     strategies = {"placement": placement, **built.report}
-    if auto is not None:
-        strategies["precision.compute_dtype"] = auto
+    strategies.update(auto)
     optimizer = build_adamw(
         built.named_params, config.optimizer, config.train.lr, fused=config.kernels.fused_optimizer
     )

@@ -314,7 +314,13 @@ class KernelsSection(_Section):
     fused_rmsnorm_qkv: bool = Field(
         False, description="Fuse RMSNorm and the q/k/v projections (Triton on CUDA)."
     )
-    compile: bool = Field(False, description="Wrap the model in torch.compile.")
+    compile: Literal[False, True, "auto"] = Field(
+        False,
+        description=(
+            "Wrap the model in torch.compile; auto compiles where the device's profile says it "
+            "pays (a CUDA device of compute capability 7.0 or newer), not on a CPU."
+        ),
+    )
     fused_optimizer: bool = Field(
         False,
         description=(

@@ -1,0 +1,101 @@
+"""Strategy keys whose value depends on the device, made concrete from its measured profile
+(gpu_runtime.profile) when the run starts: ``precision.compute_dtype: auto`` and
+``kernels.compile: auto``. What each became, and why, is reported on the run.
+
+The profile is measured once per device per process (``auto`` on a device never measured
+measures it first: never a guess), or handed in by the caller (the worker, which measured its
+devices at start).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from gpu_runtime.schema import StrategyConfig
+
+# Compiling pays on a GPU with Triton's kernels (compute capability 7.0 or newer). On a CPU a
+# compile of every micro-batch shape dynamic batching tries costs minutes, more than it saves
+# in a run of this size.
+COMPILE_MIN_CC = (7, 0)
+
+_PROFILES: dict[str, object] = {}
+
+
+def device_profile(device: torch.device, profile=None):
+    """The device's profile: the one given, else this process's cached one, else measured now."""
+    from gpu_runtime.profile import measure_profile
+
+    key = str(device)
+    if profile is not None:
+        _PROFILES[key] = profile
+    elif key not in _PROFILES:
+        _PROFILES[key] = measure_profile(device)
+    return _PROFILES[key]
+
+
+def _resolve_precision(config: StrategyConfig, measured) -> tuple[StrategyConfig, dict[str, Any]]:
+    """``precision.compute_dtype: auto``: the fastest dtype the device runs natively
+    (gpu_runtime.profile.best_dtype)."""
+    from gpu_runtime.profile import best_dtype
+
+    dtype = best_dtype(measured)
+    fp32 = measured.dtypes.get("fp32")
+    chosen = measured.dtypes.get(dtype)
+    report = {
+        "requested": "auto",
+        "resolved": dtype,
+        "device_class": measured.device_class,
+        "measured_at": measured.measured_at,
+        "gflops": {name: r.gflops for name, r in measured.dtypes.items() if r.gflops is not None},
+        "why": (
+            f"{dtype} is native here and measured {chosen.ratio_vs_fp32:.2f}x fp32"
+            if dtype != "fp32" and chosen is not None and chosen.ratio_vs_fp32
+            else "no dtype runs natively faster than fp32 here"
+            if fp32 is not None
+            else "fp32: the profile has no fp32 figure"
+        ),
+    }
+    precision = config.precision.model_copy(update={"compute_dtype": dtype})
+    return config.model_copy(update={"precision": precision}), report
+
+
+def _resolve_compile(config: StrategyConfig, measured) -> tuple[StrategyConfig, dict[str, Any]]:
+    """``kernels.compile: auto``: torch.compile where it pays (a CUDA device of compute
+    capability 7.0 or newer), not on a CPU."""
+    cc = tuple(measured.compute_capability or ())
+    on = measured.device != "cpu" and bool(cc) and cc >= COMPILE_MIN_CC
+    why = (
+        f"a CUDA device of compute capability {cc[0]}.{cc[1]}: Triton kernels pay"
+        if on
+        else "a CPU: compiling each micro-batch shape costs more than it saves"
+        if measured.device == "cpu"
+        else f"compute capability {'.'.join(map(str, cc)) or 'unknown'} is below 7.0"
+    )
+    kernels = config.kernels.model_copy(update={"compile": on})
+    report = {
+        "requested": "auto",
+        "resolved": on,
+        "device_class": measured.device_class,
+        "why": why,
+    }
+    return config.model_copy(update={"kernels": kernels}), report
+
+
+def resolve_device_keys(
+    config: StrategyConfig, device: torch.device, profile=None
+) -> tuple[StrategyConfig, dict[str, dict[str, Any]]]:
+    """The config to train, with every `auto` key made concrete for this device, and what each
+    became ({key: report}; empty when the strategy named every value)."""
+    wants_dtype = config.precision.compute_dtype == "auto"
+    wants_compile = config.kernels.compile == "auto"
+    if not (wants_dtype or wants_compile):
+        return config, {}
+    measured = device_profile(device, profile)
+    reports = {}
+    if wants_dtype:
+        config, reports["precision.compute_dtype"] = _resolve_precision(config, measured)
+    if wants_compile:
+        config, reports["kernels.compile"] = _resolve_compile(config, measured)
+    return config, reports
