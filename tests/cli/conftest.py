@@ -66,3 +66,24 @@ def lab(live_server, transactional_db, settings, monkeypatch):
         "token": secret,
     }
     purge_run_queues()
+
+
+def cli(capsys, *argv) -> tuple[int, str, str]:
+    """Run the CLI in this process: (exit code, stdout, stderr), stripped."""
+    from costlab_cli.main import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out.strip(), err.strip()
+
+
+@pytest.fixture
+def strategy(tmp_path):
+    """A writer of strategy files: strategy(text, name) -> its path."""
+
+    def write(text: str, name: str = "strategy.yaml") -> str:
+        path = tmp_path / name
+        path.write_bytes(text.encode())
+        return str(path)
+
+    return write

@@ -18,26 +18,9 @@ from django.db import connection
 
 from apps.experiments import runs
 from apps.experiments.models import Arm, Run
-from costlab_cli.main import main
-from tests.cli.conftest import CANDIDATE, CONTROL, priced_run
+from tests.cli.conftest import CANDIDATE, CONTROL, cli, priced_run
 
 pytestmark = pytest.mark.slow
-
-
-def cli(capsys, *argv) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out.strip(), err.strip()
-
-
-@pytest.fixture
-def strategy(tmp_path):
-    def write(text: str, name: str = "strategy.yaml") -> str:
-        path = tmp_path / name
-        path.write_bytes(text.encode())
-        return str(path)
-
-    return write
 
 
 def test_the_cli_imports_neither_django_nor_torch():

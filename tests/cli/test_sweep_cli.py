@@ -8,18 +8,11 @@ import json
 import pytest
 
 from apps.sweeps.models import Probe
-from costlab_cli.main import main
-from tests.cli.conftest import CONTROL
+from tests.cli.conftest import CONTROL, cli
 from tests.factories import PricingTableFactory
 from workers.sweeps import probe_execute
 
 pytestmark = pytest.mark.slow
-
-
-def cli(capsys, *argv) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out.strip(), err.strip()
 
 
 def test_sweep_start_status_frontier(lab, capsys, tmp_path):

@@ -10,30 +10,13 @@ import pytest
 
 from apps.devices.services import device_profile_record
 from apps.experiments.models import Arm
-from costlab_cli.main import main
 from costlab_cli.submit import strategy_digest
-from tests.cli.conftest import CANDIDATE, CONTROL
+from tests.cli.conftest import CANDIDATE, CONTROL, cli
 from tests.factories import XEON_AMX, device_profile
 
 pytestmark = pytest.mark.slow
 
 BF16 = CONTROL + "precision: {compute_dtype: bf16}\n"
-
-
-def cli(capsys, *argv) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out.strip(), err.strip()
-
-
-@pytest.fixture
-def strategy(tmp_path):
-    def write(text: str, name: str = "strategy.yaml") -> str:
-        path = tmp_path / name
-        path.write_bytes(text.encode())
-        return str(path)
-
-    return write
 
 
 def record(profile: dict, *, queues=("cpu",)):
