@@ -11,10 +11,10 @@ fan-out is the end-to-end test's subject, not this one's. Probes use one CPU thr
 (``--threads``): on a shared host, more threads than free cores turn a neighbour's burst into a
 10x slower step.
 
-Space (48 points): train.global_batch {1, 2, 4, 8} x model.seq_len {64, 128, 256} x
+Space (72 points): train.global_batch {1, 2, 4, 8} x model.seq_len {64, 128, 256} x
 precision.compute_dtype {fp32, bf16, auto} x memory.gradient_checkpointing.enabled {off, on};
 objectives USD per 1M tokens and peak memory. The grid measures every point (it is the ground
-truth); the searches get a third of its probes (16) over the space as a sweep prunes it: this
+truth); the searches get a third of its probes (24) over the space as a sweep prunes it: this
 host's device profile is recorded first (gpu_runtime.profile, as a worker records it), so points
 it shows dominated are left out before the search (apps.sweeps.pruning: bf16 where it is
 emulated, auto where it is the twin of a named dtype). Each search runs with ``--seeds`` seeds
