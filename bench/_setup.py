@@ -10,9 +10,13 @@ Benchmarks are not tests: CI does not run them; tests/bench runs each one's --sm
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import statistics
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,3 +62,57 @@ def spread(values: list[float], keys: tuple[str, ...] = SPREAD_KEYS) -> dict:
         "rounds": len(values),
     }
     return {key: figures[key] for key in keys}
+
+
+GRACE_S = 10.0  # after SIGTERM, how long the step (or GEMM) under way may take before exit anyway
+INTERRUPTED_RC = 143  # 128 + SIGTERM, what a shell reports for a process that SIGTERM ended
+
+
+class Interrupted(Exception):
+    """SIGTERM arrived: start no further arm, round, strategy or GEMM pass."""
+
+
+class Stopper:
+    """SIGTERM as a flag the bench checks between its runs, and a deadline after it.
+
+    train() installs its own SIGTERM handler while it trains (stop at the next step boundary)
+    and puts this one back after; either handler's signal also reaches a wake-up fd
+    (signal.set_wakeup_fd), which a watcher thread reads: it sets the flag whichever handler
+    took the signal, and if the bench has not finished GRACE_S later (a long step, a GEMM),
+    prints what was measured (``on_timeout``) and exits 143 at once.
+    """
+
+    def __init__(self, grace_s: float = GRACE_S):
+        self.grace_s = grace_s
+        self.event = threading.Event()
+        self.done = threading.Event()
+        self.on_timeout: Callable[[], None] | None = None
+
+    def install(self) -> Stopper:
+        signal.signal(signal.SIGTERM, lambda signum, frame: self.event.set())
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        threading.Thread(target=self._watch, args=(read_fd,), daemon=True).start()
+        return self
+
+    def _watch(self, read_fd: int) -> None:
+        while signal.SIGTERM not in os.read(read_fd, 64):
+            pass
+        self.event.set()
+        if self.done.wait(self.grace_s):
+            return
+        with contextlib.suppress(Exception):
+            if self.on_timeout is not None:
+                self.on_timeout()
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+        os._exit(INTERRUPTED_RC)
+
+    @property
+    def stopped(self) -> bool:
+        return self.event.is_set()
+
+    def check(self) -> None:
+        if self.event.is_set():
+            raise Interrupted

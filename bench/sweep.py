@@ -30,6 +30,9 @@ emulated, auto where it is the twin of a named dtype). Each search runs with ``-
   budget; NSGA-II's are under ``nsga2``.
 * ``wall_s``: the whole benchmark's wall time.
 
+SIGTERM stops it: the probe under way stops at its next step, no further probe starts, and it
+exits 143 (``{"interrupted": true, ...}`` with ``--json``).
+
 ``--smoke``: a 4-point space (global_batch {1, 2} x seq_len {32} x dtype {fp32, bf16}), 1 probe
 per search, 3 timed steps each, on a database of its own (``_sweep_smoke``): the same code path
 and JSON keys in seconds, to check that the benchmark runs (tests/bench); its figures mean
@@ -50,7 +53,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _setup import django_on_postgres  # noqa: E402
+from _setup import INTERRUPTED_RC, Stopper, django_on_postgres  # noqa: E402
 
 TARGET_REGRET = 0.05
 SPACE = {
@@ -166,14 +169,27 @@ def main() -> int:
         for name in ("tpe", "nsga2")
     }
     pruned = next(iter(searches.values())).pruned
-    while True:
+    # SIGTERM: a probe's train() stops at its next step; no further probe starts after it.
+    stopper = Stopper().install()
+    done = 0
+    stopper.on_timeout = lambda: print(json.dumps({"interrupted": True, "probes_done": done}))
+    while not stopper.stopped:
         pending = [
             p for p in (_next_queued(s) for s in (grid, *searches.values())) if p is not None
         ]
         if not pending:
             break
         for probe in pending:
+            if stopper.stopped:
+                break
             probe_execute(probe.pk)
+            done += 1
+    if stopper.stopped:
+        print(f"interrupted (SIGTERM) after {done} probes: no figures")
+        if args.json:
+            print(json.dumps({"interrupted": True, "probes_done": done}))
+        return INTERRUPTED_RC
+    stopper.done.set()
 
     grid_probes = sweep_frontier(sweep=grid)
     grid_ok = [p for p in grid_probes if p.usd_per_mtok is not None]
