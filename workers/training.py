@@ -175,6 +175,22 @@ def _compute_dtype(config_yaml: str, measurement) -> str:
     return best_dtype(DeviceProfile.from_dict(measurement.profile))
 
 
+def _profile_unless_stopped(*, host: str, device: str, queue: str):
+    """The device's profile (measured now if none is recorded: about 2 s), and whether SIGTERM
+    came meanwhile. A SIGTERM is held until the measurement ends, so a claimed run is released
+    rather than left running when the worker stops during it."""
+    stopped = threading.Event()
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if main else None
+    if main:
+        signal.signal(signal.SIGTERM, lambda signum, frame: stopped.set())
+    try:
+        return run_profile(host=host, device=device, queue=queue), stopped.is_set()
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+
+
 def run_execute(run_id: int) -> None:
     """Train one run to its end; the row says truthfully how it ended."""
     import torch
@@ -200,7 +216,17 @@ def run_execute(run_id: int) -> None:
         # Tenants are isolated by process (one task per child) and by this memory cap.
         torch.cuda.set_per_process_memory_fraction(float(run.tenant.gpu_memory_fraction))
     label = f"{device} {gpu_name}" if gpu_name else device
-    measurement = run_profile(host=host, device=device, queue=run.queue)
+    measurement, stopped = _profile_unless_stopped(host=host, device=device, queue=run.queue)
+    if stopped:  # the worker is shutting down: the run goes back to the queue untouched
+        db_retry(
+            runs.run_release,
+            what=f"run {run_id}: release",
+            run_id=run.pk,
+            owner=owner,
+            reason="worker stopped before the run started training",
+        )
+        signal.raise_signal(signal.SIGTERM)
+        return
     profile = None if measurement is None else DeviceProfile.from_dict(measurement.profile)
     db_retry(
         runs.run_device_record,
