@@ -33,6 +33,15 @@ def _yaml_float(value: Any) -> Any:
 
 
 Float = Annotated[float, BeforeValidator(_yaml_float)]
+
+
+def _not_a_number(value: Any) -> Any:
+    # Literal[True] would take 1 (1 == True); a switch is true, false or auto, never a number.
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        raise ValueError(f"must be true, false or auto, not the number {value!r}")
+    return value
+
+
 Dtype = Literal["fp32", "bf16", "fp16"]
 # `auto`: the fastest dtype this device runs natively, from its measured profile
 # (gpu_runtime.profile.best_dtype), resolved when the run starts and recorded on it.
@@ -314,7 +323,7 @@ class KernelsSection(_Section):
     fused_rmsnorm_qkv: bool = Field(
         False, description="Fuse RMSNorm and the q/k/v projections (Triton on CUDA)."
     )
-    compile: Literal[False, True, "auto"] = Field(
+    compile: Annotated[Literal[False, True, "auto"], BeforeValidator(_not_a_number)] = Field(
         False,
         description=(
             "Wrap the model in torch.compile; auto compiles where the device's profile says it "

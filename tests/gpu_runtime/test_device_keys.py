@@ -70,3 +70,12 @@ def test_train_reports_what_auto_became_on_the_profile_it_was_given():
     assert "no dtype runs natively faster" in result.strategies["precision.compute_dtype"]["why"]
     assert result.strategies["kernels.compile"]["resolved"] is False
     assert result.status == "completed"
+
+
+@pytest.mark.parametrize("value", ["1", "0", "maybe"])
+def test_kernels_compile_takes_true_false_or_auto_only(value):
+    from gpu_runtime import StrategyError
+
+    with pytest.raises(StrategyError) as refused:
+        load_strategy(f"kernels: {{compile: {value}}}\n")
+    assert refused.value.errors[0]["key"] == "kernels.compile"
