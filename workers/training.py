@@ -8,6 +8,7 @@ and the call repeated (the run services are idempotent for their owner).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -15,6 +16,7 @@ import socket
 import threading
 import traceback
 import uuid
+from collections.abc import Iterator
 
 from django.conf import settings
 from django.db import close_old_connections, connection
@@ -175,24 +177,46 @@ def _compute_dtype(config_yaml: str, measurement) -> str:
     return best_dtype(DeviceProfile.from_dict(measurement.profile))
 
 
-def _profile_unless_stopped(*, host: str, device: str, queue: str):
-    """The device's profile (measured now if none is recorded: about 2 s), and whether SIGTERM
-    came meanwhile. A SIGTERM is held until the measurement ends, so a claimed run is released
-    rather than left running when the worker stops during it."""
+@contextlib.contextmanager
+def _sigterm_held() -> Iterator[threading.Event]:
+    """SIGTERM, from the claim until training takes it over, only sets a flag: the run is then
+    handed back to the queue instead of being left running by a child killed mid-claim, mid-
+    measurement or mid-setup. On the way out the held signal goes on to the handler before
+    (Celery's), so the shutdown that sent it carries on. Main thread only, as signals are."""
     stopped = threading.Event()
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGTERM) if main else None
-    if main:
-        signal.signal(signal.SIGTERM, lambda signum, frame: stopped.set())
+    if threading.current_thread() is not threading.main_thread():
+        yield stopped
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopped.set())
     try:
-        return run_profile(host=host, device=device, queue=queue), stopped.is_set()
+        yield stopped
     finally:
-        if main:
-            signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous)
+    if stopped.is_set():
+        signal.raise_signal(signal.SIGTERM)
 
 
 def run_execute(run_id: int) -> None:
     """Train one run to its end; the row says truthfully how it ended."""
+    with _sigterm_held() as stopped:
+        seat = _run_execute(run_id, stopped)
+    if seat is not None:
+        _train_as_node(run_id, seat)
+
+
+def _release_stopped(run_id: int, owner: str) -> None:
+    db_retry(
+        runs.run_release,
+        what=f"run {run_id}: release",
+        run_id=run_id,
+        owner=owner,
+        reason="worker stopped before the run started training",
+    )
+
+
+def _run_execute(run_id: int, stopped: threading.Event):
+    """The run's whole life on this node; returns the gang seat when another node claimed it."""
     import torch
 
     from apps.experiments.models import Run
@@ -207,26 +231,20 @@ def run_execute(run_id: int) -> None:
         seat = _gang_seat(run_id)
         if seat is None:
             logger.info("run %s: not claimable (gone, taken, cancelled or out of attempts)", run_id)
-        else:
-            _train_as_node(run_id, seat)
-        return
+        return seat
+    if stopped.is_set():  # the worker is shutting down: the run goes back to the queue untouched
+        _release_stopped(run.pk, owner)
+        return None
     world = run.world_size
     device, gpu_name, gpu_count = _device_for(run.queue, world)
     if device.startswith("cuda:"):
         # Tenants are isolated by process (one task per child) and by this memory cap.
         torch.cuda.set_per_process_memory_fraction(float(run.tenant.gpu_memory_fraction))
     label = f"{device} {gpu_name}" if gpu_name else device
-    measurement, stopped = _profile_unless_stopped(host=host, device=device, queue=run.queue)
-    if stopped:  # the worker is shutting down: the run goes back to the queue untouched
-        db_retry(
-            runs.run_release,
-            what=f"run {run_id}: release",
-            run_id=run.pk,
-            owner=owner,
-            reason="worker stopped before the run started training",
-        )
-        signal.raise_signal(signal.SIGTERM)
-        return
+    measurement = run_profile(host=host, device=device, queue=run.queue)
+    if stopped.is_set():
+        _release_stopped(run.pk, owner)
+        return None
     profile = None if measurement is None else DeviceProfile.from_dict(measurement.profile)
     db_retry(
         runs.run_device_record,
@@ -246,6 +264,9 @@ def run_execute(run_id: int) -> None:
         measurement=measurement,
         compute_dtype=_compute_dtype(run.config_yaml, measurement),
     )
+    if stopped.is_set():
+        _release_stopped(run.pk, owner)
+        return None
     rendezvous, gang = None, None
     if (
         run.nnodes > 1
@@ -275,7 +296,8 @@ def run_execute(run_id: int) -> None:
             result = gpu_runtime.train(
                 config,
                 sink=sink.put,
-                cancel=control.should_stop,
+                # A SIGTERM between here and training's own handler stops at the first step.
+                cancel=lambda: stopped.is_set() or control.should_stop(),
                 device=device,
                 live=control.live_updates,
                 rendezvous=rendezvous,
@@ -284,7 +306,7 @@ def run_execute(run_id: int) -> None:
             dataset_sha, result_status = result.dataset_sha256 or "", result.status
             if result.status == "completed":
                 status = Run.Status.SUCCEEDED
-            elif result.status == "cancelled" and not control.lease_lost:
+            elif result.status == "cancelled" and not control.lease_lost and not stopped.is_set():
                 status = Run.Status.CANCELLED
             else:
                 status = None  # interrupted (worker shutting down) or lease lost: not ours to end
@@ -332,9 +354,9 @@ def run_execute(run_id: int) -> None:
         if control is not None:
             control.close()  # the heartbeat kept the lease fresh while the end was being recorded
     if result_status == "interrupted":
-        # gpu_runtime took SIGTERM to stop at a step boundary; hand it back to this process's
-        # own handler (Celery's) so the shutdown that sent it carries on.
-        signal.raise_signal(signal.SIGTERM)
+        # gpu_runtime took SIGTERM to stop at a step boundary; _sigterm_held hands it on.
+        stopped.set()
+    return None
 
 
 # ------------------------------------------------------------------------------

@@ -84,3 +84,41 @@ def test_three_graceful_stops_use_no_attempt_and_the_run_still_succeeds(django_d
         "succeeded",
     ]
     assert run.attempts == 4 and run.max_attempts == 3
+
+
+class Killed(Exception):
+    """What SIGTERM does to a Celery pool child outside training: it ends the process."""
+
+
+@pytest.mark.parametrize("window", ["runs.run_claim", "run_profile", "runs.run_device_record"])
+def test_sigterm_before_training_starts_hands_the_run_back(window, monkeypatch, django_db_setup):
+    """CI caught `make run`'s Ctrl-C between the claim and the first step: the pool child died
+    with the run marked running, and only the lease reaper would have put it back."""
+    from workers import training
+
+    exp = ExperimentFactory(tenant=GpuPriceFactory().pricing_table.tenant, status="active")
+    ArmFactory(experiment=exp, name="control", is_control=True, strategy_yaml=LONG)
+    run = run_submit(experiment=exp)
+    owner, name = (training.runs, window.split(".")[1]) if "." in window else (training, window)
+    real = getattr(owner, name)
+
+    def then_sigterm(*args, **kwargs):
+        out = real(*args, **kwargs)
+        signal.raise_signal(signal.SIGTERM)  # handled on the next bytecode, in this thread
+        return out
+
+    def killed(signum, frame):
+        raise Killed
+
+    monkeypatch.setattr(owner, name, then_sigterm)
+    previous = signal.signal(signal.SIGTERM, killed)
+    try:
+        with pytest.raises(Killed):  # the held SIGTERM goes on to the handler before
+            training.run_execute(run.pk)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    run.refresh_from_db()
+    assert run.status == Run.Status.QUEUED, (run.status, run.error)
+    assert "worker stopped before the run started training" in run.error
+    assert not TelemetrySample.objects.filter(run=run).exists()
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.CANCELLED)

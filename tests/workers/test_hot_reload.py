@@ -28,11 +28,13 @@ def test_a_live_key_reaches_the_running_run_and_is_recorded(celery_worker_proces
     assert update.new_runs_only == ["train.seed"]
 
     run = wait_for(
-        lambda: Run.objects.filter(pk=run.pk, config_revision=2).first(), 10, "the revision"
+        lambda: Run.objects.filter(pk=run.pk, config_revision=2).first(), 30, "the revision"
     )
     took = time.monotonic() - committed
-    # bench/hot_reload.py measures the latency (p99); here the machine may be shared and loaded.
-    assert took < 6.0, f"applied {took:.2f} s after commit"
+    # bench/hot_reload.py measures the latency (p99: well under a second). Here three xdist
+    # workers share two cores with this run (CI saw 6.3 s); a bound near the 1 s poll would flake,
+    # so this one only catches a revision that waits for something slow (a restart, a new run).
+    assert took < 15.0, f"applied {took:.2f} s after commit"
     (entry,) = run.config_history
     assert entry["revision"] == 2 and entry["live"] == {"telemetry": {"interval_s": 0.1}}
     assert entry["not_applied"] == ["train.seed"]
