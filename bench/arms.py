@@ -186,7 +186,8 @@ def arm_configs(
             "dynamic_batching": {
                 "enabled": True,
                 "min_micro_batch": ns.baseline_micro_batch,
-                "max_micro_batch": ns.global_batch,
+                # where the profile's GEMM throughput stops rising, at most the global batch
+                "max_micro_batch": "auto",
                 "probe_steps": PROBE_STEPS,
             }
         },

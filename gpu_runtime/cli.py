@@ -94,6 +94,8 @@ def _validate(ns: argparse.Namespace) -> int:
 
 
 def _profile_table(profile: DeviceProfile, best: str, warnings: dict[str, str]) -> str:
+    from gpu_runtime.profile import saturation_rows
+
     def num(value: float | None, spec: str) -> str:
         return "-" if value is None else format(value, spec)
 
@@ -120,6 +122,14 @@ def _profile_table(profile: DeviceProfile, best: str, warnings: dict[str, str]) 
         why = r.error or r.reason
         lines.append(f"{name:<6} {num(r.gflops, ',.1f'):>10} {ratio:>8}  {native:<7} {why}")
     lines += ["", f"best dtype {best}"]
+    if profile.rows_kn is not None:
+        k, n = profile.rows_kn
+        for name, curve in profile.rows_gflops.items():
+            points = "  ".join(f"{rows}:{gflops:,.0f}" for rows, gflops in curve)
+            lines.append(
+                f"rows       {name} at (rows x {k} x {n}): {points} GFLOP/s; 90% of its best "
+                f"from {saturation_rows(profile, name)[0]} rows"
+            )
     lines += [f"warning    {w}" for w in warnings.values()]
     lines += [f"note       {n}" for n in profile.notes]
     lines.append(f"measured in {profile.elapsed_s:.2f} s (budget {profile.budget_s:.2f} s)")

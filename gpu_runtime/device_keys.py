@@ -1,6 +1,7 @@
 """Strategy keys whose value depends on the device, made concrete from its measured profile
-(gpu_runtime.profile) when the run starts: ``precision.compute_dtype: auto`` and
-``kernels.compile: auto``. What each became, and why, is reported on the run.
+(gpu_runtime.profile) when the run starts: ``precision.compute_dtype: auto``,
+``kernels.compile: auto`` and ``optimizer.dynamic_batching.max_micro_batch: auto``. What each
+became, and why, is reported on the run.
 
 The profile is measured once per device per process (``auto`` on a device never measured
 measures it first: never a guess), or handed in by the caller (the worker, which measured its
@@ -9,6 +10,7 @@ devices at start).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -83,6 +85,49 @@ def _resolve_compile(config: StrategyConfig, measured) -> tuple[StrategyConfig, 
     return config.model_copy(update={"kernels": kernels}), report
 
 
+def _resolve_micro_batch_ceiling(
+    config: StrategyConfig, measured
+) -> tuple[StrategyConfig, dict[str, Any]]:
+    """``optimizer.dynamic_batching.max_micro_batch: auto``: the micro-batch whose GEMM rows
+    (micro-batch x seq_len) reach 90 % of the device's best throughput in the compute dtype
+    (gpu_runtime.profile.saturation_rows); past it a larger micro-batch buys under 10 %. At
+    least min_micro_batch, at most the global batch. Memory still bounds it while training
+    (the BatchScaler halves on out-of-memory)."""
+    from gpu_runtime.profile import saturation_rows
+
+    dyn = config.optimizer.dynamic_batching
+    seq_len, dtype = config.model.seq_len, config.precision.compute_dtype
+    global_batch = config.train.global_batch
+    found = saturation_rows(measured, dtype)
+    if found is None:
+        ceiling = global_batch
+        why = "the profile has no throughput-by-rows curve: the global batch bounds it"
+    else:
+        rows, curve = found
+        ceiling = min(max(math.ceil(rows / seq_len), dyn.min_micro_batch), global_batch)
+        why = (
+            f"{curve} GEMMs reach 90% of their best throughput at {rows} rows "
+            f"({math.ceil(rows / seq_len)} sequences of {seq_len} tokens); a larger micro-batch "
+            "buys under 10% here"
+            + (f" ({dtype} has no curve of its own)" if curve != dtype else "")
+        )
+    config = _with_ceiling(config, max(ceiling, dyn.min_micro_batch))
+    report = {
+        "requested": "auto",
+        "resolved": config.optimizer.dynamic_batching.max_micro_batch,
+        "device_class": measured.device_class,
+        "rows_gflops": {k: [list(p) for p in v] for k, v in measured.rows_gflops.items()},
+        "why": why,
+    }
+    return config, report
+
+
+def _with_ceiling(config: StrategyConfig, ceiling: int) -> StrategyConfig:
+    section = config.optimizer.dynamic_batching.model_copy(update={"max_micro_batch": ceiling})
+    optimizer = config.optimizer.model_copy(update={"dynamic_batching": section})
+    return config.model_copy(update={"optimizer": optimizer})
+
+
 def resolve_device_keys(
     config: StrategyConfig, device: torch.device, profile=None
 ) -> tuple[StrategyConfig, dict[str, dict[str, Any]]]:
@@ -90,7 +135,11 @@ def resolve_device_keys(
     became ({key: report}; empty when the strategy named every value)."""
     wants_dtype = config.precision.compute_dtype == "auto"
     wants_compile = config.kernels.compile == "auto"
-    if not (wants_dtype or wants_compile):
+    dyn = config.optimizer.dynamic_batching
+    if dyn.max_micro_batch == "auto" and not dyn.enabled:  # unused: no device to measure
+        config = _with_ceiling(config, max(config.train.global_batch, dyn.min_micro_batch))
+    wants_ceiling = config.optimizer.dynamic_batching.max_micro_batch == "auto"
+    if not (wants_dtype or wants_compile or wants_ceiling):
         return config, {}
     measured = device_profile(device, profile)
     reports = {}
@@ -98,4 +147,7 @@ def resolve_device_keys(
         config, reports["precision.compute_dtype"] = _resolve_precision(config, measured)
     if wants_compile:
         config, reports["kernels.compile"] = _resolve_compile(config, measured)
+    if wants_ceiling:  # after the dtype: the ceiling is the resolved dtype's
+        key = "optimizer.dynamic_batching.max_micro_batch"
+        config, reports[key] = _resolve_micro_batch_ceiling(config, measured)
     return config, reports

@@ -38,6 +38,14 @@ CPU_SHAPES: tuple[tuple[int, int, int], ...] = ((2048, 256, 768), (2048, 512, 51
 CUDA_SHAPES: tuple[tuple[int, int, int], ...] = ((8192, 2048, 5632), (8192, 2048, 2048))
 PROBE_ROWS = 64  # rows of the first, small call that tells whether the full shape fits
 DEFAULT_BUDGET_S = {"cpu": 2.0, "cuda": 0.8}
+# Throughput against the GEMM's rows (micro-batch x seq_len) at the first shape's K and N: where
+# it stops rising is the micro-batch ceiling past which a larger micro-batch buys little
+# (``optimizer.dynamic_batching.max_micro_batch: auto``). Timed after the dtypes, in the last
+# share of the budget.
+CPU_ROWS = (64, 128, 256, 512, 1024, 2048)
+CUDA_ROWS = (512, 1024, 2048, 4096, 8192)
+ROWS_SHARE = 0.2
+SATURATED = 0.9  # rows whose GFLOP/s reach this share of the curve's best have saturated
 CPU_COPY_BYTES = 64 * 2**20
 CUDA_COPY_BYTES = 512 * 2**20
 MIB = 2**20
@@ -133,6 +141,9 @@ class DeviceProfile:
     gpm_supported: bool = False
     memory_bandwidth_gbs: float | None = None
     dtypes: dict[str, DtypeResult] = field(default_factory=dict)
+    # dtype -> ((rows, GFLOP/s), ...) at (K, N) = rows_kn: throughput against the micro-batch
+    rows_gflops: dict[str, tuple[tuple[int, float], ...]] = field(default_factory=dict)
+    rows_kn: tuple[int, int] | None = None
     notes: tuple[str, ...] = ()
     budget_s: float = 0.0
     elapsed_s: float = 0.0
@@ -146,6 +157,10 @@ class DeviceProfile:
             None if self.compute_capability is None else list(self.compute_capability)
         )
         out["dtypes"] = {name: r.as_dict() for name, r in self.dtypes.items()}
+        out["rows_gflops"] = {
+            name: [[r, g] for r, g in curve] for name, curve in self.rows_gflops.items()
+        }
+        out["rows_kn"] = None if self.rows_kn is None else list(self.rows_kn)
         out["notes"] = list(self.notes)
         return out
 
@@ -164,6 +179,12 @@ class DeviceProfile:
         known["dtypes"] = {
             name: DtypeResult.from_dict(r) for name, r in known.get("dtypes", {}).items()
         }
+        known["rows_gflops"] = {
+            name: tuple((int(r), float(g)) for r, g in curve)
+            for name, curve in (known.get("rows_gflops") or {}).items()
+        }
+        kn = known.get("rows_kn")
+        known["rows_kn"] = None if kn is None else (int(kn[0]), int(kn[1]))
         known["notes"] = tuple(known.get("notes", ()))
         return cls(**known)
 
@@ -279,6 +300,18 @@ def best_dtype(profile: DeviceProfile) -> str:
         if r.gflops >= best_gflops:
             best, best_gflops = name, r.gflops
     return best
+
+
+def saturation_rows(profile: DeviceProfile, dtype: str) -> tuple[int, str] | None:
+    """(the fewest GEMM rows at which ``dtype``'s throughput reaches 90 % of its best, the
+    dtype whose curve said so); fp32's curve stands in for a dtype without one. None: the
+    profile has no curve (measured before curves were, or the budget ran out)."""
+    for name in (dtype, "fp32"):
+        curve = profile.rows_gflops.get(name)
+        if curve:
+            best = max(g for _r, g in curve)
+            return min(r for r, g in curve if g >= SATURATED * best), name
+    return None
 
 
 def dtype_warning(profile: DeviceProfile, dtype: str) -> str | None:
@@ -574,6 +607,42 @@ def _measure_gemms(
     return measured, {name: tuple(s) for name, s in used.items()}
 
 
+def _measure_rows(
+    names: Iterable[str],
+    rows: tuple[int, ...],
+    k: int,
+    n: int,
+    device: torch.device,
+    sync: Callable[[], None],
+    deadline: float,
+    min_batch_s: float,
+) -> dict[str, tuple[tuple[int, float], ...]]:
+    """Per dtype, GFLOP/s at each row count (smallest first; a row count whose call would not
+    fit the time left is not timed): every (dtype, rows) takes turns, as in _measure_gemms."""
+    gemms: list[_Gemm] = []
+    for name in names:
+        for m in rows:
+            if time.perf_counter() >= deadline:
+                break
+            try:
+                g = _Gemm(name, m, k, n, _gemm_inputs(name, m, k, n, device))
+                t0 = time.perf_counter()
+                g.fn()
+                sync()
+            except (RuntimeError, NotImplementedError, AttributeError, TypeError):
+                break  # out of memory at this size: the curve ends here
+            g.best = time.perf_counter() - t0
+            while g.best * g.calls < min_batch_s and g.calls < 4096:
+                g.calls *= 2
+            gemms.append(g)
+    _rounds(gemms, sync, deadline, most=10_000)
+    curves: dict[str, list[tuple[int, float]]] = {}
+    for g in gemms:
+        if math.isfinite(g.gflops):
+            curves.setdefault(g.name, []).append((g.rows, round(g.gflops, 2)))
+    return {name: tuple(curve) for name, curve in curves.items()}
+
+
 def _measure_bandwidth(
     device: torch.device,
     sync: Callable[[], None],
@@ -713,14 +782,35 @@ def measure_profile(
             notes.append(f"memory bandwidth not measured: {_first_line(exc)}")
         try:
             measured, used_shapes = _measure_gemms(
-                shapes, device, sync, clock_start + budget, min_batch_s, on_error
+                shapes, device, sync, clock_start + (1 - ROWS_SHARE) * budget, min_batch_s, on_error
             )
         except RuntimeError as exc:  # ProfileError is one; a CUDA fault surfaces at a sync
             if isinstance(exc, ProfileError):
                 raise
             raise ProfileError(f"{device}: GEMM timing failed: {_first_line(exc)}") from exc
+        # The curve for fp32 and every float dtype that ran at least half its speed (an
+        # emulated one would spend the share on a few calls, and `auto` never picks it).
+        fp32_rate = measured["fp32"] if isinstance(measured["fp32"], float) else math.inf
+        fast = [
+            name
+            for name in FLOAT_DTYPES
+            if isinstance(measured.get(name), float)
+            and measured[name] >= EMULATED_RATIO * fp32_rate
+        ]
+        rows_k, rows_n = shapes[0][1], shapes[0][2]
+        rows_gflops = _measure_rows(
+            fast,
+            CUDA_ROWS if device.type == "cuda" else CPU_ROWS,
+            rows_k,
+            rows_n,
+            device,
+            sync,
+            clock_start + budget,
+            min_batch_s,
+        )
     if not isinstance(measured["fp32"], float):
         raise ProfileError(f"{device}: fp32 GEMM not measured: {measured['fp32']}")
+
     if device.type == "cpu":
         l3 = _l3_bytes()
         if l3 is not None and copy_bytes < l3:
@@ -748,6 +838,8 @@ def measure_profile(
         threads=used_threads,
         memory_bandwidth_gbs=bandwidth,
         dtypes=dtypes,
+        rows_gflops=rows_gflops,
+        rows_kn=(rows_k, rows_n),
         notes=tuple(notes + more),
         budget_s=budget,
         elapsed_s=round(time.perf_counter() - started, 3),

@@ -364,6 +364,7 @@ def train_local(
         ).start()
 
     def apply_live(updated: StrategyConfig) -> None:
+        updated, _ = resolve_device_keys(updated, dev, profile)  # a ceiling edited to auto
         trainer.apply_config(
             updated
         )  # the micro-batch bounds and window reach the BatchScaler here

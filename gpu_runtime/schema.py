@@ -11,7 +11,14 @@ import hashlib
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from gpu_runtime.errors import DOCUMENT_KEY, StrategyError
@@ -40,6 +47,12 @@ def _not_a_number(value: Any) -> Any:
     if isinstance(value, int | float) and not isinstance(value, bool):
         raise ValueError(f"must be true, false or auto, not the number {value!r}")
     return value
+
+
+def _count_or_auto(value: Any) -> Any:
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise ValueError("must be a whole number of sequences (at least 1) or auto")
 
 
 Dtype = Literal["fp32", "bf16", "fp16"]
@@ -128,7 +141,13 @@ class DynamicBatchingSection(_Section):
         ),
     )
     min_micro_batch: int = Field(4, ge=1, description="Smallest micro-batch in sequences.")
-    max_micro_batch: int = Field(64, ge=1, description="Largest micro-batch in sequences.")
+    max_micro_batch: Annotated[int | Literal["auto"], BeforeValidator(_count_or_auto)] = Field(
+        64,
+        description=(
+            "Largest micro-batch in sequences. auto: where the device's measured GEMM "
+            "throughput stops rising (its profile's rows curve), at least min_micro_batch."
+        ),
+    )
     stability_window: int = Field(
         128,
         ge=1,
@@ -193,7 +212,7 @@ class DynamicBatchingSection(_Section):
 
     @model_validator(mode="after")
     def _bounds(self) -> DynamicBatchingSection:
-        if self.min_micro_batch > self.max_micro_batch:
+        if self.max_micro_batch != "auto" and self.min_micro_batch > self.max_micro_batch:
             raise PydanticCustomError(
                 "min_gt_max",
                 "min_micro_batch ({min}) is larger than max_micro_batch ({max})",

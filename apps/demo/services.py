@@ -35,7 +35,8 @@ EXAMPLE_SKUS = [
 # sequence at a time; the optimized arm computes in `auto` precision (the fastest dtype this host's
 # device runs natively, from the profile the worker measured at start: bf16 on a CPU with AMX or
 # AVX512-BF16, fp32 where bf16 is emulated, 30-60x slower) and lets dynamic batching grow the
-# micro-batch (the global batch of 8 stays fixed) while it fits and is faster. So the optimized arm
+# micro-batch (the global batch of 8 stays fixed) while it fits and is faster, up to where the
+# profile's GEMM throughput stops rising (max_micro_batch: auto). So the optimized arm
 # is never a strategy the host's profile shows to be slower. seq_len 256 keeps a step
 # matmul-bound. Each run is ~30 s of CPU time for the control: `make run` queues DEMO_RUNS_PER_ARM
 # of each, interleaved, and the verdict card names the device class it compared on. The
@@ -54,7 +55,7 @@ data:      {source: synthetic, prefetch: 0}
 train:     {steps: 30, global_batch: 8, micro_batch: 1, lr: 3.0e-4, seed: 0}
 precision: {compute_dtype: auto}
 optimizer:
-  dynamic_batching: {enabled: true, min_micro_batch: 1, max_micro_batch: 8, probe_steps: 1}
+  dynamic_batching: {enabled: true, min_micro_batch: 1, max_micro_batch: auto, probe_steps: 1}
 telemetry: {interval_s: 1.0}
 """
 
@@ -64,8 +65,8 @@ DEMO_DESCRIPTION = (
     "Optimized: auto precision (the fastest dtype the training worker's device runs natively, "
     "from its measured profile: bf16 where the CPU has AMX or AVX512-BF16, fp32 where bf16 is "
     "emulated; see the run page and Devices), and dynamic batching growing the micro-batch "
-    "from 1 up to 8 "
-    "while it is measurably faster (the global batch of 8 unchanged). "
+    "from 1 up to auto (the micro-batch at which the device's measured GEMM throughput stops "
+    "rising) while it is measurably faster (the global batch of 8 unchanged). "
     "Everything else is the same: tiny preset, seq_len 256, 30 steps, synthetic data."
 )
 DEMO_RUNS_PER_ARM = 6

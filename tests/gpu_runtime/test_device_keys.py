@@ -79,3 +79,117 @@ def test_kernels_compile_takes_true_false_or_auto_only(value):
     with pytest.raises(StrategyError) as refused:
         load_strategy(f"kernels: {{compile: {value}}}\n")
     assert refused.value.errors[0]["key"] == "kernels.compile"
+
+
+CEILING = """\
+model: {preset: tiny, seq_len: 32}
+data: {source: synthetic}
+train: {steps: 2, global_batch: 64}
+precision: {compute_dtype: auto}
+optimizer:
+  dynamic_batching: {enabled: true, min_micro_batch: 1, max_micro_batch: auto}
+telemetry: {enabled: false}
+"""
+KEY = "optimizer.dynamic_batching.max_micro_batch"
+
+
+def with_curves(profile: DeviceProfile, **curves) -> DeviceProfile:
+    return DeviceProfile.from_dict(
+        {**profile.as_dict(), "rows_gflops": curves, "rows_kn": [256, 768]}
+    )
+
+
+# The issue's AVX2 EPYC: fp32 flat from 256 rows on (60-80 GFLOP/s); AMX bf16 keeps rising.
+FLAT_FP32 = [[64, 30.0], [128, 52.0], [256, 71.0], [512, 74.0], [1024, 78.0], [2048, 76.0]]
+RISING_BF16 = [[64, 40.0], [128, 80.0], [256, 150.0], [512, 210.0], [1024, 230.0], [2048, 236.0]]
+
+
+@pytest.mark.parametrize(
+    ("profile", "dtype", "ceiling", "curve"),
+    [
+        (with_curves(cpu(EPYC_AVX2), fp32=FLAT_FP32), "fp32", 8, "fp32"),  # 256 rows / 32
+        (with_curves(cpu(XEON_AMX), fp32=FLAT_FP32, bf16=RISING_BF16), "bf16", 32, "bf16"),
+        (with_curves(cpu(XEON_AMX), fp32=FLAT_FP32), "bf16", 8, "fp32"),  # no bf16 curve
+    ],
+    ids=["avx2-flat", "amx-bf16-rising", "fp32-stands-in"],
+)
+def test_the_micro_batch_ceiling_is_where_throughput_stops_rising(profile, dtype, ceiling, curve):
+    config, reports = resolve_device_keys(load_strategy(CEILING), torch.device("cpu"), profile)
+    assert config.precision.compute_dtype == dtype
+    assert config.optimizer.dynamic_batching.max_micro_batch == ceiling
+    report = reports[KEY]
+    assert report["requested"] == "auto" and report["resolved"] == ceiling
+    assert report["why"].startswith(f"{curve} GEMMs reach 90%")
+    assert report["rows_gflops"]["fp32"] == FLAT_FP32
+
+
+def test_the_ceiling_stays_within_min_micro_batch_and_the_global_batch():
+    profile = with_curves(cpu(EPYC_AVX2), fp32=FLAT_FP32)
+    small = load_strategy(CEILING.replace("global_batch: 64", "global_batch: 4"))
+    config, _ = resolve_device_keys(small, torch.device("cpu"), profile)
+    assert config.optimizer.dynamic_batching.max_micro_batch == 4
+    floor = load_strategy(CEILING.replace("min_micro_batch: 1", "min_micro_batch: 16"))
+    config, _ = resolve_device_keys(floor, torch.device("cpu"), profile)
+    assert config.optimizer.dynamic_batching.max_micro_batch == 16
+    # A profile recorded before curves were: the global batch bounds it, and the report says so.
+    config, reports = resolve_device_keys(
+        load_strategy(CEILING), torch.device("cpu"), cpu(EPYC_AVX2)
+    )
+    assert config.optimizer.dynamic_batching.max_micro_batch == 64
+    assert "no throughput-by-rows curve" in reports[KEY]["why"]
+
+
+def test_a_ceiling_of_auto_without_dynamic_batching_measures_nothing():
+    off = load_strategy(
+        CEILING.replace("enabled: true", "enabled: false").replace(
+            "compute_dtype: auto", "compute_dtype: fp32"
+        )
+    )
+    config, reports = resolve_device_keys(off, torch.device("cpu"), profile=None)
+    assert reports == {} and config.optimizer.dynamic_batching.max_micro_batch == 64
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "true", "'8'", "2.5", "big"])
+def test_max_micro_batch_takes_a_count_or_auto_only(value):
+    from gpu_runtime import StrategyError
+
+    with pytest.raises(StrategyError) as refused:
+        load_strategy(f"optimizer: {{dynamic_batching: {{max_micro_batch: {value}}}}}\n")
+    assert refused.value.errors[0]["key"] == KEY
+    assert "whole number of sequences (at least 1) or auto" in str(refused.value)
+
+
+def test_train_never_grows_past_the_resolved_ceiling():
+    profile = with_curves(cpu(EPYC_AVX2), fp32=[[16, 10.0], [32, 60.0], [64, 61.0], [128, 62.0]])
+    strategy = CEILING.replace("steps: 2", "steps: 6").replace("seq_len: 32", "seq_len: 16")
+    strategy = strategy.replace("global_batch: 64", "global_batch: 8")
+    strategy = strategy.replace("min_micro_batch: 1,", "min_micro_batch: 1, probe_steps: 1,")
+    result = train(load_strategy(strategy), profile=profile, device="cpu")
+    assert result.status == "completed"
+    assert result.strategies[KEY]["resolved"] == 2  # 32 rows / 16 tokens
+    grown = [e["new_micro_batch"] for e in result.micro_batch_events if e["kind"] == "grow"]
+    assert all(new <= 2 for new in grown), result.micro_batch_events
+
+
+def test_a_live_edit_to_auto_resolves_at_the_step_boundary():
+    """max_micro_batch is a live key: an arm edited to `auto` mid-run gets the device's ceiling
+    (2 here) at the next step, and the micro-batch is clamped into it."""
+    profile = with_curves(cpu(EPYC_AVX2), fp32=[[16, 10.0], [32, 60.0], [64, 61.0], [128, 62.0]])
+    strategy = (
+        CEILING.replace("steps: 2, global_batch: 64", "steps: 4, global_batch: 8, micro_batch: 8")
+        .replace("seq_len: 32", "seq_len: 16")
+        .replace("max_micro_batch: auto", "max_micro_batch: 8")
+    )
+    edits = [{"optimizer": {"dynamic_batching": {"max_micro_batch": "auto"}}}]
+    result = train(
+        load_strategy(strategy),
+        profile=profile,
+        device="cpu",
+        live=lambda: edits.pop() if edits else None,
+    )
+    assert result.status == "completed" and not edits
+    bounds = [e for e in result.micro_batch_events if e["kind"] == "bounds"]
+    assert [(e["old_micro_batch"], e["new_micro_batch"]) for e in bounds] == [(8, 2)], (
+        result.micro_batch_events
+    )
+    assert bounds[0]["detail"]["max_micro_batch"] == 2

@@ -25,6 +25,7 @@ from gpu_runtime.profile import (
     measure_profile,
     read_cpu_info,
     read_nvml,
+    saturation_rows,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,6 +34,8 @@ EPYC_FLAGS = {"fpu", "sse2", "avx", "avx2", "fma", "f16c", "sha_ni"}  # Zen 3: n
 XEON = "Intel(R) Xeon(R) Platinum 8480+"
 XEON_FLAGS = {"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_int8", "amx_tile"}
 PROFILE_KEYS = {
+    "rows_gflops",
+    "rows_kn",
     "host",
     "device",
     "device_label",
@@ -281,6 +284,11 @@ def test_measure_profile_on_this_cpu_within_budget():
     assert set(data) == PROFILE_KEYS and set(data["dtypes"]["bf16"]) == DTYPE_KEYS
     assert DeviceProfile.from_dict(json.loads(json.dumps(data))) == p
     assert best_dtype(p) in ("fp32", "bf16", "fp16")
+    # Throughput against the micro-batch's rows, smallest first, for fp32 at least: where it
+    # flattens is `max_micro_batch: auto`'s ceiling.
+    rows = [r for r, _g in p.rows_gflops["fp32"]]
+    assert rows == sorted(rows) and rows[0] == 64 and len(rows) >= 3, p.rows_gflops
+    assert p.rows_kn == (256, 768) and saturation_rows(p, "fp32")[0] in rows
 
 
 def test_an_unmeasurable_dtype_is_recorded_and_a_failing_fp32_refuses(monkeypatch):
