@@ -14,6 +14,7 @@ from apps.core.db import EpochMs
 from apps.dashboard.series import RunSeries, epoch_ms, series_meta
 from apps.dashboard.verdicts import clip_low
 from apps.experiments.models import Arm, Experiment, Run
+from apps.pricing.bill import breakdown_shown
 
 # Telemetry charts of the experiment page (a run's page adds throughput and loss).
 EXPERIMENT_FIELDS = ("util_pct", "power_w", "step_time_s", "micro_batch")
@@ -219,7 +220,7 @@ def _pct(fraction: float | None) -> float | None:
 def cost_breakdown_json(run: Run) -> dict:
     """A run's cost two ways: device time used vs idle, and by resource (energy vs device-hours
     ...)."""
-    b = run.cost_breakdown or {}
+    b = breakdown_shown(run.cost_breakdown)  # an unpriced component reads None, not 0
     return {
         "used_idle": {"used": b.get("used_usd", 0.0), "idle": b.get("idle_usd", 0.0)},
         "resources": {
@@ -231,4 +232,5 @@ def cost_breakdown_json(run: Run) -> dict:
             "memory": b.get("memory_usd", 0.0),
         },
         "energy_estimated": run.energy_estimated,
+        "unpriced_s": b.get("unpriced_s") or {},
     }

@@ -5,11 +5,28 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
+from datetime import timedelta
 
-from django.db.models import Prefetch, QuerySet
+from django.db.models import Count, Prefetch, Q, QuerySet
+from django.utils import timezone
 
 from apps.experiments.models import Arm, Experiment, Run
 from apps.tenants.models import Tenant
+
+RECENT_RUN_DAYS = 7  # a pricing table must price the SKUs of runs this recent
+
+
+def gpu_skus_in_use(*, tenant: Tenant) -> dict[int, tuple[str, int]]:
+    """{SKU id: (name, runs)} of the tenant's GPU runs that are queued, running, or finished in the
+    last RECENT_RUN_DAYS days: what a new pricing table must price (one grouped query)."""
+    since = timezone.now() - timedelta(days=RECENT_RUN_DAYS)
+    rows = (
+        Run.objects.filter(tenant=tenant, gpu_sku__isnull=False)
+        .filter(Q(status__in=Run.ACTIVE_STATUSES) | Q(finished_at__gte=since))
+        .values("gpu_sku_id", "gpu_sku__name")
+        .annotate(runs=Count("id"))
+    )
+    return {r["gpu_sku_id"]: (r["gpu_sku__name"], r["runs"]) for r in rows}
 
 
 def experiment_list(*, tenant: Tenant) -> QuerySet[Experiment]:

@@ -2,7 +2,12 @@ from django.contrib import admin, messages
 from django.utils import timezone
 
 from apps.pricing.models import CostModel, GpuPrice, GpuSku, PricingTable
-from apps.pricing.services import PRICE_FIELDS, pricing_table_version_keep
+from apps.pricing.services import (
+    PRICE_FIELDS,
+    PRICING_TABLE_FIELDS,
+    gpu_rates,
+    pricing_table_version_split,
+)
 
 
 @admin.register(GpuSku)
@@ -15,6 +20,21 @@ class GpuPriceInline(admin.TabularInline):
     model = GpuPrice
     extra = 1
     autocomplete_fields = ["sku"]
+
+
+class ReadOnlyGpuPriceInline(admin.TabularInline):
+    """A superseded version's prices: shown, never edited."""
+
+    model = GpuPrice
+    extra = 0
+    readonly_fields = ["sku", "hourly_usd"]
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(PricingTable)
@@ -34,35 +54,54 @@ class PricingTableAdmin(admin.ModelAdmin):
     inlines = [GpuPriceInline]
     list_select_related = ["tenant"]
 
+    readonly_fields = ["supersedes"]
+
     def get_form(self, request, obj=None, **kwargs):
         form = super().get_form(request, obj, **kwargs)
-        if obj is not None and obj.valid_from <= timezone.now():
+        if (
+            obj is not None
+            and obj.valid_from <= timezone.now()
+            and "valid_from" in form.base_fields
+        ):
             form.base_fields["valid_from"].help_text = (
-                "In force: a price edit takes effect from now. "
-                "This table moves to now with the new prices and a "
-                "copy keeps the old ones for the time before; history is never rewritten."
+                "In force: a price edit is saved as a new version from now, and this table "
+                "keeps its prices for the time before, so nothing already priced with it moves."
             )
         return form
 
+    def get_readonly_fields(self, request, obj=None):
+        if obj is not None and obj.superseded_by.exists():  # its prices stay as they priced
+            return [*PRICING_TABLE_FIELDS, "supersedes"]
+        return self.readonly_fields
+
+    def get_inlines(self, request, obj):
+        if obj is not None and obj.superseded_by.exists():
+            return [ReadOnlyGpuPriceInline]
+        return self.inlines
+
     def save_model(self, request, obj, form, change):
-        # The table as stored, before the form's edit lands: the old version,
-        # if this edit starts a new one.
-        request._pricing_stored = PricingTable.objects.get(pk=obj.pk) if change else None
+        # The table as stored, before the form's edit lands: kept as it is if this edit makes a
+        # new version.
+        stored = PricingTable.objects.get(pk=obj.pk) if change else None
+        request._pricing_stored = (stored, {} if stored is None else gpu_rates(stored))
         super().save_model(request, obj, form, change)
 
     def save_related(self, request, form, formsets, change):
-        stored, now = getattr(request, "_pricing_stored", None), timezone.now()
+        super().save_related(request, form, formsets, change)
+        stored, rates = getattr(request, "_pricing_stored", (None, {}))
         priced = set(form.changed_data) & set(PRICE_FIELDS) or any(
             f.has_changed() for f in formsets
         )
-        if stored is not None and stored.valid_from <= now and priced:
-            copy = pricing_table_version_keep(table=form.instance, until=now, stored=stored)
+        if stored is not None and stored.valid_from <= timezone.now() and priced:
+            version = pricing_table_version_split(
+                table=form.instance, stored=stored, stored_rates=rates
+            )
             messages.info(
                 request,
-                f"Prices in force are versioned: the new prices apply from {now:%Y-%m-%d %H:%M} "
-                f"UTC; '{copy.name}' keeps the old ones for the time before.",
+                f"Prices in force are never edited: saved as a new version, '{version}' (id "
+                f"{version.pk}), from {version.valid_from:%Y-%m-%d %H:%M:%S} UTC. This table "
+                "keeps its prices for the time before.",
             )
-        super().save_related(request, form, formsets, change)
 
 
 @admin.register(CostModel)

@@ -36,10 +36,52 @@ from apps.pricing.cost_engine import (
     resource_weighted_cost,
 )
 
-# Before a tenant's first pricing table there is no price: such time costs nothing.
+# Before a tenant's first pricing table there is no price: such time costs nothing, and every
+# component of it is marked unpriced.
+COMPONENTS = ("gpu", "energy", "vcpu", "memory")
 FREE = Prices(
-    gpu_hour_usd=0, electricity_usd_per_kwh=0, pue=1, vcpu_hour_usd=0, memory_gb_hour_usd=0
+    gpu_hour_usd=0,
+    electricity_usd_per_kwh=0,
+    pue=1,
+    vcpu_hour_usd=0,
+    memory_gb_hour_usd=0,
+    unpriced=frozenset(COMPONENTS),
 )
+
+
+# A component's line in a run's cost_breakdown.
+BREAKDOWN_KEYS = {
+    "gpu": "gpu_usd",
+    "energy": "energy_usd",
+    "vcpu": "cpu_usd",
+    "memory": "memory_usd",
+}
+
+
+def breakdown_shown(breakdown: Mapping | None) -> dict:
+    """A run's cost_breakdown as the API and pages show it: a component billed only where it had
+    no price reads None (unpriced), never 0; `unpriced_s` says how long each went unpriced."""
+    shown = dict(breakdown or {})
+    for component in shown.get("unpriced_s") or {}:
+        key = BREAKDOWN_KEYS[component]
+        if not shown.get(key):
+            shown[key] = None
+    return shown
+
+
+def unpriced_seconds(usage: Usage, prices: Prices) -> dict[str, float]:
+    """Wall seconds of `usage` whose component has no price in `prices`, by component (only
+    components the usage uses: GPU time of a GPU run, energy drawn, vCPUs and memory held).
+    Billed at 0 and reported as unpriced, never as a $0 line."""
+    used = {
+        "gpu": usage.device_seconds > 0,
+        "energy": usage.energy_j > 0,
+        "vcpu": usage.vcpu_seconds > 0,
+        "memory": usage.memory_gb_seconds > 0,
+    }
+    return {c: usage.wall_s for c in sorted(prices.unpriced) if used.get(c) and usage.wall_s > 0}
+
+
 _INF = float("inf")
 
 
@@ -172,6 +214,7 @@ class Bill:
     cost: CostBreakdown
     max_step: int
     energy_estimated: bool
+    unpriced_s: dict[str, float] = field(default_factory=dict)  # unpriced_seconds, summed
 
 
 def price_periods(
@@ -208,12 +251,19 @@ def run_bill(
     usage = Usage.zero()
     for u in periods.values():
         usage = usage + u
+    unpriced: dict[str, float] = {}
+    for period, u in periods.items():
+        for component, seconds in unpriced_seconds(
+            u, prices[period] if period >= 0 else FREE
+        ).items():
+            unpriced[component] = unpriced.get(component, 0.0) + seconds
     return Bill(
         periods=periods,
         usage=usage,
         cost=price_periods(periods, prices, weights),
         max_step=sums.max_step,
         energy_estimated=sums.estimated or sums.modelled > 0,
+        unpriced_s=unpriced,
     )
 
 

@@ -37,6 +37,8 @@ def _non_negative(obj: Any) -> None:
     """Reject negative, NaN or infinite fields: they would make a cost negative or meaningless."""
     for f in fields(obj):
         value = getattr(obj, f.name)
+        if not isinstance(value, int | float):
+            continue
         if not math.isfinite(value) or value < 0:
             raise ValueError(
                 f"{type(obj).__name__}.{f.name} must be a finite number >= 0, got {value!r}"
@@ -62,15 +64,20 @@ class Prices:
     pue: float
     vcpu_hour_usd: float
     memory_gb_hour_usd: float
+    # Components that have no price here (their 0 above is not a price): "gpu" when the table
+    # has no rate for the run's SKU; all of them before a tenant's first table.
+    unpriced: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         _non_negative(self)
 
     @classmethod
     def from_table(cls, table: Any, gpu_hour_usd: Any) -> Prices:
-        """Build from a PricingTable-like object (duck-typed, Decimals become floats)."""
+        """Build from a PricingTable-like object (duck-typed, Decimals become floats);
+        gpu_hour_usd None: the table has no rate for the SKU (priced 0, marked unpriced)."""
         return cls(
-            gpu_hour_usd=float(gpu_hour_usd),
+            unpriced=frozenset({"gpu"}) if gpu_hour_usd is None else frozenset(),
+            gpu_hour_usd=float(gpu_hour_usd or 0),
             electricity_usd_per_kwh=float(table.electricity_usd_per_kwh),
             pue=float(table.pue),
             vcpu_hour_usd=float(table.vcpu_hour_usd),

@@ -80,6 +80,17 @@ class PricingTable(TimeStampedModel):
         default=False, help_text="Example prices seeded for a demo; not a quote from any provider."
     )
     notes = models.TextField(blank=True)
+    # A table in force is never edited in price: an edit makes a new version from the edit's time
+    # that supersedes it (apps.pricing.services.pricing_table_update), so whatever was priced
+    # with this row stays priced as it was.
+    supersedes = models.ForeignKey(
+        "self",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="superseded_by",
+        help_text="The version this one replaced from its valid_from (a price edit).",
+    )
 
     class Meta:
         ordering = ["tenant", "-valid_from"]

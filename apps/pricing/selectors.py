@@ -59,7 +59,11 @@ def price_schedule(
                 "pricing_table_id", "hourly_usd"
             )
         )
-    prices = [Prices.from_table(t, gpu_hour_usd=rates.get(t.pk, 0)) for t in tables]
+    # A GPU run's SKU without a rate in a table: that table's GPU time is unpriced, not free.
+    prices = [
+        Prices.from_table(t, gpu_hour_usd=rates.get(t.pk, None if gpu_sku_id else 0))
+        for t in tables
+    ]
     if pinned_table_id is not None:
         return PriceSchedule(starts=[], prices=[], pinned=prices[0] if prices else FREE)
     return PriceSchedule(starts=[t.valid_from for t in tables], prices=prices)
@@ -94,8 +98,8 @@ def pricing_tables_in_force(*, tenant_ids: set[int], pinned_ids: set[int], at: d
 
 
 def table_prices(*, table_ids: set[int]) -> dict[tuple[int, int | None], Prices]:
-    """Prices of these tables for every GPU SKU any of them prices (0 where one does not), and for a
-    CPU run (SKU None), keyed (table, SKU), in two queries."""
+    """Prices of these tables for every GPU SKU any of them prices (0 and unpriced where one does
+    not), and for a CPU run (SKU None), keyed (table, SKU), in two queries."""
     tables = list(PricingTable.objects.filter(pk__in=table_ids))
     rates = {
         (p, s): r
@@ -105,7 +109,9 @@ def table_prices(*, table_ids: set[int]) -> dict[tuple[int, int | None], Prices]
     }
     skus = {None} | {s for _, s in rates}
     return {
-        (t.pk, sku): Prices.from_table(t, gpu_hour_usd=rates.get((t.pk, sku), 0))
+        (t.pk, sku): Prices.from_table(
+            t, gpu_hour_usd=rates.get((t.pk, sku), None if sku is not None else 0)
+        )
         for t in tables
         for sku in skus
     }

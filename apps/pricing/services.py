@@ -12,7 +12,7 @@ from apps.core.exceptions import ApplicationError
 from apps.pricing.models import CostModel, GpuPrice, PricingTable
 from apps.tenants.models import Tenant
 
-# A pricing table's own fields, as the API edits them and a superseded copy keeps them.
+# A pricing table's own fields, as the API edits them and a new version starts from.
 PRICING_TABLE_FIELDS = (
     "name",
     "currency",
@@ -61,10 +61,38 @@ def _gpu_prices_replace(*, table: PricingTable, gpu_prices: list[dict]) -> None:
     GpuPrice.objects.bulk_create(rows)
 
 
+def refuse_unpriced_skus(
+    *, priced: set[int], in_use: dict[int, tuple[str, int]], confirm: bool
+) -> None:
+    """A table must price what it claims: one that leaves a SKU of running or recent runs
+    (`in_use`: {SKU id: (name, runs)}) without a rate is refused, naming the SKUs, unless the
+    staff user confirms (their GPU time is then billed as unpriced, never as $0)."""
+    missing = sorted((name, runs) for sku, (name, runs) in in_use.items() if sku not in priced)
+    if missing and not confirm:
+        named = ", ".join(f"{name} ({runs} running or recent runs)" for name, runs in missing)
+        raise ApplicationError(
+            f"gpu_prices: no price for {named}; add a price, or confirm (confirm_unpriced: true) "
+            "to leave their GPU time unpriced under this table",
+            {"fields": {"gpu_prices": ["unpriced sku"]}, "unpriced_skus": [n for n, _ in missing]},
+            code="unpriced",
+            status=409,
+        )
+
+
 @transaction.atomic
 def pricing_table_create(
-    *, tenant: Tenant, gpu_prices: list[dict] | None = None, **fields
+    *,
+    tenant: Tenant,
+    gpu_prices: list[dict] | None = None,
+    skus_in_use: dict[int, tuple[str, int]] | None = None,
+    confirm_unpriced: bool = False,
+    **fields,
 ) -> PricingTable:
+    refuse_unpriced_skus(
+        priced={p["sku"].pk for p in gpu_prices or []},
+        in_use=skus_in_use or {},
+        confirm=confirm_unpriced,
+    )
     table = PricingTable(tenant=tenant, **fields)
     _unique(table, "valid_from", "a pricing table")
     table.full_clean()
@@ -73,28 +101,63 @@ def pricing_table_create(
     return table
 
 
-# What a table prices with: an edit of one of these on a table in force starts a new version.
+# What a table prices with: an edit of one of these on a table in force makes a new version.
 PRICE_FIELDS = ("currency", "electricity_usd_per_kwh", "pue", "vcpu_hour_usd", "memory_gb_hour_usd")
+
+
+def gpu_rates(table: PricingTable) -> dict[int, Decimal]:
+    return dict(table.gpu_prices.values_list("sku_id", "hourly_usd"))
+
+
+def _rates_set(table: PricingTable, rates: dict[int, Decimal]) -> None:
+    table.gpu_prices.all().delete()
+    GpuPrice.objects.bulk_create(
+        [GpuPrice(pricing_table=table, sku_id=sku, hourly_usd=usd) for sku, usd in rates.items()]
+    )
+
+
+def _refuse_superseded(table: PricingTable) -> None:
+    newer = table.superseded_by.order_by("valid_from").first()
+    if newer is not None:
+        raise ApplicationError(
+            f"pricing table {table.pk}: superseded by version {newer.pk} from "
+            f"{newer.valid_from:%Y-%m-%d %H:%M:%S} UTC; edit that version, this one keeps the "
+            "prices it priced with",
+            {"superseded_by": newer.pk},
+            code="superseded",
+            status=409,
+        )
 
 
 @transaction.atomic
 def pricing_table_update(
-    *, table: PricingTable, gpu_prices: list[dict] | None = None, **fields
+    *,
+    table: PricingTable,
+    gpu_prices: list[dict] | None = None,
+    skus_in_use: dict[int, tuple[str, int]] | None = None,
+    confirm_unpriced: bool = False,
+    **fields,
 ) -> PricingTable:
-    """Edit a table; `gpu_prices`, when given, replaces the table's GPU prices.
+    """Edit a table; `gpu_prices`, when given, replaces the table's GPU prices. Returns the
+    table as edited: `table` itself, or the new version.
 
-    History is never rewritten: a price edit of a table already in force takes effect from now.
-    The table moves to valid_from = now with its new prices, and a copy with the old prices
-    keeps its old valid_from for the time before (pricing_table_version_keep). Names and notes
-    are edited in place.
+    Prices in force are immutable, so nothing priced with them ever moves: a price edit of a
+    table already in force makes a new version from now (`supersedes` = the table; names and
+    notes as edited), and the table keeps its prices for the time before. Windows, bills and
+    comparisons refer to the version they priced with. A table not yet in force, or an edit of
+    names and notes only, is edited in place. A superseded table is not edited again (409).
     """
     now = timezone.now()
-    priced = any(name in fields and getattr(table, name) != fields[name] for name in PRICE_FIELDS)
+    stored = PricingTable.objects.select_for_update().get(pk=table.pk)
+    priced = any(name in fields and getattr(stored, name) != fields[name] for name in PRICE_FIELDS)
     if gpu_prices is not None:
         new_rates = {p["sku"].pk: Decimal(p["hourly_usd"]) for p in gpu_prices}
-        priced = priced or new_rates != dict(table.gpu_prices.values_list("sku_id", "hourly_usd"))
-    in_force = table.pk is not None and table.valid_from <= now
-    if in_force and "valid_from" in fields and fields["valid_from"] != table.valid_from:
+        old_rates = gpu_rates(stored)
+        priced = priced or new_rates != old_rates
+        dropped = {sku: use for sku, use in (skus_in_use or {}).items() if sku in old_rates}
+        refuse_unpriced_skus(priced=set(new_rates), in_use=dropped, confirm=confirm_unpriced)
+    in_force = stored.valid_from <= now
+    if in_force and "valid_from" in fields and fields["valid_from"] != stored.valid_from:
         raise ApplicationError(
             "valid_from: a table in force keeps its start; a price edit takes effect from now",
             {"fields": {"valid_from": ["in force"]}},
@@ -102,8 +165,11 @@ def pricing_table_update(
             status=409,
         )
     if in_force and priced:
-        pricing_table_version_keep(table=table, until=now)
-        fields["valid_from"] = now
+        _refuse_superseded(stored)
+        values = {name: getattr(stored, name) for name in PRICING_TABLE_FIELDS} | fields
+        version = PricingTable(tenant_id=stored.tenant_id, supersedes=stored, **values)
+        version.valid_from = now
+        return _version_save(version, gpu_prices=gpu_prices, rates=gpu_rates(stored))
     for name, value in fields.items():
         setattr(table, name, value)
     _unique(table, "valid_from", "a pricing table")
@@ -114,32 +180,36 @@ def pricing_table_update(
     return table
 
 
-def pricing_table_version_keep(
-    *, table: PricingTable, until, stored: PricingTable | None = None
+def _version_save(
+    version: PricingTable, *, gpu_prices: list[dict] | None, rates: dict[int, Decimal]
 ) -> PricingTable:
-    """Keep a table's prices as stored, for the time before `until`: a copy at its valid_from,
-    GPU prices too.
+    """Save a new version: its GPU prices the edit's, else the superseded table's."""
+    _unique(version, "valid_from", "a pricing table")
+    version.full_clean()
+    version.save()
+    if gpu_prices is not None:
+        _gpu_prices_replace(table=version, gpu_prices=gpu_prices)
+    else:
+        _rates_set(version, rates)
+    return version
 
-    The table itself then moves to `until` (the caller saves it), so the copy takes its place in
-    the schedule: intervals before `until` are billed, and re-billed, as they were. `stored`: the
-    table as it was, when the caller has already saved an edit of it (the admin).
-    """
-    stored = stored or PricingTable.objects.get(pk=table.pk)
-    rates = list(stored.gpu_prices.values_list("sku_id", "hourly_usd"))
-    PricingTable.objects.filter(pk=table.pk).update(
-        valid_from=until
-    )  # frees (tenant, valid_from) for the copy
-    table.valid_from = until
-    copy = PricingTable.objects.get(pk=table.pk)
-    copy.pk = copy.id = None
+
+def pricing_table_version_split(
+    *, table: PricingTable, stored: PricingTable, stored_rates: dict[int, Decimal]
+) -> PricingTable:
+    """The admin's path to the same end: its form has already saved a price edit in place.
+    What the table holds now becomes a new version from now, and the table gets back what it
+    held (`stored`, `stored_rates`), so what was priced with it stays as it was."""
+    _refuse_superseded(stored)
+    version = PricingTable.objects.get(pk=table.pk)
+    edited_rates = gpu_rates(version)
+    version.pk = version.id = None
+    version.supersedes_id, version.valid_from = stored.pk, timezone.now()
     for name in PRICING_TABLE_FIELDS:
-        setattr(copy, name, getattr(stored, name))
-    copy.name = f"{stored.name} (until {until:%Y-%m-%d %H:%M} UTC)"[:120]
-    copy.save()
-    GpuPrice.objects.bulk_create(
-        [GpuPrice(pricing_table=copy, sku_id=sku, hourly_usd=usd) for sku, usd in rates]
-    )
-    return copy
+        setattr(table, name, getattr(stored, name))
+    table.save()
+    _rates_set(table, stored_rates)
+    return _version_save(version, gpu_prices=None, rates=edited_rates)
 
 
 def _delete_unless_used(obj, label: str) -> None:
@@ -157,6 +227,7 @@ def _delete_unless_used(obj, label: str) -> None:
 
 
 def pricing_table_delete(*, table: PricingTable) -> None:
+    _refuse_superseded(table)  # the newer version would lose what it was made from
     _delete_unless_used(table, f"pricing table '{table.name}'")
 
 

@@ -17,7 +17,7 @@ from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Run
 from apps.experiments.services import run_external_running
 from apps.pricing import cost_engine
-from apps.pricing.bill import period_sums
+from apps.pricing.bill import period_sums, unpriced_seconds
 from apps.pricing.models import CostModel, PricingTable
 from apps.pricing.selectors import price_schedule
 from apps.telemetry.ingest import out_of_range, samples_insert, samples_validate
@@ -163,6 +163,7 @@ def run_totals_apply(
         0,
     )
     modelled_intervals = 0
+    unpriced: dict[str, float] = {}  # seconds billed with no price, by component
     for (lo, _hi), rows in zip(ranges, now, strict=True):
         added = period_sums(rows, edges=edges, count_after=lo, modelled_power_w=modelled)
         if added.backwards_seq is not None:
@@ -179,10 +180,11 @@ def run_totals_apply(
         for sign, sums in parts:
             weights = cost_engine.Weights.from_cost_model(cost_model)
             for period, u in sums.usage(**resources).items():
-                priced = cost_engine.resource_weighted_cost(
-                    u, schedule.period_prices(period), weights
-                )
+                prices = schedule.period_prices(period)
+                priced = cost_engine.resource_weighted_cost(u, prices, weights)
                 usage, cost = (usage + u, cost + priced) if sign > 0 else (usage - u, cost - priced)
+                for component, seconds in unpriced_seconds(u, prices).items():
+                    unpriced[component] = unpriced.get(component, 0.0) + sign * seconds
 
     if recompute:  # the figures are the bill, not a change to it
         breakdown: dict = {"units": 0}
@@ -195,6 +197,12 @@ def run_totals_apply(
     breakdown["estimated_samples"] = bool(breakdown.get("estimated_samples")) or estimated
     for key, value in dataclasses.asdict(cost).items():
         breakdown[key] = breakdown.get(key, 0.0) + value
+    # Time billed where a component had no price (the SKU missing from the table in force, or no
+    # table yet): never a silent $0 line (the API and the run page say "unpriced").
+    seconds = dict(breakdown.get("unpriced_s") or {})
+    for component, moved in unpriced.items():
+        seconds[component] = seconds.get(component, 0.0) + moved
+    breakdown["unpriced_s"] = {c: round(v, 6) for c, v in sorted(seconds.items()) if v > 1e-6}
     run.tokens += usage.tokens
     run.device_seconds += usage.device_seconds if run.gpu_count else usage.wall_s
     run.energy_j += usage.energy_j

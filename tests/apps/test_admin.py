@@ -238,7 +238,9 @@ def test_a_price_edit_of_a_table_in_force_keeps_the_old_prices_for_the_time_befo
     table = PricingTable.objects.get(tenant=tenant)  # in force since 2026-07-01
     price = table.gpu_prices.get()
     url = reverse("admin:pricing_pricingtable_change", args=[table.pk])
-    assert "a price edit takes effect from now" in staff_client.get(url).content.decode()
+    assert (
+        "a price edit is saved as a new version from now" in staff_client.get(url).content.decode()
+    )
     edit = _pricing_form(
         tenant,
         sku,
@@ -250,15 +252,17 @@ def test_a_price_edit_of_a_table_in_force_keeps_the_old_prices_for_the_time_befo
         },
     )
     response = staff_client.post(url, edit, follow=True)
-    assert "Prices in force are versioned" in response.content.decode()
+    assert "saved as a new version" in response.content.decode()
     table.refresh_from_db()
-    kept = PricingTable.objects.filter(tenant=tenant).exclude(pk=table.pk).get()
-    assert table.valid_from > kept.valid_from and table.gpu_prices.get().hourly_usd == Decimal(
-        "6.00"
-    )
-    assert kept.valid_from.isoformat().startswith(
-        "2026-07-01"
-    ) and kept.gpu_prices.get().hourly_usd == Decimal("3.10")
+    version = PricingTable.objects.filter(tenant=tenant).exclude(pk=table.pk).get()
+    # The table edited keeps its start and prices: what was priced with it never moves.
+    assert table.valid_from.isoformat().startswith("2026-07-01")
+    assert table.gpu_prices.get().hourly_usd == Decimal("3.10")
+    assert version.supersedes == table and version.valid_from > table.valid_from
+    assert version.gpu_prices.get().hourly_usd == Decimal("6.00")
+    # A superseded version is shown read-only.
+    page = staff_client.get(url).content.decode()
+    assert 'name="gpu_prices-0-hourly_usd"' not in page and 'name="pue"' not in page
 
 
 def test_re_pricing_a_run_in_the_admin_is_audited_and_refused_while_it_runs(staff_client):

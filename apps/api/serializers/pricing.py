@@ -21,11 +21,27 @@ class GpuPriceSerializer(serializers.ModelSerializer):
 
 class PricingTableSerializer(serializers.ModelSerializer):
     gpu_prices = GpuPriceSerializer(many=True, required=False)
+    confirm_unpriced = serializers.BooleanField(
+        required=False,
+        write_only=True,
+        help_text="Save a table that has no price for a GPU SKU of running or recent runs "
+        "(refused with 409 naming the SKUs otherwise): their GPU time is billed as unpriced.",
+    )
 
     class Meta:
         model = PricingTable
-        fields = ["id", *PRICING_TABLE_FIELDS, "gpu_prices", "created_at", "updated_at"]
-        read_only_fields = ["id", "created_at", "updated_at"]
+        # A PATCH of a table in force that changes a price answers 201 with the new version
+        # (its `supersedes` the table patched); the patched table keeps its prices.
+        fields = [
+            "id",
+            *PRICING_TABLE_FIELDS,
+            "gpu_prices",
+            "supersedes",
+            "confirm_unpriced",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = ["id", "supersedes", "created_at", "updated_at"]
         extra_kwargs = {"notes": {"max_length": 10_000}, "name": {"max_length": 120}}
         validators = []  # (tenant, valid_from) uniqueness: checked by full_clean in the service
 

@@ -4,6 +4,7 @@ from rest_framework import serializers
 from apps.api.serializers.fields import TenantPrimaryKeyField
 from apps.experiments.models import Arm, Experiment, Run, RunAttempt
 from apps.experiments.selectors import runs_outliers
+from apps.pricing.bill import breakdown_shown
 from apps.pricing.models import GpuSku, PricingTable
 from apps.telemetry.models import RunRepricing
 
@@ -50,6 +51,14 @@ def outliers_of(field: serializers.Field, experiment_id: int) -> dict:
 
 
 class RunSerializer(serializers.ModelSerializer):
+    cost_breakdown = serializers.SerializerMethodField(
+        help_text="The bill by component (USD). A component billed only where the pricing table "
+        "in force had no price for it reads null, and unpriced says for how long; never $0."
+    )
+    unpriced = serializers.SerializerMethodField(
+        help_text="Components billed with no price (gpu: the table in force has no rate for the "
+        "run's SKU; every component before the tenant's first table), with their seconds."
+    )
     arm = ArmRefSerializer(read_only=True)
     gpu_sku = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
     outlier = serializers.SerializerMethodField(
@@ -90,11 +99,20 @@ class RunSerializer(serializers.ModelSerializer):
             "energy_estimated",
             "cost_usd",
             "cost_breakdown",
+            "unpriced",
             "config_sha256",
             "config_revision",
             "outlier",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.DictField())
+    def get_cost_breakdown(self, run: Run) -> dict:
+        return breakdown_shown(run.cost_breakdown)
+
+    @extend_schema_field(serializers.DictField(child=serializers.FloatField()))
+    def get_unpriced(self, run: Run) -> dict:
+        return dict((run.cost_breakdown or {}).get("unpriced_s") or {})
 
     @extend_schema_field(RunOutlierSerializer(allow_null=True))
     def get_outlier(self, run: Run) -> dict | None:

@@ -14,6 +14,7 @@ from apps.api.serializers.pricing import (
     PricingTableSerializer,
 )
 from apps.api.views.base import TenantViewSet
+from apps.experiments.selectors import gpu_skus_in_use
 from apps.pricing import services
 from apps.pricing.models import CostModel, GpuSku, PricingTable
 from apps.pricing.selectors import cost_model_list, pricing_table_list
@@ -40,15 +41,27 @@ class PricingTableViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tena
     def create(self, request):
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        table = services.pricing_table_create(tenant=request.tenant, **serializer.validated_data)
+        table = services.pricing_table_create(
+            tenant=request.tenant,
+            skus_in_use=gpu_skus_in_use(tenant=request.tenant),
+            **serializer.validated_data,
+        )
         return Response(self.get_serializer(table).data, status=status.HTTP_201_CREATED)
 
     def partial_update(self, request, pk=None):
         serializer = self.get_serializer(self.get_object(), data=request.data, partial=True)
         serializer.is_valid(raise_exception=True)
         table = services.pricing_table_update(
-            table=serializer.instance, **serializer.validated_data
+            table=serializer.instance,
+            skus_in_use=gpu_skus_in_use(tenant=request.tenant),
+            **serializer.validated_data,
         )
+        if table.pk != serializer.instance.pk:  # a price edit in force: a new version
+            return Response(
+                self.get_serializer(table).data,
+                status=status.HTTP_201_CREATED,
+                headers={"Location": f"{request.path.rsplit('/', 2)[0]}/{table.pk}/"},
+            )
         return Response(self.get_serializer(table).data)
 
     def destroy(self, request, pk=None):

@@ -379,7 +379,11 @@
 
   function drawResources(resEl, cost) {
     var names = Object.keys(cost.resources);
-    var labels = names.map(function (n) { return n === "energy" && cost.energy_estimated ? "energy (est.)" : n; });
+    // A component with no price reads null: labelled "unpriced", drawn as no bar (never $0).
+    var labels = names.map(function (n) {
+      if (cost.resources[n] === null) { return n + " (unpriced)"; }
+      return n === "energy" && cost.energy_estimated ? "energy (est.)" : n;
+    });
     Plotly.newPlot(resEl, [{ type: "bar", orientation: "h", y: labels,
       x: names.map(function (n) { return cost.resources[n]; }), marker: { color: "#2a9d5c" },
       hovertemplate: "%{y}: %{x:.4g} USD<extra></extra>" }], small("Energy vs device-hours and the rest"), PLOT_CONFIG);

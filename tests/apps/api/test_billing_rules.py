@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -280,15 +281,21 @@ def test_a_price_edit_of_a_table_in_force_starts_a_new_version_and_history_stand
         {"gpu_prices": [{"sku": sku.name, "hourly_usd": "6.00"}]},
         format="json",
     )
-    assert edited.status_code == 200, edited.content
-    assert timezone.now() - timedelta(minutes=1) < datetime.fromisoformat(
-        edited.json()["valid_from"]
+    # A new version answers, from now; the table patched keeps its prices and its start, so
+    # whatever was priced with it (this bill, attribution's windows) stays as it was.
+    assert edited.status_code == 201, edited.content
+    version = edited.json()
+    assert version["id"] != table.pk and version["supersedes"] == table.pk
+    assert edited["Location"].endswith(f"/api/v1/pricing-tables/{version['id']}/")
+    assert timezone.now() - timedelta(minutes=1) < datetime.fromisoformat(version["valid_from"])
+    assert version["gpu_prices"] == [{"sku": sku.name, "hourly_usd": "6.000000"}]
+    table.refresh_from_db()
+    assert table.gpu_prices.get().hourly_usd == Decimal("3.00") and table.name == "list prices"
+    assert staff.get(f"/api/v1/pricing-tables/{table.pk}/").json()["supersedes"] is None
+    again = staff.patch(f"/api/v1/pricing-tables/{table.pk}/", {"pue": "1.5"}, format="json")
+    assert again.status_code == 409 and error(again)["message"].startswith(
+        f"pricing table {table.pk}: superseded by version {version['id']}"
     )
-    kept = PricingTable.objects.exclude(pk=table.pk).get()
-    assert kept.valid_from == table.valid_from and kept.gpu_prices.get().hourly_usd == Decimal(
-        "3.00"
-    )
-    assert kept.name.startswith("list prices (until ")
     finished = api.post(
         f"/api/v1/runs/{gpu_run.pk}/finish/", {"status": "succeeded"}, format="json"
     ).json()
@@ -332,3 +339,108 @@ def test_a_finished_run_is_re_priced_only_deliberately_and_the_act_is_audited(
     assert Run.objects.get(pk=gpu_run.pk).cost_usd == after
     again = staff.post(url, {"reason": "back to the prices it ran under"}, format="json").json()
     assert Decimal(again["cost_after_usd"]) == before
+
+
+def test_identical_runs_either_side_of_a_patch_of_the_table_in_force_compare_equal(
+    api, staff, experiment, sku
+):
+    """Issue 24: the H100 price of the table in force doubled with PATCH between two arms'
+    identical runs read +99.8 % "costlier" (the edit moved the table's id to the new prices
+    under the control's windows)."""
+    from apps.attribution.services import attribution_tick
+
+    table = PricingTable.objects.get(gpu_prices__sku=sku)
+    arms = {arm.name: arm for arm in experiment.arms.all()}
+
+    def trained(arm, start) -> Run:
+        """200 samples 10 ms apart from `start` (2 s of training at 300 W), then finished."""
+        run = RunFactory(
+            arm=arm, kind="external", status="running", gpu_sku=sku, gpu_count=1, created=start
+        )
+        batch = [
+            {**sample(s, t=s * 0.01), "ts": (start + timedelta(seconds=s * 0.01)).isoformat()}
+            for s in range(200)
+        ]
+        assert post(api, run, batch).status_code == 200
+        api.post(f"/api/v1/runs/{run.pk}/finish/", {"status": "succeeded"}, format="json")
+        return run
+
+    control = [trained(arms["control"], T0) for _ in range(3)]
+    assert attribution_tick(now=timezone.now()).windows == 1
+    doubled = staff.patch(
+        f"/api/v1/pricing-tables/{table.pk}/",
+        {
+            "gpu_prices": [{"sku": sku.name, "hourly_usd": "6.00"}],
+            "electricity_usd_per_kwh": str(table.electricity_usd_per_kwh * 2),
+        },
+        format="json",
+    )
+    assert doubled.status_code == 201, doubled.content
+    edited_at = datetime.fromisoformat(doubled.json()["valid_from"])
+    time.sleep(max(0.0, (edited_at + timedelta(seconds=2.1) - timezone.now()).total_seconds()))
+    candidate = [trained(arms["candidate"], edited_at) for _ in range(3)]  # under the new prices
+    assert attribution_tick(now=timezone.now() + timedelta(minutes=5)).windows == 1
+    report = api.get(f"/api/v1/experiments/{experiment.pk}/report/").json()
+    by_name = {arm["name"]: arm for arm in report["arms"]}
+    assert by_name["candidate"]["deviation"] == pytest.approx(0.0, abs=0.005), by_name
+    assert by_name["candidate"]["verdict"] != "costlier"
+    # Each bill is still priced by the version in force when it ran: the candidate's doubled.
+    [control_bill] = {Run.objects.get(pk=r.pk).cost_usd for r in control}
+    [candidate_bill] = {Run.objects.get(pk=r.pk).cost_usd for r in candidate}
+    assert control_bill == round(Decimal(1.99 / 3600 * 3.0 + 597 / 3.6e6 * 0.18), 6)
+    assert candidate_bill == 2 * control_bill
+
+
+def test_a_table_without_the_runs_sku_never_bills_its_gpu_time_as_zero(api, staff, sku, gpu_run):
+    """Issue 24: a table posted with no gpu_prices and a past valid_from billed an H100 run's
+    0.833 GPU-h as gpu_usd 0.0, unflagged."""
+    table = {
+        "name": "no GPUs",
+        "valid_from": (T0 - timedelta(hours=1)).isoformat(),
+        "electricity_usd_per_kwh": "0.15",
+        "pue": "1.20",
+    }
+    refused = staff.post("/api/v1/pricing-tables/", table, format="json")
+    assert refused.status_code == 409, refused.content
+    assert error(refused)["message"].startswith(
+        f"gpu_prices: no price for {sku.name} (1 running or recent runs)"
+    )
+    assert not PricingTable.objects.filter(name="no GPUs").exists()  # nothing saved
+    confirmed = staff.post(
+        "/api/v1/pricing-tables/", {**table, "confirm_unpriced": True}, format="json"
+    )
+    assert confirmed.status_code == 201, confirmed.content
+    assert post(api, gpu_run, CLEAN[:200]).status_code == 200
+    run = totals(api, gpu_run)
+    assert run["unpriced"] == {"gpu": pytest.approx(199.0)}
+    assert run["cost_breakdown"]["gpu_usd"] is None  # unpriced, not $0
+    assert run["cost_breakdown"]["energy_usd"] > 0  # the table prices energy
+    # Order does not matter: the same samples in reverse arrive at the same figures.
+    again = RunFactory(
+        arm=gpu_run.arm,
+        kind="external",
+        status="running",
+        gpu_sku=sku,
+        gpu_count=1,
+        created=T0 - timedelta(minutes=1),
+    )
+    for batch in reversed(chunks(CLEAN[:200], 50)):
+        answer = post(api, again, batch)
+        assert answer.status_code == 200, answer.content
+    assert totals(api, again)["unpriced"] == run["unpriced"]
+    assert Decimal(totals(api, again)["cost_usd"]) == Decimal(run["cost_usd"])
+
+
+def test_before_the_first_table_every_component_is_unpriced(api, experiment):
+    cpu_run = RunFactory(
+        arm=experiment.arms.first(),
+        kind="external",
+        status="running",
+        vcpus=4,
+        memory_gb=8,
+        created=T0 - timedelta(minutes=1),
+    )
+    assert post(api, cpu_run, CLEAN[:20]).status_code == 200  # the tenant has no table at all
+    run = totals(api, cpu_run)
+    assert set(run["unpriced"]) == {"energy", "vcpu", "memory"}  # a CPU run uses no GPU time
+    assert run["cost_breakdown"]["cpu_usd"] is None and run["cost_breakdown"]["energy_usd"] is None

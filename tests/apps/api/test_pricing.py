@@ -57,10 +57,16 @@ def test_staff_write_a_pricing_table_with_its_gpu_prices(staff, tenant):
     again = staff.post("/api/v1/pricing-tables/", TABLE, format="json")
     assert again.status_code == 409 and error(again)["message"].startswith("valid_from: ")
     url = f"/api/v1/pricing-tables/{table.pk}/"
-    patched = staff.patch(url, {"pue": "1.1", "gpu_prices": []}, format="json")
-    assert patched.status_code == 200 and patched.json()["gpu_prices"] == []
     bad = staff.patch(url, {"pue": "0.5"}, format="json")
     assert bad.status_code == 400 and error(bad)["message"].startswith("pue:")
+    # In force since April: a price edit is a new version; the table keeps its prices.
+    patched = staff.patch(url, {"pue": "1.1", "gpu_prices": []}, format="json")
+    assert patched.status_code == 201 and patched.json()["gpu_prices"] == []
+    assert patched.json()["supersedes"] == table.pk and patched.json()["pue"] == "1.10"
+    assert staff.get(url).json()["pue"] == "1.30"
+    refused = staff.delete(url)
+    assert refused.status_code == 409 and "superseded by version" in error(refused)["message"]
+    assert staff.delete(f"/api/v1/pricing-tables/{patched.json()['id']}/").status_code == 204
     assert staff.delete(url).status_code == 204
 
 

@@ -40,7 +40,7 @@ TIERS = [
     {"up_to": None, "usd_per_unit": "0.0005"},
 ]
 COST_FIELDS = [f.name for f in dataclasses.fields(CostBreakdown)]
-PRICE_FIELDS = [f.name for f in dataclasses.fields(Prices)]
+PRICE_FIELDS = [f.name for f in dataclasses.fields(Prices) if f.name != "unpriced"]
 
 
 def close(a: float, b: float) -> bool:
