@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
 
 from django.db import transaction
@@ -153,11 +154,14 @@ def run_submit(
     gpu_count: int | None = None,
     vcpus: int = 0,
     memory_gb: float = 0.0,
+    started_at: datetime | None = None,
 ) -> Run:
     """Queue a run of an experiment (idempotent by run_key) and enqueue it once committed.
 
     An external run declares the vCPUs and host memory it holds (they are priced); a worker
-    records its own when it claims the run.
+    records its own when it claims the run. An external run may declare when it started
+    (`started_at`: not in the future, not before the tenant's oldest pricing table), so a
+    historical upload's samples fall inside its time window.
     """
     # One submission per tenant at a time, so two cannot both pass the quota check.
     tenant = Tenant.objects.select_for_update().get(pk=experiment.tenant_id)
@@ -190,13 +194,15 @@ def run_submit(
             code="arm_frozen",
         )
     strategy_validate(arm.strategy_yaml)
-    for name, value in (("vcpus", vcpus), ("memory_gb", memory_gb)):
+    for name, value in (("vcpus", vcpus), ("memory_gb", memory_gb), ("started_at", started_at)):
         if value and kind == Run.Kind.WORKER:
             raise ApplicationError(
                 f"{name}: only an external run declares it; a worker records what it holds",
                 {"fields": {name: ["external runs only"]}},
                 code="invalid",
             )
+    if started_at is not None:
+        _started_at_check(tenant=tenant, started_at=started_at)
     _quota_check(tenant=tenant)
 
     queue = CeleryQueue.GPU if gpu_sku is not None else CeleryQueue.CPU
@@ -224,11 +230,35 @@ def run_submit(
         vcpus=vcpus,
         memory_gb=memory_gb,
         status=Run.Status.QUEUED if kind == Run.Kind.WORKER else Run.Status.RUNNING,
-        started_at=None if kind == Run.Kind.WORKER else timezone.now(),
+        started_at=None if kind == Run.Kind.WORKER else started_at or timezone.now(),
     )
     if kind == Run.Kind.WORKER:
         run_enqueue(run=run)
     return run
+
+
+def _started_at_check(*, tenant: Tenant, started_at: datetime) -> None:
+    now = timezone.now()
+    if started_at > now:
+        raise ApplicationError(
+            f"started_at: {started_at.isoformat()} is in the future (now {now.isoformat()})",
+            {"fields": {"started_at": ["in the future"]}},
+            code="invalid",
+        )
+    oldest = tenant.pricing_tables.order_by("valid_from").values_list("valid_from", flat=True)
+    first = oldest.first()
+    if first is None or started_at < first:
+        since = (
+            "the tenant has no pricing table"
+            if first is None
+            else (f"the oldest pricing table starts {first.isoformat()}")
+        )
+        raise ApplicationError(
+            f"started_at: {started_at.isoformat()} is before any price ({since}); "
+            "nothing before it could be billed",
+            {"fields": {"started_at": ["before the oldest price"]}},
+            code="invalid",
+        )
 
 
 @transaction.atomic

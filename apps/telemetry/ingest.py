@@ -121,12 +121,18 @@ def _invalid(where: str, reason: str) -> ApplicationError:
 
 
 def samples_validate(
-    samples: list, *, earliest: datetime | None = None, latest: datetime | None = None
+    samples: list,
+    *,
+    earliest: datetime | None = None,
+    latest: datetime | None = None,
+    refused: list[dict] | None = None,
 ) -> list[SampleIn]:
     """Every sample valid, or an error naming the sample index and field; nothing partial.
 
-    earliest/latest: the window a timestamp must fall in (the run's creation and now, give
-    or take the clock skew); a sample from another year would bill a fortune.
+    earliest/latest: the window a timestamp must fall in (the run's start and now, give
+    or take the clock skew); a sample from another year would bill a fortune. With `refused`
+    given, a sample outside the window is refused alone: left out, and described there
+    ({index, seq, field, reason}) for the client to correct and resend; the rest go on.
     """
     if not isinstance(samples, list):
         raise ApplicationError("samples: expected a list of sample objects", code="invalid")
@@ -144,12 +150,24 @@ def samples_validate(
     if parsed and earliest is not None and latest is not None:
         first, last = min(s["ts"] for s in parsed), max(s["ts"] for s in parsed)
         if first < earliest or last > latest:
-            i = next(i for i, s in enumerate(parsed) if not earliest <= s["ts"] <= latest)
-            raise _invalid(
-                f"samples[{i}].ts",
-                f"{parsed[i]['ts'].isoformat()} is outside the run's time window "
-                f"{earliest.isoformat()} .. {latest.isoformat()} (clock skew allowed)",
+            outside = [i for i, s in enumerate(parsed) if not earliest <= s["ts"] <= latest]
+
+            def why(i: int) -> str:
+                ts = parsed[i]["ts"]
+                side = "ahead of the server's clock" if ts > latest else "before the run started"
+                return (
+                    f"{ts.isoformat()} is outside the run's time window {earliest.isoformat()} .. "
+                    f"{latest.isoformat()} ({side}; clock skew allowed)"
+                )
+
+            if refused is None:
+                raise _invalid(f"samples[{outside[0]}].ts", why(outside[0]))
+            refused.extend(
+                {"index": i, "seq": parsed[i]["seq"], "field": f"samples[{i}].ts", "reason": why(i)}
+                for i in outside
             )
+            skip = set(outside)
+            parsed = [s for i, s in enumerate(parsed) if i not in skip]
     # Subnormal floats (5e-324) store, but Postgres arithmetic on them underflows: the billed
     # readings must not hold one. A C-speed scan of three fields (about 0.4 ms per 1000 samples).
     if any(0.0 < v < _TINY for sample in parsed for v in _BILLED(sample) if v):

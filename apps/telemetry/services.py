@@ -4,7 +4,7 @@ the run's totals move forward."""
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
 from operator import itemgetter
@@ -42,6 +42,8 @@ class IngestResult:
     received: int
     inserted: int
     duplicates: int
+    # Samples refused alone ({index, seq, field, reason}); the rest of the batch landed.
+    refused: list[dict] = field(default_factory=list)
 
 
 @transaction.atomic
@@ -69,10 +71,16 @@ def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) 
             status=409,
         )
     skew = timedelta(seconds=settings.COSTLAB_TELEMETRY_CLOCK_SKEW_S)
-    parsed = samples_validate(samples, earliest=run.created_at - skew, latest=timezone.now() + skew)
+    ahead = timedelta(seconds=settings.COSTLAB_TELEMETRY_FUTURE_SKEW_S)
+    # A forward-stamped sample is refused alone, never stored: the window does not move for it.
+    refused: list[dict] = []
+    start = min(run.created_at, run.started_at or run.created_at)
+    parsed = samples_validate(
+        samples, earliest=start - skew, latest=timezone.now() + ahead, refused=refused
+    )
     seqs = sorted(s["seq"] for s in parsed)
     if not seqs:
-        return IngestResult(received=0, inserted=0, duplicates=0)
+        return IngestResult(received=len(samples), inserted=0, duplicates=0, refused=refused)
     appended = seqs[0] > run.last_seq
     # Before the insert: the stored rows around the batch bound what it can change.
     ranges = (
@@ -116,7 +124,10 @@ def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) 
     ):  # a number Postgres cannot store or compute with (the caller's transaction rolls back)
         raise out_of_range(samples) from None
     return IngestResult(
-        received=len(samples), inserted=len(fresh), duplicates=len(samples) - len(fresh)
+        received=len(samples),
+        inserted=len(fresh),
+        duplicates=len(samples) - len(fresh) - len(refused),
+        refused=refused,
     )
 
 

@@ -388,6 +388,9 @@ COSTLAB_API_MAX_INGEST_BODY_BYTES = env.int(
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(COSTLAB_API_MAX_INGEST_BODY_BYTES, COSTLAB_API_MAX_BODY_BYTES)
 # Telemetry timestamps are taken between the run's creation and now, give or take this clock skew.
 COSTLAB_TELEMETRY_CLOCK_SKEW_S = env.int("COSTLAB_TELEMETRY_CLOCK_SKEW_S", default=300)
+# How far ahead of the server's clock a sample may be stamped: one stamped further ahead is refused
+# alone (the rest of its batch lands), so it cannot hold later samples hostage as "backwards".
+COSTLAB_TELEMETRY_FUTURE_SKEW_S = env.int("COSTLAB_TELEMETRY_FUTURE_SKEW_S", default=30)
 COSTLAB_API_MAX_JSON_DEPTH = 32
 # Telemetry reads: points per series by default, and at most.
 COSTLAB_API_TELEMETRY_BUDGET = 500

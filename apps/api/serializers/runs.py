@@ -185,6 +185,13 @@ class RunSubmitSerializer(serializers.Serializer):
         default=0.0,
         help_text="External runs: host memory held (GB), priced per GB-hour.",
     )
+    started_at = serializers.DateTimeField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="External runs: when it started (a historical upload); not in the future and "
+        "not before the tenant's oldest pricing table. Its samples may be stamped from then on.",
+    )
 
 
 class RunFinishSerializer(serializers.Serializer):

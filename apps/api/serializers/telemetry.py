@@ -70,6 +70,11 @@ class IngestResultSerializer(serializers.Serializer):
     duplicates = serializers.IntegerField(
         help_text="Samples whose seq was already stored (a retried batch)."
     )
+    refused = serializers.ListField(
+        child=serializers.DictField(),
+        help_text="Samples refused alone, each {index, seq, field, reason} (e.g. stamped ahead "
+        "of the server's clock): correct and resend them; the rest of the batch was stored.",
+    )
 
 
 class TelemetryQuerySerializer(serializers.Serializer):

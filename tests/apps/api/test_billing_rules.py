@@ -159,8 +159,6 @@ def test_a_gpu_run_without_power_has_its_energy_modelled_and_flagged(api, gpu_ru
 @pytest.mark.parametrize(
     "bad, where",
     [
-        ({"ts": "2100-01-01T00:00:00Z"}, "samples[1].ts"),
-        ({"ts": (T0 - timedelta(days=3)).isoformat()}, "samples[1].ts"),
         ({"micro_batch": 2147483648}, "samples[1].micro_batch"),
         ({"tokens": 9223372036854775808}, "samples[1].tokens"),
         ({"device": "cuda:0\x00"}, "samples[1].device"),
@@ -178,6 +176,73 @@ def test_a_bad_sample_is_refused_naming_index_and_field(api, gpu_run, bad, where
     assert error(response)["message"].startswith(f"{where}:")
     assert not TelemetrySample.objects.filter(run=gpu_run).exists()
     assert Run.objects.get(pk=gpu_run.pk).cost_usd == 0
+
+
+@pytest.mark.parametrize(
+    ("ts", "side"),
+    [("2100-01-01T00:00:00Z", "ahead of the server's clock"), ("-3d", "before the run started")],
+)
+def test_a_sample_outside_the_time_window_is_refused_alone(api, gpu_run, ts, side):
+    stamp = (T0 - timedelta(days=3)).isoformat() if ts == "-3d" else ts
+    response = post(api, gpu_run, [sample(0), {**sample(1), "ts": stamp}, sample(2)])
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert (body["received"], body["inserted"], body["duplicates"]) == (3, 2, 0)
+    [refused] = body["refused"]
+    assert (refused["index"], refused["seq"], refused["field"]) == (1, 1, "samples[1].ts")
+    assert side in refused["reason"]
+    assert sorted(TelemetrySample.objects.filter(run=gpu_run).values_list("seq", flat=True)) == [
+        0,
+        2,
+    ]
+
+
+def test_one_forward_stamped_sample_does_not_hold_the_run_hostage(api, experiment, sku):
+    """Issue 24: seq 100 stamped now + 250 s made every later batch a 400 until the clock caught
+    up, and the bill counted 450 s for about 199 s of training."""
+    run = RunFactory(
+        arm=experiment.arms.first(), kind="external", status="running", gpu_sku=sku, gpu_count=1
+    )
+    base = timezone.now() - timedelta(seconds=250)
+    real = [{**sample(s), "ts": (base + timedelta(seconds=s)).isoformat()} for s in range(200)]
+    assert post(api, run, real[:100]).status_code == 200
+    glitch = {**real[100], "ts": (timezone.now() + timedelta(seconds=250)).isoformat()}
+    answer = post(api, run, [glitch])
+    assert answer.status_code == 200 and answer.json()["refused"][0]["seq"] == 100
+    later = post(api, run, real[101:])
+    assert later.status_code == 200 and later.json()["inserted"] == 99, later.content
+    assert post(api, run, [real[100]]).status_code == 200  # resent with its true stamp
+    billed = totals(api, run)
+    assert billed["device_seconds"] == pytest.approx(199.0)
+    assert billed["tokens"] == 19_900 and billed["unpriced"] == {}
+
+
+def test_an_external_run_declares_when_it_started_for_a_historical_upload(api, experiment, sku):
+    week_ago = timezone.now() - timedelta(days=7)
+    body = {"experiment": experiment.pk, "kind": "external", "gpu_sku": sku.name}
+    future = api.post(
+        "/api/v1/runs/",
+        {**body, "started_at": (timezone.now() + timedelta(hours=1)).isoformat()},
+        format="json",
+    )
+    assert future.status_code == 400 and error(future)["message"].startswith("started_at:")
+    ancient = api.post(
+        "/api/v1/runs/", {**body, "started_at": "2001-01-01T00:00:00Z"}, format="json"
+    )
+    assert ancient.status_code == 400 and "before any price" in error(ancient)["message"]
+    created = api.post("/api/v1/runs/", {**body, "started_at": week_ago.isoformat()}, format="json")
+    assert created.status_code == 201, created.content
+    run = Run.objects.get(pk=created.json()["id"])
+    old = [{**sample(s), "ts": (week_ago + timedelta(seconds=s)).isoformat()} for s in range(50)]
+    answer = post(api, run, old)
+    assert answer.status_code == 200 and answer.json()["inserted"] == 50, answer.content
+    assert totals(api, run)["device_seconds"] == pytest.approx(49.0)
+    worker = api.post(
+        "/api/v1/runs/",
+        {"experiment": experiment.pk, "started_at": week_ago.isoformat()},
+        format="json",
+    )
+    assert worker.status_code == 400 and error(worker)["message"].startswith("started_at:")
 
 
 def test_a_realistic_batch_up_to_the_ingest_cap_is_accepted(api, gpu_run, settings):

@@ -47,9 +47,10 @@ def test_ingest_is_idempotent_by_seq_and_moves_the_totals(api, external):
         "received": 10,
         "inserted": 10,
         "duplicates": 0,
+        "refused": [],
     }
     retried = api.post(url, {"samples": batch(5, 10)}, format="json").json()
-    assert retried == {"received": 10, "inserted": 5, "duplicates": 5}
+    assert retried == {"received": 10, "inserted": 5, "duplicates": 5, "refused": []}
     assert TelemetrySample.objects.filter(run=external).count() == 15
     external.refresh_from_db()
     assert external.last_seq == 14 and external.tokens > 0
