@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import operator
 import sys
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Annotated, NotRequired
 
@@ -107,6 +108,9 @@ class SampleIn(TypedDict):
         Annotated[float | None, Field(strict=True, default=None, ge=-273.15, le=1e4)]
     ]
     estimated: NotRequired[Annotated[bool, Field(strict=True, default=False)]]
+    # The sender says its cumulative counters (tokens, step, energy_j) restarted from 0 at this
+    # sample (a process restarted inside one attempt); not stored.
+    counter_reset: NotRequired[Annotated[bool, Field(strict=True, default=False)]]
 
 
 _ROW = operator.itemgetter(*COLUMNS)  # one C call per sample, in COPY column order
@@ -188,6 +192,52 @@ def samples_validate(
     return list(unique.values())
 
 
+COUNTERS = ("tokens", "step", "energy_j")  # cumulative within an attempt
+
+
+def counters_refuse_decreasing(
+    parsed: list[SampleIn],
+    *,
+    before: Mapping | None,
+    index_of: Mapping[int, int],
+    refused: list[dict],
+) -> list[SampleIn]:
+    """The batch without the samples whose cumulative counter (tokens, step, energy_j) is lower
+    than the sample before it in its stream (rank), each refused alone naming the field, unless
+    it says ``counter_reset: true``. `before`: the stored sample just before the batch in the
+    same attempt (rank 0), if any; `index_of`: seq -> the sample's index in the batch sent."""
+    prev: dict[int, Mapping] = {} if before is None else {0: before}
+    kept = []
+    for sample in sorted(parsed, key=operator.itemgetter("seq")):
+        rank = sample["rank"]
+        last = prev.get(rank)
+        if last is not None and not sample["counter_reset"]:
+            name = next(
+                (
+                    n
+                    for n in COUNTERS
+                    if sample[n] is not None and last[n] is not None and sample[n] < last[n]
+                ),
+                None,
+            )
+            if name is not None:
+                i = index_of.get(sample["seq"], 0)
+                refused.append(
+                    {
+                        "index": i,
+                        "seq": sample["seq"],
+                        "field": f"samples[{i}].{name}",
+                        "reason": f"{name} {sample[name]!r} is below {last[name]!r} at seq "
+                        f"{last['seq']} in the same attempt: a cumulative counter never "
+                        "decreases (send counter_reset: true if it restarted)",
+                    }
+                )
+                continue
+        prev[rank] = sample
+        kept.append(sample)
+    return kept
+
+
 def samples_insert(
     *, run_id: int, attempt: int, samples: list[SampleIn], after_seq: int | None = None
 ) -> list[int]:
@@ -214,7 +264,13 @@ def samples_insert(
     )
     new = [s for s in samples if s["seq"] not in stored]
     TelemetrySample.objects.bulk_create(
-        [TelemetrySample(run_id=run_id, attempt=attempt, **s) for s in new], batch_size=1000
+        [
+            TelemetrySample(
+                run_id=run_id, attempt=attempt, **dict(zip(COLUMNS, _ROW(s), strict=True))
+            )
+            for s in new
+        ],
+        batch_size=1000,
     )
     return [s["seq"] for s in new]
 

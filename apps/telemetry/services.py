@@ -20,7 +20,13 @@ from apps.pricing import cost_engine
 from apps.pricing.bill import period_sums, unpriced_seconds
 from apps.pricing.models import CostModel, PricingTable
 from apps.pricing.selectors import price_schedule
-from apps.telemetry.ingest import out_of_range, samples_insert, samples_validate
+from apps.telemetry.ingest import (
+    COUNTERS,
+    counters_refuse_decreasing,
+    out_of_range,
+    samples_insert,
+    samples_validate,
+)
 from apps.telemetry.models import RunRepricing, TelemetrySample
 from apps.telemetry.rollup import (
     BILL_FIELDS,
@@ -78,6 +84,22 @@ def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) 
     parsed = samples_validate(
         samples, earliest=start - skew, latest=timezone.now() + ahead, refused=refused
     )
+    batch_attempt = attempt or max(run.attempts, 1)
+    if parsed and run.world_size == 1:
+        index_of: dict[int, int] = {}
+        for i, sent in enumerate(samples):
+            index_of.setdefault(sent["seq"], i)
+        before = (
+            TelemetrySample.objects.filter(
+                run_id=run.pk, seq__lt=min(s["seq"] for s in parsed), attempt=batch_attempt
+            )
+            .order_by("-seq")
+            .values("seq", *COUNTERS)
+            .first()
+        )
+        parsed = counters_refuse_decreasing(
+            parsed, before=before, index_of=index_of, refused=refused
+        )
     seqs = sorted(s["seq"] for s in parsed)
     if not seqs:
         return IngestResult(received=len(samples), inserted=0, duplicates=0, refused=refused)
@@ -88,7 +110,6 @@ def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) 
         if appended
         else batch_ranges(run_id=run.pk, seqs=seqs, ranks=run.world_size)
     )
-    batch_attempt = attempt or max(run.attempts, 1)
     try:
         fresh = samples_insert(
             run_id=run.pk, attempt=batch_attempt, samples=parsed, after_seq=run.last_seq

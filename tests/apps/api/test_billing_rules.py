@@ -109,13 +109,13 @@ def test_any_delivery_bills_what_in_order_delivery_bills(api, gpu_run, delivery)
 def test_a_timestamp_behind_its_neighbours_is_refused_and_nothing_is_stored(api, gpu_run):
     assert post(api, gpu_run, CLEAN[:200]).status_code == 200
     late = [dict(s) for s in CLEAN[200:]]
-    late[50] = sample(250, t=250 - 60)  # 60 s behind seq 249 and 251
+    late[50] = sample(250, t=250 - 60, energy_j=300.0 * 250)  # 60 s behind seq 249 and 251
     refused = post(api, gpu_run, late)
     assert refused.status_code == 400
     assert error(refused)["message"].startswith("samples[50].ts:")
     assert TelemetrySample.objects.filter(run=gpu_run).count() == 200
     # Against the stored rows too: a straggler timed before the sample stored below it.
-    behind = post(api, gpu_run, [sample(200, t=150)])
+    behind = post(api, gpu_run, [sample(200, t=150, energy_j=300.0 * 200)])
     assert behind.status_code == 400 and error(behind)["message"].startswith("samples[0].ts:")
     assert post(api, gpu_run, CLEAN[200:]).status_code == 200
     assert Decimal(totals(api, gpu_run)["cost_usd"]) == CLEAN_USD
@@ -509,3 +509,23 @@ def test_before_the_first_table_every_component_is_unpriced(api, experiment):
     run = totals(api, cpu_run)
     assert set(run["unpriced"]) == {"energy", "vcpu", "memory"}  # a CPU run uses no GPU time
     assert run["cost_breakdown"]["cpu_usd"] is None and run["cost_breakdown"]["energy_usd"] is None
+
+
+def test_a_counter_that_decreases_within_an_attempt_is_refused_unless_reset(api, gpu_run):
+    """Issue 24: tokens 240 then 140 in one attempt were silently taken as a reset."""
+    first = post(api, gpu_run, [sample(0), sample(1), sample(2, tokens=240)])
+    assert first.status_code == 200
+    dropped = post(api, gpu_run, [sample(3, tokens=140), sample(4, tokens=400)])
+    assert dropped.status_code == 200, dropped.content
+    [refused] = dropped.json()["refused"]
+    assert refused["seq"] == 3 and refused["field"] == "samples[0].tokens"
+    assert "never decreases" in refused["reason"] and "counter_reset" in refused["reason"]
+    # Inside one batch too, and a sample that says its counters restarted is taken.
+    within = post(
+        api,
+        gpu_run,
+        [sample(5, tokens=500), sample(6, tokens=10), sample(7, tokens=20, counter_reset=True)],
+    )
+    assert [r["seq"] for r in within.json()["refused"]] == [6]
+    stored = TelemetrySample.objects.filter(run=gpu_run).values_list("seq", flat=True)
+    assert sorted(stored) == [0, 1, 2, 4, 5, 7]
