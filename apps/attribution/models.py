@@ -255,6 +255,7 @@ class WeightChange(models.Model):
         DYNAMIC = "dynamic", "Shifted toward cheaper arms"
         FREEZE = "freeze", "Frozen"
         UNFREEZE = "unfreeze", "Unfrozen"
+        MANUAL = "manual", "Set by hand"
 
     arm = models.ForeignKey(Arm, on_delete=models.CASCADE, related_name="weight_changes")
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.DYNAMIC)

@@ -334,9 +334,12 @@ def arm_freeze(
     deviation: float | None = None,
     deviation_low: float | None = None,
     threshold: float | None = None,
+    actor=None,
 ) -> FreezeEvent | None:
     """Freeze an arm: no new runs, weight 0 (recorded), running runs cancelled if the policy says
-    so, the evidence stored, alerts queued for after the commit. None when it was frozen already."""
+    so, the evidence stored, alerts queued for after the commit. None when it was frozen already.
+    `actor`: the user of a manual freeze, kept on the event and the weight change (None: the
+    attribution tick's own)."""
     with transaction.atomic():
         arm = (
             Arm.objects.select_for_update()
@@ -356,6 +359,7 @@ def arm_freeze(
             old_weight=old_weight,
             new_weight=Decimal(0),
             reason=f"freeze: {reason}"[:255],
+            actor=actor,
         )
         cancelled = []
         if experiment.freeze_policy == Experiment.FreezePolicy.CANCEL:
@@ -370,6 +374,7 @@ def arm_freeze(
             arm=arm,
             action=FreezeEvent.Action.FREEZE,
             reason=reason,
+            actor=actor,
             window=window,
             deviation=deviation,
             deviation_low=deviation_low,
@@ -383,6 +388,19 @@ def arm_freeze(
         )
         alerts_queue(event=event)
     return event
+
+
+def weight_change_record(sender, *, arm: Arm, old: Decimal, new: Decimal, actor, **kwargs) -> None:
+    """Receiver of apps.experiments.services.arm_weight_changed: a weight set by hand (API,
+    admin, editor) is audited with who set it, like the tick's own changes."""
+    WeightChange.objects.create(
+        arm=arm,
+        kind=WeightChange.Kind.MANUAL,
+        actor=actor if getattr(actor, "pk", None) else None,
+        old_weight=old,
+        new_weight=new,
+        reason=f"set by {actor.get_username()}" if getattr(actor, "pk", None) else "set by hand",
+    )
 
 
 @transaction.atomic

@@ -34,6 +34,7 @@ def experiment_author(
     experiment: Experiment | None = None,
     fields: dict,
     arms: list[dict],
+    actor=None,
 ) -> Experiment:
     """Create (with tenant) or edit (with experiment) an experiment and its arms, all or nothing.
 
@@ -57,7 +58,7 @@ def experiment_author(
                 if arm.get("delete"):
                     arm_delete(arm=existing[arm["arm_id"]])
                 else:
-                    arm_update(arm=existing[arm["arm_id"]], **values)
+                    arm_update(arm=existing[arm["arm_id"]], actor=actor, **values)
             else:
                 arm_create(experiment=experiment, **values)
         except ApplicationError as exc:

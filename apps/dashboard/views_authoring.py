@@ -78,6 +78,7 @@ def _author(request, *, experiment=None):
                 experiment=experiment,
                 fields=form.service_fields(),
                 arms=arms.arms(),
+                actor=request.user,
             )
         except ArmRefused as exc:
             error_to_form(arms.forms[exc.index], exc)

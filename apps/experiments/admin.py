@@ -32,7 +32,7 @@ class ArmAdminForm(forms.ModelForm):
         return text
 
 
-def arm_save(arm: Arm, changed: list[str]) -> Arm:
+def arm_save(arm: Arm, changed: list[str], actor=None) -> Arm:
     """Create or edit an arm through the services (revision, hash, live reload),
     whatever changed."""
     try:
@@ -44,7 +44,8 @@ def arm_save(arm: Arm, changed: list[str]) -> Arm:
                 weight=arm.weight,
                 is_control=arm.is_control,
             )
-        return arm_update(arm=arm, **{f: getattr(arm, f) for f in ARM_FIELDS if f in changed}).arm
+        values = {f: getattr(arm, f) for f in ARM_FIELDS if f in changed}
+        return arm_update(arm=arm, actor=actor, **values).arm
     except ApplicationError as exc:
         raise ValidationError(exc.message) from None
 
@@ -91,7 +92,7 @@ class ExperimentAdmin(admin.ModelAdmin):
             arm.experiment = form.instance
             arm_save(arm, list(ARM_FIELDS))
         for arm, changed in formset.changed_objects:
-            arm_save(arm, changed)
+            arm_save(arm, changed, actor=request.user)
 
 
 @admin.register(Arm)
@@ -111,7 +112,7 @@ class ArmAdmin(admin.ModelAdmin):
     def save_model(self, request, obj, form, change):
         # Every field through the services: one write, so a strategy edit's new revision is never
         # overwritten by a second save of the form's stale copy.
-        saved = arm_save(obj, form.changed_data if change else list(ARM_FIELDS))
+        saved = arm_save(obj, form.changed_data if change else list(ARM_FIELDS), actor=request.user)
         obj.pk, obj.revision, obj.strategy_sha256 = saved.pk, saved.revision, saved.strategy_sha256
 
 

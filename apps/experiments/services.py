@@ -10,6 +10,7 @@ from decimal import Decimal
 
 from django.db import transaction
 from django.db.models import Sum
+from django.dispatch import Signal
 from django.utils import timezone
 
 from apps.core.exceptions import ApplicationError
@@ -27,6 +28,9 @@ from apps.experiments.strategies import (
 from apps.pricing.models import GpuSku
 from apps.tenants.models import Tenant
 
+# sender=Arm, arm=<Arm>, old=<Decimal>, new=<Decimal>, actor=<User or None>: a weight set by hand
+arm_weight_changed = Signal()
+
 
 @dataclass(frozen=True)
 class ArmUpdate:
@@ -43,12 +47,16 @@ def arm_update(
     weight: Decimal | None = None,
     name: str | None = None,
     is_control: bool | None = None,
+    actor=None,
 ) -> ArmUpdate:
-    """Edit an arm. A strategy change bumps its revision; its live keys reach running runs."""
+    """Edit an arm. A strategy change bumps its revision; its live keys reach running runs.
+    A weight change is audited with its `actor` (arm_weight_changed: attribution keeps it as a
+    WeightChange of kind manual)."""
     from gpu_runtime import load_strategy
     from gpu_runtime.live import live_changes
 
     arm = Arm.objects.select_for_update().get(pk=arm.pk)
+    old_weight = arm.weight
     live, others = {}, []
     if strategy_yaml is not None:
         strategy_yaml = strategy_normalise(strategy_yaml)
@@ -86,6 +94,8 @@ def arm_update(
         arm.is_control = is_control
     arm.full_clean()
     arm.save()
+    if weight is not None and weight != old_weight:
+        arm_weight_changed.send(sender=Arm, arm=arm, old=old_weight, new=weight, actor=actor)
     if live:
         arm_id, revision = arm.pk, arm.revision
         transaction.on_commit(lambda: publish(ARM_REVISIONS, f"{arm_id}:{revision}"))

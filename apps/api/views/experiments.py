@@ -116,7 +116,7 @@ class ArmViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet
         arm = self.get_object()
         serializer = ArmUpdateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        update = services.arm_update(arm=arm, **serializer.validated_data)
+        update = services.arm_update(arm=arm, actor=request.user, **serializer.validated_data)
         data = ArmSerializer(update.arm, context=self.get_serializer_context()).data
         return Response(
             {
@@ -142,6 +142,7 @@ class ArmViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet
             arm_id=arm.pk,
             reason=serializer.validated_data["reason"],
             evidence={"manual": True, "by": request.user.get_username()},
+            actor=request.user,
         )
         if event is None:
             raise ApplicationError(

@@ -158,3 +158,23 @@ def test_the_report_compares_arms_at_one_table_across_a_price_edit(api, experime
     )
     assert arms["candidate"]["deviation"] == pytest.approx(0.0, abs=1e-9)
     assert arms["candidate"]["deviation_low"] <= 0 <= arms["candidate"]["deviation_high"]
+
+
+def test_every_manual_action_records_its_user_in_the_audit_row(staff, experiment):
+    """Issue 24: a manual freeze recorded no actor (only evidence.by held the name), and a weight
+    set by hand left no audit row at all."""
+    from apps.attribution.models import FreezeEvent, WeightChange
+
+    arm = experiment.arms.get(name="candidate")
+    assert staff.patch(f"/api/v1/arms/{arm.pk}/", {"weight": "2"}, format="json").status_code == 200
+    manual = WeightChange.objects.get(arm=arm, kind="manual")
+    assert (manual.actor.username, manual.old_weight, manual.new_weight) == ("sam", 1, 2)
+    assert (
+        staff.post(f"/api/v1/arms/{arm.pk}/freeze/", {"reason": "r"}, format="json").status_code
+        == 200
+    )
+    assert FreezeEvent.objects.get(arm=arm, action="freeze").actor.username == "sam"
+    assert WeightChange.objects.get(arm=arm, kind="freeze").actor.username == "sam"
+    thawed = staff.post(f"/api/v1/arms/{arm.pk}/unfreeze/", {"reason": "fixed"}, format="json")
+    assert thawed.status_code == 200
+    assert WeightChange.objects.get(arm=arm, kind="unfreeze").actor.username == "sam"
