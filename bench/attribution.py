@@ -258,8 +258,8 @@ def latency_round(world: dict, phase_s: float, round_no: int) -> tuple[float, fl
     from django.utils import timezone
 
     from apps.attribution.services import attribution_tick
+    from apps.billing.services import telemetry_ingest
     from apps.experiments.models import Arm, Experiment, Run
-    from apps.telemetry.services import telemetry_ingest
 
     tenant, bench = world["tenant"], Experiment.objects.filter(tenant=world["tenant"]).first()
     exp = Experiment.objects.create(

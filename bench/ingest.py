@@ -49,12 +49,12 @@ def main() -> None:
     from django.db import connection, transaction
     from django.utils import timezone
 
+    from apps.billing.services import telemetry_ingest
     from apps.core.db import copy_rows as db_copy_rows
     from apps.demo.services import demo_seed
     from apps.experiments.models import Run
     from apps.telemetry.ingest import COLUMNS
     from apps.telemetry.models import TelemetrySample
-    from apps.telemetry.services import telemetry_ingest
 
     experiment = demo_seed(admin_username="bench-admin").experiment
     arm = experiment.arms.first()

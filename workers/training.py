@@ -1,7 +1,7 @@
 """Execute one run on this worker: claim, train with gpu_runtime, stream telemetry, finish.
 
 The task in workers.tasks is the thin entry point; the run's state changes go through
-apps.experiments.runs, telemetry through apps.telemetry.services. Every database call on this
+apps.experiments.runs, telemetry through apps.billing.services. Every database call on this
 (main) thread goes through db_retry: a connection that died with a database restart is replaced,
 and the call repeated (the run services are idempotent for their owner).
 """
@@ -23,11 +23,11 @@ from django.db import close_old_connections, connection
 from django.utils import timezone
 
 import gpu_runtime
+from apps.billing.services import telemetry_ingest
 from apps.core.db import db_retry
 from apps.core.notify import ARM_REVISIONS, listen
 from apps.core.queues import CeleryQueue
 from apps.experiments import runs
-from apps.telemetry.services import telemetry_ingest
 from gpu_runtime.live import live_changes
 from gpu_runtime.profile import DeviceProfile
 from workers.devices import run_profile

@@ -1,6 +1,6 @@
 """The attribution rollup: run totals -> one observation per run and window, set-based.
 
-Run totals already move as telemetry lands (apps.telemetry.services), so a window's observation of a
+Run totals already move as telemetry lands (apps.billing.services), so a window's observation of a
 run is its totals now minus its RunCursor (what earlier windows took). One INSERT ... SELECT records
 every observation of every due experiment; one upsert moves the cursors by exactly what was
 recorded, so a run's totals are counted once however long the gap between ticks. A late sample

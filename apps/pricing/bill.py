@@ -2,7 +2,7 @@
 
 Ingest bills a batch with the same code: the intervals a batch touches (the ones its new
 samples close, and the one after each) are summed over the rows around it as they are now
-and as they were before it, and the difference moves the run's totals (apps.telemetry.services).
+and as they were before it, and the difference moves the run's totals (apps.billing.services).
 The rules, in docs/billing.md ("The billing rules"):
 - Samples are taken in seq order; each one closes the interval since the sample before it
   of the same rank (a DDP run has one stream per device), when that sample belongs to the
@@ -238,15 +238,23 @@ def run_bill(
     vcpus: float = 0,
     memory_gb: float = 0.0,
     modelled_power_w: float = 0.0,
+    count_after: int = -1,
 ) -> Bill:
     """Bill the samples of one run (any order; one per seq, each with its attempt) under a price
     schedule.
 
     `starts[i]` is when `prices[i]` comes into force; `modelled_power_w`: board power of all
     the run's GPUs, used for intervals that report neither energy nor power (0: none).
+    `count_after`: samples at or below this seq only open the interval of the next one (a
+    strategy-search probe's warm-up before its timed stretch).
     """
     rows = sorted({s["seq"]: s for s in samples}.values(), key=lambda s: s["seq"])
-    sums = period_sums(rows, edges=[_seconds(s) for s in starts], modelled_power_w=modelled_power_w)
+    sums = period_sums(
+        rows,
+        edges=[_seconds(s) for s in starts],
+        count_after=count_after,
+        modelled_power_w=modelled_power_w,
+    )
     periods = sums.usage(gpu_count=gpu_count, vcpus=vcpus, memory_gb=memory_gb)
     usage = Usage.zero()
     for u in periods.values():

@@ -3,8 +3,8 @@
 A run's bill (intervals split exactly at price boundaries, attempts, modelled energy) is
 apps.pricing.bill's, which prices with resource_weighted_cost and tiered_cost from here.
 usage_between and price_samples below price each interval at the table in force when it
-closed: a sweep's probes are priced with them (apps.sweeps.services._measure, over a probe's
-timed steps), and so are the cost benchmarks' and tests' hand calculations.
+closed: they stay only as the tests' and benchmarks' independent hand calculation. Runs and
+strategy-search probes alike are billed by apps.pricing.bill (apps.billing.services).
 
 Conventions (the why behind the numbers):
 - Quantities and money are floats; rounding happens only where results are stored.

@@ -15,14 +15,14 @@ from django.db import transaction
 from django.db.models import Q, Sum
 from django.utils import timezone
 
+from apps.billing.services import samples_bill
 from apps.core.exceptions import ApplicationError
 from apps.core.queues import CeleryQueue, TaskName, task_send
 from apps.experiments.models import Arm, Experiment, Run
 from apps.experiments.services import arm_create, experiment_create
 from apps.experiments.strategies import strategy_validate
-from apps.pricing.cost_engine import Weights, cost_per_million_tokens, price_samples
+from apps.pricing.cost_engine import cost_per_million_tokens
 from apps.pricing.models import CostModel, GpuSku
-from apps.pricing.selectors import price_schedule
 from apps.sweeps.measure import peak_memory_mb, timed_stretch
 from apps.sweeps.models import OBJECTIVES, Probe, Sweep
 from apps.sweeps.proposer import Known, propose
@@ -270,9 +270,9 @@ def _measure(
     vcpus: int,
     baseline_mem_mb: float,
 ) -> None:
-    """Fill the probe's measured fields, priced with cost_engine.price_samples over its timed
-    samples (each interval at the table in force when it closed; a run's bill instead splits an
-    interval at a price boundary: apps.pricing.bill)."""
+    """Fill the probe's measured fields, its timed samples priced by the bill a run's samples
+    are priced by (apps.billing.services.samples_bill: an interval split at a price boundary,
+    board power modelled from the SKU where nothing was measured)."""
     sweep = probe.sweep
     timed = timed_stretch(samples, warmup_steps=sweep.warmup_steps)
     if timed is None:
@@ -283,16 +283,16 @@ def _measure(
             f"measure anything; raise probe_steps"
         )
         return
-    schedule = price_schedule(tenant_id=sweep.tenant_id, gpu_sku_id=sweep.gpu_sku_id)
-    weights = Weights.from_cost_model(sweep.cost_model) if sweep.cost_model else Weights()
-    usage, cost = price_samples(
-        [_as_datetime(s) for s in timed.samples],
-        prices_at=schedule.at,
-        weights=weights,
+    bill = samples_bill(
+        samples=[_as_datetime(s) for s in timed.samples],
+        after=_as_datetime(timed.boundary),
+        tenant_id=sweep.tenant_id,
+        gpu_sku=sweep.gpu_sku,
+        cost_model=sweep.cost_model,
         gpu_count=gpu_count,
         vcpus=vcpus,
-        previous=_as_datetime(timed.boundary),
     )
+    usage, cost = bill.usage, bill.cost
     cuda = device.startswith("cuda")
     probe.status = Probe.Status.SUCCEEDED
     probe.steps_timed, probe.step_time_s, probe.step_time_spread = (

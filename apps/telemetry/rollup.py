@@ -3,7 +3,7 @@
 A batch changes only the intervals it touches: the ones its new samples close, and the one
 after each (whose predecessor it now is). They lie in a few seq ranges around the batch:
 (lo, hi] from the stored row just before a cluster of its seqs to the one just after it.
-apps.telemetry.services bills each range as it is now and as it was, with apps.pricing.bill.
+apps.billing.services bills each range as it is now and as it was, with apps.pricing.bill.
 """
 
 from __future__ import annotations

@@ -61,6 +61,7 @@ LOCAL_APPS = [
     "apps.pricing",
     "apps.experiments",
     "apps.telemetry",
+    "apps.billing",
     "apps.attribution",
     "apps.api",
     "apps.dashboard",

@@ -10,9 +10,9 @@ import pytest
 from django.utils import timezone
 
 from apps.attribution.services import arm_freeze, attribution_tick
+from apps.billing.services import telemetry_ingest
 from apps.demo.services import demo_seed
 from apps.experiments.models import Run
-from apps.telemetry.services import telemetry_ingest
 from tests.apps.dashboard.world import run_of, samples, train
 from tests.e2e.conftest import wait_for_charts
 

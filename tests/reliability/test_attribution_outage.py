@@ -8,11 +8,11 @@ import pytest
 
 from apps.attribution.models import AttributionWindow, RunWindow
 from apps.attribution.services import attribution_tick
+from apps.billing.services import telemetry_ingest
 from apps.experiments.models import Run
 from apps.pricing import cost_engine
 from apps.pricing.selectors import price_schedule
 from apps.telemetry.models import TelemetrySample
-from apps.telemetry.services import telemetry_ingest
 from tests.apps.attribution.lab import T0, priced_tenant
 from tests.factories import ArmFactory, ExperimentFactory, RunFactory
 

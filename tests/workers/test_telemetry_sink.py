@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 import pytest
 from django.db import OperationalError
 
+from apps.billing.services import telemetry_ingest
 from apps.experiments.models import Run
 from apps.telemetry.models import TelemetrySample
-from apps.telemetry.services import telemetry_ingest
 from tests.factories import RunFactory
 from workers.telemetry_sink import TelemetrySink
 

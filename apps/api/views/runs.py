@@ -29,13 +29,13 @@ from apps.api.serializers.telemetry import (
 )
 from apps.api.throttles import AnonRateThrottle, IngestRateThrottle
 from apps.api.views.base import TenantViewSet
+from apps.billing.services import run_external_ingest, run_reprice
 from apps.experiments import services
 from apps.experiments.models import Run
 from apps.experiments.selectors import run_list
 from apps.sweeps.selectors import run_sizing_report
 from apps.sweeps.services import run_sizing_start
 from apps.telemetry.selectors import SERIES_UNITS, samples_downsampled
-from apps.telemetry.services import run_external_ingest, run_reprice
 
 
 class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet):

@@ -8,8 +8,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from apps.attribution.services import arm_freeze, attribution_tick
+from apps.billing.services import telemetry_ingest
 from apps.experiments.models import Run
-from apps.telemetry.services import telemetry_ingest
 from tests.apps.dashboard.world import run_of, samples, train
 
 pytestmark = pytest.mark.django_db

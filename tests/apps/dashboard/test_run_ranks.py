@@ -7,7 +7,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from apps.telemetry.services import telemetry_ingest
+from apps.billing.services import telemetry_ingest
 from tests.apps.dashboard.world import run_of
 
 pytestmark = pytest.mark.django_db

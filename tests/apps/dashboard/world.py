@@ -9,8 +9,8 @@ from decimal import Decimal
 
 from django.utils import timezone
 
+from apps.billing.services import telemetry_ingest
 from apps.experiments.models import Arm, Experiment, Run
-from apps.telemetry.services import telemetry_ingest
 from tests.factories import (
     ArmFactory,
     ExperimentFactory,

@@ -195,8 +195,8 @@ def test_the_reconciler_sends_queued_runs_that_never_reached_the_broker_and_back
 
 
 def test_a_swept_attempts_last_samples_land_until_another_worker_takes_the_run():
+    from apps.billing.services import telemetry_ingest
     from apps.core.exceptions import ApplicationError
-    from apps.telemetry.services import telemetry_ingest
 
     run = RunFactory(status="queued", arm__strategy_yaml=STEPS_6, config_yaml=STEPS_6)
     runs.run_claim(run_id=run.pk, owner="w1")

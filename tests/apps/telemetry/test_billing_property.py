@@ -18,13 +18,13 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from apps.billing.services import telemetry_ingest
 from apps.experiments.models import Run
 from apps.experiments.services import run_external_finish
 from apps.pricing import cost_engine
 from apps.pricing.bill import run_bill
 from apps.pricing.selectors import price_schedule
 from apps.telemetry.models import TelemetrySample
-from apps.telemetry.services import telemetry_ingest
 from tests.factories import (
     ArmFactory,
     GpuPriceFactory,

@@ -7,12 +7,12 @@ from decimal import Decimal
 
 import pytest
 
+from apps.billing.services import telemetry_ingest
 from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Run
 from apps.pricing import cost_engine
 from apps.pricing.selectors import price_schedule
 from apps.telemetry.models import TelemetrySample
-from apps.telemetry.services import telemetry_ingest
 from tests.factories import ArmFactory, GpuPriceFactory, PricingTableFactory, RunFactory
 
 pytestmark = pytest.mark.django_db
@@ -170,7 +170,7 @@ def test_a_sample_landing_below_the_watermark_is_priced_in_its_own_interval(gpu_
 
 
 def test_a_gap_that_never_fills_stops_holding_the_gap_free_mark_back(gpu_run):
-    from apps.telemetry.services import GAP_PATIENCE_SAMPLES
+    from apps.billing.services import GAP_PATIENCE_SAMPLES
 
     batch = samples(GAP_PATIENCE_SAMPLES + 20)
     telemetry_ingest(run_id=gpu_run.pk, samples=batch[:10], attempt=1)

@@ -1,10 +1,10 @@
 from django import forms
 from django.contrib import admin
 
+from apps.billing.services import run_reprice
 from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Run
 from apps.telemetry.models import RunRepricing
-from apps.telemetry.services import run_reprice
 
 
 class RunRepricingForm(forms.ModelForm):

@@ -17,7 +17,7 @@ from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Run
 from apps.experiments.services import run_external_running
 from apps.pricing import cost_engine
-from apps.pricing.bill import period_sums, unpriced_seconds
+from apps.pricing.bill import Bill, period_sums, run_bill, unpriced_seconds
 from apps.pricing.models import CostModel, PricingTable
 from apps.pricing.selectors import price_schedule
 from apps.telemetry.ingest import (
@@ -380,6 +380,35 @@ def _refuse_backwards(seq: int, fresh: set[int], batch: list) -> None:
         "seq, or after one with a higher seq)"
     )
     raise ApplicationError(f"{where}: {reason}", {"fields": {where: [reason]}}, code="invalid")
+
+
+def samples_bill(
+    *,
+    samples: list[dict],
+    after: dict,
+    tenant_id: int,
+    gpu_sku,
+    cost_model: CostModel | None,
+    gpu_count: int,
+    vcpus: int,
+) -> Bill:
+    """The bill of samples that belong to no run (a strategy-search probe's timed stretch,
+    `after` the sample that opens it), by the rules a run is billed by: apps.pricing.bill over
+    the tenant's price schedule, board power modelled the same way, unpriced time marked."""
+    schedule = price_schedule(tenant_id=tenant_id, gpu_sku_id=getattr(gpu_sku, "pk", None))
+    rows = [{"attempt": 1, "rank": 0, "estimated": False, **s} for s in (after, *samples)]
+    return run_bill(
+        rows,
+        starts=schedule.starts,
+        prices=schedule.prices,
+        weights=cost_engine.Weights.from_cost_model(cost_model)
+        if cost_model
+        else cost_engine.Weights(),
+        gpu_count=gpu_count,
+        vcpus=vcpus,
+        modelled_power_w=float(gpu_sku.tdp_w) * gpu_count if gpu_sku is not None else 0.0,
+        count_after=after["seq"],
+    )
 
 
 def run_totals_close(sender, *, run: Run, **kwargs) -> None:
