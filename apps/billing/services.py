@@ -4,6 +4,7 @@ the run's totals move forward."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
@@ -11,10 +12,13 @@ from operator import itemgetter
 
 from django.conf import settings
 from django.db import DataError, transaction
+from django.db.models import Value
+from django.db.models.functions import Concat
 from django.utils import timezone
 
 from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Run
+from apps.experiments.selectors import month_start, tenant_month_spend
 from apps.experiments.services import run_external_running
 from apps.pricing import cost_engine
 from apps.pricing.bill import Bill, period_sums, run_bill, unpriced_seconds
@@ -36,7 +40,9 @@ from apps.telemetry.rollup import (
     rows_in_ranges,
     stream_predecessors,
 )
+from apps.tenants.models import Tenant
 
+logger = logging.getLogger(__name__)
 _SEQ = itemgetter("seq")
 # Samples stored beyond a gap before the gap-free mark stops waiting for it (about 2 minutes at 1
 # s).
@@ -104,6 +110,7 @@ def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) 
     if not seqs:
         return IngestResult(received=len(samples), inserted=0, duplicates=0, refused=refused)
     appended = seqs[0] > run.last_seq
+    cost_before = run.cost_usd
     # Before the insert: the stored rows around the batch bound what it can change.
     ranges = (
         [(run.last_seq, SEQ_MAX)]
@@ -144,6 +151,11 @@ def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) 
         DataError
     ):  # a number Postgres cannot store or compute with (the caller's transaction rolls back)
         raise out_of_range(samples) from None
+    if fresh and run.cost_usd > cost_before:
+        # After the commit, outside this run's row lock: the budget check touches the tenant's
+        # other runs, which their own ingests lock.
+        tenant_id = run.tenant_id
+        transaction.on_commit(lambda: budget_enforce(tenant_id=tenant_id))
     return IngestResult(
         received=len(samples),
         inserted=len(fresh),
@@ -380,6 +392,71 @@ def _refuse_backwards(seq: int, fresh: set[int], batch: list) -> None:
         "seq, or after one with a higher seq)"
     )
     raise ApplicationError(f"{where}: {reason}", {"fields": {where: [reason]}}, code="invalid")
+
+
+BUDGET_WARN_SHARE = Decimal("0.8")
+_BUDGET_RANK = {
+    Tenant.BudgetState.OK: 0,
+    Tenant.BudgetState.WARNED: 1,
+    Tenant.BudgetState.EXCEEDED: 2,
+}
+
+
+def budget_enforce(*, tenant_id: int) -> str:
+    """The tenant's monthly budget, checked as the bill moves (after each priced batch).
+
+    At 80 % of it every running run gets a warning note; at 100 % running worker runs are asked
+    to stop at their next step (a cancel, with the reason in their notes), external runs are
+    flagged in theirs, and submits are refused (run_submit's quota check). Each step is taken
+    once a month: the state moves up with a conditional UPDATE, so two batches crossing it
+    together act once. A raised budget moves the state back down. Returns the state."""
+    tenant = Tenant.objects.get(pk=tenant_id)
+    month = month_start().date()
+    spent, budget = tenant_month_spend(tenant_id=tenant_id), tenant.monthly_budget_usd
+    state = (
+        Tenant.BudgetState.EXCEEDED
+        if spent >= budget
+        else Tenant.BudgetState.WARNED
+        if spent >= BUDGET_WARN_SHARE * budget
+        else Tenant.BudgetState.OK
+    )
+    prior = tenant.budget_state if tenant.budget_month == month else Tenant.BudgetState.OK
+    if _BUDGET_RANK[state] <= _BUDGET_RANK[prior]:
+        if state != prior:  # the budget was raised: say where it stands now, stop nothing
+            Tenant.objects.filter(pk=tenant_id).update(budget_state=state, budget_month=month)
+        return state
+    higher = [s for s, rank in _BUDGET_RANK.items() if rank >= _BUDGET_RANK[state]]
+    moved = (
+        Tenant.objects.filter(pk=tenant_id)
+        .exclude(budget_month=month, budget_state__in=higher)
+        .update(budget_state=state, budget_month=month)
+    )
+    if not moved:
+        return state  # another batch took this step first
+    share = spent / budget if budget else Decimal(1)
+    said = (
+        f"{timezone.now():%Y-%m-%d %H:%M} UTC budget: {spent:.2f} of {budget} USD spent this month"
+    )
+    running = Run.objects.filter(tenant_id=tenant_id, status=Run.Status.RUNNING)
+    if state == Tenant.BudgetState.EXCEEDED:
+        note = f"{said} ({share:.0%}): the budget is spent; this run was stopped at its next step"
+        running.filter(kind=Run.Kind.WORKER).update(
+            cancel_requested=True, notes=Concat("notes", Value(note + "\n"))
+        )
+        running.filter(kind=Run.Kind.EXTERNAL).update(
+            notes=Concat(
+                "notes",
+                Value(
+                    f"{said} ({share:.0%}): the budget is spent; stop this run (new submits "
+                    "are refused)\n"
+                ),
+            )
+        )
+    else:
+        note = f"{said} ({share:.0%}): 80 % of the monthly budget is reached"
+        running.update(notes=Concat("notes", Value(note + "\n")))
+    logger.warning("tenant %s: %s (%s)", tenant.slug, said, state)
+    return state
 
 
 def samples_bill(

@@ -279,6 +279,11 @@ class Run(TimeStampedModel):
         help_text="Failed attempts (lost worker, error) allowed; a graceful stop does not count.",
     )
     error = models.TextField(blank=True, default="")
+    notes = models.TextField(
+        blank=True,
+        default="",
+        help_text="What the platform said to the run: budget warnings, budget stops.",
+    )
     queued_at = models.DateTimeField(auto_now_add=True)
     # Durable enqueue: the row is the truth, the broker message only a wake-up. A queued run whose
     # message never left (broker down) or was lost (broker restarted) is sent again by the

@@ -6,8 +6,9 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import timedelta
+from decimal import Decimal
 
-from django.db.models import Count, Prefetch, Q, QuerySet
+from django.db.models import Count, Prefetch, Q, QuerySet, Sum
 from django.utils import timezone
 
 from apps.experiments.models import Arm, Experiment, Run
@@ -27,6 +28,18 @@ def gpu_skus_in_use(*, tenant: Tenant) -> dict[int, tuple[str, int]]:
         .annotate(runs=Count("id"))
     )
     return {r["gpu_sku_id"]: (r["gpu_sku__name"], r["runs"]) for r in rows}
+
+
+def month_start(now=None):
+    return (now or timezone.now()).replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def tenant_month_spend(*, tenant_id: int) -> Decimal:
+    """USD the tenant's runs queued this calendar month have cost so far (one indexed sum)."""
+    spent = Run.objects.filter(tenant_id=tenant_id, queued_at__gte=month_start()).aggregate(
+        s=Sum("cost_usd")
+    )["s"]
+    return spent or Decimal(0)
 
 
 def experiment_list(*, tenant: Tenant) -> QuerySet[Experiment]:

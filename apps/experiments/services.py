@@ -9,7 +9,6 @@ from datetime import datetime
 from decimal import Decimal
 
 from django.db import transaction
-from django.db.models import Sum
 from django.dispatch import Signal
 from django.utils import timezone
 
@@ -18,6 +17,7 @@ from apps.core.notify import ARM_REVISIONS, publish
 from apps.core.queues import CeleryQueue
 from apps.experiments.models import Arm, Experiment, Run
 from apps.experiments.runs import run_end, run_enqueue
+from apps.experiments.selectors import tenant_month_spend
 from apps.experiments.strategies import (
     strategy_device_warnings,
     strategy_normalise,
@@ -134,13 +134,7 @@ def _quota_check(*, tenant: Tenant) -> None:
             {"limit": tenant.max_concurrent_runs, "active": active},
             code="quota_exceeded",
         )
-    month_start = timezone.now().replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    spent = (
-        Run.objects.filter(tenant=tenant, queued_at__gte=month_start).aggregate(s=Sum("cost_usd"))[
-            "s"
-        ]
-        or 0
-    )
+    spent = tenant_month_spend(tenant_id=tenant.pk)
     if spent >= tenant.monthly_budget_usd:
         raise ApplicationError(
             f"monthly_budget_usd: tenant '{tenant.slug}' has spent {spent:.2f} USD this month "

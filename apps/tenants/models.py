@@ -30,7 +30,21 @@ class Tenant(TimeStampedModel):
         decimal_places=2,
         default=Decimal("1000.00"),
         validators=[MinValueValidator(Decimal("0"))],
-        help_text="Spend per calendar month (USD) beyond which submissions are refused.",
+        help_text="Spend per calendar month (USD): at 80 % running runs get a warning note; at "
+        "100 % they stop at their next step and submissions are refused.",
+    )
+
+    class BudgetState(models.TextChoices):
+        OK = "ok", "Within budget"
+        WARNED = "warned", "80 % spent"
+        EXCEEDED = "exceeded", "Spent: runs stopped, submits refused"
+
+    # Where this month's spend stands, as the bill moved it (apps.billing.services.budget_enforce).
+    budget_state = models.CharField(
+        max_length=16, choices=BudgetState.choices, default=BudgetState.OK
+    )
+    budget_month = models.DateField(
+        null=True, blank=True, help_text="The month budget_state is of (it resets with the month)."
     )
 
     class Meta:

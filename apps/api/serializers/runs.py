@@ -89,6 +89,7 @@ class RunSerializer(serializers.ModelSerializer):
             "max_attempts",
             "cancel_requested",
             "error",
+            "notes",
             "queued_at",
             "started_at",
             "finished_at",

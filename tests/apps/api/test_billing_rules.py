@@ -529,3 +529,34 @@ def test_a_counter_that_decreases_within_an_attempt_is_refused_unless_reset(api,
     assert [r["seq"] for r in within.json()["refused"]] == [6]
     stored = TelemetrySample.objects.filter(run=gpu_run).values_list("seq", flat=True)
     assert sorted(stored) == [0, 1, 2, 4, 5, 7]
+
+
+def test_the_budget_acts_as_the_bill_moves(
+    api, experiment, sku, gpu_run, django_capture_on_commit_callbacks
+):
+    """Issue 24: with a $1 budget an external run streamed on to $1.113 and nothing stopped or
+    warned; the budget was checked only at submit."""
+    from apps.tenants.models import Tenant
+
+    Tenant.objects.filter(pk=experiment.tenant_id).update(monthly_budget_usd=Decimal("1.00"))
+    stream = [sample(s) for s in range(1300)]  # 0.000848 USD a second
+    with django_capture_on_commit_callbacks(execute=True):
+        assert post(api, gpu_run, stream[:1000]).status_code == 200  # 999 s: 0.85 USD
+    tenant = Tenant.objects.get(pk=experiment.tenant_id)
+    assert tenant.budget_state == "warned"
+    run = totals(api, gpu_run)
+    assert (
+        "80 % of the monthly budget is reached" in run["notes"]
+        and "0.85 of 1.00 USD" in run["notes"]
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        assert post(api, gpu_run, stream[1000:1100]).status_code == 200  # still 0.93: no repeat
+    assert totals(api, gpu_run)["notes"].count("80 %") == 1
+    with django_capture_on_commit_callbacks(execute=True):
+        assert post(api, gpu_run, stream[1100:]).status_code == 200  # 1299 s: 1.10 USD
+    assert Tenant.objects.get(pk=experiment.tenant_id).budget_state == "exceeded"
+    assert "the budget is spent; stop this run" in totals(api, gpu_run)["notes"]  # flagged
+    refused = api.post(
+        "/api/v1/runs/", {"experiment": experiment.pk, "kind": "external"}, format="json"
+    )
+    assert refused.status_code == 400 and error(refused)["code"] == "budget_exceeded"

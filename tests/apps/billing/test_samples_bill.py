@@ -63,9 +63,7 @@ def test_a_probes_cost_equals_a_runs_bill_for_the_same_samples(power):
         created=T0 - timedelta(minutes=1),
     )
     samples = stretch(30, power=power)
-    telemetry_ingest(
-        run_id=run.pk, samples=[{**s, "ts": s["ts"].isoformat()} for s in samples]
-    )
+    telemetry_ingest(run_id=run.pk, samples=[{**s, "ts": s["ts"].isoformat()} for s in samples])
     billed = Run.objects.get(pk=run.pk)
     probe = samples_bill(
         samples=samples[1:],
