@@ -243,9 +243,13 @@ def run_totals_apply(
         breakdown[key] = breakdown.get(key, 0.0) + value
     # Time billed where a component had no price (the SKU missing from the table in force, or no
     # table yet): never a silent $0 line (the API and the run page say "unpriced").
+    # Carbon is not money: seconds without a grid intensity are kept apart (carbon_unpriced_s).
     seconds = dict(breakdown.get("unpriced_s") or {})
+    seconds["carbon"] = breakdown.get("carbon_unpriced_s", 0.0)
     for component, moved in unpriced.items():
         seconds[component] = seconds.get(component, 0.0) + moved
+    carbon = seconds.pop("carbon")
+    breakdown["carbon_unpriced_s"] = round(carbon, 6) if carbon > 1e-6 else 0.0
     breakdown["unpriced_s"] = {c: round(v, 6) for c, v in sorted(seconds.items()) if v > 1e-6}
     run.tokens += usage.tokens
     run.device_seconds += usage.device_seconds if run.gpu_count else usage.wall_s

@@ -114,9 +114,12 @@ def demo_seed(
             "pue": Decimal("1.20"),
             "vcpu_hour_usd": Decimal("0.04"),
             "memory_gb_hour_usd": Decimal("0.005"),
+            "carbon_g_per_kwh": Decimal("400"),  # an example grid intensity, like the prices
+            "carbon_region": "example grid",
             "is_example": True,
             "notes": "EXAMPLE PRICES for the demo only. "
-            "Not a quote from any provider; replace them.",
+            "Not a quote from any provider; replace them. The grid intensity (400 gCO2e/kWh) "
+            "is an example too.",
         },
     )
     for name, memory_gb, tdp_w, peak, price in EXAMPLE_SKUS:

@@ -38,7 +38,7 @@ from apps.pricing.cost_engine import (
 
 # Before a tenant's first pricing table there is no price: such time costs nothing, and every
 # component of it is marked unpriced.
-COMPONENTS = ("gpu", "energy", "vcpu", "memory")
+COMPONENTS = ("gpu", "energy", "vcpu", "memory", "carbon")
 FREE = Prices(
     gpu_hour_usd=0,
     electricity_usd_per_kwh=0,
@@ -56,6 +56,33 @@ BREAKDOWN_KEYS = {
     "vcpu": "cpu_usd",
     "memory": "memory_usd",
 }
+# gCO2e's uncertainty band by how the energy was measured (docs/billing.md, "Carbon").
+CARBON_BANDS = {"nvml": 0.05, "rapl": 0.10, "modelled": 0.50}
+
+
+def carbon_shown(*, breakdown: Mapping | None, gpu_count: int, energy_estimated: bool) -> dict:
+    """A run's carbon as the API shows it: gCO2e with its method and band, or unpriced."""
+    b = breakdown or {}
+    method = "modelled" if energy_estimated else "nvml" if gpu_count else "rapl"
+    unpriced = bool(b.get("carbon_unpriced_s"))
+    if unpriced and not b.get("carbon_g"):
+        return {
+            "g_co2e": None,
+            "method": method,
+            "band": None,
+            "low": None,
+            "high": None,
+            "unpriced": True,
+        }
+    grams, band = float(b.get("carbon_g") or 0.0), CARBON_BANDS[method]
+    return {
+        "g_co2e": round(grams, 3),
+        "method": method,
+        "band": band,
+        "low": round(grams * (1 - band), 3),
+        "high": round(grams * (1 + band), 3),
+        "unpriced": unpriced,
+    }
 
 
 def breakdown_shown(breakdown: Mapping | None) -> dict:
@@ -78,6 +105,7 @@ def unpriced_seconds(usage: Usage, prices: Prices) -> dict[str, float]:
         "energy": usage.energy_j > 0,
         "vcpu": usage.vcpu_seconds > 0,
         "memory": usage.memory_gb_seconds > 0,
+        "carbon": usage.energy_j > 0,
     }
     return {c: usage.wall_s for c in sorted(prices.unpriced) if used.get(c) and usage.wall_s > 0}
 

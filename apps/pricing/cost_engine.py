@@ -64,6 +64,7 @@ class Prices:
     pue: float
     vcpu_hour_usd: float
     memory_gb_hour_usd: float
+    carbon_g_per_kwh: float = 0.0  # the grid's gCO2e per kWh (x PUE, like the electricity price)
     # Components that have no price here (their 0 above is not a price): "gpu" when the table
     # has no rate for the run's SKU; all of them before a tenant's first table.
     unpriced: frozenset[str] = frozenset()
@@ -75,8 +76,13 @@ class Prices:
     def from_table(cls, table: Any, gpu_hour_usd: Any) -> Prices:
         """Build from a PricingTable-like object (duck-typed, Decimals become floats);
         gpu_hour_usd None: the table has no rate for the SKU (priced 0, marked unpriced)."""
+        carbon = getattr(table, "carbon_g_per_kwh", None)
+        unpriced = ({"gpu"} if gpu_hour_usd is None else set()) | (
+            {"carbon"} if carbon is None else set()
+        )
         return cls(
-            unpriced=frozenset({"gpu"}) if gpu_hour_usd is None else frozenset(),
+            unpriced=frozenset(unpriced),
+            carbon_g_per_kwh=float(carbon or 0),
             gpu_hour_usd=float(gpu_hour_usd or 0),
             electricity_usd_per_kwh=float(table.electricity_usd_per_kwh),
             pue=float(table.pue),
@@ -145,6 +151,7 @@ class CostBreakdown:
     total_usd: float = 0.0
     energy_kwh: float = 0.0
     gpu_hours: float = 0.0
+    carbon_g: float = 0.0  # gCO2e: energy x PUE x the grid's intensity (not money: not in total)
 
     def __add__(self, other: CostBreakdown) -> CostBreakdown:
         return _add(self, other)
@@ -270,6 +277,7 @@ def resource_weighted_cost(
         total_usd=total,
         energy_kwh=energy_kwh,
         gpu_hours=gpu_hours,
+        carbon_g=energy_kwh * prices.pue * prices.carbon_g_per_kwh,
     )
 
 

@@ -76,6 +76,19 @@ class PricingTable(TimeStampedModel):
         default=Decimal("0"),
         help_text="Price of one GB of host memory for one hour.",
     )
+    carbon_g_per_kwh = models.DecimalField(
+        "grid carbon intensity (gCO2e per kWh)",
+        max_digits=8,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(Decimal("0"))],
+        help_text="The region's grid intensity, versioned like the electricity price; empty: not "
+        "known (a run's carbon is then marked unpriced, never 0).",
+    )
+    carbon_region = models.CharField(
+        max_length=60, blank=True, default="", help_text="The grid region the intensity is of."
+    )
     is_example = models.BooleanField(
         default=False, help_text="Example prices seeded for a demo; not a quote from any provider."
     )

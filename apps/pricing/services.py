@@ -12,18 +12,18 @@ from apps.core.exceptions import ApplicationError
 from apps.pricing.models import CostModel, GpuPrice, PricingTable
 from apps.tenants.models import Tenant
 
-# A pricing table's own fields, as the API edits them and a new version starts from.
-PRICING_TABLE_FIELDS = (
-    "name",
+# What a table prices with: an edit of one of these on a table in force makes a new version.
+PRICE_FIELDS = (
     "currency",
-    "valid_from",
     "electricity_usd_per_kwh",
     "pue",
     "vcpu_hour_usd",
     "memory_gb_hour_usd",
-    "is_example",
-    "notes",
+    "carbon_g_per_kwh",
+    "carbon_region",
 )
+# A pricing table's own fields, as the API edits them and a new version starts from.
+PRICING_TABLE_FIELDS = ("name", "valid_from", *PRICE_FIELDS, "is_example", "notes")
 
 
 def _unique(obj, field: str, label: str) -> None:
@@ -99,10 +99,6 @@ def pricing_table_create(
     table.save()
     _gpu_prices_replace(table=table, gpu_prices=gpu_prices or [])
     return table
-
-
-# What a table prices with: an edit of one of these on a table in force makes a new version.
-PRICE_FIELDS = ("currency", "electricity_usd_per_kwh", "pue", "vcpu_hour_usd", "memory_gb_hour_usd")
 
 
 def gpu_rates(table: PricingTable) -> dict[int, Decimal]:

@@ -4,7 +4,7 @@ from rest_framework import serializers
 from apps.api.serializers.fields import TenantPrimaryKeyField
 from apps.experiments.models import Arm, Experiment, Run, RunAttempt
 from apps.experiments.selectors import runs_outliers
-from apps.pricing.bill import breakdown_shown
+from apps.pricing.bill import breakdown_shown, carbon_shown
 from apps.pricing.models import GpuSku, PricingTable
 from apps.telemetry.models import RunRepricing
 
@@ -55,6 +55,11 @@ class RunSerializer(serializers.ModelSerializer):
         help_text="The bill by component (USD). A component billed only where the pricing table "
         "in force had no price for it reads null, and unpriced says for how long; never $0."
     )
+    carbon = serializers.SerializerMethodField(
+        help_text="gCO2e beside the USD: energy x PUE x the grid intensity of the price version in "
+        "force; method (nvml, rapl, modelled) and its band (low, high); unpriced where a version "
+        "had no intensity."
+    )
     unpriced = serializers.SerializerMethodField(
         help_text="Components billed with no price (gpu: the table in force has no rate for the "
         "run's SKU; every component before the tenant's first table), with their seconds."
@@ -101,6 +106,7 @@ class RunSerializer(serializers.ModelSerializer):
             "cost_usd",
             "cost_breakdown",
             "unpriced",
+            "carbon",
             "config_sha256",
             "config_revision",
             "outlier",
@@ -110,6 +116,14 @@ class RunSerializer(serializers.ModelSerializer):
     @extend_schema_field(serializers.DictField())
     def get_cost_breakdown(self, run: Run) -> dict:
         return breakdown_shown(run.cost_breakdown)
+
+    @extend_schema_field(serializers.DictField())
+    def get_carbon(self, run: Run) -> dict:
+        return carbon_shown(
+            breakdown=run.cost_breakdown,
+            gpu_count=run.gpu_count,
+            energy_estimated=run.energy_estimated,
+        )
 
     @extend_schema_field(serializers.DictField(child=serializers.FloatField()))
     def get_unpriced(self, run: Run) -> dict:

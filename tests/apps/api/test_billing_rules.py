@@ -43,16 +43,22 @@ def sku(experiment):
     return sku
 
 
-@pytest.fixture
-def gpu_run(experiment, sku):
+def external_run(arm, sku=None, **fields):
+    """A running external run created a minute before T0 (its samples' time window)."""
     return RunFactory(
-        arm=experiment.arms.first(),
+        arm=arm,
         kind="external",
         status="running",
         gpu_sku=sku,
-        gpu_count=1,
+        gpu_count=1 if sku else 0,
         created=T0 - timedelta(minutes=1),
+        **fields,
     )
+
+
+@pytest.fixture
+def gpu_run(experiment, sku):
+    return external_run(experiment.arms.first(), sku)
 
 
 def sample(s: int, t: float | None = None, **fields) -> dict:
@@ -481,14 +487,7 @@ def test_a_table_without_the_runs_sku_never_bills_its_gpu_time_as_zero(api, staf
     assert run["cost_breakdown"]["gpu_usd"] is None  # unpriced, not $0
     assert run["cost_breakdown"]["energy_usd"] > 0  # the table prices energy
     # Order does not matter: the same samples in reverse arrive at the same figures.
-    again = RunFactory(
-        arm=gpu_run.arm,
-        kind="external",
-        status="running",
-        gpu_sku=sku,
-        gpu_count=1,
-        created=T0 - timedelta(minutes=1),
-    )
+    again = external_run(gpu_run.arm, sku)
     for batch in reversed(chunks(CLEAN[:200], 50)):
         answer = post(api, again, batch)
         assert answer.status_code == 200, answer.content
@@ -497,14 +496,7 @@ def test_a_table_without_the_runs_sku_never_bills_its_gpu_time_as_zero(api, staf
 
 
 def test_before_the_first_table_every_component_is_unpriced(api, experiment):
-    cpu_run = RunFactory(
-        arm=experiment.arms.first(),
-        kind="external",
-        status="running",
-        vcpus=4,
-        memory_gb=8,
-        created=T0 - timedelta(minutes=1),
-    )
+    cpu_run = external_run(experiment.arms.first(), vcpus=4, memory_gb=8)
     assert post(api, cpu_run, CLEAN[:20]).status_code == 200  # the tenant has no table at all
     run = totals(api, cpu_run)
     assert set(run["unpriced"]) == {"energy", "vcpu", "memory"}  # a CPU run uses no GPU time
@@ -560,3 +552,24 @@ def test_the_budget_acts_as_the_bill_moves(
         "/api/v1/runs/", {"experiment": experiment.pk, "kind": "external"}, format="json"
     )
     assert refused.status_code == 400 and error(refused)["code"] == "budget_exceeded"
+
+
+def test_carbon_stands_beside_the_dollars_with_its_method_and_band(api, staff, sku, gpu_run):
+    table = PricingTable.objects.get(gpu_prices__sku=sku)
+    assert post(api, gpu_run, CLEAN[:200]).status_code == 200
+    unknown = totals(api, gpu_run)["carbon"]
+    assert unknown["unpriced"] is True and unknown["g_co2e"] is None  # no intensity: not 0
+    assert totals(api, gpu_run)["unpriced"] == {}  # carbon is not money: the bill is complete
+    # The grid intensity is versioned like a price: setting it makes a new version from now.
+    PricingTable.objects.filter(pk=table.pk).update(carbon_g_per_kwh=Decimal("400"))
+    other = external_run(gpu_run.arm, sku)
+    assert post(api, other, CLEAN[:200]).status_code == 200
+    carbon = totals(api, other)["carbon"]
+    # 59.7 kJ = 0.016583 kWh, x PUE 1.2 x 400 g: 7.96 gCO2e, measured by the energy counter.
+    assert carbon["g_co2e"] == pytest.approx(59_700 / 3.6e6 * 1.2 * 400, rel=1e-6)
+    assert (carbon["method"], carbon["band"], carbon["unpriced"]) == ("nvml", 0.05, False)
+    assert carbon["low"] == pytest.approx(carbon["g_co2e"] * 0.95, rel=1e-3)
+    edit = staff.patch(
+        f"/api/v1/pricing-tables/{table.pk}/", {"carbon_g_per_kwh": "250"}, format="json"
+    )
+    assert edit.status_code == 201 and edit.json()["supersedes"] == table.pk

@@ -180,6 +180,7 @@ def test_objects_with_datetimes_and_decimal_tables():
         pue=Decimal("1.20"),
         vcpu_hour_usd=Decimal("0.040000"),
         memory_gb_hour_usd=Decimal("0.005000"),
+        carbon_g_per_kwh=Decimal("0"),
     )
     prices = Prices.from_table(table, Decimal("3.000000"))
     assert prices == PRICES and all(type(getattr(prices, n)) is float for n in PRICE_FIELDS)
