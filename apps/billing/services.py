@@ -11,7 +11,7 @@ from decimal import Decimal
 from operator import itemgetter
 
 from django.conf import settings
-from django.db import DataError, transaction
+from django.db import DatabaseError, DataError, transaction
 from django.db.models import Value
 from django.db.models.functions import Concat
 from django.utils import timezone
@@ -155,7 +155,7 @@ def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) 
         # After the commit, outside this run's row lock: the budget check touches the tenant's
         # other runs, which their own ingests lock.
         tenant_id = run.tenant_id
-        transaction.on_commit(lambda: budget_enforce(tenant_id=tenant_id))
+        transaction.on_commit(lambda: _budget_enforce_after_commit(tenant_id))
     return IngestResult(
         received=len(samples),
         inserted=len(fresh),
@@ -404,6 +404,15 @@ _BUDGET_RANK = {
     Tenant.BudgetState.WARNED: 1,
     Tenant.BudgetState.EXCEEDED: 2,
 }
+
+
+def _budget_enforce_after_commit(tenant_id: int) -> None:
+    """The batch is stored whatever the check meets: a failure is logged, and the next priced
+    batch checks again."""
+    try:
+        budget_enforce(tenant_id=tenant_id)
+    except DatabaseError:
+        logger.exception("tenant %s: budget check failed; the next priced batch retries", tenant_id)
 
 
 def budget_enforce(*, tenant_id: int) -> str:
