@@ -90,9 +90,10 @@ def _check_memory(
 
 
 @contextlib.contextmanager
-def _stop_on_sigterm() -> Iterator[threading.Event]:
-    """A flag set by SIGTERM while training (main thread only: signals cannot be caught
-    elsewhere)."""
+def stop_on_sigterm() -> Iterator[threading.Event]:
+    """A flag set by SIGTERM inside the block, the handler before restored after it (main thread
+    only: signals cannot be caught elsewhere). Training uses it; so does the worker around a
+    run's setup (workers.training)."""
     stop = threading.Event()
     if threading.current_thread() is not threading.main_thread():
         yield stop
@@ -223,7 +224,7 @@ def train(
                 "nodes meet at (gpu_runtime.distributed.Rendezvous); none was given"
             ),
         )
-    with _stop_on_sigterm() as stop:
+    with stop_on_sigterm() as stop:
         result = train_distributed(
             config,
             sink=sink,
@@ -372,7 +373,7 @@ def train_local(
             sampler.set_interval(updated.telemetry.interval_s)
 
     total = config.train.steps
-    with _stop_on_sigterm() as stop, _deterministic(config.train.deterministic):
+    with stop_on_sigterm() as stop, _deterministic(config.train.deterministic):
         prefetcher = None
         try:
             prefetcher = Prefetcher(

@@ -8,7 +8,6 @@ and the call repeated (the run services are idempotent for their owner).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
@@ -16,7 +15,6 @@ import socket
 import threading
 import traceback
 import uuid
-from collections.abc import Iterator
 
 from django.conf import settings
 from django.db import close_old_connections, connection
@@ -30,6 +28,7 @@ from apps.core.queues import CeleryQueue
 from apps.experiments import runs
 from gpu_runtime.live import live_changes
 from gpu_runtime.profile import DeviceProfile
+from gpu_runtime.runtime import stop_on_sigterm
 from workers.devices import run_profile
 from workers.telemetry_sink import TelemetrySink
 
@@ -177,42 +176,19 @@ def _compute_dtype(config_yaml: str, measurement) -> str:
     return best_dtype(DeviceProfile.from_dict(measurement.profile))
 
 
-@contextlib.contextmanager
-def _sigterm_held() -> Iterator[threading.Event]:
-    """SIGTERM, from the claim until training takes it over, only sets a flag: the run is then
-    handed back to the queue instead of being left running by a child killed mid-claim, mid-
-    measurement or mid-setup. On the way out the held signal goes on to the handler before
-    (Celery's), so the shutdown that sent it carries on. Main thread only, as signals are."""
-    stopped = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield stopped
-        return
-    previous = signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, lambda signum, frame: stopped.set())
-    try:
-        yield stopped
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+def run_execute(run_id: int) -> None:
+    """Train one run to its end; the row says truthfully how it ended.
+
+    SIGTERM, from the claim until training takes it over, only sets a flag (gpu_runtime's
+    stop_on_sigterm): the run is then handed back to the queue instead of being left running by
+    a pool child killed mid-claim, mid-measurement or mid-setup. Afterwards the held signal goes
+    on to the handler before (Celery's), so the shutdown that sent it carries on."""
+    with stop_on_sigterm() as stopped:
+        seat = _run_execute(run_id, stopped)
     if stopped.is_set():
         signal.raise_signal(signal.SIGTERM)
-
-
-def run_execute(run_id: int) -> None:
-    """Train one run to its end; the row says truthfully how it ended."""
-    with _sigterm_held() as stopped:
-        seat = _run_execute(run_id, stopped)
     if seat is not None:
         _train_as_node(run_id, seat)
-
-
-def _release_stopped(run_id: int, owner: str) -> None:
-    db_retry(
-        runs.run_release,
-        what=f"run {run_id}: release",
-        run_id=run_id,
-        owner=owner,
-        reason="worker stopped before the run started training",
-    )
 
 
 def _run_execute(run_id: int, stopped: threading.Event):
@@ -232,9 +208,6 @@ def _run_execute(run_id: int, stopped: threading.Event):
         if seat is None:
             logger.info("run %s: not claimable (gone, taken, cancelled or out of attempts)", run_id)
         return seat
-    if stopped.is_set():  # the worker is shutting down: the run goes back to the queue untouched
-        _release_stopped(run.pk, owner)
-        return None
     world = run.world_size
     device, gpu_name, gpu_count = _device_for(run.queue, world)
     if device.startswith("cuda:"):
@@ -242,9 +215,6 @@ def _run_execute(run_id: int, stopped: threading.Event):
         torch.cuda.set_per_process_memory_fraction(float(run.tenant.gpu_memory_fraction))
     label = f"{device} {gpu_name}" if gpu_name else device
     measurement = run_profile(host=host, device=device, queue=run.queue)
-    if stopped.is_set():
-        _release_stopped(run.pk, owner)
-        return None
     profile = None if measurement is None else DeviceProfile.from_dict(measurement.profile)
     db_retry(
         runs.run_device_record,
@@ -264,8 +234,14 @@ def _run_execute(run_id: int, stopped: threading.Event):
         measurement=measurement,
         compute_dtype=_compute_dtype(run.config_yaml, measurement),
     )
-    if stopped.is_set():
-        _release_stopped(run.pk, owner)
+    if stopped.is_set():  # the worker is shutting down: the run goes back to the queue untouched
+        db_retry(
+            runs.run_release,
+            what=f"run {run_id}: release",
+            run_id=run.pk,
+            owner=owner,
+            reason="worker stopped before the run started training",
+        )
         return None
     rendezvous, gang = None, None
     if (
@@ -354,7 +330,7 @@ def _run_execute(run_id: int, stopped: threading.Event):
         if control is not None:
             control.close()  # the heartbeat kept the lease fresh while the end was being recorded
     if result_status == "interrupted":
-        # gpu_runtime took SIGTERM to stop at a step boundary; _sigterm_held hands it on.
+        # gpu_runtime took SIGTERM to stop at a step boundary; run_execute hands it on.
         stopped.set()
     return None
 

@@ -25,7 +25,6 @@ from apps.pricing.bill import Bill, period_sums, run_bill, unpriced_seconds
 from apps.pricing.models import CostModel, PricingTable
 from apps.pricing.selectors import price_schedule
 from apps.telemetry.ingest import (
-    COUNTERS,
     counters_refuse_decreasing,
     out_of_range,
     samples_insert,
@@ -91,20 +90,17 @@ def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) 
         samples, earliest=start - skew, latest=timezone.now() + ahead, refused=refused
     )
     batch_attempt = attempt or max(run.attempts, 1)
+    stored_before = None  # a single stream's stored sample just before the batch
     if parsed and run.world_size == 1:
-        index_of: dict[int, int] = {}
-        for i, sent in enumerate(samples):
-            index_of.setdefault(sent["seq"], i)
-        before = (
-            TelemetrySample.objects.filter(
-                run_id=run.pk, seq__lt=min(s["seq"] for s in parsed), attempt=batch_attempt
-            )
+        stored_before = (
+            TelemetrySample.objects.filter(run_id=run.pk, seq__lt=min(s["seq"] for s in parsed))
             .order_by("-seq")
-            .values("seq", *COUNTERS)
+            .values(*BILL_FIELDS)
             .first()
         )
+        same_attempt = stored_before is not None and stored_before["attempt"] == batch_attempt
         parsed = counters_refuse_decreasing(
-            parsed, before=before, index_of=index_of, refused=refused
+            parsed, before=stored_before if same_attempt else None, sent=samples, refused=refused
         )
     seqs = sorted(s["seq"] for s in parsed)
     if not seqs:
@@ -131,12 +127,8 @@ def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) 
                     before = stream_predecessors(
                         run_id=run.pk, seq=run.last_seq, ranks={s["rank"] for s in parsed}
                     )
-                else:
-                    before = list(
-                        TelemetrySample.objects.filter(run_id=run.pk, seq=run.last_seq).values(
-                            *BILL_FIELDS
-                        )
-                    )
+                else:  # read above: the row at run.last_seq, the highest stored
+                    before = [] if stored_before is None else [stored_before]
                 now = [before + sorted(parsed, key=_SEQ)]
                 run_totals_apply(run=run, ranges=ranges, now=now, fresh=None, batch=samples)
             else:

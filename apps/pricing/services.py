@@ -112,13 +112,15 @@ def _rates_set(table: PricingTable, rates: dict[int, Decimal]) -> None:
     )
 
 
-def _refuse_superseded(table: PricingTable) -> None:
+_EDIT_THE_NEWER = "edit that version; this one keeps the prices it priced with"
+
+
+def _refuse_superseded(table: PricingTable, *, then: str) -> None:
     newer = table.superseded_by.order_by("valid_from").first()
     if newer is not None:
         raise ApplicationError(
             f"pricing table {table.pk}: superseded by version {newer.pk} from "
-            f"{newer.valid_from:%Y-%m-%d %H:%M:%S} UTC; edit that version, this one keeps the "
-            "prices it priced with",
+            f"{newer.valid_from:%Y-%m-%d %H:%M:%S} UTC; {then}",
             {"superseded_by": newer.pk},
             code="superseded",
             status=409,
@@ -161,7 +163,7 @@ def pricing_table_update(
             status=409,
         )
     if in_force and priced:
-        _refuse_superseded(stored)
+        _refuse_superseded(stored, then=_EDIT_THE_NEWER)
         values = {name: getattr(stored, name) for name in PRICING_TABLE_FIELDS} | fields
         version = PricingTable(tenant_id=stored.tenant_id, supersedes=stored, **values)
         version.valid_from = now
@@ -196,7 +198,7 @@ def pricing_table_version_split(
     """The admin's path to the same end: its form has already saved a price edit in place.
     What the table holds now becomes a new version from now, and the table gets back what it
     held (`stored`, `stored_rates`), so what was priced with it stays as it was."""
-    _refuse_superseded(stored)
+    _refuse_superseded(stored, then=_EDIT_THE_NEWER)
     version = PricingTable.objects.get(pk=table.pk)
     edited_rates = gpu_rates(version)
     version.pk = version.id = None
@@ -223,7 +225,7 @@ def _delete_unless_used(obj, label: str) -> None:
 
 
 def pricing_table_delete(*, table: PricingTable) -> None:
-    _refuse_superseded(table)  # the newer version would lose what it was made from
+    _refuse_superseded(table, then="delete that version first (it was made from this one)")
     _delete_unless_used(table, f"pricing table '{table.name}'")
 
 

@@ -199,13 +199,13 @@ def counters_refuse_decreasing(
     parsed: list[SampleIn],
     *,
     before: Mapping | None,
-    index_of: Mapping[int, int],
+    sent: list,
     refused: list[dict],
 ) -> list[SampleIn]:
     """The batch without the samples whose cumulative counter (tokens, step, energy_j) is lower
     than the sample before it in its stream (rank), each refused alone naming the field, unless
     it says ``counter_reset: true``. `before`: the stored sample just before the batch in the
-    same attempt (rank 0), if any; `index_of`: seq -> the sample's index in the batch sent."""
+    same attempt (rank 0), if any; `sent`: the batch as sent (a refusal names its index)."""
     prev: dict[int, Mapping] = {} if before is None else {0: before}
     kept = []
     for sample in sorted(parsed, key=operator.itemgetter("seq")):
@@ -221,7 +221,7 @@ def counters_refuse_decreasing(
                 None,
             )
             if name is not None:
-                i = index_of.get(sample["seq"], 0)
+                i = next(i for i, s in enumerate(sent) if s.get("seq") == sample["seq"])
                 refused.append(
                     {
                         "index": i,
