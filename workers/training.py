@@ -191,6 +191,12 @@ def run_execute(run_id: int) -> None:
         _train_as_node(run_id, seat)
 
 
+def _release(run_id: int, owner: str, reason: str) -> None:
+    db_retry(
+        runs.run_release, what=f"run {run_id}: release", run_id=run_id, owner=owner, reason=reason
+    )
+
+
 def _run_execute(run_id: int, stopped: threading.Event):
     """The run's whole life on this node; returns the gang seat when another node claimed it."""
     import torch
@@ -235,13 +241,7 @@ def _run_execute(run_id: int, stopped: threading.Event):
         compute_dtype=_compute_dtype(run.config_yaml, measurement),
     )
     if stopped.is_set():  # the worker is shutting down: the run goes back to the queue untouched
-        db_retry(
-            runs.run_release,
-            what=f"run {run_id}: release",
-            run_id=run.pk,
-            owner=owner,
-            reason="worker stopped before the run started training",
-        )
+        _release(run.pk, owner, "worker stopped before the run started training")
         return None
     rendezvous, gang = None, None
     if (
@@ -319,13 +319,7 @@ def _run_execute(run_id: int, stopped: threading.Event):
                 dataset_sha256=dataset_sha,
             )
         elif not lease_lost:
-            db_retry(
-                runs.run_release,
-                what=f"run {run_id}: release",
-                run_id=run.pk,
-                owner=owner,
-                reason="worker stopped before the run finished",
-            )
+            _release(run.pk, owner, "worker stopped before the run finished")
     finally:
         if control is not None:
             control.close()  # the heartbeat kept the lease fresh while the end was being recorded
