@@ -6,6 +6,7 @@ from decimal import Decimal
 
 import factory
 from django.contrib.auth import get_user_model
+from django.utils import timezone
 
 from apps.attribution.report import ArmReport
 from apps.experiments.models import Arm, Experiment, Run
@@ -55,6 +56,7 @@ class GpuSkuFactory(factory.django.DjangoModelFactory):
 class PricingTableFactory(factory.django.DjangoModelFactory):
     class Meta:
         model = PricingTable
+        skip_postgeneration_save = True
 
     tenant = factory.SubFactory(TenantFactory)
     name = "Test prices"
@@ -65,6 +67,17 @@ class PricingTableFactory(factory.django.DjangoModelFactory):
     pue = Decimal("1.20")
     vcpu_hour_usd = Decimal("0.04")
     memory_gb_hour_usd = Decimal("0.005")
+
+    @factory.post_generation
+    def created(obj, create, extracted, **kwargs):
+        """A table posted when it started (its created_at at its valid_from, never later than
+        now): what prices a run from its valid_from. created=<datetime>: posted then (a
+        retroactive table when that is after its valid_from)."""
+        if not create:
+            return
+        at = extracted if extracted is not None else min(obj.valid_from, timezone.now())
+        PricingTable.objects.filter(pk=obj.pk).update(created_at=at)
+        obj.created_at = at
 
 
 class GpuPriceFactory(factory.django.DjangoModelFactory):

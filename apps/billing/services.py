@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from operator import itemgetter
 
@@ -181,6 +181,7 @@ def run_totals_apply(
         tenant_id=run.tenant_id,
         gpu_sku_id=run.gpu_sku_id,
         pinned_table_id=pricing_table_id or run.experiment.pricing_table_id,
+        as_of=run.prices_as_of or run.created_at,
     )
     edges = [b.timestamp() for b in schedule.boundaries]
     # A DDP run's samples come in one stream per rank, each with its own intervals: each stream
@@ -352,6 +353,11 @@ def run_reprice(
             code="invalid",
         )
     before = run.cost_usd
+    if pricing_table is None:
+        # Again at the tables in force when it ran, retroactive versions included: the one way a
+        # version posted after the run opened reaches the run's past.
+        run.prices_as_of = timezone.now()
+        run.save(update_fields=["prices_as_of", "updated_at"])
     run_totals_recompute(run=run, pricing_table_id=pricing_table.pk if pricing_table else None)
     return RunRepricing.objects.create(
         run=run,
@@ -473,11 +479,15 @@ def samples_bill(
     cost_model: CostModel | None,
     gpu_count: int,
     vcpus: int,
+    as_of: datetime | None = None,
 ) -> Bill:
     """The bill of samples that belong to no run (a strategy-search probe's timed stretch,
     `after` the sample that opens it), by the rules a run is billed by: apps.pricing.bill over
-    the tenant's price schedule, board power modelled the same way, unpriced time marked."""
-    schedule = price_schedule(tenant_id=tenant_id, gpu_sku_id=getattr(gpu_sku, "pk", None))
+    the tenant's price schedule (versions created after `as_of`, the probe's start, only from
+    their creation), board power modelled the same way, unpriced time marked."""
+    schedule = price_schedule(
+        tenant_id=tenant_id, gpu_sku_id=getattr(gpu_sku, "pk", None), as_of=as_of
+    )
     rows = [{"attempt": 1, "rank": 0, "estimated": False, **s} for s in (after, *samples)]
     return run_bill(
         rows,

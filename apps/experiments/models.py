@@ -296,6 +296,13 @@ class Run(TimeStampedModel):
     )
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    prices_as_of = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Price versions created after this moment price the run only from their "
+        "creation, never back to their valid_from (empty: the run's creation). An explicit "
+        "re-price moves it to the re-price's time.",
+    )
 
     # Running totals, updated as telemetry lands (never recomputed from scratch).
     last_seq = models.BigIntegerField(default=-1, help_text="Highest seq stored.")

@@ -88,6 +88,13 @@ class PricingTableAdmin(admin.ModelAdmin):
 
     def save_related(self, request, form, formsets, change):
         super().save_related(request, form, formsets, change)
+        if not change and form.instance.retroactive:
+            messages.warning(
+                request,
+                f"'{form.instance}' starts before it was posted: runs open now are priced by it "
+                "only from now, and finished runs only by an explicit re-price (Run re-pricings), "
+                "so no open run's past moves silently.",
+            )
         stored, rates = getattr(request, "_pricing_stored", (None, {}))
         priced = set(form.changed_data) & set(PRICE_FIELDS) or any(
             f.has_changed() for f in formsets

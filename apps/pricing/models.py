@@ -1,5 +1,6 @@
 """What resources cost: GPU SKUs, dated pricing tables, and cost models."""
 
+from datetime import timedelta
 from decimal import Decimal
 
 from django.core.exceptions import ValidationError
@@ -45,6 +46,11 @@ class GpuSku(TimeStampedModel):
 
     def __str__(self) -> str:
         return self.name
+
+
+# A version valid from within this long before its creation is a version "from now" (an edit's
+# new version, a table posted "from now" by a client's clock), not a retroactive one.
+RETROACTIVE_AFTER = timedelta(seconds=1)
 
 
 class PricingTable(TimeStampedModel):
@@ -122,6 +128,15 @@ class PricingTable(TimeStampedModel):
             ),
             models.CheckConstraint(condition=Q(pue__gte=1), name="pricingtable_pue_at_least_one"),
         ]
+
+    @property
+    def retroactive(self) -> bool:
+        """Valid from more than RETROACTIVE_AFTER before it was posted: it prices a run open
+        when it was posted only from its creation, and a finished run only by an explicit,
+        audited re-price (apps.pricing.selectors.effective_starts)."""
+        return self.created_at is not None and self.created_at - self.valid_from > (
+            RETROACTIVE_AFTER
+        )
 
     def __str__(self) -> str:
         label = " (example prices)" if self.is_example else ""

@@ -43,11 +43,41 @@ class PriceSchedule:
         return [] if self.pinned is not None else self.starts
 
 
+def effective_starts(tables: list[PricingTable], *, as_of: datetime | None) -> list:
+    """[(start, table)] in start order: from `start` on, `table` prices what is billed.
+
+    A version created after `as_of` (a retroactive table posted while a run was open) counts only
+    from its creation, never back to its valid_from: prices never move an open run's past
+    silently. Among the versions in force at a moment, the latest valid_from wins. as_of None:
+    every version from its valid_from (an explicit, audited re-price).
+    """
+
+    def start(t: PricingTable) -> datetime:
+        late = as_of is not None and t.created_at > as_of and t.retroactive
+        return t.created_at if late else t.valid_from
+
+    out: list = []
+    winner = None
+    for t in sorted(tables, key=lambda t: (start(t), t.valid_from)):
+        if winner is not None and t.valid_from < winner.valid_from:
+            continue  # an older version becoming eligible late never takes over from a newer one
+        winner = t
+        if out and out[-1][0] == start(t):
+            out[-1] = (start(t), t)
+        else:
+            out.append((start(t), t))
+    return out
+
+
 def price_schedule(
-    *, tenant_id: int, gpu_sku_id: int | None, pinned_table_id: int | None = None
+    *,
+    tenant_id: int,
+    gpu_sku_id: int | None,
+    pinned_table_id: int | None = None,
+    as_of: datetime | None = None,
 ) -> PriceSchedule:
     """Every pricing table of the tenant (or just the pinned one) with this SKU's rate,
-    in two queries."""
+    in two queries; versions created after `as_of` count from their creation (effective_starts)."""
     tables = PricingTable.objects.filter(tenant_id=tenant_id).order_by("valid_from")
     if pinned_table_id is not None:
         tables = tables.filter(pk=pinned_table_id)
@@ -59,14 +89,15 @@ def price_schedule(
                 "pricing_table_id", "hourly_usd"
             )
         )
+
     # A GPU run's SKU without a rate in a table: that table's GPU time is unpriced, not free.
-    prices = [
-        Prices.from_table(t, gpu_hour_usd=rates.get(t.pk, None if gpu_sku_id else 0))
-        for t in tables
-    ]
+    def prices(t: PricingTable) -> Prices:
+        return Prices.from_table(t, gpu_hour_usd=rates.get(t.pk, None if gpu_sku_id else 0))
+
     if pinned_table_id is not None:
-        return PriceSchedule(starts=[], prices=[], pinned=prices[0] if prices else FREE)
-    return PriceSchedule(starts=[t.valid_from for t in tables], prices=prices)
+        return PriceSchedule(starts=[], prices=[], pinned=prices(tables[0]) if tables else FREE)
+    periods = effective_starts(tables, as_of=as_of)
+    return PriceSchedule(starts=[s for s, _ in periods], prices=[prices(t) for _, t in periods])
 
 
 def pricing_table_list(*, tenant) -> QuerySet[PricingTable]:

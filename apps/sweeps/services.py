@@ -291,6 +291,7 @@ def _measure(
         cost_model=sweep.cost_model,
         gpu_count=gpu_count,
         vcpus=vcpus,
+        as_of=probe.created_at,
     )
     usage, cost = bill.usage, bill.cost
     cuda = device.startswith("cuda")

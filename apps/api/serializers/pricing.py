@@ -28,6 +28,14 @@ class PricingTableSerializer(serializers.ModelSerializer):
         "(refused with 409 naming the SKUs otherwise): their GPU time is billed as unpriced.",
     )
 
+    retroactive = serializers.BooleanField(
+        read_only=True,
+        help_text="valid_from lies before the table was posted: it prices runs open when it was "
+        "posted only from its created_at, and finished runs only by an explicit re-price "
+        "(POST /api/v1/runs/{id}/reprice/, audited). Runs opened after it are priced by it from "
+        "its valid_from.",
+    )
+
     class Meta:
         model = PricingTable
         # A PATCH of a table in force that changes a price answers 201 with the new version
@@ -38,6 +46,7 @@ class PricingTableSerializer(serializers.ModelSerializer):
             "gpu_prices",
             "supersedes",
             "confirm_unpriced",
+            "retroactive",
             "created_at",
             "updated_at",
         ]

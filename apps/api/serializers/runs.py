@@ -98,6 +98,7 @@ class RunSerializer(serializers.ModelSerializer):
             "queued_at",
             "started_at",
             "finished_at",
+            "prices_as_of",
             "steps",
             "tokens",
             "device_seconds",

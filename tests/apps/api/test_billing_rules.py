@@ -45,14 +45,9 @@ def sku(experiment):
 
 def external_run(arm, sku=None, **fields):
     """A running external run created a minute before T0 (its samples' time window)."""
+    fields = {"created": T0 - timedelta(minutes=1), **fields}
     return RunFactory(
-        arm=arm,
-        kind="external",
-        status="running",
-        gpu_sku=sku,
-        gpu_count=1 if sku else 0,
-        created=T0 - timedelta(minutes=1),
-        **fields,
+        arm=arm, kind="external", status="running", gpu_sku=sku, gpu_count=1 if sku else 0, **fields
     )
 
 
@@ -412,6 +407,69 @@ def test_a_finished_run_is_re_priced_only_deliberately_and_the_act_is_audited(
     assert Decimal(again["cost_after_usd"]) == before
 
 
+def test_a_retroactive_table_prices_an_open_run_only_from_its_posting(api, staff, experiment, sku):
+    """Issue 24: 40 samples, then a table valid from 50 s ago at 10x the GPU price, then 20 more
+    read $38.24, and $80.00 after finish: the open run's past was re-billed silently. It now
+    prices the open run from the moment it was posted; its valid_from reaches the run's past only
+    through an explicit re-price, audited."""
+    start = timezone.now().replace(microsecond=0) - timedelta(seconds=45)
+    run = external_run(experiment.arms.first(), sku, created=start - timedelta(seconds=5))
+    finished = external_run(experiment.arms.first(), sku, created=start - timedelta(seconds=5))
+
+    def at(s: int, t: datetime) -> dict:
+        return {**sample(s), "ts": t.isoformat(), "energy_j": 300.0 * s}
+
+    first = [at(s, start + timedelta(seconds=s)) for s in range(40)]
+    assert post(api, run, first).status_code == 200
+    assert post(api, finished, first).status_code == 200
+    api.post(f"/api/v1/runs/{finished.pk}/finish/", {"status": "succeeded"}, format="json")
+    finished_bill = Run.objects.get(pk=finished.pk).cost_usd
+    valid_from = start + timedelta(seconds=5)
+    answer = staff.post(
+        "/api/v1/pricing-tables/",
+        {
+            "name": "10x, backdated",
+            "valid_from": valid_from.isoformat(),
+            "electricity_usd_per_kwh": "0.15",
+            "pue": "1.20",
+            "gpu_prices": [{"sku": sku.name, "hourly_usd": "30.00"}],
+        },
+        format="json",
+    )
+    assert answer.status_code == 201, answer.content
+    assert answer.json()["retroactive"] is True  # the answer says so
+    posted = datetime.fromisoformat(answer.json()["created_at"])
+    later = [at(s, posted + timedelta(seconds=0.5 * (s - 39))) for s in range(40, 60)]
+    assert post(api, run, later).status_code == 200
+    last = posted + timedelta(seconds=10)
+
+    def gpu_usd(cheap_until: datetime) -> float:
+        # 3.00 USD/h from the first sample until cheap_until, 30.00 USD/h from then to the last
+        return (cheap_until - start).total_seconds() / 3600 * 3.0 + (
+            last - cheap_until
+        ).total_seconds() / 3600 * 30.0
+
+    def billed() -> float:
+        return Run.objects.get(pk=run.pk).cost_breakdown["gpu_usd"]
+
+    assert billed() == pytest.approx(gpu_usd(posted), rel=1e-6)  # 10x only from its posting
+    api.post(f"/api/v1/runs/{run.pk}/finish/", {"status": "succeeded"}, format="json")
+    assert billed() == pytest.approx(gpu_usd(posted), rel=1e-6)  # finish moves nothing
+    assert Run.objects.get(pk=finished.pk).cost_usd == finished_bill  # nor a finished run
+    # The explicit re-price applies it from its valid_from, and is kept with its actor.
+    for done in (finished, run):
+        redo = staff.post(
+            f"/api/v1/runs/{done.pk}/reprice/", {"reason": "backdated list"}, format="json"
+        )
+        assert redo.status_code == 201, redo.content
+        assert redo.json()["actor"] == "sam"
+        assert Decimal(redo.json()["cost_after_usd"]) > Decimal(redo.json()["cost_before_usd"])
+    assert billed() == pytest.approx(gpu_usd(valid_from), rel=1e-6)
+    assert Run.objects.get(pk=finished.pk).cost_breakdown["gpu_usd"] == pytest.approx(
+        5 / 3600 * 3.0 + 34 / 3600 * 30.0, rel=1e-6
+    )
+
+
 def test_identical_runs_either_side_of_a_patch_of_the_table_in_force_compare_equal(
     api, staff, experiment, sku
 ):
@@ -481,13 +539,23 @@ def test_a_table_without_the_runs_sku_never_bills_its_gpu_time_as_zero(api, staf
         "/api/v1/pricing-tables/", {**table, "confirm_unpriced": True}, format="json"
     )
     assert confirmed.status_code == 201, confirmed.content
+    # The table is retroactive for gpu_run, open since before it was posted: it prices that
+    # run's past not at all (issue 24, item 3), so its GPU time keeps the old price.
     assert post(api, gpu_run, CLEAN[:200]).status_code == 200
-    run = totals(api, gpu_run)
+    assert totals(api, gpu_run)["unpriced"] == {}
+    # Runs opened after it (historical uploads declaring when they started) are priced by it.
+    fresh = external_run(
+        gpu_run.arm, sku, created=timezone.now(), started_at=T0 - timedelta(minutes=1)
+    )
+    assert post(api, fresh, CLEAN[:200]).status_code == 200
+    run = totals(api, fresh)
     assert run["unpriced"] == {"gpu": pytest.approx(199.0)}
     assert run["cost_breakdown"]["gpu_usd"] is None  # unpriced, not $0
     assert run["cost_breakdown"]["energy_usd"] > 0  # the table prices energy
     # Order does not matter: the same samples in reverse arrive at the same figures.
-    again = external_run(gpu_run.arm, sku)
+    again = external_run(
+        gpu_run.arm, sku, created=timezone.now(), started_at=T0 - timedelta(minutes=1)
+    )
     for batch in reversed(chunks(CLEAN[:200], 50)):
         answer = post(api, again, batch)
         assert answer.status_code == 200, answer.content
