@@ -51,29 +51,43 @@ def as_pp(fraction: float) -> Decimal:
     return (Decimal(repr(fraction)) * 100).quantize(RESOLUTION_PP, rounding=ROUND_HALF_EVEN)
 
 
-def _metric_label(metric: str) -> str:
-    return "USD/1M tokens" if metric == "usd_per_mtok" else "USD/step"
+LABELS = {
+    "usd_per_mtok": "USD/1M tokens",
+    "usd_per_step": "USD/step",
+    "gco2e_per_mtok": "gCO2e/1M tokens",
+    "gco2e_per_step": "gCO2e/step",
+}
 
 
 def run_metric(run: dict, metric: str) -> float | None:
-    cost = float(run["cost_usd"])
-    if metric == "usd_per_mtok":
-        return cost / run["tokens"] * 1e6 if run["tokens"] else None
-    return cost / run["steps"] if run["steps"] else None
+    """The run's figure on the report's metric (its bill, or its gCO2e as billed)."""
+    if metric.startswith("gco2e"):
+        grams = (run.get("carbon") or {}).get("g_co2e")
+        if grams is None:
+            return None
+        amount = float(grams)
+    else:
+        amount = float(run["cost_usd"])
+    if metric.endswith("_per_mtok"):
+        return amount / run["tokens"] * 1e6 if run["tokens"] else None
+    return amount / run["steps"] if run["steps"] else None
 
 
 def cmd_gate(api: Api, args) -> int:
     limit = parse_regression(args.max_regression)
     evidence = bool(getattr(args, "evidence", False))
-    report = api.get(f"experiments/{args.experiment}/report/")
+    metric = getattr(args, "metric", "usd")
+    report = api.get(f"experiments/{args.experiment}/report/", metric=metric)
     control = next((a for a in report["arms"] if a["is_control"]), None)
     if control is None:
         raise CliError(f"experiment {args.experiment} has no control arm to compare with")
     if control["metric_value"] is None:
         raise CliError(
-            f"control arm '{control['name']}' has no priced runs yet: no baseline to compare with"
+            f"control arm '{control['name']}' has no "
+            + ("gCO2e (no grid intensity) " if metric == "gco2e" else "priced runs ")
+            + "yet: no baseline to compare with"
         )
-    label = _metric_label(control["metric"])
+    label = LABELS.get(control["metric"], control["metric"])
 
     if args.run is not None:
         if evidence:
@@ -92,7 +106,10 @@ def cmd_gate(api: Api, args) -> int:
             )
         value = run_metric(run, control["metric"])
         if value is None:
-            raise CliError(f"--run: run {args.run} reported no tokens or steps to price")
+            raise CliError(
+                f"--run: run {args.run} reported no tokens or steps to price"
+                + (", or its carbon is unpriced" if metric == "gco2e" else "")
+            )
         candidates = [
             (
                 f"run {run['id']} (arm '{run['arm']['name']}')",
@@ -146,7 +163,8 @@ def cmd_gate(api: Api, args) -> int:
     judged_by = "lower bound" if evidence else "estimate"
     print(
         f"{'REGRESSION' if failed else 'PASS'}: "
-        f"{who} costs {as_pp(deviation):+}% {label} vs control "
+        f"{who} {'emits' if metric == 'gco2e' else 'costs'} {as_pp(deviation):+}% {label} vs "
+        "control "
         f"'{control['name']}' ({value:.4f} vs {control['metric_value']:.4f}{bounds}; {judged_by} "
         f"{score:+}% vs limit +{limit}%)"
     )

@@ -111,6 +111,12 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("report", help="Per-arm comparison of an experiment.")
     r.add_argument("experiment", type=int, metavar="EXP")
     r.add_argument("--format", choices=["table", "json", "markdown"], default="table")
+    r.add_argument(
+        "--metric",
+        choices=["usd", "gco2e"],
+        default="usd",
+        help="What 'vs control' and the verdict compare: USD (default) or gCO2e per unit of work.",
+    )
     r.set_defaults(handler=cmd_report)
 
     g = sub.add_parser(
@@ -136,6 +142,12 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="Fail only when the freeze rule's always-valid lower bound clears the limit "
         "(default: the point estimate, the cautious choice).",
+    )
+    g.add_argument(
+        "--metric",
+        choices=["usd", "gco2e"],
+        default="usd",
+        help="Gate on USD (default) or on gCO2e per unit of work.",
     )
     g.set_defaults(handler=cmd_gate)
     add_sweep_parser(sub)

@@ -10,11 +10,13 @@ from django.db.models import Avg, Case, Count, F, FloatField, Q, Sum, Value, Whe
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast
 
+from apps.attribution import stats
 from apps.attribution.comparison import Comparison
 from apps.attribution.device_classes import ClassVerdict, class_verdicts
 from apps.attribution.selectors import arm_repricing, snapshots_latest
 from apps.attribution.snapshots import policy_for
 from apps.experiments.models import Experiment, Run
+from apps.pricing.bill import carbon_figure, carbon_method
 from apps.pricing.cost_engine import (
     JOULES_PER_KWH,
     SECONDS_PER_HOUR,
@@ -59,6 +61,16 @@ class ArmReport:
     projected: (
         Projection | None
     )  # one run of target_steps: GPU hours, electricity, total USD, completion
+    # Carbon beside the dollars: as billed (each run at its versions' grid intensity; g_co2e,
+    # method, band, low, high, unpriced), and compared (the arm's energy at the comparison
+    # version's intensity) per 1M tokens, with its deviation from the control and the
+    # always-valid bounds of that deviation over the arms' runs (apps.attribution.stats).
+    carbon: dict = field(default_factory=dict)
+    compared_g_co2e: float | None = None
+    gco2e_per_mtok: float | None = None
+    carbon_deviation: float | None = None
+    carbon_deviation_low: float | None = None
+    carbon_deviation_high: float | None = None
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,7 @@ class ExperimentReport:
     # (apps.attribution.device_classes).
     device_class: str = ""
     device_classes: list[ClassVerdict] = field(default_factory=list)
+    compared_on: str = "usd"  # what metric, metric_value and deviation compare: usd or gco2e
 
 
 # A run's wall time as billed: a GPU run's device-seconds per device, a CPU run's wall seconds
@@ -100,16 +113,31 @@ def _completion_s(r: dict) -> float | None:
     return total / (worker + external)
 
 
-def experiment_report(*, experiment: Experiment) -> ExperimentReport:
-    """Per arm: GPU hours, electricity USD, total USD, completion time, USD/1M tokens, deviation,
-    state."""
+METRICS = ("usd", "gco2e")
+
+
+def experiment_report(*, experiment: Experiment, metric: str = "usd") -> ExperimentReport:
+    """Per arm: GPU hours, electricity USD, total USD, gCO2e, completion time, USD/1M tokens,
+    deviation, state.
+
+    metric "gco2e": metric, metric_value and deviation (with its bounds) compare gCO2e per unit of
+    work instead of USD (the freeze rule compares USD either way).
+    """
+    if metric not in METRICS:
+        raise ValueError(f"metric: one of {', '.join(METRICS)}, not {metric!r}")
     policy = policy_for(experiment)
+    units_f = Cast("steps" if policy.unit == "step" else "tokens", FloatField())
     rows = {
         r["arm_id"]: r
         for r in Run.objects.filter(experiment=experiment, priced_seq__gte=0)
         .values("arm_id")
         .order_by("arm_id")
         .annotate(
+            # Run-level moments of (energy, units), the carbon deviation's bounds: first, before
+            # the sums named energy_j, tokens and steps shadow the fields.
+            energy_sq=Sum(F("energy_j") * F("energy_j"), output_field=FloatField()),
+            energy_units=Sum(F("energy_j") * units_f, output_field=FloatField()),
+            units_sq=Sum(units_f * units_f, output_field=FloatField()),
             runs=Count("pk"),
             runs_succeeded=Count("pk", filter=Q(status=Run.Status.SUCCEEDED)),
             tokens=Sum("tokens"),
@@ -126,6 +154,9 @@ def experiment_report(*, experiment: Experiment) -> ExperimentReport:
             ),
             wall_s=Sum(_WALL_S),
             electricity=Sum(Cast(KT("cost_breakdown__energy_usd"), FloatField())),
+            carbon=Sum(Cast(KT("cost_breakdown__carbon_g"), FloatField())),
+            carbon_unpriced_s=Sum(Cast(KT("cost_breakdown__carbon_unpriced_s"), FloatField())),
+            gpu_runs=Count("pk", filter=Q(gpu_count__gt=0)),
             completion=Avg(F("finished_at") - F("started_at"), filter=_SUCCEEDED_WORKER),
             completed=Count("pk", filter=_SUCCEEDED_WORKER),
             # An external run's submit and finish calls say nothing of how long it trained:
@@ -156,6 +187,9 @@ def experiment_report(*, experiment: Experiment) -> ExperimentReport:
         )
     control = next((a for a in arms if a.is_control), None)
     base = metric_of.get(control.pk) if control else None
+    carbon = _carbon(
+        rows, arms=arms, control=control, comparison=comparison, latest=latest, policy=policy
+    )
 
     out = []
     for arm in arms:
@@ -205,15 +239,18 @@ def experiment_report(*, experiment: Experiment) -> ExperimentReport:
                 projected=project(usage, cost, target_steps=experiment.target_steps, **tiered)
                 if experiment.target_steps
                 else None,
+                **carbon[arm.pk],
             )
         )
+    if metric == "gco2e":
+        out = [_on_carbon(a, policy) for a in out]
     classes = class_verdicts(
         experiment=experiment,
         policy=policy,
         arms=arms,
         reference_report={a.arm_id: a for a in out},
     )
-    if len(classes) > 1:
+    if len(classes) > 1 and metric == "usd":
         # Several device classes: the point deviation is the reference class's alone, as the
         # bounds beside it are (the tick compares within it).
         by_arm = {a.arm_id: a.deviation for a in classes[0].arms}
@@ -233,7 +270,88 @@ def experiment_report(*, experiment: Experiment) -> ExperimentReport:
         arms=out,
         device_class=classes[0].device_class if classes else "",
         device_classes=classes,
+        compared_on=metric,
     )
+
+
+def _on_carbon(arm: ArmReport, policy) -> ArmReport:
+    """The arm compared on gCO2e: metric, metric_value and deviation (with bounds) carbon's."""
+    per_unit = arm.compared_g_co2e
+    units = arm.steps if policy.unit == "step" else arm.tokens
+    return replace(
+        arm,
+        metric="gco2e_per_step" if policy.unit == "step" else "gco2e_per_mtok",
+        metric_value=per_unit / units * policy.scale if per_unit is not None and units else None,
+        deviation=arm.carbon_deviation,
+        deviation_low=arm.carbon_deviation_low,
+        deviation_high=arm.carbon_deviation_high,
+    )
+
+
+def _carbon(
+    rows: dict, *, arms: list, control, comparison: Comparison, latest: dict, policy
+) -> dict:
+    """Per arm, the ArmReport's carbon fields.
+
+    Compared: the arm's energy x PUE x the comparison version's intensity (one version for every
+    arm, as dollars are compared; before the first window, as billed). The deviation is taken on
+    energy per unit of work, which one version's factor scales alike for every arm; its bounds
+    are the always-valid interval of apps.attribution.stats over the arms' runs (each run's
+    cumulative energy and units), given COSTLAB_CS_MIN_RUNS runs per arm.
+    """
+    factor = None  # gCO2e per joule at the comparison version
+    table = next((s.pricing_table for s in latest.values()), None)
+    if comparison.table_id is not None and table is not None:
+        if table.carbon_g_per_kwh is not None:
+            factor = float(table.pue) * float(table.carbon_g_per_kwh) / JOULES_PER_KWH
+    out, per_unit, estimates = {}, {}, {}
+    for arm in arms:
+        r = rows.get(arm.pk, {})
+        runs, energy = int(r.get("runs") or 0), float(r.get("energy_j") or 0)
+        units = (r.get("steps") or 0) if policy.unit == "step" else (r.get("tokens") or 0)
+        # CPU and GPU runs mixed: rapl's wider band.
+        gpu = runs > 0 and r.get("gpu_runs") == runs
+        method = carbon_method(estimated=bool(r.get("estimated")), gpu=gpu)
+        unpriced = bool(r.get("carbon_unpriced_s"))
+        billed = float(r.get("carbon") or 0.0) if runs else None
+        if comparison.table_id is None:
+            compared = None if unpriced else billed
+        else:
+            compared = energy * factor if factor is not None and runs else None
+        out[arm.pk] = {
+            "carbon": carbon_figure(billed, method=method, unpriced=unpriced),
+            "compared_g_co2e": None if compared is None else round(compared, 6),
+            "gco2e_per_mtok": compared / r["tokens"] * 1e6
+            if compared is not None and r.get("tokens")
+            else None,
+            "carbon_deviation": None,
+            "carbon_deviation_low": None,
+            "carbon_deviation_high": None,
+        }
+        per_unit[arm.pk] = compared / units if compared is not None and units else None
+        estimates[arm.pk] = stats.ratio_estimate(
+            stats.RatioSums(
+                n=runs,
+                cost=stats.as_decimal(energy),
+                units=stats.as_decimal(units),
+                cost_sq=stats.as_decimal(r.get("energy_sq")),
+                cost_units=stats.as_decimal(r.get("energy_units")),
+                units_sq=stats.as_decimal(r.get("units_sq")),
+            )
+        )
+    base = per_unit.get(control.pk) if control else None
+    for arm in arms:
+        value, fig = per_unit[arm.pk], out[arm.pk]
+        if value is None or not base:
+            continue
+        fig["carbon_deviation"] = value / base - 1.0
+        est, ref = estimates[arm.pk], estimates[control.pk]
+        if arm.is_control or est is None or ref is None or min(est.n, ref.n) < policy.min_cs_runs:
+            continue
+        bounds = stats.relative_deviation(est, ref, alpha=policy.alpha, r2=policy.r2)
+        if bounds is not None:
+            fig["carbon_deviation_low"], fig["carbon_deviation_high"] = bounds.low, bounds.high
+    return out
 
 
 def report_comparison(*, experiment: Experiment, latest: dict) -> Comparison:

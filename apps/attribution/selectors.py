@@ -557,8 +557,9 @@ def snapshot_series(*, experiment: Experiment, since: datetime | None = None) ->
 
 
 def snapshots_latest(*, experiment: Experiment) -> dict[int, AttributionSnapshot]:
-    """Per arm, the snapshot of the experiment's latest window."""
+    """Per arm, the snapshot of the experiment's latest window (with its comparison table)."""
     last = AttributionWindow.objects.filter(experiment=experiment).order_by("-number").first()
     if last is None:
         return {}
-    return {s.arm_id: s for s in AttributionSnapshot.objects.filter(window=last)}
+    snapshots = AttributionSnapshot.objects.filter(window=last).select_related("pricing_table")
+    return {s.arm_id: s for s in snapshots}

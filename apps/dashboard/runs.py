@@ -21,6 +21,7 @@ from apps.dashboard import charts
 from apps.dashboard.selectors import runs_visible, tenants_of
 from apps.dashboard.series import run_series
 from apps.experiments.models import Arm, Experiment, Run
+from apps.pricing.bill import carbon_shown
 from apps.tenants.models import Tenant
 
 COMPARE_MIN, COMPARE_MAX = 2, 4
@@ -100,6 +101,9 @@ RUN_CSV_HEADER = [
     "energy_estimated",
     "cost_usd",
     "usd_per_1m_tokens",
+    "g_co2e",
+    "carbon_method",
+    "carbon_band",
 ]
 
 
@@ -112,6 +116,11 @@ def runs_csv_rows(runs: QuerySet[Run]) -> Iterator[list]:
     yield RUN_CSV_HEADER
     for run in runs.iterator(chunk_size=2000):
         per_mtok = usd_per_mtok(run)
+        carbon = carbon_shown(
+            breakdown=run.cost_breakdown,
+            gpu_count=run.gpu_count,
+            energy_estimated=run.energy_estimated,
+        )
         yield [
             run.pk,
             run.experiment.tenant.name,
@@ -130,6 +139,9 @@ def runs_csv_rows(runs: QuerySet[Run]) -> Iterator[list]:
             "estimated" if run.energy_estimated else "measured",
             f"{run.cost_usd:.6f}",
             "" if per_mtok is None else f"{per_mtok:.6f}",
+            "unpriced" if carbon["g_co2e"] is None else f"{carbon['g_co2e']:.3f}",
+            carbon["method"],
+            "" if carbon["band"] is None else f"{carbon['band']:g}",
         ]
 
 

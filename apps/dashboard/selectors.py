@@ -336,6 +336,7 @@ def experiment_parts(
     return {
         "experiment": experiment,
         "report": report,
+        "arm_report": {a.arm_id: a for a in report.arms},
         "last_window": last_window,
         "arm_colors": {pk: i % len(charts.ARM_COLORS) for i, pk in enumerate(arm_ids)},
         "verdicts": verdict_list,

@@ -60,12 +60,16 @@ BREAKDOWN_KEYS = {
 CARBON_BANDS = {"nvml": 0.05, "rapl": 0.10, "modelled": 0.50}
 
 
-def carbon_shown(*, breakdown: Mapping | None, gpu_count: int, energy_estimated: bool) -> dict:
-    """A run's carbon as the API shows it: gCO2e with its method and band, or unpriced."""
-    b = breakdown or {}
-    method = "modelled" if energy_estimated else "nvml" if gpu_count else "rapl"
-    unpriced = bool(b.get("carbon_unpriced_s"))
-    if unpriced and not b.get("carbon_g"):
+def carbon_method(*, estimated: bool, gpu: bool) -> str:
+    """How a figure's energy was measured: modelled (from board power), nvml (the GPU's energy
+    counter) or rapl (the CPU package's)."""
+    return "modelled" if estimated else "nvml" if gpu else "rapl"
+
+
+def carbon_figure(grams: float | None, *, method: str, unpriced: bool) -> dict:
+    """gCO2e as shown everywhere (run, arm): the figure with its method and band, or unpriced
+    (None, never 0) when nothing of it had an intensity."""
+    if grams is None or (unpriced and not grams):
         return {
             "g_co2e": None,
             "method": method,
@@ -74,7 +78,7 @@ def carbon_shown(*, breakdown: Mapping | None, gpu_count: int, energy_estimated:
             "high": None,
             "unpriced": True,
         }
-    grams, band = float(b.get("carbon_g") or 0.0), CARBON_BANDS[method]
+    band = CARBON_BANDS[method]
     return {
         "g_co2e": round(grams, 3),
         "method": method,
@@ -83,6 +87,16 @@ def carbon_shown(*, breakdown: Mapping | None, gpu_count: int, energy_estimated:
         "high": round(grams * (1 + band), 3),
         "unpriced": unpriced,
     }
+
+
+def carbon_shown(*, breakdown: Mapping | None, gpu_count: int, energy_estimated: bool) -> dict:
+    """A run's carbon as the API shows it: gCO2e with its method and band, or unpriced."""
+    b = breakdown or {}
+    return carbon_figure(
+        float(b.get("carbon_g") or 0.0),
+        method=carbon_method(estimated=energy_estimated, gpu=bool(gpu_count)),
+        unpriced=bool(b.get("carbon_unpriced_s")),
+    )
 
 
 def breakdown_shown(breakdown: Mapping | None) -> dict:

@@ -24,7 +24,7 @@ CONTROL = (
 CANDIDATE = CONTROL.replace("steps: 5", "steps: 7")
 
 
-def priced_run(arm, usd: str, tokens: int = 1_000_000):
+def priced_run(arm, usd: str, tokens: int = 1_000_000, **fields):
     return RunFactory(
         arm=arm,
         status="succeeded",
@@ -34,6 +34,7 @@ def priced_run(arm, usd: str, tokens: int = 1_000_000):
         steps=50,
         cost_usd=Decimal(usd),
         device_seconds=30.0,
+        **fields,
     )
 
 

@@ -284,6 +284,46 @@ def test_gate_exit_codes_each_with_a_one_line_reason(lab, capsys):
         assert code == 2 and reason in err
 
 
+def test_report_and_gate_show_and_compare_gco2e(lab, capsys):
+    """Issue 24, item 7: the CLI's report shows gCO2e beside USD, and --metric gco2e compares
+    and gates on it."""
+    exp = str(lab["experiment"].pk)
+
+    def run(arm, grams: float, joules: float):
+        return priced_run(
+            lab[arm],
+            "1.00",
+            energy_j=joules,
+            cost_breakdown={"carbon_g": grams, "carbon_unpriced_s": 0.0},
+        )
+
+    run("control", 100.0, 1.0e6)
+    candidate = run("candidate", 110.0, 1.1e6)  # the same dollars, 10 % more carbon
+    code, table, _ = cli(capsys, "report", exp)
+    assert code == 0 and "gCO2e/1M tok" in table and "110.0 ±10%" in table  # rapl: CPU runs
+    assert "+0.0%" in table  # compared on USD
+    code, table, _ = cli(capsys, "report", exp, "--metric", "gco2e")
+    assert code == 0 and "vs control on gCO2e" in table and "+10.0%" in table
+    code, out, _ = cli(capsys, "gate", exp, "--max-regression", "5%")
+    assert code == 0, out
+    code, out, _ = cli(capsys, "gate", exp, "--max-regression", "5%", "--metric", "gco2e")
+    assert code == 1 and out.startswith(
+        "REGRESSION: arm 'candidate' emits +10.00% gCO2e/1M tokens vs control 'control'"
+    ), out
+    code, out, _ = cli(
+        capsys,
+        "gate",
+        exp,
+        "--max-regression",
+        "5%",
+        "--metric",
+        "gco2e",
+        "--run",
+        str(candidate.pk),
+    )
+    assert code == 1 and "emits +10.00%" in out
+
+
 def test_credentials_and_reachability_errors_exit_2(lab, capsys, monkeypatch):
     exp = str(lab["experiment"].pk)
     monkeypatch.setenv("COSTLAB_TOKEN", "clb_wrong")

@@ -43,7 +43,7 @@ class ReportApi:
             ],
         }
 
-    def get(self, path: str) -> dict:
+    def get(self, path: str, **params) -> dict:
         return self.report
 
 

@@ -61,6 +61,35 @@ class ArmReportSerializer(serializers.Serializer):
     deviation_high = serializers.FloatField(allow_null=True)
     projected = ProjectionSerializer(allow_null=True)
     verdict = serializers.ChoiceField(choices=VERDICTS)
+    carbon = serializers.DictField(
+        help_text="gCO2e as billed (each run at its price versions' grid intensity): g_co2e, "
+        "method (nvml, rapl, modelled: the widest of the arm's runs), band and its low and high; "
+        "g_co2e null and unpriced true where no version had an intensity."
+    )
+    compared_g_co2e = serializers.FloatField(
+        allow_null=True,
+        help_text="The arm's energy at the comparison version's intensity (as billed before the "
+        "first window); null where that version has none.",
+    )
+    gco2e_per_mtok = serializers.FloatField(allow_null=True)
+    carbon_deviation = serializers.FloatField(
+        allow_null=True, help_text="(arm - control) / control on gCO2e per unit of work."
+    )
+    carbon_deviation_low = serializers.FloatField(
+        allow_null=True,
+        help_text="Always-valid bounds of carbon_deviation over the arms' runs (given "
+        "COSTLAB_CS_MIN_RUNS runs per arm).",
+    )
+    carbon_deviation_high = serializers.FloatField(allow_null=True)
+
+
+class ReportQuerySerializer(serializers.Serializer):
+    metric = serializers.ChoiceField(
+        choices=["usd", "gco2e"],
+        default="usd",
+        help_text="What metric, metric_value, deviation and verdict compare: USD (default) or "
+        "gCO2e per unit of work. The freeze rule compares USD either way.",
+    )
 
 
 class ClassArmSerializer(serializers.Serializer):
@@ -111,6 +140,9 @@ class ExperimentReportSerializer(serializers.Serializer):
     )
     device_classes = ClassVerdictSerializer(
         many=True, help_text="One verdict per device class, each from that class's runs alone."
+    )
+    compared_on = serializers.ChoiceField(
+        choices=["usd", "gco2e"], help_text="What the arms' metric and deviation compare."
     )
 
 

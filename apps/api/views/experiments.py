@@ -26,6 +26,7 @@ from apps.api.serializers.report import (
     ExperimentReportSerializer,
     FreezeEventSerializer,
     FreezeRequestSerializer,
+    ReportQuerySerializer,
     UnfreezeRequestSerializer,
 )
 from apps.api.views.base import TenantViewSet
@@ -66,13 +67,15 @@ class ExperimentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
         services.experiment_delete(experiment=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
-    @extend_schema(responses=ExperimentReportSerializer)
+    @extend_schema(responses=ExperimentReportSerializer, parameters=[ReportQuerySerializer])
     @action(detail=True, methods=["get"])
     def report(self, request, pk=None):
-        """Per arm: runs, GPU hours, energy, USD, USD per 1M tokens, deviation from the control and
-        a verdict."""
+        """Per arm: runs, GPU hours, energy, USD, gCO2e, USD per 1M tokens, deviation from the
+        control and a verdict (`?metric=gco2e`: compared on gCO2e)."""
+        query = ReportQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
         experiment = self.get_object()
-        report = experiment_report(experiment=experiment)
+        report = experiment_report(experiment=experiment, metric=query.validated_data["metric"])
         threshold = float(experiment.freeze_threshold)
         arms = [
             {**dataclasses.asdict(arm), "verdict": arm_verdict(arm, threshold=threshold)}

@@ -178,3 +178,72 @@ def test_every_manual_action_records_its_user_in_the_audit_row(staff, experiment
     thawed = staff.post(f"/api/v1/arms/{arm.pk}/unfreeze/", {"reason": "fixed"}, format="json")
     assert thawed.status_code == 200
     assert WeightChange.objects.get(arm=arm, kind="unfreeze").actor.username == "sam"
+
+
+def test_carbon_stands_beside_the_dollars_per_arm_and_compares_with_metric_gco2e(
+    api, experiment, settings
+):
+    """Issue 24, item 7: every arm shows gCO2e beside USD with its method and band, compared at
+    one version's grid intensity, and ?metric=gco2e makes the comparison on carbon."""
+    from datetime import UTC, datetime, timedelta
+
+    from apps.attribution.services import attribution_tick
+    from tests.factories import GpuPriceFactory, GpuSkuFactory, PricingTableFactory
+
+    settings.COSTLAB_CS_MIN_RUNS = 5
+    t0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+    sku = GpuSkuFactory()
+    dirty = PricingTableFactory(
+        tenant=experiment.tenant, valid_from=t0 - timedelta(days=1), carbon_g_per_kwh=400
+    )
+    GpuPriceFactory(pricing_table=dirty, sku=sku, hourly_usd=Decimal("3.00"))
+    gpu = {"gpu_sku": sku, "gpu_count": 1, "device_seconds": 3600.0}
+
+    def runs(arm: str, kwh: float, g_per_kwh: int) -> None:
+        for i in range(6):  # the same dollars, energy 1 % apart run to run
+            energy = kwh * 3.6e6 * (1 + 0.01 * (i - 2.5))
+            carbon = energy / 3.6e6 * 1.2 * g_per_kwh
+            priced_run(
+                experiment.arms.get(name=arm),
+                "3.00",
+                energy_j=energy,
+                cost_breakdown={"carbon_g": carbon, "carbon_unpriced_s": 0.0},
+                **gpu,
+            )
+
+    runs("control", 1.0, 400)  # 1 kWh per 1M tokens, billed at 400 g/kWh
+    assert attribution_tick(now=t0).windows == 1
+    clean = PricingTableFactory(
+        tenant=experiment.tenant, valid_from=t0 + timedelta(minutes=1), carbon_g_per_kwh=200
+    )
+    GpuPriceFactory(pricing_table=clean, sku=sku, hourly_usd=Decimal("3.00"))
+    runs("candidate", 0.5, 200)  # half the energy, billed at a cleaner grid
+    assert attribution_tick(now=t0 + timedelta(minutes=2)).windows == 1
+
+    url = f"/api/v1/experiments/{experiment.pk}/report/"
+    body = api.get(url).json()
+    assert body["compared_on"] == "usd" and body["pricing_table"]["id"] == clean.pk
+    arms = {a["name"]: a for a in body["arms"]}
+    control, candidate = arms["control"], arms["candidate"]
+    # As billed: 6 kWh x 1.2 x 400 g and 3 kWh x 1.2 x 200 g, measured by NVML (+-5 %).
+    assert control["carbon"]["g_co2e"] == pytest.approx(2880.0)
+    assert candidate["carbon"]["g_co2e"] == pytest.approx(720.0)
+    assert (control["carbon"]["method"], control["carbon"]["band"]) == ("nvml", 0.05)
+    assert control["carbon"]["low"] == pytest.approx(2880 * 0.95)
+    # Compared at the one version (200 g/kWh): the energy halves, so does the carbon (not -75 %).
+    assert control["compared_g_co2e"] == pytest.approx(1440.0)
+    assert candidate["gco2e_per_mtok"] == pytest.approx(120.0)
+    assert candidate["carbon_deviation"] == pytest.approx(-0.5)
+    assert candidate["carbon_deviation_high"] < -0.05
+    assert candidate["deviation"] == pytest.approx(0.0) and candidate["verdict"] != "cheaper"
+
+    on_carbon = api.get(url, {"metric": "gco2e"}).json()
+    assert on_carbon["compared_on"] == "gco2e"
+    arms = {a["name"]: a for a in on_carbon["arms"]}
+    assert arms["candidate"]["metric"] == "gco2e_per_mtok"
+    assert arms["control"]["metric_value"] == pytest.approx(240.0)
+    assert arms["candidate"]["deviation"] == pytest.approx(-0.5)
+    assert arms["candidate"]["verdict"] == "cheaper"  # the bounds exclude the threshold
+
+    bad = api.get(url, {"metric": "kwh"})
+    assert bad.status_code == 400 and "metric" in str(bad.json())

@@ -91,6 +91,9 @@ def test_comparison_table_has_every_figure_with_its_unit(member, trained):
         assert usd(figures.total_usd) in cells and usd(figures.electricity_usd) in cells
         assert "none (CPU runs)" in cells, "CPU runs hold no GPU: said so, not '0 GPU·h'"
         assert "kWh" in cells and "USD/1M tok" in cells
+        # gCO2e beside the dollars, with its band: modelled energy +-50 %, a counter's +-5-10 %
+        band = {"modelled": "±50 %", "nvml": "±5 %", "rapl": "±10 %"}[figures.carbon["method"]]
+        assert "gCO2e" in cells and band in cells and "gCO2e/1M tok" in cells
         assert re.search(r"\d+ min( \d+ s)?|\d+(\.\d+)? s", cells), "completion time with its unit"
         projected = row(response, arm.pk, "comparison-projected")
         assert f"≈ {usd(figures.projected.total_usd)}" in projected

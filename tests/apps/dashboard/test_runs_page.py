@@ -148,6 +148,7 @@ def test_runs_csv_follows_the_filters(member, w, runs):
     assert {int(r["run_id"]) for r in rows} == {runs["a"].pk, runs["c"].pk}
     a = next(r for r in rows if int(r["run_id"]) == runs["a"].pk)
     assert (a["arm"], a["git_sha"], a["cost_usd"]) == ("baseline", "abc1230000", "1.500000")
+    assert a["g_co2e"] == "0.000" and a["carbon_method"] in ("nvml", "rapl")
     assert member.get(reverse("dashboard:runs-csv"), {"status": "bogus"}).status_code == 400
 
 
@@ -162,6 +163,10 @@ def test_experiment_comparison_csv_has_a_row_per_arm(member, w):
     assert float(rows[0]["projected.total_usd"]) > 0 and rows[0]["projected.estimated"] == "True", (
         "the projection is columns of its own, flagged estimated"
     )
+    # gCO2e beside the dollars, with how its energy was measured and the band that follows.
+    assert float(rows[0]["carbon.g_co2e"]) > 0 and rows[0]["carbon.method"] in ("nvml", "rapl")
+    assert float(rows[0]["carbon.low"]) < float(rows[0]["carbon.g_co2e"])
+    assert float(rows[0]["gco2e_per_mtok"]) > 0 and "carbon_deviation" in rows[0]
     assert (
         member.get(
             reverse("dashboard:experiment-comparison-csv", args=[world().experiment.pk])

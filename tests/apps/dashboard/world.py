@@ -101,6 +101,7 @@ def world(*, username: str | None = None, staff: bool = False, status: str = "ac
         is_example=True,
         vcpu_hour_usd=Decimal("0.04"),
         memory_gb_hour_usd=Decimal("0.005"),
+        carbon_g_per_kwh=Decimal("400"),
     )
     user = UserFactory(**({"username": username} if username else {}), is_staff=staff)
     MembershipFactory(user=user, tenant=table.tenant)
