@@ -9,6 +9,7 @@ from apps.attribution.models import (
     AlertDelivery,
     AttributionSnapshot,
     AttributionWindow,
+    BudgetEvent,
     FreezeEvent,
     FrozenArm,
     WeightChange,
@@ -78,11 +79,18 @@ class AttributionWindowAdmin(ReadOnlyAdmin):
     list_select_related = ["experiment"]
 
 
+@admin.register(BudgetEvent)
+class BudgetEventAdmin(ReadOnlyAdmin):
+    list_display = ["created_at", "tenant", "month", "state", "spend_usd", "budget_usd", "reason"]
+    list_filter = ["state", "tenant"]
+    list_select_related = ["tenant"]
+
+
 @admin.register(AlertDelivery)
 class AlertDeliveryAdmin(ReadOnlyAdmin):
     list_display = [
         "created_at",
-        "event",
+        "alerted",
         "kind",
         "target",
         "status",
@@ -91,7 +99,12 @@ class AlertDeliveryAdmin(ReadOnlyAdmin):
         "last_error",
     ]
     list_filter = ["status", "kind"]
-    list_select_related = ["event__arm"]
+    list_select_related = ["event__arm", "budget_event__tenant"]
+
+    @admin.display(description="event")
+    def alerted(self, obj):
+        """The freeze/unfreeze or the budget step this delivery alerts."""
+        return obj.event if obj.event_id else obj.budget_event
 
 
 @admin.register(AlertChannel)

@@ -1,9 +1,11 @@
-"""Alerts for freezes and unfreezes: webhook POST, e-mail, and a structured log line.
+"""Alerts for freezes and unfreezes, and for a tenant's budget steps (80 %, 100 %): webhook POST,
+e-mail, and a structured log line.
 
 The decision never waits on a receiver: deliveries are rows written in the decision's
 transaction and sent by the `costlab.alert_deliver` Celery task once it commits. A
 delivery is attempted until it succeeds, fails permanently (a 4xx other than 408/429), or
-runs out of attempts; each attempt is recorded. The freeze stands whatever happens here.
+runs out of attempts; each attempt is recorded. The freeze, or the budget step, stands whatever
+happens here. A payload's `kind` says which it is: "arm" (a freeze/unfreeze) or "budget".
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import hmac
 import json
 import logging
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import date, timedelta
+from decimal import Decimal
 
 import httpx
 from django.conf import settings
@@ -22,8 +25,9 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from apps.attribution.models import AlertChannel, AlertDelivery, FreezeEvent
+from apps.attribution.models import AlertChannel, AlertDelivery, BudgetEvent, FreezeEvent
 from apps.core.queues import TaskName
+from apps.tenants.models import Tenant
 
 logger = logging.getLogger("costlab.attribution")
 
@@ -36,6 +40,7 @@ def alert_payload(*, event: FreezeEvent) -> dict:
     experiment, arm = event.experiment, event.arm
     evidence = event.evidence or {}
     return {
+        "kind": "arm",
         "event": f"arm_{event.action}",  # arm_freeze | arm_unfreeze
         "event_id": event.pk,
         "at": event.created_at.isoformat(),
@@ -62,15 +67,40 @@ def alert_payload(*, event: FreezeEvent) -> dict:
     }
 
 
-def _targets(event: FreezeEvent) -> list[tuple[str, str, str]]:
-    """(kind, target, secret) for every enabled channel of the experiment or its tenant,
-    and the defaults."""
+def budget_alert_payload(*, event: BudgetEvent) -> dict:
+    """The JSON body of a budget step (also its e-mail's and its log line's content)."""
+    runs = event.runs or {}
+    return {
+        "kind": "budget",
+        "event": f"budget_{event.state}",  # budget_warned | budget_exceeded
+        "event_id": event.pk,
+        "at": event.created_at.isoformat(),
+        "tenant": event.tenant.slug,
+        "state": event.state,
+        "month": f"{event.month:%Y-%m}",
+        "spend_usd": f"{event.spend_usd:.6f}",
+        "budget_usd": f"{event.budget_usd:.2f}",
+        # spend / budget; null where the budget is 0 (any spend exceeds it)
+        "share": round(float(event.spend_usd / event.budget_usd), 4) if event.budget_usd else None,
+        "reason": event.reason,
+        "runs": {key: runs.get(key, []) for key in ("noted", "cancelled", "flagged")},
+    }
+
+
+def _freeze_targets(event: FreezeEvent) -> list[tuple[str, str, str]]:
+    """Every enabled channel of the experiment or its tenant, and the defaults."""
     experiment = event.experiment
     channels = (
         AlertChannel.objects.filter(tenant_id=experiment.tenant_id, enabled=True)
         .filter(Q(experiment__isnull=True) | Q(experiment=experiment))
         .order_by("pk")
     )
+    return _targets(channels, defaults=True)
+
+
+def _targets(channels, *, defaults: bool) -> list[tuple[str, str, str]]:
+    """(kind, target, secret) once per target of the channels (the first channel's secret wins),
+    and with `defaults` the settings' webhook and addresses."""
     targets: dict[tuple[str, str], str] = {}
     for channel in channels:
         if channel.webhook_url:
@@ -79,28 +109,70 @@ def _targets(event: FreezeEvent) -> list[tuple[str, str, str]]:
             )
         if channel.recipients():
             targets.setdefault((AlertDelivery.Kind.EMAIL, ", ".join(channel.recipients())), "")
-    if settings.COSTLAB_ALERT_WEBHOOK_URL:
+    if defaults and settings.COSTLAB_ALERT_WEBHOOK_URL:
         targets.setdefault((AlertDelivery.Kind.WEBHOOK, settings.COSTLAB_ALERT_WEBHOOK_URL), "")
-    if settings.COSTLAB_ALERT_EMAILS:
+    if defaults and settings.COSTLAB_ALERT_EMAILS:
         targets.setdefault((AlertDelivery.Kind.EMAIL, ", ".join(settings.COSTLAB_ALERT_EMAILS)), "")
     return [(kind, target, secret) for (kind, target), secret in targets.items()]
 
 
 def alerts_queue(*, event: FreezeEvent) -> list[AlertDelivery]:
-    """Write one delivery per target; once the transaction commits, send them and log the event."""
-    payload = alert_payload(event=event)
+    """Write one delivery per target of a freeze/unfreeze; once the transaction commits, send
+    them and log the event."""
+    return _deliveries_queue(
+        payload=alert_payload(event=event), targets=_freeze_targets(event), event=event
+    )
+
+
+def budget_event_record(
+    *,
+    tenant: Tenant,
+    month: date,
+    state: str,
+    spend_usd: Decimal,
+    budget_usd: Decimal,
+    reason: str,
+    runs: dict[str, list[int]],
+) -> BudgetEvent:
+    """Record a budget step and queue its alerts to the tenant's tenant-wide channels, in the
+    caller's transaction (the step's): they are sent once it commits."""
+    event = BudgetEvent.objects.create(
+        tenant=tenant,
+        month=month,
+        state=state,
+        spend_usd=spend_usd,
+        budget_usd=budget_usd,
+        reason=reason,
+        runs=runs,
+    )
+    channels = AlertChannel.objects.filter(
+        tenant=tenant, experiment__isnull=True, enabled=True
+    ).order_by("pk")
+    _deliveries_queue(
+        payload=budget_alert_payload(event=event),
+        targets=_targets(channels, defaults=False),
+        budget_event=event,
+    )
+    return event
+
+
+def _deliveries_queue(
+    *, payload: dict, targets: list[tuple[str, str, str]], **alerted
+) -> list[AlertDelivery]:
+    """One delivery per target of the event in `alerted` (event= or budget_event=); after the
+    commit, the log line and the sends."""
     now = timezone.now()
     deliveries = AlertDelivery.objects.bulk_create(
         [
             AlertDelivery(
-                event=event,
+                **alerted,
                 kind=kind,
                 target=target,
                 secret=secret,
                 payload=payload,
                 next_attempt_at=now,
             )
-            for kind, target, secret in _targets(event)
+            for kind, target, secret in targets
         ]
     )
     ids = [d.pk for d in deliveries]
@@ -173,8 +245,12 @@ def _post(delivery: AlertDelivery) -> tuple[bool, bool, int | None, str]:
 
 def _mail(delivery: AlertDelivery) -> tuple[bool, bool, int | None, str]:
     p = delivery.payload
-    event = p["event"].removeprefix("arm_")
-    subject = f"[costlab] {p['experiment']['name']}: arm '{p['arm']['name']}' {event}"
+    if p.get("kind") == "budget":
+        spent = f"{Decimal(p['spend_usd']):.2f} of {p['budget_usd']} USD"
+        subject = f"[costlab] {p['tenant']}: budget {p['state']} ({spent} in {p['month']})"
+    else:
+        event = p["event"].removeprefix("arm_")
+        subject = f"[costlab] {p['experiment']['name']}: arm '{p['arm']['name']}' {event}"
     lines = [p["reason"], "", json.dumps(p, indent=2, sort_keys=True)]
     recipients = [a.strip() for a in delivery.target.split(",") if a.strip()]
     try:

@@ -281,9 +281,48 @@ class WeightChange(models.Model):
         return f"{self.arm}: {self.old_weight} -> {self.new_weight}"
 
 
+class BudgetEvent(models.Model):
+    """A tenant's month spend stepped to 80 % (warned) or 100 % (exceeded) of its budget: the
+    figures it stepped on and what was done to its running runs, kept for audit and alerted."""
+
+    tenant = models.ForeignKey(
+        Tenant, on_delete=models.CASCADE, related_name="budget_events", db_index=False
+    )  # indexed by (tenant, created_at)
+    month = models.DateField(help_text="The first day of the month the spend is of.")
+    state = models.CharField(
+        max_length=16,
+        choices=[
+            (Tenant.BudgetState.WARNED, Tenant.BudgetState.WARNED.label),
+            (Tenant.BudgetState.EXCEEDED, Tenant.BudgetState.EXCEEDED.label),
+        ],
+    )
+    spend_usd = models.DecimalField(
+        "spend (USD)", max_digits=16, decimal_places=6, help_text="The month's spend at the step."
+    )
+    budget_usd = models.DecimalField(
+        "budget (USD)", max_digits=14, decimal_places=2, help_text="monthly_budget_usd then."
+    )
+    reason = models.TextField()
+    runs = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Run ids acted on: noted (80 %), cancelled (worker) and flagged (external).",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["tenant", "created_at"], name="budgetevent_tenant_time_idx")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant} budget {self.state} ({self.month:%Y-%m})"
+
+
 class AlertChannel(models.Model):
-    """Where freeze alerts go: for one experiment,
-    or (experiment empty) every experiment of a tenant."""
+    """Where alerts go: for one experiment (its freezes), or (experiment empty) every experiment
+    of a tenant and the tenant's budget steps."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="alert_channels")
     experiment = models.ForeignKey(
@@ -291,7 +330,9 @@ class AlertChannel(models.Model):
     )
     name = models.CharField(max_length=120)
     webhook_url = models.URLField(
-        blank=True, default="", help_text="Receives a JSON POST per freeze/unfreeze."
+        blank=True,
+        default="",
+        help_text="Receives a JSON POST per freeze/unfreeze (tenant-wide: and per budget step).",
     )
     webhook_secret = models.CharField(
         max_length=128,
@@ -332,7 +373,18 @@ class AlertDelivery(models.Model):
         SENT = "sent", "Sent"
         FAILED = "failed", "Failed"
 
-    event = models.ForeignKey(FreezeEvent, on_delete=models.CASCADE, related_name="deliveries")
+    # What is alerted: a freeze/unfreeze or a budget step, exactly one of the two.
+    event = models.ForeignKey(
+        FreezeEvent, on_delete=models.CASCADE, null=True, blank=True, related_name="deliveries"
+    )
+    budget_event = models.ForeignKey(
+        BudgetEvent,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="deliveries",
+        db_index=False,
+    )  # indexed by (budget_event, kind, target)
     kind = models.CharField(max_length=16, choices=Kind.choices)
     target = models.TextField(help_text="URL, or comma-separated addresses.")
     secret = models.CharField(max_length=128, blank=True, default="")
@@ -351,6 +403,15 @@ class AlertDelivery(models.Model):
         constraints = [
             models.UniqueConstraint(
                 fields=["event", "kind", "target"], name="alertdelivery_once_per_target"
+            ),
+            models.UniqueConstraint(
+                fields=["budget_event", "kind", "target"],
+                name="alertdelivery_budget_once_per_target",
+            ),
+            models.CheckConstraint(
+                condition=Q(event__isnull=False, budget_event__isnull=True)
+                | Q(event__isnull=True, budget_event__isnull=False),
+                name="alertdelivery_one_event",
             ),
         ]
         indexes = [models.Index(fields=["status", "next_attempt_at"], name="alertdelivery_due_idx")]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 from decimal import Decimal
 from operator import itemgetter
 
@@ -16,6 +16,7 @@ from django.db.models import Value
 from django.db.models.functions import Concat
 from django.utils import timezone
 
+from apps.attribution.alerts import budget_event_record
 from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Run
 from apps.experiments.selectors import month_start, tenant_month_spend
@@ -420,7 +421,9 @@ def budget_enforce(*, tenant_id: int) -> str:
     to stop at their next step (a cancel, with the reason in their notes), external runs are
     flagged in theirs, and submits are refused (run_submit's quota check). Each step is taken
     once a month: the state moves up with a conditional UPDATE, so two batches crossing it
-    together act once. A raised budget moves the state back down. Returns the state."""
+    together act once. A step is recorded (a BudgetEvent naming the runs acted on) and alerted
+    to the tenant's tenant-wide alert channels, in the step's transaction, sent once it commits.
+    A raised budget moves the state back down. Returns the state."""
     tenant = Tenant.objects.get(pk=tenant_id)
     month = month_start().date()
     spent, budget = tenant_month_spend(tenant_id=tenant_id), tenant.monthly_budget_usd
@@ -437,37 +440,66 @@ def budget_enforce(*, tenant_id: int) -> str:
             Tenant.objects.filter(pk=tenant_id).update(budget_state=state, budget_month=month)
         return state
     higher = [s for s, rank in _BUDGET_RANK.items() if rank >= _BUDGET_RANK[state]]
-    moved = (
-        Tenant.objects.filter(pk=tenant_id)
-        .exclude(budget_month=month, budget_state__in=higher)
-        .update(budget_state=state, budget_month=month)
-    )
-    if not moved:
-        return state  # another batch took this step first
+    with transaction.atomic():  # the step, its notes and its alerts: all or none
+        moved = (
+            Tenant.objects.filter(pk=tenant_id)
+            .exclude(budget_month=month, budget_state__in=higher)
+            .update(budget_state=state, budget_month=month)
+        )
+        if not moved:
+            return state  # another batch took this step first
+        _budget_step(tenant=tenant, month=month, state=state, spent=spent, budget=budget)
+    return state
+
+
+def _budget_step(
+    *, tenant: Tenant, month: date, state: str, spent: Decimal, budget: Decimal
+) -> None:
+    """What a step to `state` does to the tenant's running runs, recorded and alerted."""
     share = spent / budget if budget else Decimal(1)
     said = (
         f"{timezone.now():%Y-%m-%d %H:%M} UTC budget: {spent:.2f} of {budget} USD spent this month"
     )
-    running = Run.objects.filter(tenant_id=tenant_id, status=Run.Status.RUNNING)
+    running = Run.objects.filter(tenant_id=tenant.pk, status=Run.Status.RUNNING)
+
+    def note_on(kind: str | None, note: str, **fields) -> list[int]:
+        """Append the note to the running runs (of one kind); their ids. Locked as they are
+        read (in pk order), so the ids recorded are the runs the note went to."""
+        runs = running if kind is None else running.filter(kind=kind)
+        ids = list(runs.select_for_update().order_by("pk").values_list("pk", flat=True))
+        Run.objects.filter(pk__in=ids).update(notes=Concat("notes", Value(note + "\n")), **fields)
+        return ids
+
     if state == Tenant.BudgetState.EXCEEDED:
-        note = f"{said} ({share:.0%}): the budget is spent; this run was stopped at its next step"
-        running.filter(kind=Run.Kind.WORKER).update(
-            cancel_requested=True, notes=Concat("notes", Value(note + "\n"))
-        )
-        running.filter(kind=Run.Kind.EXTERNAL).update(
-            notes=Concat(
-                "notes",
-                Value(
-                    f"{said} ({share:.0%}): the budget is spent; stop this run (new submits "
-                    "are refused)\n"
-                ),
-            )
+        runs = {
+            "cancelled": note_on(
+                Run.Kind.WORKER,
+                f"{said} ({share:.0%}): the budget is spent; this run was stopped at its next step",
+                cancel_requested=True,
+            ),
+            "flagged": note_on(
+                Run.Kind.EXTERNAL,
+                f"{said} ({share:.0%}): the budget is spent; stop this run (new submits are "
+                "refused)",
+            ),
+        }
+        reason = (
+            f"{said} ({share:.0%}): the budget is spent; running worker runs stop at their next "
+            "step, running external runs are flagged, new submits are refused"
         )
     else:
-        note = f"{said} ({share:.0%}): 80 % of the monthly budget is reached"
-        running.update(notes=Concat("notes", Value(note + "\n")))
+        reason = f"{said} ({share:.0%}): 80 % of the monthly budget is reached"
+        runs = {"noted": note_on(None, reason)}
+    budget_event_record(
+        tenant=tenant,
+        month=month,
+        state=state,
+        spend_usd=spent,
+        budget_usd=budget,
+        reason=reason,
+        runs=runs,
+    )
     logger.warning("tenant %s: %s (%s)", tenant.slug, said, state)
-    return state
 
 
 def samples_bill(

@@ -9,6 +9,8 @@ Figures are worked by hand from the README's rules: one GPU at 3.00 USD/h, elect
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import random
 import time
@@ -16,12 +18,17 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 import pytest
+from django.core import mail
 from django.utils import timezone
 
+from apps.attribution import alerts
+from apps.attribution.models import AlertChannel, AlertDelivery, BudgetEvent
 from apps.experiments.models import Run
 from apps.pricing.models import PricingTable
 from apps.telemetry.models import TelemetrySample
+from apps.tenants.models import Tenant
 from tests.apps.api.conftest import error
+from tests.apps.attribution.receiver import webhook_receiver
 from tests.factories import GpuPriceFactory, GpuSkuFactory, PricingTableFactory, RunFactory
 
 pytestmark = pytest.mark.django_db
@@ -596,8 +603,6 @@ def test_the_budget_acts_as_the_bill_moves(
 ):
     """Issue 24: with a $1 budget an external run streamed on to $1.113 and nothing stopped or
     warned; the budget was checked only at submit."""
-    from apps.tenants.models import Tenant
-
     Tenant.objects.filter(pk=experiment.tenant_id).update(monthly_budget_usd=Decimal("1.00"))
     stream = [sample(s) for s in range(1300)]  # 0.000848 USD a second
     with django_capture_on_commit_callbacks(execute=True):
@@ -620,6 +625,107 @@ def test_the_budget_acts_as_the_bill_moves(
         "/api/v1/runs/", {"experiment": experiment.pk, "kind": "external"}, format="json"
     )
     assert refused.status_code == 400 and error(refused)["code"] == "budget_exceeded"
+    # A tenant without alert channels: both steps are recorded, nothing is delivered.
+    assert sorted(BudgetEvent.objects.values_list("state", flat=True)) == ["exceeded", "warned"]
+    assert not AlertDelivery.objects.exists()
+
+
+@pytest.fixture
+def receiver():
+    with webhook_receiver() as r:
+        yield r
+
+
+@pytest.fixture
+def eager_delivery(monkeypatch):
+    """Deliveries run in this process, as the Celery task would run them."""
+    from workers.attribution import alert_deliver
+
+    monkeypatch.setattr(
+        alerts,
+        "deliveries_send",
+        lambda *, delivery_ids, countdown=None: [
+            alert_deliver.apply(args=[pk]) for pk in delivery_ids
+        ],
+    )
+
+
+def test_the_budget_steps_are_alerted_to_the_tenant_wide_channels(
+    api,
+    experiment,
+    sku,
+    gpu_run,
+    other_tenant,
+    receiver,
+    eager_delivery,
+    django_capture_on_commit_callbacks,
+):
+    """Issue 24: "At 80 %, warn: an alert, and a note on the run"; the stop at 100 % alerts too.
+    Once per step: the batches in between send nothing."""
+    tenant = experiment.tenant
+    Tenant.objects.filter(pk=tenant.pk).update(monthly_budget_usd=Decimal("1.00"))
+    AlertChannel.objects.create(
+        tenant=tenant, name="finance", webhook_url=receiver.url, webhook_secret="s3cret"
+    )
+    # An experiment's channel gets its freezes, not the tenant's budget; nor does another tenant's.
+    AlertChannel.objects.create(
+        tenant=tenant, experiment=experiment, name="ml", email_recipients="ml@example.com"
+    )
+    AlertChannel.objects.create(tenant=other_tenant, name="globex", webhook_url=receiver.url)
+    worker = RunFactory(arm=gpu_run.arm, kind="worker", status="running")
+    stream = [sample(s) for s in range(1300)]
+
+    def batch(samples) -> Decimal:
+        with django_capture_on_commit_callbacks(execute=True):
+            assert post(api, gpu_run, samples).status_code == 200
+        return Decimal(totals(api, gpu_run)["cost_usd"])  # the month's spend: the only cost
+
+    warned_at = batch(stream[:1000])  # 0.85 USD
+    assert [r["body"]["event"] for r in receiver.requests] == ["budget_warned"]
+    batch(stream[1000:1100])  # 0.93: still warned
+    assert len(receiver.requests) == 1
+    exceeded_at = batch(stream[1100:])  # 1.10 USD
+    batch([sample(1300)])  # and on: still exceeded
+    assert [r["status"] for r in receiver.requests] == [200, 200]
+    warned, exceeded = (r["body"] for r in receiver.requests)
+    month = f"{timezone.now():%Y-%m}"
+    for body, state, spend, runs in (
+        (
+            warned,
+            "warned",
+            warned_at,
+            {"noted": [gpu_run.pk, worker.pk], "cancelled": [], "flagged": []},
+        ),
+        (
+            exceeded,
+            "exceeded",
+            exceeded_at,
+            {"noted": [], "cancelled": [worker.pk], "flagged": [gpu_run.pk]},
+        ),
+    ):
+        event = BudgetEvent.objects.get(tenant=tenant, state=state)
+        assert body["kind"] == "budget" and body["event"] == f"budget_{state}"
+        assert (body["event_id"], body["tenant"], body["state"], body["month"]) == (
+            event.pk,
+            "acme",
+            state,
+            month,
+        )
+        assert Decimal(body["spend_usd"]) == spend and body["budget_usd"] == "1.00"
+        assert body["share"] == round(float(spend), 4)
+        assert body["runs"] == runs and f"{spend:.2f} of 1.00 USD" in body["reason"]
+    assert "80 % of the monthly budget" in warned["reason"]
+    assert "runs stop at their next step" in exceeded["reason"]
+    for request in receiver.requests:  # signed with the channel's secret
+        signed = json.dumps(request["body"], sort_keys=True).encode()
+        expected = "sha256=" + hmac.new(b"s3cret", signed, hashlib.sha256).hexdigest()
+        assert request["headers"]["X-Costlab-Signature"] == expected
+    deliveries = AlertDelivery.objects.order_by("pk")
+    assert [(d.budget_event.state, d.kind, d.status) for d in deliveries] == [
+        ("warned", "webhook", "sent"),
+        ("exceeded", "webhook", "sent"),
+    ]
+    assert mail.outbox == [] and not BudgetEvent.objects.filter(tenant=other_tenant).exists()
 
 
 def test_carbon_stands_beside_the_dollars_with_its_method_and_band(api, staff, sku, gpu_run):

@@ -1,25 +1,34 @@
 """Alerts: a local webhook receiver gets exactly one alert per freeze, retried through 500s and
-time-outs with backoff; e-mail and a structured log line too; the tick never waits on them."""
+time-outs with backoff; e-mail and a structured log line too; the tick never waits on them.
+Budget steps go to the tenant-wide channels (their webhooks: tests/apps/api/test_billing_rules)."""
 
 import hashlib
 import hmac
 import json
 import logging
 import time
-from datetime import timedelta
+from datetime import date, timedelta
+from decimal import Decimal
 
 import pytest
 from django.core import mail
+from django.db import IntegrityError, transaction
 from django.test import override_settings
+from django.urls import reverse
 
 from apps.attribution import alerts
-from apps.attribution.alerts import alert_attempt, backoff_s, deliveries_requeue_stale
+from apps.attribution.alerts import (
+    alert_attempt,
+    backoff_s,
+    budget_event_record,
+    deliveries_requeue_stale,
+)
 from apps.attribution.models import AlertChannel, AlertDelivery, FreezeEvent
 from apps.attribution.services import arm_unfreeze
 from apps.experiments.models import Arm
 from tests.apps.attribution.lab import Lab
 from tests.apps.attribution.receiver import webhook_receiver
-from tests.factories import UserFactory
+from tests.factories import ExperimentFactory, TenantFactory, UserFactory
 from workers.attribution import alert_deliver
 
 pytestmark = pytest.mark.django_db
@@ -275,3 +284,43 @@ def test_a_second_task_for_a_delivery_in_flight_does_not_send_it_again(
     delivery.refresh_from_db()
     assert (delivery.status, delivery.attempts) == ("sent", 1)
     assert len(receiver.alerts()) == 1
+
+
+def test_a_budget_step_is_mailed_to_the_tenant_wide_channels_only(
+    eager_delivery, django_capture_on_commit_callbacks, admin_client
+):
+    tenant = TenantFactory(slug="acme")
+    AlertChannel.objects.create(tenant=tenant, name="finance", email_recipients="fin@example.com")
+    AlertChannel.objects.create(
+        tenant=tenant,
+        experiment=ExperimentFactory(tenant=tenant),
+        name="ml",
+        email_recipients="ml@example.com",
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        event = budget_event_record(
+            tenant=tenant,
+            month=date(2026, 5, 1),
+            state="exceeded",
+            spend_usd=Decimal("101.254"),
+            budget_usd=Decimal("100.00"),
+            reason="the budget is spent",
+            runs={"cancelled": [7], "flagged": []},
+        )
+    [message] = mail.outbox
+    assert message.to == ["fin@example.com"]
+    assert message.subject == "[costlab] acme: budget exceeded (101.25 of 100.00 USD in 2026-05)"
+    assert "the budget is spent" in message.body and '"cancelled": [\n' in message.body
+    delivery = AlertDelivery.objects.get()
+    assert (delivery.budget_event_id, delivery.event_id, delivery.status) == (
+        event.pk,
+        None,
+        "sent",
+    )
+    assert delivery.payload["share"] == 1.0125 and delivery.payload["runs"]["noted"] == []
+    with pytest.raises(IntegrityError), transaction.atomic():  # an alert of nothing
+        AlertDelivery.objects.create(kind="email", target="x@example.com")
+    deliveries = admin_client.get(reverse("admin:attribution_alertdelivery_changelist"))
+    assert str(event) in deliveries.content.decode()  # staff see which step was alerted
+    events = admin_client.get(reverse("admin:attribution_budgetevent_changelist"))
+    assert "the budget is spent" in events.content.decode() and "101.254" in events.content.decode()
