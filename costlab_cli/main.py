@@ -59,6 +59,13 @@ def parser() -> argparse.ArgumentParser:
         "--wait", action="store_true", help="Wait until the run ends; exit 1 unless it succeeded."
     )
     s.add_argument(
+        "--priority",
+        choices=["ci", "normal", "batch"],
+        default=None,
+        help="ci: taken before every normal and batch run queued (default ci when $CI is set, "
+        "as pipelines set it; else normal).",
+    )
+    s.add_argument(
         "--external",
         action="store_true",
         help="Create an external run: trained elsewhere, "

@@ -115,6 +115,9 @@ def cmd_submit(api: Api, args) -> int:
         "run_key": args.run_key or os.environ.get("COSTLAB_RUN_KEY") or f"cli-{uuid.uuid4().hex}",
         "git_sha": args.git_sha if args.git_sha is not None else os.environ.get("GITHUB_SHA", ""),
     }
+    priority = getattr(args, "priority", None) or ("ci" if os.environ.get("CI") else None)
+    if priority and not external:
+        body["priority"] = priority
     if external:
         body["kind"] = "external"
         body.update(
@@ -139,6 +142,7 @@ def wait_for(api: Api, run_id: int, *, poll_s: float, timeout_s: float) -> int:
     """0 when the run succeeded, 1 when it ended otherwise;
     CliError (2) when it outlives the timeout."""
     deadline = time.monotonic() + timeout_s
+    said = None
     while True:
         run = api.get(f"runs/{run_id}/")
         if run["status"] in TERMINAL:
@@ -148,8 +152,35 @@ def wait_for(api: Api, run_id: int, *, poll_s: float, timeout_s: float) -> int:
             raise CliError(
                 f"run {run_id} is still {run['status']} after {timeout_s:g} s (--timeout)"
             )
-        print(f"run {run_id}: {run['status']}, {run['steps']} steps", file=sys.stderr, flush=True)
+        line = progress(run)
+        if line != said:  # a line only when something changed
+            print(line, file=sys.stderr, flush=True)
+            said = line
         time.sleep(poll_s)
+
+
+def progress(run: dict) -> str:
+    """'run 17: queued, position 3 (ci), starts in about 2 min (estimate)' or
+    'run 17: running, 40 steps'."""
+    place = run.get("queue_position")
+    if run["status"] == "queued" and place:
+        eta = place.get("eta_s")
+        when = (
+            "no recent run to estimate a start from"
+            if eta is None
+            else (f"starts in about {_about(eta)} (estimate)")
+        )
+        return (
+            f"run {run['id']}: queued, position {place['position']} "
+            f"({run.get('priority', 'normal')}), {when}"
+        )
+    return f"run {run['id']}: {run['status']}, {run['steps']} steps"
+
+
+def _about(seconds: float) -> str:
+    if seconds < 90:
+        return f"{max(round(seconds / 10) * 10, 10):.0f} s"
+    return f"{round(seconds / 60):.0f} min"
 
 
 def describe(run: dict) -> str:

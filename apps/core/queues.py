@@ -31,12 +31,13 @@ class TaskName(StrEnum):
     DEVICES_PROFILE = "costlab.devices_profile"
 
 
-def task_send(task: TaskName, *, args: list, queue: str) -> bool:
+def task_send(task: TaskName, *, args: list, queue: str, priority: int | None = None) -> bool:
     """Publish a task on its own connection with one quick retry;
     False (logged) when the broker is away.
 
     For wake-ups whose truth is a database row (a queued run, a queued probe): a submit must not
     hang on a broker outage, and a reconciler on beat sends again what never arrived.
+    `priority`: Celery's Redis priority (0 first, settings' priority_steps), None the default.
     """
     from celery import current_app as app  # config's app, the default in every thread
 
@@ -45,7 +46,13 @@ def task_send(task: TaskName, *, args: list, queue: str) -> bool:
             transport_options={"max_retries": 1, "interval_start": 0.2}
         ) as conn:
             app.send_task(
-                task, args=args, queue=queue, retry=False, ignore_result=True, connection=conn
+                task,
+                args=args,
+                queue=queue,
+                retry=False,
+                ignore_result=True,
+                connection=conn,
+                **({} if priority is None else {"priority": priority}),
             )
     except Exception as exc:  # kombu/redis errors differ by transport; all mean "not sent"
         logger.warning(

@@ -33,7 +33,7 @@ from apps.attribution.report import ExperimentReport, experiment_report
 from apps.dashboard import charts, verdicts
 from apps.dashboard.series import live_series, run_series
 from apps.experiments.models import Arm, Experiment, Run
-from apps.experiments.selectors import run_outliers
+from apps.experiments.selectors import queue_places, run_outliers
 from apps.pricing.models import GpuPrice, PricingTable
 from apps.telemetry.selectors import telemetry_by_rank
 from apps.tenants.models import Membership, Tenant
@@ -434,8 +434,12 @@ def run_page(*, run: Run, now: datetime | None = None) -> dict:
     if run.last_seq < 0 and run.status != Run.Status.QUEUED:
         notices.append(Notice("info", "No telemetry", "This run has not reported any telemetry."))
     _device_facts(run)
+    place = None
+    if run.status == Run.Status.QUEUED and run.kind == Run.Kind.WORKER:
+        place = queue_places(queues={run.queue}).get(run.pk)
     return {
         "run": run,
+        "queue_place": place,
         "notices": notices,
         "breakdown": run.cost_breakdown or {},
         "attempts": list(run.attempt_log.all()),

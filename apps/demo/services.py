@@ -14,7 +14,7 @@ from decimal import Decimal
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from apps.experiments.models import Arm, Experiment
+from apps.experiments.models import Arm, Experiment, Run
 from apps.experiments.services import run_submit
 from apps.experiments.strategies import strategy_sha256
 from apps.pricing.models import CostModel, GpuPrice, GpuSku, PricingTable
@@ -186,7 +186,8 @@ def demo_seed(
             submit_runs_per_arm
         ):  # interleaved: the machine's drift hits both arms alike
             for arm in arms:
-                run_submit(experiment=experiment, arm=arm)
+                # Batch: a team's ci or normal run submitted meanwhile is taken first.
+                run_submit(experiment=experiment, arm=arm, priority=Run.Priority.BATCH)
                 submitted += 1
     return DemoSeedResult(
         tenant=tenant,

@@ -173,7 +173,15 @@ class Run(TimeStampedModel):
         WORKER = "worker", "Trained by a costlab worker"
         EXTERNAL = "external", "Trained elsewhere; telemetry sent over HTTP"
 
+    class Priority(models.TextChoices):
+        CI = "ci", "CI: a pipeline waits on it"
+        NORMAL = "normal", "Normal"
+        BATCH = "batch", "Batch: demo runs, strategy-search probes, backfills"
+
     ACTIVE_STATUSES = (Status.QUEUED, Status.RUNNING)
+    # Celery's Redis priorities (0 first; the broker's priority_steps): a ci run's wake-up is taken
+    # before every normal and batch one waiting on its queue.
+    PRIORITY_LEVEL = {Priority.CI: 0, Priority.NORMAL: 3, Priority.BATCH: 6}
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="runs")
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="runs")
@@ -181,6 +189,13 @@ class Run(TimeStampedModel):
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.WORKER)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     queue = models.CharField(max_length=32, default=CeleryQueue.CPU.value)
+    priority = models.CharField(
+        max_length=8,
+        choices=Priority.choices,
+        default=Priority.NORMAL,
+        help_text="Which queued runs a worker takes first: ci, then normal, then batch (oldest "
+        "first within each).",
+    )
     run_key = models.CharField(
         max_length=120,
         blank=True,

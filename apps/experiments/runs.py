@@ -54,14 +54,21 @@ def run_enqueue(*, run: Run) -> None:
     A broker that is down does not fail the caller (robust on_commit, no long publish retries):
     the run stays queued with no send recorded, and the reconciler sends it when the broker is back.
     """
-    run_id, queue, nodes = run.pk, run.queue, run.nnodes
-    transaction.on_commit(lambda: run_send(run_id=run_id, queue=queue, nodes=nodes), robust=True)
+    run_id, queue, nodes, priority = run.pk, run.queue, run.nnodes, run.priority
+    transaction.on_commit(
+        lambda: run_send(run_id=run_id, queue=queue, nodes=nodes, priority=priority), robust=True
+    )
 
 
-def run_send(*, run_id: int, queue: str, nodes: int = 1) -> bool:
-    """Publish the run's wake-ups (one per node: a run across nodes is a gang of tasks) and record
-    it; False (logged) when the broker is unreachable."""
-    if not all(task_send(RUN_TASK, args=[run_id], queue=queue) for _ in range(nodes)):
+def run_send(
+    *, run_id: int, queue: str, nodes: int = 1, priority: str = Run.Priority.NORMAL
+) -> bool:
+    """Publish the run's wake-ups (one per node: a run across nodes is a gang of tasks) at the
+    run's priority, and record it; False (logged) when the broker is unreachable."""
+    level = Run.PRIORITY_LEVEL[Run.Priority(priority)]
+    if not all(
+        task_send(RUN_TASK, args=[run_id], queue=queue, priority=level) for _ in range(nodes)
+    ):
         return False
     Run.objects.filter(pk=run_id).update(sent_at=timezone.now(), sends=F("sends") + 1)
     return True
@@ -82,10 +89,10 @@ def runs_reconcile_queued(*, now=None) -> list[int]:
         Run.objects.filter(status=Run.Status.QUEUED, kind=Run.Kind.WORKER, cancel_requested=False)
         .filter(Q(sent_at__isnull=True, updated_at__lt=now - grace) | Q(sent_at__lt=now - after))
         .order_by("pk")
-        .values_list("pk", "queue", "sent_at", "sends", "nnodes")[:1000]
+        .values_list("pk", "queue", "sent_at", "sends", "nnodes", "priority")[:1000]
     )
     sent = []
-    for run_id, queue, sent_at, sends, nodes in rows:
+    for run_id, queue, sent_at, sends, nodes, priority in rows:
         if sent_at is not None and now - sent_at < after * 2 ** min(max(sends - 1, 0), 4):
             continue
         logger.info(
@@ -93,7 +100,7 @@ def runs_reconcile_queued(*, now=None) -> list[int]:
             run_id,
             sent_at.isoformat() if sent_at else "never",
         )
-        if run_send(run_id=run_id, queue=queue, nodes=nodes):
+        if run_send(run_id=run_id, queue=queue, nodes=nodes, priority=priority):
             sent.append(run_id)
     return sent
 

@@ -8,7 +8,20 @@ from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
 
-from django.db.models import Count, Prefetch, Q, QuerySet, Sum
+from django.db.models import (
+    Case,
+    Count,
+    F,
+    IntegerField,
+    Prefetch,
+    Q,
+    QuerySet,
+    Sum,
+    Value,
+    When,
+    Window,
+)
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from apps.experiments.models import Arm, Experiment, Run
@@ -150,3 +163,63 @@ def runs_outliers(*, experiment_ids: list[int]) -> dict[int, RunOutlier]:
         for pk, (median, mad, distance) in mad_outliers(values).items():
             found[pk] = RunOutlier(pk, experiment_id, arm_id, values[pk], median, mad, distance)
     return found
+
+
+@dataclass(frozen=True)
+class QueuePlace:
+    """Where a queued run stands: 1 = taken next on its queue. eta_s is an estimate (flagged so
+    wherever it is shown): the runs ahead of it, at the mean time of its queue's recent runs,
+    over the runs its queue trains at once now (at least one)."""
+
+    position: int
+    eta_s: float | None
+
+
+ETA_RECENT_RUNS = 20
+
+
+def queue_places(*, queues: set[str] | None = None) -> dict[int, QueuePlace]:
+    """Every queued worker run's place in its queue, in the order workers take them (ci, then
+    normal, then batch; oldest first within each): one query for the places and one per queue
+    for its recent run time and its running count."""
+    rank = Case(
+        *(When(priority=p, then=Value(level)) for p, level in Run.PRIORITY_LEVEL.items()),
+        default=Value(9),
+        output_field=IntegerField(),
+    )
+    queued = Run.objects.filter(
+        status=Run.Status.QUEUED, kind=Run.Kind.WORKER, cancel_requested=False
+    )
+    if queues is not None:
+        queued = queued.filter(queue__in=queues)
+    rows = list(
+        queued.annotate(
+            place=Window(
+                RowNumber(), partition_by=[F("queue")], order_by=[rank, F("queued_at"), F("pk")]
+            )
+        ).values_list("pk", "queue", "place")
+    )
+    pace = {}
+    for queue in {q for _, q, _ in rows}:
+        recent = list(
+            Run.objects.filter(
+                queue=queue,
+                kind=Run.Kind.WORKER,
+                status=Run.Status.SUCCEEDED,
+                started_at__isnull=False,
+                finished_at__isnull=False,
+            )
+            .order_by("-finished_at")
+            .values_list("started_at", "finished_at")[:ETA_RECENT_RUNS]
+        )
+        running = Run.objects.filter(queue=queue, status=Run.Status.RUNNING).count()
+        mean = statistics.fmean((f - s).total_seconds() for s, f in recent) if recent else None
+        pace[queue] = (mean, max(running, 1))
+    out = {}
+    for pk, queue, place in rows:
+        mean, slots = pace[queue]
+        # The runs ahead, and the one running now, finish first; then this one starts.
+        out[pk] = QueuePlace(
+            position=place, eta_s=None if mean is None else round(place * mean / slots, 1)
+        )
+    return out

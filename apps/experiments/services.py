@@ -159,8 +159,10 @@ def run_submit(
     vcpus: int = 0,
     memory_gb: float = 0.0,
     started_at: datetime | None = None,
+    priority: str = Run.Priority.NORMAL,
 ) -> Run:
-    """Queue a run of an experiment (idempotent by run_key) and enqueue it once committed.
+    """Queue a run of an experiment (idempotent by run_key) and enqueue it once committed, at its
+    priority (ci before normal before batch on its queue).
 
     An external run declares the vCPUs and host memory it holds (they are priced); a worker
     records its own when it claims the run. An external run may declare when it started
@@ -233,6 +235,7 @@ def run_submit(
         nnodes=nnodes,
         vcpus=vcpus,
         memory_gb=memory_gb,
+        priority=priority,
         status=Run.Status.QUEUED if kind == Run.Kind.WORKER else Run.Status.RUNNING,
         started_at=None if kind == Run.Kind.WORKER else started_at or timezone.now(),
     )

@@ -227,9 +227,10 @@ def _probe_next(sweep: Sweep, base: dict[str, Any], expanded: dict[str, list[Any
 
 
 def _probe_send(*, probe_id: int, queue: str) -> None:
-    """Publish the probe's id; a broker that is down is logged,
-    and the reconciler sends it later."""
-    if task_send(PROBE_TASK, args=[probe_id], queue=queue):
+    """Publish the probe's id at batch priority (a ci or normal run waiting on the same queue is
+    taken first); a broker that is down is logged, and the reconciler sends it later."""
+    level = Run.PRIORITY_LEVEL[Run.Priority.BATCH]
+    if task_send(PROBE_TASK, args=[probe_id], queue=queue, priority=level):
         Probe.objects.filter(pk=probe_id).update(sent_at=timezone.now())
 
 

@@ -197,7 +197,14 @@ elif COSTLAB_EMBEDDED_REDIS:
     CELERY_BROKER_URL = CELERY_RESULT_BACKEND = embedded_redis.broker_url(VAR_DIR)
 else:  # COSTLAB_EMBEDDED_REDIS=false and no Redis: one process only (tests without a Redis)
     CELERY_BROKER_URL, CELERY_RESULT_BACKEND = "memory://", "cache+memory://"
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 6 * 3600}
+# Redis priorities (kombu keeps one list per step and takes the lowest step first): a ci run's
+# wake-up is taken before the normal and batch ones already waiting (apps.experiments.models.Run
+# PRIORITY_LEVEL).
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": 6 * 3600,
+    "priority_steps": [0, 3, 6, 9],
+    "queue_order_strategy": "priority",
+}
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=CELERY_BROKER_URL)
 CELERY_RESULT_BACKEND = env("CELERY_RESULT_BACKEND", default=CELERY_RESULT_BACKEND)
 CELERY_TASK_SERIALIZER = "json"

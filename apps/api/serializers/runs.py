@@ -3,7 +3,7 @@ from rest_framework import serializers
 
 from apps.api.serializers.fields import TenantPrimaryKeyField
 from apps.experiments.models import Arm, Experiment, Run, RunAttempt
-from apps.experiments.selectors import runs_outliers
+from apps.experiments.selectors import queue_places, runs_outliers
 from apps.pricing.bill import breakdown_shown, carbon_shown
 from apps.pricing.models import GpuSku, PricingTable
 from apps.telemetry.models import RunRepricing
@@ -28,6 +28,21 @@ class RunOutlierSerializer(serializers.Serializer):
     )
     distance_mads = serializers.FloatField()
     reason = serializers.CharField()
+
+
+def queue_place_of(field: serializers.Field, run: Run) -> dict | None:
+    """A queued worker run's place ({position, eta_s, eta_estimated}); every run of the response
+    placed by one selector call (apps.experiments.selectors.queue_places)."""
+    if run.status != Run.Status.QUEUED or run.kind != Run.Kind.WORKER:
+        return None
+    cache = field.context.setdefault("_queue_places", {})
+    if run.queue not in cache:
+        places = queue_places(queues={run.queue})
+        cache[run.queue] = places
+    place = cache[run.queue].get(run.pk)
+    if place is None:
+        return None
+    return {"position": place.position, "eta_s": place.eta_s, "eta_estimated": True}
 
 
 def outliers_of(field: serializers.Field, experiment_id: int) -> dict:
@@ -66,6 +81,12 @@ class RunSerializer(serializers.ModelSerializer):
     )
     arm = ArmRefSerializer(read_only=True)
     gpu_sku = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
+    queue_position = serializers.SerializerMethodField(
+        help_text="A queued worker run's place: position (1 = taken next on its queue; ci before "
+        "normal before batch, oldest first) and eta_s, an estimate (eta_estimated: always true) "
+        "of the seconds until it starts, from its queue's recent run times and how many it trains "
+        "at once; null once it is not queued."
+    )
     outlier = serializers.SerializerMethodField(
         help_text="Set when the run's device seconds per token lie beyond 3 MADs (scaled to a "
         "standard deviation) from its arm's median: the figures and why (attribution may "
@@ -81,6 +102,8 @@ class RunSerializer(serializers.ModelSerializer):
             "kind",
             "status",
             "queue",
+            "priority",
+            "queue_position",
             "run_key",
             "git_sha",
             "dataset_sha256",
@@ -129,6 +152,10 @@ class RunSerializer(serializers.ModelSerializer):
     @extend_schema_field(serializers.DictField(child=serializers.FloatField()))
     def get_unpriced(self, run: Run) -> dict:
         return dict((run.cost_breakdown or {}).get("unpriced_s") or {})
+
+    @extend_schema_field(serializers.DictField(allow_null=True))
+    def get_queue_position(self, run: Run) -> dict | None:
+        return queue_place_of(self, run)
 
     @extend_schema_field(RunOutlierSerializer(allow_null=True))
     def get_outlier(self, run: Run) -> dict | None:
@@ -207,6 +234,12 @@ class RunSubmitSerializer(serializers.Serializer):
         default=None,
         help_text="External runs: when it started (a historical upload); not in the future and "
         "not before the tenant's oldest pricing table. Its samples may be stamped from then on.",
+    )
+    priority = serializers.ChoiceField(
+        choices=Run.Priority.choices,
+        default=Run.Priority.NORMAL,
+        help_text="ci: a pipeline waits on it, taken before every normal and batch run queued "
+        "on its queue; batch: demo runs, probes, backfills.",
     )
 
 

@@ -170,3 +170,40 @@ def test_submit_refuses_distributed_keys_the_queue_cannot_give_naming_the_key(ap
     assert on_cpu.status_code == 201 and Run.objects.get(pk=on_cpu.json()["id"]).world_size == 2
     gang = Run.objects.get(pk=submit("{nproc_per_node: 2, nnodes: 2}").json()["id"])
     assert (gang.world_size, gang.nnodes) == (4, 2)
+
+
+def test_a_queued_run_says_its_priority_position_and_an_estimated_start(api, experiment):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    now = timezone.now()
+    arm = experiment.arms.first()
+    for minutes in (10, 20):  # two recent runs of 10 and 20 min on the cpu queue
+        RunFactory(
+            arm=arm,
+            status="succeeded",
+            started_at=now - timedelta(minutes=minutes + 5),
+            finished_at=now - timedelta(minutes=5),
+        )
+    RunFactory(arm=arm, status="running")
+    batch = [
+        api.post(
+            "/api/v1/runs/",
+            {"experiment": experiment.pk, "priority": "batch"},
+            format="json",
+        ).json()
+        for _ in range(2)
+    ]
+    ci = api.post("/api/v1/runs/", {"experiment": experiment.pk, "priority": "ci"}, format="json")
+    assert ci.status_code == 201 and ci.json()["priority"] == "ci"
+    # The ci run is taken first; one run trains at once, recent runs took 15 min on average.
+    assert ci.json()["queue_position"] == {"position": 1, "eta_s": 900.0, "eta_estimated": True}
+    listed = {r["id"]: r for r in api.get("/api/v1/runs/", {"status": "queued"}).json()["results"]}
+    assert [listed[r["id"]]["queue_position"]["position"] for r in batch] == [2, 3]
+    assert listed[batch[1]["id"]]["queue_position"]["eta_s"] == 2700.0
+    assert api.get(f"/api/v1/runs/{ci.json()['id']}/").json()["priority"] == "ci"
+    bad = api.post("/api/v1/runs/", {"experiment": experiment.pk, "priority": "now"}, format="json")
+    assert bad.status_code == 400 and "priority" in str(bad.json())
+    running = api.get("/api/v1/runs/", {"status": "running"}).json()["results"]
+    assert running[0]["queue_position"] is None

@@ -151,7 +151,9 @@ def test_worker_offline_when_runs_wait_and_no_worker_reports(member, w):
     url = reverse("dashboard:experiment", args=[w.experiment.pk])
     page = text(member.get(url))
     assert "Worker offline" in page and "1 run(s) queued, the oldest for 3 min" in page
-    assert "Worker offline" in text(member.get(reverse("dashboard:run", args=[queued.pk])))
+    run_page = text(member.get(reverse("dashboard:run", args=[queued.pk])))
+    assert "Worker offline" in run_page
+    assert "position 1 on the cpu queue" in run_page  # where it stands, said on its page
 
     run_of(w.candidate, status=Run.Status.RUNNING)  # a worker heartbeating now: busy, not offline
     page = text(member.get(url))
