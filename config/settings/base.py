@@ -51,7 +51,7 @@ THIRD_PARTY_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI assets served locally, no CDN
     "django_celery_beat",
-    "axes",  # login throttling (per user and address) on /login/ and /admin/login/
+    "axes",  # login throttling (per user and address, per address) on /login/ and /admin/login/
     "csp",
 ]
 LOCAL_APPS = [
@@ -137,7 +137,7 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 AUTHENTICATION_BACKENDS = [
-    # first: refuses a locked-out user+address before the password check
+    # first: refuses a locked-out user+address, or address, before the password check
     "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
@@ -148,12 +148,17 @@ LOGOUT_REDIRECT_URL = "dashboard:login"
 # ------------------------------------------------------------------------------
 # Sign-in throttling (django-axes): after this many failed sign-ins of one username from one
 # address (dashboard or admin), that pair is refused for the cool-off period, even with the right
-# password. Failures are kept in the database, so every web process sees them; staff can clear a
-# lockout in the admin (Axes > Access attempts) or with `manage.py axes_reset`.
+# password; and after COSTLAB_LOGIN_ADDRESS_FAILURE_LIMIT failures from one address over any
+# usernames (a password spray), within the cool-off, that address is refused for every username
+# (apps/core/signin.py: axes holds all its combinations to one limit, this bound is higher).
+# Failures are kept in the database, so every web process sees them; staff can clear a lockout
+# in the admin (Axes > Access attempts) or with `manage.py axes_reset` / `axes_reset_ip`.
 # ------------------------------------------------------------------------------
 AXES_FAILURE_LIMIT = env.int("COSTLAB_LOGIN_FAILURE_LIMIT", default=10)
+COSTLAB_LOGIN_ADDRESS_FAILURE_LIMIT = env.int("COSTLAB_LOGIN_ADDRESS_FAILURE_LIMIT", default=30)
 AXES_COOLOFF_TIME = env.float("COSTLAB_LOGIN_COOLOFF_MIN", default=15.0) / 60  # hours
 AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_HANDLER = "apps.core.signin.SigninLockoutHandler"
 AXES_RESET_ON_SUCCESS = True
 AXES_LOCKOUT_TEMPLATE = "locked_out.html"
 AXES_HTTP_RESPONSE_CODE = 429
