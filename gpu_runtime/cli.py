@@ -3,6 +3,9 @@
 ``train`` writes one JSON line per telemetry sample to ``--out`` and prints the
 RunResult as one JSON object on the last line of stdout. Exit status: 0 completed,
 2 strategy refused, 143 stopped by SIGTERM (the result is still printed).
+``validate`` only checks the file. Every command that takes a strategy validates it before
+torch is imported, so a bad file is refused in a fraction of a second (importing torch
+takes seconds); hardware checks (a dtype this device cannot run) come after, with torch.
 ``profile`` times the device's GEMMs per dtype and prints a table (``--json``: one object).
 """
 
@@ -46,11 +49,21 @@ def _progress_line(sample: dict[str, Any]) -> str:
     )
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
 def _train(ns: argparse.Namespace) -> int:
+    config = load_strategy(_read_strategy(ns.strategy))  # refuses a bad file before torch loads
     from gpu_runtime.result import JsonlSink
     from gpu_runtime.runtime import train
 
-    config = load_strategy(_read_strategy(ns.strategy))
     out = None
     if ns.out:
         if not ns.resume:
@@ -163,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     tr = sub.add_parser("train", help="train with a strategy YAML")
     tr.add_argument("strategy", help="strategy YAML file")
-    tr.add_argument("--steps", type=int, help="override train.steps")
+    tr.add_argument("--steps", type=_positive_int, help="override train.steps")
     tr.add_argument("--out", help="metrics JSONL: one telemetry sample per line")
     tr.add_argument("--device", help="cpu, cuda, cuda:N (default: cuda:0 if present, else cpu)")
     tr.add_argument(
@@ -174,7 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     tr.set_defaults(handler=_train)
     va = sub.add_parser(
-        "validate", help="check a strategy YAML and print it with defaults filled in"
+        "validate",
+        help="check a strategy YAML (no torch) and print it as one JSON line, defaults filled in",
     )
     va.add_argument("strategy")
     va.set_defaults(handler=_validate)

@@ -49,6 +49,76 @@ def test_validate_and_schema(tmp_path, capsys):
     assert "properties" in json.loads(capsys.readouterr().out)
 
 
+HOSTILE = "train: {steps: 0}\nprecision: {compute_dtype: fp8}\nbogus: 1\n"
+REFUSAL_BUDGET_S = 1.0  # issue 25: a bad file is refused in under 1 s; importing torch takes 1-12 s
+
+
+def _imported_modules(importtime_stderr: str) -> set[str]:
+    """Module names from ``python -X importtime`` ("import time: self | cumulative | name")."""
+    return {
+        line.rsplit("|", 1)[1].strip()
+        for line in importtime_stderr.splitlines()
+        if line.startswith("import time:") and line.count("|") == 2
+    }
+
+
+@pytest.mark.parametrize("command", ["validate", "train"])
+def test_a_bad_file_is_refused_before_torch_is_imported(tmp_path, command):
+    """Every command that takes a strategy validates it first: exit 2, each key named, no torch,
+    under 1 s including the interpreter's start (best of three: the CI box's 2 cores are shared)."""
+    bad = tmp_path / "hostile.yaml"
+    bad.write_text(HOSTILE)
+    argv = [sys.executable, "-X", "importtime", "-m", "gpu_runtime", command, str(bad)]
+    walls = []
+    for _ in range(3):
+        started = time.perf_counter()
+        proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        walls.append(time.perf_counter() - started)
+        assert proc.returncode == EXIT_REFUSED, proc.stderr[-2000:]
+        if min(walls) < REFUSAL_BUDGET_S:
+            break
+    modules = _imported_modules(proc.stderr)
+    assert "gpu_runtime.schema" in modules  # the parse works: it sees what was imported
+    assert not {m for m in modules if m == "torch" or m.startswith("torch.")}
+    assert not {m for m in modules if m == "django" or m.startswith("django.")}
+    refusal = json.loads(proc.stderr.strip().splitlines()[-1])
+    keys = {e["key"]: e["message"] for e in refusal["errors"]}
+    assert refusal["ok"] is False and set(keys) == {
+        "train.steps",
+        "precision.compute_dtype",
+        "bogus",
+    }
+    assert "greater than or equal to 1" in keys["train.steps"] and "unknown key" in keys["bogus"]
+    assert proc.stdout == ""
+    assert min(walls) < REFUSAL_BUDGET_S, f"{command}: refused in {min(walls):.2f} s at best"
+
+
+def test_validate_prints_one_ok_line_and_trains_nothing(tmp_path):
+    good = tmp_path / "strategy.yaml"
+    good.write_text(STRATEGY)
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpu_runtime", "validate", str(good)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    (line,) = proc.stdout.splitlines()
+    answer = json.loads(line)
+    assert answer["ok"] is True and answer["config"]["train"]["steps"] == 5
+    assert len(answer["config_sha256"]) == 64
+
+
+def test_train_refuses_a_steps_override_below_one(tmp_path, capsys):
+    strategy = tmp_path / "strategy.yaml"
+    strategy.write_text(STRATEGY)
+    with pytest.raises(SystemExit) as refused:
+        main(["train", str(strategy), "--steps", "0"])
+    assert refused.value.code == EXIT_REFUSED
+    assert "argument --steps: expected a positive integer, got 0" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_sigterm_mid_run_leaves_a_valid_result_and_metrics(tmp_path):
     strategy = tmp_path / "strategy.yaml"
