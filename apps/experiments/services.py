@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
-import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
 from django.db import transaction
+from django.db.models import Count
 from django.dispatch import Signal
 from django.utils import timezone
 
@@ -102,27 +101,35 @@ def arm_update(
     return ArmUpdate(arm=arm, live_keys=live, new_runs_only=others)
 
 
-def arm_pick(*, experiment: Experiment, run_key: str) -> Arm:
-    """Choose an active arm by traffic weight, deterministically from the run key."""
+def arm_pick(*, experiment: Experiment) -> Arm:
+    """Choose an active arm by traffic weight, stratified by submission order.
+
+    Since the split last changed (an arm's weight, state or strategy saved: the arms' latest
+    updated_at), each run goes to the arm furthest below its share of the runs routed so far
+    (ties: the control, then arm order), so every prefix follows the weights as closely as whole
+    runs allow: 1:1 gives 2 and 2 in 4, never 3 and 1, and the arms interleave, so drift on the
+    machine hits them alike. The caller holds the tenant's row lock: submissions are serialised.
+    A retried submission (its run_key seen) returns its run before any arm is picked.
+    """
     arms = [
-        a for a in experiment.arms.order_by("pk") if a.state == Arm.State.ACTIVE and a.weight > 0
+        a
+        for a in experiment.arms.order_by("-is_control", "pk")
+        if a.state == Arm.State.ACTIVE and a.weight > 0
     ]
     if not arms:
         raise ApplicationError(
             f"experiment '{experiment.name}' has no active arm with weight > 0 to route a run to",
             code="no_active_arm",
         )
-    total = sum(a.weight for a in arms)
-    # A uniform point in [0, total) from the key's hash: a retried submission lands on the same arm.
-    digest = int.from_bytes(
-        hashlib.sha256(f"{experiment.pk}:{run_key}".encode()).digest()[:8], "big"
+    since = max(a.updated_at for a in arms)
+    routed = dict(
+        Run.objects.filter(arm__in=arms, created_at__gte=since)
+        .values("arm_id")
+        .annotate(n=Count("pk"))
+        .values_list("arm_id", "n")
     )
-    point = Decimal(digest) / Decimal(2**64) * total
-    for arm in arms:
-        if point < arm.weight:
-            return arm
-        point -= arm.weight
-    return arms[-1]
+    total, n = sum(a.weight for a in arms), sum(routed.values()) + 1
+    return max(arms, key=lambda a: (a.weight / total * n - routed.get(a.pk, 0), -arms.index(a)))
 
 
 def _quota_check(*, tenant: Tenant) -> None:
@@ -189,7 +196,7 @@ def run_submit(
             code="experiment_completed",
         )
     if arm is None:
-        arm = arm_pick(experiment=experiment, run_key=run_key or uuid.uuid4().hex)
+        arm = arm_pick(experiment=experiment)
     elif arm.experiment_id != experiment.pk:
         raise ApplicationError(
             f"arm: '{arm.name}' is not an arm of experiment '{experiment.name}'", code="invalid"

@@ -7,7 +7,7 @@ import pytest
 
 from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Arm, Run
-from apps.experiments.services import run_cancel, run_submit
+from apps.experiments.services import arm_update, run_cancel, run_submit
 from tests.factories import ArmFactory, ExperimentFactory, RunFactory
 
 pytestmark = pytest.mark.django_db
@@ -37,9 +37,26 @@ def test_runs_follow_traffic_weights_and_a_retry_lands_on_the_same_arm(
             run_submit(experiment=experiment, run_key=f"k{i}").arm.name for i in range(400)
         )
         again = run_submit(experiment=experiment, run_key="k7")
-    assert 0.65 < arms["control"] / 400 < 0.85  # weight 3 of 4
+    assert arms["control"] == 300  # weight 3 of 4, exactly: routing is stratified
     assert again.pk == Run.objects.get(run_key="k7").pk
     assert Run.objects.count() == 400
+
+
+def test_small_counts_follow_the_weights_exactly_in_submission_order(
+    experiment, django_capture_on_commit_callbacks
+):
+    """Issue 25: 4 runs at weights 1:1 went 3 to the candidate and 1 to the control (a hash of
+    the run key). Routing is stratified by submission order: every prefix is as close to the
+    weights as whole runs allow."""
+    Arm.objects.filter(experiment=experiment).update(weight=Decimal("1"))
+    with django_capture_on_commit_callbacks(execute=False):
+        names = [run_submit(experiment=experiment).arm.name for _ in range(4)]
+        assert Counter(names) == {"control": 2, "candidate": 2}
+        assert names[0] != names[1] and names[2] != names[3]  # interleaved, never 2 in a row
+        # A change of the split starts the count again: 3:1 from here gives 3 and 1 in 4.
+        arm_update(arm=experiment.arms.get(name="control"), weight=Decimal("3"))
+        later = Counter(run_submit(experiment=experiment).arm.name for _ in range(4))
+    assert later == {"control": 3, "candidate": 1}
 
 
 def test_a_frozen_arm_gets_no_new_runs(experiment, django_capture_on_commit_callbacks):
