@@ -37,6 +37,11 @@ urlpatterns = [
     path("runs.csv", views_runs.run_list_csv, name="runs-csv"),
     path("runs/compare/", views_runs.run_compare, name="runs-compare"),
     path("runs/<int:pk>/cancel/", views_authoring.run_cancel_view, name="run-cancel"),
+    path(
+        "experiments/<int:pk>/cancel-runs/",
+        views_authoring.experiment_runs_cancel_view,
+        name="experiment-cancel-runs",
+    ),
     path("spend/", views_runs.spend, name="spend"),
     path("sweeps/new/", views_authoring.sweep_new, name="sweep-new"),
 ]

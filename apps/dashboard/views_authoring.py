@@ -30,7 +30,7 @@ from apps.dashboard.forms import (
     error_to_form,
 )
 from apps.experiments.models import Arm
-from apps.experiments.services import run_cancel
+from apps.experiments.services import run_cancel, runs_cancel
 from apps.sweeps.services import sweep_create
 
 
@@ -166,6 +166,33 @@ def run_cancel_view(request, pk: int):
     ):
         target = reverse("dashboard:run", args=[run.pk])
     return redirect(target)
+
+
+@login_required
+@require_POST
+def experiment_runs_cancel_view(request, pk: int):
+    """Cancel the queued and running runs of an experiment, or of one of its arms (asked first in
+    the browser: the form's data-confirm)."""
+    experiment = get_object_or_404(selectors.experiments_visible(user=request.user), pk=pk)
+    arm = None
+    if request.POST.get("arm"):
+        arm = (
+            experiment.arms.filter(pk=request.POST["arm"]).first()
+            if request.POST["arm"].isdigit()
+            else None
+        )
+        if arm is None:
+            messages.error(request, f"arm: experiment '{experiment.name}' has no such arm")
+            return redirect("dashboard:experiment", pk=experiment.pk)
+    done = runs_cancel(experiment=experiment, arm=arm)
+    which = f"arm '{arm.name}'" if arm else f"experiment '{experiment.name}'"
+    messages.success(
+        request,
+        f"{which}: {len(done.ended)} run(s) cancelled"
+        + (f", {len(done.stopping)} stop at their next step" if done.stopping else "")
+        + ".",
+    )
+    return redirect("dashboard:experiment", pk=experiment.pk)
 
 
 @login_required

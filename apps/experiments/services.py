@@ -284,13 +284,48 @@ def run_cancel(*, run: Run) -> Run:
             f"status: run {run.pk} is already {run.status}; only queued or running runs cancel",
             code="not_cancellable",
         )
+    _cancel(run)
+    return run
+
+
+def _cancel(run: Run) -> bool:
+    """Cancel one locked active run: a queued or external one ends now (what an external run sent
+    so far is priced, as at a finish); a running worker run stops at its next step. True: ended."""
     run.cancel_requested = True
     run.save(update_fields=["cancel_requested", "updated_at"])
     if run.status == Run.Status.QUEUED or run.kind == Run.Kind.EXTERNAL:
-        run_end(
-            run, Run.Status.CANCELLED
-        )  # what an external run sent so far is priced, as at a finish
-    return run
+        run_end(run, Run.Status.CANCELLED)
+        return True
+    return False
+
+
+@dataclass(frozen=True)
+class RunsCancelled:
+    """What a bulk cancel did: runs ended now (queued, external) and runs asked to stop at
+    their next step (running on a worker)."""
+
+    ended: list[int]
+    stopping: list[int]
+
+
+@transaction.atomic
+def runs_cancel(*, experiment: Experiment, arm: Arm | None = None) -> RunsCancelled:
+    """Cancel every queued or running run of an experiment (or of one of its arms), as run_cancel
+    cancels one: locked in pk order, so a worker's claim or a finish either comes first or sees
+    the cancel."""
+    if arm is not None and arm.experiment_id != experiment.pk:
+        raise ApplicationError(
+            f"arm: '{arm.name}' is not an arm of experiment '{experiment.name}'",
+            {"fields": {"arm": ["other experiment"]}},
+            code="invalid",
+        )
+    runs = Run.objects.filter(experiment=experiment, status__in=Run.ACTIVE_STATUSES)
+    if arm is not None:
+        runs = runs.filter(arm=arm)
+    ended, stopping = [], []
+    for run in runs.select_for_update().order_by("pk"):
+        (ended if _cancel(run) else stopping).append(run.pk)
+    return RunsCancelled(ended=ended, stopping=stopping)
 
 
 # ------------------------------------------------------------------------------

@@ -181,3 +181,19 @@ class FreezeEventSerializer(serializers.ModelSerializer):
             "created_at",
         ]
         read_only_fields = fields
+
+
+class RunsCancelRequestSerializer(serializers.Serializer):
+    arm = serializers.IntegerField(
+        required=False, allow_null=True, help_text="Only this arm's runs; omit: every arm's."
+    )
+
+
+class RunsCancelledSerializer(serializers.Serializer):
+    ended = serializers.ListField(
+        child=serializers.IntegerField(), help_text="Runs cancelled now (queued, external)."
+    )
+    stopping = serializers.ListField(
+        child=serializers.IntegerField(),
+        help_text="Runs training on a worker: they stop at their next step.",
+    )

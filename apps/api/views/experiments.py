@@ -27,6 +27,8 @@ from apps.api.serializers.report import (
     FreezeEventSerializer,
     FreezeRequestSerializer,
     ReportQuerySerializer,
+    RunsCancelledSerializer,
+    RunsCancelRequestSerializer,
     UnfreezeRequestSerializer,
 )
 from apps.api.views.base import TenantViewSet
@@ -90,6 +92,25 @@ class ExperimentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
                 }
             ).data
         )
+
+    @extend_schema(request=RunsCancelRequestSerializer, responses=RunsCancelledSerializer)
+    @action(detail=True, methods=["post"], url_path="cancel-runs")
+    def cancel_runs(self, request, pk=None):
+        """Cancel every queued or running run of the experiment, or of one arm (`arm`)."""
+        experiment = self.get_object()
+        body = RunsCancelRequestSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        arm = None
+        if body.validated_data.get("arm") is not None:
+            arm = experiment.arms.filter(pk=body.validated_data["arm"]).first()
+            if arm is None:
+                raise ApplicationError(
+                    f"arm: experiment {experiment.pk} has no arm {body.validated_data['arm']}",
+                    {"fields": {"arm": ["not an arm of this experiment"]}},
+                    code="invalid",
+                )
+        done = services.runs_cancel(experiment=experiment, arm=arm)
+        return Response(RunsCancelledSerializer(dataclasses.asdict(done)).data)
 
 
 class ArmViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet):

@@ -207,3 +207,23 @@ def test_a_queued_run_says_its_priority_position_and_an_estimated_start(api, exp
     assert bad.status_code == 400 and "priority" in str(bad.json())
     running = api.get("/api/v1/runs/", {"status": "running"}).json()["results"]
     assert running[0]["queue_position"] is None
+
+
+def test_bulk_cancel_ends_an_experiments_or_an_arms_active_runs(api, experiment):
+    control, candidate = experiment.arms.get(name="control"), experiment.arms.get(name="candidate")
+    queued = [RunFactory(arm=control), RunFactory(arm=candidate)]
+    running = RunFactory(arm=candidate, status="running")
+    done = RunFactory(arm=control, status="succeeded")
+    url = f"/api/v1/experiments/{experiment.pk}/cancel-runs/"
+    only_candidate = api.post(url, {"arm": candidate.pk}, format="json")
+    assert only_candidate.status_code == 200, only_candidate.content
+    assert only_candidate.json() == {"ended": [queued[1].pk], "stopping": [running.pk]}
+    assert Run.objects.get(pk=queued[0].pk).status == "queued"  # the control's run stays
+    everything = api.post(url, {}, format="json").json()
+    assert everything == {"ended": [queued[0].pk], "stopping": [running.pk]}
+    statuses = dict(Run.objects.values_list("pk", "status"))
+    assert statuses[queued[0].pk] == statuses[queued[1].pk] == "cancelled"
+    assert statuses[done.pk] == "succeeded"
+    assert Run.objects.get(pk=running.pk).cancel_requested  # it stops at its next step
+    bad = api.post(url, {"arm": 999999}, format="json")
+    assert bad.status_code == 400 and error(bad)["message"].startswith("arm:")
