@@ -60,6 +60,15 @@ def tenants_of(*, user) -> QuerySet[Tenant]:
     ).order_by("name")
 
 
+def token_tenants(*, user) -> list[Tenant]:
+    """The tenants whose API tokens the user manages: those they administer (staff: every one
+    they belong to), as /api/v1/tokens/ allows."""
+    memberships = Membership.objects.filter(user=user)
+    if not user.is_staff:
+        memberships = memberships.filter(role=Membership.Role.ADMIN)
+    return list(Tenant.objects.filter(pk__in=memberships.values("tenant_id")).order_by("name"))
+
+
 def experiments_visible(*, user) -> QuerySet[Experiment]:
     """Experiments of the user's tenants; anything else is a 404 to them."""
     return Experiment.objects.filter(

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from apps.dashboard import views, views_authoring, views_runs
+from apps.dashboard import views, views_authoring, views_runs, views_tokens
 
 app_name = "dashboard"
 
@@ -43,5 +43,7 @@ urlpatterns = [
         name="experiment-cancel-runs",
     ),
     path("spend/", views_runs.spend, name="spend"),
+    path("tokens/", views_tokens.tokens, name="tokens"),
+    path("tokens/<int:pk>/revoke/", views_tokens.token_revoke, name="token-revoke"),
     path("sweeps/new/", views_authoring.sweep_new, name="sweep-new"),
 ]
