@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from django.conf import settings
+
 from apps.core.queues import CeleryQueue
 
 logger = logging.getLogger("costlab.local_stack")
@@ -56,6 +58,21 @@ def core_sets(
     return frozenset(cpus[half:]), frozenset(cpus[:half])
 
 
+def train_slots(train_cpus: frozenset[int] | None, *, cores_per_slot: int) -> list:
+    """Training's CPUs split into slots of `cores_per_slot` cores, one training worker each (one
+    run at a time, as many torch threads as its cores): as many runs train at once as the host's
+    cores allow without sharing a core. Fewer cores than a slot: one slot of them all; no pinning
+    (one CPU): one unpinned slot."""
+    if train_cpus is None:
+        return [None]
+    cpus = sorted(train_cpus)
+    per = max(int(cores_per_slot), 1)
+    count = max(len(cpus) // per, 1)
+    slots = [cpus[i * per : (i + 1) * per] for i in range(count)]
+    slots[-1] = cpus[(count - 1) * per :]  # the remainder joins the last slot
+    return [frozenset(s) for s in slots]
+
+
 @dataclass
 class Supervised:
     spec: ProcessSpec
@@ -72,7 +89,8 @@ def local_stack_specs(
 ) -> list[ProcessSpec]:
     """The processes of `make run`, in start order. Training never shares a worker with the
     attribution tick, and alert deliveries (slow webhook receivers) have their own. With two or
-    more CPUs the training worker (one run at a time) has its own cores (`core_sets`)."""
+    more CPUs training has its own cores (`core_sets`), split into as many training workers as
+    COSTLAB_TRAIN_CORES_PER_SLOT allows (`train_slots`), each training one run at a time."""
     python = sys.executable
     celery = [
         python,
@@ -83,11 +101,11 @@ def local_stack_specs(
         "--quiet",
     ]  # no ASCII banners over the sign-in
     train_cpus, other_cpus = core_sets()
-    threads = (
-        {}
-        if train_cpus is None
-        else {name: str(len(train_cpus)) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    )
+    slots = train_slots(train_cpus, cores_per_slot=settings.COSTLAB_TRAIN_CORES_PER_SLOT)
+
+    def threads_for(cpus: frozenset[int]) -> dict[str, str]:
+        return {name: str(len(cpus)) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+
     specs = [ProcessSpec("redis", redis_argv, stop_last=True)] if redis_argv else []
     return specs + [
         ProcessSpec(
@@ -95,22 +113,25 @@ def local_stack_specs(
             [python, "manage.py", "runserver", "--noreload", f"{host}:{port}"],
             cpus=other_cpus,
         ),
-        ProcessSpec(
-            "train-worker",
-            [
-                *celery,
-                "worker",
-                "-Q",
-                f"{CeleryQueue.CPU},{CeleryQueue.GPU}",
-                "--concurrency",
-                "1",
-                "--hostname",
-                "train@%h",
-                "--loglevel",
-                "INFO",
-            ],
-            cpus=train_cpus,
-            env=threads,
+        *(
+            ProcessSpec(
+                "train-worker" if i == 0 else f"train-worker-{i + 1}",
+                [
+                    *celery,
+                    "worker",
+                    "-Q",
+                    f"{CeleryQueue.CPU},{CeleryQueue.GPU}",
+                    "--concurrency",
+                    "1",
+                    "--hostname",
+                    "train@%h" if i == 0 else f"train{i + 1}@%h",
+                    "--loglevel",
+                    "INFO",
+                ],
+                cpus=slot,
+                env={} if slot is None else threads_for(slot),
+            )
+            for i, slot in enumerate(slots)
         ),
         ProcessSpec(
             "platform-worker",

@@ -281,6 +281,11 @@ CELERY_BEAT_SCHEDULE = {
 # this long after their send are sent again (a claim takes a probe once: duplicates are harmless).
 COSTLAB_PROBE_LOST_AFTER_S = env.float("COSTLAB_PROBE_LOST_AFTER_S", default=300.0)
 COSTLAB_PROBE_RESEND_AFTER_S = env.float("COSTLAB_PROBE_RESEND_AFTER_S", default=120.0)
+# `make run`: training's cores (the upper half of the host's) are split into training workers of
+# this many cores each, one run at a time per worker (apps/core/local_stack.train_slots): 16 CPUs
+# give 2 workers of 4 cores, 2 CPUs one worker of 1. Another host adds workers with
+# `celery -A config.celery_app worker -Q cpu,gpu --concurrency 1` (docs/runs.md).
+COSTLAB_TRAIN_CORES_PER_SLOT = env.int("COSTLAB_TRAIN_CORES_PER_SLOT", default=4)
 # vCPU right-sizing probes a run's strategy at 1..N threads: N = this, or 0 for this host's cores
 # (the web host's; set it to the workers' cores where they differ).
 COSTLAB_SIZING_MAX_THREADS = env.int("COSTLAB_SIZING_MAX_THREADS", default=0)

@@ -111,11 +111,47 @@ def test_training_gets_cores_of_its_own_and_a_thread_per_core(tmp_path):
         for s in local_stack_specs(host="127.0.0.1", port=1, var_dir=tmp_path, redis_argv=None)
     }
     train, others = core_sets()
-    assert specs["train-worker"].cpus == train
+    workers = [s for n, s in specs.items() if n.startswith("train-worker")]
     assert all(specs[n].cpus == others for n in ("web", "platform-worker", "alerts-worker", "beat"))
-    if train is not None:
-        assert specs["train-worker"].env["OMP_NUM_THREADS"] == str(len(train))
+    if train is None:
+        assert [w.cpus for w in workers] == [None]
+    else:
+        assert set().union(*(w.cpus for w in workers)) == train  # training's cores, split
+        assert all(w.env["OMP_NUM_THREADS"] == str(len(w.cpus)) for w in workers)
         assert not train & others
+
+
+def test_training_has_as_many_slots_as_its_cores_allow(tmp_path, settings):
+    """Issue 25: `make run` had one training slot whatever the host; training's cores are now
+    split into workers of COSTLAB_TRAIN_CORES_PER_SLOT cores, each its own CPU set and threads."""
+    from apps.core import local_stack
+    from apps.core.local_stack import train_slots
+
+    assert train_slots(None, cores_per_slot=4) == [None]
+    assert train_slots(frozenset({1}), cores_per_slot=4) == [{1}]
+    assert train_slots(frozenset(range(8, 16)), cores_per_slot=4) == [
+        set(range(8, 12)),
+        set(range(12, 16)),
+    ]
+    assert train_slots(frozenset(range(8, 18)), cores_per_slot=4) == [
+        set(range(8, 12)),
+        set(range(12, 18)),  # the remainder joins the last slot
+    ]
+    settings.COSTLAB_TRAIN_CORES_PER_SLOT = 4
+    original = local_stack.core_sets
+    local_stack.core_sets = lambda: (frozenset(range(8, 16)), frozenset(range(8)))
+    try:
+        specs = local_stack.local_stack_specs(
+            host="127.0.0.1", port=1, var_dir=tmp_path, redis_argv=None
+        )
+    finally:
+        local_stack.core_sets = original
+    train = [s for s in specs if s.name.startswith("train-worker")]
+    assert [s.name for s in train] == ["train-worker", "train-worker-2"]
+    assert [s.cpus for s in train] == [set(range(8, 12)), set(range(12, 16))]
+    assert all(s.env["OMP_NUM_THREADS"] == "4" for s in train)
+    hostnames = [s.argv[s.argv.index("--hostname") + 1] for s in train]
+    assert len(set(hostnames)) == 2
 
 
 def test_a_process_runs_on_its_cpu_set_with_its_environment(tmp_path):
