@@ -20,12 +20,14 @@ from decimal import Decimal
 
 import httpx
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.mail import send_mail
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from apps.attribution.models import AlertChannel, AlertDelivery, BudgetEvent, FreezeEvent
+from apps.core.exceptions import ApplicationError
 from apps.core.queues import TaskName
 from apps.tenants.models import Tenant
 
@@ -209,14 +211,17 @@ def _signature(secret: str, body: bytes) -> str:
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
-def _post(delivery: AlertDelivery) -> tuple[bool, bool, int | None, str]:
+def _post(
+    delivery: AlertDelivery, *, key: str | None = None, timeout_s: float | None = None
+) -> tuple[bool, bool, int | None, str]:
     """One webhook POST: (delivered, retryable, status code, error)."""
     body = json.dumps({**delivery.payload, "delivery_id": delivery.pk}, sort_keys=True).encode()
     headers = {
         "Content-Type": "application/json",
         "User-Agent": "costlab-alerts/1",
-        "Idempotency-Key": f"costlab-alert-{delivery.pk}",
+        "Idempotency-Key": key or f"costlab-alert-{delivery.pk}",
     }
+    timeout_s = timeout_s or settings.COSTLAB_ALERT_TIMEOUT_S
     if delivery.secret:
         headers["X-Costlab-Signature"] = _signature(delivery.secret, body)
     try:
@@ -224,16 +229,11 @@ def _post(delivery: AlertDelivery) -> tuple[bool, bool, int | None, str]:
             delivery.target,
             content=body,
             headers=headers,
-            timeout=settings.COSTLAB_ALERT_TIMEOUT_S,
+            timeout=timeout_s,
             follow_redirects=False,
         )
     except httpx.TimeoutException as exc:
-        return (
-            False,
-            True,
-            None,
-            f"timeout after {settings.COSTLAB_ALERT_TIMEOUT_S} s ({type(exc).__name__})",
-        )
+        return (False, True, None, f"timeout after {timeout_s} s ({type(exc).__name__})")
     except httpx.HTTPError as exc:
         return False, True, None, f"{type(exc).__name__}: {exc}"[:1000]
     code = response.status_code
@@ -248,6 +248,8 @@ def _mail(delivery: AlertDelivery) -> tuple[bool, bool, int | None, str]:
     if p.get("kind") == "budget":
         spent = f"{Decimal(p['spend_usd']):.2f} of {p['budget_usd']} USD"
         subject = f"[costlab] {p['tenant']}: budget {p['state']} ({spent} in {p['month']})"
+    elif p.get("kind") == "test":
+        subject = f"[costlab] {p['tenant']}: test alert on channel '{p['channel']}'"
     else:
         event = p["event"].removeprefix("arm_")
         subject = f"[costlab] {p['experiment']['name']}: arm '{p['arm']['name']}' {event}"
@@ -337,3 +339,85 @@ def deliveries_requeue_stale(*, now=None, grace_s: float = 60.0) -> list[int]:
         AlertDelivery.objects.filter(pk__in=ids).update(next_attempt_at=now)
         deliveries_send(delivery_ids=ids)
     return ids
+
+
+# ------------------------------------------------------------------------------
+# Channels, as the experiment page manages them
+# ------------------------------------------------------------------------------
+def alert_channels_of(*, experiment) -> list[AlertChannel]:
+    """The channels a freeze of this experiment reaches: its own and its tenant's tenant-wide."""
+    return list(
+        AlertChannel.objects.filter(tenant_id=experiment.tenant_id)
+        .filter(Q(experiment__isnull=True) | Q(experiment=experiment))
+        .order_by("experiment_id", "name", "pk")
+    )
+
+
+@transaction.atomic
+def alert_channel_create(
+    *,
+    experiment,
+    name: str,
+    webhook_url: str = "",
+    webhook_secret: str = "",
+    email_recipients: str = "",
+    tenant_wide: bool = False,
+) -> AlertChannel:
+    """A channel for this experiment (or, tenant_wide, every experiment of its tenant, budget
+    steps included); every error names its field."""
+    channel = AlertChannel(
+        tenant_id=experiment.tenant_id,
+        experiment=None if tenant_wide else experiment,
+        name=(name or "").strip(),
+        webhook_url=(webhook_url or "").strip(),
+        webhook_secret=(webhook_secret or "").strip(),
+        email_recipients=(email_recipients or "").strip(),
+    )
+    if not channel.webhook_url and not channel.email_recipients:
+        raise ApplicationError(
+            "webhook_url: give a webhook URL or e-mail recipients (or both)",
+            {"fields": {"webhook_url": ["a target is needed"]}},
+            code="invalid",
+        )
+    try:
+        channel.full_clean()
+    except ValidationError as exc:
+        field, errors = next(iter(exc.message_dict.items()))
+        raise ApplicationError(
+            f"{field}: {errors[0]}", {"fields": exc.message_dict}, code="invalid"
+        ) from None
+    channel.save()
+    return channel
+
+
+TEST_TIMEOUT_S = 5.0
+
+
+def alert_channel_test(*, channel: AlertChannel, actor=None) -> list[dict]:
+    """Send a test alert to each target of the channel now, signed as a real one; what each
+    answered. Nothing is recorded: a test is not an event."""
+    now = timezone.now()
+    payload = {
+        "kind": "test",
+        "event": "test",
+        "at": now.isoformat(),
+        "tenant": channel.tenant.slug,
+        "channel": channel.name,
+        "experiment": None
+        if channel.experiment_id is None
+        else {"id": channel.experiment_id, "name": channel.experiment.name},
+        "reason": f"A test alert from costlab{f' sent by {actor}' if actor else ''}: this "
+        "channel receives freeze alerts.",
+    }
+    results = []
+    for kind, target, secret in _targets([channel], defaults=False):
+        delivery = AlertDelivery(kind=kind, target=target, secret=secret, payload=payload)
+        delivered, _retry, code, error = (
+            _post(delivery, key=f"costlab-test-{now.timestamp():.0f}", timeout_s=TEST_TIMEOUT_S)
+            if kind == AlertDelivery.Kind.WEBHOOK
+            else _mail(delivery)
+        )
+        results.append(
+            {"kind": kind, "target": target, "ok": delivered, "status": code, "error": error}
+        )
+    return results

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from apps.dashboard import views, views_authoring, views_runs, views_tokens
+from apps.dashboard import views, views_alerts, views_authoring, views_runs, views_tokens
 
 app_name = "dashboard"
 
@@ -44,6 +44,21 @@ urlpatterns = [
     ),
     path("spend/", views_runs.spend, name="spend"),
     path("tokens/", views_tokens.tokens, name="tokens"),
+    path(
+        "experiments/<int:pk>/alert-channels/",
+        views_alerts.alert_channel_add,
+        name="alert-channel-add",
+    ),
+    path(
+        "alert-channels/<int:pk>/test/",
+        views_alerts.alert_channel_test_view,
+        name="alert-channel-test",
+    ),
+    path(
+        "alert-channels/<int:pk>/delete/",
+        views_alerts.alert_channel_delete,
+        name="alert-channel-delete",
+    ),
     path("tokens/<int:pk>/revoke/", views_tokens.token_revoke, name="token-revoke"),
     path("sweeps/new/", views_authoring.sweep_new, name="sweep-new"),
 ]

@@ -12,6 +12,7 @@ from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from apps.attribution.alerts import alert_channels_of
 from apps.dashboard import selectors, sweeps
 from apps.dashboard.charts import RUN_FIELDS
 from apps.experiments.selectors import run_outliers
@@ -84,7 +85,14 @@ def experiment_list(request):
 def experiment_detail(request, pk: int):
     experiment = get_object_or_404(selectors.experiments_visible(user=request.user), pk=pk)
     page = selectors.experiment_page(experiment=experiment)
-    return render(request, "dashboard/experiment_detail.html", {"page": page, **page.parts})
+    channels = {
+        "alert_channels": alert_channels_of(experiment=experiment),
+        "can_manage_alerts": experiment.tenant_id
+        in {t.pk for t in selectors.token_tenants(user=request.user)},
+    }
+    return render(
+        request, "dashboard/experiment_detail.html", {"page": page, **page.parts, **channels}
+    )
 
 
 @login_required

@@ -15,7 +15,8 @@ pytestmark = pytest.mark.django_db
 LIST_QUERIES = 6  # + the latest snapshots (verdicts) and freeze events of every listed experiment
 # The report re-prices usage recorded under other tables: one query over the rollup; outliers: one;
 # freezes (verdict card): one; the verdicts per device class (apps.attribution.device_classes): one.
-EXPERIMENT_QUERIES = 21
+# The alert channels of the page and whether the user manages them: two.
+EXPERIMENT_QUERIES = 23
 LIVE_QUERIES = 11
 RUN_QUERIES = 6  # the run, its samples, its attempts ..., its arm's outliers
 PRICING_QUERIES = 5
