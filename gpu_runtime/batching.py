@@ -37,7 +37,12 @@ from gpu_runtime.strategies.accumulation import (
     GradientNormTracker,
     plan_accumulation,
 )
-from gpu_runtime.strategies.batch_scaler import BatchScaler, ScalerEvent, run_step_with_oom_retry
+from gpu_runtime.strategies.batch_scaler import (
+    BatchScaler,
+    ScalerConfig,
+    ScalerEvent,
+    run_step_with_oom_retry,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -130,18 +135,20 @@ class MicroBatching:
         self._clock = time.perf_counter if device.type == "cuda" else time.process_time
         if dyn.enabled:
             self.scaler = BatchScaler(
-                global_batch=self.global_batch,
-                min_micro_batch=dyn.min_micro_batch,
-                max_micro_batch=dyn.max_micro_batch,
-                stability_window=dyn.stability_window,
-                policy=dyn.policy,
-                initial_micro_batch=config.train.micro_batch,
-                memory_capacity_bytes=_memory_capacity(device, dyn.cpu_memory_budget_mb),
-                probe_steps=dyn.probe_steps,
-                min_speedup=dyn.min_speedup,
-                adaptive_global_batch=dyn.adaptive_global_batch,
-                min_global_batch=dyn.min_global_batch,
-                lr_scaling=dyn.lr_scaling,
+                ScalerConfig(
+                    global_batch=self.global_batch,
+                    min_micro_batch=dyn.min_micro_batch,
+                    max_micro_batch=dyn.max_micro_batch,
+                    stability_window=dyn.stability_window,
+                    policy=dyn.policy,
+                    initial_micro_batch=config.train.micro_batch,
+                    memory_capacity_bytes=_memory_capacity(device, dyn.cpu_memory_budget_mb),
+                    probe_steps=dyn.probe_steps,
+                    min_speedup=dyn.min_speedup,
+                    adaptive_global_batch=dyn.adaptive_global_batch,
+                    min_global_batch=dyn.min_global_batch,
+                    lr_scaling=dyn.lr_scaling,
+                )
             )
             if device.type != "cuda":
                 self.host = HostMemory()

@@ -106,76 +106,81 @@ class ScalerEvent:
     detail: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class ScalerConfig:
+    """What optimizer.dynamic_batching asks of the scaler (gpu_runtime.batching builds it from the
+    strategy): the global batch and the micro-batch bounds, the policy and its knobs, memory."""
+
+    global_batch: int
+    min_micro_batch: int
+    max_micro_batch: int
+    stability_window: int
+    policy: str = "noise_scale"
+    initial_micro_batch: int | None = None
+    memory_capacity_bytes: int | None = None
+    memory_headroom: float = 0.9
+    probe_steps: int = 4
+    min_speedup: float = 0.03
+    adaptive_global_batch: bool = False
+    min_global_batch: int | None = None
+    lr_scaling: str = "sqrt"
+    ema_decay: float = 0.9
+    variance_window: int = 10
+    variance_threshold: float = 0.1
+    variance_width: float = 0.1
+    max_floor_retries: int = 2
+
+
 class BatchScaler:
     """Chooses the micro-batch in [min, max] by measured throughput; with the opt-in key, the
     global batch too."""
 
-    def __init__(
-        self,
-        *,
-        global_batch: int,
-        min_micro_batch: int,
-        max_micro_batch: int,
-        stability_window: int,
-        policy: str = "noise_scale",
-        initial_micro_batch: int | None = None,
-        memory_capacity_bytes: int | None = None,
-        memory_headroom: float = 0.9,
-        probe_steps: int = 4,
-        min_speedup: float = 0.03,
-        adaptive_global_batch: bool = False,
-        min_global_batch: int | None = None,
-        lr_scaling: str = "sqrt",
-        ema_decay: float = 0.9,
-        variance_window: int = 10,
-        variance_threshold: float = 0.1,
-        variance_width: float = 0.1,
-        max_floor_retries: int = 2,
-    ):
-        if policy not in POLICIES:
-            raise ValueError(f"{_KEY}.policy: {policy!r} is not one of {', '.join(POLICIES)}")
-        if lr_scaling not in LR_SCALINGS:
+    def __init__(self, config: ScalerConfig):
+        c = self.config = config
+        if c.policy not in POLICIES:
+            raise ValueError(f"{_KEY}.policy: {c.policy!r} is not one of {', '.join(POLICIES)}")
+        if c.lr_scaling not in LR_SCALINGS:
             raise ValueError(
-                f"{_KEY}.lr_scaling: {lr_scaling!r} is not one of {', '.join(LR_SCALINGS)}"
+                f"{_KEY}.lr_scaling: {c.lr_scaling!r} is not one of {', '.join(LR_SCALINGS)}"
             )
-        if probe_steps < 1:
-            raise ValueError(f"{_KEY}.probe_steps must be >= 1, got {probe_steps}")
+        if c.probe_steps < 1:
+            raise ValueError(f"{_KEY}.probe_steps must be >= 1, got {c.probe_steps}")
         self.base_global_batch = (
-            global_batch  # train.global_batch: the LR's reference and the upper bound
+            c.global_batch  # train.global_batch: the LR's reference and the upper bound
         )
-        self.adaptive = adaptive_global_batch
+        self.adaptive = c.adaptive_global_batch
         floor = (
-            max(min_micro_batch, global_batch // 8)
-            if min_global_batch is None
-            else min_global_batch
+            max(c.min_micro_batch, c.global_batch // 8)
+            if c.min_global_batch is None
+            else c.min_global_batch
         )
-        if self.adaptive and not min_micro_batch <= floor <= global_batch:
+        if self.adaptive and not c.min_micro_batch <= floor <= c.global_batch:
             raise ValueError(
                 f"{_KEY}.min_global_batch ({floor}) must lie in [min_micro_batch "
-                f"({min_micro_batch}), train.global_batch ({global_batch})]"
+                f"({c.min_micro_batch}), train.global_batch ({c.global_batch})]"
             )
-        self.min_global_batch = floor if self.adaptive else global_batch
+        self.min_global_batch = floor if self.adaptive else c.global_batch
         self.global_batch = self.min_global_batch
-        self.lr_scaling = lr_scaling
-        self.policy = policy
-        self._check_bounds(min_micro_batch, max_micro_batch, stability_window)
-        self.min_micro_batch, self._max_requested = min_micro_batch, max_micro_batch
-        self.stability_window = stability_window
-        self.probe_steps, self.min_speedup = probe_steps, min_speedup
-        self.memory_capacity_bytes = memory_capacity_bytes
-        self.memory_headroom = memory_headroom
-        self.variance_threshold = variance_threshold
-        self.variance_width = variance_width
-        self.max_floor_retries = max_floor_retries
+        self.lr_scaling = c.lr_scaling
+        self.policy = c.policy
+        self._check_bounds(c.min_micro_batch, c.max_micro_batch, c.stability_window)
+        self.min_micro_batch, self._max_requested = c.min_micro_batch, c.max_micro_batch
+        self.stability_window = c.stability_window
+        self.probe_steps, self.min_speedup = c.probe_steps, c.min_speedup
+        self.memory_capacity_bytes = c.memory_capacity_bytes
+        self.memory_headroom = c.memory_headroom
+        self.variance_threshold = c.variance_threshold
+        self.variance_width = c.variance_width
+        self.max_floor_retries = c.max_floor_retries
         self.memory = MemoryModel()
-        self.noise = NoiseScaleEstimator(ema_decay=ema_decay)
-        self._norms: deque[float] = deque(maxlen=variance_window)
+        self.noise = NoiseScaleEstimator(ema_decay=c.ema_decay)
+        self._norms: deque[float] = deque(maxlen=c.variance_window)
         self._oom_limit: int | None = (
             None  # the largest micro-batch below one that ran out of memory
         )
         self._floor_failures = 0
-        start = min_micro_batch if initial_micro_batch is None else initial_micro_batch
-        self.micro_batch = min(max(start, min_micro_batch), self.max_micro_batch)
+        start = c.min_micro_batch if c.initial_micro_batch is None else c.initial_micro_batch
+        self.micro_batch = min(max(start, c.min_micro_batch), self.max_micro_batch)
         self.step = 0
         self._last_change = 0  # step of the last global-batch change
         self._seconds: dict[

@@ -11,6 +11,7 @@ from gpu_runtime.strategies.batch_scaler import (
     GradientStats,
     MicroBatchFloorError,
     NoiseScaleEstimator,
+    ScalerConfig,
     plan_accumulation,
     run_step_with_oom_retry,
 )
@@ -33,7 +34,7 @@ def synthetic_stats(gen, *, sizes, grad_sq=1.0, trace=64.0, dim=256):
 
 def scaler(**overrides):
     kwargs = dict(global_batch=64, min_micro_batch=4, max_micro_batch=64, stability_window=5)
-    return BatchScaler(**{**kwargs, **overrides})
+    return BatchScaler(ScalerConfig(**{**kwargs, **overrides}))
 
 
 def test_plan_keeps_the_global_batch_exactly():
@@ -295,11 +296,13 @@ def test_retried_step_after_oom_yields_the_clean_gradient():
     model = small_model()
     tracker = GradientNormTracker(model.parameters())
     s = BatchScaler(
-        global_batch=32,
-        min_micro_batch=4,
-        max_micro_batch=32,
-        stability_window=1,
-        initial_micro_batch=16,
+        ScalerConfig(
+            global_batch=32,
+            min_micro_batch=4,
+            max_micro_batch=32,
+            stability_window=1,
+            initial_micro_batch=16,
+        )
     )
     hook = SimulatedOom(fits_up_to=8)
     run_step_with_oom_retry(
@@ -323,13 +326,15 @@ def regression_run(noise_std, dim, steps=60):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     tracker = GradientNormTracker(model.parameters())
     s = BatchScaler(
-        global_batch=64,
-        min_micro_batch=4,
-        max_micro_batch=64,
-        stability_window=10,
-        initial_micro_batch=4,
-        adaptive_global_batch=True,
-        min_global_batch=8,
+        ScalerConfig(
+            global_batch=64,
+            min_micro_batch=4,
+            max_micro_batch=64,
+            stability_window=10,
+            initial_micro_batch=4,
+            adaptive_global_batch=True,
+            min_global_batch=8,
+        )
     )
     for _ in range(steps):
         x = torch.randn(s.global_batch, dim, generator=gen)
