@@ -124,7 +124,9 @@ def run_of(arm: Arm, *, status: str = Run.Status.SUCCEEDED, **fields) -> Run:
     if status == Run.Status.RUNNING:
         defaults["heartbeat_at"] = now
     run = RunFactory(arm=arm, status=status, **{**defaults, **fields})
-    # Created before its telemetry, as a real run is (ingest refuses samples older than the run).
-    Run.objects.filter(pk=run.pk).update(created_at=now - timedelta(minutes=15))
+    # Created before its telemetry, as a real run is (ingest refuses samples older than the run);
+    # priced by the tables there are now from their valid_from (a table posted after a run opened
+    # would otherwise price it only from its posting: apps.pricing.selectors.effective_starts).
+    Run.objects.filter(pk=run.pk).update(created_at=now - timedelta(minutes=15), prices_as_of=now)
     run.refresh_from_db()
     return run
