@@ -7,12 +7,15 @@ model), measured so far; each outcome prints one line saying why.
 Exact at the limit: the deviation and the limit are compared as decimals in percentage points,
 rounded to 0.01 pp, so a candidate exactly at the limit passes whatever the float noise in
 the figures. By default the point estimate is judged (any measured regression past the limit
-fails: the cautious choice for CI); --evidence judges the freeze rule's always-valid lower
-bound instead, so only a regression established at the experiment's alpha fails.
+fails: the cautious choice for CI), with a warning on stderr when either side has fewer runs than
+the experiment's minimum; --evidence judges the freeze rule's always-valid lower bound instead, so
+only a regression established at the experiment's alpha fails, and only once the freeze rule's
+minimums are met (else it cannot decide: exit 2).
 """
 
 from __future__ import annotations
 
+import sys
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 
 from costlab_cli.client import Api, CliError
@@ -71,6 +74,63 @@ def run_metric(run: dict, metric: str) -> float | None:
     if metric.endswith("_per_mtok"):
         return amount / run["tokens"] * 1e6 if run["tokens"] else None
     return amount / run["steps"] if run["steps"] else None
+
+
+def _minimum_runs(report: dict) -> int | None:
+    """Runs per arm before the freeze rule decides: the experiment's minimums (None from a server
+    that does not say them)."""
+    if report.get("min_runs_per_arm") is None:
+        return None
+    return max(report["min_runs_per_arm"], report.get("min_cs_runs_per_arm") or 0)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _warn_if_noisy(report: dict, control: dict, arm: dict | None) -> None:
+    """A point estimate on fewer runs than the experiment's minimum: say how noisy it is (stderr;
+    the exit status is the estimate's)."""
+    minimum = _minimum_runs(report)
+    if minimum is None or "runs" not in control:
+        return
+    candidate_runs = arm["runs"] if arm is not None else 1  # --run: one run
+    if min(control["runs"], candidate_runs) >= minimum:
+        return
+    print(
+        f"costlab gate: warning: {_plural(control['runs'], 'control run')} and "
+        f"{_plural(candidate_runs, 'candidate run')}, fewer than the experiment's minimum of "
+        f"{minimum}: a point estimate this noisy has moved ±15 % for identical strategies "
+        "(--evidence decides only on enough runs)",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _evidence_met(report: dict, arm: dict, control: dict) -> None:
+    """--evidence judges the freeze rule's bound: only once the rule's minimums are met by the arm
+    and the control at the latest attribution window (else exit 2, saying what is missing)."""
+    minimum = _minimum_runs(report)
+    if minimum is None or "evidence_runs" not in arm:
+        return
+    samples = report.get("min_samples_per_arm") or 0
+    short = [
+        a
+        for a in (arm, control)
+        if a["evidence_runs"] < minimum or a.get("evidence_samples", 0) < samples
+    ]
+    if short:
+        counted = ", ".join(
+            f"{_plural(a['evidence_runs'], 'run')} and "
+            f"{_plural(a.get('evidence_samples', 0), 'sample')} of "
+            f"{'the control ' if a['is_control'] else ''}'{a['name']}'"
+            for a in (arm, control)
+        )
+        raise CliError(
+            f"--evidence: arm '{arm['name']}' cannot be decided yet: the freeze rule needs "
+            f"{minimum} runs and {samples} samples of each arm at an attribution window, and the "
+            f"latest counted {counted}; gate without --evidence or wait"
+        )
 
 
 def cmd_gate(api: Api, args) -> int:
@@ -141,6 +201,8 @@ def cmd_gate(api: Api, args) -> int:
                 f"experiment {args.experiment} has no candidate arm with priced runs to compare"
             )
         if evidence:
+            for *_, a in candidates:
+                _evidence_met(report, a, control)
             unbounded = [a["name"] for *_, a in candidates if a["deviation_low"] is None]
             if unbounded:
                 raise CliError(
@@ -161,6 +223,8 @@ def cmd_gate(api: Api, args) -> int:
             f".. {as_pp(arm['deviation_high']):+}%"
         )
     judged_by = "lower bound" if evidence else "estimate"
+    if not evidence:
+        _warn_if_noisy(report, control, arm)
     print(
         f"{'REGRESSION' if failed else 'PASS'}: "
         f"{who} {'emits' if metric == 'gco2e' else 'costs'} {as_pp(deviation):+}% {label} vs "

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields, replace
 from decimal import ROUND_HALF_EVEN, Decimal
 
 from apps.attribution import stats
+from apps.attribution.verdict import Minimums, evidence_shortfalls
 from apps.attribution.weights import rebalance
 
 WEIGHT_QUANTUM = Decimal("0.0001")
@@ -155,6 +156,10 @@ class Policy:
     max_step: float
 
     @property
+    def minimums(self) -> Minimums:
+        return Minimums(runs=self.min_runs, samples=self.min_samples, cs_runs=self.min_cs_runs)
+
+    @property
     def metric(self) -> str:
         return "usd_per_step" if self.unit == "step" else "usd_per_mtok"
 
@@ -246,17 +251,21 @@ def _freeze_rule(
     blocked = []
     if not arm.active:
         blocked.append("state: arm is already frozen")
-    for who, a in (("arm", arm), ("control", control)):
-        if a.sums.runs < policy.min_runs:
-            blocked.append(f"runs: {who} has {a.sums.runs} < min_runs_per_arm {policy.min_runs}")
-        if a.sums.samples < policy.min_samples:
+    for short in evidence_shortfalls(
+        arm_runs=arm.sums.runs,
+        arm_samples=arm.sums.samples,
+        control_runs=control.sums.runs,
+        control_samples=control.sums.samples,
+        minimums=policy.minimums,
+    ):
+        if short.field == "min_cs_runs_per_arm":
             blocked.append(
-                f"samples: {who} has {a.sums.samples} < min_samples_per_arm {policy.min_samples}"
+                f"runs: {short.side} has {short.has} < {short.needs} runs, the least the "
+                "confidence sequence is consulted on (min_cs_runs_per_arm)"
             )
-        if a.sums.runs < policy.min_cs_runs:
+        else:
             blocked.append(
-                f"runs: {who} has {a.sums.runs} < {policy.min_cs_runs} runs, the least the "
-                "confidence sequence is consulted on (COSTLAB_CS_MIN_RUNS)"
+                f"{short.what}: {short.side} has {short.has} < {short.field} {short.needs}"
             )
     if dev is None:
         blocked.append("deviation: not estimable yet (each arm needs 2 runs with units)")

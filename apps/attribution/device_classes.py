@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from apps.attribution import stats
-from apps.attribution.verdict import arm_verdict
+from apps.attribution.verdict import Minimums, arm_verdict
 from apps.devices.selectors import device_class_label
 from apps.experiments.models import Run
 
@@ -122,6 +122,8 @@ def class_verdicts(*, experiment, policy, arms: list, reference_report: dict) ->
     if not by_class:
         return []
     reference = first if reference is None else reference
+    # Other classes count runs, not samples: their bounds are consulted from the run minimums.
+    per_class = Minimums(runs=policy.min_runs, samples=0, cs_runs=policy.min_cs_runs)
     out = []
     for device_class in sorted(by_class, key=lambda c: (c != reference, c)):
         runs = by_class[device_class]
@@ -147,13 +149,22 @@ def class_verdicts(*, experiment, policy, arms: list, reference_report: dict) ->
                     dev = interval.estimate
                     if min(len(pairs), control_runs) >= policy.min_cs_runs:
                         low, high = interval.low, interval.high
+            row = _Row(arm.is_control, arm.state, dev, low, high, len(pairs))
+            control_row = _Row(True, "active", 0.0, None, None, control_runs)
+            minimums = per_class
             if device_class == reference and arm.pk in reference_report:
                 r = reference_report[arm.pk]  # the tick's bounds, over this class's runs alone
                 low, high = r.deviation_low, r.deviation_high
                 if len(by_class) == 1:
                     dev = r.deviation  # one class: exactly the main verdict (re-pricing included)
+                # the main verdict's evidence: what the tick counted, against every minimum
+                row = _Row(
+                    arm.is_control, arm.state, dev, low, high, r.evidence_runs, r.evidence_samples
+                )
+                control_row = reference_report.get(control.pk) if control else None
+                minimums = policy.minimums
             verdict = arm_verdict(
-                _Row(arm.is_control, arm.state, dev, low, high), threshold=policy.threshold
+                row, control=control_row, threshold=policy.threshold, minimums=minimums
             )
             class_arms.append(
                 ClassArm(
@@ -191,3 +202,5 @@ class _Row:
     deviation: float | None
     deviation_low: float | None
     deviation_high: float | None
+    evidence_runs: int = 0
+    evidence_samples: int = 0

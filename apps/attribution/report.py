@@ -71,6 +71,11 @@ class ArmReport:
     carbon_deviation: float | None = None
     carbon_deviation_low: float | None = None
     carbon_deviation_high: float | None = None
+    # What the latest attribution window counted for the arm (its epoch, its reference device
+    # class, outliers left out where they are): the freeze rule's evidence, which the verdict
+    # weighs against the experiment's minimums (apps.attribution.verdict).
+    evidence_runs: int = 0
+    evidence_samples: int = 0
 
 
 @dataclass(frozen=True)
@@ -236,6 +241,8 @@ def experiment_report(*, experiment: Experiment, metric: str = "usd") -> Experim
                 deviation=value / base - 1.0 if value is not None and base else None,
                 deviation_low=snap.deviation_low if snap else None,
                 deviation_high=snap.deviation_high if snap else None,
+                evidence_runs=snap.runs if snap else 0,
+                evidence_samples=snap.samples if snap else 0,
                 projected=project(usage, cost, target_steps=experiment.target_steps, **tiered)
                 if experiment.target_steps
                 else None,
@@ -297,7 +304,7 @@ def _carbon(
     arm, as dollars are compared; before the first window, as billed). The deviation is taken on
     energy per unit of work, which one version's factor scales alike for every arm; its bounds
     are the always-valid interval of apps.attribution.stats over the arms' runs (each run's
-    cumulative energy and units), given COSTLAB_CS_MIN_RUNS runs per arm.
+    cumulative energy and units), given min_cs_runs_per_arm runs per arm.
     """
     factor = None  # gCO2e per joule at the comparison version
     table = next((s.pricing_table for s in latest.values()), None)

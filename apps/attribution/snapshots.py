@@ -69,7 +69,7 @@ def policy_for(experiment: Experiment) -> Policy:
         alpha=alpha,
         min_runs=experiment.min_runs_per_arm,
         min_samples=experiment.min_samples_per_arm,
-        min_cs_runs=settings.COSTLAB_CS_MIN_RUNS,
+        min_cs_runs=experiment.min_cs_runs_per_arm,
         unit="step" if tiered_steps else "token",
         r2=stats.tuning_r2(alpha=alpha, expected_n=settings.COSTLAB_CS_EXPECTED_RUNS),
         dynamic_weights=experiment.dynamic_weights,

@@ -19,7 +19,7 @@ sequential intervals GrowthBook uses) stays valid at every look at once:
 
 with t observations (runs) of standard deviation s, and r2 tuned so it is tightest near an
 expected number of runs t*: r2 = (-2 log alpha + log(-2 log alpha + 1)) / t*. Being
-asymptotic, it is not consulted before each arm has COSTLAB_CS_MIN_RUNS runs.
+asymptotic, it is not consulted before each arm has the experiment's min_cs_runs_per_arm runs.
 tests/apps/attribution/test_freeze_simulation.py holds the rule to alpha in A/A simulations
 with run effects of 2-20 %, 10-100 windows per run, outliers and unequal arms.
 """

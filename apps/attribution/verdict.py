@@ -1,7 +1,14 @@
-"""The verdict per arm: one rule for the API, the CLI's gate and the dashboard."""
+"""The verdict per arm: one rule for the API, the CLI's gate, the dashboard and the freeze.
+
+A verdict is conclusive (`costlier`, `cheaper`) exactly when the freeze rule could act on it: the
+experiment's minimums met by the arm and by the control at the latest attribution window, and the
+always-valid bound of that window beyond the threshold. The minimums are checked here and nowhere
+else (apps.attribution.decisions takes them from `evidence_shortfalls`).
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 VERDICTS = (
@@ -15,6 +22,58 @@ VERDICTS = (
 )
 
 
+@dataclass(frozen=True)
+class Minimums:
+    """The evidence a freeze waits for, in the arm and in the control alike: the experiment's."""
+
+    runs: int  # min_runs_per_arm
+    samples: int  # min_samples_per_arm
+    cs_runs: int  # min_cs_runs_per_arm: runs before the (asymptotic) bound is consulted
+
+    @classmethod
+    def of(cls, experiment) -> Minimums:
+        return cls(
+            runs=experiment.min_runs_per_arm,
+            samples=experiment.min_samples_per_arm,
+            cs_runs=experiment.min_cs_runs_per_arm,
+        )
+
+    @property
+    def runs_needed(self) -> int:
+        """Runs per arm before anything can be decided: both run minimums."""
+        return max(self.runs, self.cs_runs)
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """One minimum not met: `side` (arm or control) has `has` of the `needs` `what` (runs or
+    samples) that the experiment's `field` asks for."""
+
+    side: str
+    what: str
+    has: int
+    needs: int
+    field: str
+
+
+def evidence_shortfalls(
+    *, arm_runs: int, arm_samples: int, control_runs: int, control_samples: int, minimums: Minimums
+) -> list[Shortfall]:
+    """The minimums that the arm or the control does not meet yet (empty: the evidence is there)."""
+    out = []
+    for side, runs, samples in (
+        ("arm", arm_runs, arm_samples),
+        ("control", control_runs, control_samples),
+    ):
+        if runs < minimums.runs:
+            out.append(Shortfall(side, "runs", runs, minimums.runs, "min_runs_per_arm"))
+        if samples < minimums.samples:
+            out.append(Shortfall(side, "samples", samples, minimums.samples, "min_samples_per_arm"))
+        if runs < minimums.cs_runs:
+            out.append(Shortfall(side, "runs", runs, minimums.cs_runs, "min_cs_runs_per_arm"))
+    return out
+
+
 class Compared(Protocol):
     """What a verdict is taken from: an ArmReport, or anything with these fields."""
 
@@ -23,13 +82,28 @@ class Compared(Protocol):
     deviation: float | None  # (arm - control) / control on the compared metric
     deviation_low: float | None  # the always-valid bounds of the latest attribution window
     deviation_high: float | None
+    evidence_runs: int  # runs and samples that window counted: what the freeze rule weighed
+    evidence_samples: int
 
 
-def arm_verdict(arm: Compared, *, threshold: float) -> str:
+def shortfalls_of(arm: Compared, control: Compared | None, minimums: Minimums) -> list[Shortfall]:
+    return evidence_shortfalls(
+        arm_runs=arm.evidence_runs,
+        arm_samples=arm.evidence_samples,
+        control_runs=control.evidence_runs if control is not None else 0,
+        control_samples=control.evidence_samples if control is not None else 0,
+        minimums=minimums,
+    )
+
+
+def arm_verdict(
+    arm: Compared, *, control: Compared | None, threshold: float, minimums: Minimums
+) -> str:
     """control | frozen | no_data | costlier | cheaper | within_threshold | inconclusive.
 
-    `costlier` / `cheaper` only when the always-valid bounds exclude the threshold; a point
-    estimate beyond it whose bounds still include it is `inconclusive` (more runs needed).
+    `costlier` / `cheaper` only when the minimums are met and the always-valid bounds exclude the
+    threshold; `within_threshold` only when they are met and the bounds lie inside ±threshold
+    (equivalence shown). Anything else with a deviation is `inconclusive` (more runs needed).
     """
     if arm.is_control:
         return "control"
@@ -37,10 +111,77 @@ def arm_verdict(arm: Compared, *, threshold: float) -> str:
         return "frozen"
     if arm.deviation is None:
         return "no_data"
-    if arm.deviation_low is not None and arm.deviation_low > threshold:
+    low, high = arm.deviation_low, arm.deviation_high
+    if low is None or high is None or shortfalls_of(arm, control, minimums):
+        return "inconclusive"
+    if low > threshold:
         return "costlier"
-    if arm.deviation_high is not None and arm.deviation_high < -threshold:
+    if high < -threshold:
         return "cheaper"
-    if abs(arm.deviation) <= threshold:
+    if low >= -threshold and high <= threshold:
         return "within_threshold"
     return "inconclusive"
+
+
+def _pct(fraction: float) -> str:
+    return f"{fraction * 100:+.3g} %"
+
+
+def freeze_holds(
+    arm: Compared,
+    *,
+    control: Compared | None,
+    threshold: float,
+    minimums: Minimums,
+    arm_name: str = "the arm",
+    control_name: str = "the control",
+) -> list[str]:
+    """Why an arm whose deviation lies beyond the threshold is not frozen, in the freeze rule's
+    terms, shortest first; empty when it is frozen or within the threshold."""
+    if arm.is_control or arm.state == "frozen" or arm.deviation is None:
+        return []
+    if abs(arm.deviation) <= threshold:
+        return []
+    if arm.deviation < -threshold:
+        return [
+            f"the control is the arm that moved ({control_name} is the dearer one; only a "
+            "dearer arm is frozen, never the control)"
+        ]
+    holds = []
+    names = {"arm": arm_name, "control": control_name}
+    by_side: dict[tuple[str, str], Shortfall] = {}
+    for s in shortfalls_of(arm, control, minimums):  # of two run minimums, the larger says it
+        key = (s.side, s.what)
+        if key not in by_side or s.needs > by_side[key].needs:
+            by_side[key] = s
+    for s in by_side.values():
+        holds.append(f"{names[s.side]} has {s.has} of {s.needs} {s.what}")
+    if arm.deviation_low is None:
+        holds.append("no always-valid bound yet (each arm needs 2 priced runs in a window)")
+    elif arm.deviation_low <= threshold:
+        holds.append(
+            f"the always-valid lower bound {_pct(arm.deviation_low)} does not clear the "
+            f"{_pct(threshold)} threshold"
+        )
+    return holds
+
+
+@dataclass(frozen=True)
+class Said:
+    verdict: str  # one of VERDICTS
+    not_frozen: list[str]  # freeze_holds: why a deviation beyond the threshold froze nothing
+
+
+def arms_verdicts(arms: list, *, threshold: float, minimums: Minimums) -> dict[int, Said]:
+    """Per arm id (arms: Compared with an arm_id and a name, the control among them), its verdict
+    and why it is not frozen: what the API's report, the experiment page and the list say."""
+    control = next((a for a in arms if a.is_control), None)
+    rule = {"control": control, "threshold": threshold, "minimums": minimums}
+    control_name = f"'{control.name}'" if control is not None else "the control"
+    return {
+        a.arm_id: Said(
+            arm_verdict(a, **rule),
+            freeze_holds(a, **rule, arm_name=f"'{a.name}'", control_name=control_name),
+        )
+        for a in arms
+    }

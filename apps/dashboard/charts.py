@@ -16,9 +16,11 @@ from apps.dashboard.verdicts import clip_low
 from apps.experiments.models import Arm, Experiment, Run
 from apps.pricing.bill import breakdown_shown
 
-# Telemetry charts of the experiment page (a run's page adds throughput and loss).
-EXPERIMENT_FIELDS = ("util_pct", "power_w", "step_time_s", "micro_batch")
-RUN_FIELDS = (*EXPERIMENT_FIELDS, "tokens_per_s", "loss")
+# Telemetry charts of the experiment page (a run's page adds throughput and loss). Memory is
+# charted only where it was sent: a chart of it that is always empty says nothing.
+EXPERIMENT_FIELDS = ("util_pct", "power_w", "step_time_s", "micro_batch", "mem_used_mb")
+RUN_FIELDS = (*EXPERIMENT_FIELDS[:4], "tokens_per_s", "loss", "mem_used_mb")
+CHARTED_WHEN_SENT = ("mem_used_mb",)
 # Points per chart across all its runs; each run gets a share, within these bounds.
 CHART_POINTS = 2400
 RUN_BUDGET_MIN, RUN_BUDGET_MAX = 60, 600
@@ -43,6 +45,22 @@ def budget_per_run(runs: int) -> int:
 
 def arm_color(index: int) -> str:
     return ARM_COLORS[index % len(ARM_COLORS)]
+
+
+def arm_color_indices(*, experiment_ids) -> dict[int, int]:
+    """Each arm's colour index within its experiment, in the order every page uses: the control
+    first, then by name (the experiment page's table, its charts, spend, a run's page). One
+    query."""
+    out: dict[int, int] = {}
+    seen: dict[int, int] = {}
+    for experiment_id, arm_id in (
+        Arm.objects.filter(experiment_id__in=list(experiment_ids))
+        .order_by("experiment_id", "-is_control", "name")
+        .values_list("experiment_id", "pk")
+    ):
+        out[arm_id] = seen.get(experiment_id, 0) % len(ARM_COLORS)
+        seen[experiment_id] = seen.get(experiment_id, 0) + 1
+    return out
 
 
 def run_label(run: Run, arm_name: str) -> str:
@@ -76,13 +94,15 @@ def device_label(runs: list[Run]) -> str:
 def telemetry_json(
     *, runs: list[Run], arm_names: dict[int, str], series: RunSeries, fields: tuple[str, ...]
 ) -> dict:
+    data = series.as_json(fields)
+    fields = tuple(f for f in fields if f not in CHARTED_WHEN_SENT or data.get(f))
     meta = series_meta(fields)
     if "util_pct" in meta:
         meta["util_pct"] = {**meta["util_pct"], "label": device_label(runs)}
     return {
         "fields": meta,
         "runs": runs_json(runs, arm_names, series),
-        "series": series.as_json(fields),
+        "series": {f: data[f] for f in fields},
     }
 
 

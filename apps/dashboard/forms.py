@@ -71,6 +71,9 @@ class ExperimentForm(NamedErrors, forms.ModelForm):
             "alpha": "α (false-freeze rate)",
             "attribution_interval_s": "Attribution interval (s)",
             "target_steps": "Target steps",
+            "min_runs_per_arm": "Min runs per arm",
+            "min_samples_per_arm": "Min samples per arm",
+            "min_cs_runs_per_arm": "Min runs before the bound is consulted",
         }
 
     field_order = ["tenant", "name"]

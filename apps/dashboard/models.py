@@ -12,7 +12,15 @@ from django.db import models
 from apps.experiments.models import Run
 
 # The telemetry series a chart can show; each has min, max, sum and count columns here.
-CHART_FIELDS = ("util_pct", "power_w", "step_time_s", "micro_batch", "tokens_per_s", "loss")
+CHART_FIELDS = (
+    "util_pct",
+    "power_w",
+    "step_time_s",
+    "micro_batch",
+    "tokens_per_s",
+    "loss",
+    "mem_used_mb",
+)
 
 
 def _stat() -> models.FloatField:
@@ -52,6 +60,9 @@ class SeriesBlock(models.Model):
     tokens_per_s_min, tokens_per_s_max = _stat(), _stat()
     tokens_per_s_sum, tokens_per_s_n = _stat(), models.IntegerField(default=0)
     loss_min, loss_max, loss_sum, loss_n = _stat(), _stat(), _stat(), models.IntegerField(default=0)
+    # Blocks rolled up before memory was charted have mem_used_mb_n = 0: their memory is not drawn.
+    mem_used_mb_min, mem_used_mb_max = _stat(), _stat()
+    mem_used_mb_sum, mem_used_mb_n = _stat(), models.IntegerField(default=0)
 
     class Meta:
         constraints = [

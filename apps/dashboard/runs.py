@@ -331,6 +331,7 @@ def spend_overview(*, user, month: date | None = None) -> dict:
         .values_list("tenant_id", "n")
     )
     out, chart = [], {}
+    colours = charts.arm_color_indices(experiment_ids={row["experiment_id"] for row in by_arm})
     for tenant in tenants:
         arms = [row for row in by_arm if row["tenant_id"] == tenant.pk]
         budget = tenant.monthly_budget_usd
@@ -349,7 +350,7 @@ def spend_overview(*, user, month: date | None = None) -> dict:
             )
         )
         chart[str(tenant.pk)] = _spend_chart(
-            tenant, arms, [d for d in daily if d["tenant_id"] == tenant.pk], start, end
+            tenant, arms, [d for d in daily if d["tenant_id"] == tenant.pk], start, end, colours
         )
     return {
         "month": start.date(),
@@ -361,9 +362,15 @@ def spend_overview(*, user, month: date | None = None) -> dict:
 
 
 def _spend_chart(
-    tenant: Tenant, arms: list[dict], daily: list[dict], start: datetime, end: datetime
+    tenant: Tenant,
+    arms: list[dict],
+    daily: list[dict],
+    start: datetime,
+    end: datetime,
+    colours: dict[int, int],
 ) -> dict:
-    """Cumulative spend per arm over the month's days (stacked by the page) and the budget line."""
+    """Cumulative spend per arm over the month's days (stacked by the page) and the budget line;
+    each arm in the colour the experiment page gives it."""
     days = [(start + timedelta(days=i)).date() for i in range((end - start).days)]
     today = timezone.now().date()
     shown = [d for d in days if d <= today] or days[:1]
@@ -377,7 +384,7 @@ def _spend_chart(
             row["cost_usd"]
         )
     traces = []
-    for i, (key, label) in enumerate(labels.items()):
+    for key, label in labels.items():
         total, ys = 0.0, []
         for d in shown:
             total += per_day.get(key, {}).get(d, 0.0)
@@ -385,7 +392,7 @@ def _spend_chart(
         traces.append(
             {
                 "name": label,
-                "color": charts.arm_color(i),
+                "color": charts.arm_color(colours.get(key[1], 0)),
                 "x": [d.isoformat() for d in shown],
                 "y": ys,
             }

@@ -341,7 +341,7 @@ def experiment_parts(
     )
     if arm_ids is None:  # in colour order: the control first, then by name
         arm_ids = list(experiment.arms.order_by("-is_control", "name").values_list("pk", flat=True))
-    verdict_list = verdicts.experiment_verdicts(experiment=experiment, report=report, now=now)
+    verdict_list = verdicts.experiment_verdicts(experiment=experiment, now=now)
     return {
         "experiment": experiment,
         "report": report,
@@ -446,8 +446,11 @@ def run_page(*, run: Run, now: datetime | None = None) -> dict:
     place = None
     if run.status == Run.Status.QUEUED and run.kind == Run.Kind.WORKER:
         place = queue_places(queues={run.queue}).get(run.pk)
+    memory = series.series[run.pk]["mem_used_mb"].hi  # from the chart's read: no extra scan
+    colour = charts.arm_color_indices(experiment_ids=[run.experiment_id]).get(run.arm_id, 0)
     return {
         "run": run,
+        "peak_mem_mb": max(memory) if memory else None,
         "queue_place": place,
         "notices": notices,
         "breakdown": run.cost_breakdown or {},
@@ -459,7 +462,7 @@ def run_page(*, run: Run, now: datetime | None = None) -> dict:
             "arms": {
                 str(run.arm_id): {
                     "name": run.arm.name,
-                    "color": charts.arm_color(0),
+                    "color": charts.arm_color(colour),
                     "control": False,
                 }
             },

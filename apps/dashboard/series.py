@@ -37,7 +37,12 @@ SERIES_LABELS = {
     "micro_batch": "Micro-batch",
     "tokens_per_s": "Throughput",
     "loss": "Loss",
+    "mem_used_mb": "Memory used",
 }
+# Throughput is not read from the samples' tokens_per_s (tokens of one sampling interval: a spike
+# when a step ends inside it, 0 while a slow step runs) but derived per step: the run's tokens per
+# step over each point's step time, so a point exists only where steps ended.
+THROUGHPUT = "tokens_per_s"
 
 
 def epoch_ms(ts: datetime) -> int:
@@ -172,6 +177,35 @@ def _per_bucket(samples: int, points: int, run: Run) -> int:
     return ranks * max(1, math.ceil(math.ceil(samples / points) / ranks))
 
 
+def _stored_fields(fields: tuple[str, ...]) -> tuple[str, ...]:
+    """The stored series to read for these chart fields (throughput is derived from step time)."""
+    read = [f for f in fields if f != THROUGHPUT]
+    if THROUGHPUT in fields and "step_time_s" not in read:
+        read.append("step_time_s")
+    return tuple(read)
+
+
+def tokens_per_step(run: Run) -> float | None:
+    return run.tokens / run.steps if run.steps > 0 and run.tokens > 0 else None
+
+
+def _add_throughput(out: RunSeries, runs: list[Run], fields: tuple[str, ...]) -> None:
+    """Each run's throughput band from its step-time band: tokens per step / step time (the band's
+    low end from the slowest step of the bucket, its high end from the fastest)."""
+    if THROUGHPUT not in fields:
+        return
+    for run in runs:
+        bands = out.series.get(run.pk)
+        if bands is None:
+            continue
+        per_step, steps, band = tokens_per_step(run), bands["step_time_s"], Band()
+        if per_step:
+            for x, mean, lo, hi in zip(steps.x, steps.y, steps.lo, steps.hi, strict=True):
+                if lo > 0:
+                    band.add(x, per_step / mean, per_step / hi, per_step / lo)
+        bands[THROUGHPUT] = band
+
+
 def run_series(*, runs: list[Run], fields: tuple[str, ...], budget: int) -> RunSeries:
     """Each run's whole history of these fields in about `budget` points per run and field.
 
@@ -180,6 +214,7 @@ def run_series(*, runs: list[Run], fields: tuple[str, ...], budget: int) -> RunS
     them in up to budget/4 more (at most TAIL_MAX: a rollup far behind shows as a gap, not a slow
     page); a smaller run is bucketed straight from its samples. Three or four queries; no writes.
     """
+    wanted, fields = fields, _stored_fields(fields)
     unknown = [f for f in fields if f not in CHART_FIELDS]
     if unknown:
         raise ValueError(
@@ -203,12 +238,14 @@ def run_series(*, runs: list[Run], fields: tuple[str, ...], budget: int) -> RunS
     )
     _block_buckets(blocks, fields, out)  # history first: rows arrive in time order per run
     _sample_buckets(samples, fields, out)
+    _add_throughput(out, runs, wanted)
     return out
 
 
 def live_series(*, runs: list[Run], fields: tuple[str, ...], since: datetime) -> RunSeries:
     """Samples of these runs taken since `since` (less LIVE_OVERLAP_S), as raw points; for
     polling."""
+    wanted, fields = fields, _stored_fields(fields)
     data = samples_downsampled(
         run_ids=[r.pk for r in runs],
         fields=list(fields),
@@ -228,6 +265,7 @@ def live_series(*, runs: list[Run], fields: tuple[str, ...], since: datetime) ->
                 x = epoch_ms(points[i + len(group) // 2][0]) if n > 1 else epoch_ms(points[i][0])
                 bands[f].add(x, sum(group) / len(group), min(group), max(group))
         out.series[run_id] = bands
+    _add_throughput(out, runs, wanted)
     return out
 
 

@@ -1,9 +1,11 @@
 """The answer at a glance: each arm's verdict against the control, in words, on the experiment page
 and in the experiments list.
 
-The verdict itself is attribution's (apps.attribution.verdict.arm_verdict, the API's and the CLI's
-too); this module only says it: per unit of work (USD per 1M tokens, or per step), bounds clipped to
-what a cost can be (never below -100 %), what evidence is missing, when an arm was frozen.
+The verdict itself is attribution's (apps.attribution.verdict, the API's, the CLI's and the freeze
+rule's); this module only says it: per unit of work (USD per 1M tokens, or per step), bounds clipped
+to what a cost can be (never below -100 %), what evidence is missing, why a deviation beyond the
+threshold froze nothing, when an arm was frozen. The page and the list say the verdict of the
+latest attribution window, from one function (experiments_verdicts).
 """
 
 from __future__ import annotations
@@ -12,13 +14,11 @@ import math
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.conf import settings
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
 from apps.attribution.models import AttributionSnapshot, AttributionWindow, FreezeEvent
-from apps.attribution.report import ExperimentReport
-from apps.attribution.verdict import arm_verdict
+from apps.attribution.verdict import Minimums, Said, arms_verdicts
 from apps.dashboard.templatetags.dashboard_format import significant
 from apps.experiments.models import Arm, Experiment
 
@@ -50,6 +50,7 @@ class Verdict:
     low: float | None  # the bounds, clipped to the possible range
     high: float | None
     detail: str  # what is missing, or why it was frozen
+    not_frozen: str  # beyond the threshold yet active: why, in one line ("" otherwise)
     runs_needed: int | None  # inconclusive: about this many more runs per arm
     frozen_at: datetime | None
 
@@ -97,12 +98,12 @@ def runs_needed(
     threshold: float,
     min_runs: int,
 ) -> int:
-    """About how many more runs per arm until the bound clears the threshold, if the spread between
-    runs stays as it is (the bound narrows about as 1/sqrt(runs)); at least what the minimums still
-    ask."""
+    """About how many more runs per arm until the bound clears the threshold (or, for a deviation
+    inside it, until the bound lies inside it), if the spread between runs stays as it is (the
+    bound narrows about as 1/sqrt(runs)); at least what the minimums still ask."""
     need = max(0, min_runs - runs)
     if deviation is not None and low is not None and high is not None and runs > 0:
-        half, margin = (high - low) / 2, abs(deviation) - threshold
+        half, margin = (high - low) / 2, abs(abs(deviation) - threshold)
         if margin > 0 and half > 0:
             need = max(need, math.ceil(runs * (half / margin) ** 2) - runs)
     return max(need, 1)
@@ -117,27 +118,37 @@ def _when(at: datetime, now: datetime) -> str:
     )
 
 
-def _latest_freezes(experiment_ids: list[int]) -> dict[int, FreezeEvent]:
-    """Per arm, its latest freeze event (of these experiments). One query."""
-    events = FreezeEvent.objects.filter(
-        experiment_id__in=experiment_ids, action=FreezeEvent.Action.FREEZE
-    ).order_by("created_at", "pk")
-    return {e.arm_id: e for e in events}  # the latest of each arm wins
+@dataclass(frozen=True)
+class Freeze:
+    """An arm's latest freeze, as the card says it (a FreezeEvent, or these fields of one)."""
+
+    created_at: datetime
+    reason: str
+    deviation: float | None
+
+
+def _latest_freeze(field: str) -> Subquery:
+    """The arm's latest freeze event's `field`, annotated on its snapshot (no query of its own)."""
+    return Subquery(
+        FreezeEvent.objects.filter(arm=OuterRef("arm"), action=FreezeEvent.Action.FREEZE)
+        .order_by("-created_at", "-pk")
+        .values(field)[:1]
+    )
 
 
 def _say(
     *,
     arm,
-    control_name: str,
+    said: Said,
+    control,
     threshold: float,
+    minimums: Minimums,
     metric: str,
-    runs: int | None,
-    control_runs: int | None,
-    min_runs: int,
-    freeze: FreezeEvent | None,
+    freeze: Freeze | FreezeEvent | None,
+    skipped: str,
     now: datetime,
 ) -> Verdict:
-    verdict = arm_verdict(arm, threshold=threshold)
+    verdict = said.verdict
     low, high = clip_low(arm.deviation_low), arm.deviation_high
     deviation, detail, needed, frozen_at = arm.deviation, "", None, None
     threshold_text = f"±{significant(threshold * 100, 2)} %"
@@ -151,35 +162,40 @@ def _say(
         status = f"frozen at {_when(frozen_at, now)}" if frozen_at else "frozen"
     elif verdict == "no_data":
         status = STATUS[verdict]
-        detail = "needs priced runs of this arm and of the control"
+        detail = "needs priced runs of this arm and of the control, and an attribution window"
     elif verdict == "inconclusive":
         status = STATUS[verdict]
-        if runs is not None and control_runs is not None:
-            needed = runs_needed(
-                deviation=arm.deviation,
-                low=arm.deviation_low,
-                high=arm.deviation_high,
-                runs=min(runs, control_runs),
-                threshold=threshold,
-                min_runs=min_runs,
-            )
-            detail = (
-                f"needs about {needed} more run{'s' if needed != 1 else ''} per arm, if the "
-                f"spread between runs stays as it is (evidence so far: {runs} "
-                f"run{'s' if runs != 1 else ''} of {arm.name}, {control_runs} of {control_name})"
-            )
+        runs, control_runs = arm.evidence_runs, control.evidence_runs
+        needed = runs_needed(
+            deviation=arm.deviation,
+            low=arm.deviation_low,
+            high=arm.deviation_high,
+            runs=min(runs, control_runs),
+            threshold=threshold,
+            min_runs=minimums.runs_needed,
+        )
+        detail = (
+            f"needs about {needed} more run{'s' if needed != 1 else ''} per arm, if the "
+            f"spread between runs stays as it is (evidence so far: {runs} "
+            f"run{'s' if runs != 1 else ''} of {arm.name}, {control_runs} of {control.name})"
+        )
         if low is None:
-            detail = (detail + "; " if detail else "") + "bounds after the next attribution"
+            detail += "; a bound needs 2 priced runs of each arm in a window"
     elif verdict == "within_threshold":
         status = f"within the {threshold_text} threshold"
-        if low is not None and high is not None and (low < -threshold or high > threshold):
-            detail = f"the bound still reaches beyond {threshold_text}: more runs would settle it"
     else:
         status = STATUS[verdict]
+    not_frozen = ""
+    if skipped and verdict != "frozen" and deviation is not None and abs(deviation) > threshold:
+        not_frozen = f"not frozen: the latest attribution window was skipped ({skipped})"
+    elif said.not_frozen:
+        not_frozen = "not frozen: " + "; ".join(said.not_frozen)
+    elif verdict == "costlier":  # the rule would freeze it: the window that decides is next
+        not_frozen = "not frozen yet: the next attribution window (on new data) decides"
     return Verdict(
         arm_id=arm.arm_id,
         arm=arm.name,
-        control=control_name,
+        control=control.name,
         verdict=verdict,
         status=status,
         amount=_amount(deviation),
@@ -188,52 +204,17 @@ def _say(
         low=low,
         high=high,
         detail=detail,
+        not_frozen=not_frozen,
         runs_needed=needed,
         frozen_at=frozen_at,
     )
 
 
-def _min_runs(experiment: Experiment) -> int:
-    """Runs per arm before a freeze may be decided: the experiment's minimum, and the confidence
-    sequence's."""
-    return max(experiment.min_runs_per_arm, settings.COSTLAB_CS_MIN_RUNS)
-
-
-def experiment_verdicts(
-    *, experiment: Experiment, report: ExperimentReport, now: datetime | None = None
-) -> list[Verdict]:
-    """Each non-control arm of the report against its control. One query (the freezes)."""
-    now = now or timezone.now()
-    control = next((a for a in report.arms if a.is_control), None)
-    if control is None:
-        return []
-    freezes = (
-        _latest_freezes([experiment.pk])
-        if any(a.state == Arm.State.FROZEN for a in report.arms)
-        else {}
-    )
-    out = []
-    for arm in report.arms:
-        if arm.is_control:
-            continue
-        out.append(
-            _say(
-                arm=arm,
-                control_name=control.name,
-                threshold=float(experiment.freeze_threshold),
-                metric=arm.metric,
-                runs=arm.runs,
-                control_runs=control.runs,
-                min_runs=_min_runs(experiment),
-                freeze=freezes.get(arm.arm_id),
-                now=now,
-            )
-        )
-    return out
-
-
 @dataclass(frozen=True)
-class _Compared:
+class WindowArm:
+    """One arm at the latest attribution window, as the verdict weighs it
+    (apps.attribution.verdict.Compared), with its name and metric."""
+
     arm_id: int
     name: str
     is_control: bool
@@ -241,13 +222,79 @@ class _Compared:
     deviation: float | None
     deviation_low: float | None
     deviation_high: float | None
+    evidence_runs: int
+    evidence_samples: int
+    metric: str = "usd_per_mtok"
+
+
+def arms_said(
+    *,
+    experiment: Experiment,
+    arms: list,
+    freezes: dict[int, Freeze | FreezeEvent] | None = None,
+    skipped: str = "",
+    now: datetime | None = None,
+) -> list[Verdict]:
+    """Each non-control arm against the control (arms: WindowArm or ArmReport rows, the control
+    among them), in words: the one function behind the experiment page and the list."""
+    now = now or timezone.now()
+    control = next((a for a in arms if a.is_control), None)
+    if control is None:
+        return []
+    threshold, minimums = float(experiment.freeze_threshold), Minimums.of(experiment)
+    said = arms_verdicts(arms, threshold=threshold, minimums=minimums)
+    return [
+        _say(
+            arm=a,
+            said=said[a.arm_id],
+            control=control,
+            threshold=threshold,
+            minimums=minimums,
+            metric=a.metric,
+            freeze=(freezes or {}).get(a.arm_id),
+            skipped=skipped,
+            now=now,
+        )
+        for a in arms
+        if not a.is_control
+    ]
+
+
+def _compared(rows: list[AttributionSnapshot]) -> list[WindowArm]:
+    """The window's snapshots as the verdict weighs them. A window with under 2 runs per arm has
+    no deviation estimate of its own: the point deviation is then its figures' ratio, so a verdict
+    has an amount as soon as both arms have a priced run."""
+    control = next((s for s in rows if s.arm.is_control), None)
+    base = control.metric_value if control is not None else None
+    out = []
+    for s in rows:
+        deviation = s.deviation
+        if s.arm.is_control:
+            deviation = 0.0 if base else None
+        elif deviation is None and s.metric_value is not None and base:
+            deviation = s.metric_value / base - 1.0
+        out.append(
+            WindowArm(
+                arm_id=s.arm_id,
+                name=s.arm.name,
+                is_control=s.arm.is_control,
+                state=s.arm.state,
+                deviation=deviation,
+                deviation_low=s.deviation_low,
+                deviation_high=s.deviation_high,
+                evidence_runs=s.runs,
+                evidence_samples=s.samples,
+                metric=s.metric,
+            )
+        )
+    return out
 
 
 def experiments_verdicts(
     *, experiments: list[Experiment], now: datetime | None = None
 ) -> dict[int, list[Verdict]]:
-    """Per experiment, each non-control arm's verdict at its latest attribution window (the list's
-    column; the experiment page adds what was measured since). Two queries, whatever the number."""
+    """Per experiment, each non-control arm's verdict at its latest attribution window: the list's
+    column and the experiment page's card alike. One query, whatever the number."""
     now = now or timezone.now()
     ids = [e.pk for e in experiments]
     latest = (
@@ -257,41 +304,37 @@ def experiments_verdicts(
     )
     snapshots = (
         AttributionSnapshot.objects.filter(experiment_id__in=ids, window_id=Subquery(latest))
-        .select_related("arm")
+        .select_related("arm", "window")
+        .annotate(
+            freeze_at=_latest_freeze("created_at"),
+            freeze_reason=_latest_freeze("reason"),
+            freeze_deviation=_latest_freeze("deviation"),
+        )
         .order_by("experiment_id", "-arm__is_control", "arm__name")
     )
     by_experiment: dict[int, list[AttributionSnapshot]] = {}
     for s in snapshots:
         by_experiment.setdefault(s.experiment_id, []).append(s)
-    freezes = _latest_freezes(ids)
+    freezes = {
+        s.arm_id: Freeze(s.freeze_at, s.freeze_reason, s.freeze_deviation)
+        for s in snapshots
+        if s.arm.state == Arm.State.FROZEN and s.freeze_at is not None
+    }
     out = {}
     for e in experiments:
         rows = by_experiment.get(e.pk, [])
-        control = next((s for s in rows if s.arm.is_control), None)
-        if control is None:
-            out[e.pk] = []
-            continue
-        out[e.pk] = [
-            _say(
-                arm=_Compared(
-                    s.arm_id,
-                    s.arm.name,
-                    False,
-                    s.arm.state,
-                    s.deviation,
-                    s.deviation_low,
-                    s.deviation_high,
-                ),
-                control_name=control.arm.name,
-                threshold=float(e.freeze_threshold),
-                metric=s.metric,
-                runs=s.runs,
-                control_runs=control.runs,
-                min_runs=_min_runs(e),
-                freeze=freezes.get(s.arm_id),
-                now=now,
-            )
-            for s in rows
-            if not s.arm.is_control
-        ]
+        window = rows[0].window if rows else None
+        skipped = (
+            window.skip_reason
+            if window is not None and window.status == AttributionWindow.Status.SKIPPED
+            else ""
+        )
+        out[e.pk] = arms_said(
+            experiment=e, arms=_compared(rows), freezes=freezes, skipped=skipped, now=now
+        )
     return out
+
+
+def experiment_verdicts(*, experiment: Experiment, now: datetime | None = None) -> list[Verdict]:
+    """The experiment page's verdict card: the list's verdicts of this one experiment."""
+    return experiments_verdicts(experiments=[experiment], now=now)[experiment.pk]

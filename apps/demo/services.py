@@ -74,6 +74,8 @@ DEMO_RUNS_PER_ARM = 6
 # hundred.
 DEMO_EXPERIMENT = {
     "min_runs_per_arm": 3,
+    # The always-valid bound is asymptotic: 3 runs per arm is a demo's trade, said on its card.
+    "min_cs_runs_per_arm": 3,
     "min_samples_per_arm": 20,
     "attribution_interval_s": 10,
     "freeze_threshold": Decimal("0.05"),

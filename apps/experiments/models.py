@@ -2,6 +2,7 @@
 
 from decimal import Decimal
 
+from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
@@ -12,6 +13,11 @@ from apps.devices.models import DeviceMeasurement
 from apps.experiments.strategies import strategy_normalise, strategy_sha256
 from apps.pricing.models import CostModel, GpuSku, PricingTable
 from apps.tenants.models import Tenant
+
+
+def cs_min_runs_default() -> int:
+    """A new experiment's confidence-sequence minimum: the deployment's default."""
+    return settings.COSTLAB_CS_MIN_RUNS
 
 
 class Experiment(TimeStampedModel):
@@ -56,6 +62,14 @@ class Experiment(TimeStampedModel):
     )
     min_samples_per_arm = models.PositiveIntegerField(
         default=30, help_text="Evidence needed before a freeze."
+    )
+    min_cs_runs_per_arm = models.PositiveIntegerField(
+        "min runs before the bound is consulted",
+        default=cs_min_runs_default,
+        validators=[MinValueValidator(2)],
+        help_text="Runs per arm (and in the control) before the always-valid bound is consulted: "
+        "it is asymptotic, so no freeze and no conclusive verdict before this many "
+        "(default COSTLAB_CS_MIN_RUNS).",
     )
     alpha = models.DecimalField(
         max_digits=5,

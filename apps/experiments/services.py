@@ -341,6 +341,7 @@ EXPERIMENT_EDITABLE = (
     "attribution_interval_s",
     "min_runs_per_arm",
     "min_samples_per_arm",
+    "min_cs_runs_per_arm",
     "alpha",
     "freeze_policy",
     "dynamic_weights",

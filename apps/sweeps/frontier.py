@@ -11,6 +11,11 @@ relative measurement spread (coefficient of variation of its timed steps' step t
 noisy probes need a larger gap before one knocks the other off the frontier. Consequences:
 duplicates and near-ties are all kept; infeasible points and points missing an objective are
 never on the frontier and never dominate anything.
+
+A tolerance must not lose the ends of the frontier: the best point on each objective (the cheapest,
+the fastest; an exact tie there decided by the other objectives) is always kept, even when a
+near-tie that is clearly better elsewhere "dominates" it. Otherwise the cheapest probe a sweep
+measured could be missing from its frontier.
 """
 
 from __future__ import annotations
@@ -56,8 +61,16 @@ def dominates(a: Point, b: Point, *, base: float = 0.02) -> bool:
 def pareto_front(points: Sequence[Point], *, base: float = 0.02) -> list[Hashable]:
     """Keys of the comparable points no other point dominates, in the given order."""
     candidates = [p for p in points if p.comparable]
+    ends = (
+        {
+            id(min(candidates, key=lambda p, i=i: (p.values[i], *p.values)))
+            for i in range(len(candidates[0].values))
+        }
+        if candidates
+        else set()
+    )
     return [
         p.key
         for p in candidates
-        if not any(dominates(q, p, base=base) for q in candidates if q is not p)
+        if id(p) in ends or not any(dominates(q, p, base=base) for q in candidates if q is not p)
     ]

@@ -105,3 +105,59 @@ def test_evidence_fails_only_when_the_lower_bound_clears_the_limit(capsys):
 def test_evidence_needs_a_bound():
     with pytest.raises(CliError, match="no confidence bound yet"):
         gate(ReportApi(1.0, 1.08), "5%", evidence=True)
+
+
+def with_evidence(api: ReportApi, *, runs: int, evidence_runs: int, samples: int = 500):
+    """The report as a server that says its minimums and each arm's evidence answers it."""
+    api.report.update(min_runs_per_arm=3, min_samples_per_arm=30, min_cs_runs_per_arm=10)
+    for arm in api.report["arms"]:
+        arm.update(runs=runs, evidence_runs=evidence_runs, evidence_samples=samples)
+    return api
+
+
+def test_a_point_estimate_on_fewer_runs_than_the_minimum_warns_on_stderr(capsys):
+    assert gate(with_evidence(ReportApi(1.0, 1.147), runs=1, evidence_runs=1), "20%") == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("PASS: arm 'candidate' costs +14.70%")
+    assert err.startswith(
+        "costlab gate: warning: 1 control run and 1 candidate run, fewer than the experiment's "
+        "minimum of 10: a point estimate this noisy has moved ±15 % for identical strategies"
+    ), err
+    # The warning never changes the exit status.
+    assert gate(with_evidence(ReportApi(1.0, 1.147), runs=1, evidence_runs=1), "5%") == REGRESSION
+    assert "fewer than the experiment's minimum of 10" in capsys.readouterr().err
+    # Enough runs, or a server that does not say its minimums: no warning.
+    assert gate(with_evidence(ReportApi(1.0, 1.02), runs=10, evidence_runs=10), "5%") == 0
+    assert gate(ReportApi(1.0, 1.02), "5%") == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_evidence_decides_only_on_the_freeze_rules_minimums():
+    short = with_evidence(ReportApi(1.0, 1.25, low=0.19, high=0.31), runs=3, evidence_runs=3)
+    with pytest.raises(CliError) as refused:
+        gate(short, "5%", evidence=True)
+    message = str(refused.value)
+    assert message.startswith("--evidence: arm 'candidate' cannot be decided yet")
+    assert "needs 10 runs and 30 samples of each arm" in message
+    assert "3 runs and 500 samples of 'candidate'" in message
+    assert "of the control 'control'" in message
+    ready = with_evidence(ReportApi(1.0, 1.25, low=0.19, high=0.31), runs=10, evidence_runs=10)
+    assert gate(ready, "5%", evidence=True) == REGRESSION
+
+
+def test_the_gate_against_a_server_warns_and_waits_for_the_evidence(lab, capsys):
+    from apps.attribution.services import attribution_tick
+    from tests.cli.conftest import cli, priced_run
+
+    exp = str(lab["experiment"].pk)
+    priced_run(lab["control"], "1.00")
+    priced_run(lab["candidate"], "1.147")
+    code, out, err = cli(capsys, "gate", exp, "--max-regression", "20%")
+    assert code == 0 and out.startswith("PASS")
+    assert "1 control run and 1 candidate run, fewer than the experiment's minimum of 10" in err
+    for i in range(2):
+        priced_run(lab["control"], f"{1.0 + 0.001 * i:.3f}")
+        priced_run(lab["candidate"], f"{1.147 + 0.001 * i:.3f}")
+    attribution_tick()
+    code, _, err = cli(capsys, "gate", exp, "--max-regression", "5%", "--evidence")
+    assert code == 2 and "cannot be decided yet: the freeze rule needs 10 runs" in err, err

@@ -145,3 +145,33 @@ def test_start_a_sweep_with_the_strategy_checked_as_typed(page, live_server, scr
     page.wait_for_url(live_server.url + f"/sweeps/{sweep.pk}/")
     assert "started" in page.locator("#messages").inner_text()
     assert not page.js_errors, page.js_errors
+
+
+def test_a_fixed_strategy_clears_the_error_the_last_save_gave(page, live_server):
+    """The save's error under a strategy is about the text that was saved: once the text is edited
+    and checks valid, that error goes, so "✓ valid" never stands above a stale "✗"."""
+    table = PricingTableFactory()
+    user = UserFactory()
+    MembershipFactory(user=user, tenant=table.tenant)
+    from tests.factories import CostModelFactory
+
+    CostModelFactory(tenant=table.tenant, name="resource weighted")
+    sign_in(page, live_server, user, "/experiments/new/")
+    page.fill("#id_name", "fixed in the browser")
+    page.fill("#id_arms-0-name", "control")
+    page.fill("#id_arms-0-strategy_yaml", TINY.replace("steps: 3,", "steps: -1,"))
+    page.fill("#id_arms-1-name", "candidate")
+    page.fill("#id_arms-1-strategy_yaml", TINY)
+    page.click("#save-experiment")
+    page.wait_for_load_state()
+    arm = page.locator('fieldset[data-arm-index="0"]')
+    stale = arm.locator('.error[data-error-for="strategy_yaml"]')
+    assert "train.steps" in stale.inner_text(), "the save refused the bad strategy, by key"
+
+    page.fill("#id_arms-0-strategy_yaml", TINY)
+    page.wait_for_function(
+        "() => document.querySelector('[data-status-for=id_arms-0-strategy_yaml]')"
+        ".textContent.includes('valid strategy')"
+    )
+    assert stale.count() == 0 or not stale.first.is_visible(), stale.all_inner_texts()
+    assert not page.js_errors, page.js_errors

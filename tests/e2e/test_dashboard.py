@@ -29,6 +29,10 @@ HAS_SAMPLE = """([x, y]) => { const el = document.getElementById('chart-util_pct
 
 @pytest.fixture
 def demo():
+    return demo_world()
+
+
+def demo_world():
     """The demo experiment after a few minutes of training: two runs per arm done, one training now,
     attributed twice (so the deviation timeline has a line)."""
     seed = demo_seed()

@@ -15,8 +15,8 @@ from tests.factories import ArmFactory, ExperimentFactory
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 
-def two_arms(tenant, name):
-    experiment = ExperimentFactory(tenant=tenant, name=name, status="active")
+def two_arms(tenant, name, **fields):
+    experiment = ExperimentFactory(tenant=tenant, name=name, status="active", **fields)
     return (
         experiment,
         ArmFactory(experiment=experiment, name="fp32-control", is_control=True),
@@ -33,7 +33,8 @@ def states():
     w.user.save()
     tenant = w.experiment.tenant
     start = timezone.now() - timedelta(minutes=5)
-    conclusive, c_control, c_arm = two_arms(tenant, "conclusive")
+    # 3 runs each: conclusive only where the experiment consults its bound from 3 runs
+    conclusive, c_control, c_arm = two_arms(tenant, "conclusive", min_cs_runs_per_arm=3)
     inconclusive, i_control, i_arm = two_arms(tenant, "inconclusive")
     frozen, f_control, f_arm = two_arms(tenant, "frozen")
     for control in (c_control, i_control, f_control):

@@ -38,6 +38,7 @@ class ExperimentSerializer(serializers.ModelSerializer):
             "attribution_interval_s": {"max_value": 86_400},
             "min_runs_per_arm": {"max_value": 1_000_000},
             "min_samples_per_arm": {"max_value": 1_000_000_000},
+            "min_cs_runs_per_arm": {"max_value": 1_000_000},
             "target_steps": {"max_value": 10**12},
         }
         # (tenant, name) uniqueness is checked by the service, which knows the tenant

@@ -60,7 +60,25 @@ class ArmReportSerializer(serializers.Serializer):
     deviation_low = serializers.FloatField(allow_null=True)
     deviation_high = serializers.FloatField(allow_null=True)
     projected = ProjectionSerializer(allow_null=True)
-    verdict = serializers.ChoiceField(choices=VERDICTS)
+    evidence_runs = serializers.IntegerField(
+        help_text="Runs the latest attribution window counted for the arm (its reference device "
+        "class, since its last unfreeze): what the freeze rule and the verdict weigh against "
+        "the minimums. `runs` counts every priced run."
+    )
+    evidence_samples = serializers.IntegerField(
+        help_text="Telemetry samples the latest attribution window counted for the arm."
+    )
+    verdict = serializers.ChoiceField(
+        choices=VERDICTS,
+        help_text="costlier / cheaper (conclusive) exactly when the freeze rule could act: every "
+        "minimum met by the arm and the control, and the always-valid bounds beyond ±threshold; "
+        "within_threshold only when the bounds lie inside ±threshold; else inconclusive.",
+    )
+    not_frozen = serializers.ListField(
+        child=serializers.CharField(),
+        help_text="Why an active arm whose deviation lies beyond the threshold is not frozen, in "
+        "the freeze rule's terms (empty otherwise).",
+    )
     carbon = serializers.DictField(
         help_text="gCO2e as billed (each run at its price versions' grid intensity): g_co2e, "
         "method (nvml, rapl, modelled: the widest of the arm's runs), band and its low and high; "
@@ -78,7 +96,7 @@ class ArmReportSerializer(serializers.Serializer):
     carbon_deviation_low = serializers.FloatField(
         allow_null=True,
         help_text="Always-valid bounds of carbon_deviation over the arms' runs (given "
-        "COSTLAB_CS_MIN_RUNS runs per arm).",
+        "min_cs_runs_per_arm runs per arm).",
     )
     carbon_deviation_high = serializers.FloatField(allow_null=True)
 
@@ -125,6 +143,15 @@ class ExperimentReportSerializer(serializers.Serializer):
     experiment_id = serializers.IntegerField()
     name = serializers.CharField()
     threshold = serializers.FloatField(help_text="The experiment's freeze threshold (0.05 = 5 %).")
+    min_runs_per_arm = serializers.IntegerField(
+        help_text="Runs the arm and the control each need before a freeze or a conclusive verdict."
+    )
+    min_samples_per_arm = serializers.IntegerField(
+        help_text="Telemetry samples the arm and the control each need, likewise."
+    )
+    min_cs_runs_per_arm = serializers.IntegerField(
+        help_text="Runs each needs before the always-valid bound is consulted (it is asymptotic)."
+    )
     target_steps = serializers.IntegerField(allow_null=True)
     window_end = serializers.DateTimeField(
         allow_null=True, help_text="Latest attribution window; null before the first."

@@ -34,7 +34,7 @@ from apps.api.serializers.report import (
 from apps.api.views.base import TenantViewSet
 from apps.attribution.report import experiment_report
 from apps.attribution.services import arm_freeze, arm_unfreeze
-from apps.attribution.verdict import arm_verdict
+from apps.attribution.verdict import Minimums, arms_verdicts
 from apps.core.exceptions import ApplicationError
 from apps.experiments import services
 from apps.experiments.models import Arm, Experiment
@@ -78,9 +78,14 @@ class ExperimentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
         query.is_valid(raise_exception=True)
         experiment = self.get_object()
         report = experiment_report(experiment=experiment, metric=query.validated_data["metric"])
-        threshold = float(experiment.freeze_threshold)
+        threshold, minimums = float(experiment.freeze_threshold), Minimums.of(experiment)
+        said = arms_verdicts(report.arms, threshold=threshold, minimums=minimums)
         arms = [
-            {**dataclasses.asdict(arm), "verdict": arm_verdict(arm, threshold=threshold)}
+            {
+                **dataclasses.asdict(arm),
+                "verdict": said[arm.arm_id].verdict,
+                "not_frozen": said[arm.arm_id].not_frozen,
+            }
             for arm in report.arms
         ]
         return Response(
@@ -88,13 +93,16 @@ class ExperimentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
                 {
                     **dataclasses.asdict(report),
                     "threshold": threshold,
+                    "min_runs_per_arm": minimums.runs,
+                    "min_samples_per_arm": minimums.samples,
+                    "min_cs_runs_per_arm": minimums.cs_runs,
                     "arms": arms,
                 }
             ).data
         )
 
     @extend_schema(request=RunsCancelRequestSerializer, responses=RunsCancelledSerializer)
-    @action(detail=True, methods=["post"], url_path="cancel-runs")
+    @action(detail=True, methods=["post"], url_path="cancel-runs", url_name="cancel_runs")
     def cancel_runs(self, request, pk=None):
         """Cancel every queued or running run of the experiment, or of one arm (`arm`)."""
         experiment = self.get_object()

@@ -30,6 +30,17 @@
     });
   }
 
+  // The last save's errors under this strategy: they are about the text that was saved.
+  function clearSavedErrors(textarea) {
+    var box = textarea.closest("fieldset.arm-form") || textarea.closest(".field");
+    if (!box) { return; }
+    Array.prototype.forEach.call(box.querySelectorAll(
+      '.error[data-error-for="strategy_yaml"], .error[data-error-for="base_strategy_yaml"]'), function (e) {
+      e.remove();
+    });
+    if (!box.querySelector(".error")) { box.classList.remove("has-error"); }
+  }
+
   function validate(textarea) {
     var el = statusFor(textarea);
     if (!el) { return; }
@@ -66,6 +77,7 @@
   Array.prototype.forEach.call(form.querySelectorAll("textarea[data-strategy-editor]"), function (textarea) {
     var timer = null;
     textarea.addEventListener("input", function () {
+      clearSavedErrors(textarea);  // edited since the save: the live check below says what holds now
       window.clearTimeout(timer);
       timer = window.setTimeout(function () { validate(textarea); }, DEBOUNCE_MS);
     });
@@ -77,6 +89,7 @@
       var textarea = document.getElementById(select.dataset.target);
       if (!textarea || !examples[select.value]) { return; }
       textarea.value = examples[select.value];
+      clearSavedErrors(textarea);
       validate(textarea);
     });
   });

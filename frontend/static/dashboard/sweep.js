@@ -22,10 +22,21 @@
        x: bad.map(function (p, i) { return xmin + (xmax - xmin) * (i + 1) / (bad.length + 1); }),
        y: bad.map(function () { return ytop; }), marker: {symbol: "x", size: 11, color: "#d1495b"}}
     ];
-    Plotly.react(el, traces, {
+    var layout = {
       margin: {t: 20, r: 20}, xaxis: {title: {text: plain(ax[0].label)}}, yaxis: {title: {text: plain(ax[1].label)}},
       legend: {orientation: "h"}
-    }, {displaylogo: false, responsive: true});
+    };
+    if (!done.length) {
+      // Nothing measured yet: say so in words, not bare axes around no point.
+      var waiting = data.probes.length - bad.length;
+      traces = [];
+      layout.xaxis = {visible: false};
+      layout.yaxis = {visible: false};
+      layout.annotations = [{text: "no probe measured yet" + (waiting ? ": " + waiting + " queued or running" : "") +
+        (bad.length ? (waiting ? ", " : ": ") + bad.length + " infeasible (see the table)" : ""),
+        showarrow: false, xref: "paper", yref: "paper", x: 0.5, y: 0.5, font: {color: "#888", size: 13}}];
+    }
+    Plotly.react(el, traces, layout, {displaylogo: false, responsive: true});
   }
 
   var data = JSON.parse(document.getElementById("sweep-data").textContent);

@@ -62,6 +62,28 @@ def test_experiment_errors_name_the_field(api, tenant, experiment):
     assert missing.status_code == 400 and error(missing)["fields"]["cost_model"]
 
 
+def test_every_evidence_minimum_is_a_field_of_the_experiment(api, tenant, settings):
+    settings.COSTLAB_CS_MIN_RUNS = 12  # the deployment's default for new experiments
+    created = api.post(
+        "/api/v1/experiments/",
+        {"name": "minimums", "cost_model": CostModelFactory(tenant=tenant).pk},
+        format="json",
+    ).json()
+    assert (
+        created["min_runs_per_arm"],
+        created["min_samples_per_arm"],
+        created["min_cs_runs_per_arm"],
+    ) == (3, 30, 12)
+    url = f"/api/v1/experiments/{created['id']}/"
+    patched = api.patch(url, {"min_cs_runs_per_arm": 20}, format="json")
+    assert patched.status_code == 200 and patched.json()["min_cs_runs_per_arm"] == 20
+    assert Experiment.objects.get(pk=created["id"]).min_cs_runs_per_arm == 20
+    bad = api.patch(url, {"min_cs_runs_per_arm": 1}, format="json")
+    assert bad.status_code == 400
+    assert error(bad)["message"].startswith("min_cs_runs_per_arm:")
+    assert "min_cs_runs_per_arm" in error(bad)["fields"]
+
+
 def test_an_experiment_with_active_runs_is_not_deleted(api, experiment):
     RunFactory(arm=experiment.arms.first(), status="running")
     response = api.delete(f"/api/v1/experiments/{experiment.pk}/")

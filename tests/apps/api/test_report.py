@@ -8,7 +8,7 @@ from decimal import Decimal
 import pytest
 
 from apps.attribution.models import FreezeEvent
-from apps.attribution.verdict import arm_verdict
+from apps.attribution.verdict import Minimums, arm_verdict
 from apps.experiments.models import Arm
 from tests.apps.api.conftest import error
 from tests.factories import RunFactory, arm_report
@@ -58,7 +58,11 @@ def test_an_arm_without_priced_runs_has_no_data(api, experiment):
     assert arms["candidate"]["verdict"] == "no_data" and arms["candidate"]["deviation"] is None
 
 
-BASE = arm_report()
+BASE = arm_report(evidence_runs=10, evidence_samples=300)
+CONTROL = arm_report(
+    arm_id=9, name="control", is_control=True, evidence_runs=10, evidence_samples=300
+)
+MINIMUMS = Minimums(runs=3, samples=30, cs_runs=10)
 
 
 @pytest.mark.parametrize(
@@ -70,11 +74,65 @@ BASE = arm_report()
         ({"deviation": 0.09, "deviation_low": 0.06, "deviation_high": 0.12}, "costlier"),
         ({"deviation": 0.09, "deviation_low": 0.01, "deviation_high": 0.17}, "inconclusive"),
         ({"deviation": -0.09, "deviation_low": -0.12, "deviation_high": -0.06}, "cheaper"),
-        ({"deviation": 0.03, "deviation_low": -0.01, "deviation_high": 0.07}, "within_threshold"),
+        ({"deviation": 0.03, "deviation_low": -0.01, "deviation_high": 0.05}, "within_threshold"),
+        # a point estimate inside the threshold is not equivalence: the bound must show it
+        ({"deviation": 0.03, "deviation_low": -0.01, "deviation_high": 0.07}, "inconclusive"),
+        ({"deviation": 0.03, "deviation_low": None, "deviation_high": None}, "inconclusive"),
+        # the bound beyond the threshold, a minimum short: the freeze rule could not act
+        (
+            {"deviation": 0.25, "deviation_low": 0.19, "deviation_high": 0.31, "evidence_runs": 9},
+            "inconclusive",
+        ),
+        (
+            {
+                "deviation": 0.25,
+                "deviation_low": 0.19,
+                "deviation_high": 0.31,
+                "evidence_samples": 29,
+            },
+            "inconclusive",
+        ),
+        (
+            {"deviation": -0.3, "deviation_low": -0.4, "deviation_high": -0.2, "evidence_runs": 2},
+            "inconclusive",
+        ),
     ],
 )
 def test_verdicts(changes, verdict):
-    assert arm_verdict(replace(BASE, **changes), threshold=0.05) == verdict
+    assert (
+        arm_verdict(replace(BASE, **changes), control=CONTROL, threshold=0.05, minimums=MINIMUMS)
+        == verdict
+    )
+
+
+def test_a_control_short_of_the_minimums_makes_every_verdict_inconclusive():
+    dearer = replace(BASE, deviation=0.25, deviation_low=0.19, deviation_high=0.31)
+    thin = replace(CONTROL, evidence_runs=4)
+    assert arm_verdict(dearer, control=CONTROL, threshold=0.05, minimums=MINIMUMS) == "costlier"
+    assert arm_verdict(dearer, control=thin, threshold=0.05, minimums=MINIMUMS) == "inconclusive"
+
+
+def test_the_report_says_the_minimums_the_evidence_and_why_nothing_froze(api, experiment):
+    from apps.attribution.services import attribution_tick
+
+    control, candidate = experiment.arms.get(name="control"), experiment.arms.get(name="candidate")
+    for i in range(3):
+        priced_run(control, f"{1.00 + i * 0.001:.3f}")
+        priced_run(candidate, f"{1.25 + i * 0.001:.3f}")
+    attribution_tick()
+    body = api.get(f"/api/v1/experiments/{experiment.pk}/report/").json()
+    assert (body["min_runs_per_arm"], body["min_samples_per_arm"], body["min_cs_runs_per_arm"]) == (
+        experiment.min_runs_per_arm,
+        experiment.min_samples_per_arm,
+        10,
+    )
+    arms = {a["name"]: a for a in body["arms"]}
+    dearer = arms["candidate"]
+    assert dearer["runs"] == 3 and dearer["evidence_runs"] == 3
+    assert dearer["deviation_low"] > 0.05, "a bound past the threshold, on 3 runs"
+    assert dearer["verdict"] == "inconclusive", "the freeze rule consults it from 10 runs"
+    assert "'candidate' has 3 of 10 runs" in dearer["not_frozen"]
+    assert arms["control"]["not_frozen"] == []
 
 
 def test_staff_freeze_and_unfreeze_with_a_reason(staff, experiment):
@@ -180,9 +238,7 @@ def test_every_manual_action_records_its_user_in_the_audit_row(staff, experiment
     assert WeightChange.objects.get(arm=arm, kind="unfreeze").actor.username == "sam"
 
 
-def test_carbon_stands_beside_the_dollars_per_arm_and_compares_with_metric_gco2e(
-    api, experiment, settings
-):
+def test_carbon_stands_beside_the_dollars_per_arm_and_compares_with_metric_gco2e(api, experiment):
     """Issue 24, item 7: every arm shows gCO2e beside USD with its method and band, compared at
     one version's grid intensity, and ?metric=gco2e makes the comparison on carbon."""
     from datetime import UTC, datetime, timedelta
@@ -190,7 +246,8 @@ def test_carbon_stands_beside_the_dollars_per_arm_and_compares_with_metric_gco2e
     from apps.attribution.services import attribution_tick
     from tests.factories import GpuPriceFactory, GpuSkuFactory, PricingTableFactory
 
-    settings.COSTLAB_CS_MIN_RUNS = 5
+    experiment.min_cs_runs_per_arm = 5
+    experiment.save(update_fields=["min_cs_runs_per_arm"])
     t0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
     sku = GpuSkuFactory()
     dirty = PricingTableFactory(

@@ -80,7 +80,7 @@ def test_twenty_percent_with_too_few_runs_waits_for_the_minimum():
     blocked = latest_snapshot(lab.arm("b")).evidence["blocked_by"]
     assert (
         "runs: arm has 9 < 10 runs, the least the confidence sequence is consulted on "
-        "(COSTLAB_CS_MIN_RUNS)"
+        "(min_cs_runs_per_arm)"
     ) in blocked
     assert any(r.startswith("runs: control has 9 < 10 runs") for r in blocked)
     assert (

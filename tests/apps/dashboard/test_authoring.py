@@ -34,6 +34,7 @@ def form_data(
         "attribution_interval_s": "30",
         "min_runs_per_arm": "3",
         "min_samples_per_arm": "30",
+        "min_cs_runs_per_arm": "10",
         "freeze_policy": "let_finish",
         "dynamic_weights": "on",
         "target_steps": "",

@@ -90,7 +90,7 @@ def test_run_live_polls_one_run(member, live):
     telemetry_ingest(
         run_id=running.pk,
         samples=samples(
-            start=timezone.now(), first_seq=running.last_seq + 1, n=2, tokens_per_s=999.0
+            start=timezone.now(), first_seq=running.last_seq + 1, n=2, step_time_s=0.25
         ),
         attempt=1,
     )
@@ -99,7 +99,8 @@ def test_run_live_polls_one_run(member, live):
     )
     data = response.json()
     assert list(data["runs"]) == [str(running.pk)]
-    assert data["series"]["tokens_per_s"][str(running.pk)]["y"][-2:] == [999.0, 999.0]
+    # Throughput is the run's tokens per step (1,024) over each step's time, not the samples' own.
+    assert data["series"]["tokens_per_s"][str(running.pk)]["y"][-2:] == [4096.0, 4096.0]
 
 
 def test_the_comparison_fragment_renders_alone(member, live):

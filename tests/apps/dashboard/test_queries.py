@@ -14,11 +14,12 @@ pytestmark = pytest.mark.django_db
 # Session and user are two of each. Counted, so that a query per row (an N+1) fails the large case.
 LIST_QUERIES = 6  # + the latest snapshots (verdicts) and freeze events of every listed experiment
 # The report re-prices usage recorded under other tables: one query over the rollup; outliers: one;
-# freezes (verdict card): one; the verdicts per device class (apps.attribution.device_classes): one.
+# the latest window's snapshots with their arms' freezes (verdict card): one; the verdicts per
+# device class (apps.attribution.device_classes): one.
 # The alert channels of the page and whether the user manages them: two.
 EXPERIMENT_QUERIES = 23
 LIVE_QUERIES = 11
-RUN_QUERIES = 6  # the run, its samples, its attempts ..., its arm's outliers
+RUN_QUERIES = 7  # the run, its samples, its attempts ..., its arm's outliers, its arm's colour
 PRICING_QUERIES = 5
 
 

@@ -10,28 +10,33 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from apps.attribution.report import ExperimentReport
 from apps.attribution.services import arm_freeze, attribution_tick
-from apps.dashboard.verdicts import experiment_verdicts, runs_needed
+from apps.dashboard.verdicts import (
+    arms_said,
+    experiment_verdicts,
+    experiments_verdicts,
+    runs_needed,
+)
+from apps.experiments.models import Experiment
 from tests.apps.dashboard.world import run_of, train
 from tests.factories import arm_report
 
 pytestmark = pytest.mark.django_db
 
-CONTROL = arm_report(name="fp32-control", is_control=True, runs=6, runs_succeeded=6)
-ARM = replace(CONTROL, arm_id=2, name="bf16-dynamic", is_control=False, runs=4)
+# Evidence past every default minimum (3 runs, 30 samples, 10 runs before the bound is consulted).
+CONTROL = arm_report(
+    name="fp32-control",
+    is_control=True,
+    runs=12,
+    runs_succeeded=12,
+    evidence_runs=12,
+    evidence_samples=600,
+)
+ARM = replace(CONTROL, arm_id=2, name="bf16-dynamic", is_control=False, runs=10, evidence_runs=10)
 
 
 def say(w, **changes):
-    report = ExperimentReport(
-        experiment_id=w.experiment.pk,
-        name="e",
-        target_steps=None,
-        window_end=None,
-        pricing_table=None,
-        arms=[CONTROL, replace(ARM, **changes)],
-    )
-    (verdict,) = experiment_verdicts(experiment=w.experiment, report=report)
+    (verdict,) = arms_said(experiment=w.experiment, arms=[CONTROL, replace(ARM, **changes)])
     return verdict
 
 
@@ -49,7 +54,7 @@ def test_conclusive_cheaper_per_unit_of_work(w):
 
 
 def test_inconclusive_says_how_many_runs_it_needs_and_clips_the_bound(w):
-    v = say(w, deviation=0.179, deviation_low=-2.18, deviation_high=2.54, runs=4)
+    v = say(w, deviation=0.179, deviation_low=-2.18, deviation_high=2.54, evidence_runs=4)
     assert v.verdict == "inconclusive" and v.status == "inconclusive"
     assert v.low == -1.0 and v.bound == "always-valid bound −100 % to +254 %", (
         "a cost is never below −100 %"
@@ -57,7 +62,7 @@ def test_inconclusive_says_how_many_runs_it_needs_and_clips_the_bound(w):
     needed = runs_needed(deviation=0.179, low=-2.18, high=2.54, runs=4, threshold=0.05, min_runs=10)
     assert v.runs_needed == needed and needed > 1000, "a bound that wide needs many more runs"
     assert f"needs about {needed} more runs per arm" in v.detail
-    assert "4 runs of bf16-dynamic, 6 of fp32-control" in v.detail
+    assert "4 runs of bf16-dynamic, 12 of fp32-control" in v.detail
 
 
 def test_runs_needed():
@@ -67,13 +72,16 @@ def test_runs_needed():
     assert runs_needed(deviation=0.5, low=0.4, high=0.6, runs=2, threshold=0.05, min_runs=10) == 8
 
 
-def test_within_the_threshold_and_no_data(w):
+def test_within_the_threshold_only_when_the_bound_shows_it(w):
     v = say(w, deviation=0.02, deviation_low=-0.01, deviation_high=0.04)
     assert (
         v.verdict == "within_threshold" and v.status == "within the ±5 % threshold" and not v.detail
     )
+    assert not v.not_frozen
+    # A point estimate inside the threshold with a bound reaching beyond it shows no equivalence.
     wide = say(w, deviation=0.02, deviation_low=-0.2, deviation_high=0.3)
-    assert "more runs would settle it" in wide.detail
+    assert wide.verdict == "inconclusive" and wide.status == "inconclusive"
+    assert "more runs per arm" in wide.detail
     none = say(w, deviation=None)
     assert none.status == "no verdict yet" and none.amount == ""
 
@@ -83,29 +91,27 @@ def test_frozen_says_when_and_by_how_much(w):
     event = w.candidate.freeze_events.get()
     event.deviation = 0.12
     event.save()
-    report = ExperimentReport(
-        experiment_id=w.experiment.pk,
-        name="e",
-        target_steps=None,
-        window_end=None,
-        pricing_table=None,
+    (v,) = arms_said(
+        experiment=w.experiment,
         arms=[
             replace(CONTROL, arm_id=w.control.pk),
             replace(ARM, arm_id=w.candidate.pk, state="frozen"),
         ],
+        freezes={w.candidate.pk: event},
     )
-    (v,) = experiment_verdicts(experiment=w.experiment, report=report)
     assert (
         v.verdict == "frozen"
         and v.status == f"frozen at {timezone.localtime(event.created_at):%H:%M}"
     )
     assert v.amount == "12 % dearer" and v.detail == "dearer beyond the bound"
+    assert not v.not_frozen
 
 
 def test_page_and_list_say_the_verdict(member, w):
     """Identical runs per arm (no spread): a tight bound, a conclusive verdict, on the page and in
     the list."""
     start = timezone.now() - timedelta(minutes=5)
+    Experiment.objects.filter(pk=w.experiment.pk).update(min_cs_runs_per_arm=3)
     for arm, power in ((w.control, 600.0), (w.candidate, 150.0)):
         for _ in range(3):
             train(run_of(arm), n=20, start=start, power_w=power)
@@ -122,6 +128,7 @@ def test_page_and_list_say_the_verdict(member, w):
     listed = member.get(reverse("dashboard:experiments")).content.decode()
     cell = listed.split('data-col="verdict"')[1].split("</td>")[0]
     assert 'data-verdict="cheaper"' in cell and "conclusive" in cell, cell
+    assert "not frozen: the control is the arm that moved" in card, card
     fragment = member.get(
         reverse("dashboard:experiment-comparison", args=[w.experiment.pk])
     ).content.decode()
@@ -132,3 +139,92 @@ def test_page_and_list_say_the_verdict(member, w):
         'id="runs-fragment"',
     ):
         assert part in fragment, part
+
+
+def test_conclusive_only_when_the_freeze_rule_could_act(w):
+    """Issue 25: "25 % dearer (always-valid bound 19–31 %), conclusive" while the arm stayed
+    active: the bound is not consulted before min_cs_runs_per_arm runs of each arm."""
+    early = say(w, deviation=0.25, deviation_low=0.19, deviation_high=0.31, evidence_runs=3)
+    assert early.verdict == "inconclusive" and early.status == "inconclusive"
+    assert early.not_frozen == "not frozen: 'bf16-dynamic' has 3 of 10 runs", early.not_frozen
+    thin = say(w, deviation=0.25, deviation_low=0.19, deviation_high=0.31, evidence_samples=20)
+    assert thin.verdict == "inconclusive"
+    assert thin.not_frozen == "not frozen: 'bf16-dynamic' has 20 of 30 samples"
+    ready = say(w, deviation=0.25, deviation_low=0.19, deviation_high=0.31)
+    assert (ready.verdict, ready.status) == ("costlier", "conclusive")
+    assert ready.not_frozen.startswith("not frozen yet: the next attribution window")
+    Experiment.objects.filter(pk=w.experiment.pk).update(min_cs_runs_per_arm=3)
+    w.experiment.refresh_from_db()
+    assert say(
+        w, deviation=0.25, deviation_low=0.19, deviation_high=0.31, evidence_runs=3
+    ).conclusive
+
+
+def test_beyond_the_threshold_and_not_frozen_says_why_in_one_line(w):
+    cheaper = say(w, deviation=-0.31, deviation_low=-0.38, deviation_high=-0.24)
+    assert cheaper.not_frozen.startswith("not frozen: the control is the arm that moved")
+    loose = say(w, deviation=0.08, deviation_low=0.01, deviation_high=0.15)
+    assert loose.verdict == "inconclusive"
+    assert loose.not_frozen == (
+        "not frozen: the always-valid lower bound +1 % does not clear the +5 % threshold"
+    )
+    both = say(w, deviation=0.08, deviation_low=0.01, deviation_high=0.15, evidence_runs=7)
+    assert both.not_frozen == (
+        "not frozen: 'bf16-dynamic' has 7 of 10 runs; the always-valid lower bound +1 % does not "
+        "clear the +5 % threshold"
+    )
+    assert "\n" not in both.not_frozen
+    assert not say(w, deviation=0.03, deviation_low=0.01, deviation_high=0.04).not_frozen
+
+
+def _card_and_cell(member, w) -> tuple[str, str]:
+    page = member.get(reverse("dashboard:experiment", args=[w.experiment.pk])).content.decode()
+    card = page.split('id="verdict-card"')[1].split("</section>")[0]
+    listed = member.get(reverse("dashboard:experiments")).content.decode()
+    cell = listed.split('data-col="verdict"')[1].split("</td>")[0]
+    return card, cell
+
+
+def test_a_dearer_arm_on_few_runs_is_inconclusive_on_the_page_and_the_list(member, w):
+    start = timezone.now() - timedelta(minutes=5)
+    for arm, power in ((w.control, 150.0), (w.candidate, 600.0)):
+        for _ in range(3):
+            train(run_of(arm), n=20, start=start, power_w=power)
+    attribution_tick(now=timezone.now())
+    w.candidate.refresh_from_db()
+    assert w.candidate.state == "active"  # 3 runs each: the bound is consulted from 10
+    card, cell = _card_and_cell(member, w)
+    assert 'data-verdict="inconclusive"' in card and '">conclusive<' not in card, card
+    assert 'data-verdict="inconclusive"' in cell and ", inconclusive" in cell, cell
+    assert (
+        "not frozen: &#x27;optimized&#x27; has 3 of 10 runs; &#x27;baseline&#x27; has 3 of 10 runs"
+        in card
+    )
+    assert "each have 3 runs and 30 samples" in card and "(from 10 runs each)" in card, card
+
+    # The minimum is the experiment's: lowered to 3, the next tick freezes what the card said.
+    from apps.experiments.services import experiment_update
+
+    experiment_update(experiment=w.experiment, min_cs_runs_per_arm=3)
+    card, _ = _card_and_cell(member, w)
+    assert 'data-verdict="costlier"' in card and "not frozen yet: the next attribution" in card
+    train(run_of(w.candidate), n=20, start=start, power_w=600.0)  # new data: a window is due
+    attribution_tick(now=timezone.now() + timedelta(seconds=60))
+    w.candidate.refresh_from_db()
+    assert w.candidate.state == "frozen"
+
+
+def test_the_list_and_the_page_say_the_same_verdict_on_one_run_per_arm(member, w):
+    """Issue 25: the list said "no verdict yet" while the page said "2,861 % dearer …
+    inconclusive"."""
+    start = timezone.now() - timedelta(minutes=5)
+    train(run_of(w.control), n=20, start=start, power_w=150.0)
+    train(run_of(w.candidate), n=20, start=start, power_w=600.0)
+    attribution_tick(now=timezone.now())
+    (listed,) = experiments_verdicts(experiments=[w.experiment])[w.experiment.pk]
+    (paged,) = experiment_verdicts(experiment=w.experiment)
+    assert listed == paged
+    assert paged.verdict == "inconclusive" and "dearer" in paged.amount
+    card, cell = _card_and_cell(member, w)
+    assert f"<strong>{paged.amount}</strong>" in card and f"<strong>{paged.amount}</strong>" in cell
+    assert 'data-verdict="inconclusive"' in card and 'data-verdict="inconclusive"' in cell

@@ -56,3 +56,16 @@ def test_mismatched_objectives_are_refused():
 def test_three_objectives():
     pts = [Point(i, v) for i, v in enumerate([[1, 9, 5], [9, 1, 5], [5, 5, 1], [6, 6, 6]])]
     assert pareto_front(pts) == [0, 1, 2]
+
+
+def test_the_cheapest_point_is_kept_when_a_near_tie_is_faster():
+    # b is 1 % dearer (a tie at 2 %) and twice as fast: it dominates a, yet a is the cheapest probe.
+    cheapest, faster = Point("a", [1.00, 10.0]), Point("b", [1.01, 5.0])
+    assert dominates(faster, cheapest)
+    assert pareto_front([cheapest, faster]) == ["a", "b"]
+
+
+def test_the_best_on_each_objective_is_kept_and_an_exact_tie_goes_to_the_other_objectives():
+    pts = [Point("slow", [1.0, 9.0]), Point("cheap", [1.0, 8.0]), Point("fast", [1.015, 1.0])]
+    assert pareto_front(pts) == ["cheap", "fast"]
+    assert pareto_front([Point("oom", [0.5, 1.0], feasible=False), *pts]) == ["cheap", "fast"]
