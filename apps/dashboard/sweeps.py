@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
+from apps.experiments.models import Arm, Experiment
 from apps.sweeps.models import OBJECTIVES, Sweep
 from apps.sweeps.selectors import run_sizing_report, sweep_frontier
 from apps.tenants.models import Membership
@@ -51,10 +52,31 @@ def sweep_data(*, sweep: Sweep) -> dict:
 
 
 def sweep_page(*, sweep: Sweep) -> dict:
+    """The sweep page: its probes (numbered by their API ids), the frontier, where each promoted
+    probe went, and the tenant's experiments a frontier point can be promoted to."""
     probes = sweep_frontier(sweep=sweep)
     keys = list(dict.fromkeys(k for p in probes for k in p.params))
-    rows = [{"probe": p, "values": [p.params.get(k, "—") for k in keys]} for p in probes]
+    promoted = {
+        a.pk: a
+        for a in Arm.objects.filter(
+            pk__in=[p.promoted_to_id for p in probes if p.promoted_to_id]
+        ).select_related("experiment")
+    }
+    rows = [
+        {
+            "probe": p,
+            "values": [p.params.get(k, "—") for k in keys],
+            "promoted": promoted.get(p.promoted_to_id),
+        }
+        for p in probes
+    ]
     return {
+        "experiments": list(
+            Experiment.objects.filter(tenant_id=sweep.tenant_id)
+            .exclude(status=Experiment.Status.COMPLETED)
+            .order_by("name")
+            .only("pk", "name")
+        ),
         "sweep": sweep,
         "keys": [k.split(".")[-1] for k in keys],
         "full_keys": keys,

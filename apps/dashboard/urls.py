@@ -2,7 +2,14 @@
 
 from django.urls import path
 
-from apps.dashboard import views, views_alerts, views_authoring, views_runs, views_tokens
+from apps.dashboard import (
+    views,
+    views_alerts,
+    views_authoring,
+    views_runs,
+    views_sweeps,
+    views_tokens,
+)
 
 app_name = "dashboard"
 
@@ -24,6 +31,8 @@ urlpatterns = [
     path("sweeps/", views.sweep_list, name="sweeps"),
     path("sweeps/<int:pk>/", views.sweep_detail, name="sweep"),
     path("sweeps/<int:pk>/live.json", views.sweep_live, name="sweep-live"),
+    path("sweeps/<int:pk>/promote/", views_sweeps.sweep_promote_view, name="sweep-promote"),
+    path("sweeps/<int:pk>/cancel/", views_sweeps.sweep_cancel_view, name="sweep-cancel"),
     # Authoring in the browser, the runs page, compare, CSV exports, spend.
     path("experiments/new/", views_authoring.experiment_new, name="experiment-new"),
     path("experiments/<int:pk>/edit/", views_authoring.experiment_edit, name="experiment-edit"),

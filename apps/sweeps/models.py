@@ -143,6 +143,14 @@ class Probe(models.Model):
         blank=True,
         help_text="Optuna's system attrs of the trial (e.g. its NSGA-II generation).",
     )
+    promoted_to = models.ForeignKey(
+        "experiments.Arm",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        help_text="The arm its latest promote created (the sweep page links its experiment).",
+    )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     reason = models.TextField(blank=True, default="", help_text="Why it is infeasible.")
     worker = models.CharField(max_length=255, blank=True, default="")

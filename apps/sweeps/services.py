@@ -468,8 +468,8 @@ def sweep_promote(
     frontier = {p.pk for p in sweep_frontier(sweep=sweep) if p.on_frontier}
     if probe.pk not in frontier:
         raise ApplicationError(
-            f"probe: probe {probe.number} is not on the sweep's frontier "
-            f"({probe.status}); only a frontier point is promoted",
+            f"probe: probe {probe.pk} (#{probe.number} of the sweep) is not on the sweep's "
+            f"frontier ({probe.status}); only a frontier point is promoted",
             {"fields": {"probe": ["not on the frontier"]}},
             code="not_on_frontier",
             status=409,
@@ -499,9 +499,11 @@ def sweep_promote(
         )
     elif experiment.tenant_id != sweep.tenant_id:
         raise _invalid("experiment", f"{experiment.pk} belongs to another tenant")
-    return arm_create(
+    arm = arm_create(
         experiment=experiment, name=arm_name, strategy_yaml=probe.strategy_yaml, weight=weight
     )
+    Probe.objects.filter(pk=probe.pk).update(promoted_to=arm)
+    return arm
 
 
 def sizing_max_threads() -> int:
