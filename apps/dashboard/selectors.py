@@ -172,6 +172,15 @@ def _run_stats(experiment: Experiment) -> RunStats:
     )
 
 
+def _queue_stats(queue: str) -> RunStats:
+    """Every queued worker run of a queue (whoever's), and the oldest: what a queued run's page
+    says it waits behind (one query)."""
+    row = Run.objects.filter(
+        queue=queue, status=Run.Status.QUEUED, kind=Run.Kind.WORKER, cancel_requested=False
+    ).aggregate(n=Count("pk"), oldest=Min("queued_at"))
+    return RunStats({Run.Status.QUEUED: row["n"]}, row["oldest"], None)
+
+
 def worker_notices(*, stats: RunStats, now: datetime) -> list[Notice]:
     """Queued runs nobody picks up, or running runs whose worker stopped reporting."""
     out = []
@@ -436,7 +445,7 @@ def run_page(*, run: Run, now: datetime | None = None) -> dict:
     notices = []
     if run.status == Run.Status.QUEUED:
         notices = worker_notices(
-            stats=RunStats({Run.Status.QUEUED: 1}, run.queued_at, None), now=now
+            stats=_queue_stats(run.queue), now=now
         )
     elif run.status == Run.Status.RUNNING and run.heartbeat_at:
         notices = worker_notices(stats=RunStats({}, None, run.heartbeat_at), now=now)

@@ -154,6 +154,11 @@ def test_worker_offline_when_runs_wait_and_no_worker_reports(member, w):
     run_page = text(member.get(reverse("dashboard:run", args=[queued.pk])))
     assert "Worker offline" in run_page
     assert "position 1 on the cpu queue" in run_page  # where it stands, said on its page
+    # The page of a run behind others says how many wait on its queue (issue 25: "1 run(s)
+    # queued, oldest 37 s" while about 10 were).
+    later = [run_of(w.candidate, status=Run.Status.QUEUED, started_at=None) for _ in range(2)]
+    behind = text(member.get(reverse("dashboard:run", args=[later[-1].pk])))
+    assert "3 run(s) queued, the oldest for 3 min" in behind and "position 3" in behind
 
     run_of(w.candidate, status=Run.Status.RUNNING)  # a worker heartbeating now: busy, not offline
     page = text(member.get(url))
