@@ -59,6 +59,14 @@ def parser() -> argparse.ArgumentParser:
         "--wait", action="store_true", help="Wait until the run ends; exit 1 unless it succeeded."
     )
     s.add_argument(
+        "--tag",
+        action="append",
+        metavar="TAG",
+        help="A label for the run (repeatable): found again with the runs page's search or "
+        "GET /api/v1/runs/?q=TAG.",
+    )
+    s.add_argument("--note", metavar="TEXT", help="A note on the run (why it was submitted).")
+    s.add_argument(
         "--priority",
         choices=["ci", "normal", "batch"],
         default=None,

@@ -115,6 +115,10 @@ def cmd_submit(api: Api, args) -> int:
         "run_key": args.run_key or os.environ.get("COSTLAB_RUN_KEY") or f"cli-{uuid.uuid4().hex}",
         "git_sha": args.git_sha if args.git_sha is not None else os.environ.get("GITHUB_SHA", ""),
     }
+    if getattr(args, "tag", None):
+        body["tags"] = args.tag
+    if getattr(args, "note", None):
+        body["note"] = args.note
     priority = getattr(args, "priority", None) or ("ci" if os.environ.get("CI") else None)
     if priority and not external:
         body["priority"] = priority

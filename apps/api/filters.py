@@ -8,6 +8,7 @@ from django import forms
 from django_filters.fields import IsoDateTimeField
 
 from apps.experiments.models import Arm, Experiment, Run
+from apps.experiments.search import runs_search
 from apps.pricing.models import CostModel, PricingTable
 
 
@@ -64,6 +65,15 @@ class RunFilter(filters.FilterSet):
     run_key = filters.CharFilter(max_length=120)
     created_after = UtcDateTimeFilter(field_name="created_at", lookup_expr="gte")
     created_before = UtcDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    q = filters.CharFilter(
+        method="filter_q",
+        max_length=200,
+        help_text="Search: a run's name (run_key), a tag, its notes, a git commit prefix, or a "
+        "strategy key (precision.compute_dtype, or precision.compute_dtype=bf16).",
+    )
+
+    def filter_q(self, queryset, name, value):
+        return runs_search(queryset, value)
 
     class Meta:
         model = Run
@@ -76,6 +86,7 @@ class RunFilter(filters.FilterSet):
             "run_key",
             "created_after",
             "created_before",
+            "q",
         ]
 
 

@@ -212,6 +212,16 @@ class RunFilterForm(NamedErrors, forms.Form):
     """The runs page's filters and sort, from the query string; a bad value is named, never a
     500."""
 
+    q = forms.CharField(
+        required=False,
+        max_length=200,
+        label="Search",
+        widget=forms.TextInput(
+            attrs={"placeholder": "name, tag, note, commit, or key=value", "type": "search"}
+        ),
+        help_text="A run's name (run key), a tag, its notes, a git commit prefix, or a strategy "
+        "key (precision.compute_dtype=bf16).",
+    )
     experiment = forms.ModelChoiceField(
         queryset=None, required=False, empty_label="all experiments"
     )

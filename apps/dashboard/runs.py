@@ -21,6 +21,7 @@ from apps.dashboard import charts
 from apps.dashboard.selectors import runs_visible, tenants_of
 from apps.dashboard.series import run_series
 from apps.experiments.models import Arm, Experiment, Run
+from apps.experiments.search import runs_search
 from apps.pricing.bill import carbon_shown
 from apps.tenants.models import Tenant
 
@@ -55,10 +56,11 @@ def runs_filtered(
     since: date | None = None,
     until: date | None = None,
     sort: str = DEFAULT_SORT,
+    q: str = "",
 ) -> QuerySet[Run]:
     """Every run of the user's tenants matching the filters (dates are UTC days, `until`
-    included)."""
-    runs = runs_visible(user=user)
+    included) and the search `q` (apps.experiments.search.runs_search, as the API's `?q=`)."""
+    runs = runs_search(runs_visible(user=user), q)
     if experiment is not None:
         runs = runs.filter(experiment=experiment)
     if arm is not None:

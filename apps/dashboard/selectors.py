@@ -444,9 +444,7 @@ def run_page(*, run: Run, now: datetime | None = None) -> dict:
     series = run_series(runs=[run], fields=charts.RUN_FIELDS, budget=charts.RUN_BUDGET_MAX)
     notices = []
     if run.status == Run.Status.QUEUED:
-        notices = worker_notices(
-            stats=_queue_stats(run.queue), now=now
-        )
+        notices = worker_notices(stats=_queue_stats(run.queue), now=now)
     elif run.status == Run.Status.RUNNING and run.heartbeat_at:
         notices = worker_notices(stats=RunStats({}, None, run.heartbeat_at), now=now)
     if run.last_seq < 0 and run.status != Run.Status.QUEUED:

@@ -46,6 +46,7 @@ urlpatterns = [
     path("runs.csv", views_runs.run_list_csv, name="runs-csv"),
     path("runs/compare/", views_runs.run_compare, name="runs-compare"),
     path("runs/<int:pk>/cancel/", views_authoring.run_cancel_view, name="run-cancel"),
+    path("runs/<int:pk>/labels/", views_authoring.run_annotate_view, name="run-annotate"),
     path(
         "experiments/<int:pk>/cancel-runs/",
         views_authoring.experiment_runs_cancel_view,

@@ -30,7 +30,7 @@ from apps.dashboard.forms import (
     error_to_form,
 )
 from apps.experiments.models import Arm
-from apps.experiments.services import run_cancel, runs_cancel
+from apps.experiments.services import run_annotate, run_cancel, runs_cancel
 from apps.sweeps.services import sweep_create
 
 
@@ -166,6 +166,20 @@ def run_cancel_view(request, pk: int):
     ):
         target = reverse("dashboard:run", args=[run.pk])
     return redirect(target)
+
+
+@login_required
+@require_POST
+def run_annotate_view(request, pk: int):
+    """Save a run's tags and note from its page."""
+    run = get_object_or_404(selectors.runs_visible(user=request.user), pk=pk)
+    try:
+        run_annotate(run=run, tags=request.POST.get("tags", ""), note=request.POST.get("note", ""))
+    except ApplicationError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"Run {run.pk}: tags and note saved.")
+    return redirect("dashboard:run", pk=run.pk)
 
 
 @login_required

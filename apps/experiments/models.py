@@ -33,6 +33,12 @@ class Experiment(TimeStampedModel):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="experiments")
     name = models.CharField(max_length=120)
     description = models.TextField(blank=True)
+    tags = models.CharField(
+        max_length=1000,
+        blank=True,
+        default="",
+        help_text="The team's labels, comma-separated (apps.experiments.search.tags_normalise).",
+    )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.DRAFT)
     cost_model = models.ForeignKey(CostModel, on_delete=models.PROTECT, related_name="experiments")
     pricing_table = models.ForeignKey(
@@ -313,6 +319,13 @@ class Run(TimeStampedModel):
         default="",
         help_text="What the platform said to the run: budget warnings, budget stops.",
     )
+    tags = models.CharField(
+        max_length=1000,
+        blank=True,
+        default="",
+        help_text="The team's labels, comma-separated (apps.experiments.search.tags_normalise).",
+    )
+    note = models.TextField(blank=True, default="", help_text="The team's note on the run.")
     queued_at = models.DateTimeField(auto_now_add=True)
     # Durable enqueue: the row is the truth, the broker message only a wake-up. A queued run whose
     # message never left (broker down) or was lost (broker restarted) is sent again by the
@@ -385,6 +398,10 @@ class Run(TimeStampedModel):
                 fields=["git_sha"], name="run_git_sha_prefix_idx", opclasses=["varchar_pattern_ops"]
             ),
         ]
+
+    @property
+    def tags_list(self) -> list[str]:
+        return [t for t in self.tags.split(",") if t]
 
     def __str__(self) -> str:
         return f"run {self.pk} ({self.status})"

@@ -16,6 +16,7 @@ from apps.core.notify import ARM_REVISIONS, publish
 from apps.core.queues import CeleryQueue
 from apps.experiments.models import Arm, Experiment, Run
 from apps.experiments.runs import run_end, run_enqueue
+from apps.experiments.search import note_check, tags_normalise
 from apps.experiments.selectors import tenant_month_spend
 from apps.experiments.strategies import (
     strategy_device_warnings,
@@ -167,6 +168,8 @@ def run_submit(
     memory_gb: float = 0.0,
     started_at: datetime | None = None,
     priority: str = Run.Priority.NORMAL,
+    tags="",
+    note: str = "",
 ) -> Run:
     """Queue a run of an experiment (idempotent by run_key) and enqueue it once committed, at its
     priority (ci before normal before batch on its queue).
@@ -243,6 +246,8 @@ def run_submit(
         vcpus=vcpus,
         memory_gb=memory_gb,
         priority=priority,
+        tags=tags_normalise(tags),
+        note=note_check(note),
         status=Run.Status.QUEUED if kind == Run.Kind.WORKER else Run.Status.RUNNING,
         started_at=None if kind == Run.Kind.WORKER else started_at or timezone.now(),
     )
@@ -273,6 +278,22 @@ def _started_at_check(*, tenant: Tenant, started_at: datetime) -> None:
             {"fields": {"started_at": ["before the oldest price"]}},
             code="invalid",
         )
+
+
+@transaction.atomic
+def run_annotate(*, run: Run, tags=None, note: str | None = None) -> Run:
+    """Set a run's tags and/or note (the team's labels; any status)."""
+    run = Run.objects.select_for_update().get(pk=run.pk)
+    fields = []
+    if tags is not None:
+        run.tags = tags_normalise(tags)
+        fields.append("tags")
+    if note is not None:
+        run.note = note_check(note)
+        fields.append("note")
+    if fields:
+        run.save(update_fields=[*fields, "updated_at"])
+    return run
 
 
 @transaction.atomic
@@ -346,6 +367,7 @@ EXPERIMENT_EDITABLE = (
     "freeze_policy",
     "dynamic_weights",
     "target_steps",
+    "tags",
 )
 
 
@@ -373,6 +395,8 @@ def _same_tenant(experiment: Experiment) -> None:
 @transaction.atomic
 def experiment_create(*, tenant: Tenant, name: str, cost_model, **fields) -> Experiment:
     """A new experiment of the tenant (draft unless told otherwise); arms are added separately."""
+    if "tags" in fields:
+        fields["tags"] = tags_normalise(fields["tags"])
     unknown = set(fields) - set(EXPERIMENT_EDITABLE)
     if unknown:
         raise ApplicationError(
@@ -388,6 +412,8 @@ def experiment_create(*, tenant: Tenant, name: str, cost_model, **fields) -> Exp
 @transaction.atomic
 def experiment_update(*, experiment: Experiment, **fields) -> Experiment:
     experiment = Experiment.objects.select_for_update().get(pk=experiment.pk)
+    if "tags" in fields:
+        fields["tags"] = tags_normalise(fields["tags"])
     for name, value in fields.items():
         if name not in EXPERIMENT_EDITABLE:
             raise ApplicationError(f"{name}: cannot be changed", code="invalid")

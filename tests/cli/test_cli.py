@@ -37,7 +37,8 @@ def test_the_cli_imports_neither_django_nor_torch():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_submit_maps_the_strategy_file_onto_an_arm(lab, capsys, strategy):
+def test_submit_maps_the_strategy_file_onto_an_arm(lab, capsys, strategy, monkeypatch):
+    monkeypatch.setenv("CI", "true")  # as CI services set it
     exp = str(lab["experiment"].pk)
     code, out, _ = cli(
         capsys,
@@ -48,10 +49,18 @@ def test_submit_maps_the_strategy_file_onto_an_arm(lab, capsys, strategy):
         strategy(CANDIDATE),
         "--git-sha",
         "abc1",
+        "--tag",
+        "nightly",
+        "--tag",
+        "pr-7",
+        "--note",
+        "from the pipeline",
     )
     assert code == 0 and "on arm 'candidate' (matched)" in out
     run = Run.objects.get()
     assert run.arm == lab["candidate"] and run.git_sha == "abc1" and run.status == "queued"
+    assert run.tags_list == ["nightly", "pr-7"] and run.note == "from the pipeline"
+    assert run.priority == "ci"  # under $CI a pipeline's run is taken before batch runs
 
     code, out, err = cli(
         capsys,

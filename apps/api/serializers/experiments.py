@@ -1,7 +1,7 @@
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from apps.api.serializers.fields import TenantPrimaryKeyField
+from apps.api.serializers.fields import TagsField, TenantPrimaryKeyField
 from apps.api.serializers.runs import RunOutlierSerializer, outliers_of
 from apps.core.queues import CeleryQueue
 from apps.experiments.models import Arm, Experiment
@@ -24,6 +24,7 @@ class ExperimentSerializer(serializers.ModelSerializer):
         queryset=PricingTable.objects.all(), allow_null=True, required=False
     )
     arms = ArmSummarySerializer(many=True, read_only=True)
+    tags = TagsField()
     outlier_runs = serializers.SerializerMethodField(
         help_text="Runs whose device seconds per token lie beyond 3 x MAD from their arm's median."
     )

@@ -1,7 +1,7 @@
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from apps.api.serializers.fields import TenantPrimaryKeyField
+from apps.api.serializers.fields import TagsField, TenantPrimaryKeyField
 from apps.experiments.models import Arm, Experiment, Run, RunAttempt
 from apps.experiments.selectors import queue_places, runs_outliers
 from apps.pricing.bill import breakdown_shown, carbon_shown
@@ -81,6 +81,7 @@ class RunSerializer(serializers.ModelSerializer):
     )
     arm = ArmRefSerializer(read_only=True)
     gpu_sku = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
+    tags = TagsField(read_only=True)
     queue_position = serializers.SerializerMethodField(
         help_text="A queued worker run's place: position (1 = taken next on its queue; ci before "
         "normal before batch, oldest first) and eta_s, an estimate (eta_estimated: always true) "
@@ -105,6 +106,8 @@ class RunSerializer(serializers.ModelSerializer):
             "priority",
             "queue_position",
             "run_key",
+            "tags",
+            "note",
             "git_sha",
             "dataset_sha256",
             "host",
@@ -235,12 +238,25 @@ class RunSubmitSerializer(serializers.Serializer):
         help_text="External runs: when it started (a historical upload); not in the future and "
         "not before the tenant's oldest pricing table. Its samples may be stamped from then on.",
     )
+    tags = TagsField(default=list)
+    note = serializers.CharField(
+        max_length=10_000,
+        required=False,
+        default="",
+        allow_blank=True,
+        help_text="The team's note.",
+    )
     priority = serializers.ChoiceField(
         choices=Run.Priority.choices,
         default=Run.Priority.NORMAL,
         help_text="ci: a pipeline waits on it, taken before every normal and batch run queued "
         "on its queue; batch: demo runs, probes, backfills.",
     )
+
+
+class RunAnnotateSerializer(serializers.Serializer):
+    tags = TagsField()
+    note = serializers.CharField(max_length=10_000, required=False, allow_blank=True)
 
 
 class RunFinishSerializer(serializers.Serializer):

@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from apps.api.filters import RunFilter
 from apps.api.permissions import StaffOnly
 from apps.api.serializers.runs import (
+    RunAnnotateSerializer,
     RunDetailSerializer,
     RunFinishSerializer,
     RunRepriceSerializer,
@@ -39,6 +40,7 @@ from apps.telemetry.selectors import SERIES_UNITS, samples_downsampled
 
 
 class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet):
+    # PATCH sets the team's tags and note (RunAnnotateSerializer); nothing else of a run is edited.
     """One training run of an arm: its status, provenance and cost so far."""
 
     model = Run
@@ -54,6 +56,14 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet
 
     def get_serializer_class(self):
         return RunDetailSerializer if self.action == "retrieve" else RunSerializer
+
+    @extend_schema(request=RunAnnotateSerializer, responses=RunSerializer)
+    def partial_update(self, request, pk=None):
+        """Set the run's tags and/or note."""
+        body = RunAnnotateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        run = services.run_annotate(run=self.get_object(), **body.validated_data)
+        return Response(RunSerializer(run, context=self.get_serializer_context()).data)
 
     @extend_schema(request=RunSubmitSerializer, responses={201: RunSerializer, 200: RunSerializer})
     def create(self, request):

@@ -227,3 +227,50 @@ def test_bulk_cancel_ends_an_experiments_or_an_arms_active_runs(api, experiment)
     assert Run.objects.get(pk=running.pk).cancel_requested  # it stops at its next step
     bad = api.post(url, {"arm": 999999}, format="json")
     assert bad.status_code == 400 and error(bad)["message"].startswith("arm:")
+
+
+def test_tags_and_notes_set_at_submit_and_later_and_one_search_finds_runs(api, experiment):
+    """Issue 25: tags and notes on runs and experiments, and a run search by name, tag, note,
+    git commit and strategy key."""
+    made = api.post(
+        "/api/v1/runs/",
+        {
+            "experiment": experiment.pk,
+            "run_key": "nightly-42",
+            "git_sha": "abcdef12",
+            "tags": ["nightly", "pr-7"],
+            "note": "after the tokenizer change",
+        },
+        format="json",
+    )
+    assert made.status_code == 201, made.content
+    run = made.json()
+    assert run["tags"] == ["nightly", "pr-7"] and run["note"] == "after the tokenizer change"
+    other = api.post("/api/v1/runs/", {"experiment": experiment.pk, "tags": "pr-70"}, format="json")
+    assert other.json()["tags"] == ["pr-70"]  # a comma-separated string is taken too
+    patched = api.patch(
+        f"/api/v1/runs/{other.json()['id']}/",
+        {"note": "flaky host", "tags": ["retry"]},
+        format="json",
+    )
+    assert patched.status_code == 200 and patched.json()["tags"] == ["retry"]
+
+    def found(q: str) -> set[int]:
+        return {r["id"] for r in api.get("/api/v1/runs/", {"q": q}).json()["results"]}
+
+    mine, theirs = run["id"], other.json()["id"]
+    assert found("nightly-42") == {mine}  # name
+    assert found("pr-7") == {mine}  # a whole tag, not pr-70's prefix
+    assert found("retry") == {theirs}
+    assert found("tokenizer") == {mine} and found("flaky") == {theirs}  # notes
+    assert found("abcdef") == {mine}  # commit prefix
+    assert found("train.steps") == {mine, theirs}  # a strategy key both set
+    assert found("model.preset=tiny") == {mine, theirs} and found("model.preset=7b") == set()
+    bad = api.post(
+        "/api/v1/runs/", {"experiment": experiment.pk, "tags": ["ok", "no spaces"]}, format="json"
+    )
+    assert bad.status_code == 400 and "tags[1]" in str(bad.json())
+    tagged = api.patch(
+        f"/api/v1/experiments/{experiment.pk}/", {"tags": ["q4", "tokenizer"]}, format="json"
+    )
+    assert tagged.status_code == 200 and tagged.json()["tags"] == ["q4", "tokenizer"]

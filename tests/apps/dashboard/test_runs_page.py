@@ -271,3 +271,30 @@ def test_the_new_pages_need_a_signed_in_user(client, w):
     )
     run.refresh_from_db()
     assert run.status == Run.Status.QUEUED
+
+
+def test_runs_are_found_by_name_tag_note_commit_and_strategy_key(member, w):
+    from apps.experiments.services import run_annotate
+
+    a = run_of(w.control, git_sha="abc1234", run_key="nightly-1")
+    b = run_of(w.candidate, git_sha="def5678")
+    run_annotate(run=a, tags="nightly,pr-7", note="after the tokenizer change")
+    run_annotate(run=b, tags="pr-70")
+
+    def shown(q: str) -> set[int]:
+        html = member.get(reverse("dashboard:runs"), {"q": q}).content.decode()
+        return {int(x) for x in re.findall(r'<tr data-run="(\d+)"', html)}
+
+    assert shown("nightly-1") == {a.pk} and shown("pr-7") == {a.pk} and shown("pr-70") == {b.pk}
+    assert shown("tokenizer") == {a.pk} and shown("def567") == {b.pk}
+    assert shown("model.preset") == {a.pk, b.pk}
+    # The run page sets them, and a tag links to its search.
+    page = member.post(
+        reverse("dashboard:run-annotate", args=[b.pk]), {"tags": "x, y", "note": "n"}, follow=True
+    ).content.decode()
+    assert 'href="/runs/?q=x"' in page
+    refused = member.post(
+        reverse("dashboard:run-annotate", args=[b.pk]), {"tags": "no spaces"}, follow=True
+    )
+    assert "tags[0]" in refused.content.decode()
+    assert Run.objects.get(pk=b.pk).tags == "x,y"
