@@ -199,9 +199,12 @@ class Run(TimeStampedModel):
         BATCH = "batch", "Batch: demo runs, strategy-search probes, backfills"
 
     ACTIVE_STATUSES = (Status.QUEUED, Status.RUNNING)
-    # Celery's Redis priorities (0 first; the broker's priority_steps): a ci run's wake-up is taken
-    # before every normal and batch one waiting on its queue.
+    # Celery's Redis priorities (0 first; the broker's priority_steps 0-9): a ci run's wake-up is
+    # taken before every normal and batch one waiting on its queue. Within a priority a tenant's
+    # run sinks a level or two below the others' by how many of its own already wait there
+    # (FAIR_SHARE_AHEAD), so one team's flood cannot hold another's first runs back.
     PRIORITY_LEVEL = {Priority.CI: 0, Priority.NORMAL: 3, Priority.BATCH: 6}
+    FAIR_SHARE_AHEAD = (1, 4)  # its own runs ahead: 0 -> +0, 1-3 -> +1, 4 or more -> +2
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="runs")
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="runs")
@@ -215,6 +218,11 @@ class Run(TimeStampedModel):
         default=Priority.NORMAL,
         help_text="Which queued runs a worker takes first: ci, then normal, then batch (oldest "
         "first within each).",
+    )
+    queue_level = models.PositiveSmallIntegerField(
+        default=3,
+        help_text="Its Celery priority (0 first): its priority's level, plus 0-2 by how many of "
+        "its tenant's runs of that priority already waited on its queue when it was sent.",
     )
     run_key = models.CharField(
         max_length=120,

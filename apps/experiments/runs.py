@@ -49,23 +49,44 @@ def lease_seconds() -> float:
 # Enqueue: the message is sent after commit; the reconciler sends what never arrived
 # ------------------------------------------------------------------------------
 def run_enqueue(*, run: Run) -> None:
-    """Send the run id to its queue once the surrounding transaction commits.
+    """Send the run id to its queue once the surrounding transaction commits, at its queue level
+    (queue_level_set).
 
     A broker that is down does not fail the caller (robust on_commit, no long publish retries):
     the run stays queued with no send recorded, and the reconciler sends it when the broker is back.
     """
-    run_id, queue, nodes, priority = run.pk, run.queue, run.nnodes, run.priority
+    queue_level_set(run)
+    run_id, queue, nodes, level = run.pk, run.queue, run.nnodes, run.queue_level
     transaction.on_commit(
-        lambda: run_send(run_id=run_id, queue=queue, nodes=nodes, priority=priority), robust=True
+        lambda: run_send(run_id=run_id, queue=queue, nodes=nodes, level=level), robust=True
     )
 
 
-def run_send(
-    *, run_id: int, queue: str, nodes: int = 1, priority: str = Run.Priority.NORMAL
-) -> bool:
-    """Publish the run's wake-ups (one per node: a run across nodes is a gang of tasks) at the
-    run's priority, and record it; False (logged) when the broker is unreachable."""
-    level = Run.PRIORITY_LEVEL[Run.Priority(priority)]
+def queue_level_set(run: Run) -> None:
+    """Its Celery priority: its priority's level, sunk by one for 1-3 and by two for 4 or more of
+    its tenant's runs of that priority already waiting on its queue (a tenant's first runs go
+    before another tenant's flood; the levels stay within the priority's three)."""
+    ahead = (
+        Run.objects.filter(
+            tenant_id=run.tenant_id,
+            queue=run.queue,
+            priority=run.priority,
+            status=Run.Status.QUEUED,
+            kind=Run.Kind.WORKER,
+            cancel_requested=False,
+        )
+        .exclude(pk=run.pk)
+        .count()
+    )
+    base = Run.PRIORITY_LEVEL[Run.Priority(run.priority)]
+    run.queue_level = base + sum(ahead >= n for n in Run.FAIR_SHARE_AHEAD)
+    Run.objects.filter(pk=run.pk).update(queue_level=run.queue_level)
+
+
+def run_send(*, run_id: int, queue: str, nodes: int = 1, level: int = 3) -> bool:
+    """Publish the run's wake-ups (one per node: a run across nodes is a gang of tasks) at its
+    queue level (Celery's Redis priority), and record it; False (logged) when the broker is
+    unreachable."""
     if not all(
         task_send(RUN_TASK, args=[run_id], queue=queue, priority=level) for _ in range(nodes)
     ):
@@ -89,10 +110,10 @@ def runs_reconcile_queued(*, now=None) -> list[int]:
         Run.objects.filter(status=Run.Status.QUEUED, kind=Run.Kind.WORKER, cancel_requested=False)
         .filter(Q(sent_at__isnull=True, updated_at__lt=now - grace) | Q(sent_at__lt=now - after))
         .order_by("pk")
-        .values_list("pk", "queue", "sent_at", "sends", "nnodes", "priority")[:1000]
+        .values_list("pk", "queue", "sent_at", "sends", "nnodes", "queue_level")[:1000]
     )
     sent = []
-    for run_id, queue, sent_at, sends, nodes, priority in rows:
+    for run_id, queue, sent_at, sends, nodes, level in rows:
         if sent_at is not None and now - sent_at < after * 2 ** min(max(sends - 1, 0), 4):
             continue
         logger.info(
@@ -100,7 +121,7 @@ def runs_reconcile_queued(*, now=None) -> list[int]:
             run_id,
             sent_at.isoformat() if sent_at else "never",
         )
-        if run_send(run_id=run_id, queue=queue, nodes=nodes, priority=priority):
+        if run_send(run_id=run_id, queue=queue, nodes=nodes, level=level):
             sent.append(run_id)
     return sent
 

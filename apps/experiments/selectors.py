@@ -9,16 +9,12 @@ from datetime import timedelta
 from decimal import Decimal
 
 from django.db.models import (
-    Case,
     Count,
     F,
-    IntegerField,
     Prefetch,
     Q,
     QuerySet,
     Sum,
-    Value,
-    When,
     Window,
 )
 from django.db.models.functions import RowNumber
@@ -179,14 +175,10 @@ ETA_RECENT_RUNS = 20
 
 
 def queue_places(*, queues: set[str] | None = None) -> dict[int, QueuePlace]:
-    """Every queued worker run's place in its queue, in the order workers take them (ci, then
-    normal, then batch; oldest first within each): one query for the places and one per queue
-    for its recent run time and its running count."""
-    rank = Case(
-        *(When(priority=p, then=Value(level)) for p, level in Run.PRIORITY_LEVEL.items()),
-        default=Value(9),
-        output_field=IntegerField(),
-    )
+    """Every queued worker run's place in its queue, in the order workers take them (by queue
+    level: ci, then normal, then batch, each tenant's first runs before its later ones; oldest
+    first within a level): one query for the places and one per queue for its recent run time
+    and its running count."""
     queued = Run.objects.filter(
         status=Run.Status.QUEUED, kind=Run.Kind.WORKER, cancel_requested=False
     )
@@ -195,7 +187,9 @@ def queue_places(*, queues: set[str] | None = None) -> dict[int, QueuePlace]:
     rows = list(
         queued.annotate(
             place=Window(
-                RowNumber(), partition_by=[F("queue")], order_by=[rank, F("queued_at"), F("pk")]
+                RowNumber(),
+                partition_by=[F("queue")],
+                order_by=[F("queue_level"), F("queued_at"), F("pk")],
             )
         ).values_list("pk", "queue", "place")
     )

@@ -207,7 +207,7 @@ else:  # COSTLAB_EMBEDDED_REDIS=false and no Redis: one process only (tests with
 # PRIORITY_LEVEL).
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": 6 * 3600,
-    "priority_steps": [0, 3, 6, 9],
+    "priority_steps": list(range(10)),
     "queue_order_strategy": "priority",
 }
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default=CELERY_BROKER_URL)

@@ -130,3 +130,22 @@ def test_cancel_ends_a_queued_run_now_and_flags_a_running_one(experiment):
     assert running.status == "running" and running.cancel_requested
     with pytest.raises(ApplicationError, match="already cancelled"):
         run_cancel(run=queued)
+
+
+def test_tenants_share_a_queue_fairly(experiment, django_capture_on_commit_callbacks):
+    """Issue 25: one team's flood of runs held another team's first run back (a plain FIFO).
+    Within a priority a team's first runs go before another team's later ones."""
+    from apps.experiments.selectors import queue_places
+
+    other = ExperimentFactory(tenant__max_concurrent_runs=1000, status="active")
+    ArmFactory(experiment=other, name="control", is_control=True, strategy_yaml=GOOD)
+    with django_capture_on_commit_callbacks(execute=False):
+        flood = [run_submit(experiment=experiment) for _ in range(6)]
+        theirs = run_submit(experiment=other)
+        ci = run_submit(experiment=experiment, priority=Run.Priority.CI)
+    places = queue_places()
+    assert places[ci.pk].position == 1  # ci first, whoever's
+    assert places[flood[0].pk].position == 2  # each team's first normal run ...
+    assert places[theirs.pk].position == 3  # ... before the flood's second, submitted earlier
+    assert [places[r.pk].position for r in flood[1:]] == [4, 5, 6, 7, 8]
+    assert [r.queue_level for r in (ci, flood[0], flood[1], flood[4], theirs)] == [0, 3, 4, 5, 3]
