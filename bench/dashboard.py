@@ -129,7 +129,8 @@ def _build(name: str, samples_total: int, *, tenant, cost_model, runs: int, wind
                 f"INSERT INTO {table} (run_id, seq, attempt, ts, step, rank, device, util_pct, "
                 "power_w, energy_j, step_time_s, tokens, tokens_per_s, micro_batch, loss, "
                 "estimated) SELECT %s, g, 1, %s + g * interval '1 second', g, 0, 'cuda:0', 60 + "
-                "35 * random(), 250 + 150 * random(), g * 300.0, 0.4 + 0.2 * random(), g * 4096, "
+                "35 * random(), 250 + 150 * random(), g * 300.0, 0.4 + 0.2 * random(), "
+                "g::bigint * 4096, "
                 "8000 + 500 * random(), 8 + (g / 5000) %% 8, 3.0 / (1 + g / 10000.0), false FROM "
                 "generate_series(0, %s) g",
                 [run.pk, t0, per_run - 1],

@@ -10,8 +10,8 @@ from django.views.decorators.http import require_POST
 
 from apps.attribution.alerts import alert_channel_create, alert_channel_test
 from apps.attribution.models import AlertChannel
-from apps.core.exceptions import ApplicationError
 from apps.dashboard import selectors
+from apps.dashboard.actions import act
 
 
 def _managed(request, pk: int):
@@ -39,19 +39,19 @@ def _back(channel_or_experiment_id: int):
 def alert_channel_add(request, pk: int):
     experiment, allowed = _managed(request, pk)
     if allowed:
-        try:
-            channel = alert_channel_create(
+        post = request.POST
+        act(
+            request,
+            lambda: alert_channel_create(
                 experiment=experiment,
-                name=request.POST.get("name", ""),
-                webhook_url=request.POST.get("webhook_url", ""),
-                webhook_secret=request.POST.get("webhook_secret", ""),
-                email_recipients=request.POST.get("email_recipients", ""),
-                tenant_wide=request.POST.get("scope") == "tenant",
-            )
-        except ApplicationError as exc:
-            messages.error(request, exc.message)
-        else:
-            messages.success(request, f"Alert channel '{channel.name}' added.")
+                name=post.get("name", ""),
+                webhook_url=post.get("webhook_url", ""),
+                webhook_secret=post.get("webhook_secret", ""),
+                email_recipients=post.get("email_recipients", ""),
+                tenant_wide=post.get("scope") == "tenant",
+            ),
+            done=lambda channel: f"Alert channel '{channel.name}' added.",
+        )
     return _back(experiment.pk)
 
 

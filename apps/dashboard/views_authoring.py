@@ -16,6 +16,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from apps.core.exceptions import ApplicationError
 from apps.dashboard import selectors
+from apps.dashboard.actions import act
 from apps.dashboard.authoring import (
     ArmRefused,
     arm_device_warnings,
@@ -150,16 +151,12 @@ def runs_new(request, pk: int):
 @require_POST
 def run_cancel_view(request, pk: int):
     run = get_object_or_404(selectors.runs_visible(user=request.user), pk=pk)
-    try:
-        run_cancel(run=run)
-    except ApplicationError as exc:
-        messages.error(request, exc.message)
-    else:
-        messages.success(
-            request,
-            f"Run {run.pk}: "
-            f"cancelled{'' if run.status == 'queued' else '; it stops at its next step'}.",
-        )
+    act(
+        request,
+        lambda: run_cancel(run=run),
+        done=f"Run {run.pk}: "
+        f"cancelled{'' if run.status == 'queued' else '; it stops at its next step'}.",
+    )
     target = request.POST.get("next", "")
     if not url_has_allowed_host_and_scheme(
         target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
@@ -173,12 +170,12 @@ def run_cancel_view(request, pk: int):
 def run_annotate_view(request, pk: int):
     """Save a run's tags and note from its page."""
     run = get_object_or_404(selectors.runs_visible(user=request.user), pk=pk)
-    try:
-        run_annotate(run=run, tags=request.POST.get("tags", ""), note=request.POST.get("note", ""))
-    except ApplicationError as exc:
-        messages.error(request, exc.message)
-    else:
-        messages.success(request, f"Run {run.pk}: tags and note saved.")
+    tags, note = request.POST.get("tags", ""), request.POST.get("note", "")
+    act(
+        request,
+        lambda: run_annotate(run=run, tags=tags, note=note),
+        done=f"Run {run.pk}: tags and note saved.",
+    )
     return redirect("dashboard:run", pk=run.pk)
 
 

@@ -13,6 +13,7 @@ from django.views.decorators.http import require_POST
 
 from apps.core.exceptions import ApplicationError
 from apps.dashboard import sweeps
+from apps.dashboard.actions import act
 from apps.experiments.models import Experiment
 from apps.sweeps.services import sweep_cancel, sweep_promote
 
@@ -67,10 +68,5 @@ def sweep_promote_view(request, pk: int):
 @require_POST
 def sweep_cancel_view(request, pk: int):
     sweep = get_object_or_404(sweeps.sweeps_visible(user=request.user), pk=pk)
-    try:
-        sweep_cancel(sweep=sweep)
-    except ApplicationError as exc:
-        messages.error(request, exc.message)
-    else:
-        messages.success(request, f"Sweep '{sweep.name}' cancelled.")
+    act(request, lambda: sweep_cancel(sweep=sweep), done=f"Sweep '{sweep.name}' cancelled.")
     return redirect("dashboard:sweep", pk=sweep.pk)
