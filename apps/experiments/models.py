@@ -115,6 +115,10 @@ class Experiment(TimeStampedModel):
         ]
         indexes = [models.Index(fields=["status"], name="experiment_status_idx")]
 
+    @property
+    def tags_list(self) -> list[str]:
+        return [t for t in self.tags.split(",") if t]
+
     def __str__(self) -> str:
         return self.name
 

@@ -320,3 +320,15 @@ def test_a_sweep_refused_names_the_field_and_key(member, w):
     response = member.post(reverse("dashboard:sweep-new"), sweep_data(w, base_strategy_yaml=BAD))
     assert any("train.steps" in e for e in response.context["form"].errors["base_strategy_yaml"])
     assert not Sweep.objects.exists()
+
+
+def test_an_experiments_tags_are_set_on_its_form_and_shown_on_its_page(member, w):
+    from apps.experiments.services import experiment_update
+
+    experiment_update(experiment=w.experiment, tags="q4, tokenizer")
+    w.experiment.refresh_from_db()
+    assert w.experiment.tags == "q4,tokenizer"
+    page = member.get(reverse("dashboard:experiment", args=[w.experiment.pk])).content.decode()
+    assert '<span class="tag">q4</span>' in page and '<span class="tag">tokenizer</span>' in page
+    form = member.get(reverse("dashboard:experiment-edit", args=[w.experiment.pk])).content.decode()
+    assert 'name="tags"' in form
