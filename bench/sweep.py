@@ -128,12 +128,12 @@ def main() -> int:
 
     from apps.devices.models import Device
     from apps.devices.services import device_profile_record
-    from apps.sweeps import services
+    from apps.sweeps import probes, services
     from apps.sweeps.selectors import sweep_frontier
     from gpu_runtime.profile import best_dtype, measure_profile
     from workers.sweeps import probe_execute
 
-    services._probe_send = lambda **_: None  # probes run here, interleaved; no broker message
+    probes.probe_send = lambda **_: None  # probes run here, interleaved; no broker message
     torch.set_num_threads(
         args.threads
     )  # fewer threads than cores: less noise from neighbours on a shared host

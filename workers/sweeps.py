@@ -2,7 +2,7 @@
 hand back what was measured.
 
 The task is the thin entry point; the proposal of the next probe happens in
-apps.sweeps.services.probe_finish, which queues it as a new task (a fan-out, never a loop here).
+apps.sweeps.probes.probe_finish, which queues it as a new task (a fan-out, never a loop here).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ _process_warm = (
 def _heartbeat(probe_id: int, owner: str):
     """train()'s cancel callback: at most every CANCEL_POLL_S,
     renew the probe and learn whether to stop."""
-    from apps.sweeps.services import probe_heartbeat
+    from apps.sweeps.probes import probe_heartbeat
 
     last = [0.0, False]
 
@@ -92,13 +92,13 @@ def probe_execute(probe_id: int) -> None:
     import torch
 
     from apps.core.db import db_retry
-    from apps.sweeps import services
+    from apps.sweeps import probes
     from apps.sweeps.space import RESOURCE_KEYS
     from workers.training import _device_for
 
     owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     probe = db_retry(
-        services.probe_claim, what=f"probe {probe_id}: claim", probe_id=probe_id, owner=owner
+        probes.probe_claim, what=f"probe {probe_id}: claim", probe_id=probe_id, owner=owner
     )
     if probe is None:
         logger.info("probe %s: not claimable (gone, taken or its sweep stopped)", probe_id)
@@ -146,7 +146,7 @@ def probe_execute(probe_id: int) -> None:
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
     db_retry(
-        services.probe_finish,
+        probes.probe_finish,
         what=f"probe {probe_id}: finish",
         probe_id=probe_id,
         owner=owner,
@@ -158,7 +158,7 @@ def probe_execute(probe_id: int) -> None:
 def probes_reconcile() -> None:
     """Beat: lost probes become infeasible (the sweep goes on);
     unsent queued probes are sent again."""
-    from apps.sweeps.services import probes_reconcile as reconcile
+    from apps.sweeps.probes import probes_reconcile as reconcile
 
     reconcile()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from apps.sweeps import probes as sweep_probes
 from apps.sweeps import services as sweep_services
 from tests.e2e.conftest import wait_for_charts
 from tests.e2e.test_dashboard import demo_world, sign_in
@@ -34,7 +35,7 @@ NAV_HIDDEN = """() => [...document.querySelectorAll('.topbar nav a, .topbar .sig
 @pytest.fixture
 def pages(monkeypatch):
     """The demo experiment with runs (one training), and a sweep whose probes are still queued."""
-    monkeypatch.setattr(sweep_services, "_probe_send", lambda **_: None)  # no worker: they wait
+    monkeypatch.setattr(sweep_probes, "probe_send", lambda **_: None)  # no worker: they wait
     seed, experiment, control, candidate, running = demo_world()
     sweep = sweep_services.sweep_create(
         tenant=experiment.tenant,

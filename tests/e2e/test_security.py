@@ -100,7 +100,9 @@ def test_no_csp_violation_on_any_page(page, live_server, demo, monkeypatch):
     from apps.sweeps import services as sweeps
 
     seed, experiment, runs = demo
-    monkeypatch.setattr(sweeps, "_probe_send", lambda **_: None)  # the page only: no probe runs
+    from apps.sweeps import probes
+
+    monkeypatch.setattr(probes, "probe_send", lambda **_: None)  # the page only: no probe runs
     sweep = sweeps.sweep_create(
         tenant=experiment.tenant,
         name="batch",

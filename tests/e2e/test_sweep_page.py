@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from apps.demo.services import demo_seed
-from apps.sweeps import services
+from apps.sweeps import probes, services
 from tests.e2e.test_dashboard import TRACE_POINTS, sign_in
 from workers.sweeps import probe_execute
 
@@ -34,7 +34,7 @@ def one_thread():
 def test_sweep_page_draws_the_frontier_and_follows_landing_probes(
     page, live_server, screenshots, monkeypatch, one_thread
 ):
-    monkeypatch.setattr(services, "_probe_send", lambda **_: None)  # probes run in this process
+    monkeypatch.setattr(probes, "probe_send", lambda **_: None)  # probes run in this process
     seed = demo_seed()
     sweep = services.sweep_create(
         tenant=seed.experiment.tenant,

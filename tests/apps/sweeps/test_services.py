@@ -7,7 +7,7 @@ import pytest
 
 from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Arm
-from apps.sweeps import services
+from apps.sweeps import probes, services
 from apps.sweeps.models import Probe, Sweep
 from apps.sweeps.selectors import sweep_frontier
 from tests.factories import CostModelFactory, ExperimentFactory, GpuPriceFactory, TenantFactory
@@ -152,7 +152,7 @@ def test_cancel_ends_queued_probes_and_a_worker_does_not_take_them(tenant):
     sweep = create(tenant)
     services.sweep_cancel(sweep=sweep)
     assert set(sweep.probes.values_list("status", flat=True)) == {"cancelled"}
-    assert services.probe_claim(probe_id=sweep.probes.first().pk, owner="w") is None
+    assert probes.probe_claim(probe_id=sweep.probes.first().pk, owner="w") is None
     with pytest.raises(ApplicationError, match="^status:"):
         services.sweep_cancel(sweep=sweep)
 
@@ -200,15 +200,15 @@ def test_reconcile_marks_a_silent_probe_lost_and_resends_an_unsent_one(
     from django.utils import timezone
 
     sent = []
-    monkeypatch.setattr(services, "_probe_send", lambda **kw: sent.append(kw["probe_id"]))
+    monkeypatch.setattr(probes, "probe_send", lambda **kw: sent.append(kw["probe_id"]))
     sweep = create(tenant, parallelism=2, probe_count=3)
     first, second = sweep.probes.order_by("number")
-    assert services.probe_claim(probe_id=first.pk, owner="w1") is not None
-    assert services.probe_heartbeat(probe_id=first.pk, owner="w1") is False  # renewed, keep going
-    assert services.probe_heartbeat(probe_id=first.pk, owner="someone else") is True
+    assert probes.probe_claim(probe_id=first.pk, owner="w1") is not None
+    assert probes.probe_heartbeat(probe_id=first.pk, owner="w1") is False  # renewed, keep going
+    assert probes.probe_heartbeat(probe_id=first.pk, owner="someone else") is True
     later = timezone.now() + timedelta(seconds=settings.COSTLAB_PROBE_LOST_AFTER_S + 1)
     sent.clear()
-    outcome = services.probes_reconcile(now=later)
+    outcome = probes.probes_reconcile(now=later)
     first.refresh_from_db()
     assert (
         outcome["lost"] == [first.pk]
@@ -217,4 +217,4 @@ def test_reconcile_marks_a_silent_probe_lost_and_resends_an_unsent_one(
     )
     assert second.pk in outcome["resent"]  # never sent (the broker was "down"): sent again
     assert sweep.probes.count() == 3  # the lost probe's slot went to a new candidate
-    assert services.probes_reconcile(now=timezone.now()) == {"lost": [], "resent": []}
+    assert probes.probes_reconcile(now=timezone.now()) == {"lost": [], "resent": []}

@@ -1,0 +1,295 @@
+"""A probe's life: proposed (Optuna's next point, while the sweep's budget and parallelism
+allow), sent to its queue at batch priority, claimed by a worker, kept alive by its heartbeat,
+measured and priced by the bill a run's samples are priced by, finished, and, when its worker is
+lost or its message never arrived, settled or sent again by the reconciler. The sweep's own writes
+(create, cancel, promote) are apps.sweeps.services."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import yaml
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from apps.billing.services import samples_bill
+from apps.core.queues import TaskName, task_send
+from apps.experiments.models import Run
+from apps.experiments.strategies import strategy_validate
+from apps.pricing.cost_engine import cost_per_million_tokens
+from apps.sweeps.measure import peak_memory_mb, timed_stretch
+from apps.sweeps.models import Probe, Sweep
+from apps.sweeps.proposer import Known, propose
+from apps.sweeps.pruning import space_pruned
+from apps.sweeps.space import params_key, space_expand, strategy_with
+
+logger = logging.getLogger(__name__)
+
+PROBE_TASK = TaskName.SWEEP_PROBE
+
+
+def base_document(base_strategy_yaml: str) -> dict[str, Any]:
+    from gpu_runtime.yaml_loader import read_strategy_yaml
+
+    strategy_validate(base_strategy_yaml, field="base_strategy_yaml")
+    return read_strategy_yaml(base_strategy_yaml)
+
+
+def candidate_yaml(base: dict[str, Any], params: dict[str, Any]) -> str:
+    return yaml.safe_dump(strategy_with(base, params), sort_keys=False)
+
+
+def _known(sweep: Sweep) -> list[Known]:
+    known = []
+    for probe in sweep.probes.order_by("number"):
+        values = probe.objective_values(sweep.objectives)
+        if probe.status == Probe.Status.SUCCEEDED and all(v is not None for v in values):
+            state = "complete"
+        else:
+            state = "running" if probe.status in Probe.PENDING else "fail"
+        known.append(
+            Known(
+                params=probe.params,
+                state=state,
+                values=values if state == "complete" else None,
+                attrs=probe.sampler_attrs,
+            )
+        )
+    return known
+
+
+def probe_next(sweep: Sweep, base: dict[str, Any], expanded: dict[str, list[Any]]) -> Probe | None:
+    """Ask Optuna for the next point and queue its probe (on commit);
+    None when the space is exhausted."""
+    proposal = propose(
+        sampler=sweep.sampler,
+        seed=sweep.seed,
+        expanded=expanded,
+        directions=len(sweep.objectives),
+        probe_count=sweep.probe_count,
+        known=_known(sweep),
+    )
+    if proposal is None:
+        return None
+    params = proposal.params
+    probe = Probe.objects.create(
+        sweep=sweep,
+        number=sweep.probes.count(),
+        params=params,
+        params_key=params_key(params),
+        strategy_yaml=candidate_yaml(base, params),
+        sampler_attrs=proposal.attrs,
+    )
+    probe_id, queue = probe.pk, sweep.queue
+    transaction.on_commit(lambda: probe_send(probe_id=probe_id, queue=queue), robust=True)
+    return probe
+
+
+def probe_send(*, probe_id: int, queue: str) -> None:
+    """Publish the probe's id at batch priority (a ci or normal run waiting on the same queue is
+    taken first); a broker that is down is logged, and the reconciler sends it later."""
+    level = Run.PRIORITY_LEVEL[Run.Priority.BATCH]
+    if task_send(PROBE_TASK, args=[probe_id], queue=queue, priority=level):
+        Probe.objects.filter(pk=probe_id).update(sent_at=timezone.now())
+
+
+@transaction.atomic
+def probe_claim(*, probe_id: int, owner: str) -> Probe | None:
+    """Take a queued probe of a running sweep; None when it is gone, taken or cancelled."""
+    probe = (
+        Probe.objects.select_for_update(of=("self",))
+        .select_related("sweep", "sweep__tenant")
+        .filter(pk=probe_id)
+        .first()
+    )
+    if probe is not None and probe.status == Probe.Status.RUNNING and probe.worker == owner:
+        return probe  # the claim committed but its answer was lost: a retry sees it done
+    if (
+        probe is None
+        or probe.status != Probe.Status.QUEUED
+        or probe.sweep.status != Sweep.Status.RUNNING
+    ):
+        return None
+    probe.status, probe.worker, probe.started_at = Probe.Status.RUNNING, owner, timezone.now()
+    probe.save(update_fields=["status", "worker", "started_at"])
+    return probe
+
+
+def _as_datetime(sample: dict[str, Any]) -> dict[str, Any]:
+    ts = sample["ts"]
+    return {**sample, "ts": ts if isinstance(ts, datetime) else datetime.fromtimestamp(ts, tz=UTC)}
+
+
+def _measure(
+    probe: Probe,
+    *,
+    samples: list[dict],
+    result: Any,
+    device: str,
+    gpu_count: int,
+    vcpus: int,
+    baseline_mem_mb: float,
+) -> None:
+    """Fill the probe's measured fields, its timed samples priced by the bill a run's samples
+    are priced by (apps.billing.services.samples_bill: an interval split at a price boundary,
+    board power modelled from the SKU where nothing was measured)."""
+    sweep = probe.sweep
+    timed = timed_stretch(samples, warmup_steps=sweep.warmup_steps)
+    if timed is None:
+        probe.status = Probe.Status.INFEASIBLE
+        probe.reason = (
+            "probe_steps: too few steps were timed "
+            f"after the {sweep.warmup_steps} warm-up steps to "
+            f"measure anything; raise probe_steps"
+        )
+        return
+    bill = samples_bill(
+        samples=[_as_datetime(s) for s in timed.samples],
+        after=_as_datetime(timed.boundary),
+        tenant_id=sweep.tenant_id,
+        gpu_sku=sweep.gpu_sku,
+        cost_model=sweep.cost_model,
+        gpu_count=gpu_count,
+        vcpus=vcpus,
+        as_of=probe.created_at,
+    )
+    usage, cost = bill.usage, bill.cost
+    cuda = device.startswith("cuda")
+    probe.status = Probe.Status.SUCCEEDED
+    probe.steps_timed, probe.step_time_s, probe.step_time_spread = (
+        timed.steps,
+        timed.step_time_s,
+        timed.step_time_spread,
+    )
+    probe.tokens_per_s = timed.tokens_per_s
+    probe.peak_mem_mb = peak_memory_mb(
+        samples, result.peak_mem_mb, cuda=cuda, baseline_mb=baseline_mem_mb
+    )
+    probe.mem_estimated = not cuda
+    probe.energy_j, probe.energy_estimated = usage.energy_j, bool(result.energy_estimated)
+    probe.cost_usd = Decimal(f"{cost.total_usd:.9f}")
+    probe.usd_per_mtok = cost_per_million_tokens(cost.total_usd, usage.tokens)
+    probe.final_loss = result.final_loss
+
+
+@transaction.atomic
+def probe_finish(
+    *,
+    probe_id: int,
+    owner: str,
+    samples: list[dict] | None = None,
+    result: Any = None,
+    error: str = "",
+    cancelled: bool = False,
+    device: str = "",
+    gpu_count: int = 0,
+    vcpus: int = 0,
+    baseline_mem_mb: float = 0.0,
+) -> Probe | None:
+    """Record a probe's end (measured, infeasible with the reason, or cancelled) and queue
+    the next one."""
+    probe = Probe.objects.select_for_update(of=("self",)).filter(pk=probe_id).first()
+    if probe is None or probe.status != Probe.Status.RUNNING or probe.worker != owner:
+        return None
+    sweep = Sweep.objects.select_for_update().get(pk=probe.sweep_id)
+    probe.sweep = sweep
+    probe.device, probe.finished_at = device, timezone.now()
+    if cancelled or sweep.status == Sweep.Status.CANCELLED:
+        probe.status = Probe.Status.CANCELLED
+    elif error:
+        probe.status, probe.reason = Probe.Status.INFEASIBLE, error[:4000]
+    else:
+        _measure(
+            probe,
+            samples=samples or [],
+            result=result,
+            device=device,
+            gpu_count=gpu_count,
+            vcpus=vcpus,
+            baseline_mem_mb=baseline_mem_mb,
+        )
+    probe.save()
+    if sweep.status == Sweep.Status.RUNNING:
+        sweep_advance(sweep=sweep)
+    return probe
+
+
+def sweep_advance(*, sweep: Sweep) -> None:
+    """Queue probes up to the parallelism while the budget lasts;
+    close the sweep when all have landed."""
+    probes = sweep.probes.count()
+    pending = sweep.probes.filter(status__in=Probe.PENDING).count()
+    exhausted = False
+    if probes < sweep.probe_count and pending < sweep.parallelism:
+        base = base_document(sweep.base_strategy_yaml)
+        expanded = space_pruned(space_expand(sweep.space), sweep.pruned)
+        for _ in range(min(sweep.parallelism - pending, sweep.probe_count - probes)):
+            if probe_next(sweep, base, expanded) is None:
+                exhausted = True
+                break
+            pending += 1
+    if pending == 0:
+        sweep.status, sweep.finished_at = Sweep.Status.COMPLETED, timezone.now()
+        if exhausted:
+            sweep.note = "every point of the space was probed before the budget was spent"
+        sweep.save(update_fields=["status", "finished_at", "note", "updated_at"])
+
+
+def probe_heartbeat(*, probe_id: int, owner: str) -> bool:
+    """Renew a running probe's heartbeat; True when it should stop
+    (its sweep ended, or it is no longer ours)."""
+    renewed = Probe.objects.filter(
+        pk=probe_id, status=Probe.Status.RUNNING, worker=owner, sweep__status=Sweep.Status.RUNNING
+    ).update(heartbeat_at=timezone.now())
+    return renewed == 0
+
+
+def probes_reconcile(*, now=None) -> dict[str, list[int]]:
+    """Beat: a running probe whose worker stopped renewing it is infeasible (lost), and its sweep
+    goes on; a queued probe whose message never reached a worker is sent again."""
+    now = now or timezone.now()
+    lost_before = now - timedelta(seconds=settings.COSTLAB_PROBE_LOST_AFTER_S)
+    lost = []
+    for probe_id in (
+        Probe.objects.filter(status=Probe.Status.RUNNING)
+        .filter(
+            Q(heartbeat_at__lt=lost_before)
+            | Q(heartbeat_at__isnull=True, started_at__lt=lost_before)
+        )
+        .values_list("pk", flat=True)
+    ):
+        with transaction.atomic():
+            probe = (
+                Probe.objects.select_for_update(of=("self",))
+                .filter(pk=probe_id, status=Probe.Status.RUNNING)
+                .first()
+            )
+            if probe is None:
+                continue
+            probe_finish(
+                probe_id=probe.pk,
+                owner=probe.worker,
+                error=(
+                    f"lost: its worker ({probe.worker}) stopped renewing it for "
+                    f"{settings.COSTLAB_PROBE_LOST_AFTER_S:g} s "
+                    "(killed, or the host ran out of memory)"
+                ),
+            )
+            lost.append(probe.pk)
+    resend_before = now - timedelta(seconds=settings.COSTLAB_PROBE_RESEND_AFTER_S)
+    resent = []
+    for probe_id, queue in (
+        Probe.objects.filter(status=Probe.Status.QUEUED, sweep__status=Sweep.Status.RUNNING)
+        .filter(
+            Q(sent_at__lt=resend_before) | Q(sent_at__isnull=True, created_at__lt=resend_before)
+        )
+        .values_list("pk", "sweep__queue")
+    ):
+        probe_send(probe_id=probe_id, queue=queue)
+        resent.append(probe_id)
+    return {"lost": lost, "resent": resent}
