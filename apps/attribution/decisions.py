@@ -54,7 +54,7 @@ class ArmSums:
     """An arm's observations summed (cumulative over its current epoch).
 
     The second moments (cost_sq ... steps_sq) are over runs: sum of C_r^2 for each run's
-    cumulative cost C_r in the epoch, and so on (apps.attribution.selectors.run_moments);
+    cumulative cost C_r in the epoch, and so on (apps.attribution.moments.run_moments);
     `runs` counts them. The inference's unit is the run (apps.attribution.stats).
     """
 

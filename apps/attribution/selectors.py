@@ -1,16 +1,14 @@
-"""Reads for attribution: what is due, the rollup's sums, pricing faults, the tick's history."""
+"""Reads for attribution: what is due, the comparison's tables and pricing faults, the re-pricing
+of a report, and the tick's history (snapshots). The rollup's sums and run-level moments are
+apps.attribution.moments."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from datetime import datetime, timedelta
-from decimal import ROUND_HALF_EVEN, Decimal, localcontext
+from decimal import Decimal
 
-from django.db import connection
 from django.db.models import (
-    Count,
-    DecimalField,
-    ExpressionWrapper,
     F,
     Max,
     Min,
@@ -20,24 +18,19 @@ from django.db.models import (
     Subquery,
     Sum,
 )
-from django.db.models.functions import Cast, Coalesce
+from django.db.models.functions import Coalesce
 
 from apps.attribution.comparison import MICRO, Comparison, price_deltas
-from apps.attribution.decisions import ArmSums, RunMoments
+from apps.attribution.decisions import ArmSums
 from apps.attribution.models import AttributionSnapshot, AttributionWindow, FreezeEvent, RunWindow
-from apps.attribution.stats import as_decimal
-from apps.core.db import cte_fenced
-from apps.experiments.models import Arm, Experiment, Run
+from apps.attribution.moments import exact_at
+from apps.experiments.models import Experiment, Run
 from apps.pricing.models import GpuPrice, PricingTable
 from apps.pricing.selectors import pricing_tables_in_force, table_prices
 
 # Beat fires on a fixed period; an experiment is due when its interval has passed, give or
 # take this much jitter, so a 30 s interval on a 5 s beat is attributed every 30 s, not 35.
 DUE_SLACK_S = 1.0
-
-
-def _exact(digits: int, places: int) -> DecimalField:
-    return DecimalField(max_digits=digits, decimal_places=places)
 
 
 def experiments_due(*, now: datetime) -> list[Experiment]:
@@ -78,252 +71,6 @@ def experiments_moved(*, experiment_ids: list[int]) -> set[int]:
     return set(moved.order_by().values_list("experiment_id", flat=True).distinct())
 
 
-def _sums_annotations() -> dict:
-    """ArmSums' fields as aggregates, named a_<field>
-    (a bare name would shadow the column it sums)."""
-    return {
-        f"a_{k}": v
-        for k, v in {
-            "observations": Count("pk"),
-            "runs": Count("pk", filter=Q(first_seen=True)),
-            "samples": Sum("samples"),
-            "cost": Sum("cost_usd"),
-            "tokens": Sum("tokens"),
-            "steps": Sum("steps"),
-            "gpu_seconds": Sum("gpu_seconds"),
-            "wall_s": Sum("wall_s"),
-            "energy_j": Sum("energy_j"),
-            "estimated": Count("pk", filter=Q(energy_estimated=True)),
-            "cost_sq": Sum(
-                ExpressionWrapper(F("cost_usd") * F("cost_usd"), output_field=_exact(48, 12))
-            ),
-            "cost_tokens": Sum(
-                ExpressionWrapper(F("cost_usd") * F("tokens"), output_field=_exact(48, 6))
-            ),
-            "tokens_sq": Sum(
-                ExpressionWrapper(
-                    Cast("tokens", _exact(40, 0)) * F("tokens"), output_field=_exact(48, 0)
-                )
-            ),
-            "cost_steps": Sum(
-                ExpressionWrapper(F("cost_usd") * F("steps"), output_field=_exact(48, 6))
-            ),
-            "steps_sq": Sum(
-                ExpressionWrapper(
-                    Cast("steps", _exact(40, 0)) * F("steps"), output_field=_exact(48, 0)
-                )
-            ),
-        }.items()
-    }
-
-
-def _arm_sums(row: dict) -> ArmSums:
-    return ArmSums.from_row({k[2:]: v for k, v in row.items() if k.startswith("a_")})
-
-
-def window_sums(*, window_ids: list[int]) -> dict[int, ArmSums]:
-    """Per arm: the counted observations of these windows, summed in the database."""
-    rows = (
-        RunWindow.objects.filter(window_id__in=window_ids, omitted=False)
-        .values("arm_id")
-        .annotate(**_sums_annotations())
-        .order_by("arm_id")
-    )
-    return {row["arm_id"]: _arm_sums(row) for row in rows}
-
-
-def observations_sums(
-    *, experiment_id: int, after_number: dict[int, int], upto_number: int
-) -> dict[int, ArmSums]:
-    """Per arm: every counted observation in windows after_number[arm] < number <= upto_number
-    (a recompute)."""
-    rows = (
-        RunWindow.objects.filter(
-            window__experiment_id=experiment_id, window__number__lte=upto_number, omitted=False
-        )
-        .values("arm_id", "window__number")
-        .annotate(**_sums_annotations())
-        .order_by("arm_id", "window__number")
-    )
-    out: dict[int, ArmSums] = {}
-    for row in rows:
-        if row["window__number"] > after_number.get(row["arm_id"], 0):
-            out[row["arm_id"]] = out.get(row["arm_id"], ArmSums()) + _arm_sums(row)
-    return out
-
-
-def run_moments(
-    *,
-    epochs: dict[int, int],
-    upto_number: dict[int, int],
-    comparisons: dict[int, Comparison] | None = None,
-    mixed: set[int] | None = None,
-    exclude_runs: set[int] | None = None,
-) -> dict[int, RunMoments]:
-    """Per arm: its runs' cumulative compared cost, tokens and steps in windows epochs[arm] < number
-    <= upto_number[arm], reduced to the run-level moments the freeze rule's variance needs.
-
-    A run's compared cost is its billed cost, with the usage of windows recorded under another
-    table than comparisons[arm]'s re-priced at that one (apps.attribution.comparison), summed in
-    the database: one query. `mixed`: the arms whose epoch may hold such windows (None: look for
-    them, one query); for those, which tables, their prices and their sums: four more.
-    Windows of an experiment are created in number order, so their ids grow with their numbers:
-    the epoch becomes an id range, read from the (arm, window) index.
-    """
-    if not epochs:
-        return {}
-    comparisons = comparisons or {}
-    suspects = {
-        a: e for a, e in epochs.items() if (mixed is None or a in mixed) and a in comparisons
-    }
-    params = _epoch_params(suspects, upto_number, comparisons)
-    moves = []
-    if any(params[3::4]):  # which of them has usage under another table than its comparison's
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"""{_epoch_ranges(len(suspects))}
-                SELECT DISTINCT b.arm_id, w.pricing_table_id FROM {cte_fenced("b")} JOIN {_WIN} w
-                ON w.experiment_id = b.experiment_id AND w.id > b.lo AND w.id <= b.hi
-                WHERE b.cmp > 0 AND w.pricing_table_id <> b.cmp""",
-                params,
-            )
-            moves = [
-                (arm_id, comparisons[arm_id], table_id) for arm_id, table_id in cursor.fetchall()
-            ]
-    out = _moments(
-        epochs={a: e for a, e in epochs.items() if a not in {m[0] for m in moves}},
-        upto_number=upto_number,
-        comparisons=comparisons,
-        exclude=exclude_runs,
-    )
-    if moves:
-        prices = table_prices(
-            table_ids={t for _, _, t in moves} | {c.table_id for _, c, _ in moves}
-        )
-        moved = {m[0] for m in moves}
-        out.update(
-            _moments(
-                epochs={a: epochs[a] for a in moved},
-                upto_number=upto_number,
-                comparisons=comparisons,
-                deltas=price_deltas(moves, prices),
-                exclude=exclude_runs,
-            )
-        )
-    return out
-
-
-def _moments(
-    *,
-    epochs: dict,
-    upto_number: dict,
-    comparisons: dict,
-    deltas: dict | None = None,
-    exclude: set[int] | None = None,
-) -> dict:
-    """run_moments' sums in one query; with deltas ((arm, billed table, SKU) -> PriceDelta),
-    re-priced; the runs in `exclude` left out."""
-    if not epochs:
-        return {}
-    exact, rw, run = "NUMERIC(40, 0)", _RW, Run._meta.db_table
-    cost, joins, k_params = "SUM(rw.cost_usd)", "", []
-    if deltas:
-        k = ", ".join(["(%s, %s, %s, %s, %s, %s, %s)"] * len(deltas))
-        k_params = [
-            v
-            for (arm_id, table_id, sku), d in deltas.items()
-            for v in (arm_id, table_id, sku or 0, d.gpu_second, d.joule, d.vcpu_second, d.gb_second)
-        ]
-        # The per-unit deltas times the usage (PriceDelta.times), rounded per run as a bill is.
-        cost = (
-            "SUM(rw.cost_usd) + ROUND(COALESCE(SUM("
-            "rw.gpu_seconds * k.dg + rw.energy_j * k.de + rw.wall_s * "
-            "(x.vcpus * k.dv + CAST(x.memory_gb AS NUMERIC) * k.dm)), 0), 6)"
-        )
-        joins = (
-            f"JOIN {_WIN} w ON w.id = rw.window_id JOIN {run} x ON x.id = rw.run_id "
-            "LEFT JOIN k ON k.arm_id = rw.arm_id AND k.tbl = w.pricing_table_id "
-            "AND k.sku = COALESCE(x.gpu_sku_id, 0)"
-        )
-        k = f", k(arm_id, tbl, sku, dg, de, dv, dm) AS (VALUES {k})"
-    else:
-        k = ""
-    excluded = f" AND rw.run_id NOT IN ({', '.join(['%s'] * len(exclude))})" if exclude else ""
-    sql = f"""
-        {_epoch_ranges(len(epochs))}{k},
-        r AS (
-            SELECT rw.arm_id, {cost} AS c, CAST(SUM(rw.tokens) AS {exact}) AS t,
-                   CAST(SUM(rw.steps) AS {exact}) AS s
-            FROM {cte_fenced("b") if deltas else "b"}
-            JOIN {rw} rw ON rw.arm_id = b.arm_id AND rw.window_id > b.lo AND rw.window_id <= b.hi
-            {joins}
-            WHERE rw.omitted = %s{excluded}
-            GROUP BY rw.arm_id, rw.run_id
-        )
-        SELECT arm_id, COUNT(*), SUM(c), SUM(c * c), SUM(c * t), SUM(t * t), SUM(c * s), SUM(s * s),
-               SUM(t), SUM(s)
-        FROM r GROUP BY arm_id
-    """
-    with connection.cursor() as cursor:
-        cursor.execute(
-            sql,
-            _epoch_params(epochs, upto_number, comparisons)
-            + k_params
-            + [False]
-            + sorted(exclude or ()),
-        )
-        rows = cursor.fetchall()
-    # Postgres sums exactly at these scales (cost has 6 places); SQLite answers floats: rounded to
-    # the same scales, as the snapshot columns store them, so a recompute reproduces a tick.
-    with localcontext() as ctx:
-        ctx.prec = 80
-        return {
-            arm_id: RunMoments(
-                runs=int(n),
-                cost=_at(c, 6),
-                cost_sq=_at(cc, 12),
-                cost_tokens=_at(ct, 6),
-                tokens_sq=_at(tt, 0),
-                cost_steps=_at(cs, 6),
-                steps_sq=_at(ss, 0),
-                tokens=int(t or 0),
-                steps=int(st or 0),
-            )
-            for arm_id, n, c, cc, ct, tt, cs, ss, t, st in rows
-        }
-
-
-_WIN, _RW, _ARM = AttributionWindow._meta.db_table, RunWindow._meta.db_table, Arm._meta.db_table
-
-
-def _epoch_ranges(n: int) -> str:
-    """CTEs e and b: per arm, the window-id range of its epoch and its comparison table
-    (0: none to re-price at)."""
-    values = ", ".join(["(%s, %s, %s, %s)"] * n)
-    return f"""
-        WITH e(arm_id, after_n, upto_n, cmp) AS (VALUES {values}),
-        b AS (
-            SELECT e.arm_id, a.experiment_id, e.cmp,
-                   COALESCE((SELECT w.id FROM {_WIN} w WHERE w.experiment_id = a.experiment_id
-                             AND w.number = e.after_n), 0) AS lo,
-                   (SELECT w.id FROM {_WIN} w WHERE w.experiment_id = a.experiment_id
-                    AND w.number = e.upto_n) AS hi
-            FROM e JOIN {_ARM} a ON a.id = e.arm_id
-        )"""
-
-
-def _epoch_params(epochs: dict, upto_number: dict, comparisons: dict) -> list:
-    def cmp(arm_id: int) -> int:
-        c = comparisons.get(arm_id)
-        return c.table_id if c is not None and not c.tiered and c.table_id else 0
-
-    return [
-        v
-        for arm_id, after in epochs.items()
-        for v in (arm_id, after, upto_number[arm_id], cmp(arm_id))
-    ]
-
-
 def comparisons_at(*, experiments: list[Experiment], at: datetime) -> dict[int, Comparison]:
     """Per experiment: the table its arms are compared at (pinned, else in force at `at`),
     in one query."""
@@ -343,10 +90,6 @@ def comparisons_at(*, experiments: list[Experiment], at: datetime) -> dict[int, 
             cost_model=e.cost_model,
         )
     return out
-
-
-def _at(value, places: int) -> Decimal:
-    return as_decimal(value).quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_EVEN)
 
 
 SNAPSHOT_SUMS = {
@@ -534,18 +277,13 @@ def arm_repricing(*, experiment_id: int, comparison: Comparison) -> dict[int, De
         delta = deltas.get((0, r["window__pricing_table_id"], r["run__gpu_sku_id"]))
         if delta is not None:
             out[r["arm_id"]] += delta.times(
-                gpu_seconds=_exact_at(r["g"], 6),
-                energy_j=_exact_at(r["en"], 6),
-                wall_s=_exact_at(r["ws"], 6),
+                gpu_seconds=exact_at(r["g"], 6),
+                energy_j=exact_at(r["en"], 6),
+                wall_s=exact_at(r["ws"], 6),
                 vcpus=r["run__vcpus"] or 0,
                 memory_gb=r["run__memory_gb"] or 0,
             )
     return {arm_id: usd.quantize(MICRO) for arm_id, usd in out.items()}
-
-
-def _exact_at(value, places: int) -> Decimal:
-    """A database sum as an exact Decimal at its column's scale (see run_moments)."""
-    return value if isinstance(value, Decimal) else _at(value, places)
 
 
 def snapshot_series(*, experiment: Experiment, since: datetime | None = None) -> QuerySet:

@@ -32,6 +32,7 @@ from apps.attribution.models import (
     RunWindow,
     WeightChange,
 )
+from apps.attribution.moments import run_moments, window_sums
 from apps.attribution.rollup import observations_record
 from apps.attribution.snapshots import full_evidence, policy_for, snapshot_build
 from apps.core.exceptions import ApplicationError
@@ -117,9 +118,9 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
             RunWindow.objects.filter(window_id__in=window_ids, run_id__in=omitted).update(
                 omitted=True
             )
-        deltas = selectors.window_sums(window_ids=window_ids)
+        deltas = window_sums(window_ids=window_ids)
         excluded = _outliers_excluded(experiments)
-        moments = selectors.run_moments(
+        moments = run_moments(
             epochs=epochs,
             exclude_runs={o.run_id for e in excluded.values() for o in e},
             upto_number={

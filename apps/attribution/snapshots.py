@@ -6,10 +6,11 @@ from decimal import Decimal
 
 from django.conf import settings
 
-from apps.attribution import selectors, stats
+from apps.attribution import stats
 from apps.attribution.comparison import Comparison
 from apps.attribution.decisions import ArmInput, ArmSums, ArmVerdict, Policy, experiment_decide
 from apps.attribution.models import AttributionSnapshot, AttributionWindow
+from apps.attribution.moments import observations_sums, run_moments
 from apps.experiments.models import Arm, Experiment
 from apps.pricing.cost_engine import JOULES_PER_KWH, SECONDS_PER_HOUR
 from apps.pricing.models import CostModel
@@ -165,7 +166,7 @@ def window_recompute(*, window: AttributionWindow) -> list[AttributionSnapshot]:
         cost_model=experiment.cost_model,
     )
     epochs = {pk: s.epoch_start for pk, s in stored.items()}
-    sums = selectors.observations_sums(
+    sums = observations_sums(
         experiment_id=experiment.pk, upto_number=window.number, after_number=epochs
     )
     # the outlier runs the tick left out, as its snapshots recorded them
@@ -174,7 +175,7 @@ def window_recompute(*, window: AttributionWindow) -> list[AttributionSnapshot]:
         for pk, s in stored.items()
         if (s.evidence or {}).get("excluded_runs")
     }
-    moments = selectors.run_moments(
+    moments = run_moments(
         epochs=epochs,
         upto_number={pk: window.number for pk in stored},
         comparisons=dict.fromkeys(stored, comparison),
