@@ -21,14 +21,12 @@ import pytest
 from django.core import mail
 from django.utils import timezone
 
-from apps.attribution import alerts
 from apps.attribution.models import AlertChannel, AlertDelivery, BudgetEvent
 from apps.experiments.models import Run
 from apps.pricing.models import PricingTable
 from apps.telemetry.models import TelemetrySample
 from apps.tenants.models import Tenant
 from tests.apps.api.conftest import error
-from tests.apps.attribution.receiver import webhook_receiver
 from tests.factories import GpuPriceFactory, GpuSkuFactory, PricingTableFactory, RunFactory
 
 pytestmark = pytest.mark.django_db
@@ -628,26 +626,6 @@ def test_the_budget_acts_as_the_bill_moves(
     # A tenant without alert channels: both steps are recorded, nothing is delivered.
     assert sorted(BudgetEvent.objects.values_list("state", flat=True)) == ["exceeded", "warned"]
     assert not AlertDelivery.objects.exists()
-
-
-@pytest.fixture
-def receiver():
-    with webhook_receiver() as r:
-        yield r
-
-
-@pytest.fixture
-def eager_delivery(monkeypatch):
-    """Deliveries run in this process, as the Celery task would run them."""
-    from workers.attribution import alert_deliver
-
-    monkeypatch.setattr(
-        alerts,
-        "deliveries_send",
-        lambda *, delivery_ids, countdown=None: [
-            alert_deliver.apply(args=[pk]) for pk in delivery_ids
-        ],
-    )
 
 
 def test_the_budget_steps_are_alerted_to_the_tenant_wide_channels(

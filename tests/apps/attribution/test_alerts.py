@@ -27,31 +27,9 @@ from apps.attribution.models import AlertChannel, AlertDelivery, FreezeEvent
 from apps.attribution.services import arm_unfreeze
 from apps.experiments.models import Arm
 from tests.apps.attribution.lab import Lab
-from tests.apps.attribution.receiver import webhook_receiver
 from tests.factories import ExperimentFactory, TenantFactory, UserFactory
-from workers.attribution import alert_deliver
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def receiver():
-    with webhook_receiver() as r:
-        yield r
-
-
-@pytest.fixture
-def eager_delivery(monkeypatch):
-    """Deliveries run in this process, as the Celery task would run them (retries included)."""
-    sent = []
-
-    def send(*, delivery_ids, countdown=None):
-        for pk in delivery_ids:
-            sent.append(pk)
-            alert_deliver.apply(args=[pk])
-
-    monkeypatch.setattr(alerts, "deliveries_send", send)
-    return sent
 
 
 def lab_with_channel(url="", emails="", secret="", **kwargs):
