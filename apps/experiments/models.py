@@ -10,6 +10,7 @@ from django.db.models import Q
 from apps.core.models import TimeStampedModel
 from apps.core.queues import CeleryQueue
 from apps.devices.models import DeviceMeasurement
+from apps.experiments.search import tags_of
 from apps.experiments.strategies import strategy_normalise, strategy_sha256
 from apps.pricing.models import CostModel, GpuSku, PricingTable
 from apps.tenants.models import Tenant
@@ -117,7 +118,7 @@ class Experiment(TimeStampedModel):
 
     @property
     def tags_list(self) -> list[str]:
-        return [t for t in self.tags.split(",") if t]
+        return tags_of(self.tags)
 
     def __str__(self) -> str:
         return self.name
@@ -413,7 +414,7 @@ class Run(TimeStampedModel):
 
     @property
     def tags_list(self) -> list[str]:
-        return [t for t in self.tags.split(",") if t]
+        return tags_of(self.tags)
 
     def __str__(self) -> str:
         return f"run {self.pk} ({self.status})"
