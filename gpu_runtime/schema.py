@@ -65,26 +65,94 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
 
 
+_REMOTE_SCHEMES = ("http://", "https://", "hf://", "s3://", "gs://", "ssh://", "git@")
+
+
 class ModelSection(_Section):
-    family: Literal["llama"] = Field(
-        "llama", description="Architecture family: a LLaMA-style decoder."
+    family: Literal["llama", "hf"] = Field(
+        "llama",
+        description=(
+            "llama: costlab's own LLaMA-style decoder, built from a preset with byte tokens; "
+            "hf: a local Hugging Face causal-LM checkpoint (model.path)."
+        ),
     )
     preset: Literal["tiny", "small", "125m", "350m", "1b", "7b"] = Field(
         "tiny",
-        description="Model size: tiny ~4M, small ~25M parameters; 125m/350m/1b/7b follow "
-        "the public shapes.",
+        description="Model size (family llama): tiny ~4M, small ~25M parameters; "
+        "125m/350m/1b/7b follow the public shapes.",
     )
-    seq_len: int = Field(256, ge=8, le=32768, description="Context length in tokens (bytes).")
+    path: str | None = Field(
+        None,
+        description=(
+            "family hf: a local checkpoint directory (config.json, safetensors weights, "
+            "tokenizer files), relative to the working directory. Nothing is ever downloaded."
+        ),
+    )
+    seq_len: int = Field(256, ge=8, le=32768, description="Context length in tokens.")
+
+    @model_validator(mode="after")
+    def _family_keys(self) -> ModelSection:
+        if self.family == "hf":
+            if not self.path:
+                raise PydanticCustomError(
+                    "hf_needs_path",
+                    "family hf needs path: the local checkpoint directory to load",
+                    {"field": "path"},
+                )
+            if self.path.lower().startswith(_REMOTE_SCHEMES):
+                raise PydanticCustomError(
+                    "remote_path",
+                    "{path} is a remote address; costlab loads local checkpoints only and "
+                    "never downloads: copy the checkpoint to a directory and name it here",
+                    {"field": "path", "path": self.path},
+                )
+            if "preset" in self.model_fields_set:
+                raise PydanticCustomError(
+                    "preset_with_hf",
+                    "preset sizes costlab's own model (family llama); a family hf model takes "
+                    "its shapes from the checkpoint's config.json: drop preset",
+                    {"field": "preset"},
+                )
+        elif self.path is not None:
+            raise PydanticCustomError(
+                "path_without_hf",
+                "path names a checkpoint to load, which only family hf does; family llama "
+                "builds a preset from scratch: set family: hf or drop path",
+                {"field": "path"},
+            )
+        return self
 
 
 class DataSection(_Section):
     source: Literal["text", "jsonl", "synthetic"] = Field(
         "synthetic",
-        description="text: a glob of local text files; jsonl: Alpaca records; "
-        "synthetic: generated from the seed.",
+        description="text: a glob of local text files; jsonl: instruction records "
+        "(data.format); synthetic: generated from the seed.",
     )
     path: str | None = Field(
         None, description="Glob of local files (text, jsonl); relative to the working directory."
+    )
+    format: Literal["alpaca", "chat"] = Field(
+        "alpaca",
+        description=(
+            "jsonl records: alpaca ({instruction, input, output}) or chat ({messages: "
+            "[{role, content}]}, roles system/user/assistant)."
+        ),
+    )
+    loss_on: Literal["all", "response"] = Field(
+        "all",
+        description=(
+            "Which tokens the loss trains on: all, or only the responses of jsonl records "
+            "(Alpaca output, chat assistant turns); prompts are read but not trained on."
+        ),
+    )
+    packing: bool = Field(
+        True,
+        description=(
+            "true: records packed into one stream, windows of seq_len tokens (no padding); "
+            "false: one record per row, truncated or padded to seq_len (padding is never "
+            "trained on)."
+        ),
     )
     pin_memory: bool = Field(True, description="Stage batches in pinned host memory (CUDA only).")
     prefetch: int = Field(
@@ -98,6 +166,19 @@ class DataSection(_Section):
                 "missing_path",
                 "a path (glob) is required when source is {source}",
                 {"field": "path", "source": self.source},
+            )
+        if self.loss_on == "response" and self.source != "jsonl":
+            raise PydanticCustomError(
+                "response_needs_records",
+                "loss_on response trains on the responses of instruction records; source "
+                "{source} has no responses: use source jsonl or loss_on all",
+                {"field": "loss_on", "source": self.source},
+            )
+        if "format" in self.model_fields_set and self.source != "jsonl":
+            raise PydanticCustomError(
+                "format_needs_jsonl",
+                "format describes jsonl records; source is {source}",
+                {"field": "format", "source": self.source},
             )
         return self
 
@@ -130,6 +211,16 @@ class TrainSection(_Section):
     checkpoint_every: int = Field(
         0, ge=0, description="Save a checkpoint every N steps (0: only at the end)."
     )
+    init: Literal["checkpoint", "scratch"] | None = Field(
+        None,
+        description=(
+            "Where the weights start: checkpoint (model.path's weights) or scratch (random, "
+            "the checkpoint's shapes). Unset: checkpoint for family hf, scratch for llama."
+        ),
+    )
+
+    def starts_from(self, family: str) -> str:
+        return self.init or ("checkpoint" if family == "hf" else "scratch")
 
 
 class DynamicBatchingSection(_Section):
@@ -358,6 +449,36 @@ class KernelsSection(_Section):
     )
 
 
+class FinetuneSection(_Section):
+    method: Literal["full", "lora"] = Field(
+        "full",
+        description=(
+            "full: every weight trains; lora: the base weights stay frozen and low-rank "
+            "adapters train beside target_modules (peft)."
+        ),
+    )
+    r: int = Field(8, ge=1, le=1024, description="LoRA rank.")
+    alpha: Float = Field(
+        16.0, gt=0, le=65536, description="LoRA scale numerator: adapters add (alpha / r) B A x."
+    )
+    dropout: Float = Field(0.0, ge=0, lt=1, description="Dropout on the adapters' input.")
+    target_modules: list[str] | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "Module names (suffixes) that get adapters; unset: the attention projections "
+            "(q_proj, v_proj on LLaMA-family models; the architecture's own on others)."
+        ),
+    )
+    save: bool = Field(
+        False,
+        description=(
+            "Save the result as safetensors under the run's artifacts: the LoRA adapter, or "
+            "the full weights, with the config and dataset hashes in the file's metadata."
+        ),
+    )
+
+
 class PlacementSection(_Section):
     strategy: Literal["round_robin", "topology_aware"] = Field(
         "topology_aware", description="How a multi-GPU job picks its GPUs."
@@ -421,9 +542,41 @@ class StrategyConfig(_Section):
     offload: OffloadSection = Field(default_factory=OffloadSection)
     memory: MemorySection = Field(default_factory=MemorySection)
     kernels: KernelsSection = Field(default_factory=KernelsSection)
+    finetune: FinetuneSection = Field(default_factory=FinetuneSection)
     placement: PlacementSection = Field(default_factory=PlacementSection)
     distributed: DistributedSection = Field(default_factory=DistributedSection)
     telemetry: TelemetrySection = Field(default_factory=TelemetrySection)
+
+    @model_validator(mode="after")
+    def _weights_to_start_from(self) -> StrategyConfig:
+        family, init = self.model.family, self.train.starts_from(self.model.family)
+        if init == "checkpoint" and family != "hf":
+            raise PydanticCustomError(
+                "init_without_checkpoint",
+                "init checkpoint loads model.path's weights; family {family} has none (it "
+                "builds a preset): set model.family hf with model.path, or init scratch",
+                {"field": "train.init", "family": family},
+            )
+        if self.finetune.method == "lora" and init != "checkpoint":
+            raise PydanticCustomError(
+                "lora_from_scratch",
+                "LoRA trains adapters beside frozen pretrained weights; this run starts from "
+                "{why}: load a checkpoint (model.family hf, train.init checkpoint) or use "
+                "method full",
+                {
+                    "field": "finetune.method",
+                    "why": "scratch (train.init)" if family == "hf" else "a fresh llama preset",
+                },
+            )
+        if self.finetune.method == "lora" and self.precision.quantization.enabled:
+            raise PydanticCustomError(
+                "lora_and_quantization",
+                "precision.quantization already trains LoRA adapters beside its int8 weights "
+                "(adapter_rank, adapter_alpha); finetune.method lora would add a second set: "
+                "use one of the two",
+                {"field": "finetune.method"},
+            )
+        return self
 
     @model_validator(mode="after")
     def _batches_fit(self) -> StrategyConfig:
@@ -512,6 +665,15 @@ def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
 
 _OWN_ERROR_TYPES = {
     "missing_path",
+    "hf_needs_path",
+    "remote_path",
+    "preset_with_hf",
+    "path_without_hf",
+    "response_needs_records",
+    "format_needs_jsonl",
+    "init_without_checkpoint",
+    "lora_from_scratch",
+    "lora_and_quantization",
     "min_gt_max",
     "quantized_full_finetune",
     "storage_below_compute",
