@@ -84,6 +84,7 @@ def _train(ns: argparse.Namespace) -> int:
             steps=ns.steps,
             checkpoint_dir=ns.checkpoint_dir,
             resume_from=ns.resume,
+            artifacts_dir=ns.artifacts_dir,
         )
     finally:
         if out is not None:
@@ -184,6 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="write a checkpoint here when the run ends (and every train.checkpoint_every)",
     )
     tr.add_argument("--resume", help="resume from this checkpoint (file or directory)")
+    tr.add_argument(
+        "--artifacts-dir",
+        help="where finetune.save writes the trained adapter or weights (safetensors)",
+    )
     tr.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     tr.set_defaults(handler=_train)
     va = sub.add_parser(

@@ -1,9 +1,32 @@
-"""Training data: byte-level tokens from local text, Alpaca jsonl, or a seeded generator.
+"""Training data: local text, instruction records (Alpaca or chat jsonl), or a seeded generator,
+tokenized by the run's tokenizer (bytes by default).
 
-A corpus is one token stream (each document framed by BOS ... EOS). Its SHA-256 is
-taken over exactly the stream the model trains on (tokens as uint16 little-endian),
-so two runs with the same hash saw the same data. Batches are a pure function of
-(seed, step), which makes resuming from a checkpoint need no data-loader state.
+A corpus is one token stream: each document framed as BOS + tokens + EOS (BOS or EOS left out
+when the tokenizer has none, BOS when a chat template already wrote it, EOS when the document
+already ends with it).
+
+Loss masking lives in the stream itself, so a batch stays ONE integer tensor (global_batch,
+seq_len + 1) and sharding, prefetching, pinning and micro-batching need no change: a position
+whose token is read as an input but never trained on as a target (with ``loss_on: response``
+BOS and the prompt; padding always) is stored as ``~id`` (= -id-1, always negative). With
+``loss_on: response`` each response's tokens, and the EOS that ends a document whose last
+segment is a response, are the targets.
+``split_batch`` turns a batch into (inputs, targets) with those targets at -100;
+``trained_tokens`` counts the targets that train.
+
+The dataset hash (SHA-256) is over exactly the stored stream, marks included, little-endian:
+
+* the byte tokenizer stores int16 and hashes it as uint16 (a marked ``~id`` reads 65535-id),
+  so an unmarked byte corpus has the same tokens and hash as it always had;
+* any other tokenizer hashes the stream as int32 (two's complement), and stores int32 when
+  its vocabulary does not fit int16 (vocab_size > 32767), else int16;
+* with ``packing: false`` the record boundaries (int64 offsets) are hashed after the stream.
+
+So two runs with the same hash trained on the same tokens with the same targets and rows.
+
+Batches are a pure function of (seed, step), which makes resuming from a checkpoint need no
+data-loader state. ``packing: true``: random windows of seq_len+1 tokens of the stream;
+``packing: false``: one record per row, truncated to seq_len+1 or padded with ``~pad_id``.
 """
 
 from __future__ import annotations
@@ -12,46 +35,41 @@ import glob
 import hashlib
 import json
 import random
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from gpu_runtime.errors import StrategyError
-from gpu_runtime.model import BOS, EOS
+from gpu_runtime.model import IGNORE_INDEX, PAD
 from gpu_runtime.schema import DataSection
+from gpu_runtime.tokenizer import (
+    CHAT_ROLES,
+    ByteTokenizer,
+    Segments,
+    Tokenizer,
+    encode_segments,
+)
 
 SYNTHETIC_TOKENS = 1 << 18
-_BOS_LE = BOS.to_bytes(2, "little")
-_EOS_LE = EOS.to_bytes(2, "little")
+INT16_MAX_VOCAB = 32767
 
 
 @dataclass(frozen=True)
 class Corpus:
-    tokens: torch.Tensor  # 1-D int16
+    tokens: torch.Tensor  # 1-D int16 (int32 for vocabularies past int16); ~id = not a target
     sha256: str
     description: str
+    # packing false: record i is tokens[records[i]:records[i + 1]] (int64); None when packed
+    records: torch.Tensor | None = None
+    pad_id: int = PAD
+    trained_fraction: float = 1.0  # of the stream's tokens, the share that are targets
+    tokenizer: str = "bytes"
 
 
-def _framed(document: bytes) -> bytearray:
-    """BOS + document bytes + EOS as uint16 little-endian."""
-    wide = bytearray(2 * len(document))
-    wide[0::2] = document
-    return bytearray(_BOS_LE) + wide + bytearray(_EOS_LE)
-
-
-def _corpus(documents: list[bytes], description: str) -> Corpus:
-    stream = bytearray().join(_framed(d) for d in documents)
-    digest = hashlib.sha256(stream).hexdigest()
-    if sys.byteorder != "little":  # the stream is little-endian by definition
-        stream[0::2], stream[1::2] = stream[1::2], stream[0::2]
-    tokens = (
-        torch.frombuffer(stream, dtype=torch.int16).clone()
-        if stream
-        else torch.empty(0, dtype=torch.int16)
-    )
-    return Corpus(tokens=tokens, sha256=digest, description=description)
+# A document: its ids, and per id whether it is trained on as a target (None: all are).
+_Doc = tuple[np.ndarray, np.ndarray | None]
 
 
 def _files(pattern: str) -> list[Path]:
@@ -71,8 +89,14 @@ def alpaca_prompt(record: dict[str, str]) -> str:
     return "".join(parts)
 
 
-def _alpaca_records(path: Path) -> list[bytes]:
-    documents = []
+def alpaca_segments(record: dict[str, str]) -> Segments:
+    """The Alpaca template as (prompt, False), (output, True)."""
+    prompt = alpaca_prompt({**record, "output": ""})
+    return [(prompt, False), (record["output"], True)]
+
+
+def _jsonl(path: Path, expected: str):
+    """(where, record) for each non-blank line: a JSON object, or refused naming the line."""
     with path.open("rb") as fh:
         for lineno, raw in enumerate(fh, start=1):
             if not raw.strip():
@@ -86,16 +110,54 @@ def _alpaca_records(path: Path) -> list[bytes]:
                 ) from None
             if not isinstance(record, dict):
                 raise StrategyError.single(
-                    "data.path", f"{where}: expected an object with instruction/input/output"
+                    "data.path", f"{where}: expected an object with {expected}"
                 )
-            for field, required in (("instruction", True), ("input", False), ("output", True)):
-                value = record.get(field)
-                if (value is None and required) or (
-                    value is not None and not isinstance(value, str)
-                ):
-                    raise StrategyError.single("data.path", f"{where}: '{field}' must be a string")
-            documents.append(alpaca_prompt(record).encode("utf-8"))
-    return documents
+            yield where, record
+
+
+def _alpaca_records(path: Path) -> list[dict[str, str]]:
+    records = []
+    for where, record in _jsonl(path, "instruction/input/output"):
+        for field, required in (("instruction", True), ("input", False), ("output", True)):
+            value = record.get(field)
+            if (value is None and required) or (value is not None and not isinstance(value, str)):
+                raise StrategyError.single("data.path", f"{where}: '{field}' must be a string")
+        records.append(record)
+    return records
+
+
+def _chat_records(path: Path) -> list[list[dict[str, str]]]:
+    conversations = []
+    for where, record in _jsonl(path, "'messages': [{role, content}, ...]"):
+        messages = record.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise StrategyError.single(
+                "data.path", f"{where}: 'messages' must be a non-empty list of {{role, content}}"
+            )
+        clean = []
+        for n, message in enumerate(messages, start=1):
+            if not isinstance(message, dict):
+                raise StrategyError.single(
+                    "data.path", f"{where}: message {n} must be an object with role and content"
+                )
+            role, content = message.get("role"), message.get("content")
+            if role not in CHAT_ROLES:
+                raise StrategyError.single(
+                    "data.path",
+                    f"{where}: message {n} has role {role!r}; expected one of "
+                    + ", ".join(CHAT_ROLES),
+                )
+            if not isinstance(content, str):
+                raise StrategyError.single(
+                    "data.path", f"{where}: message {n}: 'content' must be a string"
+                )
+            clean.append({"role": role, "content": content})
+        if not any(m["role"] == "assistant" for m in clean):
+            raise StrategyError.single(
+                "data.path", f"{where}: a conversation needs at least one assistant turn"
+            )
+        conversations.append(clean)
+    return conversations
 
 
 def synthetic_documents(seed: int, n_tokens: int = SYNTHETIC_TOKENS) -> list[bytes]:
@@ -117,37 +179,163 @@ def synthetic_documents(seed: int, n_tokens: int = SYNTHETIC_TOKENS) -> list[byt
     return docs
 
 
-def load_corpus(data: DataSection, *, seed: int) -> Corpus:
-    """Read (or generate) the corpus a strategy's data section names."""
+class _Encoder:
+    """Documents to framed, masked id arrays for one tokenizer and loss_on."""
+
+    def __init__(self, tokenizer: Tokenizer, *, response_only: bool):
+        self.tok = tokenizer
+        self.response_only = response_only
+        self.is_bytes = isinstance(tokenizer, ByteTokenizer)
+
+    def text(self, document: bytes | str, where: str) -> _Doc:
+        if self.is_bytes:
+            raw = document.encode("utf-8") if isinstance(document, str) else document
+            ids = np.frombuffer(raw, dtype=np.uint8).astype(np.int64)
+        else:
+            if isinstance(document, bytes):
+                try:
+                    document = document.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise StrategyError.single(
+                        "data.path", f"{where}: not UTF-8 text ({exc})"
+                    ) from None
+            ids = np.asarray(self.tok.encode(document), dtype=np.int64)
+        return self._framed(ids, None, last_is_response=True)
+
+    def segments(self, segments: Segments) -> _Doc:
+        ids, mask = encode_segments(self.tok, segments)
+        trained = np.asarray(mask, dtype=bool) if self.response_only else None
+        last = bool(segments) and segments[-1][1]
+        return self._framed(np.asarray(ids, dtype=np.int64), trained, last_is_response=last)
+
+    def _framed(
+        self, ids: np.ndarray, trained: np.ndarray | None, *, last_is_response: bool
+    ) -> _Doc:
+        bos, eos = self.tok.bos_id, self.tok.eos_id
+        head = bos is not None and not (ids.size and ids[0] == bos)
+        tail = eos is not None and not (ids.size and ids[-1] == eos)
+        parts = [np.asarray([bos], np.int64)] * head + [ids] + [np.asarray([eos], np.int64)] * tail
+        framed = np.concatenate(parts) if len(parts) > 1 else ids
+        if trained is None:
+            return framed, None
+        flags = [np.zeros(1, bool)] * head + [trained] + [np.full(1, last_is_response)] * tail
+        return framed, np.concatenate(flags)
+
+
+def _corpus(docs: list[_Doc], description: str, tokenizer: Tokenizer, *, packing: bool) -> Corpus:
+    lengths = [d.size for d, _ in docs]
+    ids = np.concatenate([d for d, _ in docs]) if docs else np.zeros(0, np.int64)
+    if any(m is not None for _, m in docs):
+        trained = np.concatenate([np.ones(d.size, bool) if m is None else m for d, m in docs])
+        ids = np.where(trained, ids, ~ids)
+    is_bytes = isinstance(tokenizer, ByteTokenizer)
+    wide = not is_bytes and tokenizer.vocab_size > INT16_MAX_VOCAB
+    stored = ids.astype(np.int32 if wide else np.int16)
+    hashed = stored.astype("<i2" if is_bytes else "<i4")
+    digest = hashlib.sha256(hashed.tobytes())
+    records = None
+    if not packing:
+        offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype("<i8")
+        digest.update(offsets.tobytes())
+        records = torch.from_numpy(offsets.astype(np.int64))
+    tokens = torch.from_numpy(stored.copy())
+    fraction = float((stored >= 0).mean()) if stored.size else 1.0
+    return Corpus(
+        tokens=tokens,
+        sha256=digest.hexdigest(),
+        description=description,
+        records=records,
+        pad_id=tokenizer.pad_id,
+        trained_fraction=fraction,
+        tokenizer=tokenizer.name,
+    )
+
+
+def _describe(kind: str, data: DataSection, tokenizer: Tokenizer) -> str:
+    notes = []
+    if tokenizer.name != "bytes":
+        notes.append(f"tokenizer {tokenizer.name}")
+    if data.loss_on == "response":
+        notes.append("loss on responses")
+    if not data.packing:
+        notes.append("one record per row")
+    return kind if not notes else f"{kind[:-1]}; {'; '.join(notes)})"
+
+
+def load_corpus(data: DataSection, *, seed: int, tokenizer: Tokenizer | None = None) -> Corpus:
+    """Read (or generate) the corpus a strategy's data section names, tokenized by
+    ``tokenizer`` (None: bytes)."""
+    tok = tokenizer if tokenizer is not None else ByteTokenizer()
+    response_only = data.loss_on == "response"
+    enc = _Encoder(tok, response_only=response_only)
     if data.source == "synthetic":
-        return _corpus(synthetic_documents(seed), f"synthetic(seed={seed})")
-    files = _files(data.path or "")
-    if data.source == "text":
-        return _corpus([f.read_bytes() for f in files], f"text({len(files)} files)")
-    documents = [doc for f in files for doc in _alpaca_records(f)]
-    if not documents:
-        raise StrategyError.single("data.path", f"no Alpaca records in {data.path!r}")
-    return _corpus(documents, f"alpaca({len(documents)} records)")
+        docs = [enc.text(d, "synthetic") for d in synthetic_documents(seed)]
+        kind = f"synthetic(seed={seed})"
+    elif data.source == "text":
+        files = _files(data.path or "")
+        docs = [enc.text(f.read_bytes(), f.name) for f in files]
+        kind = f"text({len(files)} files)"
+    elif data.format == "chat":
+        files = _files(data.path or "")
+        conversations = [c for f in files for c in _chat_records(f)]
+        if not conversations:
+            raise StrategyError.single("data.path", f"no chat records in {data.path!r}")
+        docs = [enc.segments(tok.render_chat(c)) for c in conversations]
+        kind = f"chat({len(docs)} records)"
+    else:
+        files = _files(data.path or "")
+        records = [r for f in files for r in _alpaca_records(f)]
+        if not records:
+            raise StrategyError.single("data.path", f"no Alpaca records in {data.path!r}")
+        docs = [enc.segments(alpaca_segments(r)) for r in records]
+        kind = f"alpaca({len(docs)} records)"
+    return _corpus(docs, _describe(kind, data, tok), tok, packing=data.packing)
+
+
+def split_batch(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, targets) of a (rows, seq_len + 1) batch: inputs are the ids with the marks
+    removed, targets the next ids with marked ones at -100 (never trained)."""
+    inputs = torch.where(tokens < 0, ~tokens, tokens)[:, :-1]
+    nxt = tokens[:, 1:]
+    targets = nxt.masked_fill(nxt < 0, IGNORE_INDEX)
+    return inputs, targets
+
+
+def trained_tokens(tokens: torch.Tensor) -> int:
+    """How many of a batch's targets are trained on (call it on the host copy)."""
+    return int((tokens[:, 1:] >= 0).sum())
 
 
 class StepBatches:
-    """The rows of step s: ``global_batch`` random windows of seq_len+1 tokens, fixed by
-    (seed, s)."""
+    """The rows of step s, fixed by (seed, s): ``global_batch`` random windows of seq_len+1
+    tokens of the stream (packed), or ``global_batch`` random records, each truncated to
+    seq_len+1 or padded with ``~pad_id`` (packing false)."""
 
     def __init__(self, corpus: Corpus, *, seq_len: int, global_batch: int, seed: int):
-        if corpus.tokens.numel() < seq_len + 1:
+        self.records = corpus.records
+        if self.records is None and corpus.tokens.numel() < seq_len + 1:
             raise StrategyError.single(
                 "model.seq_len",
                 f"the corpus has {corpus.tokens.numel()} tokens; "
                 f"a window needs seq_len+1 = {seq_len + 1}",
             )
+        if self.records is not None and (self.records.numel() < 2 or not corpus.tokens.numel()):
+            raise StrategyError.single("data.path", "the corpus has no records")
         self.tokens = corpus.tokens
         self.seq_len, self.global_batch, self.seed = seq_len, global_batch, seed
+        self.pad_mark = ~corpus.pad_id
         self._offsets = torch.arange(seq_len + 1)
 
     def batch(self, step: int) -> torch.Tensor:
         gen = torch.Generator().manual_seed((self.seed * 1_000_003 + step) % (2**63 - 1))
-        starts = torch.randint(
-            0, self.tokens.numel() - self.seq_len, (self.global_batch,), generator=gen
-        )
-        return self.tokens[starts[:, None] + self._offsets].long()
+        if self.records is None:
+            starts = torch.randint(
+                0, self.tokens.numel() - self.seq_len, (self.global_batch,), generator=gen
+            )
+            return self.tokens[starts[:, None] + self._offsets].long()
+        picks = torch.randint(0, self.records.numel() - 1, (self.global_batch,), generator=gen)
+        starts, ends = self.records[picks], self.records[picks + 1]
+        index = starts[:, None] + self._offsets
+        inside = index < ends[:, None]
+        rows = self.tokens[index.clamp(max=max(self.tokens.numel() - 1, 0))].long()
+        return torch.where(inside, rows, torch.full_like(rows, self.pad_mark))

@@ -212,6 +212,7 @@ def train_distributed(
     checkpoint_dir: str | None,
     resume_from: str | None,
     stop: threading.Event,
+    artifacts_dir: str | None = None,
     threads: int | None = None,
     rendezvous: Rendezvous | None = None,
 ) -> RunResult:
@@ -249,6 +250,7 @@ def train_distributed(
             "backend": backend,
             "threads": threads,
             "checkpoint_dir": checkpoint_dir,
+            "artifacts_dir": artifacts_dir,
             "resume_from": resume_from,
             "owner_pid": os.getpid(),
         },
@@ -382,4 +384,7 @@ def _gather(
         samples=samples,
         micro_batch_events=lead["micro_batch_events"],
         strategies=strategies,
+        params_total=lead.get("params_total"),
+        params_trainable=lead.get("params_trainable"),
+        artifacts=lead.get("artifacts") or [],
     )

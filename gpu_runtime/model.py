@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -30,30 +31,64 @@ class ModelArgs:
     max_seq_len: int = 256
     norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    # Loaded Hugging Face checkpoints (gpu_runtime.hf) need these; the defaults are costlab's own.
+    head_dim_override: int | None = None  # config.json head_dim when it is not dim // n_heads
+    qkv_bias: bool = False  # q/k/v projections with a bias (qwen2); o_proj never has one
+    tie_embeddings: bool = False  # the output head is the embedding table
+    # interleaved: rotate pairs (x[2i], x[2i+1]), costlab's own; half: rotate (x[i], x[i+hd/2]),
+    # Hugging Face's rotate_half, so a checkpoint's q/k weights map by name without a permutation
+    rope_style: Literal["interleaved", "half"] = "interleaved"
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.n_heads
+        return self.head_dim_override or self.dim // self.n_heads
 
     @property
     def kv_heads(self) -> int:
         return self.n_kv_heads or self.n_heads
 
     def num_params(self, *, embedding: bool = True) -> int:
-        """Parameter count from the shapes alone (a 7B model need not be built to be counted)."""
-        d, kv = self.dim, self.kv_heads * self.head_dim
-        attn = 2 * d * d + 2 * d * kv
+        """Parameter count from the shapes alone (a 7B model need not be built to be counted).
+
+        ``embedding=False`` leaves out the lookup table, which does no matmul. A tied table is
+        also the output head, which does: it is counted once, as the head, either way
+        (nanoGPT's rule), so tied ``num_params(embedding=False) == num_params()``.
+        """
+        d, q, kv = self.dim, self.n_heads * self.head_dim, self.kv_heads * self.head_dim
+        attn = d * q + 2 * d * kv + q * d + ((q + 2 * kv) if self.qkv_bias else 0)
         mlp = 3 * d * self.hidden_dim
         per_block = attn + mlp + 2 * d
         total = (
             self.n_layers * per_block + d + self.vocab_size * d
         )  # blocks, final norm, output head
-        return total + (self.vocab_size * d if embedding else 0)
+        return total + (self.vocab_size * d if embedding and not self.tie_embeddings else 0)
 
-    def flops_per_token(self, seq_len: int) -> int:
+    def flops_per_token(self, seq_len: int, trainable: int | None = None) -> int:
         """Training FLOPs per token: 6N + 12*L*d*T (PaLM, appendix B),
-        N without the embedding table."""
-        return 6 * self.num_params(embedding=False) + 12 * self.n_layers * self.dim * seq_len
+        N without the embedding table (``num_params(embedding=False)``).
+
+        With ``trainable`` (how many of those N parameters take gradients: LoRA adapters,
+        a frozen base) the backward computes weight gradients for those only.
+        """
+        return training_flops_per_token(
+            self.num_params(embedding=False),
+            n_layers=self.n_layers,
+            dim=self.dim,
+            seq_len=seq_len,
+            trainable=trainable,
+        )
+
+
+def training_flops_per_token(
+    n: int, *, n_layers: int, dim: int, seq_len: int, trainable: int | None = None
+) -> int:
+    """2N forward + 2N activation gradients + 2*trainable weight gradients + 12*L*d*T attention.
+
+    N: the parameters that do a matmul per token (no lookup tables); trainable None: all N,
+    which is 6N + 12*L*d*T.
+    """
+    weight_grads = n if trainable is None else trainable
+    return 4 * n + 2 * weight_grads + 12 * n_layers * dim * seq_len
 
 
 PRESETS: dict[str, ModelArgs] = {
@@ -92,11 +127,23 @@ def rope_tables(head_dim: int, seq_len: int, theta: float) -> tuple[torch.Tensor
     return angles.cos(), angles.sin()
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[2i], x[2i+1]) of x (B, H, T, hd) by the position's angles, in fp32."""
+def apply_rope(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    style: Literal["interleaved", "half"] = "interleaved",
+) -> torch.Tensor:
+    """Rotate x (B, H, T, hd) by the position's angles, in fp32.
+
+    interleaved: pairs (x[2i], x[2i+1]); half: pairs (x[i], x[i + hd/2]), Hugging Face's
+    rotate_half layout. The same rotation, with the features in a different order.
+    """
+    cos, sin = cos[: x.shape[-2]], sin[: x.shape[-2]]
+    if style == "half":
+        x0, x1 = x.float().chunk(2, dim=-1)
+        return torch.cat((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).type_as(x)
     xf = x.float().unflatten(-1, (-1, 2))
     x0, x1 = xf[..., 0], xf[..., 1]
-    cos, sin = cos[: x.shape[-2]], sin[: x.shape[-2]]
     out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
     return out.flatten(-2).type_as(x)
 
@@ -110,9 +157,11 @@ class Attention(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.kv_heads, args.head_dim
-        self.q_proj = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
-        self.k_proj = nn.Linear(args.dim, self.n_kv_heads * args.head_dim, bias=False)
-        self.v_proj = nn.Linear(args.dim, self.n_kv_heads * args.head_dim, bias=False)
+        self.rope_style = args.rope_style
+        bias = args.qkv_bias
+        self.q_proj = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=bias)
+        self.k_proj = nn.Linear(args.dim, self.n_kv_heads * args.head_dim, bias=bias)
+        self.v_proj = nn.Linear(args.dim, self.n_kv_heads * args.head_dim, bias=bias)
         self.o_proj = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
         # A fused RMSNorm+QKV implementation (x, norm, attn) -> (q, k, v) may be installed here.
         self.qkv_fn: QkvFn | None = None
@@ -134,7 +183,7 @@ class Attention(nn.Module):
         q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = apply_rope(q, cos, sin, self.rope_style), apply_rope(k, cos, sin, self.rope_style)
         y = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads
         )
@@ -165,6 +214,21 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
+IGNORE_INDEX = -100  # F.cross_entropy's default, and Hugging Face's label for "no loss here"
+
+
+def token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean fp32 cross-entropy over the targets that are not IGNORE_INDEX (0 when none are)."""
+    flat = targets.reshape(-1)
+    total = F.cross_entropy(
+        logits.float().view(-1, logits.size(-1)),
+        flat,
+        ignore_index=IGNORE_INDEX,
+        reduction="sum",
+    )
+    return total / (flat != IGNORE_INDEX).sum().clamp(min=1)
+
+
 class Transformer(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -181,19 +245,41 @@ class Transformer(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith(("o_proj.weight", "down_proj.weight")):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * args.n_layers))
+        if args.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
         if isinstance(module, nn.Linear | nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+    def flops_per_token(self, seq_len: int, trainable: int | None = None) -> int:
+        """``ModelArgs.flops_per_token`` of this model's shapes (the sampler's MFU)."""
+        return self.args.flops_per_token(seq_len, trainable)
+
+    def num_trainable(self, *, embedding: bool = False) -> int:
+        """Parameters that take gradients, counted like ``ModelArgs.num_params``: a tied table
+        counts once, as the output head; ``embedding=False`` leaves out an untied lookup table.
+
+        What ``flops_per_token(seq_len, trainable=...)`` wants, after LoRA or freezing.
+        """
+        skip = set()
+        if not embedding and not self.args.tie_embeddings:
+            skip = {id(p) for p in self.tok_embeddings.parameters()}
+        return sum(p.numel() for p in self.parameters() if p.requires_grad and id(p) not in skip)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        """Logits (B, T, vocab) and, with targets, the mean next-token cross-entropy in fp32."""
+        """Logits (B, T, vocab) and, with targets, the mean next-token cross-entropy in fp32.
+
+        Targets equal to IGNORE_INDEX (-100: prompt tokens, padding) are left out of the mean;
+        when every target is ignored the loss is 0, not NaN.
+        """
         x = self.tok_embeddings(idx)
         for block in self.blocks:
             x = block(x, self.rope_cos, self.rope_sin)
         logits = self.output(self.norm(x))
         if targets is None:
             return logits, None
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
-        return logits, loss
+        return logits, token_loss(logits, targets)

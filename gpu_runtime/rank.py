@@ -68,6 +68,7 @@ def rank_main(workdir: str) -> None:
                 device=str(device),
                 world=world,
                 checkpoint_dir=spec["checkpoint_dir"] if rank == 0 else None,
+                artifacts_dir=spec.get("artifacts_dir") if rank == 0 else None,
                 resume_from=spec["resume_from"],
             )
     finally:

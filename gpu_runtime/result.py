@@ -33,6 +33,12 @@ class RunResult:
     micro_batch_events: list[dict[str, Any]] = field(default_factory=list)
     # what each strategy key did, by key: modules swapped, bytes saved, devices chosen ...
     strategies: dict[str, Any] = field(default_factory=dict)
+    # the model actually trained: every parameter, and those the optimizer steps (LoRA: adapters)
+    params_total: int | None = None
+    params_trainable: int | None = None
+    # what the run saved under its artifacts directory (finetune.save): each {kind (lora_adapter |
+    # weights), path (relative to the directory), bytes, sha256, config_sha256, dataset_sha256}
+    artifacts: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return _json_safe(asdict(self))

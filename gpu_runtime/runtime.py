@@ -19,7 +19,7 @@ import psutil
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from gpu_runtime.assembly import assemble_model, strategy_conflicts
+from gpu_runtime.assembly import architecture_conflicts, assemble_model, strategy_conflicts
 from gpu_runtime.batching import MicroBatching
 from gpu_runtime.capability import capability_problems, device_label, resolve_device
 from gpu_runtime.checkpoint import load_checkpoint
@@ -27,9 +27,9 @@ from gpu_runtime.data import StepBatches, load_corpus
 from gpu_runtime.device_keys import resolve_device_keys
 from gpu_runtime.distributed import train_distributed
 from gpu_runtime.errors import StrategyError
+from gpu_runtime.finetune import parameter_counts, save_result
 from gpu_runtime.live import live_poller
 from gpu_runtime.mfu import peak_flops
-from gpu_runtime.model import ModelArgs, Transformer, preset_args
 from gpu_runtime.optim import build_adamw, load_optimizer_state
 from gpu_runtime.placement import choose_device
 from gpu_runtime.precision import Precision
@@ -37,6 +37,7 @@ from gpu_runtime.prefetch import Prefetcher
 from gpu_runtime.probes import MIB, open_probe
 from gpu_runtime.result import RunResult
 from gpu_runtime.schema import StrategyConfig, config_sha256
+from gpu_runtime.sources import open_model_source
 from gpu_runtime.telemetry import Progress, RunCounters, Sampler
 from gpu_runtime.timeline import Clock, OverlapMeter, StepWindow
 from gpu_runtime.trainer import Trainer
@@ -67,22 +68,25 @@ def _with_steps(config: StrategyConfig, steps: int | None) -> StrategyConfig:
 
 
 def _check_memory(
-    args: ModelArgs, config: StrategyConfig, device: torch.device, preset: str
+    n: int, config: StrategyConfig, device: torch.device, what: str, key: str
 ) -> None:
-    """Refuse a model whose weights, gradients and AdamW state cannot fit before allocating them."""
-    n = args.num_params()
+    """Refuse a model whose weights, gradients and AdamW state cannot fit before allocating them.
+
+    ``n`` parameters; under LoRA only about 1 % of them (the adapters) have gradients and
+    optimizer state."""
     storage = 2 if config.precision.storage_dtype != "fp32" else 4
     master = 4 if config.precision.storage_dtype != "fp32" else 0
-    need = n * (2 * storage + master + 8)  # weights + grads, fp32 masters, two AdamW moments
+    trained = n // 100 if config.finetune.method == "lora" else n
+    need = n * storage + trained * (storage + master + 8)  # grads, fp32 masters, two moments
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
     else:
         free = psutil.virtual_memory().available
     if need > free:
         raise StrategyError.single(
-            "model.preset",
+            key,
             (
-                f"{preset} ({n / 1e9:.2f}B parameters) needs about {need / 2**30:.1f} GiB for "
+                f"{what} ({n / 1e9:.2f}B parameters) needs about {need / 2**30:.1f} GiB for "
                 f"weights, gradients and optimizer state; {device_label(device)} has "
                 f"{free / 2**30:.1f} GiB free"
             ),
@@ -179,6 +183,7 @@ def train(
     live: Callable[[], dict[str, Any] | None] | None = None,
     rendezvous: Rendezvous | None = None,
     profile=None,
+    artifacts_dir: str | None = None,
 ) -> RunResult:
     """Train with a strategy, streaming telemetry samples to ``sink``; return what was measured.
 
@@ -195,6 +200,9 @@ def train(
     across ``distributed.nnodes`` nodes needs the ``rendezvous`` every node meets at; each
     node's call returns its own ranks' result.
 
+    ``artifacts_dir``: where `finetune.save` writes the trained adapter or weights (safetensors);
+    without one nothing is saved.
+
     ``precision.compute_dtype: auto`` and ``kernels.compile: auto`` resolve from ``profile`` (a
     gpu_runtime.profile.DeviceProfile of the device), or from one measured now when none is
     given (gpu_runtime.device_keys); each decision is reported under its key in ``strategies``.
@@ -210,6 +218,7 @@ def train(
             resume_from=resume_from,
             live=live,
             profile=profile,
+            artifacts_dir=artifacts_dir,
         )
     dev = resolve_device(
         device if device not in (None, "cuda") else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -235,6 +244,7 @@ def train(
             resume_from=resume_from,
             stop=stop,
             rendezvous=rendezvous,
+            artifacts_dir=artifacts_dir,
         )
     result.strategies.update(auto)
     return result
@@ -284,6 +294,7 @@ def train_local(
     live: Callable[[], dict[str, Any] | None] | None = None,
     world: World | None = None,
     profile=None,
+    artifacts_dir: str | None = None,
 ) -> RunResult:
     """``train()`` in this process: alone, or as one rank of a ``world`` (its process group
     initialised)."""
@@ -295,9 +306,13 @@ def train_local(
     config, auto = resolve_device_keys(config, dev, profile)
     if world is None:
         _refuse_what_the_host_cannot_run(config, dev)
-    args = preset_args(config.model.preset, config.model.seq_len)
-    _check_memory(args, config, dev, config.model.preset)
-    corpus = load_corpus(config.data, seed=config.train.seed)
+    source = open_model_source(config)
+    if world is None:
+        problems = architecture_conflicts(config, source.model_type, native=source.native)
+        if problems:
+            raise StrategyError(problems)
+    _check_memory(source.params, config, dev, source.what, source.key)
+    corpus = load_corpus(config.data, seed=config.train.seed, tokenizer=source.tokenizer)
     batches = StepBatches(
         corpus,
         seq_len=config.model.seq_len,
@@ -309,8 +324,20 @@ def train_local(
 
     torch.manual_seed(config.train.seed)
     precision = Precision(config.precision, dev)
-    built = assemble_model(Transformer(args), config, dev, precision, sample=batches.batch(0))
-    strategies = {"placement": placement, **built.report}
+    module = source.build()
+    built = assemble_model(
+        module, config, dev, precision, sample=batches.batch(0), model_type=source.model_type
+    )
+    params_total, params_trainable = parameter_counts(built.module)
+    strategies = {
+        "placement": placement,
+        "model": {
+            **source.report,
+            "params_total": params_total,
+            "params_trainable": params_trainable,
+        },
+        **built.report,
+    }
     strategies.update(auto)
     optimizer = build_adamw(
         built.named_params, config.optimizer, config.train.lr, fused=config.kernels.fused_optimizer
@@ -336,6 +363,8 @@ def train_local(
         dataset_sha256=corpus.sha256,
         checkpoint_dir=checkpoint_dir,
         world=world,
+        # prompts (loss_on: response) and padding (packing: false) are read, not trained on
+        count_trained=config.data.loss_on == "response" or not config.data.packing,
     )
     start_step = start_tokens = 0
     if resume_from is not None:
@@ -357,7 +386,7 @@ def train_local(
             counters=counters,
             interval_s=config.telemetry.interval_s,
             sink=sink,
-            flops_per_token=args.flops_per_token(config.model.seq_len),
+            flops_per_token=source.flops_per_token(built.module, config.model.seq_len),
             peak=peak_flops(label, config.precision.compute_dtype, config.telemetry.peak_flops),
             overlap=OverlapMeter(clock, windows, io_log),
             rank=0 if world is None else world.rank,
@@ -412,6 +441,19 @@ def train_local(
             if sampler is not None:
                 sampler.stop()
 
+    artifacts = []
+    if artifacts_dir is not None and config.finetune.save and (world is None or world.lead):
+        artifacts = save_result(
+            built.module,
+            config.finetune,
+            out_dir=artifacts_dir,
+            native=source.native,
+            model_type=source.model_type,
+            checkpoint_path=config.model.path,
+            config_sha256=config_sha256(config),
+            dataset_sha256=corpus.sha256,
+            lora_targets_used=built.report.get("finetune", {}).get("target_modules"),
+        )
     wall_s = time.perf_counter() - wall_start
     return RunResult(
         steps=outcome.steps,
@@ -429,4 +471,7 @@ def train_local(
         samples=0 if sampler is None else sampler.seq,
         micro_batch_events=batching.events,
         strategies=strategies,
+        params_total=params_total,
+        params_trainable=params_trainable,
+        artifacts=artifacts,
     )

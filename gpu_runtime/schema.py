@@ -79,7 +79,8 @@ class ModelSection(_Section):
     preset: Literal["tiny", "small", "125m", "350m", "1b", "7b"] = Field(
         "tiny",
         description="Model size (family llama): tiny ~4M, small ~25M parameters; "
-        "125m/350m/1b/7b follow the public shapes.",
+        "125m/350m/1b/7b follow the public shapes. Family hf takes its shapes from the "
+        "checkpoint (another preset than the default is refused there).",
     )
     path: str | None = Field(
         None,
@@ -106,7 +107,7 @@ class ModelSection(_Section):
                     "never downloads: copy the checkpoint to a directory and name it here",
                     {"field": "path", "path": self.path},
                 )
-            if "preset" in self.model_fields_set:
+            if self.preset != "tiny":  # tiny, the default, survives a dump and reload
                 raise PydanticCustomError(
                     "preset_with_hf",
                     "preset sizes costlab's own model (family llama); a family hf model takes "
@@ -174,7 +175,7 @@ class DataSection(_Section):
                 "{source} has no responses: use source jsonl or loss_on all",
                 {"field": "loss_on", "source": self.source},
             )
-        if "format" in self.model_fields_set and self.source != "jsonl":
+        if self.format != "alpaca" and self.source != "jsonl":
             raise PydanticCustomError(
                 "format_needs_jsonl",
                 "format describes jsonl records; source is {source}",

@@ -22,6 +22,7 @@ from torch import nn
 
 from gpu_runtime.batching import MicroBatching
 from gpu_runtime.checkpoint import TrainState, save_checkpoint
+from gpu_runtime.data import split_batch
 from gpu_runtime.optim import lr_at, set_lr
 from gpu_runtime.precision import Precision
 from gpu_runtime.prefetch import Prefetcher
@@ -39,15 +40,21 @@ class StepOutput:
     loss: torch.Tensor  # the step's mean loss, on the device
     plan: AccumulationPlan  # the micro-batches the step ran (after any out-of-memory retry)
     norms: torch.Tensor | None  # dynamic batching's two squared gradient norms, on the device
+    # targets trained on (padding and prompts masked out), on the device; None: every target
+    trained: torch.Tensor | None = None
 
-    def read(self) -> tuple[float, list[float] | None]:
-        """Loss and norms in one device-to-host transfer."""
-        if self.norms is None:
-            return self.loss.item(), None
-        loss, *norms = torch.cat(
-            [self.loss.reshape(1).float(), self.norms.to(self.loss.device)]
-        ).tolist()
-        return loss, norms
+    def read(self) -> tuple[float, list[float] | None, float | None]:
+        """Loss, norms and the trained-target count in one device-to-host transfer."""
+        parts = [self.loss.reshape(1).float()]
+        if self.norms is not None:
+            parts.append(self.norms.to(self.loss.device).float())
+        if self.trained is not None:
+            parts.append(self.trained.reshape(1).to(self.loss.device).float())
+        if len(parts) == 1:
+            return self.loss.item(), None, None
+        values = torch.cat(parts).tolist()
+        trained = values.pop() if self.trained is not None else None
+        return values[0], (values[1:] or None) if self.norms is not None else None, trained
 
 
 @dataclass
@@ -94,6 +101,7 @@ class Trainer:
         checkpoint_dir: str | None = None,
         forward: nn.Module | None = None,
         world: World | None = None,
+        count_trained: bool = False,
     ):
         self.config, self.model, self.optimizer, self.precision = (
             config,
@@ -107,6 +115,8 @@ class Trainer:
             model if forward is None else forward
         )  # a torch.compile wrapper when kernels.compile
         self.checkpoint_dir = checkpoint_dir
+        # the data masks targets (padding, prompts): count the tokens trained on, not the rows'
+        self.count_trained = count_trained
         self.trainable = [p for p in model.parameters() if p.requires_grad]
         stepped = (
             self.trainable
@@ -130,13 +140,22 @@ class Trainer:
     ) -> torch.Tensor:
         scaler = self.precision.scaler
         loss_sum = torch.zeros((), device=self.device)
+        # Masked targets (prompts, padding): each micro-batch's mean loss counts for its share of
+        # the step's trained targets, so the step's loss is the mean over every trained target
+        # however the rows were split (device tensors: no host sync).
+        step_trained = (
+            (targets[: plan.global_batch] >= 0).sum().clamp(min=1) if self.count_trained else None
+        )
         start = 0
         for index, rows in enumerate(plan.micro_batch_sizes):
             if self.fault is not None:
                 self.fault.check(rows)
             x, y = inputs[start : start + rows], targets[start : start + rows]
             start += rows
-            weight = plan.loss_weight(index)  # a short last micro-batch counts for its rows only
+            # a short last micro-batch counts for its rows only
+            weight = (
+                plan.loss_weight(index) if step_trained is None else (y >= 0).sum() / step_trained
+            )
             with self._sync(last=index == len(plan.micro_batch_sizes) - 1):
                 with self.precision.autocast():
                     _, loss = self.forward(x, y)
@@ -162,14 +181,17 @@ class Trainer:
         device."""
         # adaptive_global_batch scales the LR with the batch it chose (1.0 otherwise)
         set_lr(self.optimizer, lr_at(step, self.config.train, total_steps) * self.batching.lr_scale)
-        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        inputs, targets = split_batch(tokens)
         loss_sum, plan = self.batching.run(
             lambda p: self._accumulate(p, inputs, targets), cleanup=self._drop_grads
         )
+        trained = (targets[: plan.global_batch] >= 0).sum() if self.count_trained else None
         if self.world is not None:
             loss_sum = self.world.mean(
                 loss_sum
             )  # the world's loss, as one process over the global batch
+            if trained is not None:  # the world's count: its mean over ranks, times the ranks
+                trained = self.world.mean(trained.float()) * self.world.world_size
         scaler = self.precision.scaler
         norms = self.batching.pending_norms(loss_scale=_loss_scale(scaler))
         if self.precision.masters is not None:
@@ -182,7 +204,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         if self.precision.masters is not None:
             self.precision.masters.masters_to_model()
-        return StepOutput(loss_sum, plan, norms)
+        return StepOutput(loss_sum, plan, norms, trained)
 
     def state(self, step: int, tokens: int) -> TrainState:
         masters = self.precision.masters
@@ -246,7 +268,7 @@ class Trainer:
             compute_start = clock.stamp()
             out = self.train_step(step, total_steps, batch.tokens)
             compute_end = clock.stamp()
-            loss_value, norms = out.read()  # the one host sync per step
+            loss_value, norms, trained = out.read()  # the one host sync per step
             if self.world is None or self.world.lead:
                 self.batching.finish_step(norms)
             if (
@@ -255,10 +277,12 @@ class Trainer:
                 self.batching.adopt(
                     self.world.broadcast_int(self.batching.plan.micro_batch, self.device)
                 )
-            step, tokens = (
-                step + 1,
-                tokens + out.plan.global_batch * ranks * self.config.model.seq_len,
+            step_tokens = (
+                out.plan.global_batch * ranks * self.config.model.seq_len
+                if trained is None
+                else round(trained)
             )
+            step, tokens = step + 1, tokens + step_tokens
             time_total, timed = time_total + (time.perf_counter() - t0), timed + 1
             windows.append(
                 StepWindow(step, compute_start, compute_end, batch.io_start, batch.io_end)

@@ -1,23 +1,29 @@
-"""Data sources, the dataset hash, deterministic batches, the prefetcher and the overlap ratio."""
+"""Data sources, the dataset hash, deterministic batches, loss masks, the prefetcher and the
+overlap ratio."""
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
+import random
 import time
 from collections import deque
+from pathlib import Path
 
 import pytest
 import torch
 
-from gpu_runtime.data import StepBatches, load_corpus
+import gpu_runtime
+from gpu_runtime.data import StepBatches, load_corpus, split_batch, trained_tokens
 from gpu_runtime.errors import StrategyError
-from gpu_runtime.model import BOS, EOS
+from gpu_runtime.model import BOS, EOS, PAD
 from gpu_runtime.prefetch import Prefetcher
 from gpu_runtime.schema import DataSection
 from gpu_runtime.timeline import Clock, OverlapMeter, StepWindow, overlap_ratio
 
 CPU = torch.device("cpu")
+DATASETS = Path(gpu_runtime.__file__).parent / "datasets"
 
 
 def _decode(tokens: torch.Tensor) -> list[int]:
@@ -192,3 +198,240 @@ def test_overlap_ratio_is_intersection_over_the_longer():
     assert overlap_ratio((0.0, 2.0), [(0.5, 1.0)], io_len=0.5) == pytest.approx(0.25)
     assert overlap_ratio((0.0, 1.0), [(1.0, 2.0)], io_len=1.0) == 0.0
     assert overlap_ratio((0.0, 1.0), [(0.0, 0.6), (0.5, 0.9)], io_len=0.6) == pytest.approx(1.0)
+
+
+# -- loss masks, chat records, packing ------------------------------------------------------
+
+
+def _jsonl(tmp_path, name: str, records: list) -> str:
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return str(path)
+
+
+def _unmarked(tokens: torch.Tensor) -> list[int]:
+    return torch.where(tokens < 0, ~tokens, tokens).tolist()
+
+
+def _trained_text(tokens: torch.Tensor) -> tuple[bytes, int]:
+    """The trained targets of a 1-D stream (as one row) as bytes, and how many were EOS."""
+    _, targets = split_batch(tokens.long()[None])
+    kept = [t for t in targets[0].tolist() if t != -100]
+    return bytes(t for t in kept if t < 256), kept.count(EOS)
+
+
+def test_split_batch_on_the_byte_path_is_the_plain_slice():
+    corpus = load_corpus(DataSection(), seed=0)
+    assert corpus.records is None and corpus.trained_fraction == 1.0
+    batch = StepBatches(corpus, seq_len=32, global_batch=4, seed=0).batch(0)
+    inputs, targets = split_batch(batch)
+    assert torch.equal(inputs, batch[:, :-1]) and torch.equal(targets, batch[:, 1:])
+    assert inputs.dtype == targets.dtype == torch.int64
+    assert trained_tokens(batch) == 4 * 32
+
+
+ALPACA = [
+    {"instruction": "Add the numbers.", "input": "2 and 3", "output": "The sum is 5."},
+    {"instruction": "Say hi.", "output": "hi there"},
+]
+
+
+def test_loss_on_response_trains_only_the_alpaca_outputs(tmp_path):
+    path = _jsonl(tmp_path, "a.jsonl", ALPACA)
+    full = load_corpus(DataSection(source="jsonl", path=path), seed=0)
+    masked = load_corpus(DataSection(source="jsonl", path=path, loss_on="response"), seed=0)
+    # the same ids are read as inputs; only the targets differ
+    assert _unmarked(masked.tokens) == full.tokens.tolist()
+    assert masked.tokens.dtype == torch.int16 and int(masked.tokens.min()) < 0
+    text, eos = _trained_text(masked.tokens)
+    assert text == b"The sum is 5.hi there" and eos == 2  # each output and the EOS ending it
+    assert 0 < masked.trained_fraction < full.trained_fraction == 1.0
+    # the hash covers the mask: the stored stream, uint16 little-endian (a mark reads 65535-id)
+    assert masked.sha256 != full.sha256
+    stream = b"".join((t & 0xFFFF).to_bytes(2, "little") for t in masked.tokens.tolist())
+    assert masked.sha256 == hashlib.sha256(stream).hexdigest()
+    assert "loss on responses" in masked.description
+
+
+def test_the_prompt_targets_are_ignored_in_a_batch(tmp_path):
+    path = _jsonl(tmp_path, "a.jsonl", ALPACA[:1])
+    corpus = load_corpus(DataSection(source="jsonl", path=path, loss_on="response"), seed=0)
+    n = corpus.tokens.numel()
+    batch = StepBatches(corpus, seq_len=n - 1, global_batch=1, seed=0).batch(0)
+    inputs, targets = split_batch(batch)
+    prompt = len(b"### Instruction:\nAdd the numbers.\n\n### Input:\n2 and 3\n\n### Response:\n")
+    assert inputs[0].tolist() == _unmarked(corpus.tokens)[:-1] and int(inputs.min()) >= 0
+    assert targets[0, :prompt].tolist() == [-100] * prompt  # BOS + prompt: read, not trained
+    assert bytes(targets[0, prompt:-1].tolist()) == b"The sum is 5." and targets[0, -1] == EOS
+    assert trained_tokens(batch) == len(b"The sum is 5.") + 1
+
+
+CHAT = [
+    {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Add 2 and 3."},
+            {"role": "assistant", "content": "It is 5."},
+            {"role": "user", "content": "Sure?"},
+            {"role": "assistant", "content": "Yes."},
+        ]
+    },
+    {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}]},
+]
+
+
+def test_a_multi_turn_chat_trains_only_the_assistant_turns(tmp_path):
+    path = _jsonl(tmp_path, "chat.jsonl", CHAT)
+    section = DataSection(source="jsonl", path=path, format="chat", loss_on="response")
+    corpus = load_corpus(section, seed=0)
+    assert corpus.description == "chat(2 records; loss on responses)"
+    text, eos = _trained_text(corpus.tokens)
+    assert text == b"It is 5.<|end|>Yes.<|end|>Hello!<|end|>" and eos == 2
+    plain = _unmarked(corpus.tokens)
+    first = bytes(plain[1 : plain.index(EOS)]).decode()
+    assert first == (
+        "<|system|>\nBe brief.\n<|user|>\nAdd 2 and 3.\n<|assistant|>\nIt is 5.<|end|>\n"
+        "<|user|>\nSure?\n<|assistant|>\nYes.<|end|>"
+    )
+    everything = load_corpus(DataSection(source="jsonl", path=path, format="chat"), seed=0)
+    assert everything.tokens.tolist() == plain and everything.sha256 != corpus.sha256
+
+
+@pytest.mark.parametrize(
+    ("record", "reason"),
+    [
+        ({"text": "no messages"}, "'messages' must be a non-empty list"),
+        ({"messages": []}, "'messages' must be a non-empty list"),
+        ({"messages": ["hi"]}, "message 1 must be an object"),
+        ({"messages": [{"role": "bot", "content": "x"}]}, "message 1 has role 'bot'"),
+        (
+            {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": 5}]},
+            "message 2: 'content' must be a string",
+        ),
+        ({"messages": [{"role": "user", "content": "x"}]}, "at least one assistant turn"),
+    ],
+)
+def test_malformed_chat_records_name_the_file_and_line(tmp_path, record, reason):
+    path = _jsonl(tmp_path, "talk.jsonl", [CHAT[1], record])
+    with pytest.raises(StrategyError) as info:
+        load_corpus(DataSection(source="jsonl", path=path, format="chat"), seed=0)
+    error = info.value.errors[0]
+    assert error["key"] == "data.path"
+    assert "talk.jsonl line 2" in error["message"] and reason in error["message"], error
+
+
+def test_unpacked_rows_are_one_record_each_padded_with_marked_pads(tmp_path):
+    records = [{"instruction": "i" * n, "output": "o" * n} for n in (1, 5, 40)]
+    path = _jsonl(tmp_path, "a.jsonl", records)
+    section = DataSection(source="jsonl", path=path, packing=False)
+    corpus = load_corpus(section, seed=0)
+    lengths = torch.diff(corpus.records).tolist()
+    assert corpus.records[0] == 0 and corpus.records[-1] == corpus.tokens.numel()
+    assert lengths == [
+        len(b"### Instruction:\n\n\n### Response:\n") + 2 + 2 * n for n in (1, 5, 40)
+    ]
+    seq_len = 48  # longer than two records, shorter than the third
+    batches = StepBatches(corpus, seq_len=seq_len, global_batch=6, seed=0)
+    batch = batches.batch(2)
+    assert batch.shape == (6, seq_len + 1) and batch.dtype == torch.int64
+    assert torch.equal(batch, StepBatches(corpus, seq_len=seq_len, global_batch=6, seed=0).batch(2))
+    assert not torch.equal(batch, batches.batch(3))
+    assert not torch.equal(
+        batch, StepBatches(corpus, seq_len=seq_len, global_batch=6, seed=1).batch(2)
+    )
+    expected = {}  # each record's row: truncated, or padded with marked pads
+    for start, end in zip(corpus.records[:-1].tolist(), corpus.records[1:].tolist(), strict=True):
+        row = corpus.tokens[start : min(end, start + seq_len + 1)].tolist()
+        expected[tuple(row + [~PAD] * (seq_len + 1 - len(row)))] = len(row) - 1
+    rows = [tuple(r) for r in batch.tolist()]
+    assert all(r in expected for r in rows) and len(set(rows)) > 1
+    inputs, targets = split_batch(batch)
+    assert int(inputs.min()) >= 0 and PAD in inputs.flatten().tolist()
+    assert trained_tokens(batch) == sum(expected[r] for r in rows) == int((targets >= 0).sum())
+    packed = load_corpus(DataSection(source="jsonl", path=path), seed=0)
+    assert packed.tokens.tolist() == corpus.tokens.tolist() and packed.sha256 != corpus.sha256
+
+
+def test_unpacked_response_rows_train_only_the_response(tmp_path):
+    path = _jsonl(tmp_path, "a.jsonl", ALPACA)
+    section = DataSection(source="jsonl", path=path, packing=False, loss_on="response")
+    corpus = load_corpus(section, seed=0)
+    batch = StepBatches(corpus, seq_len=128, global_batch=8, seed=0).batch(0)
+    _, targets = split_batch(batch)
+    for row in targets.tolist():
+        text = bytes(t for t in row if 0 <= t < 256)
+        assert text in (b"The sum is 5.", b"hi there") and row.count(EOS) == 1
+    assert trained_tokens(batch) == sum(
+        len(bytes(t for t in row if 0 <= t < 256)) + 1 for row in targets.tolist()
+    )
+
+
+def test_unpacked_text_is_one_file_per_row(tmp_path):
+    (tmp_path / "a.txt").write_bytes(b"alpha")
+    (tmp_path / "b.txt").write_bytes(b"be")
+    corpus = load_corpus(
+        DataSection(source="text", path=str(tmp_path / "*.txt"), packing=False), seed=0
+    )
+    assert corpus.records.tolist() == [0, 7, 11]
+    rows = StepBatches(corpus, seq_len=3, global_batch=16, seed=0).batch(0).tolist()
+    assert {tuple(r) for r in rows} == {(BOS, *b"alp"), (BOS, *b"be", EOS)}
+
+
+class _WideTokenizer:
+    """A stub with a vocabulary past int16: ids 40000 + byte."""
+
+    name = "Wide"
+    vocab_size = 50_000
+    bos_id, eos_id, pad_id = 49_990, 49_991, 49_992
+
+    def encode(self, text: str) -> list[int]:
+        return [40_000 + b for b in text.encode()]
+
+    def render_chat(self, messages):
+        from gpu_runtime.tokenizer import builtin_chat
+
+        return builtin_chat(messages, "\n")
+
+
+def test_a_vocabulary_past_int16_is_stored_as_int32_and_hashed_as_int32(tmp_path):
+    path = _jsonl(tmp_path, "a.jsonl", ALPACA)
+    section = DataSection(source="jsonl", path=path, loss_on="response")
+    corpus = load_corpus(section, seed=0, tokenizer=_WideTokenizer())
+    assert corpus.tokens.dtype == torch.int32 and corpus.tokenizer == "Wide"
+    plain = _unmarked(corpus.tokens)
+    assert plain[0] == 49_990 and plain.count(49_991) == 2 and max(plain) == 49_991
+    expected = b"".join(t.to_bytes(4, "little", signed=True) for t in corpus.tokens.tolist())
+    assert corpus.sha256 == hashlib.sha256(expected).hexdigest()
+    _, targets = split_batch(corpus.tokens.long()[None])
+    trained = [t - 40_000 for t in targets[0].tolist() if 40_000 <= t < 40_256]
+    assert bytes(trained) == b"The sum is 5.hi there"
+    unpacked = load_corpus(
+        DataSection(source="jsonl", path=path, packing=False), seed=0, tokenizer=_WideTokenizer()
+    )
+    batch = StepBatches(unpacked, seq_len=200, global_batch=2, seed=0).batch(0)
+    assert batch[0, -1] == ~49_992 and split_batch(batch)[0].max() < 50_000
+
+
+def test_the_shipped_datasets_load_and_match_their_generator():
+    alpaca = load_corpus(
+        DataSection(source="jsonl", path=str(DATASETS / "instructions.jsonl"), loss_on="response"),
+        seed=0,
+    )
+    chat = load_corpus(
+        DataSection(source="jsonl", path=str(DATASETS / "chat.jsonl"), format="chat"), seed=0
+    )
+    n_alpaca = int(alpaca.description.split("(")[1].split(" ")[0])
+    n_chat = int(chat.description.split("(")[1].split(" ")[0])
+    assert n_alpaca >= 300 and n_chat >= 300
+    assert 0.1 < alpaca.trained_fraction < 0.6
+    size = sum(p.stat().st_size for p in DATASETS.glob("*.jsonl"))
+    assert size < 300_000
+    spec = importlib.util.spec_from_file_location("generate", DATASETS / "generate.py")
+    generate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generate)
+    written = [json.loads(line) for line in (DATASETS / "instructions.jsonl").open()]
+    assert written == generate.alpaca_records(random.Random(generate.SEED), generate.N_ALPACA)
+    talks = [json.loads(line) for line in (DATASETS / "chat.jsonl").open()]
+    assert talks == generate.chat_records(random.Random(generate.SEED + 1), generate.N_CHAT)
+    assert any(len(t["messages"]) > 3 for t in talks)
+    assert any(t["messages"][0]["role"] == "system" for t in talks)
