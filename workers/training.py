@@ -197,6 +197,16 @@ def _release(run_id: int, owner: str, reason: str) -> None:
     )
 
 
+def _artifacts_dir(run_id: int, config) -> str | None:
+    """The run's artifacts directory (made now) when its strategy saves what it trained
+    (finetune.save); None otherwise."""
+    if not config.finetune.save:
+        return None
+    path = runs.run_artifacts_dir(run_id)
+    path.mkdir(parents=True, exist_ok=True)
+    return str(path)
+
+
 def _run_execute(run_id: int, stopped: threading.Event):
     """The run's whole life on this node; returns the gang seat when another node claimed it."""
     import torch
@@ -257,6 +267,7 @@ def _run_execute(run_id: int, stopped: threading.Event):
         seq_stride=run.nnodes,
     )
     status, error, dataset_sha, result_status = Run.Status.FAILED, "", "", ""
+    model = {}  # what the runtime reports of the model trained and the files it saved
     gang_timeout = ""
     control = None
     try:
@@ -278,8 +289,14 @@ def _run_execute(run_id: int, stopped: threading.Event):
                 live=control.live_updates,
                 rendezvous=rendezvous,
                 profile=profile,
+                artifacts_dir=_artifacts_dir(run.pk, config),
             )
             dataset_sha, result_status = result.dataset_sha256 or "", result.status
+            model = {
+                "params_total": result.params_total,
+                "params_trainable": result.params_trainable,
+                "artifacts": result.artifacts,
+            }
             if result.status == "completed":
                 status = Run.Status.SUCCEEDED
             elif result.status == "cancelled" and not control.lease_lost and not stopped.is_set():
@@ -317,6 +334,7 @@ def _run_execute(run_id: int, stopped: threading.Event):
                 status=status,
                 error=error,
                 dataset_sha256=dataset_sha,
+                **model,
             )
         elif not lease_lost:
             _release(run.pk, owner, "worker stopped before the run finished")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
+from pathlib import PurePosixPath
 
 from django.conf import settings
 from django.db.models import (
@@ -33,6 +34,7 @@ from apps.attribution.report import ExperimentReport, experiment_report
 from apps.dashboard import charts, verdicts
 from apps.dashboard.series import live_series, run_series
 from apps.experiments.models import Arm, Experiment, Run
+from apps.experiments.runs import ARTIFACT_HASHES, run_artifacts_listed
 from apps.experiments.selectors import queue_places, run_outliers
 from apps.pricing.models import GpuPrice, PricingTable
 from apps.telemetry.selectors import telemetry_by_rank
@@ -420,22 +422,89 @@ def experiment_live(
 # ---------------------------------------------------------------------------------------------
 # Run page
 # ---------------------------------------------------------------------------------------------
-def _device_facts(run: Run) -> None:
+def _strategy_of(run: Run):
+    """The run's strategy as the runtime reads it; None when it no longer validates."""
+    from gpu_runtime import StrategyError, load_strategy
+
+    try:
+        return load_strategy(run.config_yaml)
+    except StrategyError:
+        return None
+
+
+def _device_facts(run: Run, config) -> None:
     """What the run page says of the hardware: its class in words, the strategy's dtype (auto or
     named), and the profile's GFLOP/s per float dtype."""
     from apps.devices.selectors import device_class_label
-    from gpu_runtime import StrategyError, load_strategy
 
     run.device_class_label = device_class_label(run.device_class)
-    try:
-        run.strategy_compute_dtype = load_strategy(run.config_yaml).precision.compute_dtype
-    except StrategyError:
-        run.strategy_compute_dtype = ""
+    run.strategy_compute_dtype = "" if config is None else config.precision.compute_dtype
     profile = run.device_measurement.profile if run.device_measurement_id else {}
     run.profile_dtypes = [
         {"dtype": name, **row}
         for name, row in (profile.get("dtypes") or {}).items()
         if name != "int8" and row.get("gflops") is not None
+    ]
+
+
+@dataclass(frozen=True)
+class RunModel:
+    """The model line of the run page: what the strategy trained, and how."""
+
+    family: str  # llama (costlab's own, from a preset) | hf (a local checkpoint)
+    name: str  # the preset, or the checkpoint's directory name
+    method: str  # finetune.method: full | lora
+    lora: str = ""  # "r 8, alpha 16" for a LoRA fine-tune
+    saves: bool = False  # finetune.save
+    from_checkpoint: bool = False  # train.init checkpoint: a fine-tune, not training from scratch
+
+
+def run_model(config) -> RunModel | None:
+    """The strategy's model in a few words (None: the strategy no longer validates)."""
+    if config is None:
+        return None
+    model, finetune = config.model, config.finetune
+    name = model.preset
+    if model.family == "hf":
+        name = PurePosixPath(str(model.path).replace("\\", "/").rstrip("/")).name or model.path
+    lora = f"r {finetune.r}, alpha {finetune.alpha:g}" if finetune.method == "lora" else ""
+    from_checkpoint = config.train.starts_from(model.family) == "checkpoint"
+    return RunModel(model.family, name, finetune.method, lora, finetune.save, from_checkpoint)
+
+
+@dataclass(frozen=True)
+class RunParams:
+    total: int
+    trainable: int | None
+
+    @property
+    def trainable_pct(self) -> float | None:
+        if self.trainable is None or not self.total:
+            return None
+        return 100.0 * self.trainable / self.total
+
+    @property
+    def trainable_pct_text(self) -> str:
+        """'0.8', '100.0'; a LoRA's tiny share keeps two figures ('0.034') rather than '0.0'."""
+        share = self.trainable_pct
+        if share is None:
+            return ""
+        return f"{share:.1f}" if share >= 0.1 or share == 0 else f"{share:.2g}"
+
+
+def run_params(run: Run) -> RunParams | None:
+    """The parameter counts the runtime reported (None: not reported, e.g. an external run)."""
+    if run.params_total is None:
+        return None
+    return RunParams(total=run.params_total, trainable=run.params_trainable)
+
+
+def run_artifacts(run: Run) -> list[dict]:
+    """What the run saved (finetune.save), as the page lists it: kind, file name, size, and each
+    hash with its short form."""
+    return [
+        {**row, **{f"{key}_short": row[key][:12] for key in ARTIFACT_HASHES}}
+        for row in run_artifacts_listed(run)
     ]
 
 
@@ -449,7 +518,8 @@ def run_page(*, run: Run, now: datetime | None = None) -> dict:
         notices = worker_notices(stats=RunStats({}, None, run.heartbeat_at), now=now)
     if run.last_seq < 0 and run.status != Run.Status.QUEUED:
         notices.append(Notice("info", "No telemetry", "This run has not reported any telemetry."))
-    _device_facts(run)
+    config = _strategy_of(run)
+    _device_facts(run, config)
     place = None
     if run.status == Run.Status.QUEUED and run.kind == Run.Kind.WORKER:
         place = queue_places(queues={run.queue}).get(run.pk)
@@ -462,6 +532,9 @@ def run_page(*, run: Run, now: datetime | None = None) -> dict:
         "notices": notices,
         "breakdown": run.cost_breakdown or {},
         "attempts": list(run.attempt_log.all()),
+        "model": run_model(config),
+        "params": run_params(run),
+        "artifacts": run_artifacts(run),
         "ranks": telemetry_by_rank(run_id=run.pk) if run.world_size > 1 else [],
         "charts": {
             "cursor": charts.epoch_ms(now),

@@ -26,6 +26,7 @@ urlpatterns = [
     path("experiments/<int:pk>/live.json", views.experiment_live, name="experiment-live"),
     path("runs/<int:pk>/", views.run_detail, name="run"),
     path("runs/<int:pk>/live.json", views.run_live, name="run-live"),
+    path("runs/<int:pk>/artifacts/<str:name>", views_runs.run_artifact, name="run-artifact"),
     path("pricing/", views.pricing, name="pricing"),
     path("devices/", views.devices, name="devices"),
     path("sweeps/", views.sweep_list, name="sweeps"),

@@ -1,5 +1,5 @@
 """The runs page (filter, sort, paginate, CSV), the compare view of 2-4 runs, the experiment
-comparison as CSV, and the spend page."""
+comparison as CSV, the spend page, and the download of a file a run saved."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from datetime import date
 
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.http import HttpResponseBadRequest, StreamingHttpResponse
+from django.http import FileResponse, Http404, HttpResponseBadRequest, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 from django.utils.text import slugify
@@ -18,6 +18,7 @@ from apps.dashboard import runs as runs_selectors
 from apps.dashboard import selectors
 from apps.dashboard.forms import RunFilterForm
 from apps.experiments.models import Arm
+from apps.experiments.runs import run_artifact_file
 
 PAGE_SIZE = 50
 
@@ -149,4 +150,21 @@ def spend(request):
         request,
         "dashboard/spend.html",
         runs_selectors.spend_overview(user=request.user, month=month),
+    )
+
+
+@login_required
+@require_GET
+def run_artifact(request, pk: int, name: str):
+    """A file the run saved (finetune.save), by its name in run.artifacts; 404 for any other."""
+    run = get_object_or_404(selectors.runs_visible(user=request.user), pk=pk)
+    found = run_artifact_file(run, name)
+    if found is None:
+        raise Http404("no such artifact")
+    _artifact, path = found
+    return FileResponse(
+        path.open("rb"),
+        as_attachment=True,
+        filename=path.name,
+        content_type="application/octet-stream",
     )

@@ -384,6 +384,21 @@ class Run(TimeStampedModel):
         help_text="Live changes applied while running: "
         "[{revision, applied_at, live, not_applied}].",
     )
+    # The model it trained (as the runtime counted it) and what it saved (finetune.save).
+    params_total = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Parameters of the model trained (empty: not reported)."
+    )
+    params_trainable = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        help_text="Parameters the optimizer stepped (LoRA: the adapters'; empty: not reported).",
+    )
+    artifacts = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Files the run saved under its artifacts directory (finetune.save): "
+        "[{kind (lora_adapter | weights), path, bytes, sha256, config_sha256, dataset_sha256}].",
+    )
 
     class Meta:
         ordering = ["-created_at"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path, PurePosixPath
 
 from django.conf import settings
 from django.db import transaction
@@ -336,12 +337,66 @@ def arm_strategy(*, arm_id: int) -> tuple[int, str]:
 # ------------------------------------------------------------------------------
 # How an attempt ends: finish, release (graceful stop), lost (sweeper)
 # ------------------------------------------------------------------------------
+def run_artifacts_dir(run_id: int) -> Path:
+    """Where a run's saved files live (finetune.save): one directory per run under VAR_DIR."""
+    return Path(settings.VAR_DIR) / "artifacts" / "runs" / str(int(run_id))
+
+
+ARTIFACT_HASHES = ("sha256", "config_sha256", "dataset_sha256")
+
+
+def run_artifacts_listed(run: Run) -> list[dict]:
+    """The run's artifacts with every documented key (a missing hash empty, bytes None) and
+    `name`, the file name its download goes by."""
+    rows = []
+    for artifact in run.artifacts or []:
+        if not isinstance(artifact, dict):
+            continue
+        path = str(artifact.get("path") or "")
+        rows.append(
+            {
+                "kind": str(artifact.get("kind") or ""),
+                "path": path,
+                "name": PurePosixPath(path).name,
+                "bytes": artifact.get("bytes"),
+                **{key: str(artifact.get(key) or "") for key in ARTIFACT_HASHES},
+            }
+        )
+    return rows
+
+
+def run_artifact_file(run: Run, name: str) -> tuple[dict, Path] | None:
+    """The run's artifact called `name` (its file name; run_artifacts_listed) and the file, or
+    None: a name that is not one of run.artifacts, that has a slash, a NUL or '..', or whose file
+    is missing or lies outside the run's artifacts directory."""
+    if not name or name == "." or ".." in name or any(c in name for c in "/\\\x00"):
+        return None
+    base = run_artifacts_dir(run.pk).resolve()
+    artifact = next((a for a in run_artifacts_listed(run) if a["name"] == name), None)
+    if artifact is None:
+        return None
+    path = (base / artifact["path"]).resolve()
+    if path == base or not path.is_relative_to(base) or not path.is_file():
+        return None
+    return artifact, path
+
+
 @transaction.atomic
 def run_finish(
-    *, run_id: int, owner: str, status: str, error: str = "", dataset_sha256: str = ""
+    *,
+    run_id: int,
+    owner: str,
+    status: str,
+    error: str = "",
+    dataset_sha256: str = "",
+    params_total: int | None = None,
+    params_trainable: int | None = None,
+    artifacts: list[dict] | None = None,
 ) -> bool:
     """Record how the run ended and close its totals; False when the run is no longer ours.
 
+    The model's parameter counts and the files it saved (RunResult.params_total,
+    params_trainable, artifacts) are recorded when given; None keeps what the run has.
     Idempotent: a finish repeated after its commit (the answer lost with the connection) is True.
     """
     run = Run.objects.select_for_update().select_related("experiment").filter(pk=run_id).first()
@@ -370,6 +425,16 @@ def run_finish(
         logger.warning("run %s: finish(%s) ignored, lease not held by %s", run_id, status, owner)
         return False
     run.dataset_sha256 = dataset_sha256 or run.dataset_sha256
+    model = {
+        "params_total": params_total,
+        "params_trainable": params_trainable,
+        "artifacts": None if artifacts is None else [dict(a) for a in artifacts],
+    }
+    model = {key: value for key, value in model.items() if value is not None}
+    if model:
+        for key, value in model.items():
+            setattr(run, key, value)
+        run.save(update_fields=[*model, "updated_at"])
     run_end(run, status, error, attempt_number=attempt.number if attempt else run.attempts)
     return True
 

@@ -3,6 +3,7 @@ from rest_framework import serializers
 
 from apps.api.serializers.fields import TagsField, TenantPrimaryKeyField
 from apps.experiments.models import Arm, Experiment, Run, RunAttempt
+from apps.experiments.runs import run_artifacts_listed
 from apps.experiments.selectors import queue_places, runs_outliers
 from apps.pricing.bill import breakdown_shown, carbon_shown
 from apps.pricing.models import GpuSku, PricingTable
@@ -65,6 +66,26 @@ def outliers_of(field: serializers.Field, experiment_id: int) -> dict:
     return cache[experiment_id]
 
 
+class RunArtifactQuerySerializer(serializers.Serializer):
+    name = serializers.CharField(
+        max_length=255, help_text="The artifact's file name (its `name` in the run's artifacts)."
+    )
+
+
+class RunArtifactSerializer(serializers.Serializer):
+    kind = serializers.CharField(help_text="lora_adapter (the adapter alone) or weights (full).")
+    path = serializers.CharField(help_text="Relative to the run's artifacts directory.")
+    name = serializers.CharField(help_text="The file name: GET runs/{id}/artifacts/?name=...")
+    bytes = serializers.IntegerField(allow_null=True)
+    sha256 = serializers.CharField(allow_blank=True)
+    config_sha256 = serializers.CharField(
+        allow_blank=True, help_text="The strategy it was trained with (in the file's metadata)."
+    )
+    dataset_sha256 = serializers.CharField(
+        allow_blank=True, help_text="The data it was trained on (in the file's metadata)."
+    )
+
+
 class RunSerializer(serializers.ModelSerializer):
     cost_breakdown = serializers.SerializerMethodField(
         help_text="The bill by component (USD). A component billed only where the pricing table "
@@ -92,6 +113,10 @@ class RunSerializer(serializers.ModelSerializer):
         help_text="Set when the run's device seconds per token lie beyond 3 MADs (scaled to a "
         "standard deviation) from its arm's median: the figures and why (attribution may "
         "exclude such runs: COSTLAB_ATTRIBUTION_EXCLUDE_OUTLIERS)."
+    )
+    artifacts = serializers.SerializerMethodField(
+        help_text="Files the run saved (finetune.save): the LoRA adapter or the full weights as "
+        "safetensors, with their hashes; download one at runs/{id}/artifacts/?name=<name>."
     )
 
     class Meta:
@@ -137,6 +162,9 @@ class RunSerializer(serializers.ModelSerializer):
             "config_sha256",
             "config_revision",
             "outlier",
+            "params_total",
+            "params_trainable",
+            "artifacts",
         ]
         read_only_fields = fields
 
@@ -159,6 +187,10 @@ class RunSerializer(serializers.ModelSerializer):
     @extend_schema_field(serializers.DictField(allow_null=True))
     def get_queue_position(self, run: Run) -> dict | None:
         return queue_place_of(self, run)
+
+    @extend_schema_field(RunArtifactSerializer(many=True))
+    def get_artifacts(self, run: Run) -> list[dict]:
+        return run_artifacts_listed(run)
 
     @extend_schema_field(RunOutlierSerializer(allow_null=True))
     def get_outlier(self, run: Run) -> dict | None:

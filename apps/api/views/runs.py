@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.http import FileResponse
 from django_filters.rest_framework import DjangoFilterBackend
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework import mixins, status
+from rest_framework import exceptions, mixins, status
 from rest_framework.decorators import action
 from rest_framework.filters import OrderingFilter
 from rest_framework.response import Response
@@ -14,6 +16,7 @@ from apps.api.filters import RunFilter
 from apps.api.permissions import StaffOnly
 from apps.api.serializers.runs import (
     RunAnnotateSerializer,
+    RunArtifactQuerySerializer,
     RunDetailSerializer,
     RunFinishSerializer,
     RunRepriceSerializer,
@@ -33,6 +36,7 @@ from apps.api.views.base import TenantViewSet
 from apps.billing.services import run_external_ingest, run_reprice
 from apps.experiments import services
 from apps.experiments.models import Run
+from apps.experiments.runs import run_artifact_file
 from apps.experiments.selectors import run_list
 from apps.sweeps.selectors import run_sizing_report
 from apps.sweeps.services import run_sizing_start
@@ -56,6 +60,33 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet
 
     def get_serializer_class(self):
         return RunDetailSerializer if self.action == "retrieve" else RunSerializer
+
+    @extend_schema(
+        parameters=[RunArtifactQuerySerializer],
+        responses={
+            (200, "application/octet-stream"): OpenApiResponse(
+                OpenApiTypes.BINARY, description="The file (safetensors), as an attachment."
+            )
+        },
+    )
+    @action(detail=True, methods=["get"])
+    def artifacts(self, request, pk=None):
+        """Download a file the run saved (finetune.save): `name` is its file name in the run's
+        artifacts; 404 for any other name."""
+        run = self.get_object()
+        query = RunArtifactQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        name = query.validated_data["name"]
+        found = run_artifact_file(run, name)
+        if found is None:
+            raise exceptions.NotFound(f"artifact: run {run.pk} has no artifact named {name!r}")
+        _artifact, path = found
+        return FileResponse(
+            path.open("rb"),
+            as_attachment=True,
+            filename=path.name,
+            content_type="application/octet-stream",
+        )
 
     @extend_schema(request=RunAnnotateSerializer, responses=RunSerializer)
     def partial_update(self, request, pk=None):
