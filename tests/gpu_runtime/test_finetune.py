@@ -335,3 +335,23 @@ def test_an_hf_strategy_survives_a_dump_and_a_reload(checkpoints):
     """DDP ranks and live edits rebuild the strategy from its dump: nothing may refuse it."""
     config = hf_config(checkpoints["llama"], finetune={"method": "lora"}, data={"format": "chat"})
     assert strategy_from_dict(config.model_dump(mode="json")) == config
+
+
+@pytest.mark.slow  # two rank processes
+def test_two_ddp_ranks_fine_tune_an_hf_checkpoint_with_lora_and_rank_0_saves(checkpoints, tmp_path):
+    config = hf_config(
+        checkpoints["llama"],
+        finetune={"method": "lora", "save": True},
+        distributed={"nproc_per_node": 2},
+        telemetry={"enabled": False},
+    )
+    out = tmp_path / "ddp"
+    result = train(config, device="cpu", artifacts_dir=str(out))
+    assert result.status == "completed"
+    ranks = result.strategies["distributed"]["ranks"]
+    assert [r["status"] for r in ranks] == ["completed", "completed"]
+    assert 0 < result.params_trainable < result.params_total / 10
+    # the masked prompts are counted out across both ranks' shares of every step
+    assert 0 < result.tokens < 4 * 4 * 32
+    [artifact] = result.artifacts
+    assert artifact["kind"] == "lora_adapter" and (out / artifact["path"]).is_file()
