@@ -171,35 +171,24 @@ def build_checkpoint(
     os.environ["HF_HUB_OFFLINE"] = "1"
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    shapes = {
+        "layers": layers,
+        "hidden": hidden,
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "intermediate": intermediate,
+        "seq_len": seq_len,
+        "tie": tie,
+        "head_dim": head_dim,
+    }
     # The tokenizer as a run will load it: beside the checkpoint's config.json, whose model_type
     # may choose a tokenizer class that adds tokens of its own (qwen2's <|endoftext|>).
-    _config(
-        arch,
-        vocab=vocab_size,
-        ids=dict.fromkeys(SPECIALS, 0),
-        layers=layers,
-        hidden=hidden,
-        heads=heads,
-        kv_heads=kv_heads,
-        intermediate=intermediate,
-        seq_len=seq_len,
-        tie=tie,
-        head_dim=head_dim,
-    ).save_pretrained(str(out))
-    tokenizer = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
-    config = _config(
-        arch,
-        vocab=len(tokenizer),
-        ids={t: tokenizer.convert_tokens_to_ids(t) for t in SPECIALS},
-        layers=layers,
-        hidden=hidden,
-        heads=heads,
-        kv_heads=kv_heads,
-        intermediate=intermediate,
-        seq_len=seq_len,
-        tie=tie,
-        head_dim=head_dim,
+    _config(arch, vocab=vocab_size, ids=dict.fromkeys(SPECIALS, 0), **shapes).save_pretrained(
+        str(out)
     )
+    tokenizer = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIALS}
+    config = _config(arch, vocab=len(tokenizer), ids=ids, **shapes)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
