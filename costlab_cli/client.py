@@ -90,7 +90,7 @@ class Api:
                 response = self.http.request(method, path, **kwargs)
             except httpx.TransportError as exc:
                 problem = f"cannot reach {self.http.base_url}: {type(exc).__name__}: {exc}"
-            if response is not None and response.status_code in RETRY_STATUSES:
+            if response is not None and _passing(response):
                 problem = f"{method} {path}: HTTP {response.status_code}: {_reason(response)}"
             if problem is None:
                 if outage_since is not None and self.retry_for_s:
@@ -153,6 +153,15 @@ class Api:
             wait = 0.0
         wait = wait or min(8.0, 0.5 * 2 ** (attempt - 1)) * (0.5 + random.random())
         time.sleep(max(0.0, min(wait, 30.0, cap if cap is not None else 30.0)))
+
+
+def _passing(response: httpx.Response) -> bool:
+    """An answer worth waiting out: a gateway or outage status, or a throttle's 429 (which says
+    when to come back in Retry-After). A 429 without one is a quota or budget refusal: waiting
+    a minute does not end it, so it is reported at once."""
+    if response.status_code == 429:
+        return "Retry-After" in response.headers
+    return response.status_code in RETRY_STATUSES
 
 
 def _reason(response: httpx.Response) -> str:

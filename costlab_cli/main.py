@@ -1,5 +1,5 @@
-"""costlab CLI: validate strategies, submit runs, read their status and the experiment report,
-and gate a CI build on cost.
+"""costlab CLI: validate strategies, submit runs, upload runs trained elsewhere, read their status
+and the experiment report, and gate a CI build on cost.
 
 Reads COSTLAB_URL (the site, e.g. https://costlab.example.com) and COSTLAB_TOKEN
 (a tenant's API token).
@@ -20,6 +20,7 @@ from costlab_cli.gate import cmd_gate
 from costlab_cli.report import cmd_report
 from costlab_cli.submit import cmd_status, cmd_submit
 from costlab_cli.sweep import add_parser as add_sweep_parser
+from costlab_cli.upload import add_parser as add_upload_parser
 from costlab_cli.validate import add_parser as add_validate_parser
 
 EXIT_ERROR = 2
@@ -117,6 +118,8 @@ def parser() -> argparse.ArgumentParser:
         "with backoff, saying so on stderr (120). The run key makes a repeated submit safe.",
     )
     s.set_defaults(handler=cmd_submit)
+
+    add_upload_parser(sub)
 
     st = sub.add_parser("status", help="One line on a run: status, arm, steps, tokens, cost.")
     st.add_argument("run", type=int, metavar="RUN")

@@ -87,8 +87,11 @@ def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) 
     # A forward-stamped sample is refused alone, never stored: the window does not move for it.
     refused: list[dict] = []
     start = min(run.created_at, run.started_at or run.created_at)
+    latest, after = timezone.now() + ahead, "ahead of the server's clock"
+    if run.declared_ended_at is not None and run.declared_ended_at + skew < latest:
+        latest, after = run.declared_ended_at + skew, "after the run's declared ended_at"
     parsed = samples_validate(
-        samples, earliest=start - skew, latest=timezone.now() + ahead, refused=refused
+        samples, earliest=start - skew, latest=latest, refused=refused, after_latest=after
     )
     batch_attempt = attempt or max(run.attempts, 1)
     stored_before = None  # a single stream's stored sample just before the batch

@@ -3,7 +3,7 @@ from django.contrib import admin
 from django.core.exceptions import ValidationError
 
 from apps.core.exceptions import ApplicationError
-from apps.experiments.models import Arm, Experiment, Run, RunAttempt
+from apps.experiments.models import Arm, ArmAssignment, Experiment, Run, RunAttempt
 from apps.experiments.services import arm_create, arm_delete, arm_update
 from apps.experiments.strategies import strategy_normalise, strategy_validate
 
@@ -160,3 +160,20 @@ class RunAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False  # runs are submitted through the API, which checks quotas
+
+
+@admin.register(ArmAssignment)
+class ArmAssignmentAdmin(admin.ModelAdmin):
+    """Which arm each run key trains (POST experiments/{id}/assign/); read-only: an assignment
+    is sticky for good."""
+
+    list_display = ["run_key", "experiment", "arm", "created_at"]
+    search_fields = ["run_key", "experiment__name", "arm__name"]
+    list_select_related = ["experiment", "arm"]
+    readonly_fields = ["experiment", "run_key", "arm", "created_at"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

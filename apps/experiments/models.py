@@ -230,10 +230,11 @@ class Run(TimeStampedModel):
         "its tenant's runs of that priority already waited on its queue when it was sent.",
     )
     run_key = models.CharField(
-        max_length=120,
+        max_length=200,
         blank=True,
         default="",
-        help_text="Client key: a retried submission returns the same run.",
+        help_text="Client key: a retried submission returns the same run (and the arm assigned "
+        "to the key, apps.experiments.assignment).",
     )
     cancel_requested = models.BooleanField(default=False)
 
@@ -351,6 +352,12 @@ class Run(TimeStampedModel):
     )
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    declared_ended_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="External runs: when it ended, declared at creation (a historical upload); "
+        "samples stamped after it are refused and it is its finished_at once it finishes.",
+    )
     prices_as_of = models.DateTimeField(
         null=True,
         blank=True,
@@ -469,3 +476,28 @@ class RunAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.run_id} attempt {self.number} ({self.outcome})"
+
+
+class ArmAssignment(models.Model):
+    """The arm a client's run key trains, chosen once (apps.experiments.assignment.arm_assign):
+    training that runs elsewhere asks before it starts and gets the same arm every time."""
+
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="assignments")
+    run_key = models.CharField(max_length=200, help_text="The client's key for the run.")
+    arm = models.ForeignKey(Arm, on_delete=models.CASCADE, related_name="assignments")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["experiment", "created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["experiment", "run_key"], name="armassignment_unique_experiment_run_key"
+            ),
+        ]
+        indexes = [
+            # The split since the arms last changed: an experiment's assignments by time.
+            models.Index(fields=["experiment", "created_at"], name="armassignment_exp_time_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_key} -> arm {self.arm_id}"

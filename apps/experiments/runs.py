@@ -526,7 +526,8 @@ def run_end(run: Run, status: str, error: str = "", *, attempt_number: int | Non
             number=attempt_number,
         )
     _note(run, error)
-    run.status, run.finished_at = status, timezone.now()
+    # A historical upload ended when it declared, not when its upload finished.
+    run.status, run.finished_at = status, run.declared_ended_at or timezone.now()
     run.lease_owner, run.lease_expires_at = "", None
     run.save(
         update_fields=[

@@ -102,38 +102,57 @@ def arm_update(
     return ArmUpdate(arm=arm, live_keys=live, new_runs_only=others)
 
 
-def arm_pick(*, experiment: Experiment) -> Arm:
-    """Choose an active arm by traffic weight, stratified by submission order.
-
-    Since the split last changed (an arm's weight, state or strategy saved: the arms' latest
-    updated_at), each run goes to the arm furthest below its share of the runs routed so far
-    (ties: the control, then arm order), so every prefix follows the weights as closely as whole
-    runs allow: 1:1 gives 2 and 2 in 4, never 3 and 1, and the arms interleave, so drift on the
-    machine hits them alike. The caller holds the tenant's row lock: submissions are serialised.
-    A retried submission (its run_key seen) returns its run before any arm is picked.
-    """
-    arms = [
+def arms_routable(*, experiment: Experiment) -> list[Arm]:
+    """The arms new runs may go to: active with weight > 0, the control first, then arm order."""
+    return [
         a
         for a in experiment.arms.order_by("-is_control", "pk")
         if a.state == Arm.State.ACTIVE and a.weight > 0
     ]
+
+
+def arm_furthest_below_share(arms: list[Arm], routed: dict[int, int]) -> Arm:
+    """The arm furthest below its weight's share once one more is routed (`routed`: arm id ->
+    how many went to it since the split last changed); ties: the control, then arm order."""
+    total, n = sum(a.weight for a in arms), sum(routed.values()) + 1
+    return max(arms, key=lambda a: (a.weight / total * n - routed.get(a.pk, 0), -arms.index(a)))
+
+
+def split_changed_at(arms: list[Arm]):
+    """When the split last changed: an arm's weight, state or strategy saved (the arms' latest
+    updated_at)."""
+    return max(a.updated_at for a in arms)
+
+
+def arm_pick(*, experiment: Experiment) -> Arm:
+    """Choose an active arm by traffic weight, stratified by submission order.
+
+    Since the split last changed (split_changed_at), each run goes to the arm furthest below its
+    share of the runs routed so far (arm_furthest_below_share), so every prefix follows the
+    weights as closely as whole runs allow: 1:1 gives 2 and 2 in 4, never 3 and 1, and the arms
+    interleave, so drift on the machine hits them alike. The caller holds the tenant's row lock:
+    submissions are serialised. A retried submission (its run_key seen) returns its run before
+    any arm is picked. Training that runs elsewhere is split the same way by
+    apps.experiments.assignment.
+    """
+    arms = arms_routable(experiment=experiment)
     if not arms:
         raise ApplicationError(
             f"experiment '{experiment.name}' has no active arm with weight > 0 to route a run to",
             code="no_active_arm",
         )
-    since = max(a.updated_at for a in arms)
     routed = dict(
-        Run.objects.filter(arm__in=arms, created_at__gte=since)
+        Run.objects.filter(arm__in=arms, created_at__gte=split_changed_at(arms))
         .values("arm_id")
         .annotate(n=Count("pk"))
         .values_list("arm_id", "n")
     )
-    total, n = sum(a.weight for a in arms), sum(routed.values()) + 1
-    return max(arms, key=lambda a: (a.weight / total * n - routed.get(a.pk, 0), -arms.index(a)))
+    return arm_furthest_below_share(arms, routed)
 
 
-def _quota_check(*, tenant: Tenant) -> None:
+def tenant_quota_check(*, tenant: Tenant, status: int | None = None) -> None:
+    """Refuse a new run of a tenant at its concurrent-runs quota or past its monthly budget,
+    naming the quota (`status`: the HTTP status of the refusal, 400 unless given)."""
     active = Run.objects.filter(tenant=tenant, status__in=Run.ACTIVE_STATUSES).count()
     if active >= tenant.max_concurrent_runs:
         raise ApplicationError(
@@ -141,6 +160,7 @@ def _quota_check(*, tenant: Tenant) -> None:
             f"(limit {tenant.max_concurrent_runs}); wait for one to finish or raise the quota",
             {"limit": tenant.max_concurrent_runs, "active": active},
             code="quota_exceeded",
+            status=status,
         )
     spent = tenant_month_spend(tenant_id=tenant.pk)
     if spent >= tenant.monthly_budget_usd:
@@ -150,6 +170,7 @@ def _quota_check(*, tenant: Tenant) -> None:
             "new runs are refused until the budget is raised",
             {"budget_usd": str(tenant.monthly_budget_usd), "spent_usd": f"{spent:.6f}"},
             code="budget_exceeded",
+            status=status,
         )
 
 
@@ -167,6 +188,7 @@ def run_submit(
     vcpus: int = 0,
     memory_gb: float = 0.0,
     started_at: datetime | None = None,
+    ended_at: datetime | None = None,
     priority: str = Run.Priority.NORMAL,
     tags="",
     note: str = "",
@@ -176,8 +198,9 @@ def run_submit(
 
     An external run declares the vCPUs and host memory it holds (they are priced); a worker
     records its own when it claims the run. An external run may declare when it started
-    (`started_at`: not in the future, not before the tenant's oldest pricing table), so a
-    historical upload's samples fall inside its time window.
+    (`started_at`: not in the future, not before the tenant's oldest pricing table) and ended
+    (`ended_at`: after started_at, not in the future), so a historical upload's samples fall
+    inside its time window.
     """
     # One submission per tenant at a time, so two cannot both pass the quota check.
     tenant = Tenant.objects.select_for_update().get(pk=experiment.tenant_id)
@@ -210,7 +233,13 @@ def run_submit(
             code="arm_frozen",
         )
     strategy_validate(arm.strategy_yaml)
-    for name, value in (("vcpus", vcpus), ("memory_gb", memory_gb), ("started_at", started_at)):
+    declared = (
+        ("vcpus", vcpus),
+        ("memory_gb", memory_gb),
+        ("started_at", started_at),
+        ("ended_at", ended_at),
+    )
+    for name, value in declared:
         if value and kind == Run.Kind.WORKER:
             raise ApplicationError(
                 f"{name}: only an external run declares it; a worker records what it holds",
@@ -219,7 +248,9 @@ def run_submit(
             )
     if started_at is not None:
         _started_at_check(tenant=tenant, started_at=started_at)
-    _quota_check(tenant=tenant)
+    if ended_at is not None:
+        _ended_at_check(started_at=started_at, ended_at=ended_at)
+    tenant_quota_check(tenant=tenant)
 
     queue = CeleryQueue.GPU if gpu_sku is not None else CeleryQueue.CPU
     world_size, nnodes = strategy_world_size(
@@ -250,6 +281,7 @@ def run_submit(
         note=note_check(note),
         status=Run.Status.QUEUED if kind == Run.Kind.WORKER else Run.Status.RUNNING,
         started_at=None if kind == Run.Kind.WORKER else started_at or timezone.now(),
+        declared_ended_at=ended_at,
     )
     if kind == Run.Kind.WORKER:
         run_enqueue(run=run)
@@ -276,6 +308,30 @@ def _started_at_check(*, tenant: Tenant, started_at: datetime) -> None:
             f"started_at: {started_at.isoformat()} is before any price ({since}); "
             "nothing before it could be billed",
             {"fields": {"started_at": ["before the oldest price"]}},
+            code="invalid",
+        )
+
+
+def _ended_at_check(*, started_at: datetime | None, ended_at: datetime) -> None:
+    now = timezone.now()
+    if started_at is None:
+        raise ApplicationError(
+            f"ended_at: {ended_at.isoformat()} needs started_at too (a run that has ended "
+            "started before now)",
+            {"fields": {"ended_at": ["without started_at"]}},
+            code="invalid",
+        )
+    if ended_at <= started_at:
+        raise ApplicationError(
+            f"ended_at: {ended_at.isoformat()} is not after started_at {started_at.isoformat()}",
+            {"fields": {"ended_at": ["not after started_at"]}},
+            code="invalid",
+        )
+    if ended_at > now:
+        raise ApplicationError(
+            f"ended_at: {ended_at.isoformat()} is in the future (now {now.isoformat()}); "
+            "a run still training declares no end",
+            {"fields": {"ended_at": ["in the future"]}},
             code="invalid",
         )
 

@@ -44,6 +44,14 @@ def strategy_validate(strategy_yaml: str, *, field: str = "strategy_yaml") -> No
         raise _refused(field, exc) from None
 
 
+def strategy_filled(strategy_yaml: str) -> dict:
+    """The strategy as gpu_runtime reads it, every default filled in, as JSON (what a trainer
+    outside costlab applies)."""
+    from gpu_runtime import load_strategy
+
+    return load_strategy(strategy_yaml).model_dump(mode="json")
+
+
 def strategy_world_size(
     strategy_yaml: str, *, gpu: bool, gpu_count: int | None, field: str = "strategy_yaml"
 ) -> tuple[int, int]:

@@ -2,7 +2,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.api.serializers.fields import TagsField, TenantPrimaryKeyField
-from apps.api.serializers.runs import RunOutlierSerializer, outliers_of
+from apps.api.serializers.runs import ArmRefSerializer, RunOutlierSerializer, outliers_of
 from apps.core.queues import CeleryQueue
 from apps.experiments.models import Arm, Experiment
 from apps.experiments.services import EXPERIMENT_EDITABLE
@@ -127,6 +127,32 @@ class ArmUpdateResultSerializer(ArmWriteResultSerializer):
 
     class Meta(ArmSerializer.Meta):
         fields = [*ArmWriteResultSerializer.Meta.fields, "live_keys", "new_runs_only"]
+
+
+class ArmAssignSerializer(serializers.Serializer):
+    run_key = serializers.CharField(
+        min_length=1,
+        max_length=200,
+        trim_whitespace=False,
+        help_text="The client's key for the run it is about to start (then POST runs/ with the "
+        "same run_key and the arm): the same key always gets the same arm.",
+    )
+
+
+class ArmAssignmentSerializer(serializers.Serializer):
+    experiment = serializers.IntegerField(source="experiment.pk")
+    run_key = serializers.CharField()
+    arm = ArmRefSerializer()
+    strategy_yaml = serializers.CharField(
+        source="arm.strategy_yaml", help_text="The arm's strategy, as stored."
+    )
+    strategy = serializers.DictField(
+        help_text="The strategy parsed by gpu_runtime's schema, every default filled in."
+    )
+    sticky = serializers.BooleanField(
+        help_text="True when the key was assigned before (or already ran) and gets the same arm "
+        "again; false for a fresh assignment."
+    )
 
 
 class StrategyCheckSerializer(serializers.Serializer):

@@ -149,7 +149,9 @@ class RunSerializer(serializers.ModelSerializer):
             "queued_at",
             "started_at",
             "finished_at",
+            "declared_ended_at",
             "prices_as_of",
+            "last_seq",
             "steps",
             "tokens",
             "device_seconds",
@@ -227,10 +229,11 @@ class RunSubmitSerializer(serializers.Serializer):
         help_text="Omit to let traffic weights choose.",
     )
     run_key = serializers.CharField(
-        max_length=120,
+        max_length=200,
         required=False,
         default="",
-        help_text="Client key: a retried submission with the same key returns the same run.",
+        help_text="Client key: a retried submission with the same key returns the same run; the "
+        "key an arm was assigned to (POST experiments/{id}/assign/).",
     )
     git_sha = serializers.RegexField(
         HEX, max_length=40, required=False, default="", allow_blank=True
@@ -269,6 +272,14 @@ class RunSubmitSerializer(serializers.Serializer):
         default=None,
         help_text="External runs: when it started (a historical upload); not in the future and "
         "not before the tenant's oldest pricing table. Its samples may be stamped from then on.",
+    )
+    ended_at = serializers.DateTimeField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="External runs: when it ended (a historical upload, with started_at); after "
+        "started_at and not in the future. Samples stamped after it are refused; it is the run's "
+        "finished_at once it finishes.",
     )
     tags = TagsField(default=list)
     note = serializers.CharField(

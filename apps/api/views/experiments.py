@@ -14,6 +14,8 @@ from rest_framework.response import Response
 from apps.api.filters import ArmFilter, ExperimentFilter
 from apps.api.permissions import StaffOnly
 from apps.api.serializers.experiments import (
+    ArmAssignmentSerializer,
+    ArmAssignSerializer,
     ArmSerializer,
     ArmUpdateResultSerializer,
     ArmUpdateSerializer,
@@ -37,6 +39,7 @@ from apps.attribution.services import arm_freeze, arm_unfreeze
 from apps.attribution.verdict import Minimums, arms_verdicts
 from apps.core.exceptions import ApplicationError
 from apps.experiments import services
+from apps.experiments.assignment import arm_assign
 from apps.experiments.models import Arm, Experiment
 from apps.experiments.selectors import arm_list, experiment_list
 
@@ -100,6 +103,18 @@ class ExperimentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
                 }
             ).data
         )
+
+    @extend_schema(request=ArmAssignSerializer, responses=ArmAssignmentSerializer)
+    @action(detail=True, methods=["post"])
+    def assign(self, request, pk=None):
+        """The arm a run trained elsewhere uses (the SDK asks before it starts): sticky by
+        run_key, new keys split by the arms' weights, never to a frozen arm. 409 unless the
+        experiment is active; 429 at the tenant's concurrent-runs quota."""
+        experiment = self.get_object()
+        body = ArmAssignSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        assignment = arm_assign(experiment=experiment, **body.validated_data)
+        return Response(ArmAssignmentSerializer(assignment).data)
 
     @extend_schema(request=RunsCancelRequestSerializer, responses=RunsCancelledSerializer)
     @action(detail=True, methods=["post"], url_path="cancel-runs", url_name="cancel_runs")
