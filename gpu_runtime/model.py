@@ -137,8 +137,11 @@ def apply_rope(
 
     interleaved: pairs (x[2i], x[2i+1]); half: pairs (x[i], x[i + hd/2]), Hugging Face's
     rotate_half layout. The same rotation, with the features in a different order.
+    ``cos``/``sin`` are the tables (max_seq_len, hd/2), the first T rows used, or per-row
+    angles (B, 1, T, hd/2) when positions restart inside a row (packed documents).
     """
-    cos, sin = cos[: x.shape[-2]], sin[: x.shape[-2]]
+    if cos.dim() == 2:
+        cos, sin = cos[: x.shape[-2]], sin[: x.shape[-2]]
     if style == "half":
         x0, x1 = x.float().chunk(2, dim=-1)
         return torch.cat((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).type_as(x)
@@ -176,7 +179,12 @@ class Attention(nn.Module):
         return self.q_proj(h), self.k_proj(h), self.v_proj(h)
 
     def forward(
-        self, x: torch.Tensor, norm: RMSNorm, cos: torch.Tensor, sin: torch.Tensor
+        self,
+        x: torch.Tensor,
+        norm: RMSNorm,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         B, T, _ = x.shape
         q, k, v = self.norm_qkv(x, norm)
@@ -184,8 +192,14 @@ class Attention(nn.Module):
         k = k.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin, self.rope_style), apply_rope(k, cos, sin, self.rope_style)
+        # mask: (B, 1, T, T) True where a query may attend (causal, within its own document)
         y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=mask is None,
+            enable_gqa=self.n_kv_heads != self.n_heads,
         )
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
@@ -209,9 +223,37 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(args.dim, args.norm_eps)
         self.mlp = FeedForward(args)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(x, self.attn_norm, cos, sin)
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        x = x + self.attn(x, self.attn_norm, cos, sin, mask)
         return x + self.mlp(self.mlp_norm(x))
+
+
+def document_layout(
+    idx: torch.Tensor, end_id: int, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Packed rows hold several documents, each ending with ``end_id``: the rotary angles of
+    positions that restart at every document, and the causal mask that keeps each token to
+    its own document. (B, 1, T, hd/2) angles and a (B, 1, T, T) boolean mask.
+
+    A window that starts inside a document sees that document's tail as one document."""
+    B, T = idx.shape
+    ends = idx == end_id
+    starts = torch.zeros_like(ends)
+    starts[:, 1:] = ends[:, :-1]
+    doc = torch.cumsum(starts, dim=1)  # the document each position belongs to
+    steps = torch.arange(T, device=idx.device).expand(B, T)
+    first = torch.cummax(torch.where(starts, steps, torch.zeros_like(steps)), dim=1).values
+    positions = steps - first
+    same = doc[:, :, None] == doc[:, None, :]
+    causal = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
+    mask = (same & causal)[:, None]
+    return cos[positions][:, None], sin[positions][:, None], mask
 
 
 IGNORE_INDEX = -100  # F.cross_entropy's default, and Hugging Face's label for "no loss here"
@@ -240,6 +282,10 @@ class Transformer(nn.Module):
         cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        # The id that ends a document in packed rows (data.packing of jsonl records): set, each
+        # token attends to its own document only and its position restarts there. None: one
+        # causal sequence per row.
+        self.document_end: int | None = None
         self.apply(self._init_weights)
         # GPT-2: scale the projections that write into the residual stream by depth.
         for name, p in self.named_parameters():
@@ -277,8 +323,11 @@ class Transformer(nn.Module):
         when every target is ignored the loss is 0, not NaN.
         """
         x = self.tok_embeddings(idx)
+        cos, sin, mask = self.rope_cos, self.rope_sin, None
+        if self.document_end is not None:
+            cos, sin, mask = document_layout(idx, self.document_end, cos, sin)
         for block in self.blocks:
-            x = block(x, self.rope_cos, self.rope_sin)
+            x = block(x, cos, sin, mask)
         logits = self.output(self.norm(x))
         if targets is None:
             return logits, None

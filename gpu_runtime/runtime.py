@@ -37,7 +37,7 @@ from gpu_runtime.prefetch import Prefetcher
 from gpu_runtime.probes import MIB, open_probe
 from gpu_runtime.result import RunResult
 from gpu_runtime.schema import StrategyConfig, config_sha256
-from gpu_runtime.sources import open_model_source
+from gpu_runtime.sources import mask_documents, open_model_source
 from gpu_runtime.telemetry import Progress, RunCounters, Sampler
 from gpu_runtime.timeline import Clock, OverlapMeter, StepWindow
 from gpu_runtime.trainer import Trainer
@@ -325,6 +325,7 @@ def train_local(
     torch.manual_seed(config.train.seed)
     precision = Precision(config.precision, dev)
     module = source.build()
+    packing = mask_documents(config, source, module)
     built = assemble_model(
         module, config, dev, precision, sample=batches.batch(0), model_type=source.model_type
     )
@@ -337,6 +338,7 @@ def train_local(
             "params_trainable": params_trainable,
         },
         **built.report,
+        **({"data.packing": packing} if packing else {}),
     }
     strategies.update(auto)
     optimizer = build_adamw(

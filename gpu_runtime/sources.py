@@ -17,7 +17,7 @@ from typing import Any
 from torch import nn
 
 from gpu_runtime.errors import StrategyError
-from gpu_runtime.model import Transformer, preset_args
+from gpu_runtime.model import EOS, Transformer, preset_args
 from gpu_runtime.schema import StrategyConfig
 
 
@@ -54,6 +54,29 @@ def _flops(module: nn.Module, seq_len: int) -> float:
     """PaLM's 6N + 12LdT with the backward's weight gradients counted for the trained weights
     only: 2N forward, 2N activation gradients, 2 per trainable weight (LoRA: the adapters)."""
     return module.flops_per_token(seq_len, trainable=module.num_trainable())
+
+
+def mask_documents(config: StrategyConfig, source: ModelSource, module: nn.Module) -> dict:
+    """Packed instruction records (`data.packing` of jsonl) attend within their own record.
+
+    Records are independent examples: a packed window must not let one record's tokens look
+    at its neighbours' (the model would learn to lean on them, and score worse on a record
+    alone), and each record's positions start at 0 as they do when it is used. Text and
+    synthetic streams stay one causal sequence per row, as pretraining on a stream does.
+    What was decided goes into the run's report under `data.packing`."""
+    if config.data.source != "jsonl" or not config.data.packing:
+        return {}
+    end = EOS if source.tokenizer is None else source.tokenizer.eos_id
+    if not source.native:
+        return {
+            "document_mask": False,
+            "why": f"a {source.model_type} model trains through transformers, whose attention "
+            "takes no per-document mask here: packed records attend across their neighbours",
+        }
+    if end is None:
+        return {"document_mask": False, "why": "the tokenizer has no end-of-sequence token"}
+    module.document_end = end
+    return {"document_mask": True, "end_id": end, "positions": "restart per record"}
 
 
 def open_model_source(config: StrategyConfig) -> ModelSource:

@@ -129,7 +129,7 @@ def test_the_saved_adapter_loads_onto_the_checkpoint_with_peft_and_gives_the_tra
     out = tmp_path / "adapter"
     train(config, device="cpu", artifacts_dir=str(out))
     [trainer] = spy
-    ids = torch.randint(0, 500, (2, 16))
+    ids = torch.randint(3, 500, (2, 16))  # no special ids: one document per row
     with torch.no_grad():
         ours = trainer.model.eval()(ids)[0]
         base = AutoModelForCausalLM.from_pretrained(checkpoints["llama"], dtype=torch.float32)
@@ -156,7 +156,7 @@ def test_a_full_fine_tune_changes_every_weight_and_saves_a_checkpoint_transforme
     original = checkpoint_tensors(checkpoints["llama"])
     assert saved.keys() == original.keys()
     assert not any(torch.equal(saved[k], original[k]) for k in original if saved[k].dim() == 2)
-    ids = torch.randint(0, 500, (2, 16))
+    ids = torch.randint(3, 500, (2, 16))  # no special ids: one document per row
     with torch.no_grad():
         ours = trainer.model.eval()(ids)[0]
         theirs = AutoModelForCausalLM.from_pretrained(str(out)).eval()(input_ids=ids).logits
@@ -355,3 +355,28 @@ def test_two_ddp_ranks_fine_tune_an_hf_checkpoint_with_lora_and_rank_0_saves(che
     assert 0 < result.tokens < 4 * 4 * 32
     [artifact] = result.artifacts
     assert artifact["kind"] == "lora_adapter" and (out / artifact["path"]).is_file()
+
+
+def test_packed_records_attend_only_to_themselves_and_restart_their_positions():
+    """Two records in one packed row give each record's logits as if it were alone."""
+    from gpu_runtime.model import EOS, Transformer, preset_args
+
+    torch.manual_seed(0)
+    model = Transformer(preset_args("tiny", 64)).eval()
+    first, second = torch.randint(0, 250, (1, 20)), torch.randint(0, 250, (1, 30))
+    first[0, -1] = second[0, -1] = EOS
+    with torch.no_grad():
+        alone = model(first)[0], model(second)[0]
+        model.document_end = EOS
+        packed = model(torch.cat([first, second], dim=1))[0]
+        model.document_end = None
+        leaky = model(torch.cat([first, second], dim=1))[0]
+    assert (packed[:, :20] - alone[0]).abs().max() < 1e-5
+    assert (packed[:, 20:] - alone[1]).abs().max() < 1e-5
+    assert (leaky[:, 20:] - alone[1]).abs().max() > 1e-2  # without the mask it would leak
+
+
+@pytest.mark.parametrize(("arch", "masked"), [("llama", True), ("gpt2", False)])
+def test_a_run_on_packed_records_says_whether_they_were_kept_apart(checkpoints, arch, masked):
+    result = train(hf_config(checkpoints[arch]), device="cpu", steps=1)
+    assert result.strategies["data.packing"]["document_mask"] is masked
