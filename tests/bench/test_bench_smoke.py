@@ -81,9 +81,21 @@ BENCHES = [
         postgres=True,
     ),
     Bench(
+        "peer",
+        (
+            "ratio",
+            "ratio_spread.median",
+            "eval_loss_delta",
+            "arms.trainer_best.trained_tokens_per_s",
+            "arms.costlab_optimized.usd_per_1m_trained_tokens",
+        ),
+        timeout_s=240,
+    ),
+    Bench(
         "runtime_overhead",
         ("overhead_ratio", "sampler_cpu_s_per_sample", "direct_overhead_fraction"),
     ),
+    Bench("sdk_overhead", ("ratio", "overhead_pct", "direct_overhead_fraction", "log_us")),
     Bench(
         "soak",
         ("crashes", "restarts", "runs_submitted", "runs_succeeded", "runs_stuck", "double_billed"),
@@ -95,6 +107,12 @@ BENCHES = [
         postgres=True,
     ),
 ]
+
+
+def test_every_benchmark_has_its_smoke_here():
+    """A new bench/*.py joins BENCHES, or this fails: nothing under bench/ rots unrun."""
+    scripts = {p.stem for p in (ROOT / "bench").glob("*.py") if not p.stem.startswith("_")}
+    assert scripts == {b.script for b in BENCHES}
 
 
 def bench_database_url() -> str:

@@ -1,0 +1,31 @@
+"""``python -m costlab resend DIR``: deliver a spool a tracked run left behind, and end the run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from costlab.resend import resend
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m costlab")
+    commands = parser.add_subparsers(dest="command", required=True)
+    send = commands.add_parser("resend", help="deliver a left spool and end its run")
+    send.add_argument("spool_dir")
+    send.add_argument("--retry-for", type=float, default=300.0, help="seconds of outage to ride")
+    args = parser.parse_args(argv)
+    try:
+        done = resend(args.spool_dir, retry_for_s=args.retry_for)
+    except Exception as exc:  # one line, not a traceback: the spool stays for another try
+        print(f"costlab resend: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"run {done['run_id']}: {done['sent']} samples sent, {done['refused']} refused"
+        + (f"; now {done['status']}" if done["status"] else "")
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,403 @@
+"""A tracked run: created (or joined) on the server by its run key, sampled on a daemon thread,
+delivered in the background, and finished with how the training ended.
+
+    with costlab.track(experiment=12, arm="bf16") as run:
+        for step, batch in enumerate(loader):
+            loss = train_step(batch)
+            run.log(tokens=batch["input_ids"].numel(), loss=loss)
+
+Every call to the server is safe to repeat (the run key, sticky assignment, seq), so each is
+retried through an outage. What the training thread does, ``log()``, touches neither the network
+nor the disk nor a lock: it replaces one tuple.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from costlab.client import Client, Unreachable
+from costlab.delivery import Outbox, Sender, Spool, say
+from costlab.exits import open_runs, outcome_of, watch
+from costlab.probes import open_probe
+from costlab.resend import PENDING
+from costlab.sampler import Progress, Sampler
+from costlab.world import World, run_key_for
+
+START_WAIT_S = 10.0  # at start, an outage this long sends the run on offline (not when assigning)
+ASSIGN_WAIT_S = 60.0  # an assignment is needed before training: waited for longer, then raised
+FINISH_WAIT_S = 30.0
+
+
+def track(experiment: int, arm: str | int | None = None, **options: Any) -> Run:
+    """A Run of `experiment` on `arm` (a name or an id; None: the server routes by weight, or
+    `assign=True`: the server assigns it, sticky per run key). Use it as a context manager:
+    it starts on entry and finishes on exit, `succeeded`, `failed` on an exception (re-raised)
+    or `cancelled` on KeyboardInterrupt. Options: those of `Run`."""
+    return Run(experiment, arm, **options)
+
+
+class Run:
+    """One external run's telemetry stream from this process (this rank).
+
+    experiment, arm, assign, run_key: which run (the ranks of one job pass the same run_key, or
+    share torchrun's job id, and so share one run). url, token: default COSTLAB_URL and
+    COSTLAB_TOKEN. interval_s: seconds between samples (default 1, or the assigned arm's
+    telemetry.interval_s). gpu_sku (a name the server knows), gpu_count, vcpus, memory_gb: what
+    the job holds, priced per hour (None: not declared). device: this rank's device ("cpu",
+    "cuda:N", a GPU UUID; default: the local rank's visible GPU, else the CPU). rank, local_rank,
+    world_size: default RANK, LOCAL_RANK, WORLD_SIZE. spool_dir: where samples the server cannot
+    take yet wait (default: a temporary directory, made only if needed). buffer_size: samples
+    held in memory before the spool. barrier: called by every rank between its last delivery and
+    rank 0's finish (e.g. torch.distributed.barrier), so no rank's last samples arrive after the
+    run ended. flush_timeout_s: how long the end waits for delivery.
+    """
+
+    def __init__(
+        self,
+        experiment: int,
+        arm: str | int | None = None,
+        *,
+        assign: bool = False,
+        run_key: str | None = None,
+        url: str | None = None,
+        token: str | None = None,
+        interval_s: float | None = None,
+        gpu_sku: str | None = None,
+        gpu_count: int | None = None,
+        vcpus: int | None = None,
+        memory_gb: float | None = None,
+        spool_dir: str | os.PathLike[str] | None = None,
+        rank: int | None = None,
+        local_rank: int | None = None,
+        world_size: int | None = None,
+        device: str | None = None,
+        cpu_tdp_w: float = 65.0,
+        buffer_size: int = 1000,
+        send_every_s: float = 2.0,
+        flush_timeout_s: float = 30.0,
+        barrier: Any = None,
+        git_sha: str | None = None,
+        tags: list[str] | None = None,
+    ):
+        if assign and arm is not None:
+            raise ValueError("arm: pass an arm, or assign=True to let the server assign one")
+        if (interval_s is not None and interval_s <= 0) or buffer_size < 1:
+            raise ValueError("interval_s must be > 0 and buffer_size >= 1")
+        self.experiment, self._arm_given, self.assign = int(experiment), arm, assign
+        self.world = World.from_env(rank=rank, local_rank=local_rank, size=world_size)
+        self.rank, self.world_size = self.world.rank, self.world.size
+        self.run_key = run_key_for(self.world, run_key)
+        self._url, self._token = url, token
+        self.interval_s, self.device = interval_s, device
+        self.resources = {
+            k: v
+            for k, v in (
+                ("gpu_sku", gpu_sku),
+                ("gpu_count", gpu_count),
+                ("vcpus", vcpus),
+                ("memory_gb", memory_gb),
+            )
+            if v is not None
+        }
+        self.git_sha = git_sha if git_sha is not None else os.environ.get("GITHUB_SHA", "")
+        self.tags = list(tags or [])
+        self.cpu_tdp_w, self.buffer_size = cpu_tdp_w, buffer_size
+        self.send_every_s, self.flush_timeout_s, self.barrier = (
+            send_every_s,
+            flush_timeout_s,
+            barrier,
+        )
+        self._spool_dir = spool_dir
+        # Filled as the run starts and ends.
+        self.run_id: int | None = None
+        self.arm: str | None = None
+        self.arm_id: int | None = None
+        self.is_control: bool | None = None
+        self.strategy: dict | None = None
+        self.strategy_yaml: str | None = None
+        self.sticky: bool | None = None
+        self.status: str | None = None
+        self.cost_usd: str | None = None
+        self.spool_path: Path | None = None
+        self.samples_left = 0
+        self.error = ""
+        self._progress = Progress(0, 0, None, 0.0, 0, None, time.perf_counter())
+        self._client: Client | None = None
+        self._sampler: Sampler | None = None
+        self._sender: Sender | None = None
+        self._outbox: Outbox | None = None
+        self._started_wall = 0.0
+        self._started = self._closed = False
+        self._create_lock = threading.Lock()
+
+    # -- the training side: O(1), no lock, no I/O -------------------------------------------
+
+    def log(
+        self,
+        step: int | None = None,
+        tokens: Any = None,
+        loss: Any = None,
+        step_time_s: float | None = None,
+        tokens_seen: Any = None,
+    ) -> None:
+        """One optimizer step done. step: the steps done so far (default: one more than the last
+        log). tokens: this rank's tokens in this step (a number or a 0-d tensor: read on the
+        sampler thread, so a device tensor costs no sync here). loss: a number or a 0-d tensor.
+        step_time_s: default the time since the previous log() (or the start). tokens_seen: the
+        world's cumulative tokens where the framework counts them; otherwise the world's are this
+        rank's times the world size."""
+        now = time.perf_counter()
+        p = self._progress
+        self._progress = Progress(
+            p.step + 1 if step is None else step,
+            p.tokens_own if tokens is None else p.tokens_own + tokens,
+            p.tokens_seen if tokens_seen is None else tokens_seen,
+            p.step_time_total + (now - p.at if step_time_s is None else step_time_s),
+            p.steps_timed + 1,
+            p.loss if loss is None else loss,
+            now,
+        )
+
+    def update(self, *, loss: Any = None, tokens_seen: Any = None) -> None:
+        """Newer numbers between steps (a framework's logged loss); counts no step."""
+        p = self._progress
+        self._progress = p._replace(
+            loss=p.loss if loss is None else loss,
+            tokens_seen=p.tokens_seen if tokens_seen is None else tokens_seen,
+        )
+
+    # -- start -------------------------------------------------------------------------------
+
+    def __enter__(self) -> Run:
+        return self.start()
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.close(*outcome_of(exc))
+        return False
+
+    def start(self) -> Run:
+        """Create or join the run, start sampling and delivery. Raises on an answer that will not
+        change (an unknown experiment or arm, a frozen arm, a bad token, a finished run's key)."""
+        if self._started:
+            return self
+        self._started = True
+        self._started_wall = time.time()
+        self._client = Client(self._url, self._token)
+        try:
+            if self.assign:
+                self._assign(retry_for_s=ASSIGN_WAIT_S)
+            self._create(retry_for_s=START_WAIT_S, deferred=False)
+        except Unreachable as exc:
+            if self.assign and self.arm_id is None:
+                self._client.close()
+                raise
+            say(
+                f"{exc}; training goes on, its samples wait in the spool, and the run is created "
+                "when the site answers"
+            )
+        except BaseException:
+            self._client.close()
+            raise
+        safe_key = re.sub(r"[^A-Za-z0-9_.-]", "_", self.run_key)[:80]
+        spool_dir = None
+        if self._spool_dir is not None:
+            spool_dir = Path(self._spool_dir) / f"{safe_key}-rank{self.rank}"
+        self._outbox = Outbox(
+            capacity=self.buffer_size,
+            spool=Spool(spool_dir, prefix=f"costlab-{safe_key}-rank{self.rank}-"),
+        )
+        self._sender = Sender(
+            outbox=self._outbox,
+            post=lambda samples, timeout_s: self._client.post_samples(
+                self.run_id, samples, timeout_s
+            ),
+            ready=self._ready,
+            every_s=self.send_every_s,
+        ).start()
+        probe = open_probe(self.device, local_rank=self.world.local_rank, cpu_tdp_w=self.cpu_tdp_w)
+        self._progress = self._progress._replace(at=time.perf_counter())
+        self._sampler = Sampler(
+            probe=probe,
+            progress=lambda: self._progress,
+            interval_s=self.interval_s or 1.0,
+            emit=self._outbox.put,
+            rank=self.rank,
+            world_size=self.world_size,
+        ).start()
+        watch(self)
+        return self
+
+    def _assign(self, *, retry_for_s: float) -> None:
+        answer = self._client.call(
+            "POST",
+            f"experiments/{self.experiment}/assign/",
+            {"run_key": self.run_key},
+            retry_for_s=retry_for_s,
+        )
+        arm = answer["arm"]
+        self.arm, self.arm_id, self.is_control = arm["name"], arm["id"], arm.get("is_control")
+        self.strategy, self.strategy_yaml = answer.get("strategy"), answer.get("strategy_yaml")
+        self.sticky = answer.get("sticky")
+        telemetry = (self.strategy or {}).get("telemetry") or {}
+        if self.interval_s is None and telemetry.get("interval_s"):
+            self.interval_s = float(telemetry["interval_s"])
+        shape = (self.strategy or {}).get("distributed") or {}
+        declared = int(shape.get("nproc_per_node", 1)) * int(shape.get("nnodes", 1))
+        if self.strategy is not None and declared != self.world_size:
+            say(
+                f"arm '{self.arm}' declares {declared} process(es) (distributed.nproc_per_node x "
+                f"nnodes) but this job runs {self.world_size}: the server splits the run's "
+                f"resources over {declared} stream(s); declare the job's shape in the arm"
+            )
+
+    def _create_body(self, *, deferred: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "experiment": self.experiment,
+            "run_key": self.run_key,
+            "kind": "external",
+            **self.resources,
+        }
+        arm = self._arm_given
+        if self.arm_id is not None:
+            body["arm"] = self.arm_id
+        elif isinstance(arm, int) or (isinstance(arm, str) and arm.isdigit()):
+            body["arm"] = int(arm)
+        if self.git_sha:
+            body["git_sha"] = self.git_sha
+        if self.tags:
+            body["tags"] = self.tags
+        if deferred:  # its samples since the start fall inside the run's time window
+            body["started_at"] = datetime.fromtimestamp(self._started_wall, UTC).isoformat()
+        return body
+
+    def _arm_name(self) -> str | None:
+        arm = self._arm_given
+        if self.arm_id is None and isinstance(arm, str) and not arm.isdigit():
+            return arm
+        return None
+
+    def _create(self, *, retry_for_s: float, deferred: bool, timeout_s: float = 10.0) -> None:
+        with self._create_lock:
+            if self.run_id is not None:
+                return
+            run = self._client.create_run(
+                self._create_body(deferred=deferred),
+                arm_name=self._arm_name(),
+                retry_for_s=retry_for_s,
+                timeout_s=timeout_s,
+            )
+            self.arm, self.arm_id = run["arm"]["name"], run["arm"]["id"]
+            self.is_control = run["arm"].get("is_control")
+            self.status = run["status"]
+            self.run_id = run["id"]
+
+    def _ready(self, timeout_s: float) -> bool:
+        """The sender's gate: the run exists (created now if an outage at start delayed it)."""
+        if self.run_id is None:
+            self._create(retry_for_s=0.0, deferred=True, timeout_s=timeout_s)
+        return self.run_id is not None
+
+    # -- end ---------------------------------------------------------------------------------
+
+    def close(self, status: str = "succeeded", error: str = "") -> None:
+        """Take the last sample, deliver what is left (up to flush_timeout_s), then end the run:
+        `succeeded` (rank 0 only: the ranks share one run), `failed` or `cancelled` (any rank).
+        Never raises: what went wrong is said on stderr."""
+        if self._closed or not self._started:
+            return
+        self._closed = True
+        open_runs.discard(self)
+        try:
+            self._close(status, error)
+        except Exception as exc:  # the training's own outcome must not be masked by ours
+            say(f"run {self.run_id}: closing failed: {type(exc).__name__}: {exc}")
+        finally:
+            self._client.close()
+
+    def _close(self, status: str, error: str) -> None:
+        self.error = error
+        self._sampler.stop()
+        delivered = self._sender.flush(self.flush_timeout_s)
+        self._sender.stop()
+        if status == "succeeded" and self.world_size > 1 and self.barrier is not None:
+            self.barrier()  # every rank delivered (or spooled) before rank 0 ends the run
+        self.samples_left = len(self._outbox)
+        ends = status != "succeeded" or self.rank == 0
+        if self.samples_left or not delivered:
+            self._leave_spool(status if ends else None, error)
+            return
+        self._outbox.spool.close()
+        self._remove_spool()
+        if ends and self.run_id is not None:
+            self._end(status, error)
+
+    def _end(self, status: str, error: str) -> None:
+        try:
+            answer = self._client.end_run(self.run_id, status, error, retry_for_s=FINISH_WAIT_S)
+        except Unreachable as exc:
+            say(
+                f"run {self.run_id}: not ended ({exc}); end it with POST runs/{self.run_id}/finish/"
+            )
+            return
+        if answer is None:
+            self.status = "ended"  # by another rank first
+        else:
+            self.status, self.cost_usd = answer["status"], answer.get("cost_usd")
+
+    def _leave_spool(self, status: str | None, error: str) -> None:
+        self._outbox.spill()
+        spool = self._outbox.spool
+        self.spool_path = spool.path
+        if spool.path is None:
+            return
+        (spool.path / PENDING).write_text(
+            json.dumps(
+                {
+                    "experiment": self.experiment,
+                    "run_key": self.run_key,
+                    "run_id": self.run_id,
+                    "rank": self.rank,
+                    "create": self._create_body(deferred=True),
+                    "arm_name": self._arm_name(),
+                    "finish": None if status is None else {"status": status, "error": error},
+                }
+            )
+        )
+        why = self._sender.stopped_why or f"not delivered within {self.flush_timeout_s:g} s"
+        say(
+            f"run {self.run_id if self.run_id is not None else '(not created)'} rank {self.rank}: "
+            f"{self.samples_left} samples {why}, kept in {spool.path}; the run stays open: "
+            f"`python -m costlab resend {spool.path}` sends them and ends it"
+        )
+
+    def _remove_spool(self) -> None:
+        path = self._outbox.spool.path
+        if path is not None and path.is_dir() and not any(path.glob("segment-*.jsonl")):
+            shutil.rmtree(path, ignore_errors=True)
+
+    # -- what the callbacks and tests read ---------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def delivered(self) -> int:
+        return 0 if self._sender is None else self._sender.sent
+
+    @property
+    def spooled(self) -> int:
+        """Samples that went to disk at some point (the buffer was full)."""
+        return 0 if self._outbox is None else self._outbox.spooled_total
+
+    @property
+    def samples(self) -> int:
+        return 0 if self._sampler is None else self._sampler.count

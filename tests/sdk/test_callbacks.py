@@ -1,0 +1,221 @@
+"""The one-line callbacks against a live server: a `transformers.Trainer` and a Lightning Trainer
+each train a tiny model built from a config (no download, CPU), and the run appears with its
+samples, the tokens the batches held, the loss, a bill > 0, and ends succeeded."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from apps.experiments.models import Run
+from apps.telemetry.models import TelemetrySample
+from tests.sdk.conftest import HELD
+
+pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+STEPS, BATCH, SEQ, VOCAB = 10, 4, 16, 128
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """A model this small trains faster on one thread (and leaves the other core to the server)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def token_rows(n: int, *, seed: int = 0) -> list[dict]:
+    """Random token sequences; the last quarter of each is padding (masked out)."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(n):
+        ids = torch.randint(0, VOCAB, (SEQ,), generator=g)
+        mask = torch.ones(SEQ, dtype=torch.long)
+        mask[-SEQ // 4 :] = 0
+        rows.append({"input_ids": ids, "attention_mask": mask, "labels": ids.clone()})
+    return rows
+
+
+TOKENS_PER_STEP = BATCH * (SEQ - SEQ // 4)  # the attention mask's ones
+
+
+def assert_reported(run_id: int, *, tokens: int) -> Run:
+    row = Run.objects.get(pk=run_id)
+    assert (row.kind, row.status) == ("external", "succeeded"), row.error
+    assert row.steps == STEPS and row.tokens == tokens
+    assert row.cost_usd > 0 and row.device_seconds > 0
+    samples = TelemetrySample.objects.filter(run_id=run_id)
+    seqs = sorted(samples.values_list("seq", flat=True))
+    assert len(seqs) >= 2 and seqs == list(range(len(seqs)))
+    assert samples.exclude(loss=None).exists() and samples.exclude(step_time_s=None).exists()
+    return row
+
+
+def test_the_transformers_trainer_reports_through_its_callback(served, tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+    from costlab.integrations.transformers import CostlabCallback
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=SEQ,
+        )
+    )
+    callback = CostlabCallback(
+        experiment=served["experiment"].pk, arm="candidate", interval_s=0.1, **HELD
+    )
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=STEPS,
+        per_device_train_batch_size=BATCH,
+        learning_rate=1e-3,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=token_rows(64), callbacks=[callback])
+    trainer.train()
+    assert callback.run_id is not None and callback.run.arm == "candidate"
+    row = assert_reported(callback.run_id, tokens=STEPS * TOKENS_PER_STEP)
+    assert row.arm.name == "candidate"
+    losses = TelemetrySample.objects.filter(run_id=row.pk).exclude(loss=None)
+    assert all(0 < s.loss < 10 for s in losses)
+
+
+def test_a_trainer_exception_fails_the_run_through_the_callbacks_context(served, tmp_path):
+    """The Trainer has no exception event: code that catches what train() raised says so by
+    holding the callback as a context manager."""
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
+
+    from costlab.integrations.transformers import CostlabCallback
+
+    class Diverges(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 3:
+                raise FloatingPointError("loss is nan at step 3")
+
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=SEQ,
+        )
+    )
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=STEPS,
+        per_device_train_batch_size=BATCH,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        include_num_input_tokens_seen=True,  # the Trainer's own count: exact
+    )
+    costlab_cb = CostlabCallback(served["experiment"].pk, "control", interval_s=0.1)
+    trainer = Trainer(
+        model=model, args=args, train_dataset=token_rows(32), callbacks=[costlab_cb, Diverges()]
+    )
+    with pytest.raises(FloatingPointError), costlab_cb:
+        trainer.train()
+    row = Run.objects.get(pk=costlab_cb.run_id)
+    assert row.status == "failed" and "loss is nan at step 3" in row.error
+    assert row.steps == 3 and row.tokens == 3 * BATCH * SEQ  # every input token, padding too
+
+
+def test_lightning_reports_through_its_callback(served):
+    import lightning.pytorch as L
+
+    from costlab.integrations.lightning import CostlabCallback
+
+    class TinyLm(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(VOCAB, 32)
+            self.head = torch.nn.Linear(32, VOCAB)
+
+        def training_step(self, batch, batch_idx):
+            logits = self.head(self.embed(batch["input_ids"]))
+            per_token = torch.nn.functional.cross_entropy(
+                logits.transpose(1, 2), batch["labels"], reduction="none"
+            )
+            mask = batch["attention_mask"]
+            return (per_token * mask).sum() / mask.sum()
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    torch.manual_seed(0)
+    loader = torch.utils.data.DataLoader(token_rows(64, seed=1), batch_size=BATCH)
+    callback = CostlabCallback(
+        experiment=served["experiment"].pk, arm="control", interval_s=0.1, **HELD
+    )
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=STEPS,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=False,
+        enable_checkpointing=False,
+        callbacks=[callback],
+    )
+    trainer.fit(TinyLm(), loader)
+    assert callback.run_id is not None
+    row = assert_reported(callback.run_id, tokens=STEPS * TOKENS_PER_STEP)
+    assert row.arm.name == "control"
+
+
+def test_a_lightning_exception_fails_the_run(served):
+    import lightning.pytorch as L
+
+    from costlab.integrations.lightning import CostlabCallback
+
+    class Diverges(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            if batch_idx == 3:
+                raise FloatingPointError("loss is nan")
+            return self.w(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = torch.utils.data.TensorDataset(torch.randn(32, 4))
+    callback = CostlabCallback(experiment=served["experiment"].pk, arm="control", interval_s=0.1)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=STEPS,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        logger=False,
+        enable_checkpointing=False,
+        callbacks=[callback],
+    )
+    with pytest.raises(FloatingPointError):
+        trainer.fit(Diverges(), torch.utils.data.DataLoader(data, batch_size=4))
+    row = Run.objects.get(pk=callback.run_id)
+    assert row.status == "failed" and "loss is nan" in row.error and row.steps == 3
