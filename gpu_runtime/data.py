@@ -309,7 +309,7 @@ def trained_tokens(tokens: torch.Tensor) -> int:
 class StepBatches:
     """The rows of step s, fixed by (seed, s): ``global_batch`` random windows of seq_len+1
     tokens of the stream (packed), or ``global_batch`` random records, each truncated to
-    seq_len+1 or padded with ``~pad_id`` (packing false)."""
+    seq_len+1 or padded with ``~pad_id`` to the step's longest (packing false)."""
 
     def __init__(self, corpus: Corpus, *, seq_len: int, global_batch: int, seed: int):
         self.records = corpus.records
@@ -335,7 +335,10 @@ class StepBatches:
             return self.tokens[starts[:, None] + self._offsets].long()
         picks = torch.randint(0, self.records.numel() - 1, (self.global_batch,), generator=gen)
         starts, ends = self.records[picks], self.records[picks + 1]
-        index = starts[:, None] + self._offsets
+        # padded to the step's longest record (at most seq_len+1), not always to seq_len+1:
+        # padding is never trained on, but it is computed
+        width = max(2, min(self.seq_len + 1, int((ends - starts).max())))
+        index = starts[:, None] + self._offsets[:width]
         inside = index < ends[:, None]
         rows = self.tokens[index.clamp(max=max(self.tokens.numel() - 1, 0))].long()
         return torch.where(inside, rows, torch.full_like(rows, self.pad_mark))

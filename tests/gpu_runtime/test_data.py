@@ -408,8 +408,13 @@ def test_a_vocabulary_past_int16_is_stored_as_int32_and_hashed_as_int32(tmp_path
     unpacked = load_corpus(
         DataSection(source="jsonl", path=path, packing=False), seed=0, tokenizer=_WideTokenizer()
     )
-    batch = StepBatches(unpacked, seq_len=200, global_batch=2, seed=0).batch(0)
-    assert batch[0, -1] == ~49_992 and split_batch(batch)[0].max() < 50_000
+    batch = StepBatches(unpacked, seq_len=200, global_batch=4, seed=0).batch(0)
+    lengths = (unpacked.records[1:] - unpacked.records[:-1]).tolist()
+    # padded to the step's longest record, not to seq_len+1
+    assert batch.shape[1] <= max(lengths) < 201
+    pads = batch == ~49_992
+    assert pads.any() and (pads[:, 1:] >= pads[:, :-1]).all()  # padding only at the tail
+    assert split_batch(batch)[0].max() < 50_000
 
 
 def test_the_shipped_datasets_load_and_match_their_generator():
