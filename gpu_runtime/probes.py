@@ -30,6 +30,10 @@ class Reading:
     )
     sm_clock_mhz: float | None = None
     temperature_c: float | None = None
+    # NVML GPM (Hopper and later), in %; None where the device or driver has none.
+    sm_occupancy_pct: float | None = None
+    tensor_active_pct: float | None = None
+    dram_bw_pct: float | None = None
 
 
 class RaplCounter:

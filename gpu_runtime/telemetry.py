@@ -41,6 +41,9 @@ SAMPLE_KEYS = (
     "mfu",
     "sm_clock_mhz",
     "temperature_c",
+    "sm_occupancy_pct",
+    "tensor_active_pct",
+    "dram_bw_pct",
     "estimated",
 )
 
@@ -193,6 +196,9 @@ class Sampler:
                 "mfu": mfu(tokens_per_s, self.flops_per_token, self.peak),
                 "sm_clock_mhz": reading.sm_clock_mhz,
                 "temperature_c": reading.temperature_c,
+                "sm_occupancy_pct": reading.sm_occupancy_pct,
+                "tensor_active_pct": reading.tensor_active_pct,
+                "dram_bw_pct": reading.dram_bw_pct,
                 "estimated": bool(self.probe.estimated),
             }
             for (

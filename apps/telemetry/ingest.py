@@ -48,6 +48,9 @@ COLUMNS = (
     "mfu",
     "sm_clock_mhz",
     "temperature_c",
+    "sm_occupancy_pct",
+    "tensor_active_pct",
+    "dram_bw_pct",
     "estimated",
 )
 
@@ -57,6 +60,7 @@ COLUMNS = (
 INT32 = 2**31 - 1
 Count = Annotated[int, Field(strict=True, ge=0, le=2**62)]  # strict: true is not 1, "5" not 5
 Reading = Annotated[float | None, Field(strict=True, default=None, ge=0, le=1e9)]
+Percent = Annotated[float | None, Field(strict=True, default=None, ge=0, le=100)]
 NoNul = r"^[^\x00]*$"  # Postgres text cannot hold NUL
 
 
@@ -77,7 +81,7 @@ class SampleIn(TypedDict):
     step: NotRequired[Annotated[Count, Field(default=0)]]
     rank: NotRequired[Annotated[int, Field(strict=True, default=0, ge=0, le=65535)]]
     device: NotRequired[Annotated[str, Field(default="", max_length=120, pattern=NoNul)]]
-    util_pct: NotRequired[Annotated[float | None, Field(strict=True, default=None, ge=0, le=100)]]
+    util_pct: NotRequired[Percent]
     mem_used_mb: NotRequired[Reading]
     mem_total_mb: NotRequired[Reading]
     power_w: NotRequired[
@@ -107,6 +111,10 @@ class SampleIn(TypedDict):
     temperature_c: NotRequired[
         Annotated[float | None, Field(strict=True, default=None, ge=-273.15, le=1e4)]
     ]
+    # NVML GPM metrics (Hopper and later), each a percentage; absent elsewhere.
+    sm_occupancy_pct: NotRequired[Percent]
+    tensor_active_pct: NotRequired[Percent]
+    dram_bw_pct: NotRequired[Percent]
     estimated: NotRequired[Annotated[bool, Field(strict=True, default=False)]]
     # The sender says its cumulative counters (tokens, step, energy_j) restarted from 0 at this
     # sample (a process restarted inside one attempt); not stored.

@@ -43,6 +43,16 @@ class TelemetrySample(models.Model):
     mfu = models.FloatField(null=True, blank=True)
     sm_clock_mhz = models.FloatField(null=True, blank=True)
     temperature_c = models.FloatField(null=True, blank=True)
+    # NVML GPM (Hopper and later): empty where the device or driver has none.
+    sm_occupancy_pct = models.FloatField(
+        null=True, blank=True, help_text="SM occupancy (%), NVML GPM; empty where unavailable."
+    )
+    tensor_active_pct = models.FloatField(
+        null=True, blank=True, help_text="Tensor-pipe activity (%), NVML GPM."
+    )
+    dram_bw_pct = models.FloatField(
+        null=True, blank=True, help_text="DRAM bandwidth utilisation (%), NVML GPM."
+    )
     estimated = models.BooleanField(
         default=False, help_text="Power and energy were modelled, not measured."
     )

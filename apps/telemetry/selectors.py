@@ -27,6 +27,9 @@ SERIES_UNITS: dict[str, str] = {
     "mfu": "ratio",
     "sm_clock_mhz": "MHz",
     "temperature_c": "°C",
+    "sm_occupancy_pct": "%",
+    "tensor_active_pct": "%",
+    "dram_bw_pct": "%",
     "step": "steps",
 }
 

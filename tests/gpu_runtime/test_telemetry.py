@@ -34,6 +34,9 @@ SINK_KEYS = {
     "mfu",
     "sm_clock_mhz",
     "temperature_c",
+    "sm_occupancy_pct",
+    "tensor_active_pct",
+    "dram_bw_pct",
     "estimated",
 }
 

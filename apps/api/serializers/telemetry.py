@@ -36,6 +36,15 @@ class TelemetrySampleSerializer(serializers.Serializer):
     mfu = serializers.FloatField(min_value=0, required=False, allow_null=True)
     sm_clock_mhz = serializers.FloatField(min_value=0, required=False, allow_null=True)
     temperature_c = serializers.FloatField(required=False, allow_null=True)
+    sm_occupancy_pct = serializers.FloatField(
+        min_value=0, max_value=100, required=False, allow_null=True, help_text="NVML GPM (Hopper+)."
+    )
+    tensor_active_pct = serializers.FloatField(
+        min_value=0, max_value=100, required=False, allow_null=True, help_text="NVML GPM (Hopper+)."
+    )
+    dram_bw_pct = serializers.FloatField(
+        min_value=0, max_value=100, required=False, allow_null=True, help_text="NVML GPM (Hopper+)."
+    )
     estimated = serializers.BooleanField(
         required=False, help_text="Power and energy were modelled, not measured."
     )
