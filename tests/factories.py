@@ -143,6 +143,16 @@ class TelemetrySampleFactory(factory.django.DjangoModelFactory):
     seq = factory.Sequence(int)
     ts = factory.LazyFunction(lambda: datetime.now(UTC))
 
+    @classmethod
+    def _create(cls, model_class, *args, **kwargs):
+        """Written around ingest, so the run's stored span is widened here as ingest would."""
+        from apps.telemetry.ingest import run_spans_refresh
+
+        sample = super()._create(model_class, *args, **kwargs)
+        run_spans_refresh([sample.run_id])
+        sample.run.refresh_from_db(fields=["samples_from", "samples_to"])
+        return sample
+
 
 _ARM_REPORT = ArmReport(
     arm_id=1,

@@ -38,6 +38,14 @@ def series_blocks_roll() -> None:
     series_blocks_roll_due()
 
 
+@shared_task(name=TaskName.TELEMETRY_MAINTAIN, time_limit=1800)
+def telemetry_maintain() -> dict:
+    """Beat: sample partitions made ahead and filled; retention drops the oldest."""
+    from apps.ops.telemetry_upkeep import telemetry_upkeep
+
+    return telemetry_upkeep().as_dict()
+
+
 @shared_task(name=TaskName.RUNS_RECONCILE_QUEUED, time_limit=60)
 def runs_reconcile_queued() -> None:
     """Beat: queued runs whose message never reached a worker (broker down or restarted)

@@ -95,9 +95,10 @@ def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) 
     )
     batch_attempt = attempt or max(run.attempts, 1)
     stored_before = None  # a single stream's stored sample just before the batch
-    if parsed and run.world_size == 1:
+    if parsed and run.world_size == 1 and run.samples_from is not None:
         stored_before = (
-            TelemetrySample.objects.filter(run_id=run.pk, seq__lt=min(s["seq"] for s in parsed))
+            TelemetrySample.objects.of_run(run)
+            .filter(seq__lt=min(s["seq"] for s in parsed))
             .order_by("-seq")
             .values(*BILL_FIELDS)
             .first()
@@ -111,15 +112,21 @@ def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) 
         return IngestResult(received=len(samples), inserted=0, duplicates=0, refused=refused)
     appended = seqs[0] > run.last_seq
     cost_before = run.cost_usd
+    # The stored span, then widened to the batch (saved with the totals): every read below looks
+    # inside it, and so only at the partitions of those days.
+    stored = None if run.samples_from is None else (run.samples_from, run.samples_to)
+    first, last = min(s["ts"] for s in parsed), max(s["ts"] for s in parsed)
+    run.samples_from = first if stored is None else min(stored[0], first)
+    run.samples_to = last if stored is None else max(stored[1], last)
     # Before the insert: the stored rows around the batch bound what it can change.
-    ranges = (
-        [(run.last_seq, SEQ_MAX)]
-        if appended
-        else batch_ranges(run_id=run.pk, seqs=seqs, ranks=run.world_size)
-    )
+    ranges = [(run.last_seq, SEQ_MAX)] if appended else batch_ranges(run=run, seqs=seqs)
     try:
         fresh = samples_insert(
-            run_id=run.pk, attempt=batch_attempt, samples=parsed, after_seq=run.last_seq
+            run_id=run.pk,
+            attempt=batch_attempt,
+            samples=parsed,
+            after_seq=run.last_seq,
+            stored=stored,
         )
         if fresh:
             if appended and len(fresh) == len(parsed):
@@ -129,7 +136,7 @@ def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) 
                     sample["attempt"] = batch_attempt
                 if run.world_size > 1:  # each rank's stream continues from its own last row
                     before = stream_predecessors(
-                        run_id=run.pk, seq=run.last_seq, ranks={s["rank"] for s in parsed}
+                        run=run, seq=run.last_seq, ranks={s["rank"] for s in parsed}
                     )
                 else:  # read above: the row at run.last_seq, the highest stored
                     before = [] if stored_before is None else [stored_before]
@@ -139,7 +146,7 @@ def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) 
                 run_totals_apply(
                     run=run,
                     ranges=ranges,
-                    now=rows_in_ranges(run_id=run.pk, ranges=ranges),
+                    now=rows_in_ranges(run=run, ranges=ranges),
                     fresh=set(fresh),
                     batch=samples,
                 )
@@ -273,6 +280,8 @@ def run_totals_apply(
         update_fields=[
             "priced_seq",
             "last_seq",
+            "samples_from",
+            "samples_to",
             "steps",
             "tokens",
             "device_seconds",
@@ -300,15 +309,27 @@ def _settled_seq(run: Run, *, last: int, rows: list[dict] | None) -> int:
         and rows[0]["seq"] == max(run.last_seq, 0)
     ):
         return last  # a batch continuing a gap-free run, with no hole of its own: no query
-    end = contiguous_end(run_id=run.pk, after_seq=run.priced_seq)
+    end = contiguous_end(run=run, after_seq=run.priced_seq)
     settled = run.priced_seq if end is None else end
     return last if last - settled > GAP_PATIENCE_SAMPLES else settled
 
 
 def run_totals_recompute(*, run: Run, pricing_table_id: int | None = None) -> None:
-    """The run's totals from all its stored samples (at finish: whatever arrived late is in)."""
+    """The run's totals from all its stored samples (at finish: whatever arrived late is in).
+
+    Refused once retention dropped some of them: the bill made as they arrived stands."""
+    if run.raw_dropped_before is not None:
+        raise ApplicationError(
+            f"run: run {run.pk}'s raw samples taken before "
+            f"{run.raw_dropped_before.isoformat()} were dropped by telemetry retention "
+            "(COSTLAB_TELEMETRY_RETENTION_DAYS); its bill stands as it was billed and cannot be "
+            "recomputed or re-priced",
+            {"fields": {"run": ["raw samples dropped by retention"]}},
+            code="retention",
+            status=409,
+        )
     rows = list(
-        TelemetrySample.objects.filter(run_id=run.pk)
+        TelemetrySample.objects.of_run(run)
         .order_by("seq")
         .values(*BILL_FIELDS)
         .iterator(chunk_size=10_000)

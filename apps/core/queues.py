@@ -28,6 +28,7 @@ class TaskName(StrEnum):
     SWEEP_PROBE = "costlab.sweep_probe"
     PROBES_RECONCILE = "costlab.probes_reconcile"
     SERIES_BLOCKS_ROLL = "costlab.series_blocks_roll"
+    TELEMETRY_MAINTAIN = "costlab.telemetry_maintain"
     DEVICES_PROFILE = "costlab.devices_profile"
 
 

@@ -518,6 +518,16 @@ def run_page(*, run: Run, now: datetime | None = None) -> dict:
         notices = worker_notices(stats=RunStats({}, None, run.heartbeat_at), now=now)
     if run.last_seq < 0 and run.status != Run.Status.QUEUED:
         notices.append(Notice("info", "No telemetry", "This run has not reported any telemetry."))
+    if run.raw_dropped_before is not None:
+        notices.append(
+            Notice(
+                "info",
+                "Raw samples dropped",
+                "Telemetry retention dropped this run's raw samples taken before "
+                f"{run.raw_dropped_before:%Y-%m-%d %H:%M} UTC. Its bill and totals stand as "
+                "billed; its charts come from the rolled-up blocks (64 samples each).",
+            )
+        )
     config = _strategy_of(run)
     _device_facts(run, config)
     place = None
@@ -535,7 +545,7 @@ def run_page(*, run: Run, now: datetime | None = None) -> dict:
         "model": run_model(config),
         "params": run_params(run),
         "artifacts": run_artifacts(run),
-        "ranks": telemetry_by_rank(run_id=run.pk) if run.world_size > 1 else [],
+        "ranks": telemetry_by_rank(run=run) if run.world_size > 1 else [],
         "charts": {
             "cursor": charts.epoch_ms(now),
             "poll_ms": charts.LIVE_POLL_MS,

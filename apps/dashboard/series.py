@@ -19,6 +19,7 @@ from apps.core.db import epoch_ms_sql
 from apps.dashboard.models import CHART_FIELDS, SeriesBlock
 from apps.experiments.models import Run
 from apps.telemetry.models import TelemetrySample
+from apps.telemetry.rollup import window_sql
 from apps.telemetry.selectors import SERIES_UNITS, samples_downsampled
 
 # A run with at most this many samples is bucketed straight from its samples (no blocks needed).
@@ -123,17 +124,27 @@ def _block_buckets(
 
 
 def _sample_buckets(
-    wanted: dict[int, tuple[int, int]], fields: tuple[str, ...], series: RunSeries
+    wanted: dict[Run, tuple[int, int]], fields: tuple[str, ...], series: RunSeries
 ) -> None:
     """wanted[run] = (first seq, seqs per bucket): the run's samples from first seq on, grouped in
-    SQL."""
+    SQL, looked for inside the run's stored span (so Postgres reads only its days' partitions)."""
     cols = ", ".join(f"MIN({f}), MAX({f}), SUM({f}), COUNT({f})" for f in fields)
-    per_run = (
-        f"SELECT run_id, (seq - %s) / %s, {epoch_ms_sql('MIN(ts)')}, {epoch_ms_sql('MAX(ts)')}, "
-        f"MAX(CASE WHEN estimated THEN 1 ELSE 0 END), {cols} FROM "
-        f"{TelemetrySample._meta.db_table} WHERE run_id = %s AND seq >= %s GROUP BY 1, 2"
-    )
-    _union(per_run, [(lo, k, run_id, lo) for run_id, (lo, k) in wanted.items()], fields, series)
+    queries, params = [], []
+    for run, (lo, k) in wanted.items():
+        within, span = window_sql(run.samples_from, run.samples_to)
+        queries.append(
+            f"SELECT run_id, (seq - %s) / %s, {epoch_ms_sql('MIN(ts)')}, "
+            f"{epoch_ms_sql('MAX(ts)')}, MAX(CASE WHEN estimated THEN 1 ELSE 0 END), {cols} FROM "
+            f"{TelemetrySample._meta.db_table} WHERE run_id = %s AND {within} AND seq >= %s "
+            "GROUP BY 1, 2"
+        )
+        params += [lo, k, run.pk, *span, lo]
+    if queries:
+        sql = (
+            " UNION ALL ".join(f"SELECT * FROM ({q}) AS q{i}" for i, q in enumerate(queries))
+            + " ORDER BY 1, 2"
+        )
+        _bucket_rows(sql, params, fields, series)
 
 
 def _union(per_run: str, params: list[tuple], fields: tuple[str, ...], series: RunSeries) -> None:
@@ -220,7 +231,8 @@ def run_series(*, runs: list[Run], fields: tuple[str, ...], budget: int) -> RunS
         raise ValueError(
             f"fields: {unknown[0]} is not a charted series ({', '.join(CHART_FIELDS)})"
         )
-    big = [r for r in runs if r.last_seq + 1 > RAW_MAX]
+    # A run whose raw samples retention dropped is read from its blocks too, whatever its size.
+    big = [r for r in runs if r.last_seq + 1 > RAW_MAX or r.raw_dropped_before is not None]
     upto = blocks_upto(big)
     blocks, samples = {}, {}
     for run in runs:
@@ -231,7 +243,8 @@ def run_series(*, runs: list[Run], fields: tuple[str, ...], budget: int) -> RunS
             blocks[run.pk] = (rolled, max(1, math.ceil(rolled / SeriesBlock.SEQS / budget)))
         first = max(rolled, run.last_seq + 1 - TAIL_MAX, 0)
         points = budget if rolled == 0 else max(1, budget // 4)
-        samples[run.pk] = (first, _per_bucket(run.last_seq + 1 - first, points, run))
+        if first <= run.last_seq:
+            samples[run] = (first, _per_bucket(run.last_seq + 1 - first, points, run))
     out = RunSeries(
         series={r.pk: {f: Band() for f in fields} for r in runs},
         estimated={r.pk for r in runs if r.energy_estimated},
@@ -247,7 +260,7 @@ def live_series(*, runs: list[Run], fields: tuple[str, ...], since: datetime) ->
     polling."""
     wanted, fields = fields, _stored_fields(fields)
     data = samples_downsampled(
-        run_ids=[r.pk for r in runs],
+        runs=runs,
         fields=list(fields),
         budget=LIVE_BUDGET,
         since=since - timedelta(seconds=LIVE_OVERLAP_S),

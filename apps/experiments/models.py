@@ -366,6 +366,22 @@ class Run(TimeStampedModel):
         "re-price moves it to the re-price's time.",
     )
 
+    # The time span of the run's stored samples, widened by each batch under the run's row lock.
+    # Every read of a run's samples looks only inside it, so on Postgres it touches only the
+    # partitions of those days (apps.telemetry.partitions).
+    samples_from = models.DateTimeField(
+        null=True, blank=True, help_text="The earliest stored sample's timestamp."
+    )
+    samples_to = models.DateTimeField(
+        null=True, blank=True, help_text="The latest stored sample's timestamp."
+    )
+    raw_dropped_before = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Telemetry retention dropped the run's raw samples taken before this moment; "
+        "its bill and totals stay, its charts come from the rolled-up blocks.",
+    )
+
     # Running totals, updated as telemetry lands (never recomputed from scratch).
     last_seq = models.BigIntegerField(default=-1, help_text="Highest seq stored.")
     priced_seq = models.BigIntegerField(

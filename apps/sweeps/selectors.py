@@ -63,7 +63,7 @@ def run_profile(*, run) -> dict:
 
     from apps.telemetry.models import TelemetrySample
 
-    agg = TelemetrySample.objects.filter(run=run).aggregate(
+    agg = TelemetrySample.objects.of_run(run).aggregate(
         util=Avg("util_pct"), mem=Max("mem_used_mb")
     )
     cpu = run.gpu_count == 0 and agg["util"] is not None

@@ -2,11 +2,13 @@
 
 Postgres: a batch whose seqs all lie beyond the run's highest stored seq (the usual case:
 a sink appends) is COPied straight into the table inside a savepoint; the unique index on
-(run, seq) still guards it, and should it fire, the savepoint is rolled back and the batch
+(run, seq, ts) still guards it, and should it fire, the savepoint is rolled back and the batch
 takes the general path. That path (a retry, a late or overlapping batch) COPies into a
-temporary staging table, then INSERT ... ON CONFLICT DO NOTHING. Elsewhere:
-bulk_create(ignore_conflicts=True). Either way a batch sent twice, or out of order,
-leaves the stored set as if each sample had arrived once.
+temporary staging table, then inserts the rows whose seq is not stored yet (looked for inside
+the run's stored span, so only its days' partitions are read; the caller holds the run's row
+lock, so no other batch of the run inserts meanwhile). Elsewhere: the stored seqs are read,
+then bulk_create. Either way a batch sent twice, or out of order, leaves the stored set as if
+each sample had arrived once.
 """
 
 from __future__ import annotations
@@ -249,12 +251,19 @@ def counters_refuse_decreasing(
 
 
 def samples_insert(
-    *, run_id: int, attempt: int, samples: list[SampleIn], after_seq: int | None = None
+    *,
+    run_id: int,
+    attempt: int,
+    samples: list[SampleIn],
+    after_seq: int | None = None,
+    stored: tuple[datetime, datetime] | None = None,
 ) -> list[int]:
-    """Insert, ignoring (run, seq) already stored. Returns the seqs that were new.
+    """Insert, ignoring (run, seq) already stored. Returns the seqs that were new. The caller
+    holds the run's row lock.
 
-    `after_seq`: the run's highest stored seq, when the caller holds the run's row lock and
-    knows it. A batch entirely beyond it cannot conflict, so it skips the staging table.
+    `after_seq`: the run's highest stored seq. A batch entirely beyond it cannot conflict, so it
+    skips the staging table. `stored`: the span of the run's stored samples (Run.samples_from ..
+    samples_to; None: nothing stored), where a stored seq is looked for.
     """
     if not samples:
         return []
@@ -267,12 +276,12 @@ def samples_insert(
                     return _copy_direct(run_id=run_id, attempt=attempt, samples=samples)
             except IntegrityError:
                 pass  # a row stored without moving the watermark: the general path sorts it out
-        return _insert_copy(run_id=run_id, attempt=attempt, samples=samples)
+        return _insert_copy(run_id=run_id, attempt=attempt, samples=samples, stored=stored)
     seqs = [s["seq"] for s in samples]
-    stored = set(
+    taken = set(
         TelemetrySample.objects.filter(run_id=run_id, seq__in=seqs).values_list("seq", flat=True)
     )
-    new = [s for s in samples if s["seq"] not in stored]
+    new = [s for s in samples if s["seq"] not in taken]
     TelemetrySample.objects.bulk_create(
         [
             TelemetrySample(
@@ -301,7 +310,9 @@ def _copy_direct(*, run_id: int, attempt: int, samples: list[SampleIn]) -> list[
     return [s["seq"] for s in samples]
 
 
-def _insert_copy(*, run_id: int, attempt: int, samples: list[SampleIn]) -> list[int]:
+def _insert_copy(
+    *, run_id: int, attempt: int, samples: list[SampleIn], stored: tuple[datetime, datetime] | None
+) -> list[int]:
     table = TelemetrySample._meta.db_table
     cols = ", ".join(COLUMNS)
     with connection.cursor() as cursor:
@@ -312,14 +323,37 @@ def _insert_copy(*, run_id: int, attempt: int, samples: list[SampleIn]) -> list[
             f"SELECT {cols} FROM {table} WITH NO DATA"
         )
         copy_rows(cursor, f"telemetry_staging ({cols})", map(_ROW, samples))
+        # A seq stored under another ts would not hit the (run, seq, ts) index: it is looked for.
+        unseen, params = "", [run_id, attempt]
+        if stored is not None:
+            unseen = (
+                f"WHERE NOT EXISTS (SELECT 1 FROM {table} t WHERE t.run_id = %s AND "
+                "t.seq = st.seq AND t.ts >= %s AND t.ts <= %s) "
+            )
+            params += [run_id, *stored]
         cursor.execute(
             f"INSERT INTO {table} (run_id, attempt, {cols}) "
-            f"SELECT %s, %s, {cols} FROM telemetry_staging "
-            f"ON CONFLICT (run_id, seq) DO NOTHING RETURNING seq",
-            [run_id, attempt],
+            f"SELECT %s, %s, {cols} FROM telemetry_staging st {unseen}"
+            "ON CONFLICT DO NOTHING RETURNING seq",
+            params,
         )
         inserted = [row[0] for row in cursor.fetchall()]
         # Several batches in one transaction must not see each other's rows. DELETE, not
         # TRUNCATE: no new relation file; the commit empties the table cheaply anyway.
         cursor.execute("DELETE FROM telemetry_staging")
     return inserted
+
+
+def run_spans_refresh(run_ids: list[int]) -> int:
+    """Each run's stored span (Run.samples_from .. samples_to) read again from its samples, for
+    rows written around samples_insert (a migration, a bench's bulk load, a test's fixtures).
+    Unpruned: one pass over the runs' rows in every partition. Returns the runs updated."""
+    from django.db.models import Max, Min, OuterRef, Subquery
+
+    from apps.experiments.models import Run
+
+    of_run = TelemetrySample.objects.filter(run=OuterRef("pk")).values("run")
+    return Run.objects.filter(pk__in=run_ids).update(
+        samples_from=Subquery(of_run.annotate(v=Min("ts")).values("v")),
+        samples_to=Subquery(of_run.annotate(v=Max("ts")).values("v")),
+    )

@@ -1,12 +1,27 @@
+from __future__ import annotations
+
 from django.conf import settings
 from django.db import models
 
 from apps.experiments.models import Run
 
 
+class SampleQuerySet(models.QuerySet):
+    def of_run(self, run: Run) -> SampleQuerySet:
+        """The run's samples, looked for only inside its stored span (Run.samples_from ..
+        samples_to), so Postgres reads only the partitions of those days. A run without a span
+        (nothing ingested; rows written around ingest) is looked for everywhere."""
+        if run.samples_from is None or run.samples_to is None:
+            return self.filter(run_id=run.pk)
+        return self.filter(run_id=run.pk, ts__gte=run.samples_from, ts__lte=run.samples_to)
+
+
 class TelemetrySample(models.Model):
     """One telemetry reading of one device of a run. At-least-once delivery, stored once per (run,
     seq).
+
+    On Postgres the table is partitioned by ts (apps.telemetry.partitions), and its unique index
+    is (run, seq, ts); ingest keeps (run, seq) unique under the run's row lock.
 
     A DDP run's ranks share the run's one seq space (the worker numbers their samples as they
     arrive), so (run, seq) still identifies a sample, and (run, rank) orders one device's stream.
@@ -56,6 +71,8 @@ class TelemetrySample(models.Model):
     estimated = models.BooleanField(
         default=False, help_text="Power and energy were modelled, not measured."
     )
+
+    objects = SampleQuerySet.as_manager()
 
     class Meta:
         constraints = [

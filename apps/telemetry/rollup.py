@@ -8,9 +8,12 @@ apps.billing.services bills each range as it is now and as it was, with apps.pri
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.db import connection
 from django.db.models import Q
 
+from apps.experiments.models import Run
 from apps.telemetry.models import TelemetrySample
 
 # Seqs further apart than this in one batch are looked at as separate ranges (a batch of
@@ -44,7 +47,20 @@ def seq_clusters(seqs: list[int]) -> list[tuple[int, int]]:
     return out
 
 
-def batch_ranges(*, run_id: int, seqs: list[int], ranks: int = 1) -> list[tuple[int, int]]:
+def window_sql(lo: datetime | None, hi: datetime | None, alias: str = "") -> tuple[str, list]:
+    """`ts` bounded to [lo, hi] (a run's stored span: Run.samples_from, samples_to), for raw SQL:
+    Postgres reads only the partitions of those days. None: no span known, no bound."""
+    if lo is None or hi is None:
+        return "1 = 1", []
+    ops = connection.ops
+    col = f"{alias}.ts" if alias else "ts"
+    return (
+        f"{col} >= %s AND {col} <= %s",
+        [ops.adapt_datetimefield_value(lo), ops.adapt_datetimefield_value(hi)],
+    )
+
+
+def batch_ranges(*, run: Run, seqs: list[int]) -> list[tuple[int, int]]:
     """The (lo, hi] seq ranges a batch touches, from the rows stored before it (one query).
 
     lo: the stored row just before a cluster (-1: none, count from the run's start); hi: the
@@ -56,22 +72,23 @@ def batch_ranges(*, run_id: int, seqs: list[int], ranks: int = 1) -> list[tuple[
     clusters = seq_clusters(seqs)
     table = TelemetrySample._meta.db_table
     values = ", ".join(["(%s, %s)"] * len(clusters))
-    if ranks > 1:
+    within, span = window_sql(run.samples_from, run.samples_to)
+    if run.world_size > 1:
         before = (
             f"(SELECT MIN(m) FROM (SELECT MAX(seq) AS m FROM {table} WHERE run_id = %s AND "
-            "seq < c.lo GROUP BY rank) AS b)"
+            f"{within} AND seq < c.lo GROUP BY rank) AS b)"
         )
         after = (
             f"(SELECT MAX(m) FROM (SELECT MIN(seq) AS m FROM {table} WHERE run_id = %s AND "
-            "seq > c.hi GROUP BY rank) AS a)"
+            f"{within} AND seq > c.hi GROUP BY rank) AS a)"
         )
     else:
-        before = f"(SELECT MAX(seq) FROM {table} WHERE run_id = %s AND seq < c.lo)"
-        after = f"(SELECT MIN(seq) FROM {table} WHERE run_id = %s AND seq > c.hi)"
+        before = f"(SELECT MAX(seq) FROM {table} WHERE run_id = %s AND {within} AND seq < c.lo)"
+        after = f"(SELECT MIN(seq) FROM {table} WHERE run_id = %s AND {within} AND seq > c.hi)"
     with connection.cursor() as cursor:
         cursor.execute(
             f"WITH c(lo, hi) AS (VALUES {values}) SELECT {before}, {after} FROM c ORDER BY c.lo",
-            [v for c in clusters for v in c] + [run_id, run_id],
+            [v for c in clusters for v in c] + [run.pk, *span, run.pk, *span],
         )
         bounds = [
             (-1 if lo is None else lo, SEQ_MAX if hi is None else hi)
@@ -86,11 +103,12 @@ def batch_ranges(*, run_id: int, seqs: list[int], ranks: int = 1) -> list[tuple[
     return merged
 
 
-def stream_predecessors(*, run_id: int, seq: int, ranks: set[int]) -> list[dict]:
+def stream_predecessors(*, run: Run, seq: int, ranks: set[int]) -> list[dict]:
     """Each rank's last stored row at or before seq (what an appended batch's intervals start from),
     in seq order; one indexed lookup per rank, in one query."""
     parts = [
-        TelemetrySample.objects.filter(run_id=run_id, rank=r, seq__lte=seq)
+        TelemetrySample.objects.of_run(run)
+        .filter(rank=r, seq__lte=seq)
         .order_by("-seq")
         .values(*BILL_FIELDS)[:1]
         for r in sorted(ranks)
@@ -99,27 +117,28 @@ def stream_predecessors(*, run_id: int, seq: int, ranks: set[int]) -> list[dict]
     return sorted(rows, key=lambda r: r["seq"])
 
 
-def contiguous_end(*, run_id: int, after_seq: int) -> int | None:
+def contiguous_end(*, run: Run, after_seq: int) -> int | None:
     """The last seq of the gap-free stretch that follows after_seq
     (None: after_seq + 1 is missing)."""
     table = TelemetrySample._meta.db_table
+    within, span = window_sql(run.samples_from, run.samples_to)
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT MAX(seq) FROM ("
             f"SELECT seq, ROW_NUMBER() OVER (ORDER BY seq) AS rn FROM {table} "
-            f"WHERE run_id = %s AND seq > %s) AS t WHERE seq - %s = rn",
-            [run_id, after_seq, after_seq],
+            f"WHERE run_id = %s AND {within} AND seq > %s) AS t WHERE seq - %s = rn",
+            [run.pk, *span, after_seq, after_seq],
         )
         return cursor.fetchone()[0]
 
 
-def rows_in_ranges(*, run_id: int, ranges: list[tuple[int, int]]) -> list[list[dict]]:
+def rows_in_ranges(*, run: Run, ranges: list[tuple[int, int]]) -> list[list[dict]]:
     """The stored rows of each (lo, hi] range, the row at lo included (one query), in seq order."""
     where = Q()
     for lo, hi in ranges:
         where |= Q(seq__gte=lo, seq__lte=hi)
     rows = list(
-        TelemetrySample.objects.filter(where, run_id=run_id).order_by("seq").values(*BILL_FIELDS)
+        TelemetrySample.objects.of_run(run).filter(where).order_by("seq").values(*BILL_FIELDS)
     )
     out, i = [], 0
     for lo, hi in ranges:  # ranges are sorted and disjoint: one pass splits the rows

@@ -6,9 +6,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from django.db import connection
+from django.db.models import Count, Max, Min, Q
 from django.utils.dateparse import parse_datetime
 
 from apps.core.exceptions import ApplicationError
+from apps.experiments.models import Run
 from apps.telemetry.models import TelemetrySample
 
 # Numeric columns a chart may ask for, with the unit they are in.
@@ -54,7 +56,8 @@ def _aware(value) -> datetime:
 
 def samples_downsampled(
     *,
-    run_ids: list[int],
+    run_ids: list[int] | None = None,
+    runs: list[Run] | None = None,
     fields: list[str],
     budget: int,
     since: datetime | None = None,
@@ -63,7 +66,8 @@ def samples_downsampled(
     """Min/max per bucket: each run's samples are cut into budget/2 equal-count buckets (by seq) and
     each bucket keeps its lowest and highest value of each field, so peaks survive and a series has
     at most `budget` points. A series that already fits is returned whole. One query for all runs
-    and fields, on Postgres and SQLite alike."""
+    and fields, on Postgres and SQLite alike (two given run_ids, not the runs: their stored spans
+    are read first)."""
     unknown = [f for f in fields if f not in SERIES_UNITS]
     if unknown:
         raise ApplicationError(
@@ -76,7 +80,9 @@ def samples_downsampled(
         raise ApplicationError(
             "budget: at least 2 points", {"fields": {"budget": ["at least 2"]}}, code="invalid"
         )
-    run_ids = sorted({int(r) for r in run_ids})
+    if runs is not None:
+        run_ids = [r.pk for r in runs]
+    run_ids = sorted({int(r) for r in run_ids or []})
     fields = list(dict.fromkeys(fields))
     result = Downsampled(budget=budget, series={r: {f: [] for f in fields} for r in run_ids})
     if not run_ids or not fields:
@@ -84,6 +90,25 @@ def samples_downsampled(
 
     table = TelemetrySample._meta.db_table
     where, params = [f"run_id IN ({', '.join(['%s'] * len(run_ids))})"], list(run_ids)
+    # Inside the runs' stored spans: Postgres reads only the partitions of those days. (A run
+    # with samples but no span, its rows written around ingest, leaves the bounds open.)
+    if runs is not None:  # in hand: no query
+        known = [r for r in runs if r.samples_from is not None]
+        spans = {
+            "lo": min((r.samples_from for r in known), default=None),
+            "hi": max((r.samples_to for r in known), default=None),
+            "unknown": sum(1 for r in runs if r.samples_from is None and r.last_seq >= 0),
+        }
+    else:
+        spans = Run.objects.filter(pk__in=run_ids).aggregate(
+            lo=Min("samples_from"),
+            hi=Max("samples_to"),
+            unknown=Count("pk", filter=Q(samples_from=None, last_seq__gte=0)),
+        )
+    if not spans["unknown"] and spans["lo"] is not None:
+        since = spans["lo"] if since is None else max(since, spans["lo"])
+        where.append("ts <= %s")
+        params.append(connection.ops.adapt_datetimefield_value(spans["hi"]))
     if since is not None:
         where.append("ts >= %s")
         params.append(connection.ops.adapt_datetimefield_value(since))
@@ -120,14 +145,14 @@ def samples_downsampled(
     return result
 
 
-def telemetry_by_rank(*, run_id: int) -> list[dict]:
+def telemetry_by_rank(*, run: Run) -> list[dict]:
     """Per device (DDP rank) of a run: its samples, mean utilisation and step time, peak memory, the
     last device name. A straggler shows as the rank with the longest steps or the lowest
     utilisation."""
-    from django.db.models import Avg, Count, Max
+    from django.db.models import Avg
 
     return list(
-        TelemetrySample.objects.filter(run_id=run_id)
+        TelemetrySample.objects.of_run(run)
         .values("rank")
         .annotate(
             samples=Count("id"),

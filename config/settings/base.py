@@ -240,6 +240,14 @@ COSTLAB_RUN_RECONCILE_S = env.float("COSTLAB_RUN_RECONCILE_S", default=5.0)
 # How often beat rolls settled telemetry up into the dashboard's chart blocks (pages only read them;
 # samples past the last block are read raw, so a slower rollup costs page time, never points).
 COSTLAB_SERIES_ROLLUP_S = env.float("COSTLAB_SERIES_ROLLUP_S", default=5.0)
+# Postgres keeps samples in time partitions of this many days (apps.telemetry.partitions), with
+# this many made ready past today by beat every COSTLAB_TELEMETRY_MAINTAIN_S; raw samples older
+# than COSTLAB_TELEMETRY_RETENTION_DAYS are dropped a partition at a time (0: kept for good), while
+# bills, totals and the charts' rolled-up blocks stay. SQLite keeps one table and everything.
+COSTLAB_TELEMETRY_PARTITION_DAYS = env.int("COSTLAB_TELEMETRY_PARTITION_DAYS", default=1)
+COSTLAB_TELEMETRY_PARTITIONS_AHEAD = env.int("COSTLAB_TELEMETRY_PARTITIONS_AHEAD", default=3)
+COSTLAB_TELEMETRY_RETENTION_DAYS = env.int("COSTLAB_TELEMETRY_RETENTION_DAYS", default=90)
+COSTLAB_TELEMETRY_MAINTAIN_S = env.float("COSTLAB_TELEMETRY_MAINTAIN_S", default=3600.0)
 # Synced into django-celery-beat's tables at beat start-up; staff can change the interval in the
 # admin.
 # Its DatabaseScheduler reads `expire_seconds` (whole seconds) and ignores `expires`: a message
@@ -269,6 +277,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": TaskName.PROBES_RECONCILE,
         "schedule": 30.0,
         "options": {"expire_seconds": 28},
+    },
+    "maintain-telemetry": {
+        "task": TaskName.TELEMETRY_MAINTAIN,
+        "schedule": COSTLAB_TELEMETRY_MAINTAIN_S,
+        "options": {"expire_seconds": max(1, int(COSTLAB_TELEMETRY_MAINTAIN_S * 0.9))},
     },
     "roll-up-series": {
         "task": TaskName.SERIES_BLOCKS_ROLL,

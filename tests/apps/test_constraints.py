@@ -1,6 +1,5 @@
 """The data model's rules hold in the database itself, not only in Python."""
 
-from datetime import UTC, datetime
 from decimal import Decimal
 
 import pytest
@@ -28,9 +27,12 @@ def refused(fn):
 
 
 def test_duplicate_seq_for_a_run_is_refused():
+    """The database refuses the same sample twice. On Postgres its unique index is (run, seq, ts),
+    since a partitioned table's must hold the partition key; that a seq is stored once under any
+    ts is ingest's to keep (tests/apps/telemetry/test_partitions.py)."""
     run = RunFactory()
-    TelemetrySampleFactory(run=run, seq=7)
-    refused(lambda: TelemetrySample.objects.create(run=run, seq=7, ts=datetime.now(UTC)))
+    first = TelemetrySampleFactory(run=run, seq=7)
+    refused(lambda: TelemetrySample.objects.create(run=run, seq=7, ts=first.ts))
     # Another run may use the same seq.
     TelemetrySampleFactory(run=RunFactory(arm=run.arm), seq=7)
     assert TelemetrySample.objects.filter(seq=7).count() == 2

@@ -178,7 +178,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet
             settings.COSTLAB_API_TELEMETRY_MAX_BUDGET,
         )
         down = samples_downsampled(
-            run_ids=[run.pk],
+            runs=[run],
             fields=q["fields"],
             budget=budget,
             since=q.get("since"),

@@ -107,7 +107,7 @@ def test_blocks_are_rolled_up_once_and_then_incrementally(w):
 
 def test_a_page_view_writes_nothing_and_shows_the_tail_until_beat_rolls_up(w):
     n = RAW_MAX + 3000
-    run = stored(run_of(w.control), n, priced=n, spike_at=10)
+    run = stored(run_of(w.control, status=Run.Status.RUNNING), n, priced=n, spike_at=10)
     with CaptureQueriesContext(connection) as queries:
         band = run_series(runs=[run], fields=FIELDS, budget=200).series[run.pk]["util_pct"]
     writes = [q["sql"] for q in queries if not q["sql"].lstrip().upper().startswith("SELECT")]
@@ -125,8 +125,11 @@ def test_a_page_view_writes_nothing_and_shows_the_tail_until_beat_rolls_up(w):
 
 
 def test_beat_rolls_up_only_the_runs_with_a_new_settled_block(w):
-    behind = stored(run_of(w.control), RAW_MAX + 200, priced=RAW_MAX + 200)
-    small = stored(run_of(w.control), SeriesBlock.SEQS - 1, priced=SeriesBlock.SEQS - 1)
+    running = Run.Status.RUNNING
+    behind = stored(run_of(w.control, status=running), RAW_MAX + 200, priced=RAW_MAX + 200)
+    small = stored(
+        run_of(w.control, status=running), SeriesBlock.SEQS - 1, priced=SeriesBlock.SEQS - 1
+    )
     assert series_blocks_roll_due() == 1 and not SeriesBlock.objects.filter(run=small).exists()
     assert series_blocks_roll_due() == 0, "up to date: nothing is due"
     # A few more settled samples, short of a whole block: still nothing due; a whole block: due
@@ -144,6 +147,22 @@ def test_beat_rolls_up_only_the_runs_with_a_new_settled_block(w):
     assert series_blocks_roll_due() == 0
     Run.objects.filter(pk=behind.pk).update(priced_seq=F("priced_seq") + 1)
     assert series_blocks_roll_due() == 1
+
+
+def test_beat_rolls_up_a_finished_runs_last_samples_under_a_block(w):
+    """Once a finished run is settled, its last block is rolled up however short: its chart is
+    then read from blocks alone (what stays after retention drops the samples)."""
+    n = RAW_MAX + 100
+    run = stored(run_of(w.control), n, priced=n, spike_at=n - 5)
+    assert series_blocks_roll_due() >= 1  # (the world's other finished runs too)
+    last = SeriesBlock.objects.filter(run=run).order_by("-block").first()
+    assert last.block == (n - 1) // SeriesBlock.SEQS and last.samples == n % SeriesBlock.SEQS
+    assert series_blocks_roll_due() == 0, "rolled once"
+    before = run_series(runs=[run], fields=FIELDS, budget=200).series[run.pk]["util_pct"]
+    TelemetrySample.objects.filter(run=run).delete()
+    after = run_series(runs=[run], fields=FIELDS, budget=200).series[run.pk]["util_pct"]
+    assert (after.x, after.y, after.hi) == (before.x, before.y, before.hi)
+    assert max(after.hi) == 100.0, "the last samples' peak is in the blocks"
 
 
 def test_a_ddp_runs_line_is_the_mean_of_its_ranks_not_a_zigzag(w):

@@ -38,9 +38,7 @@ def test_each_bucket_keeps_its_extremes_within_the_budget(django_assert_num_quer
     fill(first, values)
     fill(second, [float(i) for i in range(300)])
     with django_assert_num_queries(1):  # all runs and fields in one query
-        down = samples_downsampled(
-            run_ids=[first.pk, second.pk], fields=["power_w", "step"], budget=40
-        )
+        down = samples_downsampled(runs=[first, second], fields=["power_w", "step"], budget=40)
     points = down.series[first.pk]["power_w"]
     assert 20 <= len(points) <= 40
     assert max(v for _, v in points) == 999.0 and min(v for _, v in points) == 1.0

@@ -1,0 +1,199 @@
+"""Samples in time partitions (Postgres): every read of a run prunes to the partitions of its days
+(checked with EXPLAIN), a seq is stored once under any timestamp, maintenance makes partitions
+ahead and moves stray rows into their own, and retention drops old partitions while a finished
+run's bill, chart and CSV rows stay as they were and an open run's partition is kept.
+
+Here rather than in tests/apps/telemetry: the reads checked include the dashboard's."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+
+from apps.billing.services import run_totals_recompute, telemetry_ingest
+from apps.core.exceptions import ApplicationError
+from apps.dashboard import series as series_module
+from apps.dashboard.runs import comparison_csv_rows, runs_csv_rows
+from apps.dashboard.selectors import run_page
+from apps.dashboard.series import run_series
+from apps.dashboard.services import series_blocks_roll_due
+from apps.experiments.models import Run
+from apps.ops.telemetry_upkeep import telemetry_upkeep
+from apps.telemetry.models import TelemetrySample
+from apps.telemetry.partitions import DEFAULT, PARENT, partition_name, partitions
+from apps.telemetry.selectors import samples_downsampled, telemetry_by_rank
+from tests.apps.dashboard.world import run_of, samples
+
+pytestmark = [
+    pytest.mark.django_db,
+    pytest.mark.skipif(
+        connection.vendor != "postgresql",
+        reason="partitions are Postgres's; SQLite keeps one table",
+    ),
+]
+NOW = datetime.now(UTC).replace(microsecond=0)
+DAY = timedelta(days=1)
+FIELDS = ("util_pct", "power_w")
+
+
+def day_of(ts: datetime) -> datetime:
+    return ts.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def open_at(run: Run, start: datetime) -> Run:
+    """The run as created and started at `start` (its samples may be stamped from then on)."""
+    Run.objects.filter(pk=run.pk).update(
+        created_at=start, started_at=start, status=Run.Status.RUNNING
+    )
+    run.refresh_from_db()
+    return run
+
+
+def ingest(run: Run, *, start: datetime, n: int, first_seq: int = 0, **kwargs) -> None:
+    for i in range(0, n, 2000):
+        telemetry_ingest(
+            run_id=run.pk,
+            samples=samples(
+                start=start + timedelta(seconds=i),
+                first_seq=first_seq + i,
+                n=min(2000, n - i),
+                **kwargs,
+            ),
+            attempt=run.attempts,
+        )
+
+
+def finish(run: Run) -> Run:
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.SUCCEEDED, finished_at=run.samples_to)
+    run.refresh_from_db()
+    return run
+
+
+def partitions_read(sql: str) -> set[str]:
+    """The sample partitions a statement's plan touches (EXPLAIN, not run)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN {sql}")
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    return set(re.findall(rf"\b({PARENT}_(?:p\d{{8}}|default))\b", plan))
+
+
+def test_every_read_of_a_run_prunes_to_its_days_partitions(w):
+    telemetry_upkeep(now=NOW)  # partitions from yesterday on
+    start = day_of(NOW - 3 * DAY) + timedelta(hours=23, minutes=50)  # spans two days
+    run = open_at(run_of(w.control, world_size=1), start)
+    other = open_at(run_of(w.candidate), day_of(NOW - DAY) + timedelta(hours=1))
+    ingest(other, start=other.created_at, n=300)
+    ingest(run, start=start, n=100)  # 20 minutes, into the next day, with a hole at 100..149
+    ingest(run, start=start + timedelta(seconds=150), n=1050, first_seq=150)
+    telemetry_upkeep(now=NOW)  # their days' partitions, filled from the default one
+    series_blocks_roll_due()  # the other run's blocks: not due again below
+    mine = {partition_name(day_of(start)), partition_name(day_of(start + DAY))}
+    assert mine <= {p.name for p in partitions()}
+
+    with CaptureQueriesContext(connection) as queries:
+        # A late batch filling the hole (the staging path with its stored-seq lookup, and the
+        # re-billed ranges around it), an appended one, then the reads.
+        ingest(run, start=start + timedelta(seconds=100), n=50, first_seq=100)
+        ingest(run, start=start + timedelta(seconds=1200), n=10, first_seq=1200)
+        run.refresh_from_db()
+        run_series(runs=[run], fields=FIELDS, budget=100)
+        samples_downsampled(runs=[run], fields=["power_w"], budget=50)
+        samples_downsampled(run_ids=[run.pk], fields=["power_w"], budget=50)
+        telemetry_by_rank(run=run)
+        run_totals_recompute(run=run)
+        finish(run)
+        series_blocks_roll_due()
+    statements = [  # the reads and writes of samples (COPY and the staging table's DDL aside)
+        q["sql"]
+        for q in queries
+        if PARENT in q["sql"]
+        and q["sql"].lstrip().split(None, 1)[0].upper() in ("SELECT", "WITH", "INSERT", "DELETE")
+    ]
+    assert len(statements) >= 8
+    for sql in statements:
+        touched = partitions_read(sql)
+        assert touched, f"no partition in the plan of: {sql[:300]}"
+        assert touched <= mine, f"read {sorted(touched - mine)} beyond the run's days: {sql[:300]}"
+
+
+def test_a_seq_sent_again_under_another_timestamp_is_stored_once(w):
+    run = open_at(run_of(w.control), NOW - timedelta(minutes=30))
+    ingest(run, start=run.created_at, n=20)
+    again = samples(start=run.created_at + timedelta(minutes=5), first_seq=5, n=3)
+    result = telemetry_ingest(run_id=run.pk, samples=again, attempt=run.attempts)
+    assert (result.inserted, result.duplicates) == (0, 3)
+    assert TelemetrySample.objects.filter(run=run).count() == 20
+
+
+def test_maintenance_makes_partitions_ahead_and_moves_stray_rows_into_their_own(w):
+    old = day_of(NOW - 40 * DAY) + timedelta(hours=6)
+    run = open_at(run_of(w.control), old)  # a historical upload, 40 days back
+    ingest(run, start=old, n=100)
+    with connection.cursor() as cursor:
+        cursor.execute(f'SELECT count(*) FROM "{DEFAULT}"')
+        assert cursor.fetchone()[0] == 100, "no partition for that day yet: the default holds it"
+    done = telemetry_upkeep(now=NOW)
+    assert partition_name(day_of(old)) in done.created and done.moved_rows == 100
+    for ahead in range(4):
+        assert partition_name(day_of(NOW + ahead * DAY)) in {p.name for p in partitions()}
+    with connection.cursor() as cursor:
+        cursor.execute(f'SELECT count(*) FROM "{DEFAULT}"')
+        assert cursor.fetchone()[0] == 0
+        cursor.execute(f'SELECT count(*) FROM "{partition_name(day_of(old))}"')
+        assert cursor.fetchone()[0] == 100
+    assert telemetry_upkeep(now=NOW).created == [], "idempotent"
+
+
+def test_retention_keeps_a_finished_runs_bill_chart_and_csv_and_an_open_runs_partition(
+    w, monkeypatch, settings
+):
+    monkeypatch.setattr(series_module, "RAW_MAX", 500)  # a chart of blocks, without 8k samples
+    settings.COSTLAB_TELEMETRY_RETENTION_DAYS = 90
+    old = day_of(NOW - 120 * DAY) + timedelta(hours=2)
+    gone = open_at(run_of(w.control), old)
+    ingest(gone, start=old, n=1000, util=70.0)
+    gone = finish(gone)
+    still = open_at(run_of(w.candidate), day_of(NOW - 100 * DAY) + timedelta(hours=3))
+    ingest(still, start=still.created_at, n=100)
+    telemetry_upkeep(now=NOW - 200 * DAY)  # their days' partitions (nothing is that old yet)
+    series_blocks_roll_due()  # beat: the finished run's blocks, its last one included
+
+    def seen(run: Run):
+        run.refresh_from_db()
+        chart = run_series(runs=[run], fields=FIELDS, budget=100).series[run.pk]
+        csv = [r for r in runs_csv_rows(Run.objects.filter(pk=run.pk))]
+        bands = {f: (b.x, b.y, b.lo, b.hi) for f, b in chart.items()}
+        return run.cost_usd, run.device_seconds, run.energy_j, bands, csv
+
+    before = seen(gone)
+    comparison = list(comparison_csv_rows(experiment=w.experiment))
+    assert before[0] > 0 and before[3]["util_pct"][0], "billed and charted"
+
+    done = telemetry_upkeep(now=NOW)
+    assert partition_name(day_of(old)) in done.dropped
+    kept = partition_name(day_of(still.created_at))
+    assert done.kept == {kept: [still.pk]}, "the open run's partition stays, and is said"
+    assert kept in {p.name for p in partitions()}
+    assert not TelemetrySample.objects.filter(run=gone).exists()
+    assert TelemetrySample.objects.filter(run=still).count() == 100
+
+    assert seen(gone) == before, "bill, totals, chart and CSV row unchanged"
+    assert list(comparison_csv_rows(experiment=w.experiment)) == comparison
+    gone.refresh_from_db()
+    assert gone.raw_dropped_before == day_of(old) + DAY
+    with pytest.raises(ApplicationError, match="dropped by telemetry retention"):
+        run_totals_recompute(run=gone)
+    notice = [n for n in run_page(run=gone)["notices"] if n.title == "Raw samples dropped"]
+    assert notice and "before" in notice[0].text
+
+
+def test_the_run_page_says_when_raw_samples_are_gone(w, member):
+    run = run_of(w.control)
+    Run.objects.filter(pk=run.pk).update(raw_dropped_before=NOW - 90 * DAY)
+    page = member.get(reverse("dashboard:run", args=[run.pk]))
+    assert page.status_code == 200 and b"Raw samples dropped" in page.content
