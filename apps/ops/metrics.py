@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import DatabaseError
 from django.db.models import Count, Min, Sum
 from django.utils import timezone
@@ -21,6 +22,7 @@ from apps.core.selectors import broker_reachable, database_reachable
 from apps.devices.models import Device
 from apps.experiments.models import Run
 from apps.telemetry.models import TelemetrySample
+from apps.telemetry.partitions import default_rows, partitions, samples_estimated
 
 INGEST_WINDOW_S = 60
 
@@ -87,6 +89,7 @@ class PlatformCollector(Collector):
         )
 
         yield from _device_metrics()
+        yield from _telemetry_storage_metrics(now)
 
         tick = PeriodicTaskRun.objects.filter(name="attribution_tick").first()
         if tick is not None:
@@ -104,6 +107,46 @@ class PlatformCollector(Collector):
             yield CounterMetricFamily(
                 "costlab_attribution_ticks", "Attribution ticks run.", value=tick.runs
             )
+
+
+def _telemetry_storage_metrics(now) -> Iterator[Metric]:
+    """The samples' time partitions (Postgres): how many, their bytes on disk and per sample, the
+    oldest kept, the stray rows waiting in the default partition, and those past retention (kept
+    for an open run, or waiting for beat). Catalog reads and one count of a small table."""
+    parts = partitions()
+    if not parts:
+        return
+    dated = [p for p in parts if not p.is_default]
+    count = GaugeMetricFamily(
+        "costlab_telemetry_partitions", "Time partitions of the samples table.", labels=["kind"]
+    )
+    count.add_metric(["time"], len(dated))
+    cutoff = now - timedelta(days=settings.COSTLAB_TELEMETRY_RETENTION_DAYS)
+    past = [p for p in dated if settings.COSTLAB_TELEMETRY_RETENTION_DAYS and p.hi <= cutoff]
+    count.add_metric(["past_retention"], len(past))
+    yield count
+    total = sum(p.bytes for p in parts)
+    rows = samples_estimated()
+    yield GaugeMetricFamily(
+        "costlab_telemetry_bytes", "Bytes on disk of the samples, indexes included.", value=total
+    )
+    yield GaugeMetricFamily(
+        "costlab_telemetry_bytes_per_sample",
+        "Bytes on disk per stored sample, indexes included (rows estimated by the planner's "
+        "statistics, so approximate).",
+        value=total / rows if rows else 0.0,
+    )
+    if dated:
+        yield GaugeMetricFamily(
+            "costlab_telemetry_oldest_partition_start_seconds",
+            "Start (Unix time) of the oldest time partition kept: raw samples before it are gone.",
+            value=dated[0].lo.timestamp(),
+        )
+    yield GaugeMetricFamily(
+        "costlab_telemetry_default_partition_rows",
+        "Samples in the default partition, waiting for beat to move them into their own day's.",
+        value=default_rows(),
+    )
 
 
 def _device_metrics() -> Iterator[Metric]:

@@ -101,6 +101,25 @@ def partitions() -> list[Partition]:
     return sorted(out, key=lambda p: (p.lo is None, p.lo or EPOCH))
 
 
+def samples_estimated() -> int:
+    """Rows in all partitions, from the planner's statistics (no scan; as fresh as the last
+    ANALYZE or autovacuum)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT COALESCE(SUM(GREATEST(c.reltuples, 0)), 0) FROM pg_inherits i "
+            "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass(%s)",
+            [PARENT],
+        )
+        return int(cursor.fetchone()[0])
+
+
+def default_rows() -> int:
+    """Rows waiting in the default partition (a small table: counted)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f'SELECT count(*) FROM "{DEFAULT}"')
+        return cursor.fetchone()[0]
+
+
 def _create(cursor, lo: datetime, hi: datetime) -> str:
     """A partition for [lo, hi): created detached, filled with the default partition's rows of
     that range, then attached (so the default never holds a row a partition's range covers)."""

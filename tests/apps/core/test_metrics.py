@@ -4,6 +4,7 @@ for staff or the ops token."""
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -77,3 +78,26 @@ def test_staff_see_the_broker_down(client):
     finally:
         celery_app.conf.broker_url = original
     assert value(m["costlab_broker_up"]) == 0 and value(m["costlab_database_up"]) == 1
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="partitions are Postgres's")
+def test_the_samples_partitions_their_bytes_and_stray_rows(client, settings):
+    from apps.ops.telemetry_upkeep import telemetry_upkeep
+    from apps.telemetry.partitions import partitions
+
+    settings.COSTLAB_OPS_TOKEN = "ops-token-for-metrics"
+    now = timezone.now()
+    telemetry_upkeep(now=now)
+    run = RunFactory(status=Run.Status.RUNNING)
+    for seq in range(20):
+        TelemetrySampleFactory(run=run, seq=seq, ts=now - timedelta(seconds=seq))
+    TelemetrySampleFactory(run=run, seq=99, ts=now - timedelta(days=400))  # no partition yet
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE telemetry_telemetrysample")
+    m = scrape(client, HTTP_AUTHORIZATION="Bearer ops-token-for-metrics")
+    dated = [p for p in partitions() if not p.is_default]
+    assert value(m["costlab_telemetry_partitions"], kind="time") == len(dated) >= 5
+    assert value(m["costlab_telemetry_default_partition_rows"]) == 1
+    assert value(m["costlab_telemetry_bytes"]) > 0
+    assert 20 < value(m["costlab_telemetry_bytes_per_sample"]) < 100_000
+    assert value(m["costlab_telemetry_oldest_partition_start_seconds"]) == dated[0].lo.timestamp()
