@@ -25,6 +25,7 @@ from apps.pricing import cost_engine
 from apps.pricing.bill import Bill, period_sums, run_bill, unpriced_seconds
 from apps.pricing.models import CostModel, PricingTable
 from apps.pricing.selectors import price_schedule
+from apps.telemetry.compaction import stored_rows
 from apps.telemetry.ingest import (
     counters_refuse_decreasing,
     out_of_range,
@@ -328,12 +329,7 @@ def run_totals_recompute(*, run: Run, pricing_table_id: int | None = None) -> No
             code="retention",
             status=409,
         )
-    rows = list(
-        TelemetrySample.objects.of_run(run)
-        .order_by("seq")
-        .values(*BILL_FIELDS)
-        .iterator(chunk_size=10_000)
-    )
+    rows = list(stored_rows(run, BILL_FIELDS))  # raw and packed alike
     run_totals_apply(
         run=run,
         ranges=[(-1, SEQ_MAX)],

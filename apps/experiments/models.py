@@ -375,6 +375,11 @@ class Run(TimeStampedModel):
     samples_to = models.DateTimeField(
         null=True, blank=True, help_text="The latest stored sample's timestamp."
     )
+    packed_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="When compaction packed the run's samples (one row per rank and minute).",
+    )
     raw_dropped_before = models.DateTimeField(
         null=True,
         blank=True,

@@ -21,8 +21,14 @@ from apps.core.models import PeriodicTaskRun
 from apps.core.selectors import broker_reachable, database_reachable
 from apps.devices.models import Device
 from apps.experiments.models import Run
+from apps.telemetry.compaction import runs_compactable
 from apps.telemetry.models import TelemetrySample
-from apps.telemetry.partitions import default_rows, partitions, samples_estimated
+from apps.telemetry.partitions import (
+    default_rows,
+    packed_estimate,
+    partitions,
+    samples_estimated,
+)
 
 INGEST_WINDOW_S = 60
 
@@ -142,6 +148,21 @@ def _telemetry_storage_metrics(now) -> Iterator[Metric]:
             "Start (Unix time) of the oldest time partition kept: raw samples before it are gone.",
             value=dated[0].lo.timestamp(),
         )
+    packed_bytes, packed = packed_estimate()
+    yield GaugeMetricFamily(
+        "costlab_telemetry_bytes_per_packed_sample",
+        "Bytes on disk per sample packed by compaction, indexes included (approximate).",
+        value=packed_bytes / packed if packed else 0.0,
+    )
+    waiting = Run.objects.filter(pk__in=runs_compactable(limit=1)).values_list(
+        "finished_at", flat=True
+    )
+    oldest = next(iter(waiting), None)
+    yield GaugeMetricFamily(
+        "costlab_telemetry_compaction_lag_seconds",
+        "How long the oldest settled run has waited for compaction (0: none waits).",
+        value=(now - oldest).total_seconds() if oldest else 0.0,
+    )
     yield GaugeMetricFamily(
         "costlab_telemetry_default_partition_rows",
         "Samples in the default partition, waiting for beat to move them into their own day's.",

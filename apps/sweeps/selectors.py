@@ -61,11 +61,13 @@ def run_profile(*, run) -> dict:
     I/O wait is not sampled by the runtime: None, counted as 0 in the estimate and said so."""
     from django.db.models import Avg, Max
 
+    from apps.telemetry.compaction import rehydrated
     from apps.telemetry.models import TelemetrySample
 
-    agg = TelemetrySample.objects.of_run(run).aggregate(
-        util=Avg("util_pct"), mem=Max("mem_used_mb")
-    )
+    with rehydrated([run]):  # a packed run's samples read as raw ones
+        agg = TelemetrySample.objects.of_run(run).aggregate(
+            util=Avg("util_pct"), mem=Max("mem_used_mb")
+        )
     cpu = run.gpu_count == 0 and agg["util"] is not None
     return {
         "cpu_util": agg["util"] / 100 if cpu else None,

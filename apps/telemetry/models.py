@@ -85,6 +85,34 @@ class TelemetrySample(models.Model):
         return f"run {self.run_id} #{self.seq}"
 
 
+class PackedMinute(models.Model):
+    """The samples of one run, rank and attempt in one minute, packed losslessly into one blob
+    (apps.telemetry.packing) by compaction, once the run is settled (apps.telemetry.compaction).
+
+    On Postgres partitioned by `minute` like the samples by `ts` (the same day ranges), so
+    retention drops both a day at a time."""
+
+    id = models.BigAutoField(primary_key=True)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="packed_minutes")
+    rank = models.PositiveIntegerField(default=0)
+    attempt = models.PositiveSmallIntegerField(default=1)
+    minute = models.DateTimeField(help_text="The minute (UTC) its samples were taken in.")
+    samples = models.PositiveIntegerField()
+    seq_first = models.BigIntegerField()
+    seq_last = models.BigIntegerField()
+    data = models.BinaryField(help_text="The samples, packed (apps.telemetry.packing).")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "minute", "rank", "attempt"], name="packed_unique_run_minute"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} rank {self.rank} {self.minute:%Y-%m-%d %H:%M}"
+
+
 class RunRepricing(models.Model):
     """An explicit re-pricing of a finished run (its bill is otherwise final): who, why, under
     which table, from what to what."""

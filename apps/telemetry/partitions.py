@@ -29,10 +29,14 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from apps.core.db import is_postgres
-from apps.telemetry.models import TelemetrySample
+from apps.telemetry.models import PackedMinute, TelemetrySample
 
 PARENT = TelemetrySample._meta.db_table
 DEFAULT = f"{PARENT}_default"
+PACKED = PackedMinute._meta.db_table
+# Each partitioned table and its partition key: compaction's packed minutes are cut like the
+# samples, so a day's raw and packed samples go together.
+KEYS = {PARENT: "ts", PACKED: "minute"}
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # pg_get_expr of a range partition's bound, as the server's TimeZone prints it.
 _BOUND = re.compile(r"^FOR VALUES FROM \('([^']+)'\) TO \('([^']+)'\)$")
@@ -63,31 +67,31 @@ def bounds_of(ts: datetime) -> tuple[datetime, datetime]:
     return lo, lo + width
 
 
-def partition_name(lo: datetime) -> str:
-    return f"{PARENT}_p{lo:%Y%m%d}"
+def partition_name(lo: datetime, parent: str = PARENT) -> str:
+    return f"{parent}_p{lo:%Y%m%d}"
 
 
-def is_partitioned() -> bool:
-    """Postgres, and the samples table is the partitioned one (migration 0005 ran)."""
+def is_partitioned(parent: str = PARENT) -> bool:
+    """Postgres, and the table is the partitioned one (migrations 0005 and 0006 ran)."""
     if not is_postgres():
         return False
     with connection.cursor() as cursor:
-        cursor.execute("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)", [PARENT])
+        cursor.execute("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)", [parent])
         row = cursor.fetchone()
     return bool(row and row[0] == "p")
 
 
-def partitions() -> list[Partition]:
+def partitions(parent: str = PARENT) -> list[Partition]:
     """The partitions in time order, the default one last, each with its size on disk (indexes
     and TOAST included)."""
-    if not is_partitioned():
+    if not is_partitioned(parent):
         return []
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid), pg_total_relation_size(c.oid) "
             "FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
             "WHERE i.inhparent = to_regclass(%s)",
-            [PARENT],
+            [parent],
         )
         rows = cursor.fetchall()
     out = []
@@ -113,6 +117,24 @@ def samples_estimated() -> int:
         return int(cursor.fetchone()[0])
 
 
+def packed_estimate() -> tuple[int, int]:
+    """(bytes on disk, samples) of the packed minutes: the samples from the planner's row count
+    times the mean samples of up to 1,000 packed rows (no scan; approximate)."""
+    if not is_partitioned(PACKED):
+        return 0, 0
+    size = sum(p.bytes for p in partitions(PACKED))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT COALESCE(SUM(GREATEST(c.reltuples, 0)), 0) FROM pg_inherits i "
+            "JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass(%s)",
+            [PACKED],
+        )
+        rows = float(cursor.fetchone()[0])
+        cursor.execute(f'SELECT AVG(samples) FROM (SELECT samples FROM "{PACKED}" LIMIT 1000) s')
+        mean = cursor.fetchone()[0]
+    return size, int(rows * float(mean or 0))
+
+
 def default_rows() -> int:
     """Rows waiting in the default partition (a small table: counted)."""
     with connection.cursor() as cursor:
@@ -120,27 +142,27 @@ def default_rows() -> int:
         return cursor.fetchone()[0]
 
 
-def _create(cursor, lo: datetime, hi: datetime) -> str:
+def _create(cursor, lo: datetime, hi: datetime, parent: str = PARENT) -> str:
     """A partition for [lo, hi): created detached, filled with the default partition's rows of
     that range, then attached (so the default never holds a row a partition's range covers)."""
-    name = partition_name(lo)
+    name, key = partition_name(lo, parent), KEYS[parent]
     cursor.execute(
-        f'CREATE TABLE "{name}" (LIKE "{PARENT}" INCLUDING DEFAULTS INCLUDING CONSTRAINTS '
+        f'CREATE TABLE "{name}" (LIKE "{parent}" INCLUDING DEFAULTS INCLUDING CONSTRAINTS '
         "INCLUDING STORAGE INCLUDING COMPRESSION)"
     )
     cursor.execute(
-        f'WITH moved AS (DELETE FROM "{DEFAULT}" WHERE ts >= %s AND ts < %s RETURNING *) '
-        f'INSERT INTO "{name}" SELECT * FROM moved',
+        f'WITH moved AS (DELETE FROM "{parent}_default" WHERE {key} >= %s AND {key} < %s '
+        f'RETURNING *) INSERT INTO "{name}" SELECT * FROM moved',
         [lo, hi],
     )
     # The range as a CHECK first: ATTACH then skips its own scan of the new table.
     cursor.execute(
-        f'ALTER TABLE "{name}" ADD CONSTRAINT "{name}_range" CHECK (ts IS NOT NULL AND '
-        "ts >= %s AND ts < %s)",
+        f'ALTER TABLE "{name}" ADD CONSTRAINT "{name}_range" CHECK ({key} IS NOT NULL AND '
+        f"{key} >= %s AND {key} < %s)",
         [lo, hi],
     )
     cursor.execute(
-        f'ALTER TABLE "{PARENT}" ATTACH PARTITION "{name}" FOR VALUES FROM (%s) TO (%s)', [lo, hi]
+        f'ALTER TABLE "{parent}" ATTACH PARTITION "{name}" FOR VALUES FROM (%s) TO (%s)', [lo, hi]
     )
     cursor.execute(f'ALTER TABLE "{name}" DROP CONSTRAINT "{name}_range"')
     return name
@@ -155,27 +177,33 @@ class Maintained:
 @transaction.atomic
 def partitions_maintain(*, now: datetime | None = None, ahead: int | None = None) -> Maintained:
     """Partitions from yesterday to `ahead` past today, and one for every range the default
-    partition holds rows of (moved there). Idempotent; one caller at a time (an advisory lock)."""
+    partitions hold rows of (moved there); the packed minutes get the samples' ranges. Idempotent;
+    one caller at a time (an advisory lock)."""
     report = Maintained(created=[], moved_rows=0)
     if not is_partitioned():
         return report
     now = now or datetime.now(UTC)
     ahead = settings.COSTLAB_TELEMETRY_PARTITIONS_AHEAD if ahead is None else ahead
+    width = span()
+    width_s = int(width.total_seconds())
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_LOCK])
-        have = {p.lo for p in partitions() if not p.is_default}
-        width = span()
         wanted = {bounds_of(now - width)[0] + i * width for i in range(ahead + 2)}
-        # Ranges the default partition holds rows of (a small table: only stray rows land there).
-        width_s = int(width.total_seconds())
-        cursor.execute(
-            f'SELECT DISTINCT floor(extract(epoch FROM ts) / %s) FROM "{DEFAULT}"', [width_s]
-        )
-        stray = {EPOCH + timedelta(seconds=int(k) * width_s) for (k,) in cursor.fetchall()}
-        cursor.execute(f'SELECT count(*) FROM "{DEFAULT}"')
-        report.moved_rows = cursor.fetchone()[0]
+        # Ranges the default partitions hold rows of (small tables: only stray rows land there).
+        for parent, key in KEYS.items():
+            if not is_partitioned(parent):
+                continue
+            cursor.execute(
+                f'SELECT floor(extract(epoch FROM {key}) / %s), count(*) FROM "{parent}_default" '
+                "GROUP BY 1",
+                [width_s],
+            )
+            for k, rows in cursor.fetchall():
+                wanted.add(EPOCH + timedelta(seconds=int(k) * width_s))
+                report.moved_rows += rows if parent == PARENT else 0
         taken = [(p.lo, p.hi) for p in partitions() if not p.is_default]
-        for lo in sorted((wanted | stray) - have):
+        have = {lo for lo, _ in taken}
+        for lo in sorted(wanted - have):
             # After a change of COSTLAB_TELEMETRY_PARTITION_DAYS, old partitions keep their span:
             # a new one is cut to fit between them.
             hi = min([lo + width, *(a for a, _ in taken if a > lo)])
@@ -183,6 +211,11 @@ def partitions_maintain(*, now: datetime | None = None, ahead: int | None = None
             if lo < hi:
                 report.created.append(_create(cursor, lo, hi))
                 taken.append((lo, hi))
+        if is_partitioned(PACKED):  # the packed minutes: the samples' ranges, exactly
+            packed = {p.lo for p in partitions(PACKED) if not p.is_default}
+            for lo, hi in sorted(taken):
+                if lo not in packed:
+                    _create(cursor, lo, hi, PACKED)
     return report
 
 
@@ -196,6 +229,7 @@ class Dropped:
 def partitions_drop_before(*, cutoff: datetime, before_drop=None) -> Dropped:
     """Drop the partitions wholly older than `cutoff`, one transaction each.
 
+    The packed minutes' partition of the same range goes with it.
     A partition that holds samples of a run still open (queued or running) is kept, and said in
     the result. Otherwise the runs with samples in it get raw_dropped_before moved to its end, and
     `before_drop(run_ids)` (the dashboard's final roll-up) runs first, in the same transaction, so
@@ -225,8 +259,13 @@ def partitions_drop_before(*, cutoff: datetime, before_drop=None) -> Dropped:
                 .exclude(raw_dropped_before__gte=part.hi)
                 .update(raw_dropped_before=part.hi)
             )
+            packed = [p for p in partitions(PACKED) if p.lo == part.lo and p.hi == part.hi]
             with connection.cursor() as cursor:
-                cursor.execute(f'ALTER TABLE "{PARENT}" DETACH PARTITION "{part.name}"')
-                cursor.execute(f'DROP TABLE "{part.name}"')
+                # Deferred foreign-key checks of rows written earlier in this transaction (a
+                # compaction's) would block the DROP: they run now.
+                cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+                for parent, gone in [(PARENT, part)] + [(PACKED, p) for p in packed]:
+                    cursor.execute(f'ALTER TABLE "{parent}" DETACH PARTITION "{gone.name}"')
+                    cursor.execute(f'DROP TABLE "{gone.name}"')
             out.dropped.append(part.name)
     return out

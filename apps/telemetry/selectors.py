@@ -6,11 +6,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from django.db import connection
-from django.db.models import Count, Max, Min, Q
+from django.db.models import Count, Max
 from django.utils.dateparse import parse_datetime
 
 from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Run
+from apps.telemetry.compaction import rehydrated
 from apps.telemetry.models import TelemetrySample
 
 # Numeric columns a chart may ask for, with the unit they are in.
@@ -92,19 +93,15 @@ def samples_downsampled(
     where, params = [f"run_id IN ({', '.join(['%s'] * len(run_ids))})"], list(run_ids)
     # Inside the runs' stored spans: Postgres reads only the partitions of those days. (A run
     # with samples but no span, its rows written around ingest, leaves the bounds open.)
-    if runs is not None:  # in hand: no query
-        known = [r for r in runs if r.samples_from is not None]
-        spans = {
-            "lo": min((r.samples_from for r in known), default=None),
-            "hi": max((r.samples_to for r in known), default=None),
-            "unknown": sum(1 for r in runs if r.samples_from is None and r.last_seq >= 0),
-        }
-    else:
-        spans = Run.objects.filter(pk__in=run_ids).aggregate(
-            lo=Min("samples_from"),
-            hi=Max("samples_to"),
-            unknown=Count("pk", filter=Q(samples_from=None, last_seq__gte=0)),
-        )
+    if runs is None:  # one query; given the runs, none
+        fields_needed = ("pk", "samples_from", "samples_to", "last_seq", "packed_at")
+        runs = list(Run.objects.filter(pk__in=run_ids).only(*fields_needed))
+    known = [r for r in runs if r.samples_from is not None]
+    spans = {
+        "lo": min((r.samples_from for r in known), default=None),
+        "hi": max((r.samples_to for r in known), default=None),
+        "unknown": sum(1 for r in runs if r.samples_from is None and r.last_seq >= 0),
+    }
     if not spans["unknown"] and spans["lo"] is not None:
         since = spans["lo"] if since is None else max(since, spans["lo"])
         where.append("ts <= %s")
@@ -135,7 +132,7 @@ def samples_downsampled(
     ]
     params += [budget] * len(fields)
     query = " ".join(sql) + " " + " UNION ALL ".join(selects) + " ORDER BY 1, 2, 3"
-    with connection.cursor() as cursor:
+    with rehydrated(runs), connection.cursor() as cursor:  # packed samples read as raw ones
         cursor.execute(query, params)
         rows = cursor.fetchall()
     for f_index, run_id, _seq, ts, value, n, est in rows:
@@ -149,6 +146,11 @@ def telemetry_by_rank(*, run: Run) -> list[dict]:
     """Per device (DDP rank) of a run: its samples, mean utilisation and step time, peak memory, the
     last device name. A straggler shows as the rank with the longest steps or the lowest
     utilisation."""
+    with rehydrated([run]):
+        return _by_rank(run)
+
+
+def _by_rank(run: Run) -> list[dict]:
     from django.db.models import Avg
 
     return list(

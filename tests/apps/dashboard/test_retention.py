@@ -25,7 +25,13 @@ from apps.dashboard.services import series_blocks_roll_due
 from apps.experiments.models import Run
 from apps.ops.telemetry_upkeep import telemetry_upkeep
 from apps.telemetry.models import TelemetrySample
-from apps.telemetry.partitions import DEFAULT, PARENT, partition_name, partitions
+from apps.telemetry.partitions import (
+    DEFAULT,
+    PARENT,
+    partition_name,
+    partitions,
+    partitions_maintain,
+)
 from apps.telemetry.selectors import samples_downsampled, telemetry_by_rank
 from tests.apps.dashboard.world import run_of, samples
 
@@ -197,3 +203,55 @@ def test_the_run_page_says_when_raw_samples_are_gone(w, member):
     Run.objects.filter(pk=run.pk).update(raw_dropped_before=NOW - 90 * DAY)
     page = member.get(reverse("dashboard:run", args=[run.pk]))
     assert page.status_code == 200 and b"Raw samples dropped" in page.content
+
+
+def nvml_batches(run: Run, *, start: datetime, n: int) -> None:
+    """n samples as a GPU reports them (the codec test's minute), through ingest."""
+    from tests.apps.telemetry.test_packing import nvml_like
+
+    rows = nvml_like(n)
+    first = rows[0]["ts"]
+    for row in rows:
+        row["ts"] = (start + (row["ts"] - first)).isoformat()
+    for i in range(0, n, 2000):
+        telemetry_ingest(run_id=run.pk, samples=rows[i : i + 2000], attempt=run.attempts)
+
+
+def test_compaction_packs_a_settled_run_and_every_read_sees_the_same_samples(w, client):
+    from apps.telemetry.models import PackedMinute
+
+    start = NOW - timedelta(hours=3)
+    run = open_at(run_of(w.control), start)
+    nvml_batches(run, start=start, n=1800)
+    run = finish(run)
+    running = open_at(run_of(w.candidate), start)
+    nvml_batches(running, start=start, n=120)
+    partitions_maintain(now=NOW)  # these days' partitions (the default one holds nothing then)
+    run_totals_recompute(run=run)  # the bill from the raw rows
+    run.refresh_from_db()
+    bill = (run.cost_usd, run.device_seconds, run.energy_j, run.tokens, run.cost_breakdown)
+    series = samples_downsampled(runs=[run], fields=["power_w", "loss", "util_pct"], budget=60)
+    full = samples_downsampled(runs=[run], fields=["energy_j"], budget=5000)
+    ranks = telemetry_by_rank(run=run)
+
+    done = telemetry_upkeep(now=NOW)
+    assert done.runs_packed == 1 and done.samples_packed == 1800, "only the finished run"
+    run.refresh_from_db()
+    assert run.packed_at is not None
+    assert not TelemetrySample.objects.filter(run=run).exists()
+    assert TelemetrySample.objects.filter(run=running).count() == 120
+    minutes = PackedMinute.objects.filter(run=run)
+    assert minutes.count() in (30, 31) and sum(m.samples for m in minutes) == 1800
+
+    # Reads of the packed run see what the rows showed.
+    again = samples_downsampled(runs=[run], fields=["power_w", "loss", "util_pct"], budget=60)
+    assert again.series == series.series and again.samples == series.samples
+    assert samples_downsampled(runs=[run], fields=["energy_j"], budget=5000).series == full.series
+    assert telemetry_by_rank(run=run) == ranks
+    assert not TelemetrySample.objects.filter(run=run).exists(), "the read put nothing back"
+    run_totals_recompute(run=run)  # the bill from packed samples, to the cent
+    run.refresh_from_db()
+    assert (run.cost_usd, run.device_seconds, run.energy_j, run.tokens) == bill[:4]
+    assert run.cost_breakdown == bill[4]
+
+    assert telemetry_upkeep(now=NOW).runs_packed == 0, "packed once"
