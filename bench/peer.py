@@ -31,20 +31,25 @@ Arms, interleaved over rounds (the arm order rotated each round, so the machine'
   native (`best_dtype(profile) == "bf16"`), gradient checkpointing off, the group-by-length
   sampler (`train_sampling_strategy="group_by_length"`, transformers 5's spelling of
   `group_by_length=True`: its answer to padding waste), `dataloader_num_workers=0`, fused AdamW
-  (`optim="adamw_torch_fused"`), no torch.compile on a CPU.
+  (`optim="adamw_torch_fused"`), no torch.compile on a CPU, and the model's
+  `attn_implementation` (sdpa or eager) that trains faster here, measured before the warm-up on
+  short trainer_best runs (`choose_trainer_attention`; on an AVX-512 EPYC eager wins by ~1.3x).
 * costlab_default: `gpu_runtime.train` with the default strategy for this model and data: family
   hf, init checkpoint, full fine-tune saved, jsonl alpaca, packing (the default), loss on all
   tokens, fp32.
 * costlab_optimized: what costlab recommends on this device: `precision.compute_dtype: auto`
   (resolved from the profile), packing, `kernels.fused_optimizer`, `kernels.fused_rmsnorm_qkv`
   (a llama checkpoint trains as costlab's own Transformer), prefetch, `kernels.compile: auto`
-  (off on a CPU); not dynamic batching, which has nothing to grow into here (below).
+  (off on a CPU), `kernels.attention: auto` (math on a CPU); not dynamic batching, which has
+  nothing to grow into here (below).
 
-Equal work. Trainer's rows are records (~57 tokens each here), costlab's are packed windows of
-seq_len tokens. So that both make about the same number of optimizer updates for the same
-tokens (else the loss comparison would compare batch sizes, not runtimes), costlab's global
-batch is the Trainer batch's trained tokens in windows: round(trainer batch x mean trained tokens
-per record / seq_len), at least 1 (2 here: 512 tokens a step against ~450). Its
+Equal work. Trainer's rows are records (~57 tokens each here), costlab's are rows of seq_len+1
+tokens holding whole records (best fit, 4 % padding here; each record's first token is no
+target, as in a Trainer row). So that both make about the same number of optimizer updates for
+the same tokens (else the loss comparison would compare batch sizes, not runtimes), costlab's
+global batch is the Trainer batch's trained tokens in rows: round(trainer batch x mean trained
+tokens per record / trained tokens per packed row), at least 1 (2 here: ~485 trained tokens a
+step against ~450), and its steps the target over that. Its
 `train.micro_batch` is unset (= the global batch), so a step is one micro-batch already, and it
 fits: dynamic batching, which grows a micro-batch from a smaller one toward the global batch,
 could only add probe steps at smaller ones, so the optimized arm leaves it off and says why
@@ -127,7 +132,7 @@ from arms import ASSUMED_PRICE, usd_per_million  # noqa: E402  (bench/arms.py: o
 
 from gpu_runtime import strategy_from_dict, train  # noqa: E402
 from gpu_runtime.capability import device_label, resolve_device  # noqa: E402
-from gpu_runtime.data import alpaca_prompt  # noqa: E402
+from gpu_runtime.data import alpaca_prompt, pack_records  # noqa: E402
 from gpu_runtime.device_keys import device_profile  # noqa: E402
 from gpu_runtime.profile import DeviceProfile, best_dtype, measure_profile  # noqa: E402
 
@@ -212,11 +217,12 @@ def eval_loss(model, held: list[list[int]], pad_id: int, device: torch.device) -
     return total / count
 
 
-def load_hf(path: str | Path, device: torch.device):
+def load_hf(path: str | Path, device: torch.device, attn_implementation: str | None = None):
     from transformers import AutoModelForCausalLM
 
+    extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
     return AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=torch.float32, local_files_only=True
+        str(path), dtype=torch.float32, local_files_only=True, **extra
     ).to(device)
 
 
@@ -386,6 +392,9 @@ class Plan:
     trainer_max_steps: int
     mean_trained_per_record: float
     tokenizer: Any
+    packed_padding_share: float = 0.0  # of costlab's packed rows, over an epoch
+    trained_per_row: float = 0.0  # trained tokens of a packed row, over an epoch
+    trainer_attention: str = "sdpa"  # trainer_best's attn_implementation (measured)
     arms: tuple[str, ...] = ARMS
     notes: list[str] = field(default_factory=list)
 
@@ -408,7 +417,12 @@ def costlab_configs(plan: Plan) -> tuple[dict[str, dict], dict[str, str]]:
     }
     optimized = copy.deepcopy(default)
     optimized["precision"] = {"compute_dtype": "auto"}
-    optimized["kernels"] = {"fused_optimizer": True, "fused_rmsnorm_qkv": True, "compile": "auto"}
+    optimized["kernels"] = {
+        "fused_optimizer": True,
+        "fused_rmsnorm_qkv": True,
+        "compile": "auto",
+        "attention": "auto",
+    }
     optimized["data"].update({"packing": True, "prefetch": 2})
     why = (
         f"off: train.micro_batch unset runs the global batch ({plan.costlab_batch} rows) as one "
@@ -471,8 +485,9 @@ def trainer_flags(plan: Plan) -> tuple[dict[str, dict], dict[str, dict[str, Any]
             plan.dev.type == "cuda",
             "on: a CUDA device"
             if plan.dev.type == "cuda"
-            else "off on a CPU (as costlab's kernels.compile auto): dynamic padding gives a new "
-            "shape almost every batch, each a recompile",
+            else "off on a CPU, as costlab's kernels.compile auto (neither side compiles here): "
+            "a first compile takes 20-85 s on a 2-core CPU; compiled, both sides run ~1.2-1.3x "
+            "faster (docs/benchmarks.md)",
         ),
     }
     if "train_sampling_strategy" not in fields and "group_by_length" in fields:
@@ -486,6 +501,41 @@ def trainer_flags(plan: Plan) -> tuple[dict[str, dict], dict[str, dict[str, Any]
         else:
             used[name] = {"value": None, "why": f"not a TrainingArguments field here: {why}"}
     return {"trainer_default": {}, "trainer_best": best}, used
+
+
+TRAINER_ATTENTION_PROBE_STEPS = 12  # steps per probe run; two runs of each implementation
+
+
+def choose_trainer_attention(plan: Plan, stopper: Stopper | None, extra: dict) -> dict[str, Any]:
+    """trainer_best's attn_implementation: sdpa (transformers' default) or eager, whichever
+    trains faster here, measured on short runs of trainer_best itself (alternated, the better
+    of two each). Sets plan.trainer_attention; returns the flag with its figures."""
+    rates: dict[str, list[float]] = {"sdpa": [], "eager": []}
+    for _ in range(2):
+        for impl in rates:
+            out = run_trainer(
+                plan,
+                "trainer_best",
+                extra,
+                stopper,
+                target_tokens=10**12,
+                max_steps=TRAINER_ATTENTION_PROBE_STEPS,
+                evaluate=False,
+                attention=impl,
+            )
+            if out["rate"]:
+                rates[impl].append(out["rate"][plan.ns.clock])
+    best = {impl: max(r) for impl, r in rates.items() if r}
+    plan.trainer_attention = max(best, key=best.get) if best else "sdpa"
+    figures = ", ".join(f"{impl} {tps:.0f}" for impl, tps in best.items())
+    return {
+        "value": plan.trainer_attention,
+        "why": f"measured here, trained tokens/s of trainer_best over "
+        f"{TRAINER_ATTENTION_PROBE_STEPS} steps (best of 2): {figures}; "
+        "from_pretrained(attn_implementation=...), a model "
+        "setting rather than a TrainingArguments field",
+        "measured_tokens_per_s": best,
+    }
 
 
 class CountingCollator:
@@ -521,7 +571,10 @@ def run_trainer(
     max_steps: int | None = None,
     profile_steps: tuple[int, int] | None = None,
     evaluate: bool = True,
+    attention: str | None = None,
 ) -> dict[str, Any]:
+    """One Trainer run; ``attention``: the model's attn_implementation (None: transformers'
+    default, sdpa; trainer_best: the one measured faster here, plan.trainer_attention)."""
     from transformers import (
         DataCollatorForLanguageModeling,
         PrinterCallback,
@@ -578,7 +631,7 @@ def run_trainer(
         use_cpu=plan.dev.type == "cpu",
         **extra,
     )
-    model = load_hf(plan.checkpoint, plan.dev)
+    model = load_hf(plan.checkpoint, plan.dev, attention)
     trainer = Trainer(
         model=model,
         args=args,
@@ -676,7 +729,7 @@ def run_costlab(
             "steps": result.steps,
             "trained_tokens_per_step": per_step,
             "positions_per_step": strategy.train.global_batch * strategy.model.seq_len,
-            "padding_share": 0.0
+            "padding_share": plan.packed_padding_share
             if strategy.data.packing
             else 1 - per_step / (strategy.train.global_batch * strategy.model.seq_len),
             "attention_context": (strategy.model.seq_len + 1) / 2,
@@ -1021,10 +1074,16 @@ def build_plan(ns: argparse.Namespace, dev: torch.device, profile: DeviceProfile
     features = [encode_record(tokenizer, r, shape.seq_len) for r in records[:cut]]
     held = [encode_record(tokenizer, r, shape.seq_len) for r in records[cut:]]
     mean_trained = statistics.mean(len(f) - 1 for f in features)
-    batch = ns.costlab_batch or max(1, round(ns.trainer_batch * mean_trained / shape.seq_len))
-    per_step = batch * shape.seq_len
-    steps = max(3, math.ceil(ns.tokens / per_step))
-    target = steps * per_step
+    # costlab packs whole records into rows of seq_len+1 (gpu_runtime.data.pack_records): a
+    # row trains each record but its first token, and the rest of the row is padding
+    lengths = [len(f) for f in features]
+    rows = pack_records(lengths, shape.seq_len + 1)
+    per_row = (sum(lengths) - len(lengths)) / len(rows)
+    padding = 1 - sum(lengths) / (len(rows) * (shape.seq_len + 1))
+    batch = ns.costlab_batch or max(1, round(ns.trainer_batch * mean_trained / per_row))
+    per_step = batch * per_row
+    steps = max(3, round(ns.tokens / per_step))
+    target = round(steps * per_step)
     # the Trainer's schedule length: its expected steps to the target, a margin to reach it
     max_steps = math.ceil(target / (ns.trainer_batch * mean_trained) * 1.1) + 2
     return Plan(
@@ -1046,6 +1105,8 @@ def build_plan(ns: argparse.Namespace, dev: torch.device, profile: DeviceProfile
         trainer_max_steps=max_steps,
         mean_trained_per_record=mean_trained,
         tokenizer=tokenizer,
+        packed_padding_share=padding,
+        trained_per_row=per_row,
     )
 
 
@@ -1146,7 +1207,10 @@ def main() -> int:
     def arm(name: str) -> dict[str, Any]:
         if name.startswith("costlab"):
             return run_costlab(plan, name, costlab[name], stopper)
-        return run_trainer(plan, name, trainer[name], stopper)
+        return run_trainer(plan, name, trainer[name], stopper, attention=attention_of(name))
+
+    def attention_of(name: str) -> str | None:
+        return plan.trainer_attention if name == "trainer_best" else None
 
     def fits(seconds: float) -> bool:
         return deadline is None or time.perf_counter() + seconds <= deadline
@@ -1156,6 +1220,10 @@ def main() -> int:
         model = load_hf(plan.checkpoint, dev)
         b.eval_init = eval_loss(model, plan.held, plan.pad_id, dev)
         del model
+        b.phase = "trainer attention probe"
+        flags_used["attn_implementation"] = choose_trainer_attention(
+            plan, stopper, trainer["trainer_best"]
+        )
         for name in plan.arms:  # first calls (imports, allocator, caches) before any timing
             if name.startswith("costlab"):
                 run_costlab(plan, name, costlab[name], stopper, steps=3, evaluate=False)
@@ -1168,6 +1236,7 @@ def main() -> int:
                     target_tokens=10**12,
                     max_steps=3,
                     evaluate=False,
+                    attention=attention_of(name),
                 )
         round_s: list[float] = []
         for r in range(rounds):
@@ -1200,6 +1269,7 @@ def main() -> int:
                         max_steps=steps,
                         profile_steps=window,
                         evaluate=False,
+                        attention=plan.trainer_attention,
                     ).get("ops"),
                     "costlab_optimized": run_costlab(
                         plan,

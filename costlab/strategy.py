@@ -76,7 +76,12 @@ DEFAULTS: dict[str, Any] = {
     },
     "offload": {"embedding": "none", "mmap": False},
     "memory": {"gradient_checkpointing": {"enabled": False, "every_n_blocks": 1}},
-    "kernels": {"fused_rmsnorm_qkv": False, "compile": False, "fused_optimizer": False},
+    "kernels": {
+        "fused_rmsnorm_qkv": False,
+        "compile": False,
+        "attention": "sdpa",
+        "fused_optimizer": False,
+    },
     "finetune": {
         "method": "full",
         "r": 8,

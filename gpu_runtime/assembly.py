@@ -15,7 +15,8 @@ the second the keys that need costlab's own modules are refused (`architecture_c
    the cast (an int8 weight must not be cast) and before the optimizer sees parameters.
 4. `memory.gradient_checkpointing` wraps block forwards (names and checkpoints unchanged);
    on a transformers model, its own `gradient_checkpointing_enable`.
-5. `kernels.fused_rmsnorm_qkv` installs the fused RMSNorm+QKV in every attention block.
+5. `kernels.fused_rmsnorm_qkv` installs the fused RMSNorm+QKV in every attention block;
+   `kernels.attention` picks every block's attention (transformers' own switch on its models).
 6. `kernels.compile` wraps the whole in torch.compile; the trainer calls the wrapper and
    keeps the plain module for parameters and checkpoints.
 
@@ -182,6 +183,18 @@ def install_fused_rmsnorm_qkv(model: Transformer, *, backend: str) -> int:
     return len(model.blocks)
 
 
+def install_attention(model: nn.Module, implementation: str) -> dict[str, Any]:
+    """`kernels.attention`: every block of costlab's model attends with ``implementation``; a
+    model trained through transformers gets its counterpart (math is transformers' eager)."""
+    if isinstance(model, Transformer):
+        for block in model.blocks:
+            block.attn.attention = implementation
+        return {"implementation": implementation, "blocks": len(model.blocks)}
+    hf_impl = {"math": "eager", "sdpa": "sdpa"}[implementation]
+    model.hf.set_attn_implementation(hf_impl)
+    return {"implementation": implementation, "attn_implementation": hf_impl}
+
+
 def _measure_checkpointing(
     module: nn.Module,
     precision: Precision,
@@ -301,6 +314,8 @@ def assemble_model(
             "blocks": install_fused_rmsnorm_qkv(model, backend=backend),
             "backend": backend,
         }
+    if config.kernels.attention != "sdpa":
+        report["kernels.attention"] = install_attention(model, config.kernels.attention)
     named_params = precision.prepare(model)
     forward = maybe_compile(model, enabled=config.kernels.compile)
     if config.kernels.compile:

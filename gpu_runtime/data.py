@@ -20,17 +20,21 @@ The dataset hash (SHA-256) is over exactly the stored stream, marks included, li
   so an unmarked byte corpus has the same tokens and hash as it always had;
 * any other tokenizer hashes the stream as int32 (two's complement), and stores int32 when
   its vocabulary does not fit int16 (vocab_size > 32767), else int16;
-* with ``packing: false`` the record boundaries (int64 offsets) are hashed after the stream.
+* with ``packing: false``, and for jsonl records packed whole into rows, the record boundaries
+  (int64 offsets) are hashed after the stream; packed records then add b"packed records".
 
 So two runs with the same hash trained on the same tokens with the same targets and rows.
 
 Batches are a pure function of (seed, step), which makes resuming from a checkpoint need no
-data-loader state. ``packing: true``: random windows of seq_len+1 tokens of the stream;
+data-loader state. ``packing: true``: random windows of seq_len+1 tokens of the stream (text,
+synthetic), or for jsonl records whole records packed into rows of seq_len+1 (``pack_records``:
+each epoch's records best-fit into rows, never split, the rows shuffled, the rest padded);
 ``packing: false``: one record per row, truncated to seq_len+1 or padded with ``~pad_id``.
 """
 
 from __future__ import annotations
 
+import bisect
 import glob
 import hashlib
 import json
@@ -61,8 +65,10 @@ class Corpus:
     tokens: torch.Tensor  # 1-D int16 (int32 for vocabularies past int16); ~id = not a target
     sha256: str
     description: str
-    # packing false: record i is tokens[records[i]:records[i + 1]] (int64); None when packed
+    # record i is tokens[records[i]:records[i + 1]] (int64): jsonl records, and text files with
+    # packing false; None: one stream cut in windows
     records: torch.Tensor | None = None
+    packed: bool = False  # records packed whole into rows (jsonl with packing true)
     pad_id: int = PAD
     trained_fraction: float = 1.0  # of the stream's tokens, the share that are targets
     tokenizer: str = "bytes"
@@ -222,7 +228,14 @@ class _Encoder:
         return framed, np.concatenate(flags)
 
 
-def _corpus(docs: list[_Doc], description: str, tokenizer: Tokenizer, *, packing: bool) -> Corpus:
+def _corpus(
+    docs: list[_Doc],
+    description: str,
+    tokenizer: Tokenizer,
+    *,
+    packing: bool,
+    records: bool = False,
+) -> Corpus:
     lengths = [d.size for d, _ in docs]
     ids = np.concatenate([d for d, _ in docs]) if docs else np.zeros(0, np.int64)
     if any(m is not None for _, m in docs):
@@ -233,18 +246,20 @@ def _corpus(docs: list[_Doc], description: str, tokenizer: Tokenizer, *, packing
     stored = ids.astype(np.int32 if wide else np.int16)
     hashed = stored.astype("<i2" if is_bytes else "<i4")
     digest = hashlib.sha256(hashed.tobytes())
-    records = None
-    if not packing:
+    offsets = None
+    if not packing or records:
         offsets = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]).astype("<i8")
         digest.update(offsets.tobytes())
-        records = torch.from_numpy(offsets.astype(np.int64))
+        if packing:  # whole records packed into rows: other rows than one record each
+            digest.update(b"packed records")
     tokens = torch.from_numpy(stored.copy())
     fraction = float((stored >= 0).mean()) if stored.size else 1.0
     return Corpus(
         tokens=tokens,
         sha256=digest.hexdigest(),
         description=description,
-        records=records,
+        records=None if offsets is None else torch.from_numpy(offsets.astype(np.int64)),
+        packed=packing and records,
         pad_id=tokenizer.pad_id,
         trained_fraction=fraction,
         tokenizer=tokenizer.name,
@@ -289,7 +304,13 @@ def load_corpus(data: DataSection, *, seed: int, tokenizer: Tokenizer | None = N
             raise StrategyError.single("data.path", f"no Alpaca records in {data.path!r}")
         docs = [enc.segments(alpaca_segments(r)) for r in records]
         kind = f"alpaca({len(docs)} records)"
-    return _corpus(docs, _describe(kind, data, tok), tok, packing=data.packing)
+    return _corpus(
+        docs,
+        _describe(kind, data, tok),
+        tok,
+        packing=data.packing,
+        records=data.source == "jsonl",
+    )
 
 
 def split_batch(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -306,13 +327,40 @@ def trained_tokens(tokens: torch.Tensor) -> int:
     return int((tokens[:, 1:] >= 0).sum())
 
 
+def pack_records(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Best-fit decreasing: record indices into rows of ``capacity`` tokens, longest first (ties
+    in the given order), each into the fullest row it still fits; a record longer than a row
+    fills one alone (it is truncated there). Whole records only: none is split."""
+    rows: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # (tokens left, row), sorted
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        size = min(lengths[i], capacity)
+        at = bisect.bisect_left(free, (size, -1))
+        if at < len(free):
+            left, row = free.pop(at)
+        else:
+            left, row = capacity, len(rows)
+            rows.append([])
+        rows[row].append(i)
+        if left - size > 0:
+            bisect.insort(free, (left - size, row))
+    return rows
+
+
 class StepBatches:
     """The rows of step s, fixed by (seed, s): ``global_batch`` random windows of seq_len+1
-    tokens of the stream (packed), or ``global_batch`` random records, each truncated to
-    seq_len+1 or padded with ``~pad_id`` to the step's longest (packing false)."""
+    tokens of the stream (packed stream); the next ``global_batch`` rows of whole records packed
+    together (packed records: epoch after epoch, each epoch's records in a seeded order packed by
+    ``pack_records`` and its rows shuffled); or ``global_batch`` random records, each truncated
+    to seq_len+1 or padded with ``~pad_id`` to the step's longest (packing false).
+
+    A packed-records row is its records one after the other, then ``~pad_id`` to seq_len+1. Each
+    record's first token after the row's first is marked (never a target): what follows the
+    previous record's end is no prediction to train on, as a record alone has none there."""
 
     def __init__(self, corpus: Corpus, *, seq_len: int, global_batch: int, seed: int):
         self.records = corpus.records
+        self.packed = corpus.packed
         if self.records is None and corpus.tokens.numel() < seq_len + 1:
             raise StrategyError.single(
                 "model.seq_len",
@@ -325,8 +373,13 @@ class StepBatches:
         self.seq_len, self.global_batch, self.seed = seq_len, global_batch, seed
         self.pad_mark = ~corpus.pad_id
         self._offsets = torch.arange(seq_len + 1)
+        self._epochs: list[list[list[int]]] = []  # packed records: each epoch's rows
+        self._epoch_starts = [0]  # the global row index each epoch starts at
 
     def batch(self, step: int) -> torch.Tensor:
+        if self.packed:
+            first = step * self.global_batch
+            return torch.stack([self._packed_row(first + i) for i in range(self.global_batch)])
         gen = torch.Generator().manual_seed((self.seed * 1_000_003 + step) % (2**63 - 1))
         if self.records is None:
             starts = torch.randint(
@@ -342,3 +395,33 @@ class StepBatches:
         inside = index < ends[:, None]
         rows = self.tokens[index.clamp(max=max(self.tokens.numel() - 1, 0))].long()
         return torch.where(inside, rows, torch.full_like(rows, self.pad_mark))
+
+    def _epoch(self, epoch: int) -> list[list[int]]:
+        """Epoch ``epoch``'s rows (record indices), a pure function of (seed, epoch)."""
+        while len(self._epochs) <= epoch:
+            e = len(self._epochs)
+            gen = torch.Generator().manual_seed((self.seed * 1_000_003 + 7919 * e + 1) % (2**63))
+            lengths = (self.records[1:] - self.records[:-1]).tolist()
+            order = torch.randperm(len(lengths), generator=gen).tolist()
+            rows = pack_records([lengths[i] for i in order], self.seq_len + 1)
+            shuffled = torch.randperm(len(rows), generator=gen).tolist()
+            self._epochs.append([[order[i] for i in rows[r]] for r in shuffled])
+            self._epoch_starts.append(self._epoch_starts[-1] + len(rows))
+        return self._epochs[epoch]
+
+    def _packed_row(self, index: int) -> torch.Tensor:
+        while self._epoch_starts[-1] <= index:
+            self._epoch(len(self._epochs))
+        epoch = bisect.bisect_right(self._epoch_starts, index) - 1
+        picks = self._epoch(epoch)[index - self._epoch_starts[epoch]]
+        width = self.seq_len + 1
+        row = torch.full((width,), self.pad_mark, dtype=torch.long)
+        at = 0
+        for r in picks:
+            start, end = int(self.records[r]), int(self.records[r + 1])
+            n = min(end - start, width - at)
+            row[at : at + n] = self.tokens[start : start + n]
+            if at and row[at] >= 0:
+                row[at] = ~row[at]
+            at += n
+        return row

@@ -1,6 +1,7 @@
 """Strategy keys whose value depends on the device, made concrete from its measured profile
 (gpu_runtime.profile) when the run starts: ``precision.compute_dtype: auto``,
-``kernels.compile: auto`` and ``optimizer.dynamic_batching.max_micro_batch: auto``. What each
+``kernels.compile: auto`` and ``optimizer.dynamic_batching.max_micro_batch: auto``; and
+``kernels.attention: auto``, from the device type alone. What each
 became, and why, is reported on the run.
 
 The profile is measured once per device per process (``auto`` on a device never measured
@@ -85,6 +86,24 @@ def _resolve_compile(config: StrategyConfig, measured) -> tuple[StrategyConfig, 
     return config.model_copy(update={"kernels": kernels}), report
 
 
+def _resolve_attention(config: StrategyConfig, device: torch.device) -> tuple[StrategyConfig, dict]:
+    """``kernels.attention: auto``: math on a CPU, sdpa elsewhere.
+
+    On a CPU, ATen's flash-attention kernel costs more than the explicit matmul-softmax-matmul
+    at the row lengths fine-tuning uses (docs/benchmarks.md, the peer bench: 118 against 161 us
+    per token for a whole training step of the tiny llama, AMD EPYC AVX-512, bf16); on a GPU the
+    flash kernels win and never write the T x T scores."""
+    chosen = "math" if device.type == "cpu" else "sdpa"
+    why = (
+        "a CPU: the explicit matmul-softmax-matmul costs less than ATen's flash-attention kernel"
+        if chosen == "math"
+        else f"a {device.type} device: SDPA's fused kernels, no T x T scores written"
+    )
+    kernels = config.kernels.model_copy(update={"attention": chosen})
+    report = {"requested": "auto", "resolved": chosen, "why": why}
+    return config.model_copy(update={"kernels": kernels}), report
+
+
 def _resolve_micro_batch_ceiling(
     config: StrategyConfig, measured
 ) -> tuple[StrategyConfig, dict[str, Any]]:
@@ -139,10 +158,12 @@ def resolve_device_keys(
     if dyn.max_micro_batch == "auto" and not dyn.enabled:  # unused: no device to measure
         config = _with_ceiling(config, max(config.train.global_batch, dyn.min_micro_batch))
     wants_ceiling = config.optimizer.dynamic_batching.max_micro_batch == "auto"
-    if not (wants_dtype or wants_compile or wants_ceiling):
-        return config, {}
-    measured = device_profile(device, profile)
     reports = {}
+    if config.kernels.attention == "auto":  # by device type: nothing to measure
+        config, reports["kernels.attention"] = _resolve_attention(config, device)
+    if not (wants_dtype or wants_compile or wants_ceiling):
+        return config, reports
+    measured = device_profile(device, profile)
     if wants_dtype:
         config, reports["precision.compute_dtype"] = _resolve_precision(config, measured)
     if wants_compile:

@@ -151,6 +151,28 @@ def apply_rope(
     return out.flatten(-2).type_as(x)
 
 
+AttentionImpl = Literal["sdpa", "math"]
+
+
+def math_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """Softmax(q k^T / sqrt(hd)) v as two matmuls and an fp32 softmax (`kernels.attention: math`).
+
+    q (B, H, T, hd), k/v (B, H_kv, T, hd); mask (B, 1, T, T) True where a query may attend,
+    None: causal. What SDPA computes; on a CPU with short rows it is the faster of the two
+    (ATen's flash kernel pays its blocking overhead on every call)."""
+    if k.shape[1] != q.shape[1]:  # grouped-query attention: each kv head serves H / H_kv queries
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * (q.shape[-1] ** -0.5)
+    if mask is None:
+        T = q.shape[-2]
+        mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1).to(v.dtype)
+    return torch.matmul(probs, v)
+
+
 QkvFn = Callable[
     [torch.Tensor, RMSNorm, "Attention"], tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 ]
@@ -168,6 +190,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
         # A fused RMSNorm+QKV implementation (x, norm, attn) -> (q, k, v) may be installed here.
         self.qkv_fn: QkvFn | None = None
+        self.attention: AttentionImpl = "sdpa"  # kernels.attention
 
     def norm_qkv(
         self, x: torch.Tensor, norm: RMSNorm
@@ -193,6 +216,9 @@ class Attention(nn.Module):
         v = v.view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin, self.rope_style), apply_rope(k, cos, sin, self.rope_style)
         # mask: (B, 1, T, T) True where a query may attend (causal, within its own document)
+        if self.attention == "math":
+            y = math_attention(q, k, v, mask)
+            return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
         y = F.scaled_dot_product_attention(
             q,
             k,

@@ -365,8 +365,9 @@ def train_local(
         dataset_sha256=corpus.sha256,
         checkpoint_dir=checkpoint_dir,
         world=world,
-        # prompts (loss_on: response) and padding (packing: false) are read, not trained on
-        count_trained=config.data.loss_on == "response" or not config.data.packing,
+        # prompts (loss_on: response), padding (packing false; packed records' row ends) and
+        # each packed record's first token are read, not trained on
+        count_trained=config.data.loss_on == "response" or not config.data.packing or corpus.packed,
     )
     start_step = start_tokens = 0
     if resume_from is not None:

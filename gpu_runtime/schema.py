@@ -150,7 +150,8 @@ class DataSection(_Section):
     packing: bool = Field(
         True,
         description=(
-            "true: records packed into one stream, windows of seq_len tokens (no padding); "
+            "true: text packed into one stream cut in windows of seq_len tokens, jsonl "
+            "records packed whole into rows of seq_len (best fit, never split, the rest padded); "
             "false: one record per row, truncated or padded to seq_len (padding is never "
             "trained on)."
         ),
@@ -439,6 +440,14 @@ class KernelsSection(_Section):
         description=(
             "Wrap the model in torch.compile; auto compiles where the device's profile says it "
             "pays (a CUDA device of compute capability 7.0 or newer), not on a CPU."
+        ),
+    )
+    attention: Literal["sdpa", "math", "auto"] = Field(
+        "sdpa",
+        description=(
+            "sdpa: PyTorch's scaled_dot_product_attention (flash kernels); math: the explicit "
+            "matmul, masked fp32 softmax, matmul (transformers' eager attention), faster on a "
+            "CPU for short rows; auto: math on a CPU, sdpa elsewhere."
         ),
     )
     fused_optimizer: bool = Field(

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import gpu_runtime
-from gpu_runtime.data import StepBatches, load_corpus, split_batch, trained_tokens
+from gpu_runtime.data import StepBatches, load_corpus, pack_records, split_batch, trained_tokens
 from gpu_runtime.errors import StrategyError
 from gpu_runtime.model import BOS, EOS, PAD
 from gpu_runtime.prefetch import Prefetcher
@@ -209,6 +209,13 @@ def _jsonl(tmp_path, name: str, records: list) -> str:
     return str(path)
 
 
+def packed_rows_suffix(corpus) -> bytes:
+    """What a packed-records corpus hashes after its stream: the record offsets (int64
+    little-endian), then b"packed records" (its rows are not one record each)."""
+    offsets = b"".join(int(o).to_bytes(8, "little", signed=True) for o in corpus.records.tolist())
+    return offsets + b"packed records"
+
+
 def _unmarked(tokens: torch.Tensor) -> list[int]:
     return torch.where(tokens < 0, ~tokens, tokens).tolist()
 
@@ -249,7 +256,7 @@ def test_loss_on_response_trains_only_the_alpaca_outputs(tmp_path):
     # the hash covers the mask: the stored stream, uint16 little-endian (a mark reads 65535-id)
     assert masked.sha256 != full.sha256
     stream = b"".join((t & 0xFFFF).to_bytes(2, "little") for t in masked.tokens.tolist())
-    assert masked.sha256 == hashlib.sha256(stream).hexdigest()
+    assert masked.sha256 == hashlib.sha256(stream + packed_rows_suffix(masked)).hexdigest()
     assert "loss on responses" in masked.description
 
 
@@ -401,7 +408,7 @@ def test_a_vocabulary_past_int16_is_stored_as_int32_and_hashed_as_int32(tmp_path
     plain = _unmarked(corpus.tokens)
     assert plain[0] == 49_990 and plain.count(49_991) == 2 and max(plain) == 49_991
     expected = b"".join(t.to_bytes(4, "little", signed=True) for t in corpus.tokens.tolist())
-    assert corpus.sha256 == hashlib.sha256(expected).hexdigest()
+    assert corpus.sha256 == hashlib.sha256(expected + packed_rows_suffix(corpus)).hexdigest()
     _, targets = split_batch(corpus.tokens.long()[None])
     trained = [t - 40_000 for t in targets[0].tolist() if 40_000 <= t < 40_256]
     assert bytes(trained) == b"The sum is 5.hi there"
@@ -440,3 +447,88 @@ def test_the_shipped_datasets_load_and_match_their_generator():
     assert talks == generate.chat_records(random.Random(generate.SEED + 1), generate.N_CHAT)
     assert any(len(t["messages"]) > 3 for t in talks)
     assert any(t["messages"][0]["role"] == "system" for t in talks)
+
+
+# -- whole records packed into rows ----------------------------------------------------------
+
+
+def test_pack_records_fits_whole_records_best_fit_decreasing():
+    lengths = [70, 10, 50, 30, 40, 60, 20, 90, 5, 25]
+    rows = pack_records(lengths, 100)
+    assert sorted(i for row in rows for i in row) == list(range(len(lengths)))  # each once
+    assert all(sum(lengths[i] for i in row) <= 100 for row in rows)
+    assert len(rows) == 4  # 400 tokens in rows of 100: best fit leaves no row half empty
+    assert pack_records([150, 30], 100) == [[0], [1]]  # too long: alone (truncated there)
+
+
+def _records(n: int, seed: int = 0) -> list[dict[str, str]]:
+    rng = random.Random(seed)
+    return [{"instruction": f"Task {i}.", "output": "w" * rng.randint(5, 60)} for i in range(n)]
+
+
+def test_packed_records_are_whole_once_an_epoch_and_never_a_target_across(tmp_path):
+    path = _jsonl(tmp_path, "r.jsonl", _records(30))
+    corpus = load_corpus(DataSection(source="jsonl", path=path), seed=0)
+    assert corpus.packed and corpus.records is not None
+    unpacked = load_corpus(DataSection(source="jsonl", path=path, packing=False), seed=0)
+    assert corpus.sha256 != unpacked.sha256  # the rows differ: so does the hash
+    offsets = corpus.records.tolist()
+    records = [corpus.tokens[a:b].tolist() for a, b in zip(offsets, offsets[1:], strict=False)]
+    batches = StepBatches(corpus, seq_len=127, global_batch=2, seed=0)
+    epoch_rows = len(pack_records([len(r) for r in records], 128))
+    assert epoch_rows >= 3
+    seen, trained = [], 0
+    for step in range(-(-epoch_rows // 2)):
+        batch = batches.batch(step)
+        assert batch.shape == (2, 128)
+        assert torch.equal(
+            batch, StepBatches(corpus, seq_len=127, global_batch=2, seed=0).batch(step)
+        )
+        for row in batch.tolist()[: epoch_rows - 2 * step]:
+            at = 0
+            while at < len(row) and row[at] != ~PAD:
+                ids = [~t if t < 0 else t for t in row[at:]]
+                record = next(r for r in records if ids[: len(r)] == r)
+                seen.append(records.index(record))
+                if at:  # a record's first token follows another record's end: no target
+                    assert row[at] == ~BOS
+                at += len(record)
+            assert all(t == ~PAD for t in row[at:])  # the rest is padding
+            trained += sum(t >= 0 for t in row[1:])
+    assert sorted(seen) == list(range(len(records)))  # every record once in the epoch
+    assert trained == sum(len(r) - 1 for r in records)  # each record's targets, nothing else
+    assert not torch.equal(
+        batches.batch(0), StepBatches(corpus, seq_len=127, global_batch=2, seed=1).batch(0)
+    )
+
+
+def test_a_packed_step_trains_as_its_records_do_alone(tmp_path):
+    """A packed row's loss and gradients are those of its records trained one row each."""
+    from gpu_runtime.model import Transformer, preset_args
+
+    path = _jsonl(tmp_path, "r.jsonl", _records(12, seed=3))
+    corpus = load_corpus(DataSection(source="jsonl", path=path), seed=0)
+    row = StepBatches(corpus, seq_len=255, global_batch=1, seed=0).batch(0)
+    torch.manual_seed(0)
+    model = Transformer(preset_args("tiny", 256))
+    model.document_end = EOS
+    inputs, targets = split_batch(row)
+    _, packed = model(inputs, targets)
+    packed.backward()
+    packed_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model.document_end = None
+    ends = [i + 1 for i, t in enumerate(inputs[0].tolist()) if t == EOS]
+    assert len(ends) >= 2  # more than one record in the row
+    total, count = 0.0, 0
+    for start, end in zip([0, *ends], ends, strict=False):
+        alone = torch.where(row[:, start:end] < 0, ~row[:, start:end], row[:, start:end])
+        x, y = split_batch(alone)
+        _, loss = model(x, y)
+        total, count = total + loss * y.numel(), count + y.numel()
+    alone_loss = total / count
+    alone_loss.backward()
+    assert count == trained_tokens(row)
+    assert abs(packed.item() - alone_loss.item()) < 1e-5
+    for mine, theirs in zip(packed_grads, (p.grad for p in model.parameters()), strict=True):
+        assert (mine - theirs).abs().max().item() < 1e-5

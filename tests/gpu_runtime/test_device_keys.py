@@ -193,3 +193,25 @@ def test_a_live_edit_to_auto_resolves_at_the_step_boundary():
         result.micro_batch_events
     )
     assert bounds[0]["detail"]["max_micro_batch"] == 2
+
+
+@pytest.mark.parametrize(("device", "chosen"), [("cpu", "math"), ("cuda", "sdpa")])
+def test_attention_auto_is_math_on_a_cpu_and_sdpa_elsewhere(device, chosen):
+    config = load_strategy(
+        "model: {preset: tiny, seq_len: 16}\ndata: {source: synthetic}\n"
+        "kernels: {attention: auto}\n"
+    )
+    resolved, reports = resolve_device_keys(config, torch.device(device), profile=None)
+    assert resolved.kernels.attention == chosen
+    assert (
+        reports["kernels.attention"]["resolved"] == chosen and reports["kernels.attention"]["why"]
+    )
+
+
+@pytest.mark.parametrize("value", ["flash", "true", "1"])
+def test_kernels_attention_takes_sdpa_math_or_auto_only(value):
+    from gpu_runtime import StrategyError
+
+    with pytest.raises(StrategyError) as refused:
+        load_strategy(f"kernels: {{attention: {value}}}\n")
+    assert refused.value.errors[0]["key"] == "kernels.attention"

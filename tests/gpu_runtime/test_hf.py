@@ -372,3 +372,18 @@ def test_refuses_a_foreign_checkpoint_whose_weights_miss_layers(build, tmp_path)
     _edit_config(path, n_layer=3)
     message = _refused(path)
     assert "missing" in message and "h.2." in message
+
+
+def test_math_attention_on_a_transformers_model_is_its_eager_attention(build):
+    """kernels.attention: math on an architecture trained through transformers switches it to
+    transformers' eager attention: the same logits as its SDPA."""
+    from gpu_runtime.assembly import install_attention
+
+    module = hf.load_model(str(build("gpt2")), SEQ, init="checkpoint", seed=0).module
+    idx = _ids(module.hf.config.vocab_size)
+    before = _logits(module, idx)
+    assert module.hf.config._attn_implementation == "sdpa"
+    report = install_attention(module, "math")
+    assert report == {"implementation": "math", "attn_implementation": "eager"}
+    assert module.hf.config._attn_implementation == "eager"
+    assert (_logits(module, idx) - before).abs().max().item() <= 1e-5

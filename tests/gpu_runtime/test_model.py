@@ -151,3 +151,55 @@ def test_flops_per_token_is_6n_plus_12_l_d_t():
     model = Transformer(args)
     n = _count(model) - model.tok_embeddings.weight.numel()  # the lookup table does no matmul
     assert args.flops_per_token(128) == 6 * n + 12 * 4 * 256 * 128
+
+
+def _document_mask(lengths: list[int]) -> torch.Tensor:
+    """(1, 1, T, T): causal within each of the consecutive documents of ``lengths``."""
+    doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    T = doc.numel()
+    return ((doc[:, None] == doc[None, :]) & torch.ones(T, T, dtype=torch.bool).tril())[None, None]
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "lengths"),
+    [(4, 4, [7, 13, 5]), (6, 2, [1, 11, 9, 2]), (3, 3, None)],
+    ids=["documents", "grouped-query", "causal"],
+)
+def test_math_attention_matches_sdpa_on_output_and_gradients(heads, kv_heads, lengths):
+    """kernels.attention: math is SDPA's result (fp32, atol 1e-5) for a document mask, grouped
+    kv heads and plain causal rows, on the output and on the q, k and v gradients."""
+    from gpu_runtime.model import math_attention
+
+    torch.manual_seed(0)
+    T, hd = 25 if lengths is None else sum(lengths), 16
+    q = torch.randn(2, heads, T, hd, requires_grad=True)
+    k, v = (torch.randn(2, kv_heads, T, hd, requires_grad=True) for _ in range(2))
+    mask = None if lengths is None else _document_mask(lengths).expand(2, 1, T, T)
+    grad = torch.randn(2, heads, T, hd)
+    ours = math_attention(q, k, v, mask)
+    ours_grads = torch.autograd.grad(ours, (q, k, v), grad)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=kv_heads != heads
+    )
+    ref_grads = torch.autograd.grad(ref, (q, k, v), grad)
+    assert (ours - ref).abs().max().item() < 1e-5
+    for mine, theirs in zip(ours_grads, ref_grads, strict=True):
+        assert (mine - theirs).abs().max().item() < 1e-5
+    if lengths is not None:  # the mask acts: the first document's tokens see nothing after it
+        leaky = math_attention(q, k, v, torch.ones_like(mask).tril())
+        assert (leaky[:, :, lengths[0] :] - ours[:, :, lengths[0] :]).abs().max() > 1e-3
+
+
+def test_a_model_attending_with_math_gives_sdpas_logits_and_loss():
+    torch.manual_seed(0)
+    model = Transformer(preset_args("tiny", 32)).eval()
+    idx = torch.randint(0, 250, (2, 32))
+    idx[:, [9, 20]] = 257  # EOS: three documents a row
+    model.document_end = 257
+    with torch.no_grad():
+        sdpa_logits, sdpa_loss = model(idx, idx)
+        for block in model.blocks:
+            block.attn.attention = "math"
+        math_logits, math_loss = model(idx, idx)
+    assert (math_logits - sdpa_logits).abs().max().item() < 1e-4
+    assert abs(math_loss.item() - sdpa_loss.item()) < 1e-5

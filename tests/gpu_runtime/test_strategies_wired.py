@@ -489,3 +489,29 @@ def test_a_resumed_run_steps_as_its_strategy_says_not_as_the_checkpoint_did(
     assert state and all(
         s["step"].item() == 4 for s in state.values()
     )  # the moments carried on, not restarted
+
+
+def test_math_attention_runs_in_every_block_and_trains_as_sdpa_does(config, spy, monkeypatch):
+    """kernels.attention: math: every block's attention is the explicit path (each call counted
+    while the run trains), and the run's losses are SDPA's."""
+    from gpu_runtime import model as model_module
+
+    calls = []
+    real = model_module.math_attention
+
+    def counted(*args):
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(model_module, "math_attention", counted)
+    cfg = config(train={"steps": 2}, telemetry={"enabled": False})
+    plain = train_on_cpu(cfg)
+    assert not calls and "kernels.attention" not in plain.strategies
+    math = train_on_cpu(
+        cfg.model_copy(update={"kernels": cfg.kernels.model_copy(update={"attention": "math"})})
+    )
+    blocks = spy[1].model.blocks
+    assert all(block.attn.attention == "math" for block in blocks)
+    assert math.strategies["kernels.attention"] == {"implementation": "math", "blocks": len(blocks)}
+    assert len(calls) == 2 * len(blocks)  # a forward per block per step
+    assert math.final_loss == pytest.approx(plain.final_loss, abs=1e-4)

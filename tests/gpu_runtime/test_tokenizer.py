@@ -24,6 +24,7 @@ from gpu_runtime.tokenizer import (
     encode_segments,
     load_tokenizer,
 )
+from tests.gpu_runtime.test_data import packed_rows_suffix
 
 DATASETS = Path(gpu_runtime.__file__).parent / "datasets"
 TEMPLATE = (
@@ -190,9 +191,10 @@ def test_a_chat_corpus_with_the_templated_tokenizer(templated, tmp_path):
     _, targets = split_batch(corpus.tokens.long()[None])
     trained = [t for t in targets[0].tolist() if t >= 0]
     assert templated.hf.decode(trained) == "It is 5.</s>Yes, 5.</s>"
-    # any other tokenizer hashes the stored stream as int32 little-endian
+    # any other tokenizer hashes the stored stream as int32 little-endian (then, packed records:
+    # their offsets and a tag)
     stream = b"".join(t.to_bytes(4, "little", signed=True) for t in corpus.tokens.tolist())
-    assert corpus.sha256 == hashlib.sha256(stream).hexdigest()
+    assert corpus.sha256 == hashlib.sha256(stream + packed_rows_suffix(corpus)).hexdigest()
 
 
 def test_the_shipped_datasets_through_a_checkpoint_tokenizer(plain):
