@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from costlab.gpm import GpmSampler
+
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024
 
@@ -29,6 +31,10 @@ class Reading:
     energy_j: float | None = None  # a monotonic counter's value (J), not yet relative to the start
     sm_clock_mhz: float | None = None
     temperature_c: float | None = None
+    # NVML GPM (Hopper and later), in %; None where the device or driver has none.
+    sm_occupancy_pct: float | None = None
+    tensor_active_pct: float | None = None
+    dram_bw_pct: float | None = None
 
 
 class RaplCounter:
@@ -136,6 +142,8 @@ class NvmlProbe:
         self.nvml, self.handle, self.label = nvml, handle, label
         self.has_energy = self._call("nvmlDeviceGetTotalEnergyConsumption") is not None
         self.estimated = not self.has_energy and self._call("nvmlDeviceGetPowerUsage") is None
+        # SM occupancy, tensor-pipe activity, DRAM bandwidth (Hopper and later; None elsewhere).
+        self.gpm = GpmSampler(nvml, handle)
 
     def _call(self, name: str, *args):
         try:
@@ -150,6 +158,7 @@ class NvmlProbe:
         energy_mj = self._call("nvmlDeviceGetTotalEnergyConsumption") if self.has_energy else None
         clock = self._call("nvmlDeviceGetClockInfo", self.nvml.NVML_CLOCK_SM)
         temp = self._call("nvmlDeviceGetTemperature", self.nvml.NVML_TEMPERATURE_GPU)
+        gpm = self.gpm.read()
         return Reading(
             util_pct=None if util is None else float(util.gpu),
             mem_used_mb=None if mem is None else mem.used / MIB,
@@ -158,9 +167,13 @@ class NvmlProbe:
             energy_j=None if energy_mj is None else energy_mj / 1000.0,
             sm_clock_mhz=None if clock is None else float(clock),
             temperature_c=None if temp is None else float(temp),
+            sm_occupancy_pct=gpm.sm_occupancy_pct,
+            tensor_active_pct=gpm.tensor_active_pct,
+            dram_bw_pct=gpm.dram_bw_pct,
         )
 
     def close(self) -> None:
+        self.gpm.close()
         try:
             self.nvml.nvmlShutdown()
         except self.nvml.NVMLError:

@@ -161,6 +161,9 @@ class Sampler:
                 "loss": number(progress.loss),
                 "sm_clock_mhz": reading.sm_clock_mhz,
                 "temperature_c": reading.temperature_c,
+                "sm_occupancy_pct": reading.sm_occupancy_pct,
+                "tensor_active_pct": reading.tensor_active_pct,
+                "dram_bw_pct": reading.dram_bw_pct,
                 "estimated": bool(self.probe.estimated),
             }
             sample = {

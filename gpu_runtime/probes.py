@@ -15,6 +15,8 @@ from pathlib import Path
 import psutil
 import torch
 
+from gpu_runtime.gpm import GpmSampler
+
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024
 
@@ -122,6 +124,8 @@ class NvmlProbe:
         except pynvml.NVMLError as exc:
             log.warning("NVML unavailable (%s): GPU power and utilisation will be missing", exc)
         self.has_energy = self._call("nvmlDeviceGetTotalEnergyConsumption") is not None
+        # SM occupancy, tensor-pipe activity, DRAM bandwidth (Hopper and later; None elsewhere).
+        self.gpm = GpmSampler(pynvml, self.handle) if self.handle is not None else None
         self.estimated = self.handle is None or (
             not self.has_energy and self._call("nvmlDeviceGetPowerUsage") is None
         )
@@ -157,6 +161,7 @@ class NvmlProbe:
         energy_mj = self._call("nvmlDeviceGetTotalEnergyConsumption") if self.has_energy else None
         clock = self._call("nvmlDeviceGetClockInfo", self.nvml.NVML_CLOCK_SM)
         temp = self._call("nvmlDeviceGetTemperature", self.nvml.NVML_TEMPERATURE_GPU)
+        gpm = self.gpm.read() if self.gpm is not None else None
         return Reading(
             util_pct=None if util is None else float(util.gpu),
             mem_used_mb=used,
@@ -165,9 +170,14 @@ class NvmlProbe:
             energy_j=None if energy_mj is None else energy_mj / 1000.0,
             sm_clock_mhz=None if clock is None else float(clock),
             temperature_c=None if temp is None else float(temp),
+            sm_occupancy_pct=None if gpm is None else gpm.sm_occupancy_pct,
+            tensor_active_pct=None if gpm is None else gpm.tensor_active_pct,
+            dram_bw_pct=None if gpm is None else gpm.dram_bw_pct,
         )
 
     def close(self) -> None:
+        if self.gpm is not None:
+            self.gpm.close()
         if self.handle is not None:
             try:
                 self.nvml.nvmlShutdown()

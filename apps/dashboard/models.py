@@ -20,6 +20,10 @@ CHART_FIELDS = (
     "tokens_per_s",
     "loss",
     "mem_used_mb",
+    # NVML GPM (Hopper and later), in %; blocks of runs without them have _n = 0 (not drawn).
+    "sm_occupancy_pct",
+    "tensor_active_pct",
+    "dram_bw_pct",
 )
 
 
@@ -63,6 +67,12 @@ class SeriesBlock(models.Model):
     # Blocks rolled up before memory was charted have mem_used_mb_n = 0: their memory is not drawn.
     mem_used_mb_min, mem_used_mb_max = _stat(), _stat()
     mem_used_mb_sum, mem_used_mb_n = _stat(), models.IntegerField(default=0)
+    sm_occupancy_pct_min, sm_occupancy_pct_max = _stat(), _stat()
+    sm_occupancy_pct_sum, sm_occupancy_pct_n = _stat(), models.IntegerField(default=0)
+    tensor_active_pct_min, tensor_active_pct_max = _stat(), _stat()
+    tensor_active_pct_sum, tensor_active_pct_n = _stat(), models.IntegerField(default=0)
+    dram_bw_pct_min, dram_bw_pct_max = _stat(), _stat()
+    dram_bw_pct_sum, dram_bw_pct_n = _stat(), models.IntegerField(default=0)
 
     class Meta:
         constraints = [

@@ -37,6 +37,7 @@ from apps.experiments.models import Arm, Experiment, Run
 from apps.experiments.runs import ARTIFACT_HASHES, run_artifacts_listed
 from apps.experiments.selectors import queue_places, run_outliers
 from apps.pricing.models import GpuPrice, PricingTable
+from apps.telemetry.diagnosis import run_kernel_diagnosis
 from apps.telemetry.selectors import telemetry_by_rank
 from apps.tenants.models import Membership, Tenant
 
@@ -546,6 +547,7 @@ def run_page(*, run: Run, now: datetime | None = None) -> dict:
         "params": run_params(run),
         "artifacts": run_artifacts(run),
         "ranks": telemetry_by_rank(run=run) if run.world_size > 1 else [],
+        "kernel": run_kernel_diagnosis(run=run),
         "charts": {
             "cursor": charts.epoch_ms(now),
             "poll_ms": charts.LIVE_POLL_MS,

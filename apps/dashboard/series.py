@@ -39,6 +39,9 @@ SERIES_LABELS = {
     "tokens_per_s": "Throughput",
     "loss": "Loss",
     "mem_used_mb": "Memory used",
+    "sm_occupancy_pct": "SM occupancy (NVML GPM)",
+    "tensor_active_pct": "Tensor-pipe activity (NVML GPM)",
+    "dram_bw_pct": "DRAM bandwidth used (NVML GPM)",
 }
 # Throughput is not read from the samples' tokens_per_s (tokens of one sampling interval: a spike
 # when a step ends inside it, 0 while a slow step runs) but derived per step: the run's tokens per

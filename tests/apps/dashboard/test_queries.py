@@ -19,7 +19,8 @@ LIST_QUERIES = 6  # + the latest snapshots (verdicts) and freeze events of every
 # The alert channels of the page and whether the user manages them: two.
 EXPERIMENT_QUERIES = 23
 LIVE_QUERIES = 11
-RUN_QUERIES = 7  # the run, its samples, its attempts ..., its arm's outliers, its arm's colour
+# the run, its samples, its attempts ..., its arm's outliers, its arm's colour, its kernel diagnosis
+RUN_QUERIES = 8
 PRICING_QUERIES = 5
 
 
