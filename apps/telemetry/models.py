@@ -28,7 +28,12 @@ class TelemetrySample(models.Model):
     """
 
     id = models.BigAutoField(primary_key=True)
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="samples")
+    # No foreign key in the database (db_constraint=False): a check per inserted sample costs
+    # ingest, and dropping a partition that has one would lock the runs table. Ingest inserts
+    # under the run's row lock; deleting a run deletes its samples (Django's cascade).
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="samples", db_constraint=False
+    )
     seq = models.BigIntegerField()
     attempt = models.PositiveSmallIntegerField(
         default=1,
@@ -93,7 +98,9 @@ class PackedMinute(models.Model):
     retention drops both a day at a time."""
 
     id = models.BigAutoField(primary_key=True)
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="packed_minutes")
+    run = models.ForeignKey(  # as TelemetrySample.run: no foreign key in the database
+        Run, on_delete=models.CASCADE, related_name="packed_minutes", db_constraint=False
+    )
     rank = models.PositiveIntegerField(default=0)
     attempt = models.PositiveSmallIntegerField(default=1)
     minute = models.DateTimeField(help_text="The minute (UTC) its samples were taken in.")

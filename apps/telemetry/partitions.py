@@ -21,16 +21,18 @@ one plain table with a (run, seq) unique index; nothing here runs there.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 
 from apps.core.db import is_postgres
 from apps.telemetry.models import PackedMinute, TelemetrySample
 
+log = logging.getLogger(__name__)
 PARENT = TelemetrySample._meta.db_table
 DEFAULT = f"{PARENT}_default"
 PACKED = PackedMinute._meta.db_table
@@ -42,6 +44,8 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _BOUND = re.compile(r"^FOR VALUES FROM \('([^']+)'\) TO \('([^']+)'\)$")
 # pg_advisory_xact_lock key: one maintenance at a time (beat may overlap a manual call).
 _LOCK = 0x7E1E_0001
+# How long retention's DETACH/DROP waits for the tables' locks before it gives up until next time.
+DDL_LOCK_TIMEOUT = "10s"
 
 
 @dataclass(frozen=True)
@@ -222,18 +226,21 @@ def partitions_maintain(*, now: datetime | None = None, ahead: int | None = None
 @dataclass
 class Dropped:
     dropped: list[str]
-    kept: dict[str, list[int]]  # partition -> the open runs that hold it back
+    kept: dict[str, list[int]]  # partition -> the open runs that hold it back ([]: locks busy)
     runs_marked: int
 
 
 def partitions_drop_before(*, cutoff: datetime, before_drop=None) -> Dropped:
-    """Drop the partitions wholly older than `cutoff`, one transaction each.
+    """Drop the partitions wholly older than `cutoff`, and the packed minutes' partition of the
+    same range with each.
 
-    The packed minutes' partition of the same range goes with it.
     A partition that holds samples of a run still open (queued or running) is kept, and said in
-    the result. Otherwise the runs with samples in it get raw_dropped_before moved to its end, and
-    `before_drop(run_ids)` (the dashboard's final roll-up) runs first, in the same transaction, so
-    what the charts need is kept before the rows go.
+    the result. Otherwise, in a first transaction, `before_drop(run_ids)` (the dashboard's final
+    roll-up) runs for the runs with samples in it and their raw_dropped_before moves to its end;
+    then, in a second, the partitions are detached and dropped. The DDL holds no run's row lock
+    (a tick committing its reads of those runs would deadlock with it) and waits at most
+    DDL_LOCK_TIMEOUT for the tables: a partition it could not lock in time is dropped by the next
+    maintenance, and said in the result.
     """
     from apps.experiments.models import Run
 
@@ -251,7 +258,7 @@ def partitions_drop_before(*, cutoff: datetime, before_drop=None) -> Dropped:
             if open_ids:
                 out.kept[part.name] = open_ids
                 continue
-            ids = list(runs.select_for_update().order_by("pk").values_list("pk", flat=True))
+            ids = list(runs.order_by("pk").values_list("pk", flat=True))
             if before_drop is not None and ids:
                 before_drop(ids)
             out.runs_marked += (
@@ -259,13 +266,16 @@ def partitions_drop_before(*, cutoff: datetime, before_drop=None) -> Dropped:
                 .exclude(raw_dropped_before__gte=part.hi)
                 .update(raw_dropped_before=part.hi)
             )
-            packed = [p for p in partitions(PACKED) if p.lo == part.lo and p.hi == part.hi]
-            with connection.cursor() as cursor:
-                # Deferred foreign-key checks of rows written earlier in this transaction (a
-                # compaction's) would block the DROP: they run now.
-                cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        packed = [p for p in partitions(PACKED) if p.lo == part.lo and p.hi == part.hi]
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(f"SET LOCAL lock_timeout = '{DDL_LOCK_TIMEOUT}'")
                 for parent, gone in [(PARENT, part)] + [(PACKED, p) for p in packed]:
                     cursor.execute(f'ALTER TABLE "{parent}" DETACH PARTITION "{gone.name}"')
                     cursor.execute(f'DROP TABLE "{gone.name}"')
-            out.dropped.append(part.name)
+        except OperationalError as exc:  # lock_timeout: busy tables, the next maintenance retries
+            out.kept[part.name] = []
+            log.warning("telemetry retention: %s not dropped this time (%s)", part.name, exc)
+            continue
+        out.dropped.append(part.name)
     return out
