@@ -99,6 +99,9 @@ def main() -> None:
                         "mfu": 0.4,
                         "sm_clock_mhz": 1980.0,
                         "temperature_c": 61.0,
+                        "sm_occupancy_pct": 55.0,
+                        "tensor_active_pct": 40.0,
+                        "dram_bw_pct": 30.0,
                         "estimated": False,
                     }
                     for i in range(b * args.batch, (b + 1) * args.batch)
