@@ -17,6 +17,7 @@ from django.db.models.functions import Concat
 from django.utils import timezone
 
 from apps.attribution.alerts import budget_event_record
+from apps.core.db import is_postgres
 from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Run
 from apps.experiments.selectors import month_start, tenant_month_spend
@@ -91,8 +92,19 @@ def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) 
     latest, after = timezone.now() + ahead, "ahead of the server's clock"
     if run.declared_ended_at is not None and run.declared_ended_at + skew < latest:
         latest, after = run.declared_ended_at + skew, "after the run's declared ended_at"
+    earliest, before = start - skew, "before the run started"
+    days = settings.COSTLAB_TELEMETRY_RETENTION_DAYS
+    if days > 0 and is_postgres() and timezone.now() - timedelta(days=days) > earliest:
+        # Retention would drop it with its partition, unbilled run or not: refused now, and said.
+        earliest = timezone.now() - timedelta(days=days)
+        before = f"older than the telemetry retention of {days} days: it would be dropped"
     parsed = samples_validate(
-        samples, earliest=start - skew, latest=latest, refused=refused, after_latest=after
+        samples,
+        earliest=earliest,
+        latest=latest,
+        refused=refused,
+        after_latest=after,
+        before_earliest=before,
     )
     batch_attempt = attempt or max(run.attempts, 1)
     stored_before = None  # a single stream's stored sample just before the batch

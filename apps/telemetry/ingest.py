@@ -141,11 +141,13 @@ def samples_validate(
     latest: datetime | None = None,
     refused: list[dict] | None = None,
     after_latest: str = "ahead of the server's clock",
+    before_earliest: str = "before the run started",
 ) -> list[SampleIn]:
     """Every sample valid, or an error naming the sample index and field; nothing partial.
 
     earliest/latest: the window a timestamp must fall in (the run's start and now, or its
-    declared end, give or take the clock skew; `after_latest` says which end in a refusal); a
+    declared end, give or take the clock skew; `after_latest` and `before_earliest` say which
+    end in a refusal); a
     sample from another year would bill a fortune. With `refused`
     given, a sample outside the window is refused alone: left out, and described there
     ({index, seq, field, reason}) for the client to correct and resend; the rest go on.
@@ -170,7 +172,7 @@ def samples_validate(
 
             def why(i: int) -> str:
                 ts = parsed[i]["ts"]
-                side = after_latest if ts > latest else "before the run started"
+                side = after_latest if ts > latest else before_earliest
                 return (
                     f"{ts.isoformat()} is outside the run's time window {earliest.isoformat()} .. "
                     f"{latest.isoformat()} ({side}; clock skew allowed)"

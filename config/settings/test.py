@@ -88,3 +88,8 @@ STORAGES = {
     **STORAGES,
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
 }
+
+# Tests stamp samples with fixed 2026 dates, which fall out of any retention window as time goes
+# by: retention is off (ingest refuses nothing as too old) unless a test turns it on
+# (tests/apps/dashboard/test_retention.py).
+COSTLAB_TELEMETRY_RETENTION_DAYS = 0

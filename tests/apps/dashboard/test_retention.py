@@ -159,7 +159,6 @@ def test_retention_keeps_a_finished_runs_bill_chart_and_csv_and_an_open_runs_par
     w, monkeypatch, settings
 ):
     monkeypatch.setattr(series_module, "RAW_MAX", 500)  # a chart of blocks, without 8k samples
-    settings.COSTLAB_TELEMETRY_RETENTION_DAYS = 90
     old = day_of(NOW - 120 * DAY) + timedelta(hours=2)
     gone = open_at(run_of(w.control), old)
     ingest(gone, start=old, n=1000, util=70.0)
@@ -178,6 +177,7 @@ def test_retention_keeps_a_finished_runs_bill_chart_and_csv_and_an_open_runs_par
 
     before = seen(gone)
     comparison = list(comparison_csv_rows(experiment=w.experiment))
+    settings.COSTLAB_TELEMETRY_RETENTION_DAYS = 90
     assert before[0] > 0 and before[3]["util_pct"][0], "billed and charted"
 
     done = telemetry_upkeep(now=NOW)
@@ -255,3 +255,18 @@ def test_compaction_packs_a_settled_run_and_every_read_sees_the_same_samples(w, 
     assert run.cost_breakdown == bill[4]
 
     assert telemetry_upkeep(now=NOW).runs_packed == 0, "packed once"
+
+
+def test_a_sample_older_than_retention_is_refused_alone_and_said(w, settings):
+    """It would land in a partition retention drops next: refused at the door, naming why."""
+    settings.COSTLAB_TELEMETRY_RETENTION_DAYS = 90
+    run = open_at(run_of(w.control), NOW - 100 * DAY)  # a historical upload
+    batch = samples(start=NOW - 95 * DAY, first_seq=0, n=2) + samples(
+        start=NOW - 80 * DAY, first_seq=2, n=2
+    )
+    result = telemetry_ingest(run_id=run.pk, samples=batch, attempt=run.attempts)
+    assert result.inserted == 2 and [r["seq"] for r in result.refused] == [0, 1]
+    assert "older than the telemetry retention of 90 days" in result.refused[0]["reason"]
+    settings.COSTLAB_TELEMETRY_RETENTION_DAYS = 0  # kept for good: nothing is too old
+    again = telemetry_ingest(run_id=run.pk, samples=batch[:2], attempt=run.attempts)
+    assert again.inserted == 2 and not again.refused
