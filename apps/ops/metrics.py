@@ -21,7 +21,7 @@ from apps.core.models import PeriodicTaskRun
 from apps.core.selectors import broker_reachable, database_reachable
 from apps.devices.models import Device
 from apps.experiments.models import Run
-from apps.telemetry.compaction import runs_compactable
+from apps.telemetry.compaction import settled_unpacked
 from apps.telemetry.models import TelemetrySample
 from apps.telemetry.partitions import (
     default_rows,
@@ -154,10 +154,7 @@ def _telemetry_storage_metrics(now) -> Iterator[Metric]:
         "Bytes on disk per sample packed by compaction, indexes included (approximate).",
         value=packed_bytes / packed if packed else 0.0,
     )
-    waiting = Run.objects.filter(pk__in=runs_compactable(limit=1)).values_list(
-        "finished_at", flat=True
-    )
-    oldest = next(iter(waiting), None)
+    oldest = settled_unpacked().values_list("finished_at", flat=True).first()
     yield GaugeMetricFamily(
         "costlab_telemetry_compaction_lag_seconds",
         "How long the oldest settled run has waited for compaction (0: none waits).",

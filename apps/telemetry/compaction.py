@@ -33,15 +33,18 @@ from apps.telemetry.packing import FIELDS, pack, unpack
 STORED = ("attempt", "rank", *FIELDS)
 
 
-def runs_compactable(*, limit: int = 50) -> list[int]:
-    """Finished runs whose samples are all billed and not packed yet, the oldest first."""
-    return list(
+def settled_unpacked():
+    """The finished runs whose samples are all billed and not packed yet, the oldest first."""
+    return (
         Run.objects.exclude(status__in=Run.ACTIVE_STATUSES)
         .filter(packed_at=None, raw_dropped_before=None, last_seq__gte=0)
         .filter(priced_seq=F("last_seq"))
         .order_by("finished_at", "pk")
-        .values_list("pk", flat=True)[:limit]
     )
+
+
+def runs_compactable(*, limit: int = 50) -> list[int]:
+    return list(settled_unpacked().values_list("pk", flat=True)[:limit])
 
 
 def _minute(ts: datetime) -> datetime:
@@ -129,8 +132,7 @@ def stored_rows(run: Run, fields: tuple[str, ...]) -> Iterator[dict]:
     fields = tuple(dict.fromkeys(("seq", *fields)))
     wanted = tuple(f for f in fields if f not in ("attempt", "rank"))
     raw = (
-        {**row}
-        for row in TelemetrySample.objects.of_run(run)
+        TelemetrySample.objects.of_run(run)
         .order_by("seq")
         .values("attempt", "rank", *wanted)
         .iterator(chunk_size=10_000)

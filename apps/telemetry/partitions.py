@@ -245,6 +245,7 @@ def partitions_drop_before(*, cutoff: datetime, before_drop=None) -> Dropped:
     from apps.experiments.models import Run
 
     out = Dropped(dropped=[], kept={}, runs_marked=0)
+    twins = {(p.lo, p.hi): p for p in partitions(PACKED) if not p.is_default}
     for part in partitions():
         if part.is_default or part.hi > cutoff:
             continue
@@ -266,11 +267,11 @@ def partitions_drop_before(*, cutoff: datetime, before_drop=None) -> Dropped:
                 .exclude(raw_dropped_before__gte=part.hi)
                 .update(raw_dropped_before=part.hi)
             )
-        packed = [p for p in partitions(PACKED) if p.lo == part.lo and p.hi == part.hi]
+        twin = twins.get((part.lo, part.hi))
         try:
             with transaction.atomic(), connection.cursor() as cursor:
                 cursor.execute(f"SET LOCAL lock_timeout = '{DDL_LOCK_TIMEOUT}'")
-                for parent, gone in [(PARENT, part)] + [(PACKED, p) for p in packed]:
+                for parent, gone in [(PARENT, part)] + ([(PACKED, twin)] if twin else []):
                     cursor.execute(f'ALTER TABLE "{parent}" DETACH PARTITION "{gone.name}"')
                     cursor.execute(f'DROP TABLE "{gone.name}"')
         except OperationalError as exc:  # lock_timeout: busy tables, the next maintenance retries
