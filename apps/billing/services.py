@@ -21,7 +21,7 @@ from apps.core.db import is_postgres
 from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Run
 from apps.experiments.selectors import month_start, tenant_month_spend
-from apps.experiments.services import run_external_running
+from apps.experiments.services import run_external_check
 from apps.pricing import cost_engine
 from apps.pricing.bill import Bill, period_sums, run_bill, unpriced_seconds
 from apps.pricing.models import CostModel, PricingTable
@@ -61,13 +61,18 @@ class IngestResult:
 
 
 @transaction.atomic
-def telemetry_ingest(*, run_id: int, samples: list, attempt: int | None = None) -> IngestResult:
-    """Validate and store a batch for a run; idempotent by (run, seq). Nothing partial on error."""
+def telemetry_ingest(
+    *, run_id: int, samples: list, attempt: int | None = None, external: bool = False
+) -> IngestResult:
+    """Validate and store a batch for a run; idempotent by (run, seq). Nothing partial on error.
+    external: the run must be an external one, still running (checked under the same lock)."""
     run = (
         Run.objects.select_for_update(of=("self",))
         .select_related("experiment__cost_model", "gpu_sku")
         .get(pk=run_id)
     )
+    if external:
+        run_external_check(run, "take telemetry")
     if (
         run.kind == Run.Kind.WORKER
         and attempt is not None
@@ -574,7 +579,6 @@ def run_totals_close(sender, *, run: Run, **kwargs) -> None:
 
 
 @transaction.atomic
-def run_external_ingest(*, run: Run, samples: list, attempt: int | None = None) -> IngestResult:
+def run_external_ingest(*, run_id: int, samples: list, attempt: int | None = None) -> IngestResult:
     """Store a telemetry batch of a running external run (idempotent by seq)."""
-    run_external_running(run, "take telemetry")
-    return telemetry_ingest(run_id=run.pk, samples=samples, attempt=attempt)
+    return telemetry_ingest(run_id=run_id, samples=samples, attempt=attempt, external=True)

@@ -557,6 +557,11 @@ def arm_delete(*, arm: Arm) -> None:
 def run_external_running(run: Run, action: str) -> Run:
     """The external run, locked; refused (naming why) unless it is external and running."""
     run = Run.objects.select_for_update(of=("self",)).select_related("experiment").get(pk=run.pk)
+    return run_external_check(run, action)
+
+
+def run_external_check(run: Run, action: str) -> Run:
+    """A run read under its row lock, refused (naming why) unless it is external and running."""
     if run.kind != Run.Kind.EXTERNAL:
         raise ApplicationError(
             f"kind: run {run.pk} is trained by a costlab worker; only external runs can {action}",

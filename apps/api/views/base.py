@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
+from django.http import Http404
 from rest_framework import viewsets
 
 from apps.api.permissions import TenantMember
@@ -20,3 +22,20 @@ class TenantViewSet(viewsets.GenericViewSet):
         if getattr(self, "swagger_fake_view", False):  # schema generation: no request, no tenant
             return self.model.objects.none()
         return self.selector(tenant=self.request.tenant)
+
+    def get_object_pk(self) -> int:
+        """The pk of the URL's object, inside the tenant (404 otherwise, like get_object), without
+        loading the object: for an action whose service locks and reads the row itself."""
+        lookup = self.kwargs[self.lookup_url_kwarg or self.lookup_field]
+        try:
+            found = (
+                self.get_queryset()
+                .filter(**{self.lookup_field: lookup})
+                .values_list("pk", flat=True)
+                .first()
+            )
+        except (TypeError, ValueError, ValidationError):
+            found = None
+        if found is None:
+            raise Http404
+        return found

@@ -164,12 +164,13 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet
         detail=True, methods=["get", "post"], max_body_bytes="COSTLAB_API_MAX_INGEST_BODY_BYTES"
     )
     def telemetry(self, request, pk=None):
-        run = self.get_object()
-        if request.method == "POST":
+        if request.method == "POST":  # the hot path: the service locks and reads the run once
+            run_id = self.get_object_pk()
             batch = TelemetryBatchSerializer(data=request.data)
             batch.is_valid(raise_exception=True)
-            result = run_external_ingest(run=run, **batch.validated_data)
+            result = run_external_ingest(run_id=run_id, **batch.validated_data)
             return Response(IngestResultSerializer(result).data)
+        run = self.get_object()
         query = TelemetryQuerySerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         q = query.validated_data

@@ -119,3 +119,63 @@ def test_read_budget_is_capped_and_fields_are_checked(api, external, settings):
     assert [v for _, v in window.json()["series"]["power_w"]["points"]] == [
         float(s) for s in range(30, 40)
     ]
+
+
+def ddp_external(experiment) -> Run:
+    return RunFactory(
+        arm=experiment.arms.first(),
+        kind="external",
+        status="running",
+        created=T0 - timedelta(minutes=1),
+        world_size=4,
+        gpu_count=4,
+    )
+
+
+def test_an_appended_ddp_batch_reads_the_run_once_and_each_ranks_predecessor_in_one_query(
+    api, experiment
+):
+    """The ingest hot path: the run is read under its lock once (the tenant check reads only its
+    pk), and the ranks' predecessors come in one query, whatever the world size."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    run = ddp_external(experiment)
+    url = f"/api/v1/runs/{run.pk}/telemetry/"
+
+    def ranked(first: int, n: int) -> list[dict]:
+        out = []
+        for k in range(first, first + n):
+            for rank in range(4):
+                s = {**batch(k, 1)[0], "seq": 4 * k + rank, "rank": rank}
+                out.append(s)
+        return out
+
+    assert api.post(url, {"samples": ranked(0, 5)}, format="json").status_code == 200
+    with CaptureQueriesContext(connection) as seen:
+        second = api.post(url, {"samples": ranked(5, 5)}, format="json")
+    assert second.status_code == 200 and second.json()["inserted"] == 20
+    sqls = [q["sql"] for q in seen.captured_queries]
+    run_reads = [s for s in sqls if s.startswith("SELECT") and 'FROM "experiments_run"' in s]
+    assert len(run_reads) == 2, run_reads  # the tenant's pk check, then the locked read
+    assert "FOR UPDATE" in run_reads[1] and '"experiments_run"."status"' not in run_reads[0]
+    sample_reads = [s for s in sqls if "telemetry_telemetrysample" in s and s.startswith("SELECT")]
+    assert len(sample_reads) <= 2, sample_reads  # the predecessors, and the gap-free end
+    # ... and the bill is the one of the samples sent in one batch.
+    alone = ddp_external(experiment)
+    api.post(f"/api/v1/runs/{alone.pk}/telemetry/", {"samples": ranked(0, 10)}, format="json")
+    run.refresh_from_db()
+    alone.refresh_from_db()
+    assert run.cost_usd == alone.cost_usd
+    assert run.device_seconds == pytest.approx(alone.device_seconds) and run.device_seconds > 0
+    assert run.energy_j == pytest.approx(alone.energy_j) and run.energy_j > 0
+
+
+def test_telemetry_of_a_run_outside_the_tenant_or_a_bad_id_is_404(api, experiment):
+    other = RunFactory(kind="external", status="running", created=T0 - timedelta(minutes=1))
+    for pk in (other.pk, "nope", 10**9):
+        response = api.post(
+            f"/api/v1/runs/{pk}/telemetry/", {"samples": batch(0, 1)}, format="json"
+        )
+        assert response.status_code == 404, (pk, response.content)
+    assert not TelemetrySample.objects.exists()
