@@ -154,7 +154,10 @@ def telemetry_ingest(
                     sample["attempt"] = batch_attempt
                 if run.world_size > 1:  # each rank's stream continues from its own last row
                     before = stream_predecessors(
-                        run=run, seq=run.last_seq, ranks={s["rank"] for s in parsed}
+                        run=run,
+                        seq=run.last_seq,
+                        ranks={s["rank"] for s in parsed},
+                        stored_to=None if stored is None else stored[1],
                     )
                 else:  # read above: the row at run.last_seq, the highest stored
                     before = [] if stored_before is None else [stored_before]

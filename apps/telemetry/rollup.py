@@ -8,7 +8,7 @@ apps.billing.services bills each range as it is now and as it was, with apps.pri
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import connection
 from django.db.models import Q
@@ -104,19 +104,48 @@ def batch_ranges(*, run: Run, seqs: list[int]) -> list[tuple[int, int]]:
     return merged
 
 
-def stream_predecessors(*, run: Run, seq: int, ranks: set[int]) -> list[dict]:
+# An appended batch's ranks' predecessors are looked for first among the rows stored this long
+# before the run's latest sample (stream_predecessors).
+TAIL_WINDOW = timedelta(minutes=5)
+
+
+def stream_predecessors(
+    *, run: Run, seq: int, ranks: set[int], stored_to: datetime | None = None
+) -> list[dict]:
     """Each rank's last stored row at or before seq (what an appended batch's intervals start from),
-    in seq order; one indexed lookup per rank, in one query (on Postgres, a LATERAL lookup per
-    rank in plain SQL: the ORM's union of one queryset a rank cost more to build than to run)."""
+    in seq order, in one query on the common path. stored_to: the latest ts stored before the
+    batch (None: the run's span end).
+
+    On Postgres, first among the rows of the last TAIL_WINDOW before stored_to: a read whose cost
+    does not grow with the run, whichever index the planner picks (on a run newer than the day
+    partition's statistics it takes `(run, ts)` and would read the whole span). That is exact
+    for a run of one attempt: within an attempt a rank's samples never go back in time against
+    seq (ingest refuses them), so no later row of that rank lies before the window. A rank not
+    found there, or a run of several attempts, is looked up over the whole span, one LATERAL
+    lookup per rank."""
     if is_postgres():
-        within, span = window_sql(run.samples_from, run.samples_to, "s")
-        cols = ", ".join(f"s.{f}" for f in BILL_FIELDS)
+        table, cols = TelemetrySample._meta.db_table, ", ".join(f"s.{f}" for f in BILL_FIELDS)
+        wanted = sorted(ranks)
         with connection.cursor() as cursor:
+            stored_to = stored_to or run.samples_to
+            if run.attempts <= 1 and stored_to is not None and run.samples_from is not None:
+                lo = max(run.samples_from, stored_to - TAIL_WINDOW)
+                within, span = window_sql(lo, run.samples_to, "s")
+                cursor.execute(
+                    f"SELECT DISTINCT ON (s.rank) {cols} FROM {table} s WHERE s.run_id = %s "
+                    f"AND s.rank = ANY(%s::int[]) AND s.seq <= %s AND {within} "
+                    "ORDER BY s.rank, s.seq DESC",
+                    [run.pk, wanted, seq, *span],
+                )
+                rows = [dict(zip(BILL_FIELDS, row, strict=True)) for row in cursor.fetchall()]
+                if len(rows) == len(wanted):
+                    return sorted(rows, key=lambda r: r["seq"])
+            within, span = window_sql(run.samples_from, run.samples_to, "s")
             cursor.execute(
                 f"SELECT p.* FROM unnest(%s::int[]) AS r(rank) CROSS JOIN LATERAL (SELECT {cols} "
-                f"FROM {TelemetrySample._meta.db_table} s WHERE s.run_id = %s AND s.rank = r.rank "
-                f"AND s.seq <= %s AND {within} ORDER BY s.seq DESC LIMIT 1) p ORDER BY p.seq",
-                [sorted(ranks), run.pk, seq, *span],
+                f"FROM {table} s WHERE s.run_id = %s AND s.rank = r.rank AND s.seq <= %s "
+                f"AND {within} ORDER BY s.seq DESC LIMIT 1) p ORDER BY p.seq",
+                [wanted, run.pk, seq, *span],
             )
             return [dict(zip(BILL_FIELDS, row, strict=True)) for row in cursor.fetchall()]
     parts = [

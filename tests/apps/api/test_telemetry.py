@@ -144,12 +144,7 @@ def test_an_appended_ddp_batch_reads_the_run_once_and_each_ranks_predecessor_in_
     url = f"/api/v1/runs/{run.pk}/telemetry/"
 
     def ranked(first: int, n: int) -> list[dict]:
-        out = []
-        for k in range(first, first + n):
-            for rank in range(4):
-                s = {**batch(k, 1)[0], "seq": 4 * k + rank, "rank": rank}
-                out.append(s)
-        return out
+        return ranked_samples(range(first, first + n), range(4))
 
     assert api.post(url, {"samples": ranked(0, 5)}, format="json").status_code == 200
     with CaptureQueriesContext(connection) as seen:
@@ -161,6 +156,7 @@ def test_an_appended_ddp_batch_reads_the_run_once_and_each_ranks_predecessor_in_
     assert "FOR UPDATE" in run_reads[1] and '"experiments_run"."status"' not in run_reads[0]
     sample_reads = [s for s in sqls if "telemetry_telemetrysample" in s and s.startswith("SELECT")]
     assert len(sample_reads) <= 2, sample_reads  # the predecessors, and the gap-free end
+    assert not any("LATERAL" in s for s in sample_reads)  # found in the span's last minutes
     # ... and the bill is the one of the samples sent in one batch.
     alone = ddp_external(experiment)
     api.post(f"/api/v1/runs/{alone.pk}/telemetry/", {"samples": ranked(0, 10)}, format="json")
@@ -179,3 +175,39 @@ def test_telemetry_of_a_run_outside_the_tenant_or_a_bad_id_is_404(api, experimen
         )
         assert response.status_code == 404, (pk, response.content)
     assert not TelemetrySample.objects.exists()
+
+
+def ranked_samples(ks, ranks) -> list[dict]:
+    return [{**batch(k, 1)[0], "seq": 4 * k + rank, "rank": rank} for k in ks for rank in ranks]
+
+
+def test_a_rank_silent_for_longer_than_the_tail_window_is_still_billed_from_its_own_last_row(
+    api, experiment
+):
+    """Rank 3 falls silent for 400 s, beyond the window its predecessor is first looked for in:
+    the lookup over the whole span finds it, and the bill is that of all samples in one batch."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from apps.telemetry.rollup import TAIL_WINDOW
+
+    assert TAIL_WINDOW.total_seconds() < 400
+    run, whole = ddp_external(experiment), ddp_external(experiment)
+    parts = [
+        ranked_samples(range(5), range(4)),
+        ranked_samples(range(5, 400), range(3)),
+        ranked_samples(range(400, 405), range(4)),
+    ]
+    url = f"/api/v1/runs/{run.pk}/telemetry/"
+    for part in parts[:2]:
+        assert api.post(url, {"samples": part}, format="json").status_code == 200
+    with CaptureQueriesContext(connection) as seen:
+        assert api.post(url, {"samples": parts[2]}, format="json").status_code == 200
+    assert any("LATERAL" in q["sql"] for q in seen.captured_queries)
+    everything = sorted(parts[0] + parts[1] + parts[2], key=lambda s: s["seq"])
+    api.post(f"/api/v1/runs/{whole.pk}/telemetry/", {"samples": everything}, format="json")
+    run.refresh_from_db()
+    whole.refresh_from_db()
+    assert run.last_seq == whole.last_seq == 4 * 404 + 3
+    assert run.device_seconds == pytest.approx(whole.device_seconds) and run.device_seconds > 0
+    assert run.energy_j == pytest.approx(whole.energy_j) and run.cost_usd == whole.cost_usd
