@@ -33,7 +33,7 @@ from apps.telemetry.ingest import (
     samples_insert,
     samples_validate,
 )
-from apps.telemetry.models import RunRepricing, TelemetrySample
+from apps.telemetry.models import RunRepricing
 from apps.telemetry.rollup import (
     BILL_FIELDS,
     SEQ_MAX,
@@ -114,13 +114,10 @@ def telemetry_ingest(
     batch_attempt = attempt or max(run.attempts, 1)
     stored_before = None  # a single stream's stored sample just before the batch
     if parsed and run.world_size == 1 and run.samples_from is not None:
-        stored_before = (
-            TelemetrySample.objects.of_run(run)
-            .filter(seq__lt=min(s["seq"] for s in parsed))
-            .order_by("-seq")
-            .values(*BILL_FIELDS)
-            .first()
+        found = stream_predecessors(
+            run=run, seq=min(s["seq"] for s in parsed) - 1, ranks=None, stored_to=run.samples_to
         )
+        stored_before = found[0] if found else None
         same_attempt = stored_before is not None and stored_before["attempt"] == batch_attempt
         parsed = counters_refuse_decreasing(
             parsed, before=stored_before if same_attempt else None, sent=samples, refused=refused
@@ -147,6 +144,11 @@ def telemetry_ingest(
             stored=stored,
         )
         if fresh:
+            # Whether every stored row still carries one attempt (stream_predecessors' short read).
+            if stored is None:
+                run.samples_attempt = batch_attempt
+            elif run.samples_attempt not in (None, batch_attempt):
+                run.samples_attempt = 0
             if appended and len(fresh) == len(parsed):
                 # An appended batch that went in whole: the rows are in hand, only the stored
                 # predecessor is read, and there is no old figure to take off.
@@ -303,6 +305,7 @@ def run_totals_apply(
             "last_seq",
             "samples_from",
             "samples_to",
+            "samples_attempt",
             "steps",
             "tokens",
             "device_seconds",

@@ -375,6 +375,12 @@ class Run(TimeStampedModel):
     samples_to = models.DateTimeField(
         null=True, blank=True, help_text="The latest stored sample's timestamp."
     )
+    samples_attempt = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="The attempt every stored sample carries, while they share one (0: several; "
+        "null: not known, as for samples stored before this was kept).",
+    )
     packed_at = models.DateTimeField(
         null=True,
         blank=True,

@@ -110,51 +110,63 @@ TAIL_WINDOW = timedelta(minutes=5)
 
 
 def stream_predecessors(
-    *, run: Run, seq: int, ranks: set[int], stored_to: datetime | None = None
+    *, run: Run, seq: int, ranks: set[int] | None, stored_to: datetime | None = None
 ) -> list[dict]:
     """Each rank's last stored row at or before seq (what an appended batch's intervals start from),
-    in seq order, in one query on the common path. stored_to: the latest ts stored before the
-    batch (None: the run's span end).
+    in seq order, in one query on the common path. ranks=None: the one last row (a run of one
+    stream). stored_to: the latest ts stored before the batch (None: the run's span end).
 
     On Postgres, first among the rows of the last TAIL_WINDOW before stored_to: a read whose cost
     does not grow with the run, whichever index the planner picks (on a run newer than the day
     partition's statistics it takes `(run, ts)` and would read the whole span). That is exact
-    for a run of one attempt: within an attempt a rank's samples never go back in time against
-    seq (ingest refuses them), so no later row of that rank lies before the window. A rank not
-    found there, or a run of several attempts, is looked up over the whole span, one LATERAL
-    lookup per rank."""
-    if is_postgres():
-        table, cols = TelemetrySample._meta.db_table, ", ".join(f"s.{f}" for f in BILL_FIELDS)
-        wanted = sorted(ranks)
-        with connection.cursor() as cursor:
-            stored_to = stored_to or run.samples_to
-            if run.attempts <= 1 and stored_to is not None and run.samples_from is not None:
-                lo = max(run.samples_from, stored_to - TAIL_WINDOW)
-                within, span = window_sql(lo, run.samples_to, "s")
-                cursor.execute(
-                    f"SELECT DISTINCT ON (s.rank) {cols} FROM {table} s WHERE s.run_id = %s "
-                    f"AND s.rank = ANY(%s::int[]) AND s.seq <= %s AND {within} "
-                    "ORDER BY s.rank, s.seq DESC",
-                    [run.pk, wanted, seq, *span],
-                )
-                rows = [dict(zip(BILL_FIELDS, row, strict=True)) for row in cursor.fetchall()]
-                if len(rows) == len(wanted):
-                    return sorted(rows, key=lambda r: r["seq"])
-            within, span = window_sql(run.samples_from, run.samples_to, "s")
-            cursor.execute(
-                f"SELECT p.* FROM unnest(%s::int[]) AS r(rank) CROSS JOIN LATERAL (SELECT {cols} "
-                f"FROM {table} s WHERE s.run_id = %s AND s.rank = r.rank AND s.seq <= %s "
-                f"AND {within} ORDER BY s.seq DESC LIMIT 1) p ORDER BY p.seq",
-                [wanted, run.pk, seq, *span],
-            )
+    while the stored rows share one attempt (Run.samples_attempt): within an attempt a rank's
+    samples never go back in time against seq (ingest refuses them), so no later row of that
+    rank lies before the window. A rank not found there, or rows of several attempts (or not
+    known), are looked up over the whole span (one LATERAL lookup per rank)."""
+    if not is_postgres():
+        return _predecessors_orm(run=run, seq=seq, ranks=ranks)
+    table, cols = TelemetrySample._meta.db_table, ", ".join(f"s.{f}" for f in BILL_FIELDS)
+    wanted = None if ranks is None else sorted(ranks)
+    one = "SELECT {cols} FROM {table} s WHERE s.run_id = %s AND s.seq <= %s AND {within} "
+    with connection.cursor() as cursor:
+
+        def fetch(sql: str, params: list) -> list[dict]:
+            cursor.execute(sql, params)
             return [dict(zip(BILL_FIELDS, row, strict=True)) for row in cursor.fetchall()]
-    parts = [
-        TelemetrySample.objects.of_run(run)
-        .filter(rank=r, seq__lte=seq)
-        .order_by("-seq")
-        .values(*BILL_FIELDS)[:1]
-        for r in sorted(ranks)
-    ]
+
+        stored_to = stored_to or run.samples_to
+        if run.samples_attempt and stored_to is not None and run.samples_from is not None:
+            within, span = window_sql(
+                max(run.samples_from, stored_to - TAIL_WINDOW), run.samples_to, "s"
+            )
+            if wanted is None:
+                sql = one.format(cols=cols, table=table, within=within)
+                rows = fetch(sql + "ORDER BY s.seq DESC LIMIT 1", [run.pk, seq, *span])
+            else:
+                sql = one.format(cols=f"DISTINCT ON (s.rank) {cols}", table=table, within=within)
+                rows = fetch(
+                    sql + "AND s.rank = ANY(%s::int[]) ORDER BY s.rank, s.seq DESC",
+                    [run.pk, seq, *span, wanted],
+                )
+            if len(rows) == (1 if wanted is None else len(wanted)):
+                return sorted(rows, key=lambda r: r["seq"])
+        within, span = window_sql(run.samples_from, run.samples_to, "s")
+        sql = one.format(cols=cols, table=table, within=within)
+        if wanted is None:
+            return fetch(sql + "ORDER BY s.seq DESC LIMIT 1", [run.pk, seq, *span])
+        return fetch(
+            f"SELECT p.* FROM unnest(%s::int[]) AS r(rank) CROSS JOIN LATERAL ({sql}"
+            "AND s.rank = r.rank ORDER BY s.seq DESC LIMIT 1) p ORDER BY p.seq",
+            [wanted, run.pk, seq, *span],
+        )
+
+
+def _predecessors_orm(*, run: Run, seq: int, ranks: set[int] | None) -> list[dict]:
+    """stream_predecessors on SQLite (one table: no partitions, no plan to steer)."""
+    base = TelemetrySample.objects.of_run(run).filter(seq__lte=seq).order_by("-seq")
+    if ranks is None:
+        return list(base.values(*BILL_FIELDS)[:1])
+    parts = [base.filter(rank=r).values(*BILL_FIELDS)[:1] for r in sorted(ranks)]
     rows = list(parts[0].union(*parts[1:], all=True)) if len(parts) > 1 else list(parts[0])
     return sorted(rows, key=lambda r: r["seq"])
 

@@ -211,3 +211,30 @@ def test_a_rank_silent_for_longer_than_the_tail_window_is_still_billed_from_its_
     assert run.last_seq == whole.last_seq == 4 * 404 + 3
     assert run.device_seconds == pytest.approx(whole.device_seconds) and run.device_seconds > 0
     assert run.energy_j == pytest.approx(whole.energy_j) and run.cost_usd == whole.cost_usd
+
+
+def test_rows_of_several_attempts_are_looked_up_over_the_whole_span(api, experiment):
+    """The short read of the last minutes is exact only while the stored rows share an attempt:
+    the run keeps which (Run.samples_attempt), and once a second one lands it reads the span."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    run = ddp_external(experiment)
+    url = f"/api/v1/runs/{run.pk}/telemetry/"
+
+    def post(ks, attempt=None) -> list[str]:
+        body = {"samples": ranked_samples(ks, range(4))}
+        if attempt is not None:
+            body["attempt"] = attempt
+        with CaptureQueriesContext(connection) as seen:
+            assert api.post(url, body, format="json").status_code == 200
+        return [q["sql"] for q in seen.captured_queries]
+
+    post(range(0, 5))
+    run.refresh_from_db()
+    assert run.samples_attempt == 1
+    assert not any("LATERAL" in s for s in post(range(5, 10)))
+    post(range(10, 15), attempt=2)
+    run.refresh_from_db()
+    assert run.samples_attempt == 0
+    assert any("LATERAL" in s for s in post(range(15, 20), attempt=2))
