@@ -114,9 +114,7 @@ def telemetry_ingest(
     batch_attempt = attempt or max(run.attempts, 1)
     stored_before = None  # a single stream's stored sample just before the batch
     if parsed and run.world_size == 1 and run.samples_from is not None:
-        found = stream_predecessors(
-            run=run, seq=min(s["seq"] for s in parsed) - 1, ranks=None, stored_to=run.samples_to
-        )
+        found = stream_predecessors(run=run, seq=min(s["seq"] for s in parsed) - 1, ranks=None)
         stored_before = found[0] if found else None
         same_attempt = stored_before is not None and stored_before["attempt"] == batch_attempt
         parsed = counters_refuse_decreasing(
