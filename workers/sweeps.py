@@ -55,9 +55,10 @@ def _heartbeat(probe_id: int, owner: str):
     return cancelled
 
 
-def _warm_process(config, device: str) -> None:
+def _warm_process(config, device: str, cancel) -> None:
     """One untelemetered step, once per process,
-    so the first probe's memory and time are not the runtime's."""
+    so the first probe's memory and time are not the runtime's; a cancel asked meanwhile
+    stops it before its step (the probe then ends at once, without a step of its own)."""
     global _process_warm
     if _process_warm:
         return
@@ -67,7 +68,7 @@ def _warm_process(config, device: str) -> None:
     with contextlib.suppress(
         Exception
     ):  # the probe itself will say what is wrong with the strategy
-        gpu_runtime.train(quiet, device=device, steps=1)
+        gpu_runtime.train(quiet, device=device, steps=1, cancel=cancel)
     _process_warm = True
 
 
@@ -124,14 +125,15 @@ def probe_execute(probe_id: int) -> None:
             torch.cuda.set_per_process_memory_fraction(float(sweep.tenant.gpu_memory_fraction))
             torch.cuda.empty_cache()
         outcome["vcpus"] = 0 if gpu_count else torch.get_num_threads()
-        _warm_process(config, device)
+        cancelled = _heartbeat(probe_id, owner)
+        _warm_process(config, device, cancelled)
         # so the probe's RSS growth on CPU is its own, not refilled free lists
         _return_freed_memory()
         outcome["baseline_mem_mb"] = psutil.Process().memory_info().rss / MIB
         result = gpu_runtime.train(
             config,
             sink=samples.append,
-            cancel=_heartbeat(probe_id, owner),
+            cancel=cancelled,
             device=device,
             steps=sweep.warmup_steps + sweep.probe_steps,
         )

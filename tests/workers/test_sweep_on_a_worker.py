@@ -102,5 +102,7 @@ def test_cancel_stops_the_running_probe(celery_worker_process):
         15,
         "the running probe to stop",
     )
-    assert time.monotonic() - asked < 6
+    # 100,000 steps would train for minutes: stopping within seconds is the cancel at work. The
+    # bound leaves room for a clean-clone CI run on 2 loaded cores (6.9 s seen once against 6).
+    assert time.monotonic() - asked < 10
     assert set(Probe.objects.filter(sweep=sweep).values_list("status", flat=True)) == {"cancelled"}
