@@ -11,11 +11,8 @@ import contextlib
 import ctypes
 import gc
 import logging
-import os
-import socket
 import time
 import traceback
-import uuid
 
 import psutil
 from celery import shared_task
@@ -93,11 +90,12 @@ def probe_execute(probe_id: int) -> None:
     import torch
 
     from apps.core.db import db_retry
+    from apps.core.leases import lease_owner_id
     from apps.sweeps import probes
     from apps.sweeps.space import RESOURCE_KEYS
     from workers.training import _device_for
 
-    owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    owner = lease_owner_id()
     probe = db_retry(
         probes.probe_claim, what=f"probe {probe_id}: claim", probe_id=probe_id, owner=owner
     )

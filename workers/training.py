@@ -9,12 +9,10 @@ and the call repeated (the run services are idempotent for their owner).
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import socket
 import threading
 import traceback
-import uuid
 
 from django.conf import settings
 from django.db import close_old_connections, connection
@@ -23,6 +21,7 @@ from django.utils import timezone
 import gpu_runtime
 from apps.billing.services import telemetry_ingest
 from apps.core.db import db_retry
+from apps.core.leases import lease_owner_id
 from apps.core.notify import ARM_REVISIONS, listen
 from apps.core.queues import CeleryQueue
 from apps.experiments import runs
@@ -215,7 +214,7 @@ def _run_execute(run_id: int, stopped: threading.Event):
     from gpu_runtime.distributed import threads_per_rank
 
     host = socket.gethostname()
-    owner = f"{host}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    owner = lease_owner_id(host)
     run = db_retry(
         runs.run_claim, what=f"run {run_id}: claim", run_id=run_id, owner=owner, host=host
     )

@@ -1,6 +1,8 @@
 """A run's life: enqueue, claim, heartbeat, revision, finish, release, requeue, sweep and reconcile.
 
-The row is the truth; the broker message only wakes a worker.
+The row is the truth; the broker message only wakes a worker. The lease's mechanics (claim,
+heartbeat, the sweep of expired leases, the resend of unclaimed runs) are apps.core.leases', shared
+with a sweep's probes; what they mean for a run (attempts, requeue or fail, gangs) is here.
 - Enqueue is durable: a queued run whose message never left (broker down at submit) or was lost
   (broker restarted without persistence) is sent again by the reconciler; the lease makes a
   duplicate message harmless (a second claim is refused).
@@ -19,15 +21,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path, PurePosixPath
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Max, Q
+from django.db.models import Max, Q
 from django.dispatch import Signal
 from django.utils import timezone
 
+from apps.core import leases
 from apps.core.queues import TaskName, task_send
 from apps.experiments.models import Arm, Run, RunAttempt
 from apps.pricing.models import GpuSku
@@ -42,8 +44,28 @@ Outcome = RunAttempt.Outcome
 run_ending = Signal()  # sender=Run, run=<Run>
 
 
+# A worker run's lease: a deadline the worker renews (it may ask a longer one); a run never sent
+# waits 5 s at most before it is sent again (its own send, after commit, is in flight).
+RUN_LEASE = leases.LeasedJob(
+    name="run",
+    model=Run,
+    queued=Run.Status.QUEUED,
+    running=Run.Status.RUNNING,
+    owner_field="lease_owner",
+    heartbeat_field="heartbeat_at",
+    expires_field="lease_expires_at",
+    lost_after_setting="COSTLAB_RUN_LEASE_S",
+    resend_after_setting="COSTLAB_RUN_RESEND_AFTER_S",
+    sends_field="sends",
+    unsent_since_field="updated_at",
+    unsent_grace_s=5.0,
+    touched_field="updated_at",
+    scope=Q(kind=Run.Kind.WORKER),
+)
+
+
 def lease_seconds() -> float:
-    return float(settings.COSTLAB_RUN_LEASE_S)
+    return RUN_LEASE.lost_after_s()
 
 
 # ------------------------------------------------------------------------------
@@ -92,39 +114,22 @@ def run_send(*, run_id: int, queue: str, nodes: int = 1, level: int = 3) -> bool
         task_send(RUN_TASK, args=[run_id], queue=queue, priority=level) for _ in range(nodes)
     ):
         return False
-    Run.objects.filter(pk=run_id).update(sent_at=timezone.now(), sends=F("sends") + 1)
+    leases.lease_sent(RUN_LEASE, pk=run_id)
     return True
 
 
 def runs_reconcile_queued(*, now=None) -> list[int]:
-    """Send again the queued runs that no worker claimed: never sent, or sent long enough ago.
-
-    A run sent n times waits resend_after x 2^(n-1) (at most x 16) before the next send, so a run
-    that is merely waiting behind busy workers gets a few harmless duplicates, not a flood.
-    """
-    now = now or timezone.now()
-    after = timedelta(seconds=settings.COSTLAB_RUN_RESEND_AFTER_S)
-    grace = min(
-        after, timedelta(seconds=5)
-    )  # the on_commit send of a fresh submit is still in flight
-    rows = (
-        Run.objects.filter(status=Run.Status.QUEUED, kind=Run.Kind.WORKER, cancel_requested=False)
-        .filter(Q(sent_at__isnull=True, updated_at__lt=now - grace) | Q(sent_at__lt=now - after))
-        .order_by("pk")
-        .values_list("pk", "queue", "sent_at", "sends", "nnodes", "queue_level")[:1000]
+    """Send again the queued runs that no worker claimed and nobody cancelled: never sent, or sent
+    long enough ago (each send waits twice as long as the one before: leases_resend_unclaimed)."""
+    return leases.leases_resend_unclaimed(
+        RUN_LEASE,
+        send=lambda row: run_send(
+            run_id=row["pk"], queue=row["queue"], nodes=row["nnodes"], level=row["queue_level"]
+        ),
+        fields=("queue", "nnodes", "queue_level"),
+        where=Q(cancel_requested=False),
+        now=now,
     )
-    sent = []
-    for run_id, queue, sent_at, sends, nodes, level in rows:
-        if sent_at is not None and now - sent_at < after * 2 ** min(max(sends - 1, 0), 4):
-            continue
-        logger.info(
-            "run %s: queued with no claim (last sent %s); sending it again",
-            run_id,
-            sent_at.isoformat() if sent_at else "never",
-        )
-        if run_send(run_id=run_id, queue=queue, nodes=nodes, level=level):
-            sent.append(run_id)
-    return sent
 
 
 # ------------------------------------------------------------------------------
@@ -135,7 +140,7 @@ def run_rendezvous_record(
 ) -> bool:
     """The claiming node (node 0) records where the gang meets; the other nodes read it to join."""
     return bool(
-        Run.objects.filter(pk=run_id, lease_owner=owner, status=Run.Status.RUNNING).update(
+        leases.lease_held(RUN_LEASE, pk=run_id, owner=owner).update(
             rdzv_endpoint=endpoint, rdzv_id=rdzv_id, rdzv_seq_base=seq_base, nodes_joined=1
         )
     )
@@ -177,20 +182,11 @@ def run_node_join(*, run_id: int) -> NodeSeat | None:
     )
 
 
-def _ours_locked(*, run_id: int, owner: str) -> Run | None:
-    """The run, locked for update, while it is still running under this owner's lease."""
-    return (
-        Run.objects.select_for_update()
-        .filter(pk=run_id, lease_owner=owner, status=Run.Status.RUNNING)
-        .first()
-    )
-
-
 @transaction.atomic
 def run_gang_timeout(*, run_id: int, owner: str, reason: str) -> bool:
     """Not every node joined in time: back to the queue once (the attempt recorded with the reason,
     not counted as failed), then the run fails. False when the run is no longer ours."""
-    run = _ours_locked(run_id=run_id, owner=owner)
+    run = leases.lease_held_locked(RUN_LEASE, pk=run_id, owner=owner)
     if run is None:
         return False
     run.rdzv_endpoint, run.rdzv_id, run.nodes_joined = "", "", 0
@@ -214,7 +210,6 @@ class LeaseState:
     revision: int
 
 
-@transaction.atomic
 def run_claim(
     *, run_id: int, owner: str, host: str = "", lease_s: float | None = None
 ) -> Run | None:
@@ -222,39 +217,35 @@ def run_claim(
 
     Repeating a claim that committed (its answer lost with the connection) returns the same run.
     """
-    run = Run.objects.select_for_update().filter(pk=run_id).first()
-    if run is not None and run.status == Run.Status.RUNNING and run.lease_owner == owner:
-        return run
-    if run is None or run.status != Run.Status.QUEUED:
-        return None
-    now = timezone.now()
+
+    def attempt_open(run: Run, now) -> list[str]:
+        run.attempts += 1
+        run.started_at = run.started_at or now
+        RunAttempt.objects.create(
+            run=run, number=run.attempts, worker=owner, host=host[:255], started_at=now
+        )
+        return ["attempts", "started_at"]
+
+    return leases.lease_claim(
+        RUN_LEASE,
+        pk=run_id,
+        owner=owner,
+        lease_s=lease_s,
+        admit=_claim_admits,
+        opened=attempt_open,
+    )
+
+
+def _claim_admits(run: Run) -> bool:
+    """A cancelled run, or one out of attempts, ends here instead of being trained."""
     if run.cancel_requested:
         run_end(run, Run.Status.CANCELLED)
-        return None
+        return False
     failed = _failed_attempts(run)
     if failed >= run.max_attempts:
         run_end(run, Run.Status.FAILED, f"gave up after {failed} failed attempts")
-        return None
-    run.status = Run.Status.RUNNING
-    run.attempts += 1
-    expires = now + timedelta(seconds=lease_s or lease_seconds())
-    run.lease_owner, run.heartbeat_at, run.lease_expires_at = owner, now, expires
-    run.started_at = run.started_at or now
-    run.save(
-        update_fields=[
-            "status",
-            "attempts",
-            "lease_owner",
-            "heartbeat_at",
-            "lease_expires_at",
-            "started_at",
-            "updated_at",
-        ]
-    )
-    RunAttempt.objects.create(
-        run=run, number=run.attempts, worker=owner, host=host[:255], started_at=now
-    )
-    return run
+        return False
+    return True
 
 
 def run_device_record(
@@ -299,10 +290,7 @@ def _same_gpu(sku_name: str, device_name: str) -> bool:
 
 def run_heartbeat(*, run_id: int, owner: str, lease_s: float | None = None) -> LeaseState:
     """Renew the lease; say whether we still hold it and whether a cancel was asked."""
-    now = timezone.now()
-    renewed = Run.objects.filter(pk=run_id, lease_owner=owner, status=Run.Status.RUNNING).update(
-        heartbeat_at=now, lease_expires_at=now + timedelta(seconds=lease_s or lease_seconds())
-    )
+    renewed = leases.lease_renew(RUN_LEASE, pk=run_id, owner=owner, lease_s=lease_s)
     row = Run.objects.filter(pk=run_id).values("cancel_requested", "arm__revision").first()
     if not renewed or row is None:
         return LeaseState(held=False, cancel=True, revision=0)
@@ -314,7 +302,7 @@ def run_revision_applied(
 ) -> None:
     """Record that a running run took an arm revision's live keys at a step boundary."""
     with transaction.atomic():
-        run = Run.objects.select_for_update().filter(pk=run_id, lease_owner=owner).first()
+        run = leases.lease_held_locked(RUN_LEASE, pk=run_id, owner=owner)
         if run is None or revision <= run.config_revision:
             return
         run.config_revision = revision
@@ -442,7 +430,7 @@ def run_finish(
 @transaction.atomic
 def run_release(*, run_id: int, owner: str, reason: str) -> bool:
     """Give a running run back to the queue (the worker is shutting down); no attempt is used."""
-    run = _ours_locked(run_id=run_id, owner=owner)
+    run = leases.lease_held_locked(RUN_LEASE, pk=run_id, owner=owner)
     if run is None:
         return False
     _requeue_or_fail(run, Outcome.STOPPED, reason)
@@ -454,36 +442,20 @@ def runs_sweep_lost(*, now=None) -> list[int]:
 
     A run whose stored telemetry shows every step trained is not trained again: it ends succeeded.
     """
-    now = now or timezone.now()
-    swept = []
-    with transaction.atomic():
-        expired = (
-            Run.objects.select_for_update(skip_locked=True)
-            .filter(status=Run.Status.RUNNING, kind=Run.Kind.WORKER, lease_expires_at__lt=now)
-            .order_by("pk")
+    return leases.leases_sweep_expired(RUN_LEASE, lost=_run_lost, now=now)
+
+
+def _run_lost(run: Run) -> None:
+    """What an expired lease means for a run (its row locked by the sweep)."""
+    reason = f"worker {run.lease_owner or '?'} lost (lease expired {run.lease_expires_at:%H:%M:%S})"
+    if _training_completed(run):
+        run_end(
+            run,
+            Run.Status.SUCCEEDED,
+            f"attempt {run.attempts}: {reason} after training every step; not trained again",
         )
-        for run in expired:
-            logger.warning(
-                "run %s lost: lease held by %s expired at %s",
-                run.pk,
-                run.lease_owner,
-                run.lease_expires_at.isoformat(),
-            )
-            reason = (
-                f"worker {run.lease_owner or '?'} lost "
-                f"(lease expired {run.lease_expires_at:%H:%M:%S})"
-            )
-            if _training_completed(run):
-                run_end(
-                    run,
-                    Run.Status.SUCCEEDED,
-                    f"attempt {run.attempts}: {reason} after training every step; "
-                    "not trained again",
-                )
-            else:
-                _requeue_or_fail(run, Outcome.LOST, reason)
-            swept.append(run.pk)
-    return swept
+    else:
+        _requeue_or_fail(run, Outcome.LOST, reason)
 
 
 def _training_completed(run: Run) -> bool:

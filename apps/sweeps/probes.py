@@ -1,13 +1,15 @@
 """A probe's life: proposed (Optuna's next point, while the sweep's budget and parallelism
 allow), sent to its queue at batch priority, claimed by a worker, kept alive by its heartbeat,
 measured and priced by the bill a run's samples are priced by, finished, and, when its worker is
-lost or its message never arrived, settled or sent again by the reconciler. The sweep's own writes
-(create, cancel, promote) are apps.sweeps.services."""
+lost or its message never arrived, settled or sent again by the reconciler. The lease's mechanics
+(claim, heartbeat, the sweep of lost probes, the resend of unclaimed ones) are apps.core.leases',
+the ones a run's lease uses. The sweep's own writes (create, cancel, promote) are
+apps.sweeps.services."""
 
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -18,6 +20,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from apps.billing.services import samples_bill
+from apps.core import leases
 from apps.core.queues import TaskName, task_send
 from apps.experiments.models import Run
 from apps.experiments.strategies import strategy_validate
@@ -31,6 +34,22 @@ from apps.sweeps.space import params_key, space_expand, strategy_with
 logger = logging.getLogger(__name__)
 
 PROBE_TASK = TaskName.SWEEP_PROBE
+
+# A probe's lease: lost after COSTLAB_PROBE_LOST_AFTER_S without a heartbeat (from its claim if it
+# never beat); a queued probe no worker took within COSTLAB_PROBE_RESEND_AFTER_S is sent again.
+PROBE_LEASE = leases.LeasedJob(
+    name="probe",
+    model=Probe,
+    queued=Probe.Status.QUEUED,
+    running=Probe.Status.RUNNING,
+    owner_field="worker",
+    heartbeat_field="heartbeat_at",
+    lost_after_setting="COSTLAB_PROBE_LOST_AFTER_S",
+    resend_after_setting="COSTLAB_PROBE_RESEND_AFTER_S",
+    claimed_field="started_at",
+    unsent_since_field="created_at",
+)
+SWEEP_RUNNING = Q(sweep__status=Sweep.Status.RUNNING)
 
 
 def base_document(base_strategy_yaml: str) -> dict[str, Any]:
@@ -90,34 +109,33 @@ def probe_next(sweep: Sweep, base: dict[str, Any], expanded: dict[str, list[Any]
     return probe
 
 
-def probe_send(*, probe_id: int, queue: str) -> None:
+def probe_send(*, probe_id: int, queue: str) -> bool:
     """Publish the probe's id at batch priority (a ci or normal run waiting on the same queue is
-    taken first); a broker that is down is logged, and the reconciler sends it later."""
+    taken first); False when the broker is down (logged), and the reconciler sends it later."""
     level = Run.PRIORITY_LEVEL[Run.Priority.BATCH]
-    if task_send(PROBE_TASK, args=[probe_id], queue=queue, priority=level):
-        Probe.objects.filter(pk=probe_id).update(sent_at=timezone.now())
+    if not task_send(PROBE_TASK, args=[probe_id], queue=queue, priority=level):
+        return False
+    leases.lease_sent(PROBE_LEASE, pk=probe_id)
+    return True
 
 
-@transaction.atomic
 def probe_claim(*, probe_id: int, owner: str) -> Probe | None:
-    """Take a queued probe of a running sweep; None when it is gone, taken or cancelled."""
-    probe = (
-        Probe.objects.select_for_update(of=("self",))
-        .select_related("sweep", "sweep__tenant")
-        .filter(pk=probe_id)
-        .first()
+    """Take a queued probe of a running sweep; None when it is gone, taken or cancelled.
+
+    A claim repeated after it committed (its answer lost with the connection) returns the probe."""
+
+    def started(probe: Probe, now) -> list[str]:
+        probe.started_at = now
+        return ["started_at"]
+
+    return leases.lease_claim(
+        PROBE_LEASE,
+        pk=probe_id,
+        owner=owner,
+        related=("sweep", "sweep__tenant"),
+        admit=lambda probe: probe.sweep.status == Sweep.Status.RUNNING,
+        opened=started,
     )
-    if probe is not None and probe.status == Probe.Status.RUNNING and probe.worker == owner:
-        return probe  # the claim committed but its answer was lost: a retry sees it done
-    if (
-        probe is None
-        or probe.status != Probe.Status.QUEUED
-        or probe.sweep.status != Sweep.Status.RUNNING
-    ):
-        return None
-    probe.status, probe.worker, probe.started_at = Probe.Status.RUNNING, owner, timezone.now()
-    probe.save(update_fields=["status", "worker", "started_at"])
-    return probe
 
 
 def _as_datetime(sample: dict[str, Any]) -> dict[str, Any]:
@@ -193,8 +211,8 @@ def probe_finish(
 ) -> Probe | None:
     """Record a probe's end (measured, infeasible with the reason, or cancelled) and queue
     the next one."""
-    probe = Probe.objects.select_for_update(of=("self",)).filter(pk=probe_id).first()
-    if probe is None or probe.status != Probe.Status.RUNNING or probe.worker != owner:
+    probe = leases.lease_held_locked(PROBE_LEASE, pk=probe_id, owner=owner)
+    if probe is None:
         return None
     sweep = Sweep.objects.select_for_update().get(pk=probe.sweep_id)
     probe.sweep = sweep
@@ -243,53 +261,34 @@ def sweep_advance(*, sweep: Sweep) -> None:
 def probe_heartbeat(*, probe_id: int, owner: str) -> bool:
     """Renew a running probe's heartbeat; True when it should stop
     (its sweep ended, or it is no longer ours)."""
-    renewed = Probe.objects.filter(
-        pk=probe_id, status=Probe.Status.RUNNING, worker=owner, sweep__status=Sweep.Status.RUNNING
-    ).update(heartbeat_at=timezone.now())
-    return renewed == 0
+    return not leases.lease_renew(PROBE_LEASE, pk=probe_id, owner=owner, where=SWEEP_RUNNING)
 
 
 def probes_reconcile(*, now=None) -> dict[str, list[int]]:
     """Beat: a running probe whose worker stopped renewing it is infeasible (lost), and its sweep
-    goes on; a queued probe whose message never reached a worker is sent again."""
-    now = now or timezone.now()
-    lost_before = now - timedelta(seconds=settings.COSTLAB_PROBE_LOST_AFTER_S)
-    lost = []
-    for probe_id in (
-        Probe.objects.filter(status=Probe.Status.RUNNING)
-        .filter(
-            Q(heartbeat_at__lt=lost_before)
-            | Q(heartbeat_at__isnull=True, started_at__lt=lost_before)
-        )
-        .values_list("pk", flat=True)
-    ):
-        with transaction.atomic():
-            probe = (
-                Probe.objects.select_for_update(of=("self",))
-                .filter(pk=probe_id, status=Probe.Status.RUNNING)
-                .first()
-            )
-            if probe is None:
-                continue
-            probe_finish(
-                probe_id=probe.pk,
-                owner=probe.worker,
-                error=(
-                    f"lost: its worker ({probe.worker}) stopped renewing it for "
-                    f"{settings.COSTLAB_PROBE_LOST_AFTER_S:g} s "
-                    "(killed, or the host ran out of memory)"
-                ),
-            )
-            lost.append(probe.pk)
-    resend_before = now - timedelta(seconds=settings.COSTLAB_PROBE_RESEND_AFTER_S)
-    resent = []
-    for probe_id, queue in (
-        Probe.objects.filter(status=Probe.Status.QUEUED, sweep__status=Sweep.Status.RUNNING)
-        .filter(
-            Q(sent_at__lt=resend_before) | Q(sent_at__isnull=True, created_at__lt=resend_before)
-        )
-        .values_list("pk", "sweep__queue")
-    ):
-        probe_send(probe_id=probe_id, queue=queue)
-        resent.append(probe_id)
+    goes on; a queued probe of a running sweep whose message never reached a worker is sent
+    again."""
+    lost = leases.leases_sweep_expired(PROBE_LEASE, lost=_probe_lost, now=now)
+    resent = leases.leases_resend_unclaimed(
+        PROBE_LEASE,
+        # looked up at each call: a stand-in send (tests, the benchmark) replaces probe_send
+        send=lambda row: probe_send(probe_id=row["pk"], queue=row["sweep__queue"]),
+        fields=("sweep__queue",),
+        where=SWEEP_RUNNING,
+        now=now,
+    )
     return {"lost": lost, "resent": resent}
+
+
+def _probe_lost(probe: Probe) -> None:
+    """What an expired lease means for a probe (its row locked by the sweep): infeasible, with
+    the reason, and its sweep goes on."""
+    probe_finish(
+        probe_id=probe.pk,
+        owner=probe.worker,
+        error=(
+            f"lost: its worker ({probe.worker}) stopped renewing it for "
+            f"{settings.COSTLAB_PROBE_LOST_AFTER_S:g} s "
+            "(killed, or the host ran out of memory)"
+        ),
+    )
