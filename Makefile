@@ -41,9 +41,10 @@ XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
 test: install-dev
 	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
-## The edit loop: everything that starts no process (-m "not slow").
+## The edit loop: everything that starts no process (-m "not slow"), on the test databases kept
+## from the last run (--reuse-db: new migrations still apply; PYTEST_ARGS=--create-db rebuilds).
 test-fast: install-dev
-	$(BIN)/python -m pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) -m "not slow" --reuse-db $(PYTEST_ARGS)
 
 lint: install-dev
 	$(BIN)/ruff check .

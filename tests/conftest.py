@@ -7,7 +7,9 @@ under CI=true, where a missing service fails the run.
 
 from __future__ import annotations
 
+import multiprocessing.process
 import os
+import subprocess
 
 import pytest
 from django.conf import settings
@@ -46,6 +48,26 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if missing and item.get_closest_marker("services"):
             item.add_marker(pytest.mark.skip(reason="needs a real service: " + "; ".join(missing)))
+
+
+@pytest.fixture(autouse=True)
+def processes_only_in_slow_tests(request, monkeypatch):
+    """A test that starts a process (a worker, a server, a benchmark, a git or compose command) is
+    marked `slow`, so `make test-fast` stays an edit loop: an unmarked one fails here, naming it."""
+    if request.node.get_closest_marker("slow"):
+        return
+
+    def refused(*args, **kwargs):
+        pytest.fail(
+            f"{request.node.nodeid} starts a process: mark it `slow` (make test-fast leaves out "
+            "every test that starts one)",
+            pytrace=False,
+        )
+
+    if "celery_worker_process" in request.fixturenames:  # started before this fixture runs
+        refused()
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refused)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refused)
 
 
 @pytest.fixture(scope="session", autouse=True)

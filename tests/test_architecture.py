@@ -13,9 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import ROOT
 
 
+@pytest.mark.slow
 def test_the_import_contracts_hold():
     lint = Path(sys.executable).with_name("lint-imports")
     result = subprocess.run(

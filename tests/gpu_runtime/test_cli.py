@@ -62,6 +62,7 @@ def _imported_modules(importtime_stderr: str) -> set[str]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["validate", "train"])
 def test_a_bad_file_is_refused_before_torch_is_imported(tmp_path, command):
     """Every command that takes a strategy validates it first: exit 2, each key named, no torch,
@@ -93,6 +94,7 @@ def test_a_bad_file_is_refused_before_torch_is_imported(tmp_path, command):
     assert min(walls) < REFUSAL_BUDGET_S, f"{command}: refused in {min(walls):.2f} s at best"
 
 
+@pytest.mark.slow
 def test_validate_prints_one_ok_line_and_trains_nothing(tmp_path):
     good = tmp_path / "strategy.yaml"
     good.write_text(STRATEGY)

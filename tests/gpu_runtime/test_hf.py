@@ -362,6 +362,7 @@ def test_tiny_tokenizer_is_deterministic_and_the_cli_builds_a_loadable_checkpoin
     assert ckpt.model_type == "mistral" and (out / "tokenizer.json").is_file()
 
 
+@pytest.mark.slow
 def test_importing_hf_does_not_import_transformers():
     code = "import sys, gpu_runtime.hf; assert 'transformers' not in sys.modules, 'imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

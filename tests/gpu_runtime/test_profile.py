@@ -334,6 +334,7 @@ def test_cli_profile_table(capsys):
     assert "only cpu and cuda" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_profile_json_through_a_subprocess():
     proc = subprocess.run(
         [sys.executable, "-m", "gpu_runtime", "profile", "--device", "cpu", "--json"]

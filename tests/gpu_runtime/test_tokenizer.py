@@ -109,6 +109,7 @@ def test_the_byte_tokenizer_is_todays_ids():
     ]
 
 
+@pytest.mark.slow
 def test_the_tokenizer_and_data_modules_import_without_transformers():
     code = (
         "import sys; sys.modules['transformers'] = None; sys.modules['tokenizers'] = None\n"

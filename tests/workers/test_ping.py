@@ -2,7 +2,7 @@ import pytest
 
 from workers.tasks import ping
 
-pytestmark = pytest.mark.services
+pytestmark = [pytest.mark.services, pytest.mark.slow]
 
 
 def test_a_real_worker_answers_the_ping_task(celery_worker_process):

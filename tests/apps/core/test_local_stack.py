@@ -6,8 +6,12 @@ import os
 import sys
 import time
 
+import pytest
+
 from apps.core.local_stack import LocalStack, ProcessSpec
 from tests.helpers import ROOT
+
+pytestmark = pytest.mark.slow  # real processes
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
 CRASHER = [sys.executable, "-c", "import sys; sys.exit(3)"]
