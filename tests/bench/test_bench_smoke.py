@@ -1,7 +1,9 @@
 """Benchmarks cannot rot: every bench/*.py runs its `--smoke` (tiny sizes, the same code path as the
 real run, seconds) as a separate process, and its last stdout line must be the JSON object of a
 real run, with its figures as numbers. What a figure is worth is not checked: a smoke run's figures
-mean nothing, and a benchmark's targets do not fail it.
+mean nothing, and a benchmark's targets do not fail it. bench/arms.py and bench/gpu_check.py run
+their smokes inside bench/gpu_check.sh --dry-run, and tests/bench/test_gpu_check.py checks those
+JSON lines with assert_figures here: one run of each, not two.
 
 Each benchmark that needs Postgres gets BENCH_DATABASE_URL with this pytest-xdist worker's name
 appended (bench/_setup.py appends `_<benchmark>_smoke`), so two workers never share a benchmark's
@@ -43,11 +45,16 @@ class Bench:
     redis: bool = False
     chromium: bool = False
     timeout_s: float = 120
+    # Run with these arguments by bench/gpu_check.sh --dry-run (tests/bench/test_gpu_check.py),
+    # which checks this JSON line too: one run serves both tests.
+    in_gpu_dry_run: bool = False
 
 
 BENCHES = [
     Bench(
-        "arms", ("ratio", "floor_ratio", "gemm_floor", "loss_delta", "arms.optimized.tokens_per_s")
+        "arms",
+        ("ratio", "floor_ratio", "gemm_floor", "loss_delta", "arms.optimized.tokens_per_s"),
+        in_gpu_dry_run=True,
     ),
     Bench(
         "attribution",
@@ -90,7 +97,11 @@ BENCHES = [
         timeout_s=240,
     ),
     # The GPU check's llama step (its e2e step: tests/bench/test_gpu_check.py's dry run).
-    Bench("gpu_check", ("tokens_per_s", "step_time_s", "flops_per_token", "params")),
+    Bench(
+        "gpu_check",
+        ("tokens_per_s", "step_time_s", "flops_per_token", "params"),
+        in_gpu_dry_run=True,
+    ),
     Bench(
         "hot_reload",
         ("p99_s", "push_p99_s", "poll_p99_s", "push_n", "poll_n"),
@@ -176,7 +187,25 @@ def params() -> list:
             + ([pytest.mark.services] if bench.postgres or bench.redis else []),
         )
         for bench in BENCHES
+        if not bench.in_gpu_dry_run
     ]
+
+
+def bench_named(script: str) -> Bench:
+    return next(bench for bench in BENCHES if bench.script == script)
+
+
+def assert_figures(bench: Bench, stdout: str, tail: str = "") -> dict:
+    """The last line of a benchmark's stdout is its JSON object, with bench.keys finite numbers."""
+    lines = stdout.strip().splitlines()
+    assert lines, f"bench/{bench.script}.py printed nothing\n{tail}"
+    figures = json.loads(lines[-1])
+    assert isinstance(figures, dict), lines[-1]
+    for key in bench.keys:
+        value = lookup(figures, key)
+        assert isinstance(value, int | float) and not isinstance(value, bool), (key, value)
+        assert math.isfinite(value), (key, value)
+    return figures
 
 
 @pytest.mark.parametrize("bench", params())
@@ -206,14 +235,7 @@ def test_bench_smoke_runs_and_prints_its_figures(bench: Bench):
 
     tail = f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
     assert proc.returncode == 0, f"bench/{bench.script}.py exited {proc.returncode}\n{tail}"
-    lines = proc.stdout.strip().splitlines()
-    assert lines, f"bench/{bench.script}.py printed nothing\n{tail}"
-    figures = json.loads(lines[-1])
-    assert isinstance(figures, dict), lines[-1]
-    for key in bench.keys:
-        value = lookup(figures, key)
-        assert isinstance(value, int | float) and not isinstance(value, bool), (key, value)
-        assert math.isfinite(value), (key, value)
+    assert_figures(bench, proc.stdout, tail)
 
 
 @pytest.mark.slow

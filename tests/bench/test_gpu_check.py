@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.bench.test_bench_smoke import assert_figures, bench_named
 from tests.helpers import ROOT, clean_env
 
 BENCH = ROOT / "bench"
@@ -211,5 +212,8 @@ def test_the_dry_run_walks_every_step_on_the_cpu(tmp_path):
     assert run["ok"] and all(c["ok"] for c in run["checks"]), run["checks"]
     assert run["run"]["status"] == "succeeded" and float(run["run"]["cost_usd"]) > 0
     assert run["kernel_diagnosis"]["verdict"] == "unavailable"  # a CPU: no GPM, and it says so
-    llama = json.loads((out / "5_llama_1b.txt").read_text().strip().splitlines()[-1])
+    # The smokes of bench/arms.py and bench/gpu_check.py (their `--smoke` runs, checked as
+    # tests/bench/test_bench_smoke.py checks every benchmark's): steps 3 and 5 ran them.
+    assert_figures(bench_named("arms"), (out / "3_arms.txt").read_text())
+    llama = assert_figures(bench_named("gpu_check"), (out / "5_llama_1b.txt").read_text())
     assert llama["status"] == "completed" and llama["tokens_per_s"] > 0
