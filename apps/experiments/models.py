@@ -386,6 +386,13 @@ class Run(TimeStampedModel):
         blank=True,
         help_text="When compaction packed the run's samples (one row per rank and minute).",
     )
+    kernel_means = models.JSONField(
+        null=True,
+        blank=True,
+        help_text="The GPM means the kernel diagnosis reads (samples after the first step: n, "
+        "tensor, dram, occupancy), stored when compaction packs the run's samples, so a packed or "
+        "retired run is diagnosed without unpacking them.",
+    )
     raw_dropped_before = models.DateTimeField(
         null=True,
         blank=True,

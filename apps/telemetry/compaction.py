@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from apps.core.db import copy_rows
 from apps.experiments.models import Run
+from apps.telemetry.diagnosis import gpm_means
 from apps.telemetry.ingest import COLUMNS
 from apps.telemetry.models import PackedMinute, TelemetrySample
 from apps.telemetry.packing import FIELDS, pack, unpack
@@ -100,9 +101,10 @@ def run_compact(*, run_id: int) -> int:
             PackedMinute.objects.bulk_create(packed)
             packed = []
     PackedMinute.objects.bulk_create(packed)
+    run.kernel_means = gpm_means(run=run)  # read before the rows go: the page's diagnosis
     TelemetrySample.objects.of_run(run).delete()
     run.packed_at = timezone.now()
-    run.save(update_fields=["packed_at", "updated_at"])
+    run.save(update_fields=["packed_at", "kernel_means", "updated_at"])
     return count
 
 

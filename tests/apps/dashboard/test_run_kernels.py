@@ -90,3 +90,27 @@ def test_launch_bound_and_compute_bound_runs(w):
     assert got.verdict == "launch_or_input_bound" and got.samples == 4
     assert got.sm_occupancy_pct is None  # not sent: not made up
     assert run_kernel_diagnosis(run=compute).verdict == "compute_bound"
+
+
+def test_a_packed_run_is_diagnosed_from_the_means_stored_as_it_was_packed(
+    w, django_assert_num_queries
+):
+    from apps.experiments.models import Run
+    from apps.telemetry.compaction import run_compact
+
+    run = run_of(w.candidate, status="running", device="cuda:0 NVIDIA H200")
+    ingest(
+        run, [(0, 0.0, 2.0, 1.0)] + [(s, 12.0 + s % 3, 80.0 + s % 5, 40.0) for s in range(1, 40)]
+    )
+    before = run_kernel_diagnosis(run=run)
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.SUCCEEDED, finished_at=timezone.now())
+    assert run_compact(run_id=run.pk) == 40
+    run.refresh_from_db()
+    assert run.packed_at is not None and run.kernel_means["n"] == 39
+    with django_assert_num_queries(0):  # four stored numbers: no sample unpacked, none read
+        after = run_kernel_diagnosis(run=run)
+    assert after == before and after.verdict == "memory_bound"
+    # A run packed before the means were kept: its samples are read back for the diagnosis.
+    Run.objects.filter(pk=run.pk).update(kernel_means=None)
+    run.refresh_from_db()
+    assert run_kernel_diagnosis(run=run) == before
