@@ -1,7 +1,7 @@
 """Attribution tick: 100 active experiments x 4 arms over millions of telemetry samples.
 
-    python bench/attribution.py [--quick] [--smoke] [--json] [--samples N]
-    (targets: tick_s <= 1, freeze_latency_s <= 7)
+    python bench/attribution.py [--quick] [--smoke] [--json] [--samples N] [--experiments N]
+    (targets: tick_s <= 1, freeze_latency_s <= 7; at 1,000 experiments too, the fleet's target)
 
 Two measures, on a real Postgres (bench/_setup.py):
 
@@ -360,6 +360,13 @@ def main() -> None:
         default=None,
         help="telemetry samples in all (default 10M; --smoke: two per run)",
     )
+    parser.add_argument(
+        "--experiments",
+        type=int,
+        default=None,
+        help=f"active experiments of {ARMS} arms (default {EXPERIMENTS}; --smoke: "
+        f"{SMOKE_EXPERIMENTS}); the fleet's target is a tick <= 1 s at 1,000",
+    )
     args = parser.parse_args()
     rounds, latency_rounds = (1, 1) if args.smoke else (3, 3) if args.quick else (15, 8)
 
@@ -372,7 +379,7 @@ def main() -> None:
     def log(message: str) -> None:
         print(f"# {message}", flush=True)
 
-    experiments = SMOKE_EXPERIMENTS if args.smoke else EXPERIMENTS
+    experiments = args.experiments or (SMOKE_EXPERIMENTS if args.smoke else EXPERIMENTS)
     n_samples = args.samples or (
         2 * experiments * ARMS * RUNS_PER_ARM if args.smoke else 10_000_000
     )
