@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.metadata
 import importlib.util
 import json
@@ -76,10 +77,15 @@ print("worker path imported")
 """
 
 
+@functools.cache
+def _packages_distributions() -> dict[str, list[str]]:
+    return importlib.metadata.packages_distributions()  # reads every installed distribution
+
+
 def distributions_of(module: str) -> set[str]:
     """The distributions that provide a top-level module (its own name where none here does:
     triton, say, is on the image but not on this CPU machine)."""
-    found = importlib.metadata.packages_distributions().get(module)
+    found = _packages_distributions().get(module)
     return {canonical(d) for d in found} if found else {canonical(module)}
 
 
