@@ -16,6 +16,7 @@ and those it was refused, to <dir>/<pid>.txt at exit (tests/bench/test_gpu_impor
 from __future__ import annotations
 
 import atexit
+import functools
 import importlib.metadata
 import os
 import sys
@@ -26,12 +27,18 @@ from gpu_image_lists import IMAGE_LIST, canonical, listed_distributions  # besid
 _PROJECT = "costlab"  # this checkout's own packages (config, apps, gpu_runtime ...)
 
 
+@functools.cache
+def _tops() -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """(top-level module, its distributions) installed here: read once (a tenth of a second)."""
+    return tuple((t, tuple(d)) for t, d in importlib.metadata.packages_distributions().items())
+
+
 def refused_modules(allowed: set[str]) -> set[str]:
     """Top-level modules installed here that only distributions outside `allowed` provide."""
     allowed = allowed | {_PROJECT}
     return {
         top
-        for top, dists in importlib.metadata.packages_distributions().items()
+        for top, dists in _tops()
         if top not in sys.stdlib_module_names and not any(canonical(d) in allowed for d in dists)
     }
 
@@ -52,9 +59,7 @@ class _ImageOnly:
         self.refused = refused
         # top-level modules of image distributions, installed here: their imports are not judged
         self.image_modules = {
-            top
-            for top, dists in importlib.metadata.packages_distributions().items()
-            if any(canonical(d) in image for d in dists)
+            top for top, dists in _tops() if any(canonical(d) in image for d in dists)
         }
         self.tried: set[str] = set()
 
