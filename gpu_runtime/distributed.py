@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -131,12 +132,30 @@ class _Forwarder:
                         log.exception("telemetry sink failed on sample seq=%d", sample["seq"])
 
 
+def _root_failure(exc) -> tuple[int, Any]:
+    """The rank whose failure explains the others. A rank killed by a signal the launcher does not
+    send (SIGKILL from outside, a segfault, the OOM killer) comes first: its peers then raise
+    "Connection closed by peer" and may be recorded earlier than the death itself. Otherwise the
+    first failure in time."""
+    killed = [
+        (failure.timestamp, rank, failure)
+        for rank, failure in exc.failures.items()
+        if failure.exitcode is not None
+        and failure.exitcode < 0
+        and failure.exitcode != -signal.SIGTERM
+    ]
+    if killed:
+        _, rank, failure = min(killed, key=lambda k: (k[0], k[1]))
+        return rank, failure
+    return exc.get_first_failure()
+
+
 def _failure_message(exc: BaseException) -> str:
     """A ChildFailedError as one sentence naming the rank that failed first and why."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     if isinstance(exc, ChildFailedError):
-        rank, failure = exc.get_first_failure()
+        rank, failure = _root_failure(exc)
         message = failure.message
         if isinstance(message, dict):
             message = message.get("message", json.dumps(message))

@@ -35,6 +35,7 @@ from apps.attribution.models import (
 from apps.attribution.moments import run_moments, window_sums
 from apps.attribution.rollup import observations_record
 from apps.attribution.snapshots import full_evidence, policy_for, snapshot_build
+from apps.core.db import copy_instances, is_postgres
 from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Arm, Experiment, Run
 from apps.experiments.selectors import runs_outliers
@@ -175,7 +176,7 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
                 result.skipped[experiment.pk] = window.skip_reason
 
         result.frozen = [f.arm_id for f in freezes if _freeze_in_savepoint(f) is not None]
-        AttributionSnapshot.objects.bulk_create(snapshots)
+        copy_instances(AttributionSnapshot, snapshots)  # thousands of wide rows a tick
         observed = (
             RunWindow.objects.filter(window=OuterRef("pk"))
             .values("window")
@@ -501,14 +502,22 @@ def weights_shift(*, moves: list[WeightMove]) -> int:
     )
     applied = [m for m in moves if locked.get(m.arm_id) == m.old]
     now = timezone.now()
-    # One statement per arm in a single round trip (bulk_update's CASE costs more to build than to
-    # run).
+    table = Arm._meta.db_table
     with connection.cursor() as cursor:
-        cursor.executemany(
-            f"UPDATE {Arm._meta.db_table} SET weight = %s, updated_at = %s WHERE id = %s",
-            [(m.new, now, m.arm_id) for m in applied],
-        )
-    WeightChange.objects.bulk_create(
+        if is_postgres():  # one statement for every arm (bulk_update's CASE costs more to build)
+            cursor.execute(
+                f"UPDATE {table} SET weight = v.weight, updated_at = %s "
+                "FROM unnest(%s::bigint[], %s::numeric[]) AS v(id, weight) "
+                f"WHERE {table}.id = v.id",
+                [now, [m.arm_id for m in applied], [m.new for m in applied]],
+            )
+        else:  # one statement per arm, in one round trip
+            cursor.executemany(
+                f"UPDATE {table} SET weight = %s, updated_at = %s WHERE id = %s",
+                [(m.new, now, m.arm_id) for m in applied],
+            )
+    copy_instances(
+        WeightChange,
         [
             WeightChange(
                 arm_id=m.arm_id,
@@ -519,6 +528,6 @@ def weights_shift(*, moves: list[WeightMove]) -> int:
                 reason=m.reason[:255],
             )
             for m in applied
-        ]
+        ],
     )
     return len(applied)

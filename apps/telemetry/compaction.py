@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from apps.core.db import copy_rows
 from apps.experiments.models import Run
-from apps.telemetry.diagnosis import gpm_means
+from apps.telemetry.gpm_means import gpm_means
 from apps.telemetry.ingest import COLUMNS
 from apps.telemetry.models import PackedMinute, TelemetrySample
 from apps.telemetry.packing import FIELDS, pack, unpack

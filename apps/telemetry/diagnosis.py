@@ -7,26 +7,10 @@ unpacking every sample (about 8 us a sample, on every view), and the diagnosis o
 
 from __future__ import annotations
 
-from django.db.models import Avg, Count, Q
-
 from apps.experiments.models import Run
-from apps.telemetry.models import TelemetrySample
+from apps.telemetry.compaction import rehydrated
+from apps.telemetry.gpm_means import gpm_means
 from gpu_runtime.diagnosis import KernelDiagnosis, kernel_verdict
-
-
-def gpm_means(*, run: Run) -> dict[str, float | int | None]:
-    """n, tensor, dram and occupancy: the means over the run's raw samples after its first step
-    that carry tensor activity and DRAM bandwidth (one query)."""
-    return (
-        TelemetrySample.objects.of_run(run)
-        .filter(step__gte=1, tensor_active_pct__isnull=False, dram_bw_pct__isnull=False)
-        .aggregate(
-            n=Count("seq"),
-            tensor=Avg("tensor_active_pct"),
-            dram=Avg("dram_bw_pct"),
-            occupancy=Avg("sm_occupancy_pct", filter=Q(sm_occupancy_pct__isnull=False)),
-        )
-    )
 
 
 def run_kernel_diagnosis(*, run: Run) -> KernelDiagnosis:
@@ -35,8 +19,6 @@ def run_kernel_diagnosis(*, run: Run) -> KernelDiagnosis:
     were stored has its samples read back as raw ones for it)."""
     means = run.kernel_means
     if means is None:
-        from apps.telemetry.compaction import rehydrated
-
         with rehydrated([run]):
             means = gpm_means(run=run)
     return kernel_verdict(

@@ -142,6 +142,29 @@ def test_a_killed_rank_fails_the_run_by_name_and_leaves_no_process(tiny_config):
     assert not _rank_processes()
 
 
+def test_the_killed_rank_is_named_even_when_its_peer_is_recorded_first(tmp_path):
+    """A clean-clone CI run named rank 0 (its "Connection closed by peer", stopped by the launcher's
+    SIGTERM, recorded before rank 1's death) for a rank 1 killed from outside: the death a
+    launcher never causes is the root."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from gpu_runtime.distributed import _failure_message
+
+    peer = ProcessFailure(local_rank=0, pid=10, exitcode=-15, error_file=str(tmp_path / "none"))
+    peer.message, peer.timestamp = "RuntimeError: Connection closed by peer [127.0.0.1]:1", 100
+    killed = ProcessFailure(local_rank=1, pid=11, exitcode=-9, error_file=str(tmp_path / "none"))
+    killed.timestamp = 101
+    message = _failure_message(ChildFailedError("rank", {0: peer, 1: killed}))
+    assert message.startswith("distributed: rank 1 (pid 11)") and "SIGKILL" in message, message
+    assert message.endswith("(then rank 0 stopped)"), message
+    # Without such a death, the first failure in time stays the one named.
+    crashed = ProcessFailure(local_rank=1, pid=11, exitcode=1, error_file=str(tmp_path / "none"))
+    crashed.message, crashed.timestamp = "ValueError: bad batch", 99
+    assert _failure_message(ChildFailedError("rank", {0: peer, 1: crashed})).startswith(
+        "distributed: rank 1 (pid 11) failed with exit code 1: ValueError: bad batch"
+    )
+
+
 def test_what_a_host_cannot_give_a_distributed_run_is_refused_by_key(tiny_config):
     with pytest.raises(StrategyError) as info:
         train(tiny_config(distributed={"nproc_per_node": 2, "backend": "nccl"}), device="cpu")
