@@ -62,11 +62,13 @@ def _warm_process(config, device: str, cancel) -> None:
     quiet = config.model_copy(
         update={"telemetry": config.telemetry.model_copy(update={"enabled": False})}
     )
-    with contextlib.suppress(
-        Exception
-    ):  # the probe itself will say what is wrong with the strategy
-        gpu_runtime.train(quiet, device=device, steps=1, cancel=cancel)
-    _process_warm = True
+    warmed = True  # a strategy that fails here: the probe itself will say what is wrong with it
+    with contextlib.suppress(Exception):
+        # a cancel before its step leaves the process cold, for the next probe to warm it
+        warmed = gpu_runtime.train(quiet, device=device, steps=1, cancel=cancel).status == (
+            "completed"
+        )
+    _process_warm = warmed
 
 
 def _return_freed_memory() -> None:
