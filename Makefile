@@ -12,13 +12,16 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 
+# --no-compile: pip would byte-compile every file of every package (torch alone has thousands)
+# before the first run; Python compiles what is imported, once, as it is imported. The dev install
+# is one resolve, not the runtime's and then the dev extras'.
 $(VENV)/.installed: $(BIN)/python $(DEPS)
-	$(PIP) install -q -c constraints.txt -e .
+	$(PIP) install -q --no-compile -c constraints.txt -e .
 	@touch $@
 
-$(VENV)/.installed-dev: $(VENV)/.installed $(DEPS)
-	$(PIP) install -q -c constraints.txt -e '.[dev]'
-	@touch $@
+$(VENV)/.installed-dev: $(BIN)/python $(DEPS)
+	$(PIP) install -q --no-compile -c constraints.txt -e '.[dev]'
+	@touch $(VENV)/.installed $@
 
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev

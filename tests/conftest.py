@@ -16,6 +16,12 @@ from django.conf import settings
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
+# One torch (OpenMP/MKL) thread per process, inherited by every worker, rank and benchmark a test
+# starts: three xdist workers and their processes share two cores, where a second thread per process
+# only oversubscribes them (and spins while it waits). Tests about threads set their own counts.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
 
 def services_missing() -> list[str]:
     # A URL that is configured but does not answer says so first (config.settings.test dropped it).
