@@ -22,7 +22,7 @@ import gpu_runtime
 from apps.billing.services import telemetry_ingest
 from apps.core.db import db_retry
 from apps.core.leases import lease_owner_id
-from apps.core.notify import ARM_REVISIONS, listen
+from apps.core.notify import ARM_REVISIONS, RUN_CANCELS, listen
 from apps.core.queues import CeleryQueue
 from apps.experiments import runs
 from gpu_runtime.live import live_changes
@@ -40,7 +40,8 @@ class RunControl:
     """Heartbeat thread: keeps the lease fresh, turns a cancel (or a lost lease) into a stop,
     and brings an arm's new revision to the trainer, which takes its live keys at a step boundary.
 
-    Redis pub/sub wakes it as soon as a revision is committed; without Redis it polls every second.
+    Redis pub/sub wakes it as soon as a revision or a cancel is committed; without Redis it polls
+    every second.
     """
 
     def __init__(self, *, run_id: int, owner: str, arm_id: int, revision: int, config):
@@ -53,7 +54,14 @@ class RunControl:
         self._lock = threading.Lock()
         self._pending: tuple[int, dict, list[str]] | None = None
         self._handed: list[tuple[int, dict, list[str], object]] = []
-        self._stop_listening = listen(ARM_REVISIONS, self._on_revision_pushed)
+        self._stop_listening = [
+            stop
+            for stop in (
+                listen(ARM_REVISIONS, self._on_revision_pushed),
+                listen(RUN_CANCELS, self._on_cancel_pushed),
+            )
+            if stop
+        ]
         self._thread = threading.Thread(
             target=self._loop, name=f"run-control-{run_id}", daemon=True
         )
@@ -84,8 +92,8 @@ class RunControl:
     def close(self) -> None:
         """Stop the heartbeat. Called after the run's end is recorded: until then the lease stays
         fresh."""
-        if self._stop_listening:
-            self._stop_listening()
+        for stop in self._stop_listening:
+            stop()
         self._done.set()
         self._wake.set()
         self._thread.join(5)
@@ -93,6 +101,10 @@ class RunControl:
     def _on_revision_pushed(self, message: str) -> None:
         arm_id, _, revision = message.partition(":")
         if arm_id == str(self.arm_id) and int(revision or 0) > self.revision:
+            self._wake.set()
+
+    def _on_cancel_pushed(self, message: str) -> None:
+        if str(self.run_id) in message.split(","):
             self._wake.set()
 
     def _loop(self) -> None:
@@ -386,6 +398,10 @@ class _GangCall:
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"gang-call-{run.pk}", daemon=True)
         self._thread.start()
+
+    def _on_cancel_pushed(self, message: str) -> None:
+        if str(self.run_id) in message.split(","):
+            self._wake.set()
 
     def _loop(self) -> None:
         from apps.core.queues import task_send

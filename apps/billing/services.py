@@ -19,6 +19,7 @@ from django.utils import timezone
 from apps.attribution.alerts import budget_event_record
 from apps.core.db import is_postgres
 from apps.core.exceptions import ApplicationError
+from apps.core.notify import RUN_CANCELS, publish
 from apps.experiments.models import Run
 from apps.experiments.selectors import month_start, tenant_month_spend
 from apps.experiments.services import run_external_check
@@ -512,12 +513,16 @@ def _budget_step(
         return ids
 
     if state == Tenant.BudgetState.EXCEEDED:
+        cancelled = note_on(
+            Run.Kind.WORKER,
+            f"{said} ({share:.0%}): the budget is spent; this run was stopped at its next step",
+            cancel_requested=True,
+        )
+        if cancelled:  # their workers hear it now, not at their next heartbeat
+            message = ",".join(map(str, cancelled))
+            transaction.on_commit(lambda: publish(RUN_CANCELS, message))
         runs = {
-            "cancelled": note_on(
-                Run.Kind.WORKER,
-                f"{said} ({share:.0%}): the budget is spent; this run was stopped at its next step",
-                cancel_requested=True,
-            ),
+            "cancelled": cancelled,
             "flagged": note_on(
                 Run.Kind.EXTERNAL,
                 f"{said} ({share:.0%}): the budget is spent; stop this run (new submits are "

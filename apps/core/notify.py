@@ -15,7 +15,8 @@ from django.conf import settings
 
 logger = logging.getLogger(__name__)
 
-ARM_REVISIONS = "costlab:arm-revisions"
+ARM_REVISIONS = "costlab:arm-revisions"  # "<arm id>:<revision>", once a revision is committed
+RUN_CANCELS = "costlab:run-cancels"  # "<run id>,<run id>...", once their cancel is committed
 
 
 def push_enabled() -> bool:
