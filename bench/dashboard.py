@@ -28,9 +28,10 @@ charts moved off the load event's path, both were the load event itself.
     python bench/dashboard.py [--quick] [--smoke] [--json]  (targets: page_s, browser_cold_s <= 1.0)
 
 `--smoke`: 8,000 and 800 samples over 4 runs each, 20 attribution windows, two server rounds and
-one browser round, on a database of its own (`_dashboard_smoke`): the same code path and JSON keys
-in seconds, to check that the benchmark runs (tests/bench); its figures mean nothing. It needs
-Chromium as the full run does ($COSTLAB_CHROMIUM or /usr/bin/chromium).
+one browser round (one gunicorn worker, one warm-up request a page), on a database of its own
+(`_dashboard_smoke`): the same code path and JSON keys in seconds, to check that the benchmark
+runs (tests/bench); its figures mean nothing. It needs Chromium as the full run does
+($COSTLAB_CHROMIUM or /usr/bin/chromium).
 """
 
 from __future__ import annotations
@@ -186,7 +187,7 @@ CHARTS_MS = (
 )
 
 
-def browser_pages(*, experiment, user, rounds: int) -> dict[str, dict]:
+def browser_pages(*, experiment, user, rounds: int, smoke: bool = False) -> dict[str, dict]:
     """Cold and warm navigation (start to load event, seconds) of each page, in Chromium, against a
     gunicorn serving the benchmark database with the collected static files."""
     import os
@@ -235,7 +236,7 @@ def browser_pages(*, experiment, user, rounds: int) -> dict[str, dict]:
             "-b",
             f"127.0.0.1:{port}",
             "--workers",
-            "3",
+            "1" if smoke else "3",  # --smoke: one worker to start and warm
         ],
         cwd=settings.BASE_DIR,
         env=env,
@@ -275,7 +276,7 @@ def browser_pages(*, experiment, user, rounds: int) -> dict[str, dict]:
             # are not what a browser's cold cache costs.
             with httpx.Client(cookies={cookie["name"]: cookie["value"]}) as http:
                 for url in pages.values():
-                    for _ in range(4):
+                    for _ in range(1 if smoke else 4):
                         assert http.get(base + url, timeout=30).status_code == 200, url
             for r in range(rounds):
                 order = list(pages)
@@ -430,6 +431,7 @@ def main() -> None:
         experiment=large,
         user=seed.tenant.memberships.first().user,
         rounds=1 if args.smoke else 2 if args.quick else 5,
+        smoke=args.smoke,
     )
     big, sm, rt, lv = spread(times["large"]), spread(times["small"]), spread(ratios), spread(live)
     print(f"{'experiment page (server time)':<40}{'median s':>10}{'min':>9}{'max':>9}{'IQR':>17}")
