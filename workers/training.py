@@ -54,14 +54,9 @@ class RunControl:
         self._lock = threading.Lock()
         self._pending: tuple[int, dict, list[str]] | None = None
         self._handed: list[tuple[int, dict, list[str], object]] = []
-        self._stop_listening = [
-            stop
-            for stop in (
-                listen(ARM_REVISIONS, self._on_revision_pushed),
-                listen(RUN_CANCELS, self._on_cancel_pushed),
-            )
-            if stop
-        ]
+        self._stop_listening = listen(
+            {ARM_REVISIONS: self._on_revision_pushed, RUN_CANCELS: self._on_cancel_pushed}
+        )
         self._thread = threading.Thread(
             target=self._loop, name=f"run-control-{run_id}", daemon=True
         )
@@ -92,8 +87,8 @@ class RunControl:
     def close(self) -> None:
         """Stop the heartbeat. Called after the run's end is recorded: until then the lease stays
         fresh."""
-        for stop in self._stop_listening:
-            stop()
+        if self._stop_listening:
+            self._stop_listening()
         self._done.set()
         self._wake.set()
         self._thread.join(5)
@@ -398,10 +393,6 @@ class _GangCall:
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"gang-call-{run.pk}", daemon=True)
         self._thread.start()
-
-    def _on_cancel_pushed(self, message: str) -> None:
-        if str(self.run_id) in message.split(","):
-            self._wake.set()
 
     def _loop(self) -> None:
         from apps.core.queues import task_send

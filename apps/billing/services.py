@@ -19,10 +19,9 @@ from django.utils import timezone
 from apps.attribution.alerts import budget_event_record
 from apps.core.db import is_postgres
 from apps.core.exceptions import ApplicationError
-from apps.core.notify import RUN_CANCELS, publish
 from apps.experiments.models import Run
 from apps.experiments.selectors import month_start, tenant_month_spend
-from apps.experiments.services import run_external_check
+from apps.experiments.services import run_external_check, runs_stopping_push
 from apps.pricing import cost_engine
 from apps.pricing.bill import Bill, period_sums, run_bill, unpriced_seconds
 from apps.pricing.models import CostModel, PricingTable
@@ -518,9 +517,7 @@ def _budget_step(
             f"{said} ({share:.0%}): the budget is spent; this run was stopped at its next step",
             cancel_requested=True,
         )
-        if cancelled:  # their workers hear it now, not at their next heartbeat
-            message = ",".join(map(str, cancelled))
-            transaction.on_commit(lambda: publish(RUN_CANCELS, message))
+        runs_stopping_push(cancelled)
         runs = {
             "cancelled": cancelled,
             "flagged": note_on(

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 
 from django.conf import settings
+from django.db import transaction
 
 logger = logging.getLogger(__name__)
 
@@ -38,19 +39,26 @@ def publish(channel: str, message: str) -> None:
         )
 
 
-def listen(channel: str, on_message: Callable[[str], None]) -> Callable[[], None] | None:
-    """Call on_message for every message on channel, from a daemon thread;
-    returns a stop function."""
+def publish_on_commit(channel: str, message: str) -> None:
+    """Publish once the current transaction commits (at once outside one): a listener that is
+    woken reads the database, and must find the change there."""
+    transaction.on_commit(lambda: publish(channel, message))
+
+
+def listen(handlers: dict[str, Callable[[str], None]]) -> Callable[[], None] | None:
+    """Call handlers[channel](message) for every message on those channels, from one daemon thread
+    on one connection; returns a stop function."""
     if not push_enabled():
         return None
     import redis
 
+    names = ", ".join(handlers)
     client = redis.Redis.from_url(settings.REDIS_URL)
     pubsub = client.pubsub(ignore_subscribe_messages=True)
     try:
-        pubsub.subscribe(channel)
+        pubsub.subscribe(*handlers)
     except redis.RedisError as exc:
-        logger.warning("subscribe to %s failed (%s); polling only", channel, exc)
+        logger.warning("subscribe to %s failed (%s); polling only", names, exc)
         return None
     stopped = threading.Event()
 
@@ -62,10 +70,13 @@ def listen(channel: str, on_message: Callable[[str], None]) -> Callable[[], None
                 stopped.wait(1.0)
                 continue
             if message and message.get("type") == "message":
-                data = message["data"]
-                on_message(data.decode() if isinstance(data, bytes) else str(data))
+                channel, data = (
+                    v.decode() if isinstance(v, bytes) else str(v)
+                    for v in (message["channel"], message["data"])
+                )
+                handlers[channel](data)
         pubsub.close()
         client.close()
 
-    threading.Thread(target=loop, name=f"listen-{channel}", daemon=True).start()
+    threading.Thread(target=loop, name=f"listen-{names}", daemon=True).start()
     return stopped.set

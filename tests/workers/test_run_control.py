@@ -15,7 +15,7 @@ from django.utils import timezone
 from apps.billing.services import _budget_step
 from apps.core.notify import RUN_CANCELS
 from apps.experiments.models import Run
-from apps.experiments.services import run_cancel
+from apps.experiments.services import run_cancel, runs_cancel
 from apps.tenants.models import Tenant
 from tests.factories import RunFactory
 from tests.helpers import wait_for
@@ -71,6 +71,10 @@ def test_a_cancel_reaches_the_running_run_before_its_next_heartbeat(slow_heartbe
         run_cancel(run=run)
         assert control.stop_requested.wait(5), "the cancel waited for the 30 s heartbeat"
         assert not bystander.stop_requested.wait(1), "a cancel stopped another run"
+        with transaction.atomic():  # a bulk cancel: one message for every run it stops
+            cancelled = runs_cancel(experiment=other.experiment)
+        assert cancelled.stopping == [other.pk]
+        assert bystander.stop_requested.wait(5), "the bulk cancel waited for the heartbeat"
     finally:
         control.close()
         bystander.close()
