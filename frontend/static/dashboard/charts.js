@@ -393,6 +393,9 @@
   var cursor = cfg.cursor;
   var attributionVersion = cfg.attribution ? cfg.attribution.version : "";
   var inFlight = false;
+  // A tick that came while a poll was still in flight: poll again as soon as it returns, so a slow
+  // response does not add a whole interval to how long a new sample takes to show.
+  var missedTick = false;
   var lastTableRefresh = Date.now();
   var lastSample = null;
   var timer = null;
@@ -428,8 +431,10 @@
   }
 
   function poll() {
-    if (inFlight || document.hidden) { return; }
+    if (document.hidden) { return; }
+    if (inFlight) { missedTick = true; return; }
     inFlight = true;
+    missedTick = false;
     var url = root.dataset.liveUrl + "?since=" + encodeURIComponent(cursor) + "&av=" + encodeURIComponent(attributionVersion);
     fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } }).then(function (r) {
       if (r.status === 401) { throw new Error("signed-out"); }
@@ -458,7 +463,11 @@
       } else if (err.message !== "stale") {
         setStatus("connection lost; retrying…", "warn");
       }
-    }).then(function () { inFlight = false; });
+      missedTick = false;
+    }).then(function () {
+      inFlight = false;
+      if (missedTick) { poll(); }
+    });
   }
 
   drawTelemetry();
