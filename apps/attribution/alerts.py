@@ -69,9 +69,15 @@ def alert_payload(*, event: FreezeEvent) -> dict:
     }
 
 
+# A budget step can stop tens of thousands of runs at once: the payload (a webhook's body, an
+# e-mail, a log line) names this many of each kind, and counts them all; the event keeps every id.
+BUDGET_ALERT_RUN_IDS = 100
+
+
 def budget_alert_payload(*, event: BudgetEvent) -> dict:
-    """The JSON body of a budget step (also its e-mail's and its log line's content)."""
-    runs = event.runs or {}
+    """The JSON body of a budget step (also its e-mail's and its log line's content). `runs` names
+    up to BUDGET_ALERT_RUN_IDS runs of each kind, `run_counts` counts them all."""
+    runs = {key: (event.runs or {}).get(key, []) for key in ("noted", "cancelled", "flagged")}
     return {
         "kind": "budget",
         "event": f"budget_{event.state}",  # budget_warned | budget_exceeded
@@ -85,7 +91,8 @@ def budget_alert_payload(*, event: BudgetEvent) -> dict:
         # spend / budget; null where the budget is 0 (any spend exceeds it)
         "share": round(float(event.spend_usd / event.budget_usd), 4) if event.budget_usd else None,
         "reason": event.reason,
-        "runs": {key: runs.get(key, []) for key in ("noted", "cancelled", "flagged")},
+        "runs": {key: ids[:BUDGET_ALERT_RUN_IDS] for key, ids in runs.items()},
+        "run_counts": {key: len(ids) for key, ids in runs.items()},
     }
 
 

@@ -302,3 +302,27 @@ def test_a_budget_step_is_mailed_to_the_tenant_wide_channels_only(
     assert str(event) in deliveries.content.decode()  # staff see which step was alerted
     events = admin_client.get(reverse("admin:attribution_budgetevent_changelist"))
     assert "the budget is spent" in events.content.decode() and "101.254" in events.content.decode()
+
+
+def test_a_budget_step_that_stops_thousands_of_runs_names_a_hundred_and_counts_them_all(
+    eager_delivery, django_capture_on_commit_callbacks
+):
+    tenant = TenantFactory(slug="fleet")
+    AlertChannel.objects.create(tenant=tenant, name="finance", email_recipients="fin@example.com")
+    cancelled = list(range(1, 40_021))  # what the 1,000-experiment benchmark's budget stop cancels
+    with django_capture_on_commit_callbacks(execute=True):
+        event = budget_event_record(
+            tenant=tenant,
+            month=date(2026, 5, 1),
+            state="exceeded",
+            spend_usd=Decimal("5846.25"),
+            budget_usd=Decimal("1000.00"),
+            reason="the budget is spent",
+            runs={"cancelled": cancelled, "flagged": [40_021]},
+        )
+    payload = AlertDelivery.objects.get().payload
+    assert payload["runs"] == {"noted": [], "cancelled": cancelled[:100], "flagged": [40_021]}
+    assert payload["run_counts"] == {"noted": 0, "cancelled": 40_020, "flagged": 1}
+    assert len(json.dumps(payload)) < 2_000 and len(mail.outbox[0].body) < 4_000
+    event.refresh_from_db()
+    assert event.runs["cancelled"] == cancelled  # the event keeps every id
