@@ -87,15 +87,32 @@ class AttributionWindow(models.Model):
         return f"{self.experiment} window {self.number}"
 
 
+# The rows a tick derives (run windows, cursors, snapshots) keep no foreign key in the database
+# (db_constraint=False), as the telemetry samples do: the tick writes tens of thousands a time at
+# 1,000 experiments, and Django's deferred keys check each one at COMMIT, locking the run, arm or
+# window row it names. The tick writes them from rows it has just read in the same transaction;
+# deleting a run, arm, experiment or window deletes them too (Django's cascade, tested).
+
+
 class RunWindow(UsageTotals):
     """One observation: what one run added to its totals during one window."""
 
     window = models.ForeignKey(
-        AttributionWindow, on_delete=models.CASCADE, related_name="run_windows", db_index=False
+        AttributionWindow,
+        on_delete=models.CASCADE,
+        related_name="run_windows",
+        db_index=False,
+        db_constraint=False,
     )  # indexed by (window, run)
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="attribution_windows")
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="attribution_windows", db_constraint=False
+    )
     arm = models.ForeignKey(
-        Arm, on_delete=models.CASCADE, related_name="run_windows", db_index=False
+        Arm,
+        on_delete=models.CASCADE,
+        related_name="run_windows",
+        db_index=False,
+        db_constraint=False,
     )  # indexed by (arm, window)
     first_seen = models.BooleanField(default=False, help_text="The run's first observation.")
     omitted = models.BooleanField(
@@ -119,12 +136,37 @@ class RunCursor(UsageTotals):
     """Per run: its totals as attributed so far (the sum of its observations)."""
 
     run = models.OneToOneField(
-        Run, on_delete=models.CASCADE, primary_key=True, related_name="attribution_cursor"
+        Run,
+        on_delete=models.CASCADE,
+        primary_key=True,
+        related_name="attribution_cursor",
+        db_constraint=False,
     )
     window = models.ForeignKey(
-        AttributionWindow, on_delete=models.CASCADE, related_name="+", db_index=False
+        AttributionWindow,
+        on_delete=models.CASCADE,
+        related_name="+",
+        db_index=False,
+        db_constraint=False,
     )  # never looked up by; one row per run
     priced_seq = models.BigIntegerField(default=-1)
+    # The run's counted (not omitted) observations in its arm's epoch, summed as they are recorded:
+    # the freeze rule's run-level moments read these, one row a run, instead of every observation
+    # of the epoch (apps.attribution.moments.run_moments). epoch_after: the window number the sums
+    # count after (the arm's epoch); -1 when unknown (a new column, or an epoch that restarted):
+    # the tick sums those runs' observations again (apps.attribution.rollup.cursors_advance).
+    epoch_after = models.IntegerField(default=-1)
+    epoch_observations = models.BigIntegerField(default=0)
+    epoch_cost_usd = _exact(16, 6)
+    epoch_tokens = models.BigIntegerField(default=0)
+    epoch_steps = models.BigIntegerField(default=0)
+
+    class Meta:
+        indexes = [  # the few cursors whose epoch sums are to be summed again
+            models.Index(
+                fields=["run"], condition=models.Q(epoch_after=-1), name="runcursor_epoch_unknown"
+            )
+        ]
 
     def __str__(self) -> str:
         return f"run {self.run_id} attributed to seq {self.priced_seq}"
@@ -133,9 +175,15 @@ class RunCursor(UsageTotals):
 class AttributionSnapshot(UsageTotals):
     # Snapshots are the widest rows the tick writes: no index that another one already covers.
     experiment = models.ForeignKey(
-        Experiment, on_delete=models.CASCADE, related_name="snapshots", db_index=False
+        Experiment,
+        on_delete=models.CASCADE,
+        related_name="snapshots",
+        db_index=False,
+        db_constraint=False,
     )  # indexed by (experiment, computed_at)
-    arm = models.ForeignKey(Arm, on_delete=models.CASCADE, related_name="snapshots")
+    arm = models.ForeignKey(
+        Arm, on_delete=models.CASCADE, related_name="snapshots", db_constraint=False
+    )
     window = models.ForeignKey(
         AttributionWindow,
         on_delete=models.CASCADE,
@@ -143,6 +191,7 @@ class AttributionSnapshot(UsageTotals):
         blank=True,
         related_name="snapshots",
         db_index=False,
+        db_constraint=False,
     )  # indexed by (window, arm)
     epoch_start = models.PositiveIntegerField(
         default=0,
@@ -174,6 +223,7 @@ class AttributionSnapshot(UsageTotals):
         blank=True,
         related_name="+",
         db_index=False,
+        db_constraint=False,
         help_text="The comparison table.",
     )
     pricing_valid_from = models.DateTimeField(

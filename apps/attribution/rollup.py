@@ -5,7 +5,9 @@ run is its totals now minus its RunCursor (what earlier windows took). One INSER
 every observation of every due experiment; one upsert moves the cursors by exactly what was
 recorded, so a run's totals are counted once however long the gap between ticks. A late sample
 re-prices a run below its priced_seq, so a run is observed when its cost or tokens moved, not only
-its seq. Nothing here reads telemetry samples. Plain SQL that Postgres and SQLite both accept.
+its seq. The cursors also carry each run's sums over its arm's epoch, so the freeze rule's moments
+read one row a run, not every observation since the epoch began. Nothing here reads telemetry
+samples. Plain SQL that Postgres and SQLite both accept, but for the epoch sums' refresh (Postgres).
 """
 
 from __future__ import annotations
@@ -13,18 +15,20 @@ from __future__ import annotations
 from django.db import connection
 
 from apps.attribution.models import AttributionSnapshot, AttributionWindow, RunCursor, RunWindow
-from apps.experiments.models import Run
+from apps.core.db import is_postgres
+from apps.experiments.models import Arm, Run
 
 _DELTA_COLUMNS = ("cost_usd", "tokens", "steps", "gpu_seconds", "wall_s", "energy_j")
 
 
 def observations_record(*, window_ids: list[int], restarted_arm_ids: list[int] = ()) -> int:
-    """Record what every run of these windows' experiments added since its cursor;
-    advance the cursors.
+    """Record what every run of these windows' experiments added since its cursor.
 
     first_seen marks a run's first observation in its arm's epoch (the evidence since the arm's
     last unfreeze): a run not observed since the epoch began, by the previous snapshot's epoch;
     every observation of an arm whose epoch restarts with this window.
+
+    The cursors move in `cursors_advance`, once the window's omitted observations are marked.
     """
     if not window_ids:
         return 0
@@ -68,16 +72,6 @@ def observations_record(*, window_ids: list[int], restarted_arm_ids: list[int] =
                                    OR r.cost_usd <> COALESCE(c.cost_usd, 0)
                                    OR r.tokens <> COALESCE(c.tokens, 0))
     """
-    # The cursor moves by the observation just stored, never by a fresh read of the run:
-    # totals that moved between the two statements are left for the next window.
-    upsert = f"""
-        INSERT INTO {cur} (run_id, window_id, priced_seq, {", ".join(_DELTA_COLUMNS)})
-        SELECT run_id, window_id, upto_seq, {", ".join(_DELTA_COLUMNS)}
-        FROM {rw} WHERE window_id IN ({ids})
-        ON CONFLICT (run_id) DO UPDATE SET window_id = excluded.window_id,
-            priced_seq = excluded.priced_seq,
-            {", ".join(f"{c} = {cur}.{c} + excluded.{c}" for c in _DELTA_COLUMNS)}
-    """
     with connection.cursor() as cursor:
         cursor.execute(insert, window_ids)
         recorded = cursor.rowcount
@@ -88,5 +82,99 @@ def observations_record(*, window_ids: list[int], restarted_arm_ids: list[int] =
                 f"WHERE window_id IN ({ids}) AND arm_id IN ({arms})",
                 [*window_ids, *restarted_arm_ids],
             )
-        cursor.execute(upsert, window_ids)
     return recorded
+
+
+_EPOCH_SUMS = {  # cursor column: the observation's column it sums
+    "epoch_cost_usd": "cost_usd",
+    "epoch_tokens": "tokens",
+    "epoch_steps": "steps",
+}
+
+
+_EPOCH_COUNTS = ("epoch_observations", *_EPOCH_SUMS)
+
+
+def cursors_advance(*, window_ids: list[int], epochs: dict[int, int]) -> None:
+    """Move the cursors of the runs observed in these windows by what was observed, and their
+    epoch sums (RunCursor.epoch_*) by what counts: the observations not omitted.
+
+    `epochs`: per arm, the window number its epoch counts after (the tick's). A cursor whose
+    epoch is another (the arm's restarted, or a cursor from before these columns) is marked
+    unknown here; on Postgres, `epoch_sums_refresh` then sums its observations again.
+    """
+    if not window_ids:
+        return
+    cur, rw = RunCursor._meta.db_table, RunWindow._meta.db_table
+    ids = ", ".join(["%s"] * len(window_ids))
+    arms = ", ".join(["(%s, %s)"] * len(epochs)) or "(CAST(NULL AS BIGINT), CAST(NULL AS INTEGER))"
+    counted = {k: f"CASE WHEN rw.omitted THEN 0 ELSE rw.{v} END" for k, v in _EPOCH_SUMS.items()}
+    # The cursor moves by the observation just stored, never by a fresh read of the run:
+    # totals that moved between the two statements are left for the next window.
+    upsert = f"""
+        WITH e(arm_id, after_n) AS (VALUES {arms})
+        INSERT INTO {cur} (run_id, window_id, priced_seq, {", ".join(_DELTA_COLUMNS)},
+                           epoch_after, epoch_observations, {", ".join(_EPOCH_SUMS)})
+        SELECT rw.run_id, rw.window_id, rw.upto_seq, {", ".join(f"rw.{c}" for c in _DELTA_COLUMNS)},
+               COALESCE(e.after_n, -1), CASE WHEN rw.omitted THEN 0 ELSE 1 END,
+               {", ".join(counted.values())}
+        FROM {rw} rw LEFT JOIN e ON e.arm_id = rw.arm_id
+        WHERE rw.window_id IN ({ids})
+        ON CONFLICT (run_id) DO UPDATE SET window_id = excluded.window_id,
+            priced_seq = excluded.priced_seq,
+            {", ".join(f"{c} = {cur}.{c} + excluded.{c}" for c in _DELTA_COLUMNS)},
+            epoch_after = CASE WHEN {cur}.epoch_after = excluded.epoch_after
+                               THEN {cur}.epoch_after ELSE -1 END,
+            {", ".join(f"{c} = {cur}.{c} + excluded.{c}" for c in _EPOCH_COUNTS)}
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(upsert, [v for item in epochs.items() for v in item] + list(window_ids))
+    if is_postgres():
+        epoch_sums_refresh(epochs=epochs, upto_window_ids=window_ids)
+
+
+def epoch_sums_refresh(*, epochs: dict[int, int], upto_window_ids: list[int]) -> int:
+    """Postgres: sum again, from their observations, the epoch of every cursor of these arms whose
+    epoch is unknown (-1: a restarted epoch, or a cursor from before the sums), up to these windows
+    (one per experiment). Found through a partial index: most ticks have none. A cursor of an arm
+    whose epoch restarted that is not observed again keeps its old epoch, so no epoch sums count it;
+    once it is observed, it is unknown and summed here. Returns the cursors refreshed."""
+    cur, rw, run, win, arm = (
+        RunCursor._meta.db_table,
+        RunWindow._meta.db_table,
+        Run._meta.db_table,
+        AttributionWindow._meta.db_table,
+        Arm._meta.db_table,
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {cur} WHERE epoch_after = -1)")
+        if not epochs or not cursor.fetchone()[0]:
+            return 0
+        arms = ", ".join(["(%s, %s)"] * len(epochs))
+        ids = ", ".join(["%s"] * len(upto_window_ids))
+        sums = ", ".join(f"COALESCE(SUM(rw.{v}), 0) AS {k}" for k, v in _EPOCH_SUMS.items())
+        cursor.execute(
+            f"""
+            WITH e(arm_id, after_n) AS (VALUES {arms}),
+            b AS (
+                SELECT e.arm_id, e.after_n, hi.id AS hi,
+                       COALESCE((SELECT w.id FROM {win} w WHERE w.experiment_id = a.experiment_id
+                                 AND w.number = e.after_n), 0) AS lo
+                FROM e JOIN {arm} a ON a.id = e.arm_id
+                JOIN {win} hi ON hi.experiment_id = a.experiment_id AND hi.id IN ({ids})
+            ),
+            s AS (
+                SELECT c.run_id, b.after_n, COUNT(rw.id) AS n, {sums}
+                FROM {cur} c JOIN {run} r ON r.id = c.run_id JOIN b ON b.arm_id = r.arm_id
+                LEFT JOIN {rw} rw ON rw.run_id = r.id AND rw.window_id > b.lo
+                    AND rw.window_id <= b.hi AND NOT rw.omitted
+                WHERE c.epoch_after = -1
+                GROUP BY c.run_id, b.after_n
+            )
+            UPDATE {cur} SET epoch_after = s.after_n, epoch_observations = s.n,
+                {", ".join(f"{k} = s.{k}" for k in _EPOCH_SUMS)}
+            FROM s WHERE {cur}.run_id = s.run_id
+            """,
+            [v for item in epochs.items() for v in item] + list(upto_window_ids),
+        )
+        return cursor.rowcount

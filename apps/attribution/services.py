@@ -33,7 +33,7 @@ from apps.attribution.models import (
     WeightChange,
 )
 from apps.attribution.moments import run_moments, window_sums
-from apps.attribution.rollup import observations_record
+from apps.attribution.rollup import cursors_advance, observations_record
 from apps.attribution.snapshots import full_evidence, policy_for, snapshot_build
 from apps.core.db import copy_instances, is_postgres
 from apps.core.exceptions import ApplicationError
@@ -119,10 +119,12 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
             RunWindow.objects.filter(window_id__in=window_ids, run_id__in=omitted).update(
                 omitted=True
             )
+        cursors_advance(window_ids=window_ids, epochs=epochs)
         deltas = window_sums(window_ids=window_ids)
         excluded = _outliers_excluded(experiments)
         moments = run_moments(
             epochs=epochs,
+            from_cursors=True,
             exclude_runs={o.run_id for e in excluded.values() for o in e},
             upto_number={
                 arm.pk: w.number

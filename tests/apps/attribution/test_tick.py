@@ -146,6 +146,53 @@ def test_the_same_window_attributed_twice_gives_identical_snapshots():
     )
 
 
+def test_deleting_runs_and_experiments_takes_their_derived_rows_with_them():
+    """Run windows, cursors and snapshots keep no foreign key in the database: Django's cascade
+    alone must leave no row naming a run, arm, window or experiment that is gone."""
+    lab = Lab({"control": 1.0, "b": 1.02}, seed=9)
+    other = Lab({"control": 1.0, "b": 1.0}, seed=10)
+    lab.run_ticks(3)
+    other.run_ticks(3)
+    run = lab.runs[0]
+    assert RunWindow.objects.filter(run=run).count() == 3 and RunCursor.objects.filter(run=run)
+    run.delete()
+    assert not RunWindow.objects.filter(run_id=run.pk) and not RunCursor.objects.filter(
+        run_id=run.pk
+    )
+
+    kept = (
+        RunWindow.objects.count(),
+        RunCursor.objects.count(),
+        AttributionSnapshot.objects.count(),
+    )
+    experiment = lab.experiment
+    Run.objects.filter(experiment=experiment).delete()  # runs protect their arms: they go first
+    experiment.delete()
+    for model in (RunWindow, AttributionSnapshot):
+        assert not model.objects.filter(arm__experiment_id=experiment.pk).exists(), model
+    assert not AttributionSnapshot.objects.filter(experiment_id=experiment.pk).exists()
+    assert not AttributionWindow.objects.filter(experiment_id=experiment.pk).exists()
+    with connection.cursor() as cursor:  # no row names a parent that is gone
+        for table, column, parent in (
+            (RunWindow, "run_id", Run),
+            (RunWindow, "arm_id", Arm),
+            (RunWindow, "window_id", AttributionWindow),
+            (RunCursor, "run_id", Run),
+            (RunCursor, "window_id", AttributionWindow),
+            (AttributionSnapshot, "arm_id", Arm),
+            (AttributionSnapshot, "window_id", AttributionWindow),
+        ):
+            cursor.execute(
+                f"SELECT COUNT(*) FROM {table._meta.db_table} t WHERE t.{column} IS NOT NULL "
+                f"AND NOT EXISTS (SELECT 1 FROM {parent._meta.db_table} p WHERE p.id = t.{column})"
+            )
+            assert cursor.fetchone()[0] == 0, (table.__name__, column)
+    # The other experiment's rows are all still there.
+    assert RunWindow.objects.count() == kept[0] - 3 * (len(lab.runs) - 1)
+    assert RunCursor.objects.count() == kept[1] - (len(lab.runs) - 1)
+    assert AttributionSnapshot.objects.filter(experiment=other.experiment).count() == 3 * 2
+
+
 def test_a_beat_gap_is_covered_exactly_once():
     lab = Lab({"control": 1.0, "b": 1.0}, seed=7)
     lab.run_ticks(2)
