@@ -3,6 +3,7 @@
 Each benchmark has a database of its own, BENCH_DATABASE_URL with `_<benchmark>` appended (default:
 `costlab_bench_ingest`, `costlab_bench_attribution` ... on the local Postgres), created and migrated
 when needed: what one benchmark leaves behind never changes another's result, in any order.
+BENCH_TEMPLATE_DATABASE names a migrated database to create it from (tests/bench: its own).
 A `--smoke` run (every benchmark has one: tiny sizes, the same code path, seconds; its figures mean
 nothing) gets `_<benchmark>_smoke`, so it never replaces the data a full run keeps and reuses.
 Benchmarks are not tests: CI does not run them; tests/bench runs each one's --smoke.
@@ -37,13 +38,28 @@ def django_on_postgres(*, smoke: bool = False) -> None:
     admin_url = url.rsplit("/", 1)[0] + "/postgres"
     with psycopg.connect(admin_url, autocommit=True) as conn:
         if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
+            _create_database(conn, name, template=os.environ.get("BENCH_TEMPLATE_DATABASE"))
     import django
 
     django.setup()
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
+
+
+def _create_database(conn, name: str, *, template: str | None) -> None:
+    """CREATE DATABASE, copied from `template` (a migrated database on the same server, one no
+    session is using: tests/bench passes its own test database) where it can be: migrate then has
+    nothing to do, where migrating from scratch costs seconds of CPU. Otherwise an empty one."""
+    import psycopg
+
+    if template:
+        try:
+            conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+            return
+        except psycopg.Error as exc:  # in use, or gone: migrate from scratch instead
+            print(f"# {template} cannot be copied ({str(exc).strip()}): migrating", flush=True)
+    conn.execute(f'CREATE DATABASE "{name}"')
 
 
 SPREAD_KEYS = ("median", "min", "max", "q1", "q3", "rounds")

@@ -32,6 +32,7 @@ from urllib.parse import quote
 
 import pytest
 from django.conf import settings
+from django.db import connection, connections
 
 from tests.conftest import IN_CI
 from tests.helpers import ROOT, clean_env
@@ -209,10 +210,15 @@ def assert_figures(bench: Bench, stdout: str, tail: str = "") -> dict:
 
 
 @pytest.mark.parametrize("bench", params())
-def test_bench_smoke_runs_and_prints_its_figures(bench: Bench):
+def test_bench_smoke_runs_and_prints_its_figures(bench: Bench, request):
     env = clean_env(PYTHONUNBUFFERED="1")
     if bench.postgres:
         env["BENCH_DATABASE_URL"] = bench_database_url()
+        # The benchmark's database is copied from this worker's test database, migrated already
+        # (Postgres copies a database no session is using: this process closes its own).
+        request.getfixturevalue("django_db_setup")
+        env["BENCH_TEMPLATE_DATABASE"] = connection.creation._get_test_db_name()
+        connections.close_all()
     if bench.redis:
         env["REDIS_URL"] = settings.REDIS_URL
     if bench.chromium:
