@@ -128,12 +128,12 @@ def run_moments(
     suspects = {
         a: e for a, e in epochs.items() if (mixed is None or a in mixed) and a in comparisons
     }
-    params = _epoch_params(suspects, upto_number, comparisons)
+    params = epoch_params(suspects, upto_number, comparisons)
     moves = []
     if any(params[3::4]):  # which of them has usage under another table than its comparison's
         with connection.cursor() as cursor:
             cursor.execute(
-                f"""{_epoch_ranges(len(suspects))}
+                f"""{epoch_ranges(len(suspects))}
                 SELECT DISTINCT b.arm_id, w.pricing_table_id FROM {cte_fenced("b")} JOIN {_WIN} w
                 ON w.experiment_id = b.experiment_id AND w.id > b.lo AND w.id <= b.hi
                 WHERE b.cmp > 0 AND w.pricing_table_id <> b.cmp""",
@@ -203,7 +203,7 @@ def _moments(
         k = ""
     excluded = f" AND rw.run_id NOT IN ({', '.join(['%s'] * len(exclude))})" if exclude else ""
     sql = f"""
-        {_epoch_ranges(len(epochs))}{k},
+        {epoch_ranges(len(epochs))}{k},
         r AS (
             SELECT rw.arm_id, {cost} AS c, CAST(SUM(rw.tokens) AS {exact}) AS t,
                    CAST(SUM(rw.steps) AS {exact}) AS s
@@ -217,7 +217,7 @@ def _moments(
     with connection.cursor() as cursor:
         cursor.execute(
             sql,
-            _epoch_params(epochs, upto_number, comparisons)
+            epoch_params(epochs, upto_number, comparisons)
             + k_params
             + [False]
             + sorted(exclude or ()),
@@ -286,14 +286,14 @@ def _as_moments(rows: list[tuple]) -> dict[int, RunMoments]:
 _WIN, _RW, _ARM = AttributionWindow._meta.db_table, RunWindow._meta.db_table, Arm._meta.db_table
 
 
-def _epoch_ranges(n: int) -> str:
-    """CTEs e and b: per arm, the window-id range of its epoch and its comparison table
-    (0: none to re-price at)."""
+def epoch_ranges(n: int) -> str:
+    """CTEs e and b: per arm, the window-id range (lo, hi] of its epoch (after window number
+    after_n), and its comparison table (0: none to re-price at). Parameters: `epoch_params`."""
     values = ", ".join(["(%s, %s, %s, %s)"] * n)
     return f"""
         WITH e(arm_id, after_n, upto_n, cmp) AS (VALUES {values}),
         b AS (
-            SELECT e.arm_id, a.experiment_id, e.cmp,
+            SELECT e.arm_id, a.experiment_id, e.cmp, e.after_n,
                    COALESCE((SELECT w.id FROM {_WIN} w WHERE w.experiment_id = a.experiment_id
                              AND w.number = e.after_n), 0) AS lo,
                    (SELECT w.id FROM {_WIN} w WHERE w.experiment_id = a.experiment_id
@@ -302,7 +302,7 @@ def _epoch_ranges(n: int) -> str:
         )"""
 
 
-def _epoch_params(epochs: dict, upto_number: dict, comparisons: dict) -> list:
+def epoch_params(epochs: dict, upto_number: dict, comparisons: dict) -> list:
     def cmp(arm_id: int) -> int:
         c = comparisons.get(arm_id)
         return c.table_id if c is not None and not c.tiered and c.table_id else 0

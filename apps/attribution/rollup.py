@@ -15,8 +15,9 @@ from __future__ import annotations
 from django.db import connection
 
 from apps.attribution.models import AttributionSnapshot, AttributionWindow, RunCursor, RunWindow
+from apps.attribution.moments import epoch_params, epoch_ranges
 from apps.core.db import is_postgres
-from apps.experiments.models import Arm, Run
+from apps.experiments.models import Run
 
 _DELTA_COLUMNS = ("cost_usd", "tokens", "steps", "gpu_seconds", "wall_s", "energy_j")
 
@@ -95,13 +96,16 @@ _EPOCH_SUMS = {  # cursor column: the observation's column it sums
 _EPOCH_COUNTS = ("epoch_observations", *_EPOCH_SUMS)
 
 
-def cursors_advance(*, window_ids: list[int], epochs: dict[int, int]) -> None:
+def cursors_advance(
+    *, window_ids: list[int], epochs: dict[int, int], upto_number: dict[int, int]
+) -> None:
     """Move the cursors of the runs observed in these windows by what was observed, and their
     epoch sums (RunCursor.epoch_*) by what counts: the observations not omitted.
 
-    `epochs`: per arm, the window number its epoch counts after (the tick's). A cursor whose
-    epoch is another (the arm's restarted, or a cursor from before these columns) is marked
-    unknown here; on Postgres, `epoch_sums_refresh` then sums its observations again.
+    `epochs`: per arm, the window number its epoch counts after (the tick's); `upto_number`: its
+    window's number. A cursor whose epoch is another (the arm's restarted, or a cursor from
+    before these columns) is marked unknown here; on Postgres, `epoch_sums_refresh` then sums its
+    observations again.
     """
     if not window_ids:
         return
@@ -130,39 +134,24 @@ def cursors_advance(*, window_ids: list[int], epochs: dict[int, int]) -> None:
     with connection.cursor() as cursor:
         cursor.execute(upsert, [v for item in epochs.items() for v in item] + list(window_ids))
     if is_postgres():
-        epoch_sums_refresh(epochs=epochs, upto_window_ids=window_ids)
+        epoch_sums_refresh(epochs=epochs, upto_number=upto_number)
 
 
-def epoch_sums_refresh(*, epochs: dict[int, int], upto_window_ids: list[int]) -> int:
+def epoch_sums_refresh(*, epochs: dict[int, int], upto_number: dict[int, int]) -> int:
     """Postgres: sum again, from their observations, the epoch of every cursor of these arms whose
-    epoch is unknown (-1: a restarted epoch, or a cursor from before the sums), up to these windows
-    (one per experiment). Found through a partial index: most ticks have none. A cursor of an arm
+    epoch is unknown (-1: a restarted epoch, or a cursor from before the sums), up to window
+    upto_number[arm]. Found through a partial index: most ticks have none. A cursor of an arm
     whose epoch restarted that is not observed again keeps its old epoch, so no epoch sums count it;
     once it is observed, it is unknown and summed here. Returns the cursors refreshed."""
-    cur, rw, run, win, arm = (
-        RunCursor._meta.db_table,
-        RunWindow._meta.db_table,
-        Run._meta.db_table,
-        AttributionWindow._meta.db_table,
-        Arm._meta.db_table,
-    )
+    cur, rw, run = RunCursor._meta.db_table, RunWindow._meta.db_table, Run._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {cur} WHERE epoch_after = -1)")
         if not epochs or not cursor.fetchone()[0]:
             return 0
-        arms = ", ".join(["(%s, %s)"] * len(epochs))
-        ids = ", ".join(["%s"] * len(upto_window_ids))
         sums = ", ".join(f"COALESCE(SUM(rw.{v}), 0) AS {k}" for k, v in _EPOCH_SUMS.items())
         cursor.execute(
             f"""
-            WITH e(arm_id, after_n) AS (VALUES {arms}),
-            b AS (
-                SELECT e.arm_id, e.after_n, hi.id AS hi,
-                       COALESCE((SELECT w.id FROM {win} w WHERE w.experiment_id = a.experiment_id
-                                 AND w.number = e.after_n), 0) AS lo
-                FROM e JOIN {arm} a ON a.id = e.arm_id
-                JOIN {win} hi ON hi.experiment_id = a.experiment_id AND hi.id IN ({ids})
-            ),
+            {epoch_ranges(len(epochs))},
             s AS (
                 SELECT c.run_id, b.after_n, COUNT(rw.id) AS n, {sums}
                 FROM {cur} c JOIN {run} r ON r.id = c.run_id JOIN b ON b.arm_id = r.arm_id
@@ -175,6 +164,6 @@ def epoch_sums_refresh(*, epochs: dict[int, int], upto_window_ids: list[int]) ->
                 {", ".join(f"{k} = s.{k}" for k in _EPOCH_SUMS)}
             FROM s WHERE {cur}.run_id = s.run_id
             """,
-            [v for item in epochs.items() for v in item] + list(upto_window_ids),
+            epoch_params(epochs, upto_number, {}),
         )
         return cursor.rowcount

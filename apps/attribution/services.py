@@ -119,18 +119,19 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
             RunWindow.objects.filter(window_id__in=window_ids, run_id__in=omitted).update(
                 omitted=True
             )
-        cursors_advance(window_ids=window_ids, epochs=epochs)
+        upto_number = {
+            arm.pk: w.number
+            for e, w in zip(experiments, windows, strict=True)
+            for arm in arms_of[e.pk]
+        }
+        cursors_advance(window_ids=window_ids, epochs=epochs, upto_number=upto_number)
         deltas = window_sums(window_ids=window_ids)
         excluded = _outliers_excluded(experiments)
         moments = run_moments(
             epochs=epochs,
             from_cursors=True,
             exclude_runs={o.run_id for e in excluded.values() for o in e},
-            upto_number={
-                arm.pk: w.number
-                for e, w in zip(experiments, windows, strict=True)
-                for arm in arms_of[e.pk]
-            },
+            upto_number=upto_number,
             comparisons={arm.pk: comparisons[e.pk] for e in experiments for arm in arms_of[e.pk]},
             mixed={
                 arm.pk
