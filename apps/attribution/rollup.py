@@ -140,13 +140,20 @@ def cursors_advance(
 def epoch_sums_refresh(*, epochs: dict[int, int], upto_number: dict[int, int]) -> int:
     """Postgres: sum again, from their observations, the epoch of every cursor of these arms whose
     epoch is unknown (-1: a restarted epoch, or a cursor from before the sums), up to window
-    upto_number[arm]. Found through a partial index: most ticks have none. A cursor of an arm
-    whose epoch restarted that is not observed again keeps its old epoch, so no epoch sums count it;
+    upto_number[arm]. Found through a partial index: most ticks have none of their own (those of
+    experiments that are over stay unknown, and are never looked at). A cursor of an arm whose
+    epoch restarted that is not observed again keeps its old epoch, so no epoch sums count it;
     once it is observed, it is unknown and summed here. Returns the cursors refreshed."""
+    if not epochs:
+        return 0
     cur, rw, run = RunCursor._meta.db_table, RunWindow._meta.db_table, Run._meta.db_table
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {cur} WHERE epoch_after = -1)")
-        if not epochs or not cursor.fetchone()[0]:
+        cursor.execute(
+            f"SELECT EXISTS (SELECT 1 FROM {cur} c JOIN {run} r ON r.id = c.run_id "
+            "WHERE c.epoch_after = -1 AND r.arm_id = ANY(%s))",
+            [sorted(epochs)],
+        )
+        if not cursor.fetchone()[0]:
             return 0
         sums = ", ".join(f"COALESCE(SUM(rw.{v}), 0) AS {k}" for k, v in _EPOCH_SUMS.items())
         cursor.execute(

@@ -7,10 +7,13 @@ the sums existed."""
 from __future__ import annotations
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from apps.attribution.models import AttributionWindow, RunCursor, RunWindow
 from apps.attribution.moments import run_moments
 from apps.attribution.services import arm_unfreeze
+from apps.experiments.models import Experiment
 from tests.apps.attribution.lab import Lab
 from tests.apps.attribution.test_device_classes import AMX, AVX2
 from tests.factories import UserFactory
@@ -86,3 +89,21 @@ def test_cursors_from_before_the_sums_are_summed_again_on_the_next_tick():
     moments = assert_same(lab)
     assert all(moments[a].runs == expected[a].runs for a in expected)
     assert not RunCursor.objects.filter(epoch_after=-1).exists()
+
+
+def test_unknown_cursors_of_arms_not_attributed_cost_the_tick_nothing():
+    """After the migration, the cursors of experiments that are over stay unknown for good: a tick
+    over other experiments must not go looking for them (one UPDATE over the cursors each tick)."""
+    over = Lab({"control": 1.0, "b": 1.0}, seed=11)
+    over.run_ticks(2)
+    RunCursor.objects.filter(run__experiment=over.experiment).update(epoch_after=-1)
+    over.experiment.status = Experiment.Status.COMPLETED
+    over.experiment.save(update_fields=["status"])
+    lab = Lab({"control": 1.0, "b": 1.02}, seed=12)
+    lab.run_ticks(2)
+    lab.step()
+    with CaptureQueriesContext(connection) as ctx:
+        lab.tick()
+    refreshes = [q for q in ctx.captured_queries if "SET epoch_after = s.after_n" in q["sql"]]
+    assert refreshes == [], "the tick summed cursors again with none of its own unknown"
+    assert_same(lab)
