@@ -6,14 +6,17 @@ the sums existed."""
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pytest
 from django.db import connection
+from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 
 from apps.attribution.models import AttributionWindow, RunCursor, RunWindow
 from apps.attribution.moments import run_moments
 from apps.attribution.services import arm_unfreeze
-from apps.experiments.models import Experiment
+from apps.experiments.models import Experiment, Run
 from tests.apps.attribution.lab import Lab
 from tests.apps.attribution.test_device_classes import AMX, AVX2
 from tests.factories import UserFactory
@@ -107,3 +110,16 @@ def test_unknown_cursors_of_arms_not_attributed_cost_the_tick_nothing():
     refreshes = [q for q in ctx.captured_queries if "SET epoch_after = s.after_n" in q["sql"]]
     assert refreshes == [], "the tick summed cursors again with none of its own unknown"
     assert_same(lab)
+
+
+def test_a_run_repriced_down_by_a_late_sample_moves_its_sums_down():
+    """A late sample re-prices a run below its priced_seq: its cost moves (here down), its seq does
+    not; the next observation is a negative delta, and the cursor's sums follow it."""
+    lab = Lab({"control": 1.0, "b": 1.0}, seed=13)
+    lab.run_ticks(2)
+    run = lab.runs[0]
+    Run.objects.filter(pk=run.pk).update(cost_usd=F("cost_usd") - Decimal("0.000100"))
+    lab.tick()
+    assert_same(lab)
+    run.refresh_from_db()
+    assert RunCursor.objects.get(run=run).epoch_cost_usd == run.cost_usd
