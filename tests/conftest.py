@@ -76,6 +76,37 @@ def processes_only_in_slow_tests(request, monkeypatch):
     monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refused)
 
 
+@pytest.fixture(scope="session")
+def _test_database_from_template(request, django_db_modify_db_settings, django_db_blocker):
+    """On Postgres, this session's test database is a copy of one migrated template
+    (tests/databases.py), not migrated again by every xdist worker. Not with --reuse-db (the kept
+    database is used) or --no-migrations."""
+    from tests.databases import copy_test_database_from_template, drop_test_database
+
+    option = request.config.getvalue
+    if (option("reuse_db") and not option("create_db")) or option("nomigrations"):
+        yield False
+        return
+    with django_db_blocker.unblock():
+        copied = copy_test_database_from_template()
+    yield copied is not None
+    if copied is not None:
+        with django_db_blocker.unblock():
+            drop_test_database(copied)
+
+
+@pytest.fixture(scope="session")
+def django_db_keepdb(django_db_keepdb, _test_database_from_template):
+    # A copied database is kept by pytest-django's setup (which then only checks its migrations);
+    # the fixture above drops it at the end.
+    return django_db_keepdb or _test_database_from_template
+
+
+@pytest.fixture(scope="session")
+def django_db_createdb(django_db_createdb, _test_database_from_template):
+    return django_db_createdb and not _test_database_from_template
+
+
 @pytest.fixture(scope="session", autouse=True)
 def empty_test_queues():
     """Run ids restart with every test database: a message left by an earlier session must not

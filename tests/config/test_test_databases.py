@@ -1,0 +1,35 @@
+"""The test databases are copies of one migrated template (tests/databases.py): this session's
+database is one, and the template is used only while its key matches the migrations."""
+
+import pytest
+from django.db import connection
+
+from tests import databases
+
+pytestmark = [pytest.mark.services, pytest.mark.django_db]
+
+
+def test_this_sessions_database_is_a_copy_of_the_current_template():
+    if connection.vendor != "postgresql":
+        pytest.skip("templates are made on Postgres only")
+    key = databases.template_key(connection)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT datname FROM pg_database WHERE datname LIKE %s", ["%\\_tmpl\\_%"])
+        templates = {name for (name,) in cursor.fetchall()}
+        cursor.execute("SELECT count(*) FROM django_migrations")
+        applied = cursor.fetchone()[0]
+    assert any(name.endswith(f"_tmpl_{key}") for name in templates), (key, templates)
+    assert applied >= len(list(databases.ROOT.glob("apps/*/migrations/0*.py")))
+
+
+def test_a_changed_migration_changes_the_key(tmp_path, monkeypatch):
+    if connection.vendor != "postgresql":
+        pytest.skip("templates are made on Postgres only")
+    migration = tmp_path / "apps" / "things" / "migrations" / "0001_initial.py"
+    migration.parent.mkdir(parents=True)
+    migration.write_text("operations = []\n")
+    monkeypatch.setattr(databases, "ROOT", tmp_path)
+    first = databases.template_key(connection)
+    assert databases.template_key(connection) == first
+    migration.write_text("operations = ['one more']\n")
+    assert databases.template_key(connection) != first
