@@ -5,11 +5,12 @@ xdist workers did it at once as each session started. Now the first worker to ge
 template (`<test database>_tmpl_<key>`) while the others wait on a file lock, and every worker's
 database is a `CREATE DATABASE ... TEMPLATE` copy of it, made in about a second.
 
-The key is a hash of everything a migrated database depends on: every migration file, Django's
-version, the Postgres server's version and today's date (the telemetry partitions are created
-around the day the migration runs). A template whose key no longer matches is never used again, and
-is dropped by the next session that makes a new one. A template is made under another name and
-renamed once migrated, so a session killed while migrating leaves no half-made template behind.
+The key is a hash of everything a migrated database depends on: every migration file, the pinned
+versions of the third-party apps (constraints.txt), Django's version, the Postgres server's
+version and today's date (the telemetry partitions are created around the day the migration runs).
+A template whose key no longer matches is never used again, and is dropped by the next session that
+makes a new one. A template is made under another name and renamed once migrated, so a session
+killed while migrating leaves no half-made template behind.
 
 Postgres only: on SQLite the test database is migrated as before.
 """
@@ -32,9 +33,11 @@ def template_key(connection) -> str:
     from datetime import UTC, datetime
 
     digest = hashlib.sha256()
-    for path in sorted(ROOT.glob("apps/*/migrations/*.py")):
-        digest.update(str(path.relative_to(ROOT)).encode())
-        digest.update(path.read_bytes())
+    # constraints.txt pins the third-party apps whose migrations run too (Celery beat, knox, axes)
+    for path in [*sorted(ROOT.glob("apps/*/migrations/*.py")), ROOT / "constraints.txt"]:
+        if path.exists():
+            digest.update(str(path.relative_to(ROOT)).encode())
+            digest.update(path.read_bytes())
     digest.update(django.get_version().encode())
     with connection._nodb_cursor() as cursor:
         cursor.execute("SHOW server_version_num")

@@ -9,9 +9,11 @@ from tests import databases
 pytestmark = [pytest.mark.services, pytest.mark.django_db]
 
 
-def test_this_sessions_database_is_a_copy_of_the_current_template():
+def test_this_sessions_database_is_a_copy_of_the_current_template(_test_database_from_template):
     if connection.vendor != "postgresql":
         pytest.skip("templates are made on Postgres only")
+    if not _test_database_from_template:
+        pytest.skip("--reuse-db keeps the database it finds: no template is copied")
     key = databases.template_key(connection)
     with connection.cursor() as cursor:
         cursor.execute("SELECT datname FROM pg_database WHERE datname LIKE %s", ["%\\_tmpl\\_%"])
@@ -22,7 +24,7 @@ def test_this_sessions_database_is_a_copy_of_the_current_template():
     assert applied >= len(list(databases.ROOT.glob("apps/*/migrations/0*.py")))
 
 
-def test_a_changed_migration_changes_the_key(tmp_path, monkeypatch):
+def test_a_changed_migration_or_pin_changes_the_key(tmp_path, monkeypatch):
     if connection.vendor != "postgresql":
         pytest.skip("templates are made on Postgres only")
     migration = tmp_path / "apps" / "things" / "migrations" / "0001_initial.py"
@@ -32,4 +34,7 @@ def test_a_changed_migration_changes_the_key(tmp_path, monkeypatch):
     first = databases.template_key(connection)
     assert databases.template_key(connection) == first
     migration.write_text("operations = ['one more']\n")
-    assert databases.template_key(connection) != first
+    second = databases.template_key(connection)
+    assert second != first
+    (tmp_path / "constraints.txt").write_text("django-celery-beat==2.8.1\n")  # a third-party app
+    assert databases.template_key(connection) != second
