@@ -17,7 +17,8 @@ $(BIN)/python:
 # The install imports what nearly every process imports (torch, transformers, Django, Celery, the
 # test tools) in two processes at once, about 4,000 modules; a package not installed is passed
 # over. Compiling the whole venv instead (compileall -j 0: 17,700 modules, most of transformers'
-# models and of sympy never imported) took 94 CPU-s, 52 s on an AMD EPYC with 2 cores.
+# models and of sympy never imported) took 94 CPU-s, 52 s (AMD EPYC, 2
+# cores, bf16 emulated (slow)).
 export PYTHONDONTWRITEBYTECODE :=
 IMPORT = $(BIN)/python -c 'exec("import importlib, sys\nfor m in sys.argv[1:]:\n try: importlib.import_module(m)\n except Exception: pass")'
 COMPILE = { $(IMPORT) torch torch.distributed.run transformers.models.gpt2.modeling_gpt2 peft lightning & \
