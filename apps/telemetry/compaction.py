@@ -1,4 +1,4 @@
-"""Compaction: a settled run's samples packed into one row per rank, attempt and minute.
+"""Compaction: a settled run's samples packed into one row per attempt and minute, every rank's.
 
 A run is settled when it has finished, every stored sample is in its bill (priced_seq ==
 last_seq) and the charts' blocks hold them all (the caller rolls those first:
@@ -31,7 +31,7 @@ from apps.telemetry.ingest import COLUMNS
 from apps.telemetry.models import PackedMinute, TelemetrySample
 from apps.telemetry.packing import FIELDS, pack, unpack
 
-STORED = ("attempt", "rank", *FIELDS)
+STORED = ("attempt", *FIELDS)
 
 
 def settled_unpacked():
@@ -53,17 +53,21 @@ def _minute(ts: datetime) -> datetime:
 
 
 def _groups(rows: Iterable[dict]) -> Iterator[tuple[tuple, list[dict]]]:
-    """Rows in (rank, attempt, seq) order, cut where the rank, attempt or minute changes."""
-    key, group = None, []
+    """Rows in time order, cut by minute, then by attempt; each group's rows in (rank, seq) order:
+    a rank's readings side by side compress best."""
+    minute, rows_of = None, {}
     for row in rows:
-        k = (row["rank"], row["attempt"], _minute(row["ts"]))
-        if k != key and group:
-            yield key, group
-            group = []
-        key = k
-        group.append(row)
-    if group:
-        yield key, group
+        m = _minute(row["ts"])
+        if m != minute:
+            yield from _by_attempt(minute, rows_of)
+            minute, rows_of = m, {}
+        rows_of.setdefault(row["attempt"], []).append(row)
+    yield from _by_attempt(minute, rows_of)
+
+
+def _by_attempt(minute, rows_of: dict[int, list[dict]]) -> Iterator[tuple[tuple, list[dict]]]:
+    for attempt, group in sorted(rows_of.items()):
+        yield (attempt, minute), sorted(group, key=lambda r: (r["rank"], r["seq"]))
 
 
 @transaction.atomic
@@ -78,21 +82,22 @@ def run_compact(*, run_id: int) -> int:
         return 0
     rows = (
         TelemetrySample.objects.of_run(run)
-        .order_by("rank", "attempt", "seq")
+        .order_by("ts", "seq")
         .values(*STORED)
         .iterator(chunk_size=20_000)
     )
     packed, count = [], 0
-    for (rank, attempt, minute), group in _groups(rows):
+    for (attempt, minute), group in _groups(rows):
+        seqs = [r["seq"] for r in group]
         packed.append(
             PackedMinute(
                 run_id=run.pk,
-                rank=rank,
+                rank=group[0]["rank"],  # the lowest: the blob holds every rank's samples
                 attempt=attempt,
                 minute=minute,
                 samples=len(group),
-                seq_first=group[0]["seq"],
-                seq_last=group[-1]["seq"],
+                seq_first=min(seqs),
+                seq_last=max(seqs),
                 data=pack(group),
             )
         )
@@ -114,18 +119,28 @@ def runs_compact(*, limit: int = 50) -> int:
 
 
 def _packed_rows(run: Run, fields: tuple[str, ...]) -> Iterator[dict]:
-    """A packed run's samples, in seq order (each rank's minutes in order, merged by seq)."""
-    minutes = PackedMinute.objects.filter(run_id=run.pk).order_by("rank", "attempt", "minute")
-    streams: dict[tuple, list] = {}
-    for m in minutes.iterator(chunk_size=500):
-        streams.setdefault((m.rank, m.attempt), []).append(m)
+    """A packed run's samples, in seq order, a blob decoded at a time.
 
-    def stream(items: list[PackedMinute]) -> Iterator[dict]:
-        for m in items:
-            for row in unpack(bytes(m.data)):
-                yield {"rank": m.rank, "attempt": m.attempt, **{f: row[f] for f in fields}}
-
-    yield from heapq.merge(*(stream(s) for s in streams.values()), key=lambda r: r["seq"])
+    A blob's rows go into a heap; a row leaves it once no blob still to decode can hold a lower
+    seq: every row of a blob has a seq >= its seq_first, so the lowest seq_first of the blobs left
+    is the bound. Ranks whose batches arrived late (higher seqs for earlier minutes) wait in the
+    heap only as long as that."""
+    minutes = list(
+        PackedMinute.objects.filter(run_id=run.pk)
+        .order_by("minute", "attempt", "rank")
+        .only("rank", "attempt", "seq_first", "data")
+    )
+    floor = [float("inf")] * (len(minutes) + 1)
+    for i in range(len(minutes) - 1, -1, -1):
+        floor[i] = min(minutes[i].seq_first, floor[i + 1])
+    heap: list[tuple[int, dict]] = []
+    for i, m in enumerate(minutes):
+        for row in unpack(bytes(m.data)):
+            row.setdefault("rank", m.rank)  # a version 1 blob: one rank's, the row's
+            out = {"rank": row["rank"], "attempt": m.attempt, **{f: row[f] for f in fields}}
+            heapq.heappush(heap, (row["seq"], out))  # seqs are unique in a run: no tie
+        while heap and heap[0][0] < floor[i + 1]:
+            yield heapq.heappop(heap)[1]
 
 
 def stored_rows(run: Run, fields: tuple[str, ...]) -> Iterator[dict]:

@@ -91,8 +91,10 @@ class TelemetrySample(models.Model):
 
 
 class PackedMinute(models.Model):
-    """The samples of one run, rank and attempt in one minute, packed losslessly into one blob
-    (apps.telemetry.packing) by compaction, once the run is settled (apps.telemetry.compaction).
+    """The samples of one run and attempt in one minute, every rank's, packed losslessly into one
+    blob (apps.telemetry.packing) by compaction, once the run is settled
+    (apps.telemetry.compaction). `rank` is the lowest rank the blob holds; a blob of version 1
+    (packed before ranks shared one) holds that rank's samples only.
 
     On Postgres partitioned by `minute` like the samples by `ts` (the same day ranges), so
     retention drops both a day at a time."""

@@ -257,6 +257,68 @@ def test_compaction_packs_a_settled_run_and_every_read_sees_the_same_samples(w, 
     assert telemetry_upkeep(now=NOW).runs_packed == 0, "packed once"
 
 
+def test_a_ddp_runs_ranks_pack_into_one_row_a_minute_and_read_back_in_seq_order(w):
+    """Four ranks, the last one's batches arriving after the others' later minutes (so its
+    earlier samples hold higher seqs): every minute is one packed row holding every rank, and
+    the samples come back in seq order, by rank and billed as the rows were."""
+    from apps.telemetry.compaction import stored_rows
+    from apps.telemetry.models import PackedMinute
+    from tests.apps.telemetry.test_packing import nvml_like
+
+    start = NOW - timedelta(hours=3)
+    run = open_at(run_of(w.control), start)
+    ranks = [nvml_like(180, seed=r, rank=r) for r in range(4)]
+    t0 = min(rs[0]["ts"] for rs in ranks)
+    arrivals = [(r, k) for k in range(3) for r in range(3)] + [(3, 0), (3, 1), (3, 2)]
+    seq = 0
+    for r, k in arrivals:
+        batch = ranks[r][k * 60 : (k + 1) * 60]
+        for row in batch:
+            row["seq"], seq = seq, seq + 1
+            row["ts"] = start + (row["ts"] - t0)
+        batch = [{**row, "ts": row["ts"].isoformat()} for row in batch]
+        telemetry_ingest(run_id=run.pk, samples=batch, attempt=run.attempts)
+    run = finish(run)
+    partitions_maintain(now=NOW)
+    run_totals_recompute(run=run)
+    run.refresh_from_db()
+    bill = (run.cost_usd, run.device_seconds, run.energy_j, run.tokens, run.cost_breakdown)
+    fields = ("ts", "step", "power_w", "energy_j", "loss", "device")
+    raw = list(stored_rows(run, fields))
+    assert [r["seq"] for r in raw] == list(range(720))
+    by_rank = telemetry_by_rank(run=run)
+
+    assert telemetry_upkeep(now=NOW).samples_packed == 720
+    run.refresh_from_db()
+    minutes = PackedMinute.objects.filter(run=run)
+    taken = {row["ts"].replace(second=0, microsecond=0) for rs in ranks for row in rs}
+    assert sorted(m.minute for m in minutes) == sorted(taken), "one row a minute, every rank in it"
+    assert sum(m.samples for m in minutes) == 720
+    assert list(stored_rows(run, fields)) == raw
+    assert telemetry_by_rank(run=run) == by_rank
+    run_totals_recompute(run=run)
+    run.refresh_from_db()
+    assert (run.cost_usd, run.device_seconds, run.energy_j, run.tokens, run.cost_breakdown) == bill
+
+
+def test_minutes_packed_a_rank_a_blob_still_read_as_that_rank(w):
+    """Packed minutes of version 1 (one rank's each, no rank column) read as their row's rank."""
+    from apps.telemetry.compaction import stored_rows
+    from apps.telemetry.models import PackedMinute
+    from tests.apps.telemetry.test_packing import V1_BLOB, nvml_like
+
+    run = finish(open_at(run_of(w.control), NOW - timedelta(hours=3)))
+    minute = NOW.replace(second=0) - timedelta(hours=2)
+    PackedMinute.objects.create(
+        run=run, rank=2, minute=minute, samples=4, seq_first=0, seq_last=3, data=V1_BLOB
+    )
+    Run.objects.filter(pk=run.pk).update(packed_at=NOW)
+    run.refresh_from_db()
+    rows = list(stored_rows(run, ("step", "power_w")))
+    expected = [(2, 1, e["seq"], e["step"], e["power_w"]) for e in nvml_like(4, seed=7)]
+    assert [(r["rank"], r["attempt"], r["seq"], r["step"], r["power_w"]) for r in rows] == expected
+
+
 def test_a_sample_older_than_retention_is_refused_alone_and_said(w, settings):
     """It would land in a partition retention drops next: refused at the door, naming why."""
     settings.COSTLAB_TELEMETRY_RETENTION_DAYS = 90
