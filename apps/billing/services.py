@@ -17,6 +17,7 @@ from django.db.models.functions import Concat
 from django.utils import timezone
 
 from apps.attribution.alerts import budget_event_record
+from apps.billing import spend_estimate
 from apps.core.db import is_postgres
 from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Run
@@ -178,8 +179,8 @@ def telemetry_ingest(
     if fresh and run.cost_usd > cost_before:
         # After the commit, outside this run's row lock: the budget check touches the tenant's
         # other runs, which their own ingests lock.
-        tenant_id = run.tenant_id
-        transaction.on_commit(lambda: _budget_enforce_after_commit(tenant_id))
+        tenant_id, increase = run.tenant_id, run.cost_usd - cost_before
+        transaction.on_commit(lambda: _budget_enforce_after_commit(tenant_id, increase))
     return IngestResult(
         received=len(samples),
         inserted=len(fresh),
@@ -446,13 +447,31 @@ _BUDGET_RANK = {
 }
 
 
-def _budget_enforce_after_commit(tenant_id: int) -> None:
+def _budget_enforce_after_commit(tenant_id: int, increase: Decimal) -> None:
     """The batch is stored whatever the check meets: a failure is logged, and the next priced
-    batch checks again."""
+    batch checks again. The exact check runs only where the shared estimate of the month's spend,
+    moved by this batch, could mean another budget state (apps.billing.spend_estimate)."""
     try:
+        tenant = Tenant.objects.only(
+            "created_at", "monthly_budget_usd", "budget_state", "budget_month"
+        ).get(pk=tenant_id)
+        estimate = spend_estimate.add(tenant=tenant, usd=increase)
+        if estimate is not None:
+            month = tenant.budget_month
+            prior = tenant.budget_state if month == month_start().date() else Tenant.BudgetState.OK
+            if _budget_state(estimate, tenant.monthly_budget_usd) == prior:
+                return
         budget_enforce(tenant_id=tenant_id)
     except DatabaseError:
         logger.exception("tenant %s: budget check failed; the next priced batch retries", tenant_id)
+
+
+def _budget_state(spent: Decimal, budget: Decimal) -> str:
+    if spent >= budget:
+        return Tenant.BudgetState.EXCEEDED
+    if spent >= BUDGET_WARN_SHARE * budget:
+        return Tenant.BudgetState.WARNED
+    return Tenant.BudgetState.OK
 
 
 def budget_enforce(*, tenant_id: int) -> str:
@@ -467,14 +486,10 @@ def budget_enforce(*, tenant_id: int) -> str:
     A raised budget moves the state back down. Returns the state."""
     tenant = Tenant.objects.get(pk=tenant_id)
     month = month_start().date()
+    before = spend_estimate.before_sum(tenant=tenant)
     spent, budget = tenant_month_spend(tenant_id=tenant_id), tenant.monthly_budget_usd
-    state = (
-        Tenant.BudgetState.EXCEEDED
-        if spent >= budget
-        else Tenant.BudgetState.WARNED
-        if spent >= BUDGET_WARN_SHARE * budget
-        else Tenant.BudgetState.OK
-    )
+    spend_estimate.seed(tenant=tenant, spent=spent, before=before)
+    state = _budget_state(spent, budget)
     prior = tenant.budget_state if tenant.budget_month == month else Tenant.BudgetState.OK
     if _BUDGET_RANK[state] <= _BUDGET_RANK[prior]:
         if state != prior:  # the budget was raised: say where it stands now, stop nothing

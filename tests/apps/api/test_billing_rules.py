@@ -19,6 +19,8 @@ from decimal import Decimal
 
 import pytest
 from django.core import mail
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from apps.attribution.models import AlertChannel, AlertDelivery, BudgetEvent
@@ -626,6 +628,37 @@ def test_the_budget_acts_as_the_bill_moves(
     # A tenant without alert channels: both steps are recorded, nothing is delivered.
     assert sorted(BudgetEvent.objects.values_list("state", flat=True)) == ["exceeded", "warned"]
     assert not AlertDelivery.objects.exists()
+
+
+def _month_sums(queries) -> int:
+    return sum('SUM("experiments_run"."cost_usd")' in q["sql"] for q in queries)
+
+
+@pytest.mark.parametrize("redis", ["up", "unreachable"])
+def test_the_budget_check_sums_the_tenants_runs_only_near_a_step(
+    api, experiment, gpu_run, django_capture_on_commit_callbacks, settings, redis
+):
+    """Summing every run of the tenant after every priced batch took most of Postgres at fleet
+    scale (bench/fleet.py). A batch moves a shared estimate; the sum runs where the estimate could
+    mean another budget state, where there is none yet, or where Redis cannot be reached."""
+    if redis == "unreachable":
+        settings.REDIS_URL = "redis://127.0.0.1:9/0"  # nothing listens there
+    Tenant.objects.filter(pk=experiment.tenant_id).update(monthly_budget_usd=Decimal("1.00"))
+    stream = [sample(s) for s in range(1000)]  # 0.000848 USD a second: 0.85 USD in all
+    sums = []
+    for lo, hi in ((0, 100), (100, 300), (300, 500), (500, 700), (700, 1000)):
+        with (
+            CaptureQueriesContext(connection) as queries,
+            django_capture_on_commit_callbacks(execute=True),
+        ):
+            assert post(api, gpu_run, stream[lo:hi]).status_code == 200
+        sums.append(_month_sums(queries.captured_queries))
+    if redis == "up":
+        assert sums == [1, 0, 0, 0, 1], "the first batch seeds the estimate; the last nears 80 %"
+    else:
+        assert sums == [1, 1, 1, 1, 1]
+    assert Tenant.objects.get(pk=experiment.tenant_id).budget_state == "warned"
+    assert BudgetEvent.objects.get().state == "warned"
 
 
 def test_the_budget_steps_are_alerted_to_the_tenant_wide_channels(
