@@ -549,6 +549,9 @@ def main() -> None:
     parser.add_argument("--sink-share", type=float, default=0.25, help="nodes on the sink path")
     args = parser.parse_args()
 
+    # Redis, as every deployment has it (the broker; here also the API's throttle counters and
+    # the tenants' spend estimates): without it both fall back to their slower paths.
+    os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/11")
     django_on_postgres(smoke=args.smoke)
     from django.conf import settings
 
