@@ -11,6 +11,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterable
+from decimal import Decimal
 from typing import TypeVar
 
 from django.conf import settings
@@ -100,14 +101,19 @@ def copy_instances(model: type[models.Model], objs: list[models.Model]) -> None:
         return
     fields = [f for f in model._meta.concrete_fields if not (f.primary_key and f.db_returning)]
     plain = [isinstance(f, _PLAIN_FIELDS) for f in fields]  # the others: Django prepares them
+    decimal = [isinstance(f, models.DecimalField) for f in fields]
     columns = ", ".join(connection.ops.quote_name(f.column) for f in fields)
+
+    def prepared(f: models.Field, v, is_plain: bool, is_decimal: bool):
+        if is_plain or (is_decimal and type(v) is Decimal and v.is_finite()):
+            # A finite Decimal is what Django would send (Postgres' adapt_decimalfield_value
+            # passes it on); a float still goes through Django, which rounds it to max_digits.
+            return v
+        return f.get_db_prep_save(v, connection)
 
     def row(obj: models.Model) -> tuple:
         values = (f.pre_save(obj, True) for f in fields)  # auto_now and the like, as on save
-        return tuple(
-            v if is_plain else f.get_db_prep_save(v, connection)
-            for f, v, is_plain in zip(fields, values, plain, strict=True)
-        )
+        return tuple(map(prepared, fields, values, plain, decimal))
 
     with connection.cursor() as cursor:
         copy_rows(cursor, f"{model._meta.db_table} ({columns})", (row(o) for o in objs))
