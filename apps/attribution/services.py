@@ -10,7 +10,6 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, OuterRef, Subquery
 from django.utils import timezone
 
 from apps.attribution import selectors
@@ -33,7 +32,11 @@ from apps.attribution.models import (
     WeightChange,
 )
 from apps.attribution.moments import run_moments, window_sums
-from apps.attribution.rollup import cursors_advance, observations_record
+from apps.attribution.rollup import (
+    cursors_advance,
+    observations_record,
+    windows_observations_count,
+)
 from apps.attribution.snapshots import full_evidence, policy_for, snapshot_build
 from apps.core.db import copy_instances, is_postgres
 from apps.core.exceptions import ApplicationError
@@ -180,13 +183,7 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
 
         result.frozen = [f.arm_id for f in freezes if _freeze_in_savepoint(f) is not None]
         copy_instances(AttributionSnapshot, snapshots)  # thousands of wide rows a tick
-        observed = (
-            RunWindow.objects.filter(window=OuterRef("pk"))
-            .values("window")
-            .annotate(n=Count("pk"))
-            .values("n")
-        )
-        AttributionWindow.objects.filter(pk__in=window_ids).update(observations=Subquery(observed))
+        windows_observations_count(window_ids=window_ids)
         skipped = [w for w in windows if w.status == AttributionWindow.Status.SKIPPED]
         if skipped:
             AttributionWindow.objects.bulk_update(skipped, ["status", "skip_reason"])
