@@ -44,6 +44,7 @@ _said_at = -60.0
 _ADD = """
 if redis.call('exists', KEYS[1]) == 1 then return redis.call('incrby', KEYS[1], ARGV[1]) end
 """
+_GET = "return redis.call('get', KEYS[1])"
 # The exact sum, less what was in the estimate when the sum began: increments made while it ran
 # stay counted (they may be in the sum too: the estimate errs high).
 _SEED = """
@@ -96,13 +97,8 @@ def add(*, tenant: Tenant, usd: Decimal) -> Decimal | None:
 
 def before_sum(*, tenant: Tenant) -> str:
     """The estimate as the exact sum begins ('' where there is none), for `seed`."""
-    from redis.exceptions import RedisError
-
-    try:
-        found = _client(settings.REDIS_URL).get(_key(tenant))
-    except (RedisError, OSError):
-        return ""
-    return found.decode() if found is not None else ""
+    found = _run(_GET, _key(tenant))
+    return "" if found is None else str(found)
 
 
 def seed(*, tenant: Tenant, spent: Decimal, before: str) -> None:
