@@ -12,7 +12,7 @@ from operator import itemgetter
 
 from django.conf import settings
 from django.db import DatabaseError, DataError, transaction
-from django.db.models import Value
+from django.db.models import F, Value
 from django.db.models.functions import Concat
 from django.utils import timezone
 
@@ -61,16 +61,29 @@ class IngestResult:
     refused: list[dict] = field(default_factory=list)
 
 
+# The tenant's fields the budget check after a priced batch needs: read with the run's locked
+# read (annotations tenant_<field>), so that the check reads no tenant row of its own.
+_TENANT_BUDGET_FIELDS = ("created_at", "monthly_budget_usd", "budget_state", "budget_month")
+
+
 @transaction.atomic
 def telemetry_ingest(
-    *, run_id: int, samples: list, attempt: int | None = None, external: bool = False
+    *,
+    run_id: int,
+    samples: list,
+    attempt: int | None = None,
+    external: bool = False,
+    tenant_id: int | None = None,
 ) -> IngestResult:
     """Validate and store a batch for a run; idempotent by (run, seq). Nothing partial on error.
-    external: the run must be an external one, still running (checked under the same lock)."""
+    external: the run must be an external one, still running (checked under the same lock).
+    tenant_id: the run must be that tenant's (Run.DoesNotExist otherwise), checked by the same
+    locked read."""
     run = (
         Run.objects.select_for_update(of=("self",))
         .select_related("experiment__cost_model", "gpu_sku")
-        .get(pk=run_id)
+        .annotate(**{f"tenant_{f}": F(f"tenant__{f}") for f in _TENANT_BUDGET_FIELDS})
+        .get(pk=run_id, **({} if tenant_id is None else {"tenant_id": tenant_id}))
     )
     if external:
         run_external_check(run, "take telemetry")
@@ -179,8 +192,11 @@ def telemetry_ingest(
     if fresh and run.cost_usd > cost_before:
         # After the commit, outside this run's row lock: the budget check touches the tenant's
         # other runs, which their own ingests lock.
-        tenant_id, increase = run.tenant_id, run.cost_usd - cost_before
-        transaction.on_commit(lambda: _budget_enforce_after_commit(tenant_id, increase))
+        tenant = Tenant(
+            pk=run.tenant_id, **{f: getattr(run, f"tenant_{f}") for f in _TENANT_BUDGET_FIELDS}
+        )
+        increase = run.cost_usd - cost_before
+        transaction.on_commit(lambda: _budget_enforce_after_commit(tenant, increase))
     return IngestResult(
         received=len(samples),
         inserted=len(fresh),
@@ -447,14 +463,16 @@ _BUDGET_RANK = {
 }
 
 
-def _budget_enforce_after_commit(tenant_id: int, increase: Decimal) -> None:
+def _budget_enforce_after_commit(tenant: Tenant, increase: Decimal) -> None:
     """The batch is stored whatever the check meets: a failure is logged, and the next priced
     batch checks again. The exact check runs only where the shared estimate of the month's spend,
-    moved by this batch, could mean another budget state (apps.billing.spend_estimate)."""
+    moved by this batch, could mean another budget state (apps.billing.spend_estimate).
+
+    `tenant`: its budget fields as the batch's locked read of the run saw them, a few ms before
+    the commit. A step another batch took in between is only checked again (budget_enforce takes
+    a step once); a budget edited in between is seen by the next batch's check."""
+    tenant_id = tenant.pk
     try:
-        tenant = Tenant.objects.only(
-            "created_at", "monthly_budget_usd", "budget_state", "budget_month"
-        ).get(pk=tenant_id)
         estimate = spend_estimate.add(tenant=tenant, usd=increase)
         if estimate is not None:
             month = tenant.budget_month
@@ -599,7 +617,12 @@ def run_totals_close(sender, *, run: Run, **kwargs) -> None:
     run_totals_recompute(run=run)
 
 
-@transaction.atomic
-def run_external_ingest(*, run_id: int, samples: list, attempt: int | None = None) -> IngestResult:
-    """Store a telemetry batch of a running external run (idempotent by seq)."""
-    return telemetry_ingest(run_id=run_id, samples=samples, attempt=attempt, external=True)
+def run_external_ingest(
+    *, run_id: int, tenant_id: int, samples: list, attempt: int | None = None
+) -> IngestResult:
+    """Store a telemetry batch of the tenant's running external run (idempotent by seq);
+    Run.DoesNotExist where the tenant has no such run. telemetry_ingest's transaction is the
+    only one."""
+    return telemetry_ingest(
+        run_id=run_id, samples=samples, attempt=attempt, external=True, tenant_id=tenant_id
+    )

@@ -6,7 +6,7 @@ import bisect
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import Q, QuerySet
+from django.db.models import OuterRef, Q, QuerySet, Subquery
 
 from apps.pricing.bill import FREE
 from apps.pricing.cost_engine import Prices
@@ -76,23 +76,19 @@ def price_schedule(
     pinned_table_id: int | None = None,
     as_of: datetime | None = None,
 ) -> PriceSchedule:
-    """Every pricing table of the tenant (or just the pinned one) with this SKU's rate,
-    in two queries; versions created after `as_of` count from their creation (effective_starts)."""
+    """Every pricing table of the tenant (or just the pinned one) with this SKU's rate, in one
+    query; versions created after `as_of` count from their creation (effective_starts)."""
     tables = PricingTable.objects.filter(tenant_id=tenant_id).order_by("valid_from")
     if pinned_table_id is not None:
         tables = tables.filter(pk=pinned_table_id)
+    if gpu_sku_id is not None:
+        rate = GpuPrice.objects.filter(pricing_table=OuterRef("pk"), sku_id=gpu_sku_id)
+        tables = tables.annotate(sku_hourly_usd=Subquery(rate.values("hourly_usd")[:1]))
     tables = list(tables)
-    rates: dict[int, float] = {}
-    if gpu_sku_id is not None and tables:
-        rates = dict(
-            GpuPrice.objects.filter(pricing_table__in=tables, sku_id=gpu_sku_id).values_list(
-                "pricing_table_id", "hourly_usd"
-            )
-        )
 
     # A GPU run's SKU without a rate in a table: that table's GPU time is unpriced, not free.
     def prices(t: PricingTable) -> Prices:
-        return Prices.from_table(t, gpu_hour_usd=rates.get(t.pk, None if gpu_sku_id else 0))
+        return Prices.from_table(t, gpu_hour_usd=t.sku_hourly_usd if gpu_sku_id else 0)
 
     if pinned_table_id is not None:
         return PriceSchedule(starts=[], prices=[], pinned=prices(tables[0]) if tables else FREE)

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
 from django.core.exceptions import ValidationError
 from django.http import Http404
 from rest_framework import viewsets
 
 from apps.api.permissions import TenantMember
+
+# A positive key of at most 18 digits: every such number fits a bigint (2**63 - 1 has 19).
+_PK = re.compile(r"[1-9][0-9]{0,17}")
 
 
 class TenantViewSet(viewsets.GenericViewSet):
@@ -22,6 +27,13 @@ class TenantViewSet(viewsets.GenericViewSet):
         if getattr(self, "swagger_fake_view", False):  # schema generation: no request, no tenant
             return self.model.objects.none()
         return self.selector(tenant=self.request.tenant)
+
+    def url_pk(self) -> int:
+        """The URL's pk as a number a bigint key can hold; 404 for anything else (no query)."""
+        lookup = str(self.kwargs[self.lookup_url_kwarg or self.lookup_field])
+        if not _PK.fullmatch(lookup):
+            raise Http404
+        return int(lookup)
 
     def get_object_pk(self) -> int:
         """The pk of the URL's object, inside the tenant (404 otherwise, like get_object), without

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.conf import settings
-from django.http import FileResponse
+from django.http import FileResponse, Http404
 from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
@@ -164,11 +164,18 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet
         detail=True, methods=["get", "post"], max_body_bytes="COSTLAB_API_MAX_INGEST_BODY_BYTES"
     )
     def telemetry(self, request, pk=None):
-        if request.method == "POST":  # the hot path: the service locks and reads the run once
-            run_id = self.get_object_pk()
+        if request.method == "POST":  # the hot path: the service reads the run once, locked,
+            # inside the tenant (the read that checks the tenant is the one that locks)
             batch = TelemetryBatchSerializer(data=request.data)
-            batch.is_valid(raise_exception=True)
-            result = run_external_ingest(run_id=run_id, **batch.validated_data)
+            if not batch.is_valid():
+                self.get_object_pk()  # another tenant's run, or none: 404 before 400
+                raise exceptions.ValidationError(batch.errors)
+            try:
+                result = run_external_ingest(
+                    run_id=self.url_pk(), tenant_id=request.tenant.pk, **batch.validated_data
+                )
+            except Run.DoesNotExist:
+                raise Http404 from None
             return Response(IngestResultSerializer(result).data)
         run = self.get_object()
         query = TelemetryQuerySerializer(data=request.query_params)

@@ -645,7 +645,7 @@ def test_the_budget_check_sums_the_tenants_runs_only_near_a_step(
         settings.REDIS_URL = "redis://127.0.0.1:9/0"  # nothing listens there
     Tenant.objects.filter(pk=experiment.tenant_id).update(monthly_budget_usd=Decimal("1.00"))
     stream = [sample(s) for s in range(1000)]  # 0.000848 USD a second: 0.85 USD in all
-    sums = []
+    sums, tenant_reads = [], []
     for lo, hi in ((0, 100), (100, 300), (300, 500), (500, 700), (700, 1000)):
         with (
             CaptureQueriesContext(connection) as queries,
@@ -653,8 +653,13 @@ def test_the_budget_check_sums_the_tenants_runs_only_near_a_step(
         ):
             assert post(api, gpu_run, stream[lo:hi]).status_code == 200
         sums.append(_month_sums(queries.captured_queries))
+        tenant_reads.append(
+            sum('FROM "tenants_tenant"' in q["sql"] for q in queries.captured_queries)
+        )
     if redis == "up":
         assert sums == [1, 0, 0, 0, 1], "the first batch seeds the estimate; the last nears 80 %"
+        # Away from a step the check reads no tenant row: its budget came with the run's read.
+        assert tenant_reads[1:4] == [0, 0, 0], tenant_reads
     else:
         assert sums == [1, 1, 1, 1, 1]
     assert Tenant.objects.get(pk=experiment.tenant_id).budget_state == "warned"

@@ -135,8 +135,9 @@ def ddp_external(experiment) -> Run:
 def test_an_appended_ddp_batch_reads_the_run_once_and_each_ranks_predecessor_in_one_query(
     api, experiment
 ):
-    """The ingest hot path: the run is read under its lock once (the tenant check reads only its
-    pk), and the ranks' predecessors come in one query, whatever the world size."""
+    """The ingest hot path: the run is read once, locked, by the query that also checks its
+    tenant; the pricing tables with the SKU's rate in one query; one transaction (no savepoint
+    of a second atomic); and the ranks' predecessors in one query, whatever the world size."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -152,8 +153,14 @@ def test_an_appended_ddp_batch_reads_the_run_once_and_each_ranks_predecessor_in_
     assert second.status_code == 200 and second.json()["inserted"] == 20
     sqls = [q["sql"] for q in seen.captured_queries]
     run_reads = [s for s in sqls if s.startswith("SELECT") and 'FROM "experiments_run"' in s]
-    assert len(run_reads) == 2, run_reads  # the tenant's pk check, then the locked read
-    assert "FOR UPDATE" in run_reads[1] and '"experiments_run"."status"' not in run_reads[0]
+    assert len(run_reads) == 1, run_reads
+    assert "FOR UPDATE" in run_reads[0] and '"experiments_run"."tenant_id" =' in run_reads[0]
+    pricing = ('FROM "pricing_pricingtable"', 'FROM "pricing_gpuprice"')
+    pricing_reads = [s for s in sqls if any(table in s for table in pricing)]
+    assert len(pricing_reads) == 1, pricing_reads  # the tables, the SKU's rate a subquery
+    # Inside the test's own transaction, the service's atomic and the insert's own are two
+    # savepoints, set and released; a second atomic around the service would add a third.
+    assert sum(s.startswith(("SAVEPOINT", "RELEASE SAVEPOINT")) for s in sqls) == 4, sqls
     sample_reads = [s for s in sqls if "telemetry_telemetrysample" in s and s.startswith("SELECT")]
     assert len(sample_reads) <= 2, sample_reads  # the predecessors, and the gap-free end
     assert not any("LATERAL" in s for s in sample_reads)  # found in the span's last minutes
@@ -169,11 +176,14 @@ def test_an_appended_ddp_batch_reads_the_run_once_and_each_ranks_predecessor_in_
 
 def test_telemetry_of_a_run_outside_the_tenant_or_a_bad_id_is_404(api, experiment):
     other = RunFactory(kind="external", status="running", created=T0 - timedelta(minutes=1))
-    for pk in (other.pk, "nope", 10**9):
+    for pk in (other.pk, "nope", 10**9, 10**20, -1, "1e3", 0):
         response = api.post(
             f"/api/v1/runs/{pk}/telemetry/", {"samples": batch(0, 1)}, format="json"
         )
         assert response.status_code == 404, (pk, response.content)
+        # A bad body for a run the tenant does not have: still 404 (nothing of it is said).
+        bad = api.post(f"/api/v1/runs/{pk}/telemetry/", {"samples": "x"}, format="json")
+        assert bad.status_code == 404, (pk, bad.content)
     assert not TelemetrySample.objects.exists()
 
 
