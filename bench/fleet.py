@@ -55,6 +55,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass
 from datetime import timedelta
+from decimal import Decimal
 
 from _setup import django_on_postgres, spread
 from attribution import build_world, reset
@@ -322,7 +323,7 @@ def fleet_world(plan: Plan, log) -> dict:
     from apps.api.services import api_token_create
     from apps.experiments.models import Arm, Run
     from apps.telemetry.partitions import PARENT, partitions, partitions_maintain
-    from apps.tenants.models import Membership
+    from apps.tenants.models import Membership, Tenant
 
     # The last run's fleet samples go first, whole partitions at a time (build_world's samples,
     # kept for reuse, are months old).
@@ -350,6 +351,15 @@ def fleet_world(plan: Plan, log) -> dict:
             [tenant.pk],
         )
     tenant.api_tokens.all().delete()
+    # A budget the load cannot reach: a step (a note on every running run at 80 %, a stop of every
+    # worker run at 100 %) inside the measured window is not what this measures, and left from
+    # an earlier run's world, its notes and stops would be. The per-batch check still runs.
+    Tenant.objects.filter(pk=tenant.pk).update(
+        monthly_budget_usd=Decimal("1e9"), budget_state=Tenant.BudgetState.OK, budget_month=None
+    )
+    Run.objects.filter(tenant=tenant).exclude(notes="", cancel_requested=False).update(
+        notes="", cancel_requested=False
+    )
 
     arms = list(Arm.objects.filter(experiment__tenant=tenant).order_by("experiment_id", "pk"))
     sku = Run.objects.filter(tenant=tenant).first().gpu_sku

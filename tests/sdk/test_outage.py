@@ -24,9 +24,12 @@ from tests.sdk.conftest import HELD
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-# log() replaces one tuple; what it may take at worst on a loaded 2-core machine is the GIL held
-# by another thread for a switch interval (5 ms) or a few: an outage must add nothing to it.
-LOG_MAX_S = 0.05
+# log() replaces one tuple; what it may take on a loaded 2-core machine is the GIL held by another
+# thread for a switch interval (5 ms) or a few: an outage must add nothing to it. Its 99th
+# percentile is held to that; the worst single call, which a scheduler's pause of the whole
+# process can stretch (51.9 ms once in a clean-clone CI run), to twice it: a log() that waited on
+# the network would take a connect timeout (seconds) and fail both.
+LOG_P99_S, LOG_MAX_S = 0.05, 0.1
 
 
 def bill_of_stored_samples(run: Run):
@@ -102,6 +105,8 @@ def test_a_web_outage_mid_job_loses_no_sample_and_never_blocks_log(lab, tmp_path
     )
     assert seqs == list(range(run.samples)), "every seq from 0 to the last, each once"
     assert row.steps == step and row.tokens == 32 * step
+    p99 = sorted(log_s)[int(0.99 * (len(log_s) - 1))]
+    assert p99 < LOG_P99_S, f"log()'s 99th percentile: {p99 * 1e3:.1f} ms"
     assert max(log_s) < LOG_MAX_S, f"log() took up to {max(log_s) * 1e3:.1f} ms"
     bill = bill_of_stored_samples(row)
     assert row.cost_usd > 0
