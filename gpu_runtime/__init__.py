@@ -22,8 +22,8 @@ from gpu_runtime.schema import (
 
 if TYPE_CHECKING:
     from gpu_runtime.capability import check_capability
+    from gpu_runtime.launch import train
     from gpu_runtime.result import RunResult
-    from gpu_runtime.runtime import train
 
 __all__ = [
     "RunResult",
@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 _LAZY = {
-    "train": "gpu_runtime.runtime",
+    "train": "gpu_runtime.launch",
     "RunResult": "gpu_runtime.result",
     "check_capability": "gpu_runtime.capability",
 }

@@ -61,8 +61,8 @@ def _positive_int(text: str) -> int:
 
 def _train(ns: argparse.Namespace) -> int:
     config = load_strategy(_read_strategy(ns.strategy))  # refuses a bad file before torch loads
+    from gpu_runtime.launch import train
     from gpu_runtime.result import JsonlSink
-    from gpu_runtime.runtime import train
 
     out = None
     if ns.out:

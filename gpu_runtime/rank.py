@@ -1,7 +1,7 @@
-"""One DDP rank's process: ``python -m gpu_runtime.rank WORKDIR``, started by torch's elastic agent.
-
-``record`` writes an uncaught exception to the agent's error file, so the run's error names
-this rank and the exception, not only an exit code.
+"""One DDP rank's process: ``rank_main(WORKDIR)``, started by torch's elastic agent in a process
+forked from the launch's forkserver (gpu_runtime.distributed._rank_entry); the agent's ``record``
+writes an uncaught exception to its error file, so the run's error names this rank and the
+exception, not only an exit code. ``python -m gpu_runtime.rank WORKDIR`` runs one by hand.
 """
 
 from __future__ import annotations
@@ -18,26 +18,49 @@ import torch
 from gpu_runtime.schema import config_sha256, strategy_from_dict
 from gpu_runtime.world import CONTROL, SPEC, World, process_group, write_json
 
+EXIT_AFTER_RAISE_S = 1.0
+
 
 # ------------------------------------------------------------------------------
 # A rank's process
 # ------------------------------------------------------------------------------
 def _exit_with_owner(owner_pid: int) -> None:
     """A rank whose owner died (killed outright, no time to close the launcher) ends too: no
-    orphans."""
+    orphans. Its parent is the owner's forkserver, which exits with the owner: the rank sees its
+    parent change, or the owner gone."""
+    parent = os.getppid()
+
+    def owner_alive() -> bool:
+        try:
+            os.kill(owner_pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
 
     def watch() -> None:
         while True:
             time.sleep(0.5)
-            if os.getppid() != owner_pid:
+            if os.getppid() != parent or not owner_alive():
                 os._exit(70)
 
     threading.Thread(target=watch, name="gpu_runtime-owner-watch", daemon=True).start()
 
 
+def _name_process(rank: int) -> None:
+    """ps, top and psutil show which rank a process is: Linux's process name (15 bytes), as the
+    command line is the forkserver's. Elsewhere nothing changes."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, f"costlab-rank-{rank}".encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
 def rank_main(workdir: str) -> None:
-    """Entry point of one rank (``python -m gpu_runtime.rank WORKDIR``), started by the elastic
-    agent."""
+    """Entry point of one rank, started by the elastic agent (gpu_runtime.distributed)."""
     from gpu_runtime.result import JsonlSink
     from gpu_runtime.runtime import train_local
 
@@ -45,6 +68,7 @@ def rank_main(workdir: str) -> None:
     spec = json.loads((root / SPEC).read_text())
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
+    _name_process(rank)
     _exit_with_owner(int(spec["owner_pid"]))
     torch.set_num_threads(int(spec["threads"]))
     if spec["device_type"] == "cuda":
@@ -71,6 +95,13 @@ def rank_main(workdir: str) -> None:
                 artifacts_dir=spec.get("artifacts_dir") if rank == 0 else None,
                 resume_from=spec["resume_from"],
             )
+    except Exception:
+        # The agent names one failed rank: the first dead one it sees (it polls every
+        # monitor_interval, 0.1 s). A rank that raises waits before it exits, so that a peer whose
+        # death caused the raise (SIGKILL, the OOM killer: "Connection reset by peer" here) is
+        # seen dead first, and named; a rank that raised first still exits before its peers.
+        time.sleep(EXIT_AFTER_RAISE_S)
+        raise
     finally:
         sink.close()
     live_sha = None if world.live_config is None else config_sha256(world.live_config)

@@ -1,6 +1,7 @@
-"""``train()``: parse nothing, build everything, train, close, report.
+"""``train_local()``: parse nothing, build everything, train in this process, close, report.
 
-The one entry point the platform calls (from a Celery task) and the CLI wraps.
+``gpu_runtime.launch.train`` (``gpu_runtime.train``) calls it, or launches a DDP world whose
+ranks each call it (``gpu_runtime.rank``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from gpu_runtime.capability import capability_problems, device_label, resolve_de
 from gpu_runtime.checkpoint import load_checkpoint
 from gpu_runtime.data import StepBatches, load_corpus
 from gpu_runtime.device_keys import resolve_device_keys
-from gpu_runtime.distributed import train_distributed
 from gpu_runtime.errors import StrategyError
 from gpu_runtime.finetune import parameter_counts, save_result
 from gpu_runtime.live import live_poller
@@ -41,7 +41,7 @@ from gpu_runtime.sources import mask_documents, open_model_source
 from gpu_runtime.telemetry import Progress, RunCounters, Sampler
 from gpu_runtime.timeline import Clock, OverlapMeter, StepWindow
 from gpu_runtime.trainer import Trainer
-from gpu_runtime.world import Rendezvous, World
+from gpu_runtime.world import World
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ def unwired_strategies(config: StrategyConfig) -> list[dict[str, str]]:
     ] + strategy_conflicts(config)
 
 
-def _with_steps(config: StrategyConfig, steps: int | None) -> StrategyConfig:
+def with_steps(config: StrategyConfig, steps: int | None) -> StrategyConfig:
     if steps is None:
         return config
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
@@ -162,92 +162,13 @@ def _resume(
     return state.step, state.tokens
 
 
-def _refuse_what_the_host_cannot_run(config: StrategyConfig, dev: torch.device) -> None:
+def refuse_what_the_host_cannot_run(config: StrategyConfig, dev: torch.device) -> None:
     problems = capability_problems(config, dev)
     problems += [
         p for p in unwired_strategies(config) if p["key"] not in {q["key"] for q in problems}
     ]
     if problems:
         raise StrategyError(problems)
-
-
-def train(
-    config: StrategyConfig,
-    *,
-    sink: Callable[[dict[str, Any]], None] | None = None,
-    cancel: Callable[[], bool] | None = None,
-    device: str | None = None,
-    steps: int | None = None,
-    checkpoint_dir: str | None = None,
-    resume_from: str | None = None,
-    live: Callable[[], dict[str, Any] | None] | None = None,
-    rendezvous: Rendezvous | None = None,
-    profile=None,
-    artifacts_dir: str | None = None,
-) -> RunResult:
-    """Train with a strategy, streaming telemetry samples to ``sink``; return what was measured.
-
-    ``steps`` overrides ``train.steps`` (also the LR schedule's length). ``cancel`` is
-    polled before every step, and so is ``live``, which may return a nested dict of
-    live keys (``gpu_runtime.live.LIVE_KEYS``) to apply from that step on. SIGTERM (in
-    the main thread) stops after the current step. Every ending writes a checkpoint to
-    ``checkpoint_dir`` when one is given. ``device`` None (or a bare ``cuda``) lets
-    ``placement.strategy`` pick the GPU(s).
-
-    With ``distributed.nproc_per_node`` above 1 the ranks train in their own processes,
-    launched by torch's elastic launcher (``gpu_runtime.distributed``); this call owns them,
-    forwards their samples (each with its ``rank``) and returns the world's result. A run
-    across ``distributed.nnodes`` nodes needs the ``rendezvous`` every node meets at; each
-    node's call returns its own ranks' result.
-
-    ``artifacts_dir``: where `finetune.save` writes the trained adapter or weights (safetensors);
-    without one nothing is saved.
-
-    ``precision.compute_dtype: auto`` and ``kernels.compile: auto`` resolve from ``profile`` (a
-    gpu_runtime.profile.DeviceProfile of the device), or from one measured now when none is
-    given (gpu_runtime.device_keys); each decision is reported under its key in ``strategies``.
-    """
-    config = _with_steps(config, steps)
-    if config.distributed.world_size == 1:
-        return train_local(
-            config,
-            sink=sink,
-            cancel=cancel,
-            device=device,
-            checkpoint_dir=checkpoint_dir,
-            resume_from=resume_from,
-            live=live,
-            profile=profile,
-            artifacts_dir=artifacts_dir,
-        )
-    dev = resolve_device(
-        device if device not in (None, "cuda") else ("cuda" if torch.cuda.is_available() else "cpu")
-    )
-    config, auto = resolve_device_keys(config, dev, profile)
-    _refuse_what_the_host_cannot_run(config, dev)
-    if config.distributed.nnodes > 1 and rendezvous is None:
-        raise StrategyError.single(
-            "distributed.nnodes",
-            (
-                f"a run across {config.distributed.nnodes} nodes needs the rendezvous its "
-                "nodes meet at (gpu_runtime.distributed.Rendezvous); none was given"
-            ),
-        )
-    with stop_on_sigterm() as stop:
-        result = train_distributed(
-            config,
-            sink=sink,
-            cancel=cancel,
-            live=live,
-            device=dev.type,
-            checkpoint_dir=checkpoint_dir,
-            resume_from=resume_from,
-            stop=stop,
-            rendezvous=rendezvous,
-            artifacts_dir=artifacts_dir,
-        )
-    result.strategies.update(auto)
-    return result
 
 
 class _Shard:
@@ -305,7 +226,7 @@ def train_local(
     dev = resolve_device(device)
     config, auto = resolve_device_keys(config, dev, profile)
     if world is None:
-        _refuse_what_the_host_cannot_run(config, dev)
+        refuse_what_the_host_cannot_run(config, dev)
     source = open_model_source(config)
     if world is None:
         problems = architecture_conflicts(config, source.model_type, native=source.native)

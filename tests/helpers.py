@@ -224,3 +224,27 @@ def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.1):
             return value
         time.sleep(poll_s)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def rank_processes(root: int | None = None) -> list:
+    """The DDP ranks below a process (default this one), however they were started
+    (gpu_runtime.distributed._rank_entry): a new interpreter running gpu_runtime.rank, or a process
+    forked from a rank forkserver, which shares their command line and stays between launches,
+    so it is not one of them."""
+    import psutil
+
+    def forkserver(p) -> bool:
+        return "multiprocessing.forkserver" in " ".join(p.cmdline())
+
+    out = []
+    for child in psutil.Process(root).children(recursive=True):
+        try:
+            if not any("gpu_runtime.rank" in part for part in child.cmdline()):
+                continue
+            parent = child.parent()
+            if forkserver(child) and not (parent is not None and forkserver(parent)):
+                continue  # the server itself
+            out.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return out

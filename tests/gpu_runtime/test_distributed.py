@@ -14,6 +14,7 @@ from gpu_runtime import StrategyError, train
 from gpu_runtime.checkpoint import checkpoint_path
 from gpu_runtime.distributed import DistributedError
 from gpu_runtime.schema import config_sha256
+from tests.helpers import rank_processes
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]  # ranks are processes
 
@@ -28,14 +29,7 @@ PARITY = {
 
 
 def _rank_processes() -> list[psutil.Process]:
-    out = []
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if any("gpu_runtime.rank" in part for part in child.cmdline()):
-                out.append(child)
-        except psutil.NoSuchProcess:
-            pass
-    return out
+    return rank_processes()
 
 
 def _params(directory) -> dict[str, torch.Tensor]:
@@ -129,7 +123,7 @@ def test_a_killed_rank_fails_the_run_by_name_and_leaves_no_process(tiny_config):
         if not pids and sample["step"] >= 2:
             ranks = _rank_processes()
             pids.extend(p.pid for p in ranks)
-            victim = next(p for p in ranks if p.environ().get("RANK") == "1")
+            victim = next(p for p in ranks if p.name() == "costlab-rank-1")
             victim.send_signal(signal.SIGKILL)
 
     with pytest.raises(DistributedError) as info:

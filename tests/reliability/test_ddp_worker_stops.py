@@ -14,7 +14,7 @@ import pytest
 from apps.experiments.models import Run
 from apps.experiments.services import run_submit
 from apps.telemetry.models import TelemetrySample
-from tests.helpers import start_worker, stop_worker
+from tests.helpers import rank_processes, start_worker, stop_worker
 from tests.workers.test_runs_on_a_worker import experiment_with, wait_for
 
 pytestmark = [pytest.mark.services, pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -29,11 +29,7 @@ distributed: {nproc_per_node: 2}
 
 
 def _ranks_of(worker) -> list[psutil.Process]:
-    return [
-        p
-        for p in psutil.Process(worker.pid).children(recursive=True)
-        if any("gpu_runtime.rank" in part for part in p.cmdline())
-    ]
+    return rank_processes(worker.pid)
 
 
 def _gone(procs: list[psutil.Process], within_s: float) -> bool:
