@@ -1,5 +1,6 @@
-"""One DDP rank's process: ``rank_main(WORKDIR)``, started by torch's elastic agent in a process
-forked from the launch's forkserver (gpu_runtime.distributed._rank_entry); the agent's ``record``
+"""One DDP rank's process: ``rank_main(WORKDIR)``, started by torch's elastic agent, forked from
+the launch's forkserver or, in a daemonic process, a new interpreter
+(gpu_runtime.distributed._rank_entry); the agent's ``record``
 writes an uncaught exception to its error file, so the run's error names this rank and the
 exception, not only an exit code. ``python -m gpu_runtime.rank WORKDIR`` runs one by hand.
 """
@@ -26,8 +27,8 @@ EXIT_AFTER_RAISE_S = 1.0
 # ------------------------------------------------------------------------------
 def _exit_with_owner(owner_pid: int) -> None:
     """A rank whose owner died (killed outright, no time to close the launcher) ends too: no
-    orphans. Its parent is the owner's forkserver, which exits with the owner: the rank sees its
-    parent change, or the owner gone."""
+    orphans. Its parent is the owner, or the owner's forkserver, which exits with the owner: the
+    rank sees its parent change, or the owner gone."""
     parent = os.getppid()
 
     def owner_alive() -> bool:
