@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-from django.core.exceptions import ValidationError
 from django.http import Http404
 from rest_framework import viewsets
 
@@ -37,17 +36,8 @@ class TenantViewSet(viewsets.GenericViewSet):
 
     def get_object_pk(self) -> int:
         """The pk of the URL's object, inside the tenant (404 otherwise, like get_object), without
-        loading the object: for an action whose service locks and reads the row itself."""
-        lookup = self.kwargs[self.lookup_url_kwarg or self.lookup_field]
-        try:
-            found = (
-                self.get_queryset()
-                .filter(**{self.lookup_field: lookup})
-                .values_list("pk", flat=True)
-                .first()
-            )
-        except (TypeError, ValueError, ValidationError):
-            found = None
+        loading the object: a pk no bigint holds is refused by url_pk, before any query."""
+        found = self.get_queryset().filter(pk=self.url_pk()).values_list("pk", flat=True).first()
         if found is None:
             raise Http404
         return found
