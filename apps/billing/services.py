@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from apps.attribution.alerts import budget_event_record
 from apps.billing import spend_estimate
-from apps.core.db import is_postgres
+from apps.core.db import Compiled, fields_save, is_postgres
 from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Run
 from apps.experiments.selectors import month_start, tenant_month_spend
@@ -66,6 +66,21 @@ class IngestResult:
 _TENANT_BUDGET_FIELDS = ("created_at", "monthly_budget_usd", "budget_state", "budget_month")
 
 
+def _run_locked(**lookup):
+    """The run, locked (its row only), with what pricing it needs and the tenant's budget fields."""
+    return (
+        Run.objects.select_for_update(of=("self",))
+        .select_related("experiment__cost_model", "gpu_sku")
+        .annotate(**{f"tenant_{f}": F(f"tenant__{f}") for f in _TENANT_BUDGET_FIELDS})
+        .filter(**lookup)
+    )
+
+
+# Compiled once: the ORM's compile of this read cost more CPU than the read (apps.core.db).
+_RUN_LOCKED = Compiled(_run_locked, "pk")
+_TENANT_RUN_LOCKED = Compiled(_run_locked, "pk", "tenant_id")
+
+
 @transaction.atomic
 def telemetry_ingest(
     *,
@@ -79,12 +94,10 @@ def telemetry_ingest(
     external: the run must be an external one, still running (checked under the same lock).
     tenant_id: the run must be that tenant's (Run.DoesNotExist otherwise), checked by the same
     locked read."""
-    run = (
-        Run.objects.select_for_update(of=("self",))
-        .select_related("experiment__cost_model", "gpu_sku")
-        .annotate(**{f"tenant_{f}": F(f"tenant__{f}") for f in _TENANT_BUDGET_FIELDS})
-        .get(pk=run_id, **({} if tenant_id is None else {"tenant_id": tenant_id}))
-    )
+    if tenant_id is None:
+        run = _RUN_LOCKED.get(pk=run_id)
+    else:
+        run = _TENANT_RUN_LOCKED.get(pk=run_id, tenant_id=tenant_id)
     if external:
         run_external_check(run, "take telemetry")
     if (
@@ -314,8 +327,9 @@ def run_totals_apply(
     run.last_seq = last
     run.cost_breakdown = breakdown
     run.cost_usd = Decimal(str(round(bill, 6)))
-    run.save(
-        update_fields=[
+    fields_save(
+        run,
+        [
             "priced_seq",
             "last_seq",
             "samples_from",
@@ -329,7 +343,7 @@ def run_totals_apply(
             "cost_breakdown",
             "cost_usd",
             "updated_at",
-        ]
+        ],
     )
 
 

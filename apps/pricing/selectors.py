@@ -8,6 +8,7 @@ from datetime import datetime
 
 from django.db.models import OuterRef, Q, QuerySet, Subquery
 
+from apps.core.db import Compiled
 from apps.pricing.bill import FREE
 from apps.pricing.cost_engine import Prices
 from apps.pricing.models import CostModel, GpuPrice, PricingTable
@@ -69,6 +70,29 @@ def effective_starts(tables: list[PricingTable], *, as_of: datetime | None) -> l
     return out
 
 
+def _tables(*, tenant_id: int, pk: int | None = None, sku_id: int | None = None) -> QuerySet:
+    """The tenant's tables (or one), oldest first, with the SKU's rate where one is named."""
+    tables = PricingTable.objects.filter(tenant_id=tenant_id).order_by("valid_from")
+    if pk is not None:
+        tables = tables.filter(pk=pk)
+    if sku_id is not None:
+        rate = GpuPrice.objects.filter(pricing_table=OuterRef("pk"), sku_id=sku_id)
+        tables = tables.annotate(sku_hourly_usd=Subquery(rate.values("hourly_usd")[:1]))
+    return tables
+
+
+# Compiled once per shape (a batch prices with one of these): apps.core.db.Compiled.
+_TABLES = {
+    tuple(sorted(names)): Compiled(_tables, *names)
+    for names in (
+        ("tenant_id",),
+        ("tenant_id", "pk"),
+        ("tenant_id", "sku_id"),
+        ("tenant_id", "pk", "sku_id"),
+    )
+}
+
+
 def price_schedule(
     *,
     tenant_id: int,
@@ -78,13 +102,12 @@ def price_schedule(
 ) -> PriceSchedule:
     """Every pricing table of the tenant (or just the pinned one) with this SKU's rate, in one
     query; versions created after `as_of` count from their creation (effective_starts)."""
-    tables = PricingTable.objects.filter(tenant_id=tenant_id).order_by("valid_from")
+    lookup = {"tenant_id": tenant_id}
     if pinned_table_id is not None:
-        tables = tables.filter(pk=pinned_table_id)
+        lookup["pk"] = pinned_table_id
     if gpu_sku_id is not None:
-        rate = GpuPrice.objects.filter(pricing_table=OuterRef("pk"), sku_id=gpu_sku_id)
-        tables = tables.annotate(sku_hourly_usd=Subquery(rate.values("hourly_usd")[:1]))
-    tables = list(tables)
+        lookup["sku_id"] = gpu_sku_id
+    tables = _TABLES[tuple(sorted(lookup))].all(**lookup)
 
     # A GPU run's SKU without a rate in a table: that table's GPU time is unpriced, not free.
     def prices(t: PricingTable) -> Prices:

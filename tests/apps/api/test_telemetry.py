@@ -174,6 +174,41 @@ def test_an_appended_ddp_batch_reads_the_run_once_and_each_ranks_predecessor_in_
     assert run.energy_j == pytest.approx(alone.energy_j) and run.energy_j > 0
 
 
+def test_an_appended_batch_compiles_no_sql_for_the_run_its_prices_or_its_totals(api, experiment):
+    """The hot path's three ORM statements (the run's locked read, the pricing tables, the
+    totals' UPDATE) are compiled once per process, not per batch: compiling the locked read cost
+    more CPU than running it (apps.core.db.Compiled)."""
+    from django.db.models.sql.compiler import SQLCompiler, SQLUpdateCompiler
+
+    from apps.pricing.models import PricingTable
+
+    run = ddp_external(experiment)
+    url = f"/api/v1/runs/{run.pk}/telemetry/"
+    first = api.post(url, {"samples": ranked_samples(range(0, 5), range(4))}, format="json")
+    assert first.status_code == 200
+    compiled = []
+    originals = {cls: cls.as_sql for cls in (SQLCompiler, SQLUpdateCompiler)}
+
+    def counting(original):
+        def counted(self, *args, **kwargs):
+            compiled.append(self.query.model)
+            return original(self, *args, **kwargs)
+
+        return counted
+
+    for cls, original in originals.items():
+        cls.as_sql = counting(original)
+    try:
+        second = api.post(url, {"samples": ranked_samples(range(5, 10), range(4))}, format="json")
+    finally:
+        for cls, original in originals.items():
+            cls.as_sql = original
+    assert second.status_code == 200 and second.json()["inserted"] == 20
+    assert not [m for m in compiled if m in (Run, PricingTable)], compiled
+    run.refresh_from_db()
+    assert run.last_seq == 39 and run.device_seconds > 0
+
+
 def test_telemetry_of_a_run_outside_the_tenant_or_a_bad_id_is_404(api, experiment):
     other = RunFactory(kind="external", status="running", created=T0 - timedelta(minutes=1))
     for pk in (other.pk, "nope", 10**9, 10**20, -1, "1e3", 0):

@@ -1,0 +1,95 @@
+"""apps.core.db's Compiled and fields_save: the ORM's rows and writes, without its compile on
+every call."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
+from django.db.models import F
+from django.db.transaction import TransactionManagementError
+from django.utils import timezone
+
+from apps.core.db import Compiled, fields_save
+from apps.experiments.models import Run
+from tests.factories import RunFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _runs(**lookup):
+    return (
+        Run.objects.select_for_update(of=("self",))
+        .select_related("experiment__cost_model", "gpu_sku")
+        .annotate(tenant_budget=F("tenant__monthly_budget_usd"))
+        .filter(**lookup)
+    )
+
+
+def test_a_compiled_read_gives_what_the_orm_gives_and_compiles_once(django_assert_num_queries):
+    from django.db.models.sql.compiler import SQLCompiler
+
+    one, two = RunFactory(cost_usd=Decimal("1.250000")), RunFactory()
+    two.tenant.monthly_budget_usd = Decimal("77")
+    two.tenant.save()
+    read = Compiled(_runs, "pk", "tenant_id")
+    compiles = []
+    original = SQLCompiler.as_sql
+
+    def counted(self, *args, **kwargs):
+        compiles.append(self.query.model)
+        return original(self, *args, **kwargs)
+
+    SQLCompiler.as_sql = counted
+    try:
+        with transaction.atomic():
+            got = [read.get(pk=r.pk, tenant_id=r.tenant_id) for r in (one, two, one)]
+            with django_assert_num_queries(1):  # the run, its experiment, cost model and SKU
+                again = read.get(pk=two.pk, tenant_id=two.tenant_id)
+    finally:
+        SQLCompiler.as_sql = original
+    assert len(compiles) == 1  # the first call's
+    with transaction.atomic():
+        expected = [_runs(pk=r.pk, tenant_id=r.tenant_id).get() for r in (one, two, one)]
+    for a, b in zip(got, expected, strict=True):
+        assert a.pk == b.pk and a.cost_usd == b.cost_usd == b.cost_usd.quantize(Decimal("1e-6"))
+        assert a.created_at == b.created_at and a.created_at.tzinfo is not None
+        assert a.config_yaml == b.config_yaml and a.cost_breakdown == b.cost_breakdown
+        assert a.experiment.cost_model.pk == b.experiment.cost_model.pk
+        assert a.gpu_sku_id == b.gpu_sku_id and a.tenant_budget == b.tenant_budget
+    assert again.tenant_budget == Decimal("77")
+
+
+def test_a_compiled_read_of_nothing_refuses_as_the_orm_does():
+    run = RunFactory()
+    read = Compiled(_runs, "pk", "tenant_id")
+    with transaction.atomic():
+        with pytest.raises(Run.DoesNotExist):
+            read.get(pk=run.pk, tenant_id=run.tenant_id + 1000)  # another tenant's
+        assert read.all(pk=run.pk + 1000, tenant_id=run.tenant_id) == []
+    with pytest.raises(TransactionManagementError):  # FOR UPDATE outside a transaction
+        read.get(pk=run.pk, tenant_id=run.tenant_id)
+    # A name the queryset does not pass as one parameter is said, not guessed.
+    with pytest.raises(ImproperlyConfigured, match="tenant_id"):
+        Compiled(lambda pk, tenant_id: Run.objects.filter(pk=pk), "pk", "tenant_id").all(
+            pk=run.pk, tenant_id=1
+        )
+
+
+def test_fields_save_writes_what_save_writes():
+    a, b = RunFactory(), RunFactory()
+    names = ["cost_usd", "cost_breakdown", "tokens", "samples_from", "updated_at"]
+    when = timezone.now() - timedelta(hours=1)
+    for run in (a, b):
+        run.cost_usd = Decimal("3.1415926")  # rounded by the column's places either way
+        run.cost_breakdown = {"total_usd": 3.14, "unpriced_s": {"gpu": 1.5}}
+        run.tokens, run.samples_from = 2**40, when
+    before = timezone.now()
+    fields_save(a, names)
+    b.save(update_fields=names)
+    a_, b_ = (Run.objects.values(*names).get(pk=r.pk) for r in (a, b))
+    assert a_.pop("updated_at") >= before and b_.pop("updated_at") >= before  # auto_now
+    assert a_ == b_ and a_["cost_usd"] == Decimal("3.141593")
