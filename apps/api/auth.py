@@ -15,6 +15,7 @@ from rest_framework import authentication, exceptions
 
 from apps.api.models import ApiToken
 from apps.api.throttles import AuthFailureThrottle
+from apps.core.db import Compiled
 
 LAST_USED_RESOLUTION = timedelta(minutes=1)  # at most one write per token per minute
 
@@ -38,6 +39,13 @@ class ApiClient:
 
     def has_perm(self, perm, obj=None) -> bool:
         return False
+
+
+# Every API request reads its token: compiled once (apps.core.db.Compiled).
+_TOKENS = Compiled(
+    lambda token_key: ApiToken.objects.filter(token_key=token_key).select_related("tenant"),
+    "token_key",
+)
 
 
 class TenantTokenAuthentication(authentication.BaseAuthentication):
@@ -78,10 +86,7 @@ class TenantTokenAuthentication(authentication.BaseAuthentication):
             digest = hash_token(secret)
         except (TypeError, ValueError, binascii.Error):
             return None
-        candidates = ApiToken.objects.filter(
-            token_key=secret[: CONSTANTS.TOKEN_KEY_LENGTH]
-        ).select_related("tenant")
-        for token in candidates:
+        for token in _TOKENS.all(token_key=secret[: CONSTANTS.TOKEN_KEY_LENGTH]):
             if compare_digest(digest, token.digest):
                 return token
         return None

@@ -88,9 +88,9 @@ class Compiled:
     locked read of its run (select_related, annotations) took 4.2 ms of CPU to compile and
     1.1 ms to run (AMD EPYC, 2 cores, bf16 emulated (slow)). `build(**values)` must give a
     queryset whose shape does not depend on the values, each of which reaches the SQL as one
-    parameter (a pk, an id): it is built once with a marker per name, and each call puts its
-    values where the markers landed. The rows become instances as QuerySet iteration makes them
-    (the same converters, select_related objects and annotations).
+    parameter (a pk, an id, a text key): it is built once with a marker per name, and each call
+    puts its values where the markers landed. The rows become instances as QuerySet iteration
+    makes them (the same converters, select_related objects and annotations).
     """
 
     _MARK = -7_391_046_528_001  # a marker no caller's id equals
@@ -111,7 +111,7 @@ class Compiled:
                 (i, name)
                 for i, p in enumerate(params)
                 for name, mark in marks.items()
-                if type(p) is int and p == mark
+                if (type(p) is int and p == mark) or (type(p) is str and p == str(mark))
             ]
             if sorted(name for _, name in slots) != sorted(self.names):
                 raise ImproperlyConfigured(

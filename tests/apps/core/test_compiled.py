@@ -93,3 +93,20 @@ def test_fields_save_writes_what_save_writes():
     a_, b_ = (Run.objects.values(*names).get(pk=r.pk) for r in (a, b))
     assert a_.pop("updated_at") >= before and b_.pop("updated_at") >= before  # auto_now
     assert a_ == b_ and a_["cost_usd"] == Decimal("3.141593")
+
+
+def test_a_compiled_read_by_a_text_key_finds_only_its_rows():
+    from apps.api.models import ApiToken
+    from apps.api.services import api_token_create
+
+    run = RunFactory()
+    made = [api_token_create(tenant=run.tenant, name=f"ci {i}")[0] for i in range(2)]
+    read = Compiled(
+        lambda token_key: ApiToken.objects.filter(token_key=token_key).select_related("tenant"),
+        "token_key",
+    )
+    for token in made:
+        assert [(t.pk, t.tenant.pk) for t in read.all(token_key=token.token_key)] == [
+            (token.pk, run.tenant_id)
+        ]
+    assert read.all(token_key="no such key") == []
