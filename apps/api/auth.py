@@ -43,8 +43,7 @@ class ApiClient:
 
 # Every API request reads its token: compiled once (apps.core.db.Compiled).
 _TOKENS = Compiled(
-    lambda token_key: ApiToken.objects.filter(token_key=token_key).select_related("tenant"),
-    "token_key",
+    lambda token_key: ApiToken.objects.filter(token_key=token_key).select_related("tenant")
 )
 
 

@@ -77,8 +77,7 @@ def _run_locked(**lookup):
 
 
 # Compiled once: the ORM's compile of this read cost more CPU than the read (apps.core.db).
-_RUN_LOCKED = Compiled(_run_locked, "pk")
-_TENANT_RUN_LOCKED = Compiled(_run_locked, "pk", "tenant_id")
+_RUN_LOCKED = Compiled(_run_locked)
 
 
 @transaction.atomic
@@ -94,10 +93,7 @@ def telemetry_ingest(
     external: the run must be an external one, still running (checked under the same lock).
     tenant_id: the run must be that tenant's (Run.DoesNotExist otherwise), checked by the same
     locked read."""
-    if tenant_id is None:
-        run = _RUN_LOCKED.get(pk=run_id)
-    else:
-        run = _TENANT_RUN_LOCKED.get(pk=run_id, tenant_id=tenant_id)
+    run = _RUN_LOCKED.get(pk=run_id, **({} if tenant_id is None else {"tenant_id": tenant_id}))
     if external:
         run_external_check(run, "take telemetry")
     if (

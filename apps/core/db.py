@@ -86,24 +86,24 @@ class Compiled:
 
     On a hot path the ORM's compile can cost more CPU than the query: the telemetry POST's
     locked read of its run (select_related, annotations) took 4.2 ms of CPU to compile and
-    1.1 ms to run (AMD EPYC, 2 cores, bf16 emulated (slow)). `build(**values)` must give a
-    queryset whose shape does not depend on the values, each of which reaches the SQL as one
-    parameter (a pk, an id, a text key): it is built once with a marker per name, and each call
-    puts its values where the markers landed. The rows become instances as QuerySet iteration
-    makes them (the same converters, select_related objects and annotations).
+    1.1 ms to run (AMD EPYC, 2 cores, bf16 emulated (slow)). `build(**values)` gives the
+    queryset; each value must reach the SQL as one parameter (a pk, an id, a text key). Per set
+    of names a call passes (a shape), it is built once with a marker per value and compiled;
+    each call puts its values where the markers landed. The rows become instances as QuerySet
+    iteration makes them (the same converters, select_related objects and annotations).
     """
 
     _MARK = -7_391_046_528_001  # a marker no caller's id equals
 
-    def __init__(self, build: Callable[..., QuerySet], *names: str):
-        self.build, self.names = build, names
-        self._done: dict[tuple[str, str], tuple] = {}
+    def __init__(self, build: Callable[..., QuerySet]):
+        self.build = build
+        self._done: dict[tuple, tuple] = {}
 
-    def _compiled(self) -> tuple:
-        key = (connection.alias, connection.vendor)
+    def _compiled(self, names: tuple[str, ...]) -> tuple:
+        key = (connection.alias, connection.vendor, names)
         found = self._done.get(key)
         if found is None:
-            marks = {name: self._MARK - i for i, name in enumerate(self.names)}
+            marks = {name: self._MARK - i for i, name in enumerate(names)}
             queryset = self.build(**marks)
             compiler = queryset.query.get_compiler(using=queryset.db)
             sql, params = compiler.as_sql()
@@ -113,16 +113,28 @@ class Compiled:
                 for name, mark in marks.items()
                 if (type(p) is int and p == mark) or (type(p) is str and p == str(mark))
             ]
-            if sorted(name for _, name in slots) != sorted(self.names):
+            if sorted(name for _, name in slots) != sorted(names):
                 raise ImproperlyConfigured(
-                    f"Compiled: each of {self.names} must reach the SQL as one parameter"
+                    f"Compiled: each of {names} must reach the SQL as one parameter"
                 )
-            found = (compiler, sql, list(params), slots, bool(queryset.query.select_for_update))
-            self._done[key] = found
+            # What ModelIterable derives from the compiler's state, once.
+            select, klass_info = compiler.select, compiler.klass_info
+            fields = klass_info["select_fields"]
+            span = slice(fields[0], fields[-1] + 1)
+            attnames = [f[0].target.attname for f in select[span]]
+            populators = get_related_populators(klass_info, select, connection.alias)
+            found = self._done[key] = (
+                compiler,
+                sql,
+                list(params),
+                slots,
+                bool(queryset.query.select_for_update),
+                (klass_info["model"], span, attnames, populators),
+            )
         return found
 
     def all(self, **values) -> list[models.Model]:
-        compiler, sql, params, slots, for_update = self._compiled()
+        compiler, sql, params, slots, for_update, rows_to = self._compiled(tuple(sorted(values)))
         if for_update and connection.get_autocommit():  # as the ORM refuses it
             raise TransactionManagementError(
                 "select_for_update cannot be used outside of a transaction."
@@ -134,14 +146,10 @@ class Compiled:
             cursor.execute(sql, params)
             rows = cursor.fetchall()
         # As django.db.models.query.ModelIterable makes instances of the rows.
-        select, klass_info = compiler.select, compiler.klass_info
-        model, fields = klass_info["model"], klass_info["select_fields"]
-        start, end = fields[0], fields[-1] + 1
-        init_list = [f[0].target.attname for f in select[start:end]]
-        populators = get_related_populators(klass_info, select, connection.alias)
+        model, span, attnames, populators = rows_to
         out = []
         for row in compiler.results_iter([rows]):
-            obj = model.from_db(connection.alias, init_list, row[start:end])
+            obj = model.from_db(connection.alias, attnames, row[span])
             for populator in populators:
                 populator.populate(row, obj)
             for name, position in compiler.annotation_col_map.items():
@@ -151,10 +159,9 @@ class Compiled:
 
     def get(self, **values) -> models.Model:
         """The one row, or the model's DoesNotExist."""
-        compiler = self._compiled()[0]
         found = self.all(**values)
         if not found:
-            model = compiler.klass_info["model"]
+            model = self._compiled(tuple(sorted(values)))[5][0]
             raise model.DoesNotExist(f"{model._meta.object_name} matching query does not exist.")
         return found[0]
 

@@ -81,16 +81,8 @@ def _tables(*, tenant_id: int, pk: int | None = None, sku_id: int | None = None)
     return tables
 
 
-# Compiled once per shape (a batch prices with one of these): apps.core.db.Compiled.
-_TABLES = {
-    tuple(sorted(names)): Compiled(_tables, *names)
-    for names in (
-        ("tenant_id",),
-        ("tenant_id", "pk"),
-        ("tenant_id", "sku_id"),
-        ("tenant_id", "pk", "sku_id"),
-    )
-}
+# Compiled once per shape (pinned or not, a SKU or not): apps.core.db.Compiled.
+_TABLES = Compiled(_tables)
 
 
 def price_schedule(
@@ -107,7 +99,7 @@ def price_schedule(
         lookup["pk"] = pinned_table_id
     if gpu_sku_id is not None:
         lookup["sku_id"] = gpu_sku_id
-    tables = _TABLES[tuple(sorted(lookup))].all(**lookup)
+    tables = _TABLES.all(**lookup)
 
     # A GPU run's SKU without a rate in a table: that table's GPU time is unpriced, not free.
     def prices(t: PricingTable) -> Prices:

@@ -35,7 +35,7 @@ def test_a_compiled_read_gives_what_the_orm_gives_and_compiles_once(django_asser
     one, two = RunFactory(cost_usd=Decimal("1.250000")), RunFactory()
     two.tenant.monthly_budget_usd = Decimal("77")
     two.tenant.save()
-    read = Compiled(_runs, "pk", "tenant_id")
+    read = Compiled(_runs)
     compiles = []
     original = SQLCompiler.as_sql
 
@@ -65,7 +65,7 @@ def test_a_compiled_read_gives_what_the_orm_gives_and_compiles_once(django_asser
 
 def test_a_compiled_read_of_nothing_refuses_as_the_orm_does():
     run = RunFactory()
-    read = Compiled(_runs, "pk", "tenant_id")
+    read = Compiled(_runs)
     with transaction.atomic():
         with pytest.raises(Run.DoesNotExist):
             read.get(pk=run.pk, tenant_id=run.tenant_id + 1000)  # another tenant's
@@ -74,9 +74,7 @@ def test_a_compiled_read_of_nothing_refuses_as_the_orm_does():
         read.get(pk=run.pk, tenant_id=run.tenant_id)
     # A name the queryset does not pass as one parameter is said, not guessed.
     with pytest.raises(ImproperlyConfigured, match="tenant_id"):
-        Compiled(lambda pk, tenant_id: Run.objects.filter(pk=pk), "pk", "tenant_id").all(
-            pk=run.pk, tenant_id=1
-        )
+        Compiled(lambda pk, tenant_id: Run.objects.filter(pk=pk)).all(pk=run.pk, tenant_id=1)
 
 
 def test_fields_save_writes_what_save_writes():
@@ -102,11 +100,43 @@ def test_a_compiled_read_by_a_text_key_finds_only_its_rows():
     run = RunFactory()
     made = [api_token_create(tenant=run.tenant, name=f"ci {i}")[0] for i in range(2)]
     read = Compiled(
-        lambda token_key: ApiToken.objects.filter(token_key=token_key).select_related("tenant"),
-        "token_key",
+        lambda token_key: ApiToken.objects.filter(token_key=token_key).select_related("tenant")
     )
     for token in made:
         assert [(t.pk, t.tenant.pk) for t in read.all(token_key=token.token_key)] == [
             (token.pk, run.tenant_id)
         ]
     assert read.all(token_key="no such key") == []
+
+
+def test_each_shape_compiles_once_and_a_read_survives_a_dropped_connection_and_a_thread():
+    """The names a call passes pick the SQL (with or without the tenant's check); the SQL made
+    on one connection runs on a new one (after a drop) and on another thread's."""
+    import threading
+
+    from django.db import connection
+
+    one, other = RunFactory(), RunFactory()
+    read = Compiled(_runs)
+    with transaction.atomic():
+        assert read.get(pk=one.pk).pk == one.pk  # no tenant's check: any tenant's run
+        with pytest.raises(Run.DoesNotExist):
+            read.get(pk=one.pk, tenant_id=other.tenant_id)
+    assert len(read._done) == 2
+    connection.close()  # as after a database restart: the next query opens a new one
+    with transaction.atomic():
+        assert read.get(pk=other.pk, tenant_id=other.tenant_id).pk == other.pk
+    got = []
+
+    def in_thread():
+        try:
+            with transaction.atomic():
+                got.append(read.get(pk=one.pk, tenant_id=one.tenant_id).experiment.cost_model)
+        finally:
+            connection.close()
+
+    worker = threading.Thread(target=in_thread)
+    worker.start()
+    worker.join()
+    assert [m.pk for m in got] == [one.experiment.cost_model.pk]
+    assert len(read._done) == 2
