@@ -10,7 +10,9 @@ On a real Postgres (bench/_setup.py; the samples table range-partitioned by time
 - The world: bench/attribution.py's build_world (1,000 experiments x 4 arms x 10 runs, built once
   with bulk_create and kept), and beside it the fleet's own runs in those experiments, one per
   node of RANKS devices (a DDP run, one telemetry stream per rank), so every tick has work.
-- Devices: each node sends the samples of its devices every --batch-s seconds (10), one JSON body
+- Devices: each node sends the samples of its devices every --batch-s seconds (60, a fleet's
+  COSTLAB_TELEMETRY_SEND_EVERY_S: a POST's fixed cost is most of its cost at 80 samples, and
+  OpenCost scrapes once a minute; --batch-s 10 measures the 10-s cadence), one JSON body
   per batch built from readings shaped like NVML's (util and temperature whole numbers, power in
   mW, the energy counter in mJ, cumulative steps and tokens). 3/4 of the nodes POST it to
   /api/v1/runs/<id>/telemetry/ (external runs, each node its own API token) on gunicorn with
@@ -554,7 +556,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="last line: one JSON object")
     parser.add_argument("--minutes", type=float, default=None, help="measured (default 10)")
     parser.add_argument("--devices", type=int, default=None, help="default 20,000")
-    parser.add_argument("--batch-s", type=float, default=None, help="seconds per batch (10)")
+    parser.add_argument("--batch-s", type=float, default=None, help="seconds per batch (60)")
     parser.add_argument("--web-workers", type=int, default=4, help="gunicorn sync workers")
     parser.add_argument("--sink-share", type=float, default=0.25, help="nodes on the sink path")
     args = parser.parse_args()
@@ -568,7 +570,7 @@ def main() -> None:
     smoke = args.smoke
     plan = Plan(
         devices=args.devices or (4 * RANKS if smoke else 20_000),
-        batch_s=args.batch_s or (1.0 if smoke else 10.0),
+        batch_s=args.batch_s or (1.0 if smoke else 60.0),
         minutes=args.minutes or (0.1 if smoke else 3 if args.quick else 10),
         warmup_s=2.0 if smoke else 30.0,
         experiments=10 if smoke else 1000,

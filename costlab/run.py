@@ -34,6 +34,7 @@ from costlab.world import World, run_key_for
 START_WAIT_S = 10.0  # at start, an outage this long sends the run on offline (not when assigning)
 ASSIGN_WAIT_S = 60.0  # an assignment is needed before training: waited for longer, then raised
 FINISH_WAIT_S = 30.0
+SEND_EVERY_S = 2.0  # between deliveries, unless the caller or the server says otherwise
 
 
 def track(experiment: int, arm: str | int | None = None, **options: Any) -> Run:
@@ -57,7 +58,9 @@ class Run:
     take yet wait (default: a temporary directory, made only if needed). buffer_size: samples
     held in memory before the spool. barrier: called by every rank between its last delivery and
     rank 0's finish (e.g. torch.distributed.barrier), so no rank's last samples arrive after the
-    run ended. flush_timeout_s: how long the end waits for delivery.
+    run ended. flush_timeout_s: how long the end waits for delivery. send_every_s: seconds between
+    deliveries (default: the server's telemetry_send_every_s, answered when the run is created,
+    else 2).
     """
 
     def __init__(
@@ -81,7 +84,7 @@ class Run:
         device: str | None = None,
         cpu_tdp_w: float = 65.0,
         buffer_size: int = 1000,
-        send_every_s: float = 2.0,
+        send_every_s: float | None = None,
         flush_timeout_s: float = 30.0,
         barrier: Any = None,
         git_sha: str | None = None,
@@ -110,11 +113,12 @@ class Run:
         self.git_sha = git_sha if git_sha is not None else os.environ.get("GITHUB_SHA", "")
         self.tags = list(tags or [])
         self.cpu_tdp_w, self.buffer_size = cpu_tdp_w, buffer_size
-        self.send_every_s, self.flush_timeout_s, self.barrier = (
-            send_every_s,
-            flush_timeout_s,
-            barrier,
-        )
+        if send_every_s is not None and send_every_s <= 0:
+            raise ValueError("send_every_s must be > 0")
+        # The caller's, else the server's once the run is created (see _create), else 2 s.
+        self._send_every_given = send_every_s
+        self.send_every_s = SEND_EVERY_S if send_every_s is None else send_every_s
+        self.flush_timeout_s, self.barrier = flush_timeout_s, barrier
         self._spool_dir = spool_dir
         # Filled as the run starts and ends.
         self.run_id: int | None = None
@@ -298,6 +302,11 @@ class Run:
             self.is_control = run["arm"].get("is_control")
             self.status = run["status"]
             self.run_id = run["id"]
+            advised = run.get("telemetry_send_every_s")
+            if self._send_every_given is None and advised:  # the server's cadence for its fleet
+                self.send_every_s = float(advised)
+                if self._sender is not None:  # created late, after an outage at start
+                    self._sender.every_s = self.send_every_s
 
     def _ready(self, timeout_s: float) -> bool:
         """The sender's gate: the run exists (created now if an outage at start delayed it)."""

@@ -1,7 +1,8 @@
 """The worker's telemetry sink: buffer samples, flush them in batches off the training path.
 
 `put` only appends under a lock (the trainer's sampler thread calls it). A flusher thread
-sends a batch every <= FLUSH_S seconds or once BATCH samples wait. A failed flush keeps
+sends a batch every <= FLUSH_S seconds (COSTLAB_TELEMETRY_SEND_EVERY_S where set, else 1 s) or
+once BATCH samples wait. A failed flush keeps
 the same samples (same seqs) and retries with backoff; storage is idempotent by (run, seq),
 so a retry of a batch that did land changes nothing. The buffer is bounded: past
 MAX_BUFFERED the oldest samples are dropped and counted, and the log says so.
@@ -14,6 +15,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
+from django.conf import settings
 from django.db import close_old_connections, connection
 
 from apps.core.exceptions import ApplicationError
@@ -31,7 +33,7 @@ class TelemetrySink:
         ingest: Callable[..., object],
         seq_stride: int = 1,
         seq_offset: int = 0,
-        flush_s: float = 1.0,
+        flush_s: float | None = None,
         batch: int = 500,
         max_buffered: int = 100_000,
     ):
@@ -39,6 +41,8 @@ class TelemetrySink:
         # A run across nodes: node k of n stores its samples at seq_base + i * n + k (disjoint,
         # interleaved).
         self.seq_stride, self.seq_offset = seq_stride, seq_offset
+        if flush_s is None:
+            flush_s = settings.COSTLAB_TELEMETRY_SEND_EVERY_S or 1.0
         self.FLUSH_S, self.BATCH, self.MAX_BUFFERED = flush_s, batch, max_buffered
         self._ingest = ingest
         self._buffer: deque[dict] = deque()

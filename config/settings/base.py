@@ -8,6 +8,7 @@ Only this module knows which mode is in force.
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 from apps.core import embedded_redis
 from apps.core.queues import CeleryQueue, TaskName
@@ -248,6 +249,24 @@ COSTLAB_TELEMETRY_PARTITION_DAYS = env.int("COSTLAB_TELEMETRY_PARTITION_DAYS", d
 COSTLAB_TELEMETRY_PARTITIONS_AHEAD = env.int("COSTLAB_TELEMETRY_PARTITIONS_AHEAD", default=3)
 COSTLAB_TELEMETRY_RETENTION_DAYS = env.int("COSTLAB_TELEMETRY_RETENTION_DAYS", default=90)
 COSTLAB_TELEMETRY_MAINTAIN_S = env.float("COSTLAB_TELEMETRY_MAINTAIN_S", default=3600.0)
+# How often clients send a run's telemetry, in seconds: the worker's sink flushes at it, and the API
+# tells the SDK (a run's telemetry_send_every_s), which follows unless its caller set its own.
+# Unset: each client's own default (the sink 1 s, the SDK 2 s). A fleet raises it: every POST costs
+# the same fixed CPU whatever it holds, so a minute's batch ingests several times the samples a core
+# (docs/benchmarks.md, fleet telemetry); the price is that charts, bills and freezes see a sample up
+# to this much later.
+COSTLAB_TELEMETRY_SEND_EVERY_S = env.str("COSTLAB_TELEMETRY_SEND_EVERY_S", default="") or None
+if COSTLAB_TELEMETRY_SEND_EVERY_S is not None:
+    try:
+        COSTLAB_TELEMETRY_SEND_EVERY_S = float(COSTLAB_TELEMETRY_SEND_EVERY_S)
+    except ValueError:
+        COSTLAB_TELEMETRY_SEND_EVERY_S = float("nan")  # refused just below, the value named
+    if not 0 < COSTLAB_TELEMETRY_SEND_EVERY_S <= 300:
+        raise ImproperlyConfigured(
+            "COSTLAB_TELEMETRY_SEND_EVERY_S: seconds, more than 0 and at most 300 (charts, bills "
+            f"and freezes would lag by more than five minutes), or unset; got "
+            f"{env.str('COSTLAB_TELEMETRY_SEND_EVERY_S')!r}"
+        )
 # Synced into django-celery-beat's tables at beat start-up; staff can change the interval in the
 # admin.
 # Its DatabaseScheduler reads `expire_seconds` (whole seconds) and ignores `expires`: a message

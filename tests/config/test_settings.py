@@ -75,3 +75,14 @@ def test_production_deploy_check_is_clean(tmp_path):
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert (ROOT / "manage.py").exists()
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "301", "soon"])
+def test_a_send_cadence_out_of_range_refuses_to_start_naming_the_key(tmp_path, value):
+    env = clean_env(
+        DJANGO_SETTINGS_MODULE="config.settings.local",
+        COSTLAB_VAR_DIR=str(tmp_path / "var"),
+        COSTLAB_TELEMETRY_SEND_EVERY_S=value,
+    )
+    out = run_python("import django; django.setup()", env)
+    assert out.returncode != 0 and "COSTLAB_TELEMETRY_SEND_EVERY_S" in out.stderr, out.stderr[-800:]

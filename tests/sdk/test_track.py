@@ -15,6 +15,7 @@ import pytest
 import costlab
 from apps.experiments.models import Run
 from apps.telemetry.models import TelemetrySample
+from costlab.run import SEND_EVERY_S
 from tests.helpers import ROOT, clean_env
 from tests.reliability.private import free_port
 from tests.sdk.conftest import HELD
@@ -140,3 +141,18 @@ def test_an_outage_at_the_start_spools_and_resend_delivers_it(served, tmp_path, 
     row = Run.objects.get(pk=done["run_id"])
     assert row.run_key == run.run_key and row.tokens == 500 and row.cost_usd > 0
     assert stored_seqs(row.pk) == list(range(run.samples))
+
+
+def test_the_sdk_sends_at_the_servers_cadence_unless_its_caller_set_one(served, settings):
+    """A fleet's operator sets COSTLAB_TELEMETRY_SEND_EVERY_S once; every run's SDK follows it
+    (it comes with the created run), and a caller's own send_every_s wins."""
+    exp = served["experiment"]
+    with costlab.track(exp.pk, "control", device="cpu", **HELD) as run:
+        assert run.send_every_s == SEND_EVERY_S == 2.0  # no cadence set: its own
+    settings.COSTLAB_TELEMETRY_SEND_EVERY_S = 45.0
+    with costlab.track(exp.pk, "control", device="cpu", **HELD) as run:
+        assert run.send_every_s == 45.0 and run._sender.every_s == 45.0
+        run.log(step=1, tokens=10)
+    assert stored_seqs(run.run_id) == list(range(run.samples))  # the end still flushes all
+    with costlab.track(exp.pk, "control", device="cpu", send_every_s=0.5, **HELD) as run:
+        assert run.send_every_s == 0.5 and run._sender.every_s == 0.5

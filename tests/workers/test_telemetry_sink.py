@@ -89,3 +89,22 @@ def test_a_refused_batch_is_dropped_not_retried_forever(caplog):
         sink.close(timeout_s=10)
     assert "telemetry refused" in caplog.text and sink.dropped == 10 and sink.pending == 0
     assert not TelemetrySample.objects.filter(run=run).exists()
+
+
+def test_the_sink_flushes_at_the_servers_send_cadence_where_one_is_set(settings):
+    """COSTLAB_TELEMETRY_SEND_EVERY_S sets how often a worker's sink sends (a fleet raises it);
+    unset, every second; a sink given its own keeps it."""
+    run = RunFactory(
+        status=Run.Status.RUNNING, attempts=1, created=datetime.fromtimestamp(T0 - 60, UTC)
+    )
+    sinks = [TelemetrySink(run_id=run.pk, attempt=1, seq_base=0, ingest=telemetry_ingest)]
+    settings.COSTLAB_TELEMETRY_SEND_EVERY_S = 60.0
+    sinks += [
+        TelemetrySink(run_id=run.pk, attempt=1, seq_base=0, ingest=telemetry_ingest),
+        TelemetrySink(run_id=run.pk, attempt=1, seq_base=0, ingest=telemetry_ingest, flush_s=0.5),
+    ]
+    try:
+        assert [s.FLUSH_S for s in sinks] == [1.0, 60.0, 0.5]
+    finally:
+        for sink in sinks:
+            sink.close(timeout_s=5)

@@ -1,3 +1,4 @@
+from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -118,6 +119,11 @@ class RunSerializer(serializers.ModelSerializer):
         help_text="Files the run saved (finetune.save): the LoRA adapter or the full weights as "
         "safetensors, with their hashes; download one at runs/{id}/artifacts/?name=<name>."
     )
+    telemetry_send_every_s = serializers.SerializerMethodField(
+        help_text="How often, in seconds, a client should send this run's telemetry (the "
+        "server's COSTLAB_TELEMETRY_SEND_EVERY_S; the costlab SDK follows it unless its caller "
+        "set send_every_s); null: the client's own default."
+    )
 
     class Meta:
         model = Run
@@ -167,6 +173,7 @@ class RunSerializer(serializers.ModelSerializer):
             "params_total",
             "params_trainable",
             "artifacts",
+            "telemetry_send_every_s",
         ]
         read_only_fields = fields
 
@@ -193,6 +200,10 @@ class RunSerializer(serializers.ModelSerializer):
     @extend_schema_field(RunArtifactSerializer(many=True))
     def get_artifacts(self, run: Run) -> list[dict]:
         return run_artifacts_listed(run)
+
+    @extend_schema_field(serializers.FloatField(allow_null=True))
+    def get_telemetry_send_every_s(self, run: Run) -> float | None:
+        return settings.COSTLAB_TELEMETRY_SEND_EVERY_S
 
     @extend_schema_field(RunOutlierSerializer(allow_null=True))
     def get_outlier(self, run: Run) -> dict | None:

@@ -274,3 +274,15 @@ def test_tags_and_notes_set_at_submit_and_later_and_one_search_finds_runs(api, e
         f"/api/v1/experiments/{experiment.pk}/", {"tags": ["q4", "tokenizer"]}, format="json"
     )
     assert tagged.status_code == 200 and tagged.json()["tags"] == ["q4", "tokenizer"]
+
+
+def test_a_created_run_says_how_often_to_send_its_telemetry(api, experiment, settings):
+    """COSTLAB_TELEMETRY_SEND_EVERY_S reaches clients with the run (the SDK follows it); unset,
+    null: the client's own default."""
+    body = {"experiment": experiment.pk, "kind": "external"}
+    assert api.post("/api/v1/runs/", body, format="json").json()["telemetry_send_every_s"] is None
+    settings.COSTLAB_TELEMETRY_SEND_EVERY_S = 60.0
+    created = api.post("/api/v1/runs/", {**body, "run_key": "fleet-1"}, format="json")
+    assert created.status_code == 201 and created.json()["telemetry_send_every_s"] == 60.0
+    shown = api.get(f"/api/v1/runs/{created.json()['id']}/").json()
+    assert shown["telemetry_send_every_s"] == 60.0
