@@ -23,8 +23,13 @@ from apps.experiments.models import Run
 _DELTA_COLUMNS = ("cost_usd", "tokens", "steps", "gpu_seconds", "wall_s", "energy_j")
 
 
-def observations_record(*, window_ids: list[int], restarted_arm_ids: list[int] = ()) -> int:
+def observations_record(
+    *, window_ids: list[int], run_ids: list[int] | None = None, restarted_arm_ids: list[int] = ()
+) -> int:
     """Record what every run of these windows' experiments added since its cursor.
+
+    `run_ids`: only these runs are looked at (the tick's `runs_moved`: read by key, not by
+    comparing every run of the experiments with its cursor a second time); None: all.
 
     first_seen marks a run's first observation in its arm's epoch (the evidence since the arm's
     last unfreeze): a run not observed since the epoch began, by the previous snapshot's epoch;
@@ -42,6 +47,13 @@ def observations_record(*, window_ids: list[int], restarted_arm_ids: list[int] =
         AttributionSnapshot._meta.db_table,
     )
     ids = ", ".join(["%s"] * len(window_ids))
+    only, params = "", list(window_ids)
+    if run_ids is not None:  # by the primary key: a few hundred rows, not every run's
+        if is_postgres():
+            only, params = "AND r.id = ANY(%s)", [*params, list(run_ids)]
+        else:
+            only = f"AND r.id IN ({', '.join(['%s'] * len(run_ids)) or 'NULL'})"
+            params += list(run_ids)
     # Devices: a GPU run's device_seconds are GPU-seconds; a CPU run's are wall seconds per rank
     # (a DDP run's summed over its world_size processes).
     insert = f"""
@@ -70,12 +82,12 @@ def observations_record(*, window_ids: list[int], restarted_arm_ids: list[int] =
         LEFT JOIN {win} cw ON cw.id = c.window_id
         LEFT JOIN {win} pw ON pw.experiment_id = w.experiment_id AND pw.number = w.number - 1
         LEFT JOIN {snap} ps ON ps.window_id = pw.id AND ps.arm_id = r.arm_id
-        WHERE w.id IN ({ids}) AND (r.priced_seq > COALESCE(c.priced_seq, -1)
+        WHERE w.id IN ({ids}) {only} AND (r.priced_seq > COALESCE(c.priced_seq, -1)
                                    OR r.cost_usd <> COALESCE(c.cost_usd, 0)
                                    OR r.tokens <> COALESCE(c.tokens, 0))
     """
     with connection.cursor() as cursor:
-        cursor.execute(insert, window_ids)
+        cursor.execute(insert, params)
         recorded = cursor.rowcount
         if restarted_arm_ids:
             arms = ", ".join(["%s"] * len(restarted_arm_ids))

@@ -33,11 +33,36 @@ from apps.pricing.selectors import pricing_tables_in_force, table_prices
 DUE_SLACK_S = 1.0
 
 
-def experiments_due(*, now: datetime) -> list[Experiment]:
-    """Active experiments whose last window ended at least an interval ago (annotated with it)."""
-    last = AttributionWindow.objects.filter(experiment=OuterRef("pk")).order_by("-number")
-    experiments = (
+def _last_window() -> QuerySet:
+    return AttributionWindow.objects.filter(experiment=OuterRef("pk")).order_by("-number")
+
+
+def experiments_due(*, now: datetime) -> list[int]:
+    """The active experiments whose last window ended at least an interval ago: their ids alone
+    (a 1,000-experiment tick with a few hundred of them moved loaded a model instance, its tenant
+    and its cost model for every one: 0.08 s of a 0.5-s tick); `experiments_load` loads the ones
+    attributed."""
+    last = _last_window()
+    rows = (
         Experiment.objects.filter(status=Experiment.Status.ACTIVE)
+        .annotate(last_end=Subquery(last.values("window_end")[:1]))
+        .order_by("pk")
+        .values_list("pk", "attribution_interval_s", "last_end")
+    )
+    return [
+        pk
+        for pk, interval_s, last_end in rows
+        if last_end is None
+        or (now > last_end and now - last_end >= timedelta(seconds=interval_s - DUE_SLACK_S))
+    ]
+
+
+def experiments_load(*, ids: list[int]) -> list[Experiment]:
+    """These experiments, in id order, with their cost model and tenant, annotated with their
+    last window (last_window_id, last_number, last_end)."""
+    last = _last_window()
+    return list(
+        Experiment.objects.filter(pk__in=ids)
         .select_related("cost_model", "tenant")
         .annotate(
             last_window_id=Subquery(last.values("pk")[:1]),
@@ -46,19 +71,12 @@ def experiments_due(*, now: datetime) -> list[Experiment]:
         )
         .order_by("pk")
     )
-    due = []
-    for e in experiments:
-        if e.last_end is None:
-            due.append(e)
-        elif now > e.last_end and now - e.last_end >= timedelta(
-            seconds=e.attribution_interval_s - DUE_SLACK_S
-        ):
-            due.append(e)
-    return due
 
 
-def experiments_moved(*, experiment_ids: list[int]) -> set[int]:
-    """Of these experiments, those with a run whose priced totals moved past its cursor.
+def runs_moved(*, experiment_ids: list[int]) -> dict[int, list[int]]:
+    """Of these experiments, those with a run whose priced totals moved past its cursor, with
+    those runs (experiment id -> run ids): the tick records observations of these runs alone,
+    by their keys, rather than comparing every run of the experiments with its cursor again.
 
     A late sample re-prices a run below its priced_seq: its cost or tokens move, not its seq.
     """
@@ -68,7 +86,10 @@ def experiments_moved(*, experiment_ids: list[int]) -> set[int]:
         | ~Q(cost_usd=F("attribution_cursor__cost_usd"))
         | ~Q(tokens=F("attribution_cursor__tokens"))
     )
-    return set(moved.order_by().values_list("experiment_id", flat=True).distinct())
+    out: dict[int, list[int]] = {}
+    for experiment_id, run_id in moved.order_by("pk").values_list("experiment_id", "pk"):
+        out.setdefault(experiment_id, []).append(run_id)
+    return out
 
 
 def comparisons_at(*, experiments: list[Experiment], at: datetime) -> dict[int, Comparison]:

@@ -85,8 +85,8 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
         due = selectors.experiments_due(now=now)
         # An experiment with no new data has nothing to attribute: no window, and the next one
         # still starts from its last watermark.
-        moved = selectors.experiments_moved(experiment_ids=[e.pk for e in due])
-        experiments = [e for e in due if e.pk in moved]
+        moved = selectors.runs_moved(experiment_ids=due)
+        experiments = selectors.experiments_load(ids=[pk for pk in due if pk in moved])
         if not experiments:
             return TickResult(ran=True, note="no experiment due with new data")
         comparisons = selectors.comparisons_at(experiments=experiments, at=now)
@@ -111,7 +111,11 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
             arms_of[arm.experiment_id].append(arm)
         epochs, restarted = _epochs(experiments, arms_of, previous)
 
-        recorded = observations_record(window_ids=window_ids, restarted_arm_ids=sorted(restarted))
+        recorded = observations_record(
+            window_ids=window_ids,
+            run_ids=sorted(run_id for e in experiments for run_id in moved[e.pk]),
+            restarted_arm_ids=sorted(restarted),
+        )
         result = TickResult(ran=True, windows=len(windows), observations=recorded)
         faults = selectors.pricing_faults(experiments=experiments, window_ids=window_ids, now=now)
         omitted = [run_id for _, run_ids in faults.values() for run_id in run_ids]
