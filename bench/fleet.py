@@ -431,7 +431,7 @@ def fleet_world(plan: Plan, log) -> dict:
     analyzed = analyze_as_autovacuum()
     if analyzed:
         log(
-            f"# this Postgres runs with autovacuum off: {len(analyzed)} tables analysed before the "
+            f"this Postgres runs with autovacuum off: {len(analyzed)} tables analysed before the "
             "load, and again in each upkeep, as autovacuum's analyze would"
         )
     return {
