@@ -251,10 +251,9 @@ COSTLAB_TELEMETRY_RETENTION_DAYS = env.int("COSTLAB_TELEMETRY_RETENTION_DAYS", d
 COSTLAB_TELEMETRY_MAINTAIN_S = env.float("COSTLAB_TELEMETRY_MAINTAIN_S", default=3600.0)
 # How often clients send a run's telemetry, in seconds: the worker's sink flushes at it, and the API
 # tells the SDK (a run's telemetry_send_every_s), which follows unless its caller set its own.
-# Unset: each client's own default (the sink 1 s, the SDK 2 s). A fleet raises it: every POST costs
-# the same fixed CPU whatever it holds, so a minute's batch ingests several times the samples a core
-# (docs/benchmarks.md, fleet telemetry); the price is that charts, bills and freezes see a sample up
-# to this much later.
+# Unset: each client's own default (the sink 1 s, the SDK 2 s). A fleet raises it: most of a POST's
+# cost is fixed, so minute batches ingest about three times the samples a core (docs/benchmarks.md,
+# fleet telemetry); the price is that charts, bills and freezes see a sample up to this much later.
 COSTLAB_TELEMETRY_SEND_EVERY_S = env.str("COSTLAB_TELEMETRY_SEND_EVERY_S", default="") or None
 if COSTLAB_TELEMETRY_SEND_EVERY_S is not None:
     try:
