@@ -12,7 +12,8 @@ On a real Postgres (bench/_setup.py; the samples table range-partitioned by time
   node of RANKS devices (a DDP run, one telemetry stream per rank), so every tick has work.
 - Devices: each node sends the samples of its devices every --batch-s seconds (60, a fleet's
   COSTLAB_TELEMETRY_SEND_EVERY_S: a POST's fixed cost is most of its cost at 80 samples, and
-  OpenCost scrapes once a minute; --batch-s 10 measures the 10-s cadence), one JSON body
+  OpenCost scrapes once a minute; --batch-s 10 measures the 10-s cadence; the server runs with
+  it and the load checks a run's API answer advises it), one JSON body
   per batch built from readings shaped like NVML's (util and temperature whole numbers, power in
   mW, the energy counter in mJ, cumulative steps and tokens). 3/4 of the nodes POST it to
   /api/v1/runs/<id>/telemetry/ (external runs, each node its own API token) on gunicorn with
@@ -468,6 +469,17 @@ def analyze_as_autovacuum() -> list[str]:
     return tables
 
 
+def server_send_every_s(base: str, run_id: int, token: str) -> float | None:
+    """The send cadence a run's API answer advises (telemetry_send_every_s)."""
+    import httpx
+
+    answer = httpx.get(
+        f"{base}/api/v1/runs/{run_id}/", headers={"Authorization": f"Bearer {token}"}, timeout=30
+    )
+    answer.raise_for_status()
+    return answer.json()["telemetry_send_every_s"]
+
+
 def web_start(workers: int) -> tuple[subprocess.Popen, str]:
     """gunicorn on this benchmark's database (DEBUG off), once it answers."""
     import httpx
@@ -623,7 +635,14 @@ def main() -> None:
     started = time.monotonic()
     world = fleet_world(plan, log)
     log(f"world ready in {time.monotonic() - started:.0f} s; starting gunicorn and the workers")
+    # The cadence is the server's, as a fleet's would be: COSTLAB_TELEMETRY_SEND_EVERY_S, read
+    # back from a run's API answer (what the SDK follows) before the nodes send at it.
+    os.environ["COSTLAB_TELEMETRY_SEND_EVERY_S"] = f"{plan.batch_s:g}"
     web, base = web_start(plan.web_workers)
+    advised = server_send_every_s(base, world["http"][0], world["tokens"][0])
+    if advised != plan.batch_s:
+        os.killpg(web.pid, signal.SIGKILL)
+        raise RuntimeError(f"the server advises {advised} s between sends, not {plan.batch_s}")
     ctx = mp.get_context("spawn")
     t0, go, stop, results = ctx.Value("d", 0.0), ctx.Event(), ctx.Event(), ctx.Queue()
     jobs = {
@@ -773,7 +792,7 @@ def report(
         "devices": plan.devices,
         "nodes": len(world["http"]) + len(world["sink"]),
         "nodes_on_sink": len(world["sink"]),
-        "batch_s": plan.batch_s,
+        "batch_s": plan.batch_s,  # what the server advised (COSTLAB_TELEMETRY_SEND_EVERY_S)
         "experiments": plan.experiments,
         "web_workers": plan.web_workers,
         "minutes": plan.minutes,
