@@ -28,6 +28,7 @@ from apps.pricing.bill import Bill, period_sums, run_bill, unpriced_seconds
 from apps.pricing.models import CostModel, PricingTable
 from apps.pricing.selectors import price_schedule
 from apps.telemetry.compaction import stored_rows
+from apps.telemetry.evaluations import evaluations_insert
 from apps.telemetry.ingest import (
     counters_refuse_decreasing,
     out_of_range,
@@ -164,6 +165,7 @@ def telemetry_ingest(
             after_seq=run.last_seq,
             stored=stored,
         )
+        evaluations_insert(run_id=run.pk, samples=parsed, fresh=fresh)
         if fresh:
             # Whether every stored row still carries one attempt (stream_predecessors' short read).
             if stored is None:

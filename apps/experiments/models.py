@@ -3,7 +3,7 @@
 from decimal import Decimal
 
 from django.conf import settings
-from django.core.validators import MaxValueValidator, MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
 
@@ -97,6 +97,29 @@ class Experiment(TimeStampedModel):
         help_text="Steps of a full run: the page projects each arm's cost and completion time to "
         "this many (e.g. 100000). Empty: no projection.",
     )
+    # Cheaper for the same model: each arm's held-out quality is compared with the control's
+    # (apps.attribution.quality), and a cheaper arm proven worse is never given traffic.
+    quality_metric = models.CharField(
+        max_length=64,
+        default="eval_loss",
+        validators=[RegexValidator(r"^[A-Za-z0-9_.-]+$", "letters, digits, _ . - only")],
+        help_text="The held-out metric arms must not be worse on: eval_loss (default), or a "
+        "metric the runs report by name (e.g. accuracy).",
+    )
+    quality_direction = models.CharField(
+        max_length=8,
+        choices=[("lower", "Lower is better"), ("higher", "Higher is better")],
+        default="lower",
+        help_text="Whether a lower (a loss) or a higher (an accuracy) value is better.",
+    )
+    quality_margin = models.DecimalField(
+        max_digits=6,
+        decimal_places=4,
+        default=Decimal("0.01"),
+        validators=[MinValueValidator(Decimal("0.0001")), MaxValueValidator(Decimal("1"))],
+        help_text="Relative quality loss an arm may have and still count as non-inferior "
+        "(0.01 = 1 % worse than the control).",
+    )
 
     class Meta:
         ordering = ["tenant", "-created_at"]
@@ -112,6 +135,10 @@ class Experiment(TimeStampedModel):
             ),
             models.CheckConstraint(
                 condition=Q(alpha__gt=0) & Q(alpha__lt=1), name="experiment_alpha_range"
+            ),
+            models.CheckConstraint(
+                condition=Q(quality_margin__gt=0) & Q(quality_margin__lte=1),
+                name="experiment_quality_margin_range",
             ),
         ]
         indexes = [models.Index(fields=["status"], name="experiment_status_idx")]

@@ -17,7 +17,7 @@ import operator
 import sys
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Annotated, NotRequired
+from typing import Annotated, Literal, NotRequired
 
 from django.db import IntegrityError, connection, transaction
 from pydantic import AwareDatetime, ConfigDict, Field, TypeAdapter, ValidationError, with_config
@@ -64,6 +64,16 @@ Count = Annotated[int, Field(strict=True, ge=0, le=2**62)]  # strict: true is no
 Reading = Annotated[float | None, Field(strict=True, default=None, ge=0, le=1e9)]
 Percent = Annotated[float | None, Field(strict=True, default=None, ge=0, le=100)]
 NoNul = r"^[^\x00]*$"  # Postgres text cannot hold NUL
+
+
+@with_config(ConfigDict(extra="forbid", allow_inf_nan=False))
+class QualityIn(TypedDict):
+    """A named held-out metric: its value and which way is better (no default: a metric whose
+    direction is not said cannot be compared)."""
+
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+    value: Annotated[float, Field(strict=True, ge=-1e30, le=1e30)]
+    direction: Literal["lower", "higher"]
 
 
 @with_config(ConfigDict(extra="forbid", allow_inf_nan=False))
@@ -118,6 +128,11 @@ class SampleIn(TypedDict):
     tensor_active_pct: NotRequired[Percent]
     dram_bw_pct: NotRequired[Percent]
     estimated: NotRequired[Annotated[bool, Field(strict=True, default=False)]]
+    # A held-out evaluation taken at this sample's step and tokens (apps.telemetry.evaluations):
+    # the loss, and/or a named metric with its direction; eval_s the seconds it took.
+    eval_loss: NotRequired[Annotated[float | None, Field(strict=True, default=None, ge=0, le=1e6)]]
+    eval_s: NotRequired[Annotated[float | None, Field(strict=True, default=None, ge=0, le=1e7)]]
+    quality: NotRequired[QualityIn | None]
     # The sender says its cumulative counters (tokens, step, energy_j) restarted from 0 at this
     # sample (a process restarted inside one attempt); not stored.
     counter_reset: NotRequired[Annotated[bool, Field(strict=True, default=False)]]

@@ -122,6 +122,38 @@ class PackedMinute(models.Model):
         return f"run {self.run_id} rank {self.rank} {self.minute:%Y-%m-%d %H:%M}"
 
 
+class RunEvaluation(models.Model):
+    """One held-out evaluation of a run: its loss (`eval_loss`, lower is better) or a named quality
+    metric with its direction, at the step and cumulative trained tokens it was taken at.
+
+    It arrives on a telemetry sample (the keys eval_loss / quality, apps.telemetry.ingest) and is
+    stored once per (run, seq, metric), as the sample is: a batch sent twice stores nothing twice.
+    Kept apart from the samples (a handful a run, never compacted) so that the sample table's
+    bytes stay what they were. What arms are compared on (apps.attribution.quality)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="evaluations")
+    seq = models.BigIntegerField(help_text="The telemetry sample that carried it.")
+    ts = models.DateTimeField()
+    step = models.BigIntegerField(default=0)
+    tokens = models.BigIntegerField(default=0, help_text="Cumulative trained tokens at it.")
+    metric = models.CharField(max_length=64, help_text="eval_loss, or the metric's name.")
+    value = models.FloatField()
+    higher_is_better = models.BooleanField(default=False)
+    eval_s = models.FloatField(
+        null=True, blank=True, help_text="Seconds the evaluation took (billed with the run)."
+    )
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "seq", "metric"], name="evaluation_unique_run_seq_metric"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} #{self.seq} {self.metric}={self.value:g}"
+
+
 class RunRepricing(models.Model):
     """An explicit re-pricing of a finished run (its bill is otherwise final): who, why, under
     which table, from what to what."""

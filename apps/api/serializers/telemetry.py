@@ -5,6 +5,12 @@ from apps.telemetry.ingest import MAX_BATCH
 from apps.telemetry.selectors import SERIES_UNITS
 
 
+class QualitySerializer(serializers.Serializer):
+    name = serializers.RegexField(r"^[A-Za-z0-9_.-]+$", max_length=64)
+    value = serializers.FloatField()
+    direction = serializers.ChoiceField(choices=["lower", "higher"])
+
+
 class TelemetrySampleSerializer(serializers.Serializer):
     """One sample, as gpu_runtime's sink emits it. Documentation only: the ingest service
     validates."""
@@ -47,6 +53,21 @@ class TelemetrySampleSerializer(serializers.Serializer):
     )
     estimated = serializers.BooleanField(
         required=False, help_text="Power and energy were modelled, not measured."
+    )
+    eval_loss = serializers.FloatField(
+        min_value=0,
+        required=False,
+        allow_null=True,
+        help_text="Held-out loss at this sample's step and tokens (finite, >= 0): what arms are "
+        "compared on for quality unless the experiment names another metric.",
+    )
+    eval_s = serializers.FloatField(
+        min_value=0, required=False, allow_null=True, help_text="Seconds that evaluation took."
+    )
+    quality = QualitySerializer(
+        required=False,
+        allow_null=True,
+        help_text="A named held-out metric (e.g. accuracy) with its direction.",
     )
 
 
