@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields, replace
 from decimal import ROUND_HALF_EVEN, Decimal
 
 from apps.attribution import stats
+from apps.attribution.quality import QualityRule, QualitySums, QualityVerdict, quality_verdict
 from apps.attribution.verdict import Minimums, evidence_shortfalls
 from apps.attribution.weights import rebalance
 
@@ -154,6 +155,7 @@ class Policy:
     dynamic_weights: bool
     min_share: float
     max_step: float
+    quality: QualityRule = QualityRule()
 
     @property
     def minimums(self) -> Minimums:
@@ -176,6 +178,7 @@ class ArmInput:
     active: bool
     weight: Decimal
     sums: ArmSums
+    quality: QualitySums = QualitySums()  # its finished runs' final values of the metric
 
 
 @dataclass
@@ -186,6 +189,7 @@ class ArmVerdict:
     throughput_tok_s: float | None = None
     deviation: stats.Interval | None = None
     freeze: bool = False
+    quality: QualityVerdict | None = None
     evidence: dict = field(default_factory=dict)
 
 
@@ -301,6 +305,14 @@ def experiment_decide(arms: list[ArmInput], policy: Policy) -> ExperimentVerdict
     control_est = estimates[control.arm_id]
     for arm in arms:
         verdict = out.arms[arm.arm_id]
+        verdict.quality = quality_verdict(
+            arm.quality, control.quality, policy.quality, is_control=arm.is_control
+        )
+        verdict.evidence["quality"] = {
+            **verdict.quality.as_json(),
+            "sums": arm.quality.as_json(),
+            "alpha": policy.alpha,
+        }
         if arm.is_control:
             verdict.deviation = stats.Interval(0.0, 0.0, 0.0, 0.0, 0.0, arm.sums.observations)
             continue
@@ -309,7 +321,9 @@ def experiment_decide(arms: list[ArmInput], policy: Policy) -> ExperimentVerdict
         if est is not None and control_est is not None:
             dev = stats.relative_deviation(est, control_est, alpha=policy.alpha, r2=policy.r2)
         blocked = _freeze_rule(arm, control, dev, policy)
-        verdict.deviation, verdict.freeze = dev, not blocked
+        # An arm proven worse beyond the quality margin is frozen like a dearer one.
+        worse = arm.active and verdict.quality.verdict == "worse"
+        verdict.deviation, verdict.freeze = dev, not blocked or worse
         verdict.evidence.update(
             {
                 "deviation": _interval_json(dev),
@@ -328,6 +342,7 @@ def experiment_decide(arms: list[ArmInput], policy: Policy) -> ExperimentVerdict
                     "samples": control.sums.samples,
                 },
                 "decision": "freeze" if verdict.freeze else "hold",
+                "frozen_for": ("cost" if not blocked else "quality") if verdict.freeze else "",
                 "blocked_by": blocked,
             }
         )
@@ -337,11 +352,29 @@ def experiment_decide(arms: list[ArmInput], policy: Policy) -> ExperimentVerdict
     return out
 
 
+def _quality_holds_back(q: QualityVerdict) -> bool:
+    """Whether an arm's quality keeps it from gaining traffic: proven worse, still undecided, or
+    not measured while the control is (an experiment where no run evaluates anything compares
+    cost alone, and its weights say so)."""
+    if q.verdict in ("worse", "inconclusive"):
+        return True
+    return q.verdict == "not_measured" and q.control_runs > 0
+
+
 def _next_weights(arms: list[ArmInput], out: ExperimentVerdict, policy: Policy) -> tuple[dict, str]:
+    """Traffic follows evidence, never a point estimate (docs/attribution.md, "Traffic").
+
+    An arm's cost counts as different from the control's only where the always-valid bound of
+    its deviation excludes 0; otherwise it is taken as the control's. An arm whose quality is
+    proven worse is treated as dearer than any (its share goes to the floor) and is never given
+    more traffic. With no arm different by evidence, no weight moves. Every arm, the control
+    included, keeps at least min_share, so the comparison stays decidable."""
     live = [a for a in arms if a.active]
     if len(live) < 2:
         return {}, "weights: fewer than two active arms"
-    costs = {}
+    control = next((a for a in live if a.is_control), None)
+    if control is None:
+        return {}, "weights: the control is not active; weights unchanged"
     for a in live:
         metric = out.arms[a.arm_id].metric
         if (
@@ -353,13 +386,34 @@ def _next_weights(arms: list[ArmInput], out: ExperimentVerdict, policy: Policy) 
             return {}, f"weights: arm '{a.name}' lacks the evidence minimums; weights unchanged"
         if metric.estimate <= 0:
             return {}, f"weights: arm '{a.name}' has no cost yet; weights unchanged"
-        # Optimism under uncertainty (a lower confidence bound, as bandits do): an arm with
-        # little evidence is not starved on a noisy first estimate, and arms that only
-        # differ by noise keep similar shares. Floored at half the estimate while very uncertain.
-        costs[a.arm_id] = max(metric.low, metric.estimate / 2)
+    base = out.arms[control.arm_id].metric.estimate
+    costs, why, evidence, no_gain = {}, {}, False, set()
+    for a in live:
+        v = out.arms[a.arm_id]
+        dev, q = v.deviation, v.quality
+        if not a.is_control and q is not None and _quality_holds_back(q):
+            no_gain.add(a.arm_id)
+        if not a.is_control and q is not None and q.verdict == "worse":
+            costs[a.arm_id], why[a.arm_id] = base * (1 + 20 * policy.threshold), "quality worse"
+            evidence = True
+        elif not a.is_control and dev is not None and (dev.high < 0 or dev.low > 0):
+            costs[a.arm_id] = base * (1.0 + dev.estimate)
+            why[a.arm_id] = (
+                f"deviation {dev.estimate:+.1%} (bound {dev.low:+.1%} to {dev.high:+.1%})"
+            )
+            evidence = True
+        else:
+            costs[a.arm_id] = base
+            why[a.arm_id] = "control" if a.is_control else "not different from the control"
+    if not evidence:
+        return {}, (
+            "weights: no arm's cost differs from the control's by evidence yet (every "
+            "always-valid bound includes 0); weights unchanged"
+        )
     total = sum((a.weight for a in live), Decimal(0))
     if total <= 0:
         return {}, "weights: active arms have no traffic weight to shift"
+    current = {a.arm_id: float(a.weight / total) for a in live}
     shares = rebalance(
         {a.arm_id: float(a.weight) for a in live},
         costs,
@@ -367,8 +421,17 @@ def _next_weights(arms: list[ArmInput], out: ExperimentVerdict, policy: Policy) 
         min_share=policy.min_share,
         max_step=policy.max_step,
     )
-    cheapest = min(costs.values()) * policy.scale
-    if max(abs(shares[a.arm_id] - float(a.weight / total)) for a in live) < MIN_SHARE_CHANGE:
+    # An arm whose quality is worse, or not shown as good, never gains: what it would gain goes
+    # to the others in proportion.
+    capped = {k: min(v, current[k]) if k in no_gain else v for k, v in shares.items()}
+    if capped != shares:
+        spare = sum(shares.values()) - sum(capped.values())
+        others = [k for k in capped if k not in no_gain]
+        mass = sum(capped[k] for k in others)
+        for k in others:
+            capped[k] += spare * (capped[k] / mass if mass > 0 else 1.0 / len(others))
+        shares = capped
+    if max(abs(shares[a.arm_id] - current[a.arm_id]) for a in live) < MIN_SHARE_CHANGE:
         return {}, "weights: at target"
     changed = {}
     for a in live:
@@ -376,9 +439,16 @@ def _next_weights(arms: list[ArmInput], out: ExperimentVerdict, policy: Policy) 
             WEIGHT_QUANTUM, rounding=ROUND_HALF_EVEN
         )
         if new != a.weight:
+            q = out.arms[a.arm_id].quality
+            said = (
+                "; quality not shown as good: no gain"
+                if a.arm_id in no_gain
+                else "; quality not measured"
+                if q is not None and q.verdict == "not_measured"
+                else ""
+            )
             changed[a.arm_id] = (
                 new,
-                f"dynamic: {policy.metric} lower bound {costs[a.arm_id] * policy.scale:.6g} "
-                f"vs cheapest {cheapest:.6g}; share {shares[a.arm_id]:.3f}",
+                f"dynamic, by evidence: {why[a.arm_id]}{said}; share {shares[a.arm_id]:.3f}"[:255],
             )
-    return changed, "weights: shifted toward cheaper arms" if changed else "weights: at target"
+    return changed, "weights: shifted by evidence" if changed else "weights: at target"

@@ -13,7 +13,8 @@ from django.db.models.functions import Cast
 from apps.attribution import stats
 from apps.attribution.comparison import Comparison
 from apps.attribution.device_classes import ClassVerdict, class_verdicts
-from apps.attribution.selectors import arm_repricing, snapshots_latest
+from apps.attribution.quality import cost_to_target
+from apps.attribution.selectors import arm_repricing, quality_curves, snapshots_latest
 from apps.attribution.snapshots import policy_for
 from apps.experiments.models import Experiment, Run
 from apps.pricing.bill import carbon_figure, carbon_method
@@ -76,6 +77,14 @@ class ArmReport:
     # weighs against the experiment's minimums (apps.attribution.verdict).
     evidence_runs: int = 0
     evidence_samples: int = 0
+    # Quality beside cost (apps.attribution.quality): the latest window's quality verdict against
+    # the control (None before the first window), and the cost to the control's quality: the mean
+    # USD the arm's finished runs took to reach the control's mean final value of the metric
+    # (estimated: pro rata of each run's bill by wall time), of how many runs reached it.
+    quality: dict | None = None
+    usd_to_target: float | None = None
+    runs_reached_target: int = 0
+    runs_evaluated: int = 0
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,10 @@ class ExperimentReport:
     device_class: str = ""
     device_classes: list[ClassVerdict] = field(default_factory=list)
     compared_on: str = "usd"  # what metric, metric_value and deviation compare: usd or gco2e
+    quality_metric: str = "eval_loss"
+    quality_direction: str = "lower"
+    quality_margin: float = 0.01
+    quality_target: float | None = None  # the control's mean final value: what cost-to is to
 
 
 # A run's wall time as billed: a GPU run's device-seconds per device, a CPU run's wall seconds
@@ -183,6 +196,8 @@ def experiment_report(*, experiment: Experiment, metric: str = "usd") -> Experim
         else {}
     )
     arms = list(experiment.arms.order_by("-is_control", "name"))
+    control = next((a for a in arms if a.is_control), None)
+    target, to_target = _to_target(experiment, control)
     metric_of = {}
     for arm in arms:
         r = rows.get(arm.pk, {})
@@ -190,7 +205,6 @@ def experiment_report(*, experiment: Experiment, metric: str = "usd") -> Experim
         metric_of[arm.pk] = (
             compared[arm.pk] / units * policy.scale if units and r.get("cost") else None
         )
-    control = next((a for a in arms if a.is_control), None)
     base = metric_of.get(control.pk) if control else None
     carbon = _carbon(
         rows, arms=arms, control=control, comparison=comparison, latest=latest, policy=policy
@@ -241,6 +255,8 @@ def experiment_report(*, experiment: Experiment, metric: str = "usd") -> Experim
                 deviation=value / base - 1.0 if value is not None and base else None,
                 deviation_low=snap.deviation_low if snap else None,
                 deviation_high=snap.deviation_high if snap else None,
+                quality=_quality_of(snap),
+                **to_target.get(arm.pk, {}),
                 evidence_runs=snap.runs if snap else 0,
                 evidence_samples=snap.samples if snap else 0,
                 projected=project(usage, cost, target_steps=experiment.target_steps, **tiered)
@@ -278,7 +294,41 @@ def experiment_report(*, experiment: Experiment, metric: str = "usd") -> Experim
         device_class=classes[0].device_class if classes else "",
         device_classes=classes,
         compared_on=metric,
+        quality_metric=experiment.quality_metric,
+        quality_direction=experiment.quality_direction,
+        quality_margin=float(experiment.quality_margin),
+        quality_target=target,
     )
+
+
+def _quality_of(snapshot) -> dict | None:
+    q = ((snapshot.evidence or {}).get("quality") if snapshot else None) or None
+    return None if q is None else {k: v for k, v in q.items() if k != "sums"}
+
+
+def _to_target(experiment: Experiment, control) -> tuple[float | None, dict]:
+    """The control's mean final value of the quality metric, and per arm the cost to reach it
+    (ArmReport's usd_to_target, runs_reached_target, runs_evaluated)."""
+    curves = [c for c in quality_curves(experiment=experiment) if c.finished and c.points]
+    finals = [c.points[-1][1] for c in curves if control is not None and c.arm_id == control.pk]
+    if not finals:
+        return None, {}
+    target = sum(finals) / len(finals)
+    higher = experiment.quality_direction == "higher"
+    costs: dict[int, list] = {}
+    for c in curves:
+        costs.setdefault(c.arm_id, []).append(
+            cost_to_target([(u, v) for u, v, _ in c.points], target, higher_is_better=higher)
+        )
+    out = {}
+    for arm_id, found in costs.items():
+        hit = [x for x in found if x is not None]
+        out[arm_id] = {
+            "usd_to_target": sum(hit) / len(hit) if hit else None,
+            "runs_reached_target": len(hit),
+            "runs_evaluated": len(found),
+        }
+    return target, out
 
 
 def _on_carbon(arm: ArmReport, policy) -> ArmReport:

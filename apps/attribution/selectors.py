@@ -5,6 +5,7 @@ apps.attribution.moments."""
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -24,9 +25,12 @@ from apps.attribution.comparison import MICRO, Comparison, price_deltas
 from apps.attribution.decisions import ArmSums
 from apps.attribution.models import AttributionSnapshot, AttributionWindow, FreezeEvent, RunWindow
 from apps.attribution.moments import exact_at
+from apps.attribution.quality import QualitySums
 from apps.experiments.models import Experiment, Run
 from apps.pricing.models import GpuPrice, PricingTable
 from apps.pricing.selectors import pricing_tables_in_force, table_prices
+from apps.telemetry.evaluations import run_curves
+from apps.telemetry.models import RunEvaluation
 
 # Beat fires on a fixed period; an experiment is due when its interval has passed, give or
 # take this much jitter, so a 30 s interval on a 5 s beat is attributed every 30 s, not 35.
@@ -322,3 +326,78 @@ def snapshots_latest(*, experiment: Experiment) -> dict[int, AttributionSnapshot
         return {}
     snapshots = AttributionSnapshot.objects.filter(window=last).select_related("pricing_table")
     return {s.arm_id: s for s in snapshots}
+
+
+def quality_runs(*, experiment_ids: list[int]) -> dict[int, list[tuple[int, float]]]:
+    """Per arm: (run id, final value) of every finished run that evaluated its experiment's quality
+    metric: succeeded, on the arm's current strategy revision, and finished after the arm's last
+    unfreeze (its evidence starts over then, as cost's does). One query."""
+    if not experiment_ids:
+        return {}
+    last = RunEvaluation.objects.filter(
+        run_id=OuterRef("pk"), metric=OuterRef("experiment__quality_metric")
+    ).order_by("-seq")
+    unfrozen = FreezeEvent.objects.filter(
+        arm_id=OuterRef("arm_id"), action=FreezeEvent.Action.UNFREEZE
+    ).order_by("-created_at")
+    rows = (
+        Run.objects.filter(
+            experiment_id__in=experiment_ids,
+            status=Run.Status.SUCCEEDED,
+            config_revision=F("arm__revision"),
+        )
+        .annotate(
+            q_value=Subquery(last.values("value")[:1]),
+            q_since=Subquery(unfrozen.values("created_at")[:1]),
+        )
+        .filter(q_value__isnull=False)
+        .filter(Q(q_since__isnull=True) | Q(finished_at__gt=F("q_since")))
+        .order_by("arm_id", "pk")
+        .values_list("arm_id", "pk", "q_value")
+    )
+    out: dict[int, list[tuple[int, float]]] = defaultdict(list)
+    for arm_id, run_id, value in rows:
+        out[arm_id].append((run_id, value))
+    return dict(out)
+
+
+def quality_sums(*, experiment_ids: list[int]) -> dict[int, QualitySums]:
+    """Per arm: the sufficient statistics of quality_runs' final values."""
+    return {
+        arm_id: QualitySums.of(v for _, v in runs)
+        for arm_id, runs in quality_runs(experiment_ids=experiment_ids).items()
+    }
+
+
+@dataclass(frozen=True)
+class QualityCurve:
+    """One run's evaluations of the experiment's metric against its cumulative cost."""
+
+    run_id: int
+    arm_id: int
+    finished: bool  # succeeded: its last value counts in the quality verdict
+    points: list[tuple[float, float, int]]  # (USD so far, value, tokens so far)
+
+
+def quality_curves(*, experiment: Experiment, limit: int = 500) -> list[QualityCurve]:
+    """The evaluation curves of the experiment's newest `limit` runs that evaluated its metric.
+
+    A point's USD is the run's bill pro rata of its telemetry's wall time at the evaluation
+    (exact while its prices and power draw hold steady over the run; flagged as estimated
+    wherever it is shown). Two queries."""
+    runs = list(
+        Run.objects.filter(experiment=experiment, evaluations__metric=experiment.quality_metric)
+        .distinct()
+        .order_by("-pk")
+        .values_list("pk", "arm_id", "status", "cost_usd", "samples_from", "samples_to")[:limit]
+    )
+    curves = run_curves(run_ids=[r[0] for r in runs], metric=experiment.quality_metric)
+    out = []
+    for pk, arm_id, status, cost, first, last in sorted(runs):
+        span = (last - first).total_seconds() if first and last else 0.0
+        points = []
+        for e in curves.get(pk, []):
+            share = 1.0 if span <= 0 else min(max((e.ts - first).total_seconds() / span, 0.0), 1.0)
+            points.append((float(cost) * share, e.value, e.tokens))
+        out.append(QualityCurve(pk, arm_id, status == Run.Status.SUCCEEDED, points))
+    return out

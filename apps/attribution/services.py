@@ -32,6 +32,7 @@ from apps.attribution.models import (
     WeightChange,
 )
 from apps.attribution.moments import run_moments, window_sums
+from apps.attribution.quality import QualitySums
 from apps.attribution.rollup import (
     cursors_advance,
     observations_record,
@@ -148,6 +149,7 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
             },
         )
 
+        quality = selectors.quality_sums(experiment_ids=[e.pk for e in experiments])
         snapshots, freezes, moves = [], [], []
         for experiment, window in zip(experiments, windows, strict=True):
             inputs = [
@@ -165,6 +167,7 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
                         )
                         + deltas.get(arm.pk, ArmSums())
                     ).with_moments(moments.get(arm.pk), runs_excluded=arm.pk in excluded),
+                    quality=quality.get(arm.pk, QualitySums()),
                 )
                 for arm in arms_of[experiment.pk]
             ]
@@ -298,6 +301,14 @@ def _decide(experiment: Experiment, inputs: list[ArmInput], policy) -> Experimen
 
 def _freeze_reason(arm: ArmInput, verdict: ArmVerdict) -> str:
     dev, control = verdict.deviation, verdict.evidence.get("control", {})
+    if verdict.evidence.get("frozen_for") == "quality":
+        q = verdict.quality
+        what = "held-out loss" if q.metric == "eval_loss" else q.metric
+        return (
+            f"quality: {what} {q.change:+.2%} worse than control '{control.get('name')}' "
+            f"(always-valid lower bound {q.change_low:+.2%}) beyond the quality margin "
+            f"{q.margin:.2%}, over {q.runs} and {q.control_runs} evaluated runs"
+        )
     return (
         f"cost deviation {dev.estimate:+.2%} vs control '{control.get('name')}' "
         f"(always-valid lower bound {dev.low:+.2%}) "

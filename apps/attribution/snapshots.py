@@ -11,6 +11,7 @@ from apps.attribution.comparison import Comparison
 from apps.attribution.decisions import ArmInput, ArmSums, ArmVerdict, Policy, experiment_decide
 from apps.attribution.models import AttributionSnapshot, AttributionWindow
 from apps.attribution.moments import observations_sums, run_moments
+from apps.attribution.quality import QualityRule, QualitySums
 from apps.experiments.models import Arm, Experiment
 from apps.pricing.cost_engine import JOULES_PER_KWH, SECONDS_PER_HOUR
 from apps.pricing.models import CostModel
@@ -24,6 +25,8 @@ COMPARED_FIELDS = [
 SNAPSHOT_EVIDENCE = (
     "metric",
     "decision",
+    "frozen_for",
+    "quality",
     "blocked_by",
     "threshold",
     "alpha",
@@ -76,6 +79,14 @@ def policy_for(experiment: Experiment) -> Policy:
         dynamic_weights=experiment.dynamic_weights,
         min_share=settings.COSTLAB_WEIGHT_MIN_SHARE,
         max_step=settings.COSTLAB_WEIGHT_MAX_STEP,
+        quality=QualityRule(
+            metric=experiment.quality_metric,
+            higher_is_better=experiment.quality_direction == "higher",
+            margin=float(experiment.quality_margin),
+            alpha=alpha,
+            r2=stats.tuning_r2(alpha=alpha, expected_n=settings.COSTLAB_CS_EXPECTED_RUNS),
+            min_runs=max(experiment.min_runs_per_arm, experiment.min_cs_runs_per_arm, 2),
+        ),
     )
 
 
@@ -191,6 +202,8 @@ def window_recompute(*, window: AttributionWindow) -> list[AttributionSnapshot]:
             sums=sums.get(pk, ArmSums()).with_moments(
                 moments.get(pk), runs_excluded=pk in excluded
             ),
+            # the quality the tick weighed, as its snapshot recorded it
+            quality=QualitySums.from_json(((s.evidence or {}).get("quality") or {}).get("sums")),
         )
         for pk, s in sorted(stored.items())
     ]

@@ -17,6 +17,8 @@ VERDICTS = (
     "no_data",
     "costlier",
     "cheaper",
+    "cheaper_but_worse",
+    "worse",
     "within_threshold",
     "inconclusive",
 )
@@ -84,6 +86,7 @@ class Compared(Protocol):
     deviation_high: float | None
     evidence_runs: int  # runs and samples that window counted: what the freeze rule weighed
     evidence_samples: int
+    quality: dict | None  # that window's quality verdict (apps.attribution.quality), or None
 
 
 def shortfalls_of(arm: Compared, control: Compared | None, minimums: Minimums) -> list[Shortfall]:
@@ -99,16 +102,30 @@ def shortfalls_of(arm: Compared, control: Compared | None, minimums: Minimums) -
 def arm_verdict(
     arm: Compared, *, control: Compared | None, threshold: float, minimums: Minimums
 ) -> str:
-    """control | frozen | no_data | costlier | cheaper | within_threshold | inconclusive.
+    """control | frozen | no_data | costlier | cheaper | cheaper_but_worse | worse |
+    within_threshold | inconclusive.
 
     `costlier` / `cheaper` only when the minimums are met and the always-valid bounds exclude the
     threshold; `within_threshold` only when they are met and the bounds lie inside ±threshold
     (equivalence shown). Anything else with a deviation is `inconclusive` (more runs needed).
+    Quality proven worse beyond the experiment's margin turns `cheaper` into `cheaper_but_worse`
+    (frozen or not: it is what the freeze was for) and any other verdict of an active arm into
+    `worse`.
     """
     if arm.is_control:
         return "control"
+    cost = _cost_verdict(arm, control=control, threshold=threshold, minimums=minimums)
+    worse = (getattr(arm, "quality", None) or {}).get("verdict") == "worse"
+    if worse and cost == "cheaper":
+        return "cheaper_but_worse"
     if arm.state == "frozen":
         return "frozen"
+    return "worse" if worse else cost
+
+
+def _cost_verdict(
+    arm: Compared, *, control: Compared | None, threshold: float, minimums: Minimums
+) -> str:
     if arm.deviation is None:
         return "no_data"
     low, high = arm.deviation_low, arm.deviation_high

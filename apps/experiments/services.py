@@ -433,6 +433,9 @@ EXPERIMENT_EDITABLE = (
     "dynamic_weights",
     "target_steps",
     "tags",
+    "quality_metric",
+    "quality_direction",
+    "quality_margin",
 )
 
 

@@ -1,6 +1,7 @@
 from rest_framework import serializers
 
 from apps.attribution.models import FreezeEvent
+from apps.attribution.quality import QUALITY_VERDICTS
 from apps.attribution.verdict import VERDICTS as ARM_VERDICTS
 
 VERDICTS = list(ARM_VERDICTS)
@@ -20,6 +21,31 @@ class ProjectionSerializer(serializers.Serializer):
 class PricingTableRefSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     valid_from = serializers.DateTimeField()
+
+
+class QualityVerdictSerializer(serializers.Serializer):
+    verdict = serializers.ChoiceField(
+        choices=list(QUALITY_VERDICTS),
+        help_text="worse / better: the always-valid bound of the relative change beyond "
+        "±margin; non_inferior: its upper end within +margin; not_measured: the arm or the "
+        "control has no finished run that evaluated the metric (never taken as equal).",
+    )
+    metric = serializers.CharField(help_text="eval_loss, or the experiment's named metric.")
+    direction = serializers.ChoiceField(choices=["lower", "higher"], help_text="Which is better.")
+    margin = serializers.FloatField(help_text="The experiment's quality_margin (0.01 = 1 %).")
+    value = serializers.FloatField(
+        allow_null=True, help_text="The arm's mean final value over its finished runs."
+    )
+    control_value = serializers.FloatField(allow_null=True)
+    change = serializers.FloatField(
+        allow_null=True, help_text="Relative change from the control, positive = worse."
+    )
+    change_low = serializers.FloatField(allow_null=True)
+    change_high = serializers.FloatField(allow_null=True)
+    runs = serializers.IntegerField(help_text="The arm's evaluated finished runs counted.")
+    control_runs = serializers.IntegerField()
+    note = serializers.CharField(allow_blank=True)
+    alpha = serializers.FloatField(required=False)
 
 
 class ArmReportSerializer(serializers.Serializer):
@@ -72,7 +98,24 @@ class ArmReportSerializer(serializers.Serializer):
         choices=VERDICTS,
         help_text="costlier / cheaper (conclusive) exactly when the freeze rule could act: every "
         "minimum met by the arm and the control, and the always-valid bounds beyond ±threshold; "
-        "within_threshold only when the bounds lie inside ±threshold; else inconclusive.",
+        "within_threshold only when the bounds lie inside ±threshold; else inconclusive. "
+        "cheaper_but_worse: cheaper, with quality proven worse beyond the margin (never given "
+        "traffic, frozen); worse: quality proven worse, cost not cheaper.",
+    )
+    quality = QualityVerdictSerializer(
+        allow_null=True,
+        help_text="Quality against the control at the latest attribution window (null before "
+        "the first).",
+    )
+    usd_to_target = serializers.FloatField(
+        allow_null=True,
+        help_text="Estimated: mean USD the arm's finished runs took to reach quality_target "
+        "(each run's bill pro rata of its wall time at its evaluations, interpolated); null "
+        "where none reached it.",
+    )
+    runs_reached_target = serializers.IntegerField()
+    runs_evaluated = serializers.IntegerField(
+        help_text="Finished runs with an evaluation curve of the metric."
     )
     not_frozen = serializers.ListField(
         child=serializers.CharField(),
@@ -170,6 +213,13 @@ class ExperimentReportSerializer(serializers.Serializer):
     )
     compared_on = serializers.ChoiceField(
         choices=["usd", "gco2e"], help_text="What the arms' metric and deviation compare."
+    )
+    quality_metric = serializers.CharField()
+    quality_direction = serializers.ChoiceField(choices=["lower", "higher"])
+    quality_margin = serializers.FloatField()
+    quality_target = serializers.FloatField(
+        allow_null=True,
+        help_text="The control's mean final value of the quality metric: what usd_to_target is to.",
     )
 
 

@@ -42,7 +42,7 @@ def test_traffic_shifts_toward_the_cheaper_arm_in_bounded_recorded_steps():
         assert changes and all(c.kind == WeightChange.Kind.DYNAMIC for c in changes)
         assert changes[-1].new_weight == final[name]
         assert all(b.old_weight == a.new_weight for a, b in zip(changes, changes[1:], strict=False))
-        assert changes[0].reason.startswith("dynamic: usd_per_mtok lower bound")
+        assert changes[0].reason.startswith("dynamic, by evidence: ")
 
 
 def test_weights_stay_put_when_the_experiment_turns_them_off():

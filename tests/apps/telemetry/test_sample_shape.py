@@ -9,10 +9,20 @@ from gpu_runtime.telemetry import SAMPLE_KEYS
 
 STORED_ONLY = {"id", "run", "attempt"}  # set by the platform, never sent
 SENT_ONLY = {"counter_reset"}  # an external sender's flag, checked at the door, never stored
+# A held-out evaluation rides on a sample, and is stored apart (apps.telemetry.evaluations): the
+# runtime sends eval_loss and eval_s on the samples that carry one; quality only the SDK sends.
+EVALUATION = {"eval_loss", "eval_s", "quality"}
 
 
 def test_the_ingest_schema_takes_exactly_the_runtimes_sample():
-    assert set(SampleIn.__annotations__) - SENT_ONLY == set(SAMPLE_KEYS)
+    assert set(SampleIn.__annotations__) - SENT_ONLY - EVALUATION == set(SAMPLE_KEYS)
+
+
+def test_an_evaluation_is_stored_from_the_keys_the_ingest_takes():
+    from apps.telemetry.models import RunEvaluation
+
+    assert EVALUATION <= set(SampleIn.__annotations__)
+    assert {"value", "eval_s", "higher_is_better"} <= {f.name for f in RunEvaluation._meta.fields}
 
 
 def test_the_stored_row_has_exactly_the_runtimes_sample_plus_its_keys():
