@@ -140,10 +140,12 @@ def telemetry_ingest(
     if parsed and run.world_size == 1 and run.samples_from is not None:
         found = stream_predecessors(run=run, seq=min(s["seq"] for s in parsed) - 1, ranks=None)
         stored_before = found[0] if found else None
-        same_attempt = stored_before is not None and stored_before["attempt"] == batch_attempt
-        parsed = counters_refuse_decreasing(
-            parsed, before=stored_before if same_attempt else None, sent=samples, refused=refused
-        )
+    same_attempt = stored_before is not None and stored_before["attempt"] == batch_attempt
+    # Every batch is checked, the first included (an upload of 10,000 samples is one batch): a
+    # dip inside it would otherwise be stored and its rebound billed.
+    parsed = counters_refuse_decreasing(
+        parsed, before=stored_before if same_attempt else None, sent=samples, refused=refused
+    )
     seqs = sorted(s["seq"] for s in parsed)
     if not seqs:
         return IngestResult(received=len(samples), inserted=0, duplicates=0, refused=refused)

@@ -197,7 +197,9 @@ def period_sums(
         busy = 1.0 if util is None else min(1.0, max(0.0, util / 100.0))
         energy_before, power_now, power_before = prev["energy_j"], cur["power_w"], prev["power_w"]
         if energy_now is not None and energy_before is not None:
-            energy = max(0.0, energy_now - energy_before)
+            # A counter below its predecessor was reset (ingest refuses any other dip): the
+            # interval counts from 0, as at an attempt's start, the reset sample's own count kept.
+            energy = energy_now - energy_before if energy_now >= energy_before else energy_now
         elif power_now is not None or power_before is not None:
             mean = (
                 (power_now + power_before) / 2
@@ -211,7 +213,10 @@ def period_sums(
         else:
             energy = 0.0
         steps = max(0, step - (prev["step"] or 0)) if not rank else 0
-        tokens_d = max(0, tokens - (prev["tokens"] or 0)) if not rank else 0
+        tokens_before = prev["tokens"] or 0
+        tokens_d = (
+            (tokens - tokens_before if tokens >= tokens_before else tokens) if not rank else 0
+        )
         first = bisect.bisect_right(edges, t0) - 1
         if dt <= 0 or first == own:
             _add(acc, own, 1.0, dt, dt * busy, energy, tokens_d, steps)

@@ -1,0 +1,36 @@
+"""Cumulative counters: a dip is refused in every batch, the first included, and a declared reset
+counts from 0 with the reset sample's own counts kept (the audit's cases, issue 45)."""
+
+import pytest
+
+from apps.billing.services import telemetry_ingest
+from apps.telemetry.models import TelemetrySample
+from tests.apps.telemetry.test_services import gpu_run, samples  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.mark.parametrize("field", ["energy_j", "tokens"])
+def test_a_dip_inside_the_first_batch_is_refused_alone_and_not_billed(gpu_run, field):  # noqa: F811
+    batch = samples(20)
+    batch[7][field] = 0  # a dip, no reset declared
+    result = telemetry_ingest(run_id=gpu_run.pk, samples=batch)
+    assert [r["field"] for r in result.refused] == [f"samples[7].{field}"]
+    assert result.inserted == 19
+    gpu_run.refresh_from_db()
+    # billed as if the dip had never been sent: energy 300 J/s x 19 s, tokens 1000 x 19
+    assert gpu_run.energy_j == pytest.approx(300.0 * 19) and gpu_run.tokens == 19_000
+
+
+def test_a_declared_counter_reset_counts_from_zero_with_its_own_counts(gpu_run):  # noqa: F811
+    batch = samples(10)  # energy 0 .. 2700 J, tokens 0 .. 9000
+    after = samples(5, start=10)
+    for k, s in enumerate(after):  # the sender restarted its counters at seq 10
+        s["energy_j"], s["tokens"] = 500.0 + 300.0 * k, 400 + 1000 * k
+    after[0]["counter_reset"] = True
+    telemetry_ingest(run_id=gpu_run.pk, samples=batch)
+    result = telemetry_ingest(run_id=gpu_run.pk, samples=after)
+    assert result.refused == [] and TelemetrySample.objects.filter(run=gpu_run).count() == 15
+    gpu_run.refresh_from_db()
+    assert gpu_run.energy_j == pytest.approx(2700 + 500 + 4 * 300)
+    assert gpu_run.tokens == 9000 + 400 + 4 * 1000
