@@ -85,6 +85,11 @@ class ArmReport:
     usd_to_target: float | None = None
     runs_reached_target: int = 0
     runs_evaluated: int = 0
+    # Seconds of usage billed with no price, by component (gpu, energy, vcpu, memory), summed over
+    # the arm's runs, and the GPU SKUs without a price: an arm with any is never compared (its
+    # verdict is `unpriced`), as a $0 line would make it look cheap.
+    unpriced: dict = field(default_factory=dict)
+    unpriced_skus: list = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -174,6 +179,10 @@ def experiment_report(*, experiment: Experiment, metric: str = "usd") -> Experim
             electricity=Sum(Cast(KT("cost_breakdown__energy_usd"), FloatField())),
             carbon=Sum(Cast(KT("cost_breakdown__carbon_g"), FloatField())),
             carbon_unpriced_s=Sum(Cast(KT("cost_breakdown__carbon_unpriced_s"), FloatField())),
+            **{
+                f"unpriced_{c}": Sum(Cast(KT(f"cost_breakdown__unpriced_s__{c}"), FloatField()))
+                for c in UNPRICED_COMPONENTS
+            },
             gpu_runs=Count("pk", filter=Q(gpu_count__gt=0)),
             completion=Avg(F("finished_at") - F("started_at"), filter=_SUCCEEDED_WORKER),
             completed=Count("pk", filter=_SUCCEEDED_WORKER),
@@ -196,6 +205,7 @@ def experiment_report(*, experiment: Experiment, metric: str = "usd") -> Experim
         else {}
     )
     arms = list(experiment.arms.order_by("-is_control", "name"))
+    unpriced_skus = _unpriced_skus(experiment)
     control = next((a for a in arms if a.is_control), None)
     target, to_target = _to_target(experiment, control)
     metric_of = {}
@@ -256,6 +266,12 @@ def experiment_report(*, experiment: Experiment, metric: str = "usd") -> Experim
                 deviation_low=snap.deviation_low if snap else None,
                 deviation_high=snap.deviation_high if snap else None,
                 quality=_quality_of(snap),
+                unpriced={
+                    c: round(float(r[f"unpriced_{c}"]), 3)
+                    for c in UNPRICED_COMPONENTS
+                    if r.get(f"unpriced_{c}")
+                },
+                unpriced_skus=unpriced_skus.get(arm.pk, []),
                 **to_target.get(arm.pk, {}),
                 evidence_runs=snap.runs if snap else 0,
                 evidence_samples=snap.samples if snap else 0,
@@ -299,6 +315,24 @@ def experiment_report(*, experiment: Experiment, metric: str = "usd") -> Experim
         quality_margin=float(experiment.quality_margin),
         quality_target=target,
     )
+
+
+UNPRICED_COMPONENTS = ("gpu", "energy", "vcpu", "memory")
+
+
+def _unpriced_skus(experiment: Experiment) -> dict[int, list[str]]:
+    """Per arm, the GPU SKUs its runs used with GPU time billed at no price."""
+    rows = (
+        Run.objects.filter(experiment=experiment, cost_breakdown__unpriced_s__has_key="gpu")
+        .exclude(gpu_sku=None)
+        .values_list("arm_id", "gpu_sku__name")
+        .distinct()
+        .order_by("arm_id", "gpu_sku__name")
+    )
+    out: dict[int, list[str]] = {}
+    for arm_id, name in rows:
+        out.setdefault(arm_id, []).append(name)
+    return out
 
 
 def _quality_of(snapshot) -> dict | None:

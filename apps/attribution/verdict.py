@@ -19,6 +19,7 @@ VERDICTS = (
     "cheaper",
     "cheaper_but_worse",
     "worse",
+    "unpriced",
     "within_threshold",
     "inconclusive",
 )
@@ -87,6 +88,7 @@ class Compared(Protocol):
     evidence_runs: int  # runs and samples that window counted: what the freeze rule weighed
     evidence_samples: int
     quality: dict | None  # that window's quality verdict (apps.attribution.quality), or None
+    unpriced: dict  # seconds billed with no price, by component: never compared
 
 
 def shortfalls_of(arm: Compared, control: Compared | None, minimums: Minimums) -> list[Shortfall]:
@@ -110,10 +112,15 @@ def arm_verdict(
     (equivalence shown). Anything else with a deviation is `inconclusive` (more runs needed).
     Quality proven worse beyond the experiment's margin turns `cheaper` into `cheaper_but_worse`
     (frozen or not: it is what the freeze was for) and any other verdict of an active arm into
-    `worse`.
+    `worse`. An active arm whose runs, or the control's, hold usage billed with no price is
+    `unpriced`: never cheaper nor costlier (a $0 line is not a saving).
     """
     if arm.is_control:
         return "control"
+    if arm.state != "frozen" and (
+        getattr(arm, "unpriced", None) or getattr(control, "unpriced", None)
+    ):
+        return "unpriced"
     cost = _cost_verdict(arm, control=control, threshold=threshold, minimums=minimums)
     worse = (getattr(arm, "quality", None) or {}).get("verdict") == "worse"
     if worse and cost == "cheaper":

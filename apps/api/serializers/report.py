@@ -100,7 +100,8 @@ class ArmReportSerializer(serializers.Serializer):
         "minimum met by the arm and the control, and the always-valid bounds beyond ±threshold; "
         "within_threshold only when the bounds lie inside ±threshold; else inconclusive. "
         "cheaper_but_worse: cheaper, with quality proven worse beyond the margin (never given "
-        "traffic, frozen); worse: quality proven worse, cost not cheaper.",
+        "traffic, frozen); worse: quality proven worse, cost not cheaper; unpriced: the arm or the "
+        "control has usage billed with no price (see unpriced), so nothing is compared.",
     )
     quality = QualityVerdictSerializer(
         allow_null=True,
@@ -112,6 +113,15 @@ class ArmReportSerializer(serializers.Serializer):
         help_text="Estimated: mean USD the arm's finished runs took to reach quality_target "
         "(each run's bill pro rata of its wall time at its evaluations, interpolated); null "
         "where none reached it.",
+    )
+    unpriced = serializers.DictField(
+        child=serializers.FloatField(),
+        help_text="Seconds of the arm's usage billed with no price, by component (gpu, energy, "
+        "vcpu, memory); empty when every second was priced. An arm with any, or whose control "
+        "has any, reads verdict `unpriced`: never cheaper nor costlier.",
+    )
+    unpriced_skus = serializers.ListField(
+        child=serializers.CharField(), help_text="GPU SKUs its runs used with no price."
     )
     runs_reached_target = serializers.IntegerField()
     runs_evaluated = serializers.IntegerField(

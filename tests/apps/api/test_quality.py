@@ -15,7 +15,7 @@ from tests.factories import PricingTableFactory
 pytestmark = pytest.mark.django_db
 
 
-def run_trained(api, experiment, arm, *, start, tokens_per_s, eval_loss):
+def run_trained(api, experiment, arm, *, start, tokens_per_s, eval_loss, **fields):
     """One external run of five minutes through the API: telemetry, a final evaluation, finish."""
     created = api.post(
         "/api/v1/runs/",
@@ -25,6 +25,7 @@ def run_trained(api, experiment, arm, *, start, tokens_per_s, eval_loss):
             "kind": "external",
             "started_at": start.isoformat(),
             "ended_at": (start + timedelta(minutes=5)).isoformat(),
+            **fields,
         },
         format="json",
     )
