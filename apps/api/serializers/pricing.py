@@ -27,6 +27,12 @@ class PricingTableSerializer(serializers.ModelSerializer):
         help_text="Save a table that has no price for a GPU SKU of running or recent runs "
         "(refused with 409 naming the SKUs otherwise): their GPU time is billed as unpriced.",
     )
+    confirm_free = serializers.BooleanField(
+        required=False,
+        write_only=True,
+        help_text="Save a GPU price of 0 (refused naming gpu_prices[i].hourly_usd otherwise): "
+        "that GPU's time is then free, and shown as free, not as unpriced.",
+    )
 
     retroactive = serializers.BooleanField(
         read_only=True,
@@ -46,6 +52,7 @@ class PricingTableSerializer(serializers.ModelSerializer):
             "gpu_prices",
             "supersedes",
             "confirm_unpriced",
+            "confirm_free",
             "retroactive",
             "created_at",
             "updated_at",
@@ -53,6 +60,26 @@ class PricingTableSerializer(serializers.ModelSerializer):
         read_only_fields = ["id", "supersedes", "created_at", "updated_at"]
         extra_kwargs = {"notes": {"max_length": 10_000}, "name": {"max_length": 120}}
         validators = []  # (tenant, valid_from) uniqueness: checked by full_clean in the service
+
+    def validate(self, attrs):
+        """A GPU at 0 USD/h is a choice, not a typo: it needs confirm_free (kept out of the
+        table's fields)."""
+        confirmed = attrs.pop("confirm_free", False)
+        for i, price in enumerate(attrs.get("gpu_prices") or []):
+            if price.get("hourly_usd") == 0 and not confirmed:
+                raise serializers.ValidationError(
+                    {
+                        "gpu_prices": {
+                            i: {
+                                "hourly_usd": [
+                                    f"0 makes {price['sku'].name} free: send confirm_free: true "
+                                    "if it is (its GPU time is then billed at 0 and shown free)"
+                                ]
+                            }
+                        }
+                    }
+                )
+        return attrs
 
 
 class CostModelSerializer(serializers.ModelSerializer):

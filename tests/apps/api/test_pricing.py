@@ -125,3 +125,15 @@ def test_a_nested_error_names_its_path(staff):
     assert error(response)["message"].startswith(
         "gpu_prices[0].sku: Object with name=No Such GPU does not exist"
     )
+
+
+def test_a_gpu_price_of_zero_needs_a_confirmation(staff):
+    GpuSkuFactory(name="H100 SXM")
+    free = {**TABLE, "gpu_prices": [{"sku": "H100 SXM", "hourly_usd": "0"}]}
+    refused = staff.post("/api/v1/pricing-tables/", free, format="json")
+    assert refused.status_code == 400
+    assert error(refused)["message"].startswith("gpu_prices[0].hourly_usd: 0 makes H100 SXM free")
+    assert not PricingTable.objects.exists()
+    saved = staff.post("/api/v1/pricing-tables/", {**free, "confirm_free": True}, format="json")
+    assert saved.status_code == 201, saved.content
+    assert saved.json()["gpu_prices"][0]["hourly_usd"] == "0.000000"
