@@ -2,23 +2,24 @@
 
 A run's bill follows the tables in force while it ran, so two identical runs either side of a
 price edit cost differently, and the arm that ran first would look cheaper. Each attribution
-window records the table its comparison used (the experiment's pinned table, else the one in
-force at the window's end); a window's comparison takes every observation's billed cost and
-re-prices the usage of observations recorded under another table at its own:
+window records the table its comparison uses (the experiment's pinned table, else the one in
+force at the window's end). Where every second of the experiment's runs was billed at that
+table, the comparison is the bill. Where another version could have billed some of it (a
+version in force during its runs, a window recorded at another table, a run re-priced by hand:
+apps.attribution.selectors.experiments_priced_from_usage), every arm's compared cost is its
+rolled-up usage priced at the one table:
 
-    compared = billed + sum over earlier tables T of (usage under T at the window's table - at T)
+    compared = sum over observations of usage (device-seconds, energy, vCPU and memory seconds)
+               x the one table's unit prices
 
-Usage (device-seconds, wall seconds, energy) is already rolled up per run and window, so this
-is arithmetic over the rollup with apps.pricing.bill's formula, never a re-read of samples.
-Under one table throughout the correction is exactly 0 and the comparison is the bill. The
-usage of an observation is priced as a whole at its window's table (the one in force at its
-end): the part of the one window that straddles an edit stays at the older price.
+never the bill plus a per-window delta (a window's bill can span several versions: the audit saw
++14.7 % and -37.4 % between identical arms). The cost is linear in usage, so the unit prices come
+from apps.pricing.bill's formula at one unit of each resource and the database multiplies.
 Tiered models price units of work, which no table changes: their comparison is the bill.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -50,22 +51,19 @@ class Comparison:
             tiered=cost_model.kind == CostModel.Kind.TIERED_PER_CALL,
         )
 
-    def needs(self, table_id: int | None) -> bool:
-        """Whether usage recorded under table_id must be re-priced for this comparison."""
-        return (
-            not self.tiered
-            and self.table_id is not None
-            and table_id is not None
-            and table_id != self.table_id
-        )
+    @property
+    def needs_usage_pricing(self) -> bool:
+        """Whether usage can be priced at one table here (not a tiered model, a table named)."""
+        return not self.tiered and self.table_id is not None
 
 
 @dataclass(frozen=True)
 class PriceDelta:
-    """What moving one unit of rolled-up usage from a run's table to the comparison's adds (USD).
+    """The USD difference one unit of each rolled-up resource makes between two price sets (from
+    the free one: the unit prices of a table, apps.attribution.moments.unit_prices).
 
     The resource-weighted cost is linear in usage, so apps.pricing.bill's formula evaluated at one
-    unit of each resource gives it; the database multiplies (apps.attribution.selectors).
+    unit of each resource gives it; the database multiplies (apps.attribution.moments).
     """
 
     gpu_second: Decimal
@@ -107,23 +105,3 @@ class PriceDelta:
             + self.joule * energy_j
             + wall_s * (self.vcpu_second * vcpus + self.gb_second * Decimal(repr(float(memory_gb))))
         )
-
-
-def price_deltas(
-    moves: Iterable[tuple[int, Comparison, int]], prices: Mapping[tuple[int, int | None], Prices]
-) -> dict[tuple[int, int, int | None], PriceDelta]:
-    """Per (key, billed table, SKU): the PriceDelta to the key's comparison table,
-    for every SKU priced.
-
-    moves: (key, comparison, billed table) with comparison.needs(billed table);
-    key an experiment or arm.
-    """
-    skus = {sku for _, sku in prices}
-    return {
-        (key, billed, sku): PriceDelta.between(
-            target=prices[(c.table_id, sku)], billed=prices[(billed, sku)], weights=c.weights
-        )
-        for key, c, billed in moves
-        for sku in skus
-        if (c.table_id, sku) in prices and (billed, sku) in prices
-    }

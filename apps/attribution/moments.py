@@ -6,18 +6,20 @@ the snapshot columns' scales, so a recompute reproduces a tick."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from decimal import ROUND_HALF_EVEN, Decimal, localcontext
 
 from django.db import connection
 from django.db.models import Count, DecimalField, ExpressionWrapper, F, Q, Sum
 from django.db.models.functions import Cast
 
-from apps.attribution.comparison import Comparison, price_deltas
+from apps.attribution.comparison import Comparison, PriceDelta
 from apps.attribution.decisions import ArmSums, RunMoments
 from apps.attribution.models import AttributionWindow, RunCursor, RunWindow
 from apps.attribution.stats import as_decimal
 from apps.core.db import cte_fenced, is_postgres
 from apps.experiments.models import Arm, Run
+from apps.pricing.bill import FREE
 from apps.pricing.selectors import table_prices
 
 
@@ -104,65 +106,77 @@ def run_moments(
     epochs: dict[int, int],
     upto_number: dict[int, int],
     comparisons: dict[int, Comparison] | None = None,
-    mixed: set[int] | None = None,
+    repriced: set[int] | None = None,
     exclude_runs: set[int] | None = None,
     from_cursors: bool = False,
 ) -> dict[int, RunMoments]:
     """Per arm: its runs' cumulative compared cost, tokens and steps in windows epochs[arm] < number
     <= upto_number[arm], reduced to the run-level moments the freeze rule's variance needs.
 
-    A run's compared cost is its billed cost, with the usage of windows recorded under another
-    table than comparisons[arm]'s re-priced at that one (apps.attribution.comparison), summed in
-    the database: one query. `mixed`: the arms whose epoch may hold such windows (None: look for
-    them, one query); for those, which tables, their prices and their sums: four more.
+    A run's compared cost is its billed cost where every second of its experiment's runs was
+    billed at the comparison's table; for the arms in `repriced` (apps.attribution.selectors.
+    experiments_priced_from_usage: another version could have billed some of it) it is the
+    usage its windows rolled up priced at comparisons[arm]'s table, never the bill plus a delta
+    (a window's bill can span several versions). Summed in the database, one query per kind.
     Windows of an experiment are created in number order, so their ids grow with their numbers:
     the epoch becomes an id range, read from the (arm, window) index.
 
     `from_cursors` (the tick, once `cursors_advance` has run; upto_number is then each arm's newest
-    window): on Postgres, the arms with nothing to re-price read their runs' epoch sums from the
-    cursors, one row a run, however many windows the epoch holds.
+    window): on Postgres, the arms priced as billed read their runs' epoch sums from the cursors,
+    one row a run, however many windows the epoch holds.
     """
     if not epochs:
         return {}
     comparisons = comparisons or {}
-    suspects = {
-        a: e for a, e in epochs.items() if (mixed is None or a in mixed) and a in comparisons
+    moved = {
+        a
+        for a in (repriced or ())
+        if a in epochs and a in comparisons and comparisons[a].needs_usage_pricing
     }
-    params = epoch_params(suspects, upto_number, comparisons)
-    moves = []
-    if any(params[3::4]):  # which of them has usage under another table than its comparison's
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"""{epoch_ranges(len(suspects))}
-                SELECT DISTINCT b.arm_id, w.pricing_table_id FROM {cte_fenced("b")} JOIN {_WIN} w
-                ON w.experiment_id = b.experiment_id AND w.id > b.lo AND w.id <= b.hi
-                WHERE b.cmp > 0 AND w.pricing_table_id <> b.cmp""",
-                params,
-            )
-            moves = [
-                (arm_id, comparisons[arm_id], table_id) for arm_id, table_id in cursor.fetchall()
-            ]
-    plain = {a: e for a, e in epochs.items() if a not in {m[0] for m in moves}}
+    plain = {a: e for a, e in epochs.items() if a not in moved}
     if from_cursors and is_postgres():
         out = _moments_from_cursors(epochs=plain, exclude=exclude_runs)
     else:
         out = _moments(
             epochs=plain, upto_number=upto_number, comparisons=comparisons, exclude=exclude_runs
         )
-    if moves:
-        prices = table_prices(
-            table_ids={t for _, _, t in moves} | {c.table_id for _, c, _ in moves}
-        )
-        moved = {m[0] for m in moves}
+    if moved:
         out.update(
             _moments(
                 epochs={a: epochs[a] for a in moved},
                 upto_number=upto_number,
                 comparisons=comparisons,
-                deltas=price_deltas(moves, prices),
+                units=unit_prices({a: comparisons[a] for a in moved}, skus=arm_skus(arm_ids=moved)),
                 exclude=exclude_runs,
             )
         )
+    return out
+
+
+def arm_skus(*, arm_ids) -> dict[int, set[int | None]]:
+    """Per arm, the GPU SKUs its runs used (None: a CPU run). One query."""
+    out: dict[int, set[int | None]] = {a: set() for a in arm_ids}
+    for arm_id, sku in (
+        Run.objects.filter(arm_id__in=list(arm_ids)).values_list("arm_id", "gpu_sku_id").distinct()
+    ):
+        out[arm_id].add(sku)
+    return out
+
+
+def unit_prices(
+    comparisons: dict[int, Comparison], *, skus: dict[int, set[int | None]]
+) -> dict[tuple[int, int | None], PriceDelta]:
+    """Per (key, SKU): the USD of one unit of each rolled-up resource at the key's comparison
+    table (a SKU the table does not price: its GPU time at 0, as the bill marks it unpriced)."""
+    prices = table_prices(table_ids={c.table_id for c in comparisons.values()})
+    out = {}
+    for key, c in comparisons.items():
+        cpu = prices[(c.table_id, None)]
+        for sku in skus.get(key, ()) or {None}:
+            at = prices.get((c.table_id, sku)) or replace(
+                cpu, gpu_hour_usd=0.0, unpriced=cpu.unpriced | {"gpu"}
+            )
+            out[(key, sku)] = PriceDelta.between(target=at, billed=FREE, weights=c.weights)
     return out
 
 
@@ -171,34 +185,34 @@ def _moments(
     epochs: dict,
     upto_number: dict,
     comparisons: dict,
-    deltas: dict | None = None,
+    units: dict | None = None,
     exclude: set[int] | None = None,
 ) -> dict:
-    """run_moments' sums in one query; with deltas ((arm, billed table, SKU) -> PriceDelta),
-    re-priced; the runs in `exclude` left out."""
+    """run_moments' sums in one query; with units ((arm, SKU) -> PriceDelta of one unit at the
+    arm's comparison table), each run's cost is its rolled-up usage priced there; the runs in
+    `exclude` left out."""
     if not epochs:
         return {}
     exact, rw, run = "NUMERIC(40, 0)", _RW, Run._meta.db_table
     cost, joins, k_params = "SUM(rw.cost_usd)", "", []
-    if deltas:
-        k = ", ".join(["(%s, %s, %s, %s, %s, %s, %s)"] * len(deltas))
+    if units:
+        k = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(units))
         k_params = [
             v
-            for (arm_id, table_id, sku), d in deltas.items()
-            for v in (arm_id, table_id, sku or 0, d.gpu_second, d.joule, d.vcpu_second, d.gb_second)
+            for (arm_id, sku), d in units.items()
+            for v in (arm_id, sku or 0, d.gpu_second, d.joule, d.vcpu_second, d.gb_second)
         ]
-        # The per-unit deltas times the usage (PriceDelta.times), rounded per run as a bill is.
+        # The usage times the unit prices (PriceDelta.times), rounded per run as a bill is.
         cost = (
-            "SUM(rw.cost_usd) + ROUND(COALESCE(SUM("
+            "ROUND(COALESCE(SUM("
             "rw.gpu_seconds * k.dg + rw.energy_j * k.de + rw.wall_s * "
             "(x.vcpus * k.dv + CAST(x.memory_gb AS NUMERIC) * k.dm)), 0), 6)"
         )
         joins = (
-            f"JOIN {_WIN} w ON w.id = rw.window_id JOIN {run} x ON x.id = rw.run_id "
-            "LEFT JOIN k ON k.arm_id = rw.arm_id AND k.tbl = w.pricing_table_id "
-            "AND k.sku = COALESCE(x.gpu_sku_id, 0)"
+            f"JOIN {run} x ON x.id = rw.run_id "
+            "LEFT JOIN k ON k.arm_id = rw.arm_id AND k.sku = COALESCE(x.gpu_sku_id, 0)"
         )
-        k = f", k(arm_id, tbl, sku, dg, de, dv, dm) AS (VALUES {k})"
+        k = f", k(arm_id, sku, dg, de, dv, dm) AS (VALUES {k})"
     else:
         k = ""
     excluded = f" AND rw.run_id NOT IN ({', '.join(['%s'] * len(exclude))})" if exclude else ""
@@ -207,7 +221,7 @@ def _moments(
         r AS (
             SELECT rw.arm_id, {cost} AS c, CAST(SUM(rw.tokens) AS {exact}) AS t,
                    CAST(SUM(rw.steps) AS {exact}) AS s
-            FROM {cte_fenced("b") if deltas else "b"}
+            FROM {cte_fenced("b") if units else "b"}
             JOIN {rw} rw ON rw.arm_id = b.arm_id AND rw.window_id > b.lo AND rw.window_id <= b.hi
             {joins}
             WHERE rw.omitted = %s{excluded}

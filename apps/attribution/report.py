@@ -194,7 +194,7 @@ def experiment_report(*, experiment: Experiment, metric: str = "usd") -> Experim
     }
     latest = snapshots_latest(experiment=experiment)
     comparison = report_comparison(experiment=experiment, latest=latest)
-    repriced = arm_repricing(experiment_id=experiment.pk, comparison=comparison)
+    repriced = arm_repricing(experiment=experiment, comparison=comparison)
     compared = {
         arm_id: float(r["cost"] or 0) + float(repriced.get(arm_id, 0)) for arm_id, r in rows.items()
     }

@@ -19,18 +19,17 @@ from django.db.models import (
     Subquery,
     Sum,
 )
-from django.db.models.functions import Coalesce
+from django.db.models.functions import Coalesce, Now
 
-from apps.attribution.comparison import MICRO, Comparison, price_deltas
+from apps.attribution.comparison import MICRO, Comparison
 from apps.attribution.decisions import ArmSums
 from apps.attribution.models import AttributionSnapshot, AttributionWindow, FreezeEvent, RunWindow
-from apps.attribution.moments import exact_at
+from apps.attribution.moments import exact_at, unit_prices
 from apps.attribution.quality import QualitySums
 from apps.experiments.models import Experiment, Run
 from apps.pricing.models import GpuPrice, PricingTable
-from apps.pricing.selectors import pricing_tables_in_force, table_prices
-from apps.telemetry.evaluations import run_curves
-from apps.telemetry.models import RunEvaluation
+from apps.pricing.selectors import pricing_tables_in_force
+from apps.telemetry.models import RunEvaluation, RunRepricing
 
 # Beat fires on a fixed period; an experiment is due when its interval has passed, give or
 # take this much jitter, so a 30 s interval on a 5 s beat is attributed every 30 s, not 35.
@@ -274,40 +273,31 @@ def _tables_used(e: Experiment, by_tenant: dict, by_pk: dict, start: datetime) -
     return tables[first:]
 
 
-def arm_repricing(*, experiment_id: int, comparison: Comparison) -> dict[int, Decimal]:
-    """Per arm: what moving the usage its windows recorded under other tables to the comparison's
-    adds to its billed cost (the report's comparison): one query over the rollup,
-    two more after a price edit."""
-    if comparison.tiered or comparison.table_id is None:
+def arm_repricing(*, experiment: Experiment, comparison: Comparison) -> dict[int, Decimal]:
+    """Per arm: what pricing the usage its windows rolled up at the comparison's table adds to its
+    billed cost (the report's comparison), where some of it may have been billed at another
+    version (experiments_priced_from_usage); nothing otherwise. A few queries."""
+    if not comparison.needs_usage_pricing or experiment.pk not in experiments_priced_from_usage(
+        experiments=[experiment], comparisons={experiment.pk: comparison}
+    ):
         return {}
     rows = list(
-        RunWindow.objects.filter(
-            window__experiment_id=experiment_id, window__pricing_table__isnull=False
-        )
-        .exclude(window__pricing_table_id=comparison.table_id)
-        .values(
-            "arm_id", "window__pricing_table_id", "run__gpu_sku_id", "run__vcpus", "run__memory_gb"
-        )
-        .annotate(g=Sum("gpu_seconds"), ws=Sum("wall_s"), en=Sum("energy_j"))
+        RunWindow.objects.filter(window__experiment_id=experiment.pk)
+        .values("arm_id", "run__gpu_sku_id", "run__vcpus", "run__memory_gb")
+        .annotate(g=Sum("gpu_seconds"), ws=Sum("wall_s"), en=Sum("energy_j"), c=Sum("cost_usd"))
         .order_by()
     )
-    if not rows:
-        return {}
-    tables = {r["window__pricing_table_id"] for r in rows}
-    deltas = price_deltas(
-        [(0, comparison, t) for t in tables], table_prices(table_ids=tables | {comparison.table_id})
-    )
+    units = unit_prices({0: comparison}, skus={0: {r["run__gpu_sku_id"] for r in rows}})
     out: dict[int, Decimal] = defaultdict(Decimal)
     for r in rows:
-        delta = deltas.get((0, r["window__pricing_table_id"], r["run__gpu_sku_id"]))
-        if delta is not None:
-            out[r["arm_id"]] += delta.times(
-                gpu_seconds=exact_at(r["g"], 6),
-                energy_j=exact_at(r["en"], 6),
-                wall_s=exact_at(r["ws"], 6),
-                vcpus=r["run__vcpus"] or 0,
-                memory_gb=r["run__memory_gb"] or 0,
-            )
+        at = units[(0, r["run__gpu_sku_id"])].times(
+            gpu_seconds=exact_at(r["g"], 6),
+            energy_j=exact_at(r["en"], 6),
+            wall_s=exact_at(r["ws"], 6),
+            vcpus=r["run__vcpus"] or 0,
+            memory_gb=r["run__memory_gb"] or 0,
+        )
+        out[r["arm_id"]] += at - exact_at(r["c"], 6)
     return {arm_id: usd.quantize(MICRO) for arm_id, usd in out.items()}
 
 
@@ -379,25 +369,100 @@ class QualityCurve:
     points: list[tuple[float, float, int]]  # (USD so far, value, tokens so far)
 
 
-def quality_curves(*, experiment: Experiment, limit: int = 500) -> list[QualityCurve]:
-    """The evaluation curves of the experiment's newest `limit` runs that evaluated its metric.
+def quality_curves(*, experiment: Experiment, limit: int = 20_000) -> list[QualityCurve]:
+    """The evaluation curves of the experiment's runs that evaluated its metric (at most `limit`
+    evaluations, the newest runs' first).
 
     A point's USD is the run's bill pro rata of its telemetry's wall time at the evaluation
     (exact while its prices and power draw hold steady over the run; flagged as estimated
-    wherever it is shown). Two queries."""
-    runs = list(
-        Run.objects.filter(experiment=experiment, evaluations__metric=experiment.quality_metric)
-        .distinct()
-        .order_by("-pk")
-        .values_list("pk", "arm_id", "status", "cost_usd", "samples_from", "samples_to")[:limit]
+    wherever it is shown). One query."""
+    rows = (
+        RunEvaluation.objects.filter(run__experiment=experiment, metric=experiment.quality_metric)
+        .order_by("-run_id", "seq")
+        .values_list(
+            "run_id",
+            "run__arm_id",
+            "run__status",
+            "run__cost_usd",
+            "run__samples_from",
+            "run__samples_to",
+            "ts",
+            "value",
+            "tokens",
+        )[:limit]
     )
-    curves = run_curves(run_ids=[r[0] for r in runs], metric=experiment.quality_metric)
-    out = []
-    for pk, arm_id, status, cost, first, last in sorted(runs):
+    out: dict[int, QualityCurve] = {}
+    for pk, arm_id, status, cost, first, last, ts, value, tokens in rows:
+        curve = out.get(pk)
+        if curve is None:
+            curve = out[pk] = QualityCurve(pk, arm_id, status == Run.Status.SUCCEEDED, [])
         span = (last - first).total_seconds() if first and last else 0.0
-        points = []
-        for e in curves.get(pk, []):
-            share = 1.0 if span <= 0 else min(max((e.ts - first).total_seconds() / span, 0.0), 1.0)
-            points.append((float(cost) * share, e.value, e.tokens))
-        out.append(QualityCurve(pk, arm_id, status == Run.Status.SUCCEEDED, points))
+        share = 1.0 if span <= 0 else min(max((ts - first).total_seconds() / span, 0.0), 1.0)
+        curve.points.append((float(cost) * share, value, tokens))
+    return [out[pk] for pk in sorted(out)]
+
+
+def experiments_priced_from_usage(
+    *, experiments: list[Experiment], comparisons: dict[int, Comparison]
+) -> set[int]:
+    """The experiments whose runs may hold usage billed at another price version than their
+    comparison's table: a version other than it in force (from its valid_from until the next
+    version's valid_from or posting, whichever is later) at any time between the experiment's
+    first and last priced usage, a window recorded at another table, or a run re-priced by hand.
+    Their arms are compared on usage priced at the one table (apps.attribution.moments); the
+    others' bills are already at it. Conservative: a false "may" costs a query, never a wrong
+    figure. One query where every tenant has one table (the common case), four at most."""
+    ids = [e.pk for e in experiments if comparisons[e.pk].needs_usage_pricing]
+    if not ids:
+        return set()
+    tenants = {e.pk: e.tenant_id for e in experiments}
+    versions: dict[int, list] = defaultdict(list)
+    for tenant_id, pk, valid_from, created_at in (
+        PricingTable.objects.filter(tenant_id__in={tenants[i] for i in ids})
+        .order_by("tenant_id", "valid_from", "pk")
+        .values_list("tenant_id", "pk", "valid_from", "created_at")
+    ):
+        versions[tenant_id].append((pk, valid_from, created_at))
+    ids = [i for i in ids if len(versions[tenants[i]]) > 1]  # one table: every bill is at it
+    if not ids:
+        return set()
+    pinned = {e.pk for e in experiments if e.pricing_table_id}
+    out = set(
+        RunRepricing.objects.filter(run__experiment_id__in=ids)
+        .values_list("run__experiment_id", flat=True)
+        .distinct()
+    )
+    ids = [i for i in ids if i not in pinned]  # a pinned table bills everything at it
+    # A window recorded at another table than the comparison's: its usage was observed then.
+    out |= set(
+        AttributionWindow.objects.filter(experiment_id__in=ids, pricing_table__isnull=False)
+        .exclude(pricing_table_id__in=[comparisons[i].table_id for i in ids])
+        .values_list("experiment_id", flat=True)
+        .distinct()
+    )
+    # A run's priced span: its stored samples', else (totals written around ingest) its life.
+    spans = {
+        row["experiment_id"]: (row["lo"], row["hi"])
+        for row in Run.objects.filter(experiment_id__in=ids, priced_seq__gte=0)
+        .values("experiment_id")
+        .annotate(
+            lo=Min(Coalesce("samples_from", "started_at", "created_at")),
+            hi=Max(Coalesce("samples_to", "finished_at", Now())),
+        )
+        .order_by()
+    }
+    for experiment_id in ids:
+        if experiment_id not in spans:
+            continue
+        lo, hi = spans[experiment_id]
+        tables = versions[tenants[experiment_id]]
+        for i, (pk, valid_from, _) in enumerate(tables):
+            end = max(tables[i + 1][1], tables[i + 1][2]) if i + 1 < len(tables) else None
+            if (
+                pk != comparisons[experiment_id].table_id
+                and valid_from <= hi
+                and (end is None or end > lo)
+            ):
+                out.add(experiment_id)
+                break
     return out

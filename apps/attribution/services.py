@@ -135,18 +135,16 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
         cursors_advance(window_ids=window_ids, epochs=epochs, upto_number=upto_number)
         deltas = window_sums(window_ids=window_ids)
         excluded = _outliers_excluded(experiments)
+        from_usage = selectors.experiments_priced_from_usage(
+            experiments=experiments, comparisons=comparisons
+        )
         moments = run_moments(
             epochs=epochs,
             from_cursors=True,
             exclude_runs={o.run_id for e in excluded.values() for o in e},
             upto_number=upto_number,
             comparisons={arm.pk: comparisons[e.pk] for e in experiments for arm in arms_of[e.pk]},
-            mixed={
-                arm.pk
-                for e in experiments
-                for arm in arms_of[e.pk]
-                if arm.pk not in restarted and _mixed(previous.get(arm.pk), comparisons[e.pk])
-            },
+            repriced={arm.pk for e in experiments if e.pk in from_usage for arm in arms_of[e.pk]},
         )
 
         quality = selectors.quality_sums(experiment_ids=[e.pk for e in experiments])
@@ -181,6 +179,7 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
                 comparisons[experiment.pk],
                 excluded=excluded,
                 split=splits.get(experiment.pk),
+                from_usage=experiment.pk in from_usage,
             )
             snapshots += s
             freezes += f
@@ -227,16 +226,6 @@ def _epochs(
     return epochs, restarted
 
 
-def _mixed(previous: tuple | None, comparison: Comparison) -> bool:
-    """Whether an arm's epoch may hold usage recorded under another table than this comparison's:
-    its last window compared at another table, or its comparison then already re-priced
-    something."""
-    if previous is None:
-        return False
-    sums, _, table_id = previous
-    return (table_id is not None and table_id != comparison.table_id) or sums.compared != sums.cost
-
-
 def _attribute(
     experiment: Experiment,
     window: AttributionWindow,
@@ -246,6 +235,7 @@ def _attribute(
     comparison: Comparison,
     excluded: dict | None = None,
     split: ClassSplit | None = None,
+    from_usage: bool = False,
 ) -> tuple[list, list, list]:
     """One experiment's window: its snapshots, the freezes and weight moves it decides (unsaved).
 
@@ -260,6 +250,9 @@ def _attribute(
     if split is not None:
         for arm_id, arm_verdict in verdict.arms.items():
             arm_verdict.evidence.update(split.evidence(arm_id))
+    if from_usage:  # compared on usage priced at the window's table (a recompute does the same)
+        for arm_verdict in verdict.arms.values():
+            arm_verdict.evidence["priced_from_usage"] = True
     reason = fault or verdict.skip_reason
     if reason:
         window.status, window.skip_reason = AttributionWindow.Status.SKIPPED, reason

@@ -27,6 +27,7 @@ SNAPSHOT_EVIDENCE = (
     "decision",
     "frozen_for",
     "quality",
+    "priced_from_usage",
     "blocked_by",
     "threshold",
     "alpha",
@@ -190,6 +191,7 @@ def window_recompute(*, window: AttributionWindow) -> list[AttributionSnapshot]:
         epochs=epochs,
         upto_number={pk: window.number for pk in stored},
         comparisons=dict.fromkeys(stored, comparison),
+        repriced={pk for pk, s in stored.items() if (s.evidence or {}).get("priced_from_usage")},
         exclude_runs={r["run"] for runs in excluded.values() for r in runs},
     )
     inputs = [
@@ -210,6 +212,9 @@ def window_recompute(*, window: AttributionWindow) -> list[AttributionSnapshot]:
     verdict = experiment_decide(inputs, policy)
     for pk, runs in excluded.items():
         verdict.arms[pk].evidence["excluded_runs"] = runs
+    for pk, s in stored.items():
+        if (s.evidence or {}).get("priced_from_usage"):
+            verdict.arms[pk].evidence["priced_from_usage"] = True
     for pk, s in stored.items():  # the device class compared, as the tick recorded it
         verdict.arms[pk].evidence.update(
             {k: s.evidence[k] for k in CLASS_EVIDENCE if k in (s.evidence or {})}

@@ -51,7 +51,8 @@ def experiment():
 
 
 def test_measured_figures_per_arm(experiment, django_assert_max_num_queries):
-    with django_assert_max_num_queries(5):
+    # + the evaluation curves (cost to a quality) and the unpriced SKUs: one query each
+    with django_assert_max_num_queries(7):
         report = experiment_report(experiment=experiment)
     baseline, optimized = report.arms
     assert (baseline.name, baseline.is_control, optimized.name) == ("baseline", True, "optimized")
