@@ -3,6 +3,7 @@ edits of the table in force its runs straddled, however the ticks fell between t
 
 from __future__ import annotations
 
+import os
 import random
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -27,8 +28,11 @@ pytestmark = pytest.mark.django_db
 T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 
 
-def table(tenant, sku, at, usd, **prices):
-    t = PricingTableFactory(tenant=tenant, valid_from=at, created=at, **prices)
+def table(tenant, sku, at, usd, late_s: int = 0, **prices):
+    """A version in force from `at`, posted `late_s` later (retroactive when > 0)."""
+    t = PricingTableFactory(
+        tenant=tenant, valid_from=at, created=at + timedelta(seconds=late_s), **prices
+    )
     GpuPrice.objects.create(pricing_table=t, sku=sku, hourly_usd=Decimal(usd))
     return t
 
@@ -133,3 +137,32 @@ def test_candidate_runs_spanning_an_edit_compare_at_zero_at_every_tick():
         reported, ticked = world.deviation()
         assert reported == pytest.approx(0.0, abs=0.005), t
         assert ticked == pytest.approx(0.0, abs=0.005), t
+
+
+HISTORIES = int(os.environ.get("COSTLAB_PRICE_HISTORIES", "30"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(HISTORIES))
+def test_identical_usage_compares_at_zero_under_random_price_histories(seed):
+    """Random price histories (1-3 edits of any term, some posted late: retroactive), identical
+    runs placed anywhere around them, ticks at random times: the arms compare at 0 % (within
+    the bill's rounding), and the compared cost is each arm's usage at the one table.
+    COSTLAB_PRICE_HISTORIES=200 for the issue's full count (30 in the suite)."""
+    rng = random.Random(seed)
+    edits = []
+    for offset in rng.sample(range(60, 1500, 10), rng.randint(1, 3)):
+        terms = rng.choice(
+            [{}, {"vcpu_hour_usd": Decimal("0.09")}, {"electricity_usd_per_kwh": Decimal("0.4")}]
+        )
+        terms["late_s"] = rng.choice((0, 0, 120))
+        edits.append((offset, f"{rng.uniform(0.5, 9):.2f}", terms))
+    world = World(sorted(edits), seed=seed)
+    starts = sorted(rng.randrange(0, 1200, 10) for _ in range(2))
+    world.runs(world.control, start=starts[0], seconds=300, n=2)
+    world.runs(world.candidate, start=starts[1], seconds=300, n=2)
+    for t in sorted({rng.randrange(60, 1600, 10) for _ in range(3)} | {1700}):
+        world.until(t)
+    reported, ticked = world.deviation()
+    assert reported == pytest.approx(0.0, abs=1e-4), edits
+    assert ticked == pytest.approx(0.0, abs=1e-4), edits
