@@ -30,6 +30,7 @@ from apps.pricing.selectors import price_schedule
 from apps.telemetry.compaction import stored_rows
 from apps.telemetry.evaluations import evaluations_insert
 from apps.telemetry.ingest import (
+    clocks_clamp,
     counters_refuse_decreasing,
     out_of_range,
     samples_insert,
@@ -150,6 +151,12 @@ def telemetry_ingest(
     if not seqs:
         return IngestResult(received=len(samples), inserted=0, duplicates=0, refused=refused)
     appended = seqs[0] > run.last_seq
+    # A forward stamp (in this batch or stored) is pulled back to the time after it, never a
+    # reason to refuse the true samples that follow it.
+    pulled, restamped = clocks_clamp(
+        run=run, samples=parsed, attempt=batch_attempt, appended=appended
+    )
+    skewed_before = (run.cost_breakdown or {}).get("clock_skew_samples", 0)
     cost_before = run.cost_usd
     # The stored span, then widened to the batch (saved with the totals): every read below looks
     # inside it, and so only at the partitions of those days.
@@ -168,7 +175,9 @@ def telemetry_ingest(
             stored=stored,
         )
         evaluations_insert(run_id=run.pk, samples=parsed, fresh=fresh)
-        if fresh:
+        if restamped:  # stored times moved: the run is billed again from all its samples
+            run_totals_recompute(run=run)
+        elif fresh:
             # Whether every stored row still carries one attempt (stream_predecessors' short read).
             if stored is None:
                 run.samples_attempt = batch_attempt
@@ -202,6 +211,12 @@ def telemetry_ingest(
         DataError
     ):  # a number Postgres cannot store or compute with (the caller's transaction rolls back)
         raise out_of_range(samples) from None
+    if pulled or restamped:  # said on the run: how many samples' clocks were pulled back
+        run.cost_breakdown = {
+            **(run.cost_breakdown or {}),
+            "clock_skew_samples": skewed_before + pulled + restamped,
+        }
+        fields_save(run, ["cost_breakdown"])
     if fresh and run.cost_usd > cost_before:
         # After the commit, outside this run's row lock: the budget check touches the tenant's
         # other runs, which their own ingests lock.

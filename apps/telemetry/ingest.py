@@ -13,13 +13,14 @@ each sample had arrived once.
 
 from __future__ import annotations
 
+import itertools
 import operator
 import sys
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Annotated, Literal, NotRequired
 
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, connection, models, transaction
 from pydantic import AwareDatetime, ConfigDict, Field, TypeAdapter, ValidationError, with_config
 from typing_extensions import TypedDict  # pydantic needs this TypedDict before Python 3.12
 
@@ -374,3 +375,63 @@ def run_spans_refresh(run_ids: list[int]) -> int:
         samples_from=Subquery(of_run.annotate(v=Min("ts")).values("v")),
         samples_to=Subquery(of_run.annotate(v=Max("ts")).values("v")),
     )
+
+
+def _shift(times: list, fixed: list) -> float:
+    """Seconds moved in all from `times` to `fixed`."""
+    return sum(abs(a - b).total_seconds() for a, b in zip(times, fixed, strict=True))
+
+
+def clocks_clamp(*, run, samples: list[SampleIn], attempt: int, appended: bool) -> tuple[int, int]:
+    """Order within a run is by seq: a sample whose time disagrees with the samples around it (a
+    clock that jumped forward and back, or back and forward) is moved to agree, in its rank's
+    stream and attempt, whether it is in this batch or stored. Of the two ways to make the times
+    follow seq, each later time at least the one before (pulling early stamps up) or each earlier
+    time at most the one after (pulling late stamps down), the one that moves less time in all is
+    taken: one sample stamped 25 s ahead is pulled back, not the 25 after it pushed forward; one
+    stamped a minute behind is pulled up. A true batch is then never refused because of an
+    earlier stamp, and the wall time billed is the stream's true span.
+
+    Returns (new samples moved, stored samples moved); stored ones are updated here (the caller
+    then bills the run again from its samples). Stored rows are read only where they can be
+    involved: a batch appended at or after every stored time reads none."""
+    stored: list[dict] = []
+    if samples and run.samples_from is not None and run.raw_dropped_before is None:
+        low, high = min(s["ts"] for s in samples), max(s["ts"] for s in samples)
+        if not (appended and low >= run.samples_to):
+            lo_seq, hi_seq = min(s["seq"] for s in samples), max(s["seq"] for s in samples)
+            stored = list(
+                TelemetrySample.objects.of_run(run)
+                .filter(attempt=attempt, rank__in={s["rank"] for s in samples})
+                .filter(
+                    models.Q(seq__lt=hi_seq, ts__gt=low) | models.Q(seq__gt=lo_seq, ts__lt=high)
+                )
+                .values("pk", "seq", "ts", "rank")
+            )
+    batch_seqs = {s["seq"] for s in samples}
+    streams: dict[int, list[tuple[dict, bool]]] = {}
+    for row, is_stored in [(s, False) for s in samples] + [
+        (r, True) for r in stored if r["seq"] not in batch_seqs
+    ]:
+        streams.setdefault(row["rank"], []).append((row, is_stored))
+    moved_new, moved_stored = 0, []
+    for rows in streams.values():
+        rows.sort(key=lambda x: x[0]["seq"])
+        times = [row["ts"] for row, _ in rows]
+        up = list(itertools.accumulate(times, max))  # each at least the one before
+        down = list(itertools.accumulate(reversed(times), min))[::-1]  # at most the one after
+        if up == times:
+            continue
+
+        fixed = down if _shift(times, down) <= _shift(times, up) else up
+        for (row, is_stored), before, after in zip(rows, times, fixed, strict=True):
+            if after == before:
+                continue
+            if is_stored:
+                moved_stored.append((row["pk"], after))
+            else:
+                row["ts"] = after
+                moved_new += 1
+    for pk, ts in moved_stored:
+        TelemetrySample.objects.filter(pk=pk, run_id=run.pk).update(ts=ts)
+    return moved_new, len(moved_stored)
