@@ -5,10 +5,13 @@ delivered in the background, and finished with how the training ended.
         for step, batch in enumerate(loader):
             loss = train_step(batch)
             run.log(tokens=batch["input_ids"].numel(), loss=loss)
+            if step % 500 == 0:
+                run.log_eval(eval_loss=evaluate(model, held_out))
 
 Every call to the server is safe to repeat (the run key, sticky assignment, seq), so each is
 retried through an outage. What the training thread does, ``log()``, touches neither the network
-nor the disk nor a lock: it replaces one tuple.
+nor the disk nor a lock: it replaces one tuple. ``log_eval()`` checks its numbers and queues one
+evaluation, sent as a sample of its own.
 """
 
 from __future__ import annotations
@@ -19,16 +22,18 @@ import re
 import shutil
 import threading
 import time
+from collections import deque
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from costlab.client import Client, Unreachable
 from costlab.delivery import Outbox, Sender, Spool, say
+from costlab.evaluation import evaluation_fields
 from costlab.exits import open_runs, outcome_of, watch
 from costlab.probes import open_probe
 from costlab.resend import PENDING
-from costlab.sampler import Progress, Sampler
+from costlab.sampler import Evaluation, Progress, Sampler
 from costlab.world import World, run_key_for
 
 START_WAIT_S = 10.0  # at start, an outage this long sends the run on offline (not when assigning)
@@ -134,6 +139,7 @@ class Run:
         self.samples_left = 0
         self.error = ""
         self._progress = Progress(0, 0, None, 0.0, 0, None, time.perf_counter())
+        self._evaluations: deque[Evaluation] = deque()  # queued by log_eval, sent by the sampler
         self._client: Client | None = None
         self._sampler: Sampler | None = None
         self._sender: Sender | None = None
@@ -177,6 +183,32 @@ class Run:
             loss=p.loss if loss is None else loss,
             tokens_seen=p.tokens_seen if tokens_seen is None else tokens_seen,
         )
+
+    def log_eval(
+        self,
+        eval_loss: Any = None,
+        *,
+        metric: str | None = None,
+        value: Any = None,
+        direction: str | None = None,
+        eval_s: float | None = None,
+    ) -> None:
+        """A held-out evaluation at this point of training (the step and tokens of the last
+        log()): `eval_loss` (finite, >= 0; lower is better), and/or a named `metric` with its
+        `value` and `direction` ('lower' or 'higher' is better; no default); `eval_s`: the
+        seconds it took. Numbers or 0-d tensors (read now). Raises ValueError naming the argument,
+        queuing nothing. Sent once, as a sample of its own, through any outage; rank 0's is the
+        run's (on other ranks it is checked, then dropped)."""
+        fields = evaluation_fields(
+            eval_loss, metric=metric, value=value, direction=direction, eval_s=eval_s
+        )
+        if self._closed:
+            raise RuntimeError("log_eval: the run has ended; report evaluations before it ends")
+        if self.rank != 0:
+            return
+        self._evaluations.append(Evaluation(self._progress, fields))
+        if self._sampler is not None:
+            self._sampler.wake()
 
     # -- start -------------------------------------------------------------------------------
 
@@ -235,6 +267,7 @@ class Run:
             emit=self._outbox.put,
             rank=self.rank,
             world_size=self.world_size,
+            evaluations=self._evaluations,
         ).start()
         watch(self)
         return self

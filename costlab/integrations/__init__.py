@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Mapping
 from typing import Any
+
+from costlab.delivery import say
+from costlab.evaluation import EVAL_LOSS, direction_of, metric_name
 
 
 def tokens_in(batch: Any) -> Any:
@@ -38,3 +42,60 @@ def shared_run_key(given: str | None, *, world_size: int, rank: int, broadcast) 
     if key or world_size == 1:
         return key
     return broadcast(f"sdk-{uuid.uuid4().hex}" if rank == 0 else None)
+
+
+class EvalReporter:
+    """What a callback reports of its framework's evaluation metrics: the key read as the held-out
+    loss (`eval_loss`; None: none), and a named metric with its direction (`quality_metric`,
+    `quality_direction`; checked here, at construction), looked up as named or with one of
+    `prefixes`. A value the run refuses (a diverged NaN) is said on stderr, never raised into the
+    training; so is a configured metric the evaluation lacks, once."""
+
+    def __init__(
+        self,
+        *,
+        eval_loss: str | None,
+        quality_metric: str | None,
+        quality_direction: str | None,
+        prefixes: tuple[str, ...] = (),
+    ):
+        self.eval_loss, self.metric, self.direction = eval_loss, quality_metric, None
+        if quality_metric is not None:
+            metric_name(quality_metric, "quality_metric")
+            self.direction = direction_of(quality_direction, quality_metric, "quality_direction")
+        elif quality_direction is not None:
+            raise ValueError("quality_metric: name the metric that quality_direction is for")
+        self.prefixes = prefixes
+        self._said: set[str] = set()
+
+    def say_once(self, key: str, message: str) -> None:
+        if key not in self._said:
+            self._said.add(key)
+            say(message)
+
+    def _find(self, metrics: Mapping[str, Any], name: str) -> Any:
+        for key in (name, *(prefix + name for prefix in self.prefixes)):
+            if metrics.get(key) is not None:
+                return metrics[key]
+        self.say_once(name, f"metric '{name}' is not among the evaluation's ({', '.join(metrics)})")
+        return None
+
+    def report(self, run: Any, metrics: Mapping[str, Any], *, eval_s: Any, step: int) -> None:
+        """Report one evaluation's `metrics` to `run` (a started, open costlab.Run)."""
+        loss = self._find(metrics, self.eval_loss) if self.eval_loss else None
+        value = None
+        if self.metric is not None and not (self.metric == EVAL_LOSS and loss is not None):
+            value = self._find(metrics, self.metric)
+        if loss is None and value is None:
+            return
+        metric = None if value is None else self.metric
+        try:
+            run.log_eval(
+                loss,
+                metric=metric,
+                value=value,
+                direction=None if value is None else self.direction,
+                eval_s=eval_s,
+            )
+        except ValueError as exc:
+            say(f"the evaluation at step {step} is not reported: {exc}")

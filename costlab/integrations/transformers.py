@@ -6,7 +6,10 @@ The run starts at train begin on every process (each rank streams its own device
 run), takes the step count and step time at each optimizer step, the loss from the Trainer's logs
 (every ``logging_steps``), and tokens: the Trainer's world count when
 ``include_num_input_tokens_seen`` is on (exact, gathered over the ranks), else counted from each
-forward's batch (the attention mask's sum, else the input ids; times the world size). It ends
+forward's batch (the attention mask's sum, else the input ids; times the world size). Each
+evaluation during training (``eval_strategy``) goes as the run's held-out quality: ``eval_loss``,
+and a named metric where one is configured (``quality_metric="accuracy",
+quality_direction="higher"``), with ``eval_runtime`` as the seconds it took. It ends
 ``succeeded`` at train end.
 
 The Trainer has no exception event: an exception that ends the process ends the run ``failed``
@@ -20,14 +23,19 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from costlab.evaluation import EVAL_LOSS
 from costlab.exits import outcome_of
-from costlab.integrations import shared_run_key, tokens_in
+from costlab.integrations import EvalReporter, shared_run_key, tokens_in
 from costlab.run import Run
 
 
 class CostlabCallback(TrainerCallback):
-    """experiment, arm (a name or id) or assign=True, run_key: as ``costlab.track``; the other
-    keywords are ``costlab.Run``'s. COSTLAB_URL / COSTLAB_TOKEN unless url= / token=."""
+    """experiment, arm (a name or id) or assign=True, run_key: as ``costlab.track``. eval_loss:
+    the key of ``on_evaluate``'s metrics reported as the held-out loss (default ``eval_loss``;
+    None: none). quality_metric, quality_direction ('lower' or 'higher' is better): a named metric
+    reported too, under the name given, found as that key or with the Trainer's ``eval_`` prefix
+    (``"accuracy"``: ``eval_accuracy``). The other keywords are ``costlab.Run``'s.
+    COSTLAB_URL / COSTLAB_TOKEN unless url= / token=."""
 
     def __init__(
         self,
@@ -36,6 +44,9 @@ class CostlabCallback(TrainerCallback):
         *,
         assign: bool = False,
         run_key: str | None = None,
+        eval_loss: str | None = EVAL_LOSS,
+        quality_metric: str | None = None,
+        quality_direction: str | None = None,
         **options: Any,
     ):
         self.experiment, self.arm_given, self.assign, self.run_key = (
@@ -43,6 +54,12 @@ class CostlabCallback(TrainerCallback):
             arm,
             assign,
             run_key,
+        )
+        self.evals = EvalReporter(
+            eval_loss=eval_loss,
+            quality_metric=quality_metric,
+            quality_direction=quality_direction,
+            prefixes=("eval_",),
         )
         self.options = options
         self.run: Run | None = None
@@ -103,6 +120,20 @@ class CostlabCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.run is not None and logs and "loss" in logs:
             self.run.update(loss=logs["loss"])
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        if not metrics:
+            return
+        if self.run is None or self.run.closed:
+            self.evals.say_once(
+                "outside",
+                "an evaluation outside train() is not reported (the run starts and ends with "
+                "it): evaluate during training, with eval_strategy",
+            )
+            return
+        self.evals.report(
+            self.run, metrics, eval_s=metrics.get("eval_runtime"), step=state.global_step
+        )
 
     def on_train_end(self, args, state, control, **kwargs):
         self.close("succeeded")

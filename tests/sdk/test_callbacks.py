@@ -1,6 +1,7 @@
 """The one-line callbacks against a live server: a `transformers.Trainer` and a Lightning Trainer
 each train a tiny model built from a config (no download, CPU), and the run appears with its
-samples, the tokens the batches held, the loss, a bill > 0, and ends succeeded."""
+samples, the tokens the batches held, the loss, a bill > 0, its held-out evaluations (each at the
+step and tokens it was taken at), and ends succeeded."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ import pytest
 import torch
 
 from apps.experiments.models import Run
-from apps.telemetry.models import TelemetrySample
+from apps.telemetry.models import RunEvaluation, TelemetrySample
 from tests.sdk.conftest import HELD
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 STEPS, BATCH, SEQ, VOCAB = 10, 4, 16, 128
+EVAL_EVERY = 5  # steps: evaluations at steps 5 and 10
 
 
 @pytest.fixture(autouse=True)
@@ -54,6 +56,25 @@ def assert_reported(run_id: int, *, tokens: int) -> Run:
     return row
 
 
+def stored_evaluations(run_id: int, metric: str) -> list[RunEvaluation]:
+    return list(RunEvaluation.objects.filter(run_id=run_id, metric=metric).order_by("seq"))
+
+
+def assert_evaluated_at_steps(evaluations: list[RunEvaluation]) -> None:
+    """One evaluation per EVAL_EVERY steps, each at the step and the tokens trained by then
+    (evaluation's own forward passes are not trained tokens), each on a sample of its own."""
+    steps = list(range(EVAL_EVERY, STEPS + 1, EVAL_EVERY))
+    assert [e.step for e in evaluations] == steps
+    assert [e.tokens for e in evaluations] == [s * TOKENS_PER_STEP for s in steps]
+    assert len({e.seq for e in evaluations}) == len(evaluations)
+
+
+def accuracy(prediction) -> dict:
+    """Next-token accuracy, for the Trainer's compute_metrics."""
+    logits, labels = prediction.predictions, prediction.label_ids
+    return {"accuracy": float((logits[:, :-1].argmax(-1) == labels[:, 1:]).mean())}
+
+
 def test_the_transformers_trainer_reports_through_its_callback(served, tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
@@ -72,12 +93,20 @@ def test_the_transformers_trainer_reports_through_its_callback(served, tmp_path)
         )
     )
     callback = CostlabCallback(
-        experiment=served["experiment"].pk, arm="candidate", interval_s=0.1, **HELD
+        experiment=served["experiment"].pk,
+        arm="candidate",
+        interval_s=0.1,
+        quality_metric="accuracy",  # the Trainer's eval_accuracy, stored as "accuracy"
+        quality_direction="higher",
+        **HELD,
     )
     args = TrainingArguments(
         output_dir=str(tmp_path),
         max_steps=STEPS,
         per_device_train_batch_size=BATCH,
+        per_device_eval_batch_size=BATCH,
+        eval_strategy="steps",
+        eval_steps=EVAL_EVERY,
         learning_rate=1e-3,
         logging_steps=1,
         report_to="none",
@@ -86,13 +115,30 @@ def test_the_transformers_trainer_reports_through_its_callback(served, tmp_path)
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
-    trainer = Trainer(model=model, args=args, train_dataset=token_rows(64), callbacks=[callback])
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=token_rows(64),
+        eval_dataset=token_rows(8, seed=2),
+        compute_metrics=accuracy,
+        callbacks=[callback],
+    )
     trainer.train()
     assert callback.run_id is not None and callback.run.arm == "candidate"
     row = assert_reported(callback.run_id, tokens=STEPS * TOKENS_PER_STEP)
     assert row.arm.name == "candidate"
     losses = TelemetrySample.objects.filter(run_id=row.pk).exclude(loss=None)
     assert all(0 < s.loss < 10 for s in losses)
+
+    logged = [e for e in trainer.state.log_history if "eval_loss" in e]
+    held_out = stored_evaluations(row.pk, "eval_loss")
+    assert_evaluated_at_steps(held_out)
+    assert [e.value for e in held_out] == pytest.approx([e["eval_loss"] for e in logged])
+    assert all(not e.higher_is_better and 0 < e.eval_s < 60 for e in held_out)
+    accuracies = stored_evaluations(row.pk, "accuracy")
+    assert [e.seq for e in accuracies] == [e.seq for e in held_out]  # one evaluation, both
+    assert [e.value for e in accuracies] == pytest.approx([e["eval_accuracy"] for e in logged])
+    assert all(e.higher_is_better for e in accuracies)
 
 
 def test_a_trainer_exception_fails_the_run_through_the_callbacks_context(served, tmp_path):
@@ -167,11 +213,17 @@ def test_lightning_reports_through_its_callback(served):
             mask = batch["attention_mask"]
             return (per_token * mask).sum() / mask.sum()
 
+        def validation_step(self, batch, batch_idx):
+            logits = self.head(self.embed(batch["input_ids"]))
+            loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), batch["labels"])
+            self.log("val_loss", loss)
+
         def configure_optimizers(self):
             return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
     torch.manual_seed(0)
     loader = torch.utils.data.DataLoader(token_rows(64, seed=1), batch_size=BATCH)
+    held_out = torch.utils.data.DataLoader(token_rows(8, seed=2), batch_size=BATCH)
     callback = CostlabCallback(
         experiment=served["experiment"].pk, arm="control", interval_s=0.1, **HELD
     )
@@ -183,12 +235,17 @@ def test_lightning_reports_through_its_callback(served):
         enable_model_summary=False,
         logger=False,
         enable_checkpointing=False,
+        val_check_interval=EVAL_EVERY,  # and a sanity check first (2 batches): not reported
         callbacks=[callback],
     )
-    trainer.fit(TinyLm(), loader)
+    trainer.fit(TinyLm(), loader, held_out)
     assert callback.run_id is not None
     row = assert_reported(callback.run_id, tokens=STEPS * TOKENS_PER_STEP)
     assert row.arm.name == "control"
+    evaluations = stored_evaluations(row.pk, "eval_loss")  # val_loss, by default
+    assert_evaluated_at_steps(evaluations)
+    assert all(0 < e.value < 10 and e.eval_s > 0 for e in evaluations)
+    assert evaluations[-1].value == pytest.approx(float(trainer.callback_metrics["val_loss"]))
 
 
 def test_a_lightning_exception_fails_the_run(served):
