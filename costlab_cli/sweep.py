@@ -13,6 +13,7 @@ METRICS = [
     ("peak MiB", "peak_mem_mb", 0),
     ("USD/1M tok", "usd_per_mtok", 4),
 ]
+HELD_OUT = ("held-out loss", "eval_loss", 4)  # a column only when a probe measured it
 
 
 def _space(text: str) -> dict:
@@ -51,6 +52,8 @@ def cmd_sweep_start(api: Api, args) -> int:
         body["objectives"] = args.objective
     if args.gpu_sku:
         body["gpu_sku"] = args.gpu_sku
+    if args.quality_margin is not None:
+        body["quality_margin"] = args.quality_margin
     sweep = api.post("sweeps/", body)
     print(
         f"sweep {sweep['id']} started: {sweep['sampler']} over {len(sweep['space'])} keys, "
@@ -81,10 +84,19 @@ def _num(value, digits: int) -> str:
 
 def frontier_table(probes: list[dict]) -> str:
     keys = list(dict.fromkeys(k for p in probes for k in p["params"]))
-    head = ["#", *(k.split(".")[-1] for k in keys), *(m[0] for m in METRICS), "frontier", "status"]
+    metrics_shown = METRICS + (
+        [HELD_OUT] if any(p.get("eval_loss") is not None for p in probes) else []
+    )
+    head = [
+        "#",
+        *(k.split(".")[-1] for k in keys),
+        *(m[0] for m in metrics_shown),
+        "frontier",
+        "status",
+    ]
     rows = []
     for p in probes:
-        metrics = [_num(p[field], digits) for _, field, digits in METRICS]
+        metrics = [_num(p[field], digits) for _, field, digits in metrics_shown]
         if p["mem_estimated"] and metrics[1] != "-":
             metrics[1] += " est."
         status = (
@@ -94,7 +106,7 @@ def frontier_table(probes: list[dict]) -> str:
         )
         rows.append(
             [
-                str(p["number"]),
+                str(p["number"]) + (" base" if p.get("is_base") else ""),
                 *(str(p["params"].get(k, "-")) for k in keys),
                 *metrics,
                 "✓" if p["on_frontier"] else "",
@@ -141,8 +153,14 @@ def add_parser(sub) -> None:
         "--objective",
         action="append",
         metavar="NAME",
-        help="usd_per_mtok, peak_mem_mb, step_time_s or energy_j "
-        "(repeatable; default the first two).",
+        help="usd_per_mtok, peak_mem_mb, step_time_s, energy_j or eval_loss (the held-out "
+        "loss: the strategy needs an eval: section) (repeatable; default the first two).",
+    )
+    s.add_argument(
+        "--quality-margin",
+        metavar="FRACTION",
+        help="A quality constraint, e.g. 0.01: a probe whose held-out loss is more than 1 %% "
+        "above the base strategy's is infeasible (the strategy needs an eval: section).",
     )
     s.add_argument(
         "--sampler",

@@ -15,6 +15,7 @@ OBJECTIVES = {
     "peak_mem_mb": "peak memory (MiB)",
     "step_time_s": "step time (s)",
     "energy_j": "energy (J)",
+    "eval_loss": "held-out loss",
 }
 DEFAULT_OBJECTIVES = ["usd_per_mtok", "peak_mem_mb"]
 
@@ -82,6 +83,15 @@ class Sweep(TimeStampedModel):
         help_text="Relative difference below which two probes tie "
         "(widened by their measured spread).",
     )
+    quality_margin = models.DecimalField(
+        max_digits=6,
+        decimal_places=4,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(Decimal("0.0001")), MaxValueValidator(Decimal("1"))],
+        help_text="A quality constraint: a probe whose held-out loss is more than this much "
+        "(relative, 0.01 = 1 %) above the base strategy's is infeasible. Empty: no constraint.",
+    )
     pruned = models.JSONField(
         default=list,
         blank=True,
@@ -108,6 +118,11 @@ class Sweep(TimeStampedModel):
             models.CheckConstraint(
                 condition=Q(probe_count__gte=1) & Q(probe_steps__gte=2),
                 name="sweep_budget_positive",
+            ),
+            models.CheckConstraint(
+                condition=Q(quality_margin__isnull=True)
+                | (Q(quality_margin__gt=0) & Q(quality_margin__lte=1)),
+                name="sweep_quality_margin_range",
             ),
         ]
 
@@ -143,6 +158,11 @@ class Probe(models.Model):
         blank=True,
         help_text="Optuna's system attrs of the trial (e.g. its NSGA-II generation).",
     )
+    is_base = models.BooleanField(
+        default=False,
+        help_text="The base strategy itself, probed first when the sweep measures held-out loss: "
+        "the reference every candidate's loss is judged against.",
+    )
     promoted_to = models.ForeignKey(
         "experiments.Arm",
         on_delete=models.SET_NULL,
@@ -150,6 +170,12 @@ class Probe(models.Model):
         blank=True,
         related_name="+",
         help_text="The arm its latest promote created (the sweep page links its experiment).",
+    )
+    promotions = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="Audit of every promote: [{arm, experiment, at, by, forced, quality}], "
+        "quality being the held-out check it passed or, when forced, overrode.",
     )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
     reason = models.TextField(blank=True, default="", help_text="Why it is infeasible.")
@@ -183,12 +209,26 @@ class Probe(models.Model):
     cost_usd = models.DecimalField(max_digits=16, decimal_places=9, null=True, blank=True)
     usd_per_mtok = models.FloatField(null=True, blank=True)
     final_loss = models.FloatField(null=True, blank=True)
+    eval_loss = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="Held-out loss at the probe's end (the strategy's eval: section); "
+        "empty when it does not evaluate.",
+    )
+    eval_s = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="Seconds spent evaluating (inside the measured cost, reported apart).",
+    )
 
     class Meta:
         ordering = ["sweep", "number"]
         constraints = [
             models.UniqueConstraint(fields=["sweep", "number"], name="probe_unique_number"),
             models.UniqueConstraint(fields=["sweep", "params_key"], name="probe_unique_params"),
+            models.UniqueConstraint(
+                fields=["sweep"], condition=Q(is_base=True), name="probe_one_base_per_sweep"
+            ),
         ]
         indexes = [models.Index(fields=["sweep", "status"], name="probe_sweep_status_idx")]
 

@@ -9,6 +9,7 @@ apps.sweeps.services."""
 from __future__ import annotations
 
 import logging
+import math
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -29,7 +30,8 @@ from apps.sweeps.measure import peak_memory_mb, timed_stretch
 from apps.sweeps.models import Probe, Sweep
 from apps.sweeps.proposer import Known, propose
 from apps.sweeps.pruning import space_pruned
-from apps.sweeps.space import params_key, space_expand, strategy_with
+from apps.sweeps.quality import CONSTRAINT_REASON, EVAL_LOSS, held_out_loss, in_space, judge
+from apps.sweeps.space import RESOURCE_KEYS, params_key, space_expand, strategy_with
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +65,29 @@ def candidate_yaml(base: dict[str, Any], params: dict[str, Any]) -> str:
     return yaml.safe_dump(strategy_with(base, params), sort_keys=False)
 
 
-def _known(sweep: Sweep) -> list[Known]:
+def base_params(base: dict[str, Any], expanded: dict[str, list[Any]]) -> dict[str, Any]:
+    """The base strategy's own value of each searched key (its default where the document leaves
+    the key out); a key it sets no value for (``resources.threads``: the machine's) is left out."""
+    from gpu_runtime import strategy_from_dict
+
+    config = strategy_from_dict(base)
+    params = {}
+    for key in expanded:
+        if key in RESOURCE_KEYS:
+            continue
+        node: Any = config
+        for part in key.split("."):
+            node = getattr(node, part, None)
+        if node is not None:
+            params[key] = node
+    return params
+
+
+def _known(sweep: Sweep, expanded: dict[str, list[Any]]) -> list[Known]:
     known = []
     for probe in sweep.probes.order_by("number"):
+        if probe.is_base and not in_space(probe.params, expanded):
+            continue  # the base outside the space: a reference for quality, not a trial
         values = probe.objective_values(sweep.objectives)
         if probe.status == Probe.Status.SUCCEEDED and all(v is not None for v in values):
             state = "complete"
@@ -91,7 +113,7 @@ def probe_next(sweep: Sweep, base: dict[str, Any], expanded: dict[str, list[Any]
         expanded=expanded,
         directions=len(sweep.objectives),
         probe_count=sweep.probe_count,
-        known=_known(sweep),
+        known=_known(sweep, expanded),
     )
     if proposal is None:
         return None
@@ -104,9 +126,30 @@ def probe_next(sweep: Sweep, base: dict[str, Any], expanded: dict[str, list[Any]
         strategy_yaml=candidate_yaml(base, params),
         sampler_attrs=proposal.attrs,
     )
-    probe_id, queue = probe.pk, sweep.queue
-    transaction.on_commit(lambda: probe_send(probe_id=probe_id, queue=queue), robust=True)
+    _send_on_commit(probe)
     return probe
+
+
+def probe_base(sweep: Sweep, base: dict[str, Any], params: dict[str, Any]) -> Probe:
+    """Queue the base strategy itself as the sweep's first probe (on commit): the reference each
+    candidate's held-out loss is judged against. ``params`` are the base's values of the searched
+    keys: when they are a point of the space, Optuna is told it as that point's trial (as
+    ``enqueue_trial`` would), and never proposes it again."""
+    probe = Probe.objects.create(
+        sweep=sweep,
+        number=sweep.probes.count(),
+        params=params,
+        params_key=params_key(params),
+        strategy_yaml=candidate_yaml(base, {}),
+        is_base=True,
+    )
+    _send_on_commit(probe)
+    return probe
+
+
+def _send_on_commit(probe: Probe) -> None:
+    probe_id, queue = probe.pk, probe.sweep.queue
+    transaction.on_commit(lambda: probe_send(probe_id=probe_id, queue=queue), robust=True)
 
 
 def probe_send(*, probe_id: int, queue: str) -> bool:
@@ -193,6 +236,54 @@ def _measure(
     probe.cost_usd = Decimal(f"{cost.total_usd:.9f}")
     probe.usd_per_mtok = cost_per_million_tokens(cost.total_usd, usage.tokens)
     probe.final_loss = result.final_loss
+    # read defensively: a runtime without evaluation hands back no eval_loss at all
+    probe.eval_loss, probe.eval_s = held_out_loss(result, samples)
+    if probe.eval_loss is not None and not math.isfinite(probe.eval_loss):
+        probe.status = Probe.Status.INFEASIBLE
+        probe.reason = f"eval_loss: the held-out loss is {probe.eval_loss} (the candidate diverged)"
+        probe.eval_loss = None
+    elif probe.eval_loss is None and EVAL_LOSS in sweep.objectives:
+        probe.status = Probe.Status.INFEASIBLE
+        probe.reason = "eval_loss: the probe reported no held-out loss (an objective of the sweep)"
+
+
+def sweep_quality_apply(*, sweep: Sweep) -> list[int]:
+    """Under the sweep's quality_margin, each measured candidate whose held-out loss is more than
+    the margin above the base's, or not measured on either side, becomes infeasible with the
+    reason; nothing is judged before the base's probe has landed. Runs as each probe lands (the
+    base may land after others); returns the ids it made infeasible."""
+    if sweep.quality_margin is None:
+        return []
+    base = sweep.probes.filter(is_base=True).first()
+    if base is None or base.status in Probe.PENDING:
+        return []
+    missing = base_missing(base)
+    excluded = []
+    for probe in sweep.probes.filter(status=Probe.Status.SUCCEEDED, is_base=False):
+        judgement = judge(
+            eval_loss=probe.eval_loss,
+            base_eval_loss=None if missing else base.eval_loss,
+            margin=sweep.quality_margin,
+            margin_from="the sweep's quality_margin",
+            base_missing=missing,
+        )
+        if not judgement.acceptable:
+            probe.status = Probe.Status.INFEASIBLE
+            probe.reason = CONSTRAINT_REASON + judgement.detail
+            probe.save(update_fields=["status", "reason"])
+            excluded.append(probe.pk)
+    return excluded
+
+
+def base_missing(base: Probe | None) -> str:
+    """Why the base has no held-out loss to judge by, in words ("" when its probe succeeded):
+    e.g. "its probe #0 is infeasible: out of memory: ..." (the reason's first line)."""
+    if base is None:
+        return "the sweep has no probe of its base"
+    if base.status == Probe.Status.SUCCEEDED:
+        return ""
+    why = base.reason.splitlines()[0][:200] if base.reason else ""
+    return f"its probe #{base.number} is {base.status}" + (f": {why}" if why else "")
 
 
 @transaction.atomic
@@ -232,6 +323,7 @@ def probe_finish(
             baseline_mem_mb=baseline_mem_mb,
         )
     probe.save()
+    sweep_quality_apply(sweep=sweep)
     if sweep.status == Sweep.Status.RUNNING:
         sweep_advance(sweep=sweep)
     return probe

@@ -6,6 +6,7 @@ from django.db.models import Count, Q, QuerySet
 
 from apps.sweeps.frontier import Point, pareto_front
 from apps.sweeps.models import Probe, Sweep
+from apps.sweeps.quality import CONSTRAINT_REASON
 from apps.tenants.models import Tenant
 
 
@@ -21,16 +22,28 @@ def sweep_list(*, tenant: Tenant) -> QuerySet[Sweep]:
     )
 
 
-def sweep_frontier(*, sweep: Sweep) -> list[Probe]:
+def _feasible(probe: Probe, *, waive_quality: bool) -> bool:
+    if probe.status == Probe.Status.SUCCEEDED:
+        return True
+    # measured, and infeasible only by the sweep's quality constraint
+    return (
+        waive_quality
+        and probe.status == Probe.Status.INFEASIBLE
+        and probe.reason.startswith(CONSTRAINT_REASON)
+    )
+
+
+def sweep_frontier(*, sweep: Sweep, waive_quality: bool = False) -> list[Probe]:
     """Every probe of the sweep, in proposal order, each with ``on_frontier`` set
-    (see apps.sweeps.frontier)."""
+    (see apps.sweeps.frontier). ``waive_quality``: the frontier as if the quality constraint were
+    off (what a forced promote may take)."""
     probes = list(Probe.objects.filter(sweep=sweep).order_by("number"))
     points = [
         Point(
             key=p.pk,
             values=p.objective_values(sweep.objectives),
             spread=p.step_time_spread or 0.0,
-            feasible=p.status == Probe.Status.SUCCEEDED,
+            feasible=_feasible(p, waive_quality=waive_quality),
         )
         for p in probes
     ]

@@ -20,8 +20,15 @@ from apps.experiments.models import Arm, Experiment, Run
 from apps.experiments.services import arm_create, experiment_create
 from apps.pricing.models import CostModel, GpuSku
 from apps.sweeps.models import OBJECTIVES, Probe, Sweep
-from apps.sweeps.probes import base_document, probe_next
+from apps.sweeps.probes import (
+    base_document,
+    base_missing,
+    base_params,
+    probe_base,
+    probe_next,
+)
 from apps.sweeps.pruning import dominated_values, space_pruned
+from apps.sweeps.quality import EVAL_LOSS, Judgement, evaluates, in_space, judge
 from apps.sweeps.selectors import sweep_frontier
 from apps.sweeps.space import SpaceError, space_expand, space_size, strategy_with
 from apps.tenants.models import Tenant
@@ -98,9 +105,16 @@ def sweep_create(
     gpu_sku: GpuSku | None = None,
     cost_model: CostModel | None = None,
     tie_tolerance: Decimal = Decimal("0.02"),
+    quality_margin: Decimal | None = None,
+    probe_the_base: bool = True,
 ) -> Sweep:
     """Validate a sweep, store it and queue its first probes once committed;
-    a 400 names the bad field."""
+    a 400 names the bad field.
+
+    When the base strategy evaluates (an ``eval:`` section), its first probe is the base itself
+    (``probe_the_base``; a sizing sweep, whose points differ only in threads, skips it): the
+    reference for the ``quality_margin`` constraint, the ``eval_loss`` objective and promotion.
+    A base outside the space is probed on top of ``probe_count``."""
     tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)
     base = base_document(base_strategy_yaml)
     try:
@@ -119,6 +133,21 @@ def sweep_create(
             )
     if len(set(objectives)) != len(objectives):
         raise invalid("objectives", "an objective is listed twice")
+    # Refused rather than given a default eval: section, so a probe measures the strategy its
+    # promoted arm will run: evaluation costs time, and a holdout takes data from training.
+    measures_quality = evaluates(base)
+    if EVAL_LOSS in objectives and not measures_quality:
+        raise invalid(
+            "objectives",
+            "eval_loss needs an eval: section in the base strategy (every_steps, holdout, "
+            "max_tokens), so each probe reports its held-out loss",
+        )
+    if quality_margin is not None and not measures_quality:
+        raise invalid(
+            "quality_margin",
+            "a quality constraint needs an eval: section in the base strategy (every_steps, "
+            "holdout, max_tokens), so each probe reports its held-out loss",
+        )
     if not 1 <= probe_count <= MAX_PROBES:
         raise invalid("probe_count", f"must be between 1 and {MAX_PROBES}, got {probe_count}")
     size = space_size(expanded)
@@ -138,6 +167,8 @@ def sweep_create(
     if cost_model is not None and cost_model.tenant_id != tenant.pk:
         raise invalid("cost_model", f"{cost_model.pk} belongs to another tenant")
     _quota_check(tenant=tenant, parallelism=parallelism)
+    reference = base_params(base, expanded) if measures_quality and probe_the_base else None
+    extra = 1 if reference is not None and not in_space(reference, expanded) else 0
     sweep = Sweep(
         tenant=tenant,
         name=name,
@@ -146,7 +177,7 @@ def sweep_create(
         objectives=objectives,
         sampler=sampler,
         seed=seed,
-        probe_count=min(probe_count, size),
+        probe_count=min(probe_count, size) + extra,
         probe_steps=probe_steps,
         warmup_steps=warmup_steps,
         parallelism=parallelism,
@@ -155,10 +186,15 @@ def sweep_create(
         gpu_sku=gpu_sku,
         cost_model=cost_model,
         tie_tolerance=tie_tolerance,
+        quality_margin=quality_margin,
     )
     sweep.full_clean()
     sweep.save()
-    for _ in range(min(parallelism, sweep.probe_count)):
+    queued = 0
+    if reference is not None:
+        probe_base(sweep, base, reference)
+        queued = 1
+    for _ in range(min(parallelism, sweep.probe_count) - queued):
         probe_next(sweep, base, expanded)
     return sweep
 
@@ -183,6 +219,33 @@ def sweep_cancel(*, sweep: Sweep) -> Sweep:
     return sweep
 
 
+def promote_quality(*, sweep: Sweep, probe: Probe, experiment: Experiment | None) -> Judgement:
+    """The held-out check a promote passes: the probe's loss against the base's probe, within the
+    sweep's quality_margin, else the experiment's (a new experiment's default); ``unchecked`` when
+    the sweep measures no quality (its base strategy has no eval: section)."""
+    from gpu_runtime.yaml_loader import read_strategy_yaml
+
+    if not evaluates(read_strategy_yaml(sweep.base_strategy_yaml)):
+        return Judgement("unchecked")
+    if sweep.quality_margin is not None:
+        margin, margin_from = sweep.quality_margin, "the sweep's quality_margin"
+    elif experiment is not None:
+        margin = experiment.quality_margin
+        margin_from = f"the quality_margin of experiment '{experiment.name}'"
+    else:
+        margin = Experiment._meta.get_field("quality_margin").get_default()
+        margin_from = "the default quality_margin of a new experiment"
+    base = sweep.probes.filter(is_base=True).first()
+    missing = base_missing(base)
+    return judge(
+        eval_loss=probe.eval_loss,
+        base_eval_loss=None if missing else base.eval_loss,
+        margin=margin,
+        margin_from=margin_from,
+        base_missing=missing,
+    )
+
+
 @transaction.atomic
 def sweep_promote(
     *,
@@ -192,16 +255,34 @@ def sweep_promote(
     experiment: Experiment | None = None,
     experiment_name: str = "",
     arm_name: str = "",
+    force: bool = False,
+    actor=None,
 ) -> Arm:
     """Turn a frontier point into an arm: of an existing experiment,
-    or of a new one whose control is the base."""
+    or of a new one whose control is the base.
+
+    A point whose held-out loss is worse than the base's beyond the margin, or not measured, is
+    refused with both losses and the margin (409) unless ``force``; a forced promote may take a
+    point the quality constraint alone kept off the frontier. Each promote is kept in the probe's
+    ``promotions``, with what was forced."""
     if probe.sweep_id != sweep.pk:
         raise invalid("probe", f"probe {probe.pk} is not a probe of sweep {sweep.pk}")
-    frontier = {p.pk for p in sweep_frontier(sweep=sweep) if p.on_frontier}
+    named = f"probe {probe.pk} (#{probe.number} of the sweep)"
+    if experiment is not None and experiment.tenant_id != sweep.tenant_id:
+        raise invalid("experiment", f"{experiment.pk} belongs to another tenant")
+    quality = promote_quality(sweep=sweep, probe=probe, experiment=experiment)
+    if not quality.acceptable and not force:
+        raise ApplicationError(
+            f"probe: {named}: {quality.detail}; force: true promotes it anyway",
+            {"fields": {"probe": [f"held-out loss {quality.verdict.replace('_', ' ')}"]}},
+            code=f"quality_{quality.verdict}",
+            status=409,
+        )
+    frontier = {p.pk for p in sweep_frontier(sweep=sweep, waive_quality=force) if p.on_frontier}
     if probe.pk not in frontier:
         raise ApplicationError(
-            f"probe: probe {probe.pk} (#{probe.number} of the sweep) is not on the sweep's "
-            f"frontier ({probe.status}); only a frontier point is promoted",
+            f"probe: {named} is not on the sweep's frontier ({probe.status}); only a frontier "
+            f"point is promoted",
             {"fields": {"probe": ["not on the frontier"]}},
             code="not_on_frontier",
             status=409,
@@ -229,12 +310,28 @@ def sweep_promote(
             strategy_yaml=sweep.base_strategy_yaml,
             is_control=True,
         )
-    elif experiment.tenant_id != sweep.tenant_id:
-        raise invalid("experiment", f"{experiment.pk} belongs to another tenant")
     arm = arm_create(
         experiment=experiment, name=arm_name, strategy_yaml=probe.strategy_yaml, weight=weight
     )
-    Probe.objects.filter(pk=probe.pk).update(promoted_to=arm)
+    forced = force and not quality.acceptable
+    if forced:
+        logger.warning(
+            "sweep %s: %s promoted to arm %s by force: %s", sweep.pk, named, arm.pk, quality.detail
+        )
+    probe = Probe.objects.select_for_update().get(pk=probe.pk)
+    probe.promoted_to = arm
+    probe.promotions = [
+        *probe.promotions,
+        {
+            "arm": arm.pk,
+            "experiment": experiment.pk,
+            "at": timezone.now().isoformat(),
+            "by": getattr(actor, "username", "") or "",
+            "forced": forced,
+            "quality": quality.as_dict(),
+        },
+    ]
+    probe.save(update_fields=["promoted_to", "promotions"])
     return arm
 
 
@@ -266,6 +363,7 @@ def run_sizing_start(*, run: Run, max_threads: int | None = None, probe_steps: i
         parallelism=1,
         gpu_sku=run.gpu_sku,
         cost_model=run.experiment.cost_model,
+        probe_the_base=False,  # threads do not change the model: no quality reference needed
     )
     sweep.run = run
     sweep.save(update_fields=["run"])

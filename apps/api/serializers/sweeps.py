@@ -32,9 +32,13 @@ class ProbeSerializer(serializers.ModelSerializer):
             "cost_usd",
             "usd_per_mtok",
             "final_loss",
+            "eval_loss",
+            "eval_s",
+            "is_base",
             "started_at",
             "finished_at",
             "on_frontier",
+            "promotions",
         ]
         read_only_fields = fields
 
@@ -62,6 +66,7 @@ class SweepSerializer(serializers.ModelSerializer):
             "cost_model",
             "seed",
             "tie_tolerance",
+            "quality_margin",
             "probes_done",
             "note",
             "created_at",
@@ -105,7 +110,8 @@ class SweepCreateSerializer(serializers.Serializer):
     objectives = serializers.ListField(
         child=serializers.CharField(),
         required=False,
-        help_text="Minimised, from: " + ", ".join(OBJECTIVES),
+        help_text="Minimised, from: " + ", ".join(OBJECTIVES) + " (eval_loss: the held-out "
+        "loss; needs an eval: section in the base strategy).",
     )
     sampler = serializers.ChoiceField(
         choices=SAMPLER_CHOICES,
@@ -130,6 +136,17 @@ class SweepCreateSerializer(serializers.Serializer):
     tie_tolerance = serializers.DecimalField(
         max_digits=5, decimal_places=4, min_value=0, max_value=Decimal("0.5"), required=False
     )
+    quality_margin = serializers.DecimalField(
+        max_digits=6,
+        decimal_places=4,
+        min_value=Decimal("0.0001"),
+        max_value=Decimal("1"),
+        required=False,
+        allow_null=True,
+        help_text="A quality constraint: a probe whose held-out loss is more than this much "
+        "(relative, 0.01 = 1 %) above the base strategy's is infeasible. Needs an eval: section "
+        "in the base strategy.",
+    )
 
     def validate(self, attrs):
         unknown = sorted(set(self.initial_data) - set(self.fields))
@@ -151,6 +168,11 @@ class SweepPromoteSerializer(serializers.Serializer):
     )
     experiment_name = serializers.CharField(max_length=120, required=False, default="")
     arm_name = serializers.CharField(max_length=80, required=False, default="")
+    force = serializers.BooleanField(
+        default=False,
+        help_text="Promote a point whose held-out loss is worse than the base's beyond the margin "
+        "(or not measured); kept in the probe's promotions as forced.",
+    )
 
 
 class SizeSerializer(serializers.Serializer):

@@ -59,7 +59,8 @@ class SweepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewS
     @action(detail=True, methods=["post"])
     def promote(self, request, pk=None):
         """Turn a frontier point into an arm of an experiment (existing, or new with the base as
-        control)."""
+        control); 409 when its held-out loss is worse than the base's beyond the margin, or not
+        measured, unless `force: true`."""
         sweep = self.get_object()
         serializer = SweepPromoteSerializer(
             data=request.data, context=self.get_serializer_context()
@@ -73,7 +74,7 @@ class SweepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewS
                 {"fields": {"probe": ["not found"]}},
                 code="invalid",
             )
-        arm = services.sweep_promote(sweep=sweep, probe=probe, **data)
+        arm = services.sweep_promote(sweep=sweep, probe=probe, actor=request.user, **data)
         return Response(
             ArmSerializer(arm, context=self.get_serializer_context()).data,
             status=status.HTTP_201_CREATED,
