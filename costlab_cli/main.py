@@ -1,12 +1,13 @@
 """costlab CLI: validate strategies, submit runs, upload runs trained elsewhere, read their status
-and the experiment report, and gate a CI build on cost.
+and the experiment report, and gate a CI build on cost and quality.
 
 Reads COSTLAB_URL (the site, e.g. https://costlab.example.com) and COSTLAB_TOKEN
 (a tenant's API token).
-Exit status: 0 success / pass, 1 regression (gate), a run that did not succeed (submit --wait) or
-a strategy refused (validate), 2 error. Every outcome prints one line that says why. Warnings
-(e.g. a dtype emulated or slower than fp32 on every device a queue has measured) go to stderr as
-"costlab COMMAND: warning: ..." and never change the exit status.
+Exit status: 0 success / pass, 1 cost regression (gate), a run that did not succeed (submit --wait)
+or a strategy refused (validate), 2 error, 3 quality regression (gate --max-quality-loss), 4
+quality not measured (gate --max-quality-loss). Every outcome prints one line that says why.
+Warnings (e.g. a dtype emulated or slower than fp32 on every device a queue has measured) go to
+stderr as "costlab COMMAND: warning: ..." and never change the exit status.
 """
 
 from __future__ import annotations
@@ -138,7 +139,10 @@ def parser() -> argparse.ArgumentParser:
     r.set_defaults(handler=cmd_report)
 
     g = sub.add_parser(
-        "gate", help="Exit 1 when a candidate costs more than the control by more than allowed."
+        "gate",
+        help="Exit 1 when a candidate costs more than the control by more than allowed; with "
+        "--max-quality-loss, 3 when its model is worse by more than allowed, 4 when its quality "
+        "is not measured.",
     )
     g.add_argument("experiment", type=int, metavar="EXP")
     g.add_argument(
@@ -156,10 +160,17 @@ def parser() -> argparse.ArgumentParser:
         "--run", type=int, metavar="RUN", help="Judge this succeeded run against the control arm."
     )
     g.add_argument(
+        "--max-quality-loss",
+        metavar="PCT",
+        help="Also fail (exit 3) when the arm's held-out quality (the experiment's quality "
+        "metric) is worse than the control's by more than PCT, e.g. 1%%, and (exit 4) when it is "
+        "not measured. Without it, quality is printed but never changes the exit status.",
+    )
+    g.add_argument(
         "--evidence",
         action="store_true",
         help="Fail only when the freeze rule's always-valid lower bound clears the limit "
-        "(default: the point estimate, the cautious choice).",
+        "(default: the point estimate, the cautious choice); quality likewise, on its bound.",
     )
     g.add_argument(
         "--metric",

@@ -1,11 +1,18 @@
-"""`costlab report`: the experiment's per-arm comparison as a table, JSON or Markdown."""
+"""`costlab report`: the experiment's per-arm comparison as a table, JSON or Markdown.
+
+Beside USD per 1M tokens, each arm's quality against the control (costlab_cli.quality's words)
+and its estimated USD to reach the control's quality ('≈', 'not reached'); JSON is the API's
+report as it came.
+"""
 
 from __future__ import annotations
 
 import json
 
 from costlab_cli.client import Api
+from costlab_cli.quality import metric_label, percent, usd_to_target_words, verdict_words
 
+QUALITY_VALUE = "quality value"  # the header is the report's metric: 'held-out loss', 'accuracy'
 COLUMNS = [
     "arm",
     "state",
@@ -14,6 +21,9 @@ COLUMNS = [
     "energy kWh",
     "total USD",
     "USD/1M tok",
+    "≈USD to target",
+    QUALITY_VALUE,
+    "quality",
     "gCO2e",
     "gCO2e/1M tok",
     "vs control",
@@ -39,6 +49,24 @@ def _carbon(carbon: dict) -> str:
     return f"{carbon['g_co2e']:,.1f} ±{carbon['band'] * 100:g}%"
 
 
+def columns(report: dict) -> list[str]:
+    label = metric_label(report.get("quality_metric"))
+    return [label if c == QUALITY_VALUE else c for c in COLUMNS]
+
+
+def _quality_cells(report: dict, arm: dict) -> list[str]:
+    """≈USD to target, the arm's mean final value of the quality metric, its verdict in words."""
+    q = arm.get("quality")
+    verdict = verdict_words(q)
+    if arm["is_control"] and verdict != "not measured":
+        verdict = "-"  # the control is what the others are compared with
+    return [
+        usd_to_target_words(arm, target=report.get("quality_target")),
+        _num((q or {}).get("value"), 4),
+        verdict,
+    ]
+
+
 def rows(report: dict) -> list[list[str]]:
     out = []
     for arm in report["arms"]:
@@ -53,6 +81,7 @@ def rows(report: dict) -> list[list[str]]:
                 energy,
                 _num(arm["total_usd"], 4),
                 _num(arm["usd_per_mtok"], 4),
+                *_quality_cells(report, arm),
                 _carbon(arm.get("carbon") or {}),
                 _num(arm.get("gco2e_per_mtok"), 2),
                 _pct(arm["deviation"]),
@@ -62,10 +91,28 @@ def rows(report: dict) -> list[list[str]]:
     return out
 
 
+def quality_note(report: dict) -> str:
+    """What the quality columns mean, with the experiment's rule and target."""
+    label = metric_label(report.get("quality_metric"))
+    better = "higher" if report.get("quality_direction") == "higher" else "lower"
+    target = report.get("quality_target")
+    reach = (
+        f"≈: estimated USD a run took to reach the control's mean {label} {target:.4f} (its bill "
+        "pro rata of its wall time at its evaluations), the mean over the runs that reached it"
+        if target is not None
+        else "≈USD to target: none yet (the control has no evaluated finished run)"
+    )
+    return (
+        f"quality: {label} ({better} is better) against the control, margin "
+        f"{percent(report.get('quality_margin', 0.01))}; {reach}."
+    )
+
+
 def as_table(report: dict) -> str:
     body = rows(report)
+    head = columns(report)
     widths = [
-        max(len(c), *(len(r[i]) for r in body)) if body else len(c) for i, c in enumerate(COLUMNS)
+        max(len(c), *(len(r[i]) for r in body)) if body else len(c) for i, c in enumerate(head)
     ]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()  # noqa: E731
     title = (
@@ -73,7 +120,14 @@ def as_table(report: dict) -> str:
         f"(freeze threshold {report['threshold'] * 100:g}%{_compared_on(report)})"
     )
     return "\n".join(
-        [title, line(COLUMNS), line(["-" * w for w in widths]), *(line(r) for r in body)]
+        [
+            title,
+            line(head),
+            line(["-" * w for w in widths]),
+            *(line(r) for r in body),
+            "",
+            quality_note(report),
+        ]
     )
 
 
@@ -82,18 +136,18 @@ def as_markdown(report: dict) -> str:
         f"### costlab: experiment {report['experiment_id']} '{report['name']}' "
         f"(freeze threshold {report['threshold'] * 100:g}%{_compared_on(report)})"
     )
-    head = "| " + " | ".join(COLUMNS) + " |"
-    rule = (
-        "|"
-        + "|".join("---" if i < 2 or i == len(COLUMNS) - 1 else "---:" for i in range(len(COLUMNS)))
-        + "|"
-    )
+    left = {"arm", "state", "quality", "verdict"}
+    head = "| " + " | ".join(columns(report)) + " |"
+    rule = "|" + "|".join("---" if c in left else "---:" for c in COLUMNS) + "|"
     lines = ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows(report)]
     note = (
         "\n\n_est._: energy modelled, not measured."
         if any(a["energy_estimated"] for a in report["arms"])
         else ""
-    ) + "\n\ngCO2e as billed, ± its measurement band (NVML 5 %, RAPL 10 %, modelled 50 %)."
+    ) + (
+        "\n\ngCO2e as billed, ± its measurement band (NVML 5 %, RAPL 10 %, modelled 50 %)."
+        f"\n\n{quality_note(report)}"
+    )
     return "\n".join([title, "", head, rule, *lines]) + note
 
 

@@ -276,7 +276,11 @@ def test_gate_exit_codes_each_with_a_one_line_reason(lab, capsys):
     assert code == 0 and out.startswith(
         "PASS: arm 'candidate' costs +3.00% USD/1M tokens vs control 'control'"
     )
-    assert len(out.splitlines()) == 1
+    # One line per check: cost, then quality (never silent, not gated without the flag).
+    assert out.splitlines()[1:] == [
+        "quality (not gated): arm 'candidate' held-out loss not measured "
+        "(no attribution window has compared it yet)"
+    ]
     code, out, _ = cli(capsys, "gate", exp, "--max-regression", "0.02")
     assert (
         code == 1
