@@ -21,7 +21,7 @@ def cmd_validate(api: Api, args) -> int:
     try:
         answer = api.post("arms/validate/", body, idempotent=True)  # stores nothing: repeatable
     except CliError as exc:
-        if exc.status != 400:
+        if exc.status not in (400, 413):  # 413: a body over the size limit is refused too
             raise
         print(f"costlab validate: invalid: {exc.reason}", file=sys.stderr)
         return INVALID

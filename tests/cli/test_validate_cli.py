@@ -81,3 +81,11 @@ def test_submit_prints_the_warnings_of_the_arm_it_creates_or_updates(lab, capsys
     assert code == 0 and "(updated revision 3)" in out
     assert "costlab submit: warning: precision.compute_dtype:" in err
     assert Arm.objects.get(name="pr-7").strategy_yaml == bf16_again
+
+
+def test_a_strategy_over_the_size_limit_is_refused_with_exit_1(lab, capsys, strategy):
+    """Issue 45: a body over the size limit is the strategy refused (1), not an error (2)."""
+    huge = CONTROL + "# " + "x" * (2 * 1024 * 1024) + "\n"
+    code, out, err = cli(capsys, "validate", strategy(huge))
+    assert code == 1 and out == "", err
+    assert err.startswith("costlab validate: invalid: "), err
