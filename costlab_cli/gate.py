@@ -2,7 +2,8 @@
 or (with --max-quality-loss) trains a worse model than allowed.
 
 Exit 0: pass. 1: cost regression. 2: could not decide (no data, no control, bad input, API error;
-with --evidence, a bound that does not decide yet). 3: quality regression. 4: quality not measured
+usage billed with no price in the arm or the control, naming the SKU; with --evidence, a bound
+that does not decide yet). 3: quality regression. 4: quality not measured
 while --max-quality-loss is given. Where cost and quality both fail, 1. The comparison is the
 report's cost metric (USD per 1M tokens, or per step for a per-step cost model), measured so far;
 each check prints one line saying why.
@@ -239,6 +240,23 @@ def gate_quality(
     return QUALITY_REGRESSION if failed else PASS
 
 
+def _unpriced_reason(who: str, unpriced: dict, skus: list) -> str:
+    parts = ", ".join(f"{c} {seconds:g} s" for c, seconds in sorted(unpriced.items()))
+    sku = f" (no price for {', '.join(skus)})" if skus else ""
+    return (
+        f"{who} has usage billed with no price: {parts}{sku}; a $0 line is not a saving, so "
+        "nothing is compared: add the price to the pricing table, then re-price"
+    )
+
+
+def _refuse_unpriced(side: str, arm: dict) -> None:
+    """Cannot decide (exit 2) where the arm or the control holds unpriced usage (issue 45: an
+    H100 candidate with unpriced GPU time printed PASS -93.81 %)."""
+    if arm.get("unpriced") and arm.get("metric", "").startswith("usd"):
+        who = f"{'control' if side == 'control' else 'arm'} '{arm['name']}'"
+        raise CliError(_unpriced_reason(who, arm["unpriced"], arm.get("unpriced_skus") or []))
+
+
 def cmd_gate(api: Api, args) -> int:
     limit = parse_regression(args.max_regression)
     quality_text = getattr(args, "max_quality_loss", None)
@@ -258,6 +276,7 @@ def cmd_gate(api: Api, args) -> int:
             + "yet: no baseline to compare with"
         )
     label = LABELS.get(control["metric"], control["metric"])
+    _refuse_unpriced("control", control)
 
     if args.run is not None:
         if evidence:
@@ -279,6 +298,8 @@ def cmd_gate(api: Api, args) -> int:
             raise CliError(
                 f"--run: run {args.run} is {run['status']}; gate a succeeded run (submit --wait)"
             )
+        if metric == "usd" and run.get("unpriced"):
+            raise CliError(_unpriced_reason(f"run {run['id']}", run["unpriced"], []))
         value = run_metric(run, control["metric"])
         if value is None:
             raise CliError(
@@ -311,6 +332,8 @@ def cmd_gate(api: Api, args) -> int:
             for a in arms
             if a["deviation"] is not None
         ]
+        for *_, a in candidates:
+            _refuse_unpriced("arm", a)
         if not candidates:
             raise CliError(
                 f"experiment {args.experiment} has no candidate arm with priced runs to compare"

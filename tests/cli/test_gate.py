@@ -161,3 +161,15 @@ def test_the_gate_against_a_server_warns_and_waits_for_the_evidence(lab, capsys)
     attribution_tick()
     code, _, err = cli(capsys, "gate", exp, "--max-regression", "5%", "--evidence")
     assert code == 2 and "cannot be decided yet: the freeze rule needs 10 runs" in err, err
+
+
+@pytest.mark.parametrize("side", [0, 1])
+def test_unpriced_gpu_time_cannot_pass_the_gate(side):
+    """Issue 45: an H100 candidate with unpriced GPU time printed PASS -93.81 %; a priced
+    candidate against an unpriced control REGRESSION +1515 %. Neither is decided now."""
+    api = ReportApi(1.0, 0.062 if side else 16.15)
+    api.report["arms"][side] |= {"unpriced": {"gpu": 14.0}, "unpriced_skus": ["NVIDIA H100"]}
+    with pytest.raises(CliError) as refused:
+        gate(api, "5%")
+    said = str(refused.value)
+    assert "no price for NVIDIA H100" in said and "gpu 14 s" in said, said
