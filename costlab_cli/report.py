@@ -108,6 +108,21 @@ def quality_note(report: dict) -> str:
     )
 
 
+def unpriced_note(report: dict) -> str:
+    """The arms with usage billed with no price: never compared (their verdict is unpriced)."""
+    said = []
+    for arm in report["arms"]:
+        if arm.get("unpriced"):
+            parts = ", ".join(f"{c} {v:g} s" for c, v in sorted(arm["unpriced"].items()))
+            skus = arm.get("unpriced_skus") or []
+            said.append(
+                f"unpriced: arm '{arm['name']}' {parts}"
+                + (f" (no price for {', '.join(skus)})" if skus else "")
+                + "; not compared until priced."
+            )
+    return "\n".join(said)
+
+
 def as_table(report: dict) -> str:
     body = rows(report)
     head = columns(report)
@@ -127,6 +142,7 @@ def as_table(report: dict) -> str:
             *(line(r) for r in body),
             "",
             quality_note(report),
+            *([unpriced_note(report)] if unpriced_note(report) else []),
         ]
     )
 
@@ -141,12 +157,16 @@ def as_markdown(report: dict) -> str:
     rule = "|" + "|".join("---" if c in left else "---:" for c in COLUMNS) + "|"
     lines = ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows(report)]
     note = (
-        "\n\n_est._: energy modelled, not measured."
-        if any(a["energy_estimated"] for a in report["arms"])
-        else ""
-    ) + (
-        "\n\ngCO2e as billed, ± its measurement band (NVML 5 %, RAPL 10 %, modelled 50 %)."
-        f"\n\n{quality_note(report)}"
+        (
+            "\n\n_est._: energy modelled, not measured."
+            if any(a["energy_estimated"] for a in report["arms"])
+            else ""
+        )
+        + (
+            "\n\ngCO2e as billed, ± its measurement band (NVML 5 %, RAPL 10 %, modelled 50 %)."
+            f"\n\n{quality_note(report)}"
+        )
+        + (f"\n\n{unpriced_note(report)}" if unpriced_note(report) else "")
     )
     return "\n".join([title, "", head, rule, *lines]) + note
 

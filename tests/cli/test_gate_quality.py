@@ -238,6 +238,10 @@ def test_the_report_shows_quality_and_the_estimated_cost_to_it():
     markdown = as_markdown(report)
     assert "| ≈USD to target | held-out loss | quality |" in markdown
     assert "| not reached (0/4 runs) | 3.1470 | 4.9 % worse |" in markdown
+    assert "unpriced:" not in table
+    report["arms"][1] |= {"unpriced": {"gpu": 14.0}, "unpriced_skus": ["NVIDIA H100"]}
+    said = "unpriced: arm 'candidate' gpu 14 s (no price for NVIDIA H100); not compared"
+    assert said in as_table(report) and said in as_markdown(report)
 
 
 @pytest.fixture
