@@ -17,7 +17,7 @@ from apps.attribution.quality import cost_to_target
 from apps.attribution.selectors import arm_repricing, quality_curves, snapshots_latest
 from apps.attribution.snapshots import policy_for
 from apps.experiments.models import Experiment, Run
-from apps.pricing.bill import carbon_figure, carbon_method
+from apps.pricing.bill import carbon_figure, carbon_method, carbon_unmeasured
 from apps.pricing.cost_engine import (
     JOULES_PER_KWH,
     SECONDS_PER_HOUR,
@@ -409,8 +409,13 @@ def _carbon(
             compared = None if unpriced else billed
         else:
             compared = energy * factor if factor is not None and runs else None
+        unmeasured = runs > 0 and energy <= 0 and float(r.get("wall_s") or 0) > 0
+        if unmeasured and not r.get("estimated"):  # neither energy nor power: not 0 g
+            compared = None
         out[arm.pk] = {
-            "carbon": carbon_figure(billed, method=method, unpriced=unpriced),
+            "carbon": carbon_unmeasured(unpriced=unpriced)
+            if unmeasured and not r.get("estimated")
+            else carbon_figure(billed, method=method, unpriced=unpriced),
             "compared_g_co2e": None if compared is None else round(compared, 6),
             "gco2e_per_mtok": compared / r["tokens"] * 1e6
             if compared is not None and r.get("tokens")

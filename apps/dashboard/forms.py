@@ -74,6 +74,9 @@ class ExperimentForm(NamedErrors, forms.ModelForm):
             "min_runs_per_arm": "Min runs per arm",
             "min_samples_per_arm": "Min samples per arm",
             "min_cs_runs_per_arm": "Min runs before the bound is consulted",
+            "quality_metric": "Quality metric (held-out)",
+            "quality_direction": "Better is",
+            "quality_margin": "Quality margin",
         }
 
     field_order = ["tenant", "name"]
@@ -102,6 +105,9 @@ class ExperimentForm(NamedErrors, forms.ModelForm):
             self.fields["cost_model"].label_from_instance = lambda m: f"{m.name} ({m.tenant.name})"
             self.fields["pricing_table"].label_from_instance = lambda t: f"{t} ({t.tenant.name})"
         self.fields["pricing_table"].empty_label = "the table in force when each sample was taken"
+        # Quality keeps its defaults (eval_loss, lower is better, 1 %) where a form leaves it out.
+        for name in ("quality_metric", "quality_direction", "quality_margin"):
+            self.fields[name].required = False
         if not self.instance.pk:
             self.initial.setdefault(
                 "cost_model", next(iter(cost_models.values_list("pk", flat=True)[:1]), None)
@@ -111,7 +117,12 @@ class ExperimentForm(NamedErrors, forms.ModelForm):
         """Skip the model's own validation here: the service validates, naming the field."""
 
     def service_fields(self) -> dict:
-        return {name: value for name, value in self.cleaned_data.items() if name != "tenant"}
+        return {
+            name: value
+            for name, value in self.cleaned_data.items()
+            if name != "tenant"
+            and not (name.startswith("quality_") and value in (None, ""))  # the model's default
+        }
 
 
 class ArmForm(NamedErrors, forms.Form):

@@ -89,9 +89,32 @@ def carbon_figure(grams: float | None, *, method: str, unpriced: bool) -> dict:
     }
 
 
-def carbon_shown(*, breakdown: Mapping | None, gpu_count: int, energy_estimated: bool) -> dict:
-    """A run's carbon as the API shows it: gCO2e with its method and band, or unpriced."""
+def carbon_unmeasured(*, unpriced: bool = False) -> dict:
+    """Carbon of usage that reported neither energy nor power: not known, never 0 g."""
+    return {
+        "g_co2e": None,
+        "method": "unmeasured",
+        "band": None,
+        "low": None,
+        "high": None,
+        "unpriced": unpriced,
+        "unmeasured": True,
+    }
+
+
+def carbon_shown(
+    *,
+    breakdown: Mapping | None,
+    gpu_count: int,
+    energy_estimated: bool,
+    energy_j: float | None = None,
+    wall_s: float = 0.0,
+) -> dict:
+    """A run's carbon as the API shows it: gCO2e with its method and band, unpriced, or
+    unmeasured (time billed, and neither energy nor power reported nor modelled)."""
     b = breakdown or {}
+    if energy_j is not None and energy_j <= 0 and wall_s > 0 and not energy_estimated:
+        return carbon_unmeasured(unpriced=bool(b.get("carbon_unpriced_s")))
     return carbon_figure(
         float(b.get("carbon_g") or 0.0),
         method=carbon_method(estimated=energy_estimated, gpu=bool(gpu_count)),

@@ -187,6 +187,8 @@ class RunSerializer(serializers.ModelSerializer):
             breakdown=run.cost_breakdown,
             gpu_count=run.gpu_count,
             energy_estimated=run.energy_estimated,
+            energy_j=run.energy_j,
+            wall_s=run.device_seconds,
         )
 
     @extend_schema_field(serializers.DictField(child=serializers.FloatField()))

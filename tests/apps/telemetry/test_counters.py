@@ -34,3 +34,17 @@ def test_a_declared_counter_reset_counts_from_zero_with_its_own_counts(gpu_run):
     gpu_run.refresh_from_db()
     assert gpu_run.energy_j == pytest.approx(2700 + 500 + 4 * 300)
     assert gpu_run.tokens == 9000 + 400 + 4 * 1000
+
+
+def test_a_cpu_run_with_neither_power_nor_energy_has_unmeasured_carbon():
+    """Issue 45: 0 g labelled 'rapl ±10 %' for a run that measured nothing; now unmeasured."""
+    from apps.pricing.bill import carbon_shown
+
+    shown = carbon_shown(
+        breakdown={"carbon_g": 0.0}, gpu_count=0, energy_estimated=False, energy_j=0.0, wall_s=60
+    )
+    assert shown["g_co2e"] is None and shown["method"] == "unmeasured" and shown["unmeasured"]
+    measured = carbon_shown(
+        breakdown={"carbon_g": 2.0}, gpu_count=0, energy_estimated=False, energy_j=9e4, wall_s=60
+    )
+    assert (measured["g_co2e"], measured["method"]) == (2.0, "rapl")
