@@ -1,5 +1,6 @@
 """What the dashboard's charts draw, as JSON-ready dicts: telemetry per run, the deviation timeline
-with its threshold and freeze markers, traffic weights over time, and a run's cost breakdown."""
+with its threshold and freeze markers, traffic weights over time, held-out quality against cost,
+and a run's cost breakdown."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from django.db.models import Max, OuterRef, Subquery
 from django.utils import timezone
 
 from apps.attribution.models import AttributionSnapshot, FreezeEvent, WeightChange
-from apps.attribution.selectors import snapshot_series
+from apps.attribution.selectors import quality_curves, snapshot_series
 from apps.core.db import EpochMs
+from apps.dashboard.quality import EVAL_LOSS, metric_words
 from apps.dashboard.series import RunSeries, epoch_ms, series_meta
 from apps.dashboard.verdicts import clip_low
 from apps.experiments.models import Arm, Experiment, Run
@@ -237,6 +239,58 @@ def attribution_json(
 
 def _pct(fraction: float | None) -> float | None:
     return None if fraction is None else round(fraction * 100, 3)
+
+
+# Runs drawn on the quality chart: the newest that evaluated the metric (points: CHART_POINTS).
+QUALITY_RUNS = 100
+
+
+def quality_json(
+    *,
+    experiment: Experiment,
+    target: float | None,
+    colors: dict[int, str],
+    arm_names: dict[int, str],
+    arm_order: list[int],
+) -> dict:
+    """Held-out quality against cumulative cost: per run that evaluated the experiment's metric,
+    its evaluations as (USD so far, value), ordered by USD (estimated: the run's bill pro rata of
+    its wall time, apps.attribution.selectors.quality_curves), in its arm's colour, the control's
+    first; and the control's final value (the report's quality_target) as the reference."""
+    metric = experiment.quality_metric
+    curves = quality_curves(experiment=experiment)[-QUALITY_RUNS:]  # by run id
+    order = {arm_id: i for i, arm_id in enumerate(arm_order)}
+    curves.sort(key=lambda c: (order.get(c.arm_id, len(order)), c.run_id))
+    budget = budget_per_run(len(curves))
+    runs = []
+    for c in curves:
+        points = _thin(sorted(c.points, key=lambda p: (p[0], p[2])), budget)
+        runs.append(
+            {
+                "run": c.run_id,
+                "arm": c.arm_id,
+                "label": f"run {c.run_id} · {arm_names.get(c.arm_id, '?')}",
+                "finished": c.finished,
+                "color": colors.get(c.arm_id, ARM_COLORS[-2]),
+                "x": [float(f"{usd:.6g}") for usd, _, _ in points],
+                "y": [value for _, value, _ in points],
+                "tokens": [tokens for _, _, tokens in points],
+            }
+        )
+    what = metric_words(metric)
+    return {
+        "metric": metric,
+        "title": f"{what[0].upper()}{what[1:]} against cost",
+        "y_title": (
+            "eval_loss (per token)"  # mean cross-entropy over the held-out tokens
+            if metric == EVAL_LOSS
+            else f"{what} ({experiment.quality_direction} is better)"
+        ),
+        "x_title": "USD (estimated, pro rata)",
+        "direction": experiment.quality_direction,
+        "target": target,
+        "runs": runs,
+    }
 
 
 def cost_breakdown_json(run: Run) -> dict:

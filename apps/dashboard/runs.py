@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from apps.attribution.report import experiment_report
 from apps.dashboard import charts
+from apps.dashboard.quality import quality_csv_columns, quality_csv_values
 from apps.dashboard.selectors import runs_visible, tenants_of
 from apps.dashboard.series import run_series
 from apps.experiments.models import Arm, Experiment, Run
@@ -26,6 +27,8 @@ from apps.pricing.bill import carbon_shown
 from apps.tenants.models import Tenant
 
 COMPARE_MIN, COMPARE_MAX = 2, 4
+# ArmReport's quality fields: the comparison CSV says them in columns of their own, at its end.
+QUALITY_FIELDS = ("quality", "usd_to_target", "runs_reached_target", "runs_evaluated")
 SORTS = {
     "queued": "queued_at",
     "cost": "cost_usd",
@@ -122,6 +125,8 @@ def runs_csv_rows(runs: QuerySet[Run]) -> Iterator[list]:
             breakdown=run.cost_breakdown,
             gpu_count=run.gpu_count,
             energy_estimated=run.energy_estimated,
+            energy_j=run.energy_j,
+            wall_s=run.device_seconds,
         )
         yield [
             run.pk,
@@ -141,7 +146,9 @@ def runs_csv_rows(runs: QuerySet[Run]) -> Iterator[list]:
             "estimated" if run.energy_estimated else "measured",
             f"{run.cost_usd:.6f}",
             "" if per_mtok is None else f"{per_mtok:.6f}",
-            "unpriced" if carbon["g_co2e"] is None else f"{carbon['g_co2e']:.3f}",
+            ("unmeasured" if carbon.get("unmeasured") else "unpriced")
+            if carbon["g_co2e"] is None
+            else f"{carbon['g_co2e']:.3f}",
             carbon["method"],
             "" if carbon["band"] is None else f"{carbon['band']:g}",
         ]
@@ -154,18 +161,26 @@ def comparison_csv_rows(*, experiment: Experiment) -> Iterator[list]:
     """One row per arm of experiment_report, as the comparison table shows it. Names carry
     their units (total_usd, energy_kwh, usd_per_mtok ...); energy_estimated flags modelled
     energy, and the projected.* columns (one run of target_steps) are estimates
-    (projected.estimated says so)."""
+    (projected.estimated says so). The quality columns come last, as the page's quality table
+    shows them (apps.dashboard.quality: usd_to_target (est.), "not reached" where no run got
+    there)."""
     report = experiment_report(experiment=experiment)
     rows = []
     for arm in report.arms:
         flat: dict = {}
         _flatten("", dataclasses.asdict(arm), flat)
+        for key in [k for k in flat if k.split(".")[0] in QUALITY_FIELDS]:
+            flat.pop(key)
         flat.pop("arm_id")
-        rows.append(flat)
-    columns = list(dict.fromkeys(key for row in rows for key in row)) or ["name"]
-    yield ["experiment", *columns]
-    for row in rows:
-        yield [experiment.name, *(_csv_value(row.get(c)) for c in columns)]
+        rows.append((flat, quality_csv_values(arm, report)))
+    columns = list(dict.fromkeys(key for row, _ in rows for key in row)) or ["name"]
+    yield ["experiment", *columns, *quality_csv_columns(report)]
+    for row, quality in rows:
+        yield [
+            experiment.name,
+            *(_csv_value(row.get(c)) for c in columns),
+            *(_csv_value(v) for v in quality),
+        ]
 
 
 def _csv_value(value) -> str:

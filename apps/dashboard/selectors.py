@@ -32,6 +32,7 @@ from django.utils import timezone
 from apps.attribution.models import AttributionWindow
 from apps.attribution.report import ExperimentReport, experiment_report
 from apps.dashboard import charts, verdicts
+from apps.dashboard.quality import quality_row
 from apps.dashboard.series import live_series, run_series
 from apps.experiments.models import Arm, Experiment, Run
 from apps.experiments.runs import ARTIFACT_HASHES, run_artifacts_listed
@@ -344,7 +345,8 @@ def experiment_parts(
 ) -> dict:
     """The parts of the experiment page that move while runs train, rendered on the page and again
     by the fragment the page fetches (dashboard/_experiment_parts.html): the verdict card, the run
-    counts, the comparison table with its notices, and the recent runs."""
+    counts, the comparison tables (cost, quality) with their notices and the quality chart's data,
+    and the recent runs."""
     now = now or timezone.now()
     report = experiment_report(experiment=experiment)
     stats = _run_stats(experiment)
@@ -354,12 +356,22 @@ def experiment_parts(
     if arm_ids is None:  # in colour order: the control first, then by name
         arm_ids = list(experiment.arms.order_by("-is_control", "name").values_list("pk", flat=True))
     verdict_list = verdicts.experiment_verdicts(experiment=experiment, now=now)
+    colors = {pk: i % len(charts.ARM_COLORS) for i, pk in enumerate(arm_ids)}
     return {
         "experiment": experiment,
         "report": report,
         "arm_report": {a.arm_id: a for a in report.arms},
         "last_window": last_window,
-        "arm_colors": {pk: i % len(charts.ARM_COLORS) for i, pk in enumerate(arm_ids)},
+        "arm_colors": colors,
+        "quality_of": {a.arm_id: quality_row(a, target=report.quality_target) for a in report.arms},
+        # drawn by charts.js from the page, redrawn from each refresh of these parts
+        "quality_chart": charts.quality_json(
+            experiment=experiment,
+            target=report.quality_target,
+            colors={pk: charts.ARM_COLORS[i] for pk, i in colors.items()},
+            arm_names={a.arm_id: a.name for a in report.arms},
+            arm_order=arm_ids,
+        ),
         "verdicts": verdict_list,
         "verdict_of": {v.arm_id: v for v in verdict_list},
         "run_counts": stats.counts,

@@ -4,8 +4,10 @@ and in the experiments list.
 The verdict itself is attribution's (apps.attribution.verdict, the API's, the CLI's and the freeze
 rule's); this module only says it: per unit of work (USD per 1M tokens, or per step), bounds clipped
 to what a cost can be (never below -100 %), what evidence is missing, why a deviation beyond the
-threshold froze nothing, when an arm was frozen. The page and the list say the verdict of the
-latest attribution window, from one function (experiments_verdicts).
+threshold froze nothing, when an arm was frozen, and the arm's held-out quality beside its cost
+(apps.dashboard.quality: "18 % cheaper per 1M tokens, but its held-out loss is 4.9 % worse"; "not
+measured" said, never left out). The page and the list say the verdict of the latest attribution
+window, from one function (experiments_verdicts).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from django.utils import timezone
 
 from apps.attribution.models import AttributionSnapshot, AttributionWindow, FreezeEvent
 from apps.attribution.verdict import Minimums, Said, arms_verdicts
-from apps.dashboard.templatetags.dashboard_format import significant
+from apps.dashboard.quality import QualitySaid, quality_said
+from apps.dashboard.templatetags.dashboard_format import percent, percent_range, significant
 from apps.experiments.models import Arm, Experiment
 
 # A cost is never negative: an arm is at most 100 % cheaper than the control.
@@ -32,7 +35,12 @@ STATUS = {
     "inconclusive": "inconclusive",
     "frozen": "frozen",
     "no_data": "no verdict yet",
+    "unpriced": "not compared: usage billed with no price",
+    "cheaper_but_worse": "cheaper but worse",
+    "worse": "worse",
 }
+# Verdicts whose quality is part of the sentence ("..., but its held-out loss is 4.9 % worse").
+QUALITY_IN_SENTENCE = ("cheaper_but_worse", "worse")
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,8 @@ class Verdict:
     not_frozen: str  # beyond the threshold yet active: why, in one line ("" otherwise)
     runs_needed: int | None  # inconclusive: about this many more runs per arm
     frozen_at: datetime | None
+    quality: QualitySaid | None = None  # held-out quality against the control's
+    quality_joint: str = ""  # "but" / "and": the quality is said in the sentence (else a line)
 
     @property
     def conclusive(self) -> bool:
@@ -63,30 +73,20 @@ def clip_low(low: float | None) -> float | None:
     return None if low is None else max(low, DEVIATION_FLOOR)
 
 
-def _pct(fraction: float) -> str:
-    return f"{significant(abs(fraction) * 100, 2)} %"
-
-
 def _amount(deviation: float | None) -> str:
     if deviation is None:
         return ""
     if abs(deviation) < 0.0005:
         return "as costly"
-    return f"{_pct(deviation)} {'cheaper' if deviation < 0 else 'dearer'}"
-
-
-def _signed(fraction: float) -> str:
-    text = _pct(fraction)
-    return f"+{text}" if fraction > 0 else f"−{text}" if fraction < 0 else text
+    return f"{percent(deviation)} {'cheaper' if deviation < 0 else 'dearer'}"
 
 
 def _bound(verdict: str, low: float | None, high: float | None) -> str:
     if low is None or high is None:
         return ""
-    if verdict in ("cheaper", "costlier"):  # one side of zero: magnitudes, as the amount reads
-        a, b = sorted((abs(low), abs(high)))
-        return f"always-valid bound {significant(a * 100, 2)}–{significant(b * 100, 2)} %"
-    return f"always-valid bound {_signed(low)} to {_signed(high)}"
+    # one side of zero: magnitudes, as the amount reads
+    one_sided = verdict in ("cheaper", "costlier", "cheaper_but_worse")
+    return "always-valid bound " + percent_range(low, high, one_sided=one_sided)
 
 
 def runs_needed(
@@ -152,14 +152,21 @@ def _say(
     low, high = clip_low(arm.deviation_low), arm.deviation_high
     deviation, detail, needed, frozen_at = arm.deviation, "", None, None
     threshold_text = f"±{significant(threshold * 100, 2)} %"
+    frozen = verdict == "frozen" or (verdict == "cheaper_but_worse" and arm.state == "frozen")
+    if frozen and freeze is not None:
+        frozen_at, deviation = (
+            freeze.created_at,
+            freeze.deviation if freeze.deviation is not None else deviation,
+        )
+        detail = freeze.reason
     if verdict == "frozen":
-        if freeze is not None:
-            frozen_at, deviation = (
-                freeze.created_at,
-                freeze.deviation if freeze.deviation is not None else deviation,
-            )
-            detail = freeze.reason
         status = f"frozen at {_when(frozen_at, now)}" if frozen_at else "frozen"
+    elif verdict in QUALITY_IN_SENTENCE:  # never given more traffic (apps.attribution.decisions)
+        if frozen:
+            at = f" at {_when(frozen_at, now)}" if frozen_at else ""
+            status = f"{STATUS[verdict]}, frozen{at} (it gets no traffic)"
+        else:
+            status = f"{STATUS[verdict]} (it gets no more traffic)"
     elif verdict == "no_data":
         status = STATUS[verdict]
         detail = "needs priced runs of this arm and of the control, and an attribution window"
@@ -186,7 +193,9 @@ def _say(
     else:
         status = STATUS[verdict]
     not_frozen = ""
-    if skipped and verdict != "frozen" and deviation is not None and abs(deviation) > threshold:
+    if frozen or verdict in QUALITY_IN_SENTENCE:  # its status says where its traffic stands
+        pass
+    elif skipped and deviation is not None and abs(deviation) > threshold:
         not_frozen = f"not frozen: the latest attribution window was skipped ({skipped})"
     elif said.not_frozen:
         not_frozen = "not frozen: " + "; ".join(said.not_frozen)
@@ -207,6 +216,14 @@ def _say(
         not_frozen=not_frozen,
         runs_needed=needed,
         frozen_at=frozen_at,
+        quality=quality_said(getattr(arm, "quality", None)),
+        quality_joint=(
+            ""
+            if verdict not in QUALITY_IN_SENTENCE
+            else "but"
+            if deviation is not None and deviation < 0
+            else "and"
+        ),
     )
 
 
@@ -225,6 +242,7 @@ class WindowArm:
     evidence_runs: int
     evidence_samples: int
     metric: str = "usd_per_mtok"
+    quality: dict | None = None  # the window's quality verdict (apps.attribution.quality)
 
 
 def arms_said(
@@ -285,9 +303,16 @@ def _compared(rows: list[AttributionSnapshot]) -> list[WindowArm]:
                 evidence_runs=s.runs,
                 evidence_samples=s.samples,
                 metric=s.metric,
+                quality=_quality_of(s),
             )
         )
     return out
+
+
+def _quality_of(snapshot: AttributionSnapshot) -> dict | None:
+    """The quality verdict the window recorded (its sufficient statistics left out)."""
+    q = (snapshot.evidence or {}).get("quality")
+    return {k: v for k, v in q.items() if k != "sums"} if q else None
 
 
 def experiments_verdicts(

@@ -87,12 +87,11 @@ def test_empty_charts_say_so(page, live_server, lab):
     *_, empty = lab
     sign_in(page, live_server.url, empty.user.username, f"/experiments/{empty.experiment.pk}/")
     wait_for_charts(page, 6)
-    for chart in ("chart-util_pct", "chart-power_w", "chart-deviation"):
+    empty = ("no telemetry yet", "no attribution window yet", "No held-out evaluations yet")
+    for chart in ("chart-util_pct", "chart-power_w", "chart-deviation", "chart-quality"):
         layout = page.evaluate(LAYOUT, chart)
         assert layout["x"] is False, (chart, "no 2000 axis on an empty chart")
-        assert any(
-            "no telemetry yet" in t or "no attribution window yet" in t for t in layout["text"]
-        ), layout
+        assert any(e in t for e in empty for t in layout["text"]), layout
     ticks = page.evaluate(
         "() => Array.from(document.querySelectorAll('#chart-util_pct .xtick text'))"
         ".map(t => t.textContent)"

@@ -33,8 +33,9 @@ def demo():
 
 
 def demo_world():
-    """The demo experiment after a few minutes of training: two runs per arm done, one training now,
-    attributed twice (so the deviation timeline has a line)."""
+    """The demo experiment after a few minutes of training: two runs per arm done, each with three
+    held-out evaluations, one training now, attributed twice (so the deviation timeline has a
+    line)."""
     seed = demo_seed()
     experiment = seed.experiment
     control, candidate = experiment.arms.order_by("-is_control", "name")
@@ -45,11 +46,31 @@ def demo_world():
     attribution_tick(now=now - timedelta(seconds=70))
     for run in done:
         train(run, n=60, start=now - timedelta(minutes=6), estimated=run.arm_id == control.pk)
+        evaluate(run, start=now - timedelta(minutes=8), at=(59, 119, 179))
     attribution_tick(now=now - timedelta(seconds=35))
     running = train(
         run_of(candidate, status=Run.Status.RUNNING), n=40, start=now - timedelta(seconds=45)
     )
     return seed, experiment, control, candidate, running
+
+
+def evaluate(run: Run, *, start, at: tuple[int, ...]) -> None:
+    """Held-out losses at these seqs, falling as training goes on, at their samples' time and
+    tokens."""
+    from apps.telemetry.models import RunEvaluation
+
+    RunEvaluation.objects.bulk_create(
+        RunEvaluation(
+            run=run,
+            seq=seq,
+            ts=start + timedelta(seconds=seq),  # train() stamps seq n n seconds after start
+            step=seq + 1,
+            tokens=1024 * (seq + 1),
+            metric="eval_loss",
+            value=3.6 - 0.1 * i,
+        )
+        for i, seq in enumerate(at)
+    )
 
 
 def sign_in(page, live_server, seed, path: str) -> None:
@@ -97,6 +118,7 @@ def test_experiment_page_live(page, live_server, demo, screenshots):
         "chart-micro_batch",
         "chart-deviation",
         "chart-weights",
+        "chart-quality",
     }
     assert all(c["points"] > 0 for c in charts), charts
     page.wait_for_selector("#live-status.live")

@@ -10,6 +10,7 @@ from django import template
 register = template.Library()
 
 MISSING = "—"
+MINUS = "−"
 
 
 def significant(value: float, digits: int = 4) -> str:
@@ -21,6 +22,27 @@ def significant(value: float, digits: int = 4) -> str:
         return f"{value:,.0f}"
     text = f"{value:,.{digits - 1 - magnitude}f}"
     return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def percent(fraction: float) -> str:
+    """A relative change's size, two figures, for a sentence that says its direction in a word:
+    0.312 -> '31 %' ('31 % cheaper', '4.9 % worse')."""
+    return f"{significant(abs(fraction) * 100, 2)} %"
+
+
+def percent_signed(fraction: float) -> str:
+    """A relative change with its sign (a true minus): -0.04 -> '−4 %', 0.05 -> '+5 %'."""
+    text = percent(fraction)
+    return f"+{text}" if fraction > 0 else f"{MINUS}{text}" if fraction < 0 else text
+
+
+def percent_range(low: float, high: float, *, one_sided: bool) -> str:
+    """A bound as the verdict card says it: magnitudes when the verdict's word carries the sign
+    (a bound on one side of zero: '24–38 %'), else signed ('−100 % to +254 %')."""
+    if one_sided:
+        a, b = sorted((abs(low), abs(high)))
+        return f"{significant(a * 100, 2)}–{significant(b * 100, 2)} %"
+    return f"{percent_signed(low)} to {percent_signed(high)}"
 
 
 def _number(value) -> float | None:
@@ -110,6 +132,9 @@ VERDICT_WORDS = {
     "frozen": "frozen",
     "no_data": "not compared",
     "control": "control",
+    "cheaper_but_worse": "cheaper, but a worse model (no traffic)",
+    "worse": "worse model (no added traffic)",
+    "unpriced": "not compared: unpriced usage",
 }
 
 

@@ -1,5 +1,6 @@
-/* costlab dashboard charts: draws the series the page embeds (#dashboard-data), then polls the
- * page's live endpoint once a second with a `since` cursor and appends what is new.
+/* costlab dashboard charts: draws the series the page embeds (#dashboard-data, and the quality chart's
+ * #quality-data), then polls the page's live endpoint once a second with a `since` cursor and appends
+ * what is new.
  * No inline handlers, no eval: a static file, after plain.js and lazy.js. Each chart is queued with
  * costlabLazy.draw: drawn once plotly.js is there, after the load event, those in view first. Until a
  * chart is drawn, what the live endpoint sends for it is kept with the page's data, and drawn with it. */
@@ -355,6 +356,52 @@
     }), PLOT_CONFIG);
   }
 
+  // ---------------------------------------------------------------- held-out quality against cost
+  // Its data come with the comparison (#quality-data, inside the fragment the page refetches): drawn
+  // once plotly.js is there, redrawn when a refresh brings different data.
+  var qualityText = null;
+  function drawQualityData() {
+    var el = document.getElementById("chart-quality");
+    var node = document.getElementById("quality-data");
+    if (!el || !node || node.textContent === qualityText) { return; }
+    qualityText = node.textContent;
+    whenDrawn(el, function (chart) { drawQuality(chart, JSON.parse(qualityText)); });
+  }
+
+  function drawQuality(el, q) {
+    var traces = [], inLegend = {}, control = null;
+    Object.keys(cfg.arms).forEach(function (id) { if (cfg.arms[id].control) { control = cfg.arms[id]; } });
+    // One line per run in its arm's colour; one legend entry per arm (a click shows that arm alone).
+    q.runs.forEach(function (r) {
+      var arm = cfg.arms[String(r.arm)] || { name: "arm " + r.arm };
+      var label = plain(r.label) + (r.finished ? "" : " (not finished)");
+      traces.push({ x: r.x, y: r.y, type: "scatter", mode: "lines+markers", marker: { size: 5 },
+        name: plain(arm.name), legendgroup: "arm-" + r.arm, showlegend: !inLegend[r.arm],
+        line: { color: r.color, width: 1.6, dash: r.finished ? "solid" : "dot" },
+        text: r.tokens.map(function (t) { return label + "<br>" + Number(t).toLocaleString("en") + " tokens"; }),
+        hovertemplate: "%{text}<br>" + plain(q.metric) + " %{y:.4g} at %{x:.4g} USD (est.)<extra></extra>" });
+      inLegend[r.arm] = true;
+    });
+    var extra = {
+      title: { text: plain(q.title), font: { size: 14 }, x: 0.01 },
+      xaxis: { type: "linear", title: { text: plain(q.x_title), standoff: 4 }, rangemode: "tozero" },
+      yaxis: { title: { text: plain(q.y_title) } }
+    };
+    if (q.target !== null && q.target !== undefined) {
+      var color = control ? control.color : "#555";
+      extra.shapes = [{ type: "line", xref: "paper", x0: 0, x1: 1, yref: "y", y0: q.target, y1: q.target,
+        line: { color: color, width: 1.5, dash: "dash" } }];
+      extra.annotations = [{ xref: "paper", x: 1, xanchor: "right", yref: "y", y: q.target, yanchor: "bottom",
+        text: "control's final " + plain(q.metric) + " " + Number(q.target).toPrecision(4), showarrow: false,
+        font: { color: "#555", size: 11 } }];
+    }
+    if (!traces.length) {
+      emptyLayout(extra, "No held-out evaluations yet: add an `eval:` section to the strategy,<br>or log " +
+        plain(q.metric) + " from the SDK");
+    }
+    Plotly.react(el, traces, layout(plain(q.y_title), extra), PLOT_CONFIG);
+  }
+
   // ---------------------------------------------------------------- a run's cost breakdown
   function drawCost(cost) {
     var usedEl = document.getElementById("chart-used-idle");
@@ -415,6 +462,7 @@
         var target = document.getElementById(part.id);
         if (target) { target.replaceWith(document.importNode(part, true)); }
       });
+      drawQualityData();
     }).catch(function () { /* the next poll retries */ });
   }
 
@@ -470,6 +518,7 @@
     });
   }
 
+  drawQualityData();
   drawTelemetry();
   if (cfg.attribution) { drawAttribution(cfg.attribution); }
   if (cfg.cost) { drawCost(cfg.cost); }

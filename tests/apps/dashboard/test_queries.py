@@ -16,8 +16,10 @@ LIST_QUERIES = 6  # + the latest snapshots (verdicts) and freeze events of every
 # The report re-prices usage recorded under other tables: one query over the rollup; outliers: one;
 # the latest window's snapshots with their arms' freezes (verdict card): one; the verdicts per
 # device class (apps.attribution.device_classes): one.
-# The alert channels of the page and whether the user manages them: two.
-EXPERIMENT_QUERIES = 23
+# The alert channels of the page and whether the user manages them: two. The report's unpriced
+# SKUs per arm, and its cost to the control's quality (the evaluation curves): one each; the
+# quality chart's curves: one.
+EXPERIMENT_QUERIES = 26
 LIVE_QUERIES = 11
 # the run, its samples, its attempts ..., its arm's outliers, its arm's colour, its kernel diagnosis
 RUN_QUERIES = 8
@@ -35,7 +37,7 @@ def grow(w, *, experiments: int, arms: int, runs_per_arm: int):
             train(run_of(arm), n=5)
     for arm in (w.control, w.candidate):
         for _ in range(runs_per_arm):
-            train(run_of(arm), n=5)
+            train(run_of(arm), n=5, eval_loss=3.0)  # each sample evaluated: the quality chart's
     train(run_of(w.candidate, status=Run.Status.RUNNING), n=5)
     attribution_tick(now=timezone.now())
     arm_freeze(arm_id=w.candidate.pk, reason="test", evidence={})
