@@ -105,6 +105,7 @@ RUN_CSV_HEADER = [
     "energy_kwh",
     "energy_estimated",
     "cost_usd",
+    "unpriced_s",
     "usd_per_1m_tokens",
     "g_co2e",
     "carbon_method",
@@ -145,6 +146,7 @@ def runs_csv_rows(runs: QuerySet[Run]) -> Iterator[list]:
             f"{run.energy_j / 3.6e6:.6f}",
             "estimated" if run.energy_estimated else "measured",
             f"{run.cost_usd:.6f}",
+            _csv_value((run.cost_breakdown or {}).get("unpriced_s") or None),
             "" if per_mtok is None else f"{per_mtok:.6f}",
             ("unmeasured" if carbon.get("unmeasured") else "unpriced")
             if carbon["g_co2e"] is None
@@ -169,9 +171,12 @@ def comparison_csv_rows(*, experiment: Experiment) -> Iterator[list]:
     for arm in report.arms:
         flat: dict = {}
         _flatten("", dataclasses.asdict(arm), flat)
-        for key in [k for k in flat if k.split(".")[0] in QUALITY_FIELDS]:
+        for key in [k for k in flat if k.split(".")[0] in (*QUALITY_FIELDS, "unpriced")]:
             flat.pop(key)
         flat.pop("arm_id")
+        # Usage billed with no price, by component: always a column ({} where every second was
+        # priced), so a pipeline reading it never misses an unpriced arm.
+        flat["unpriced_s"] = arm.unpriced
         rows.append((flat, quality_csv_values(arm, report)))
     columns = list(dict.fromkeys(key for row, _ in rows for key in row)) or ["name"]
     yield ["experiment", *columns, *quality_csv_columns(report)]

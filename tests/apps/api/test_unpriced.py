@@ -4,6 +4,9 @@ candidate with unpriced GPU time read -93.8 % and passed the gate)."""
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 from datetime import timedelta
 
 import pytest
@@ -18,7 +21,7 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.mark.parametrize("unpriced_arm", ["candidate", "control"])
-def test_an_arm_with_unpriced_gpu_time_is_never_compared(api, experiment, unpriced_arm):
+def test_an_arm_with_unpriced_gpu_time_is_never_compared(api, session, experiment, unpriced_arm):
     table = PricingTableFactory(
         tenant=experiment.tenant, valid_from=timezone.now() - timedelta(days=30)
     )
@@ -50,3 +53,19 @@ def test_an_arm_with_unpriced_gpu_time_is_never_compared(api, experiment, unpric
     holder = next(a for a in report["arms"] if a["name"] == unpriced_arm)
     assert candidate["verdict"] == "unpriced", candidate
     assert holder["unpriced"].get("gpu", 0) > 0 and holder["unpriced_skus"] == [bare.name]
+    # ... and every place a user or a pipeline reads the comparison says so
+    rows = list(csv.DictReader(io.StringIO(session_text(session, "comparison.csv", experiment))))
+    marked = next(r for r in rows if r["name"] == unpriced_arm)
+    assert json.loads(marked["unpriced_s"])["gpu"] > 0
+    page = session_text(session, "comparison/", experiment)
+    assert 'data-col="unpriced"' in page and "unpriced gpu" in page
+    runs_csv = session.get("/runs.csv")
+    runs = list(csv.DictReader(io.StringIO(b"".join(runs_csv.streaming_content).decode())))
+    assert any(r["unpriced_s"] and "gpu" in json.loads(r["unpriced_s"]) for r in runs)
+
+
+def session_text(client, tail: str, experiment) -> str:
+    response = client.get(f"/experiments/{experiment.pk}/{tail}")
+    assert response.status_code == 200, response.status_code
+    body = response.streaming_content if response.streaming else [response.content]
+    return b"".join(body).decode()
