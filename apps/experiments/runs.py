@@ -40,7 +40,8 @@ RUN_TASK = TaskName.RUN_TRAIN
 Outcome = RunAttempt.Outcome
 
 # Sent inside run_end's transaction, before the outcome is saved: the run's bill is closed by its
-# receiver (apps.telemetry prices every stored sample). Telemetry depends on runs, not the reverse.
+# receiver (apps.billing's run_totals_close prices every stored sample). Billing depends on runs,
+# not the reverse.
 run_ending = Signal()  # sender=Run, run=<Run>
 
 
