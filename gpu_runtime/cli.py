@@ -1,8 +1,10 @@
 """Command line: ``python -m gpu_runtime {train,validate,schema,profile}``.
 
 ``train`` writes one JSON line per telemetry sample to ``--out`` and prints the
-RunResult as one JSON object on the last line of stdout. Exit status: 0 completed,
-2 strategy refused, 143 stopped by SIGTERM (the result is still printed).
+RunResult as one JSON object on the last line of stdout. With ``eval:`` each held-out
+evaluation prints an ``eval`` line on stderr as it happens, and the run's held-out loss and
+evaluation time close it. Exit status: 0 completed, 2 strategy refused, 143 stopped by
+SIGTERM (the result is still printed).
 ``validate`` only checks the file. Every command that takes a strategy validates it before
 torch is imported, so a bad file is refused in a fraction of a second (importing torch
 takes seconds); hardware checks (a dtype this device cannot run) come after, with torch.
@@ -49,6 +51,25 @@ def _progress_line(sample: dict[str, Any]) -> str:
     )
 
 
+def _eval_line(sample: dict[str, Any]) -> str:
+    """An evaluation's line: the held-out loss after this step, and what it cost."""
+    loss = "-" if sample["eval_loss"] is None else format(sample["eval_loss"], ".4f")
+    return (
+        f"eval {sample['step']:>6}  held-out loss {loss}  after {sample['tokens']:,} tokens  "
+        f"({sample['eval_s']:.3f} s, billed, not step time)"
+    )
+
+
+def _eval_summary(result: Any) -> str:
+    loss = "-" if result.eval_loss is None else format(result.eval_loss, ".4f")
+    share = result.eval_s / result.wall_s * 100 if result.wall_s > 0 else 0.0
+    return (
+        f"held-out loss {loss} after {result.steps} steps; {len(result.evaluations)} "
+        f"evaluation{'s' if len(result.evaluations) != 1 else ''} took {result.eval_s:.3f} s of "
+        f"the run's {result.wall_s:.1f} s ({share:.1f} %, billed)"
+    )
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -75,6 +96,8 @@ def _train(ns: argparse.Namespace) -> int:
             out(sample)
         if not ns.quiet:
             print(_progress_line(sample), file=sys.stderr, flush=True)
+            if "eval_loss" in sample:
+                print(_eval_line(sample), file=sys.stderr, flush=True)
 
     try:
         result = train(
@@ -89,6 +112,8 @@ def _train(ns: argparse.Namespace) -> int:
     finally:
         if out is not None:
             out.close()
+    if config.eval is not None and not ns.quiet:
+        print(_eval_summary(result), file=sys.stderr, flush=True)
     print(json.dumps(result.to_dict()), flush=True)
     return EXIT_SIGTERM if result.status == "interrupted" else 0
 

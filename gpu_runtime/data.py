@@ -30,6 +30,10 @@ data-loader state. ``packing: true``: random windows of seq_len+1 tokens of the 
 synthetic), or for jsonl records whole records packed into rows of seq_len+1 (``pack_records``:
 each epoch's records best-fit into rows, never split, the rows shuffled, the rest padded);
 ``packing: false``: one record per row, truncated to seq_len+1 or padded with ``~pad_id``.
+
+With ``eval.holdout`` the records are split first (``gpu_runtime.holdout``: by a hash of each
+record's content) and ``load_split_corpus`` makes two corpora of them, framed, masked and hashed
+alike: the one trained on and the held-out one (``gpu_runtime.evaluation`` reads it).
 """
 
 from __future__ import annotations
@@ -38,7 +42,6 @@ import bisect
 import glob
 import hashlib
 import json
-import random
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,8 +49,11 @@ import numpy as np
 import torch
 
 from gpu_runtime.errors import StrategyError
+from gpu_runtime.holdout import KEY as HOLDOUT_KEY
+from gpu_runtime.holdout import record_position, split_problem, split_records
 from gpu_runtime.model import IGNORE_INDEX, PAD
 from gpu_runtime.schema import DataSection
+from gpu_runtime.synthetic import SYNTHETIC_TOKENS, synthetic_documents  # noqa: F401 (re-exported)
 from gpu_runtime.tokenizer import (
     CHAT_ROLES,
     ByteTokenizer,
@@ -56,7 +62,6 @@ from gpu_runtime.tokenizer import (
     encode_segments,
 )
 
-SYNTHETIC_TOKENS = 1 << 18
 INT16_MAX_VOCAB = 32767
 
 
@@ -166,25 +171,6 @@ def _chat_records(path: Path) -> list[list[dict[str, str]]]:
     return conversations
 
 
-def synthetic_documents(seed: int, n_tokens: int = SYNTHETIC_TOKENS) -> list[bytes]:
-    """Zipf-distributed words from a seeded 512-word vocabulary: learnable,
-    and the same for a seed."""
-    rng = random.Random(seed)
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    words = [
-        "".join(rng.choice(letters) for _ in range(rng.randint(2, 9))).encode() + b" "
-        for _ in range(512)
-    ]
-    weights = [1.0 / (rank + 1) for rank in range(len(words))]
-    docs, total = [], 0
-    while total < n_tokens:
-        ids = rng.choices(range(len(words)), weights=weights, k=rng.randint(64, 512))
-        doc = b"".join(words[i] for i in ids)
-        docs.append(doc)
-        total += len(doc) + 2
-    return docs
-
-
 class _Encoder:
     """Documents to framed, masked id arrays for one tokenizer and loss_on."""
 
@@ -277,33 +263,46 @@ def _describe(kind: str, data: DataSection, tokenizer: Tokenizer) -> str:
     return kind if not notes else f"{kind[:-1]}; {'; '.join(notes)})"
 
 
-def load_corpus(data: DataSection, *, seed: int, tokenizer: Tokenizer | None = None) -> Corpus:
-    """Read (or generate) the corpus a strategy's data section names, tokenized by
-    ``tokenizer`` (None: bytes)."""
-    tok = tokenizer if tokenizer is not None else ByteTokenizer()
-    response_only = data.loss_on == "response"
-    enc = _Encoder(tok, response_only=response_only)
+def _canonical(record: object) -> bytes:
+    """A jsonl record's identity for the holdout split: its fields as canonical JSON."""
+    return json.dumps(record, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _documents(
+    data: DataSection, enc: _Encoder, *, seed: int
+) -> tuple[list[_Doc], list[bytes], str]:
+    """The documents a data section names, each with its content (the holdout split's key),
+    and what they are (``kind(n ...)``)."""
+    tok = enc.tok
     if data.source == "synthetic":
-        docs = [enc.text(d, "synthetic") for d in synthetic_documents(seed)]
-        kind = f"synthetic(seed={seed})"
-    elif data.source == "text":
-        files = _files(data.path or "")
-        docs = [enc.text(f.read_bytes(), f.name) for f in files]
-        kind = f"text({len(files)} files)"
-    elif data.format == "chat":
-        files = _files(data.path or "")
+        raw = synthetic_documents(seed)
+        return [enc.text(d, "synthetic") for d in raw], raw, f"synthetic(seed={seed})"
+    files = _files(data.path or "")
+    if data.source == "text":
+        raw = [f.read_bytes() for f in files]
+        docs = [enc.text(content, f.name) for f, content in zip(files, raw, strict=True)]
+        return docs, raw, f"text({len(files)} files)"
+    if data.format == "chat":
         conversations = [c for f in files for c in _chat_records(f)]
         if not conversations:
             raise StrategyError.single("data.path", f"no chat records in {data.path!r}")
         docs = [enc.segments(tok.render_chat(c)) for c in conversations]
-        kind = f"chat({len(docs)} records)"
-    else:
-        files = _files(data.path or "")
-        records = [r for f in files for r in _alpaca_records(f)]
-        if not records:
-            raise StrategyError.single("data.path", f"no Alpaca records in {data.path!r}")
-        docs = [enc.segments(alpaca_segments(r)) for r in records]
-        kind = f"alpaca({len(docs)} records)"
+        return docs, [_canonical(c) for c in conversations], f"chat({len(docs)} records)"
+    records = [r for f in files for r in _alpaca_records(f)]
+    if not records:
+        raise StrategyError.single("data.path", f"no Alpaca records in {data.path!r}")
+    docs = [enc.segments(alpaca_segments(r)) for r in records]
+    # what the template reads: no input and an empty one are the same record
+    fields = [[r["instruction"], r.get("input") or "", r["output"]] for r in records]
+    return docs, [_canonical(f) for f in fields], f"alpaca({len(docs)} records)"
+
+
+def _encoder(data: DataSection, tokenizer: Tokenizer | None) -> _Encoder:
+    tok = tokenizer if tokenizer is not None else ByteTokenizer()
+    return _Encoder(tok, response_only=data.loss_on == "response")
+
+
+def _of(docs: list[_Doc], kind: str, data: DataSection, tok: Tokenizer) -> Corpus:
     return _corpus(
         docs,
         _describe(kind, data, tok),
@@ -311,6 +310,90 @@ def load_corpus(data: DataSection, *, seed: int, tokenizer: Tokenizer | None = N
         packing=data.packing,
         records=data.source == "jsonl",
     )
+
+
+def load_corpus(data: DataSection, *, seed: int, tokenizer: Tokenizer | None = None) -> Corpus:
+    """Read (or generate) the corpus a strategy's data section names, tokenized by
+    ``tokenizer`` (None: bytes)."""
+    enc = _encoder(data, tokenizer)
+    docs, _, kind = _documents(data, enc, seed=seed)
+    return _of(docs, kind, data, enc.tok)
+
+
+@dataclass(frozen=True)
+class SplitCorpus:
+    """The corpus trained on and the held-out one (``eval.holdout``), and how they were split."""
+
+    train: Corpus
+    held_out: Corpus
+    report: dict  # the holdout, the records on each side
+
+
+def _held_out_file(data: DataSection, path: str, enc: _Encoder, *, seed: int):
+    """The held-out file's documents, read as data.path's are; its errors name eval.holdout."""
+    try:
+        return _documents(data.model_copy(update={"path": path}), enc, seed=seed)
+    except StrategyError as exc:
+        raise StrategyError(
+            [{**e, "key": HOLDOUT_KEY if e["key"] == "data.path" else e["key"]} for e in exc.errors]
+        ) from None
+
+
+def load_split_corpus(
+    data: DataSection, holdout: float | str, *, seed: int, tokenizer: Tokenizer | None = None
+) -> SplitCorpus:
+    """The corpus split by ``eval.holdout``: a fraction (records held out by the hash of their
+    content, in hash order) or a held-out file (its records in hash order; records of data.path
+    identical to one of them are left out of training). Refused naming eval.holdout when a side
+    would be empty."""
+    enc = _encoder(data, tokenizer)
+    docs, keys, kind = _documents(data, enc, seed=seed)
+    if isinstance(holdout, str):
+        held_docs, held_keys, held_kind = _held_out_file(data, holdout, enc, seed=seed)
+        order = sorted(range(len(held_docs)), key=lambda i: record_position(held_keys[i]))
+        held = [held_docs[i] for i in order]
+        seen = set(held_keys)
+        trained = [i for i, k in enumerate(keys) if k not in seen]
+        if not trained:
+            raise StrategyError.single(
+                HOLDOUT_KEY,
+                f"every record of data.path ({len(keys)}) is also in the held-out file "
+                f"{holdout!r}: nothing left to train",
+            )
+        left_out = len(keys) - len(trained)
+        report = {
+            "holdout": holdout,
+            "records_held_out": len(held),
+            "records_trained": len(trained),
+            "duplicates_left_out": left_out,
+        }
+        train_note = f"{left_out} held-out duplicates left out" if left_out else None
+    else:
+        trained, order = split_records(keys, holdout)
+        synthetic = data.source == "synthetic"
+        problem = split_problem(
+            holdout,
+            records=len(keys),
+            held=len(order),
+            what=f"the synthetic corpus (seed {seed})" if synthetic else "data.path",
+            unit={"synthetic": "document", "text": "file"}.get(data.source, "record"),
+        )
+        if problem is not None:
+            raise StrategyError.single(HOLDOUT_KEY, problem)
+        held, held_kind = [docs[i] for i in order], f"{len(order)} of {kind}"
+        train_note = f"{len(held)} held out"
+        report = {
+            "holdout": holdout,
+            "records_held_out": len(held),
+            "records_trained": len(trained),
+        }
+    if train_note is not None:
+        kind = f"{kind[:-1]}; {train_note})"
+    train = _of([docs[i] for i in trained], kind, data, enc.tok)
+    held_out = _of(held, f"held out: {held_kind}", data, enc.tok)
+    if not int((held_out.tokens >= 0).sum()):
+        raise StrategyError.single(HOLDOUT_KEY, "the held-out records have no token to evaluate")
+    return SplitCorpus(train=train, held_out=held_out, report=report)
 
 
 def split_batch(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -403,6 +403,7 @@ def _gather(
                 "steps": r["steps"],
                 "status": r["status"],
                 "final_loss": r["final_loss"],
+                "eval_loss": r.get("eval_loss"),
                 "config_sha256": r["config_sha256"],
                 "energy_j": r["energy_j"],
                 "samples": r["samples"],
@@ -432,4 +433,7 @@ def _gather(
         params_total=lead.get("params_total"),
         params_trainable=lead.get("params_trainable"),
         artifacts=lead.get("artifacts") or [],
+        eval_loss=lead.get("eval_loss"),
+        eval_s=lead.get("eval_s") or 0.0,
+        evaluations=lead.get("evaluations") or [],
     )

@@ -39,6 +39,12 @@ class RunResult:
     # what the run saved under its artifacts directory (finetune.save): each {kind (lora_adapter |
     # weights), path (relative to the directory), bytes, sha256, config_sha256, dataset_sha256}
     artifacts: list[dict[str, Any]] = field(default_factory=list)
+    # held-out evaluation (eval:): the last held-out loss; the wall seconds every evaluation took,
+    # summed (inside wall_s, so billed, and reported apart); each one's {step, tokens (trained so
+    # far), eval_loss, eval_s}
+    eval_loss: float | None = None
+    eval_s: float = 0.0
+    evaluations: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return _json_safe(asdict(self))

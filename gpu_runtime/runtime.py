@@ -24,9 +24,10 @@ from gpu_runtime.assembly import architecture_conflicts, assemble_model, strateg
 from gpu_runtime.batching import MicroBatching
 from gpu_runtime.capability import capability_problems, device_label, resolve_device
 from gpu_runtime.checkpoint import load_checkpoint
-from gpu_runtime.data import StepBatches, load_corpus
+from gpu_runtime.data import StepBatches, load_corpus, load_split_corpus
 from gpu_runtime.device_keys import resolve_device_keys
 from gpu_runtime.errors import StrategyError
+from gpu_runtime.evaluation import build_evaluation
 from gpu_runtime.finetune import parameter_counts, save_result
 from gpu_runtime.live import live_poller
 from gpu_runtime.mfu import peak_flops
@@ -233,7 +234,14 @@ def train_local(
         if problems:
             raise StrategyError(problems)
     _check_memory(source.params, config, dev, source.what, source.key)
-    corpus = load_corpus(config.data, seed=config.train.seed, tokenizer=source.tokenizer)
+    split = None
+    if config.eval is None:
+        corpus = load_corpus(config.data, seed=config.train.seed, tokenizer=source.tokenizer)
+    else:  # the held-out records are never in the corpus trained on
+        split = load_split_corpus(
+            config.data, config.eval.holdout, seed=config.train.seed, tokenizer=source.tokenizer
+        )
+        corpus = split.train
     batches = StepBatches(
         corpus,
         seq_len=config.model.seq_len,
@@ -296,6 +304,22 @@ def train_local(
             resume_from, config, built.module, optimizer, precision, corpus.sha256
         )
 
+    evaluation = None
+    if split is not None:  # rows cut and moved to the device before the sampler starts
+        evaluation = build_evaluation(
+            split.held_out,
+            seq_len=config.model.seq_len,
+            max_tokens=config.eval.max_tokens,
+            rows_per_batch=trainer.micro_batch,  # the micro-batch training starts with fits
+            every_steps=config.eval.every_steps,
+            model=built.module,  # not the compiled or DDP wrapper
+            autocast=precision.autocast,
+            device=dev,
+            world=world,
+            report=split.report,
+        )
+        strategies["eval"] = evaluation.report
+
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     label = device_label(dev)
@@ -316,6 +340,9 @@ def train_local(
             rank=0 if world is None else world.rank,
             devices=world_size,
         ).start()
+
+    if evaluation is not None:
+        evaluation.sampler = sampler  # held while it evaluates; emits the evaluation's sample
 
     def apply_live(updated: StrategyConfig) -> None:
         updated, _ = resolve_device_keys(updated, dev, profile)  # a ceiling edited to auto
@@ -358,6 +385,7 @@ def train_local(
                 if live is None
                 else live_poller(live, current=lambda: trainer.config, apply=apply_live),
                 agree=agree,
+                evaluation=evaluation,
             )
         finally:
             if prefetcher is not None:
@@ -398,4 +426,7 @@ def train_local(
         params_total=params_total,
         params_trainable=params_trainable,
         artifacts=artifacts,
+        eval_loss=None if evaluation is None else evaluation.loss,
+        eval_s=0.0 if evaluation is None else evaluation.seconds,
+        evaluations=[] if evaluation is None else evaluation.history,
     )

@@ -9,6 +9,9 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import math
+import types
+import typing
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -22,6 +25,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from gpu_runtime.errors import DOCUMENT_KEY, StrategyError
+from gpu_runtime.holdout import synthetic_split_problem
 from gpu_runtime.yaml_loader import read_strategy_yaml
 
 PRESETS = ("tiny", "small", "125m", "350m", "1b", "7b")
@@ -541,6 +545,93 @@ class TelemetrySection(_Section):
     )
 
 
+def _holdout(value: Any) -> Any:
+    """A fraction in (0, 1), or a held-out file's path; refused naming what it would leave."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value)  # YAML 1.1 reads `5e-2` (no dot) as a string
+        except ValueError:
+            path = value.strip()
+            if not path:
+                raise PydanticCustomError(
+                    "holdout_type",
+                    "an empty path; a fraction of the corpus (e.g. 0.05) or a held-out file",
+                ) from None
+            if path.lower().startswith(_REMOTE_SCHEMES):
+                raise PydanticCustomError(
+                    "remote_path",
+                    "{path} is a remote address; costlab reads local files only and never "
+                    "downloads: copy the held-out file to a directory and name it here",
+                    {"path": path},
+                ) from None
+            return path
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise PydanticCustomError(
+            "holdout_type",
+            "must be a fraction of the corpus between 0 and 1 (e.g. 0.05), or the path (glob) "
+            "of a held-out file, not {got}",
+            {"got": repr(value)},
+        )
+    fraction = float(value)
+    if not math.isfinite(fraction) or fraction <= 0:
+        raise PydanticCustomError(
+            "holdout_empty",
+            "{got} holds out no record: nothing to evaluate; a fraction between 0 and 1 "
+            "(e.g. 0.05), or the path of a held-out file",
+            {"got": repr(value)},
+        )
+    if fraction >= 1:
+        raise PydanticCustomError(
+            "holdout_everything",
+            "{got} holds out every record: nothing left to train; a fraction between 0 and 1 "
+            "(e.g. 0.05), or the path of a held-out file",
+            {"got": repr(value)},
+        )
+    return fraction
+
+
+class EvalSection(_Section):
+    every_steps: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Evaluate on the held-out records every N optimizer steps, and once at the end; "
+            "unset: only at the end."
+        ),
+    )
+    holdout: Annotated[float | str | None, BeforeValidator(_holdout)] = Field(
+        None,
+        description=(
+            "A fraction of the corpus, in (0, 1): a record is held out (never trained on) when "
+            "the hash of its content falls below it, the same records on every run and host; "
+            "or the path (glob) of a held-out file in data.path's format (records identical to "
+            "a held-out one are then left out of training)."
+        ),
+    )
+    max_tokens: int = Field(
+        16384,
+        ge=1,
+        le=100_000_000,
+        description=(
+            "Tokens evaluated per evaluation, at most: the first held-out targets in a fixed "
+            "order, so every run evaluates the same ones."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _needs_holdout(self) -> EvalSection:
+        if self.holdout is None:
+            raise PydanticCustomError(
+                "holdout_missing",
+                "eval needs a holdout: a fraction of the corpus (e.g. 0.05), never trained on, "
+                "or the path of a held-out file",
+                {"field": "holdout"},
+            )
+        return self
+
+
 class StrategyConfig(_Section):
     """A whole strategy. Build it with ``load_strategy`` from YAML, or directly from dicts."""
 
@@ -556,6 +647,30 @@ class StrategyConfig(_Section):
     placement: PlacementSection = Field(default_factory=PlacementSection)
     distributed: DistributedSection = Field(default_factory=DistributedSection)
     telemetry: TelemetrySection = Field(default_factory=TelemetrySection)
+    # Left out of the dump when absent, so a strategy without it keeps its config_sha256.
+    eval: EvalSection | None = Field(
+        None,
+        exclude_if=lambda section: section is None,
+        description="Held-out evaluation: the loss on records never trained on (optional).",
+    )
+
+    @model_validator(mode="after")
+    def _holdout_leaves_both(self) -> StrategyConfig:
+        if self.eval is None:
+            return self
+        holdout = self.eval.holdout
+        if isinstance(holdout, str) and self.data.source == "synthetic":
+            raise PydanticCustomError(
+                "holdout_file_synthetic",
+                "a held-out file is read as data.path is; synthetic data has no files: hold out "
+                "a fraction of it (e.g. 0.05)",
+                {"field": "eval.holdout"},
+            )
+        if isinstance(holdout, float) and self.data.source == "synthetic":
+            problem = synthetic_split_problem(self.train.seed, holdout)
+            if problem is not None:
+                raise PydanticCustomError("holdout_split", problem, {"field": "eval.holdout"})
+        return self
 
     @model_validator(mode="after")
     def _weights_to_start_from(self) -> StrategyConfig:
@@ -663,13 +778,22 @@ def _dotted(loc: tuple[Any, ...], ctx: dict[str, Any] | None) -> str:
     return ".".join(parts) or DOCUMENT_KEY
 
 
+def _section_model(annotation: Any) -> Any:
+    """The section model of a field's annotation (an optional section: its model)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        for member in typing.get_args(annotation):
+            if hasattr(member, "model_fields"):
+                return member
+    return annotation
+
+
 def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
     model: Any = StrategyConfig
     for part in loc[:-1]:
         field = getattr(model, "model_fields", {}).get(part)
         if field is None:
             return []
-        model = field.annotation
+        model = _section_model(field.annotation)
     return sorted(getattr(model, "model_fields", {}))
 
 
@@ -694,6 +818,12 @@ _OWN_ERROR_TYPES = {
     "adaptive_global_ddp",
     "gpus_not_nproc",
     "batch_not_divisible",
+    "holdout_type",
+    "holdout_empty",
+    "holdout_everything",
+    "holdout_missing",
+    "holdout_file_synthetic",
+    "holdout_split",
 }
 
 

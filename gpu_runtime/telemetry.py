@@ -4,15 +4,22 @@ The training loop publishes one immutable ``Progress`` tuple per step (a single
 attribute assignment, atomic under the GIL) and appends its step window to a deque.
 Everything else—probing the device, integrating energy, averaging, MFU, overlap—
 happens here, on the sampler thread, every ``interval_s``.
+
+A held-out evaluation (``gpu_runtime.evaluation``) runs while the trainer holds the sampler
+(``Sampler.held``): no sample is taken in the middle of one, the evaluation's own sample (with
+``EVAL_KEYS``) is emitted out of turn, and its seconds, published in ``Progress.eval_s``, are
+left out of the tokens/s of the interval that holds them (they stay in the wall time and the
+energy, which the bill counts).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 from gpu_runtime.mfu import mfu
@@ -46,6 +53,8 @@ SAMPLE_KEYS = (
     "dram_bw_pct",
     "estimated",
 )
+# Only on the sample an evaluation emits: the held-out loss, and the wall seconds it took.
+EVAL_KEYS = ("eval_loss", "eval_s")
 
 
 class Progress(NamedTuple):
@@ -55,6 +64,7 @@ class Progress(NamedTuple):
     steps_timed: int
     loss: float | None
     micro_batch: int
+    eval_s: float = 0.0  # seconds spent evaluating held-out loss, cumulative (not step time)
 
 
 class RunCounters:
@@ -106,6 +116,7 @@ class Sampler:
         self._last_energy_counter = first.energy_j
         self._last_mono = time.perf_counter()
         self._last_progress = counters.progress
+        self._out_of_turn = False  # the last sample was an evaluation's
 
     def start(self) -> Sampler:
         self._thread.start()
@@ -126,9 +137,22 @@ class Sampler:
                 self._retime.clear()
                 continue
             try:
-                self.sample()
+                self._tick()
             except Exception:  # keep sampling: one bad reading must not end the run's telemetry
                 log.exception("telemetry sample failed")
+
+    def _tick(self) -> None:
+        with self._lock:
+            if self._out_of_turn and time.perf_counter() - self._last_mono < self.interval_s / 2:
+                return  # an evaluation's sample was just emitted: it stands for this interval
+            self._sample()
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[Callable[[dict[str, Any]], dict[str, Any]]]:
+        """Hold the sampler while work that is not training runs (a held-out evaluation); yields
+        ``emit(extra)``, which emits a sample now with the extra keys."""
+        with self._lock:
+            yield self._sample
 
     def _read(self) -> Reading:
         try:
@@ -163,56 +187,62 @@ class Sampler:
 
     def sample(self) -> dict[str, Any]:
         with self._lock:
-            now_mono = time.perf_counter()
-            dt = now_mono - self._last_mono
-            reading = self._read()
-            power_w, energy_j = self._energy(reading.power_w, reading.energy_j, dt)
-            progress, last = self.counters.progress, self._last_progress
-            steps = progress.steps_timed - last.steps_timed
-            step_time = (
-                (progress.step_time_total - last.step_time_total) / steps if steps > 0 else None
-            )
-            tokens_per_s = (progress.tokens - last.tokens) / dt if dt > 0 else None
-            ratios = self.overlap.collect() if self.overlap is not None else []
-            if reading.mem_used_mb is not None:
-                self.peak_mem_mb = max(self.peak_mem_mb, reading.mem_used_mb)
-            sample = {
-                "seq": self.seq,
-                "ts": time.time(),
-                "step": progress.step,
-                "rank": self.rank,
-                "device": self.probe.label,
-                "util_pct": reading.util_pct,
-                "mem_used_mb": reading.mem_used_mb,
-                "mem_total_mb": reading.mem_total_mb,
-                "power_w": power_w,
-                "energy_j": energy_j,
-                "step_time_s": step_time,
-                "tokens": progress.tokens,
-                "tokens_per_s": tokens_per_s,
-                "micro_batch": progress.micro_batch,
-                "loss": progress.loss,
-                "overlap_ratio": sum(ratios) / len(ratios) if ratios else None,
-                "mfu": mfu(tokens_per_s, self.flops_per_token, self.peak),
-                "sm_clock_mhz": reading.sm_clock_mhz,
-                "temperature_c": reading.temperature_c,
-                "sm_occupancy_pct": reading.sm_occupancy_pct,
-                "tensor_active_pct": reading.tensor_active_pct,
-                "dram_bw_pct": reading.dram_bw_pct,
-                "estimated": bool(self.probe.estimated),
-            }
-            for (
-                key,
-                value,
-            ) in sample.items():  # JSON has no NaN: a diverged loss is reported as unknown
-                if isinstance(value, float) and not math.isfinite(value):
-                    sample[key] = None
-            self.seq += 1
-            self._last_mono, self._last_progress = now_mono, progress
-            if self.sink is not None:
-                try:
-                    self.sink(sample)
-                except Exception:  # a failing sink must not kill the run or the sampler
-                    self.sink_errors += 1
-                    log.exception("telemetry sink failed on sample seq=%d", sample["seq"])
-            return sample
+            return self._sample()
+
+    def _sample(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One sample (the lock held), with ``extra`` keys (an evaluation's) when given."""
+        now_mono = time.perf_counter()
+        dt = now_mono - self._last_mono
+        reading = self._read()
+        power_w, energy_j = self._energy(reading.power_w, reading.energy_j, dt)
+        progress, last = self.counters.progress, self._last_progress
+        steps = progress.steps_timed - last.steps_timed
+        step_time = (progress.step_time_total - last.step_time_total) / steps if steps > 0 else None
+        # the interval's training time: an evaluation's seconds are not the steps'
+        busy = dt - max(0.0, progress.eval_s - last.eval_s)
+        tokens_per_s = (progress.tokens - last.tokens) / busy if busy > 0 else None
+        ratios = self.overlap.collect() if self.overlap is not None else []
+        if reading.mem_used_mb is not None:
+            self.peak_mem_mb = max(self.peak_mem_mb, reading.mem_used_mb)
+        sample = {
+            "seq": self.seq,
+            "ts": time.time(),
+            "step": progress.step,
+            "rank": self.rank,
+            "device": self.probe.label,
+            "util_pct": reading.util_pct,
+            "mem_used_mb": reading.mem_used_mb,
+            "mem_total_mb": reading.mem_total_mb,
+            "power_w": power_w,
+            "energy_j": energy_j,
+            "step_time_s": step_time,
+            "tokens": progress.tokens,
+            "tokens_per_s": tokens_per_s,
+            "micro_batch": progress.micro_batch,
+            "loss": progress.loss,
+            "overlap_ratio": sum(ratios) / len(ratios) if ratios else None,
+            "mfu": mfu(tokens_per_s, self.flops_per_token, self.peak),
+            "sm_clock_mhz": reading.sm_clock_mhz,
+            "temperature_c": reading.temperature_c,
+            "sm_occupancy_pct": reading.sm_occupancy_pct,
+            "tensor_active_pct": reading.tensor_active_pct,
+            "dram_bw_pct": reading.dram_bw_pct,
+            "estimated": bool(self.probe.estimated),
+            **(extra or {}),
+        }
+        for (
+            key,
+            value,
+        ) in sample.items():  # JSON has no NaN: a diverged loss is reported as unknown
+            if isinstance(value, float) and not math.isfinite(value):
+                sample[key] = None
+        self.seq += 1
+        self._last_mono, self._last_progress = now_mono, progress
+        self._out_of_turn = extra is not None
+        if self.sink is not None:
+            try:
+                self.sink(sample)
+            except Exception:  # a failing sink must not kill the run or the sampler
+                self.sink_errors += 1
+                log.exception("telemetry sink failed on sample seq=%d", sample["seq"])
+        return sample

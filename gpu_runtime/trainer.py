@@ -5,6 +5,7 @@ makes one host sync (the loss, and with dynamic batching the two gradient norms 
 same transfer), publishes one ``Progress`` tuple and appends one ``StepWindow``; the
 sampler thread does the rest. The micro-batches come from ``MicroBatching`` (fixed, or
 the BatchScaler's). It checks the cancel callback and the SIGTERM flag before every step.
+A held-out evaluation (``eval:``) runs between two steps, outside any step's timing.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from torch import nn
 from gpu_runtime.batching import MicroBatching
 from gpu_runtime.checkpoint import TrainState, save_checkpoint
 from gpu_runtime.data import split_batch
+from gpu_runtime.evaluation import Evaluation
 from gpu_runtime.optim import lr_at, set_lr
 from gpu_runtime.precision import Precision
 from gpu_runtime.prefetch import Prefetcher
@@ -236,13 +238,16 @@ class Trainer:
         stop: threading.Event,
         before_step: Callable[[], None] | None = None,
         agree: Callable[[], None] | None = None,
+        evaluation: Evaluation | None = None,
     ) -> LoopOutcome:
         """Train from ``start_step`` to ``total_steps`` unless cancelled or stopped; then
         checkpoint.
 
         ``before_step`` runs at every step boundary (live strategy updates come in there).
         ``agree`` runs first at every boundary: a DDP rank learns there, with every other
-        rank, whether to stop or cancel and which live keys to take.
+        rank, whether to stop or cancel and which live keys to take. ``evaluation`` runs after
+        the steps it is due at and once after the last step of a completed run, after the step's
+        time is taken and before the next step's starts.
         """
         every = self.config.train.checkpoint_every
         ranks = (
@@ -288,9 +293,19 @@ class Trainer:
                 StepWindow(step, compute_start, compute_end, batch.io_start, batch.io_end)
             )
             counters.progress = Progress(
-                step, tokens, time_total, timed, loss_value, out.plan.micro_batch
+                step,
+                tokens,
+                time_total,
+                timed,
+                loss_value,
+                out.plan.micro_batch,
+                counters.progress.eval_s,
             )
             if every and step % every == 0 and step < total_steps:
                 self.save(step, tokens)
+            if evaluation is not None and evaluation.due(step, total_steps):
+                evaluation.run(step, counters)
+        if evaluation is not None and status == "completed":
+            evaluation.run(step, counters)
         self.save(step, tokens)
         return LoopOutcome(status=status, steps=step, tokens=tokens, final_loss=loss_value)

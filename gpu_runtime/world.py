@@ -105,6 +105,12 @@ class World:
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
         return out / self.world_size
 
+    def total(self, value: torch.Tensor) -> torch.Tensor:
+        """The world's sum of a per-rank tensor (a held-out evaluation's loss sum and count)."""
+        out = value.detach().clone()
+        dist.all_reduce(out, op=dist.ReduceOp.SUM)
+        return out
+
     def broadcast_int(self, value: int, device: torch.device) -> int:
         """Rank 0's integer, on every rank (the BatchScaler's next micro-batch)."""
         t = torch.tensor([value], dtype=torch.int64, device=device)

@@ -47,6 +47,7 @@ data:      {source: synthetic, prefetch: 0}
 train:     {steps: 30, global_batch: 8, micro_batch: 1, lr: 3.0e-4, seed: 0}
 precision: {compute_dtype: fp32}
 telemetry: {interval_s: 1.0}
+eval:      {every_steps: 10, holdout: 0.1, max_tokens: 1024}
 """
 
 OPTIMIZED_STRATEGY = """\
@@ -57,6 +58,7 @@ precision: {compute_dtype: auto}
 optimizer:
   dynamic_batching: {enabled: true, min_micro_batch: 1, max_micro_batch: auto, probe_steps: 1}
 telemetry: {interval_s: 1.0}
+eval:      {every_steps: 10, holdout: 0.1, max_tokens: 1024}
 """
 
 DEMO_NAME = "Demo: fp32 vs auto precision + dynamic batching"

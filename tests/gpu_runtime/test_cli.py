@@ -39,6 +39,27 @@ def test_train_writes_metrics_and_prints_the_result(tmp_path, capsys):
     assert [s["seq"] for s in samples] == list(range(len(samples))) and samples[-1]["step"] == 3
 
 
+def test_train_with_eval_prints_each_held_out_loss_as_it_happens(tmp_path, capsys):
+    strategy = tmp_path / "strategy.yaml"
+    strategy.write_text(STRATEGY + "eval: {every_steps: 2, holdout: 0.1, max_tokens: 256}\n")
+    metrics = tmp_path / "metrics.jsonl"
+    assert main(["train", str(strategy), "--steps", "3", "--out", str(metrics)]) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out.strip().splitlines()[-1])
+    lines = [line for line in captured.err.splitlines() if line.startswith("eval ")]
+    assert [line.split()[1] for line in lines] == ["2", "3"]
+    assert all("held-out loss " in line and "billed, not step time" in line for line in lines)
+    assert f"held-out loss {result['eval_loss']:.4f}" in lines[-1]
+    assert f"after {3 * 4 * 32:,} tokens" in lines[-1]
+    summary = captured.err.strip().splitlines()[-1]
+    assert summary.startswith(
+        f"held-out loss {result['eval_loss']:.4f} after 3 steps; 2 evaluations"
+    )
+    assert result["eval_s"] > 0 and [e["step"] for e in result["evaluations"]] == [2, 3]
+    stored = [s for s in _lines(metrics) if "eval_loss" in s]
+    assert [s["eval_loss"] for s in stored] == [e["eval_loss"] for e in result["evaluations"]]
+
+
 def test_validate_and_schema(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("train: {steps: 0}\n")

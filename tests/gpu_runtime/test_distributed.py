@@ -65,6 +65,27 @@ def test_two_ranks_train_as_one_process(tiny_config, tmp_path):
     assert not _rank_processes()
 
 
+def test_the_ranks_evaluate_their_shares_and_rank_0_reports_the_worlds_held_out_loss(
+    tiny_config,
+):
+    one_step = {
+        **PARITY,
+        "train": {**PARITY["train"], "steps": 1},
+        "telemetry": {"enabled": True, "interval_s": 60.0},
+        "eval": {"holdout": 0.1, "max_tokens": 512},
+    }
+    alone = train(tiny_config(**one_step))
+    samples = []
+    together = train(tiny_config(**one_step, **DDP), sink=samples.append)
+    # one evaluation sample, rank 0's; every rank holds the world's loss (one all-reduce)
+    assert [(s["rank"], s["step"]) for s in samples if "eval_loss" in s] == [(0, 1)]
+    assert together.eval_loss == pytest.approx(alone.eval_loss, abs=1e-4)
+    ranks = together.strategies["distributed"]["ranks"]
+    assert [r["eval_loss"] for r in ranks] == [together.eval_loss] * 2
+    assert together.eval_s > 0 and [e["step"] for e in together.evaluations] == [1]
+    assert not _rank_processes()
+
+
 def test_cancel_and_a_live_update_reach_both_ranks_at_the_same_step(tiny_config):
     config = tiny_config(
         train={"steps": 400}, telemetry={"interval_s": 0.05, "peak_flops": 1e11}, **DDP

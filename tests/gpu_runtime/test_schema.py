@@ -298,3 +298,70 @@ def test_every_example_strategy_loads():
         (examples[0].parent / "dynamic_batching.yaml").read_bytes()
     ).optimizer.dynamic_batching
     assert batching.enabled and not batching.adaptive_global_batch
+
+
+# -- eval: held-out evaluation ---------------------------------------------------------------
+
+HOLDOUT_REFUSALS = [
+    ("zero", "eval: {holdout: 0}", "nothing to evaluate"),
+    ("negative", "eval: {holdout: -0.1}", "nothing to evaluate"),
+    ("one", "eval: {holdout: 1}", "nothing left to train"),
+    ("above one", "eval: {holdout: 1.5}", "nothing left to train"),
+    # synthetic data is known at validation: 128 documents for seed 0
+    ("no synthetic document held out", "eval: {holdout: 1.0e-9}", "nothing to evaluate"),
+    ("every synthetic document held out", "eval: {holdout: 0.9999999}", "nothing left to train"),
+    ("a boolean", "eval: {holdout: true}", "fraction of the corpus"),
+    ("a list", "eval: {holdout: [0.1]}", "fraction of the corpus"),
+    ("an empty path", "eval: {holdout: ''}", "empty path"),
+    ("a remote path", "eval: {holdout: 'https://example.com/held.jsonl'}", "never downloads"),
+    ("a file for synthetic data", "eval: {holdout: held.txt}", "synthetic data has no files"),
+    ("no holdout", "eval: {every_steps: 5}", "needs a holdout"),
+]
+
+
+@pytest.mark.parametrize(
+    ("kind", "document", "reason"), HOLDOUT_REFUSALS, ids=[r[0] for r in HOLDOUT_REFUSALS]
+)
+def test_a_holdout_that_leaves_nothing_is_refused_naming_eval_holdout(kind, document, reason):
+    with pytest.raises(StrategyError) as info:
+        load_strategy(document)
+    assert [e["key"] for e in info.value.errors] == ["eval.holdout"], info.value.errors
+    assert reason in info.value.errors[0]["message"], info.value.errors[0]["message"]
+
+
+@pytest.mark.parametrize(
+    ("document", "key", "reason"),
+    [
+        ("eval: {holdout: 0.1, evry_steps: 5}", "eval.evry_steps", "did you mean every_steps"),
+        ("eval: {holdout: 0.1, every_steps: 0}", "eval.every_steps", "greater than or equal to 1"),
+        ("eval: {holdout: 0.1, every_steps: '5'}", "eval.every_steps", "integer"),
+        ("eval: {holdout: 0.1, max_tokens: 0}", "eval.max_tokens", "greater than or equal to 1"),
+        ("eval: {holdout: 0.1, max_tokens: 1.5}", "eval.max_tokens", "integer"),
+        ("eval: 0.1", "eval", "dictionary"),
+    ],
+)
+def test_bad_eval_keys_are_refused_naming_the_key(document, key, reason):
+    with pytest.raises(StrategyError) as info:
+        load_strategy(document)
+    errors = {e["key"]: e["message"] for e in info.value.errors}
+    assert key in errors and reason in errors[key], info.value.errors
+
+
+def test_an_eval_section_loads_with_its_defaults_and_a_strategy_without_one_is_unchanged():
+    config = load_strategy("eval: {holdout: 5e-2}")  # YAML 1.1's string, read as the number
+    assert (config.eval.holdout, config.eval.every_steps, config.eval.max_tokens) == (
+        0.05,
+        None,
+        16384,
+    )
+    on_files = load_strategy(
+        "data: {source: jsonl, path: train.jsonl}\neval: {holdout: held.jsonl, every_steps: 5}"
+    )
+    assert on_files.eval.holdout == "held.jsonl" and on_files.eval.every_steps == 5
+    # absent, the section is left out of the dump: an existing strategy keeps its config hash
+    plain = load_strategy("train: {steps: 10}")
+    assert plain.eval is None and "eval" not in plain.model_dump(mode="json")
+    assert config_sha256(plain) != config_sha256(
+        load_strategy("train: {steps: 10}\neval: {holdout: 0.1}")
+    )
+    assert load_strategy("eval: null") == StrategyConfig()
