@@ -46,10 +46,11 @@ def test_seed_can_queue_demo_runs_once(django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=False) as enqueued:
         call_command("seed_demo", "--submit-runs", "2")
         call_command("seed_demo", "--submit-runs", "2")  # runs still queued: nothing more
-    assert Run.objects.count() == 4 and len(enqueued) == 4
+    assert Run.objects.count() == 6 and len(enqueued) == 6
     assert set(Run.objects.values_list("arm__name", flat=True)) == {
         "pytorch-baseline",
         "costlab-optimized",
+        "big-batch-same-lr",
     }
 
 
@@ -65,7 +66,7 @@ def test_seeding_again_after_the_demo_runs_finished_queues_nothing(
     )  # the demo ran to the end; make run starts again
     with django_capture_on_commit_callbacks(execute=False) as enqueued:
         call_command("seed_demo", "--submit-runs", "2")
-    assert Run.objects.count() == 4 and enqueued == []
+    assert Run.objects.count() == 6 and enqueued == []
 
 
 def _flat(config, prefix=""):
@@ -96,7 +97,8 @@ def test_the_demo_description_says_exactly_what_its_arms_configs_differ_in():
         f"the arms differ in keys the description does not mention: {differ - described}"
     )
     text = DEMO_DESCRIPTION
-    control_part, optimized_part = text.split("Optimized:")[0], text.split("Optimized:")[1]
+    control_part = text.split("Optimized:")[0]
+    optimized_part = text.split("Optimized:")[1].split("Big batch:")[0]
     assert (
         f"{control['precision.compute_dtype']}, micro-batch {control['train.micro_batch']}"
         in control_part
@@ -144,9 +146,24 @@ def test_demo_runs_are_queued_interleaved_and_the_experiment_holds_demo_evidence
     with django_capture_on_commit_callbacks(execute=False):
         call_command("seed_demo", "--submit-runs", "3")
     arms = list(Run.objects.order_by("pk").values_list("arm__name", flat=True))
-    assert arms == ["pytorch-baseline", "costlab-optimized"] * 3
+    assert arms == ["pytorch-baseline", "costlab-optimized", "big-batch-same-lr"] * 3
     experiment = Experiment.objects.get(name=DEMO_NAME)
     assert {k: getattr(experiment, k) for k in DEMO_EXPERIMENT} == DEMO_EXPERIMENT
+
+
+def test_the_big_batch_arm_trains_the_same_tokens_with_a_quarter_of_the_updates():
+    """The third arm is cheaper but worse by construction, and its description says how."""
+    from apps.demo.services import BIG_BATCH_STRATEGY, CONTROL_STRATEGY, DEMO_DESCRIPTION
+    from gpu_runtime import load_strategy
+
+    control, big = load_strategy(CONTROL_STRATEGY), load_strategy(BIG_BATCH_STRATEGY)
+    tokens = [s.train.steps * s.train.global_batch * s.model.seq_len for s in (control, big)]
+    assert abs(tokens[1] / tokens[0] - 1) < 0.1  # about the same tokens
+    assert big.train.steps * 3 < control.train.steps and big.train.lr == control.train.lr
+    assert big.eval.holdout == control.eval.holdout  # every arm on the same held-out records
+    said = DEMO_DESCRIPTION.split("Big batch:")[1]
+    assert f"global batch of {big.train.global_batch}" in said
+    assert f"micro-batches of {big.train.micro_batch} for {big.train.steps} steps" in said
 
 
 def test_the_demo_leaves_room_in_the_quota_for_a_new_users_runs(django_capture_on_commit_callbacks):
