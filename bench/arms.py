@@ -64,6 +64,18 @@ micro-batch, the old `gemm_floor`). `loss_delta` = |optimized - baseline final l
 baseline at equal tokens (target <= 0.02); a strategy above it buys speed with loss and is
 flagged. `optimized_micro_batches` lists every micro-batch the optimized arm ran.
 
+At equal quality: both headline arms evaluate a held-out loss (mean next-token cross-entropy in
+fp32, autocast off, on EVAL_ROWS windows of the documents the synthetic generator writes after
+the training corpus's: the same distribution, never trained on) every max(1, steps // 10) steps
+from the untrained model to the final one (`eval_curve`), between two steps, with the
+evaluation's time taken out of both clocks (`eval_s_excluded`): the bench compares training
+cost. The target is the baseline's final held-out loss in each round (`target_loss`); an arm's
+`cost_to_target` is the tokens at which its curve first reaches it (within REACH_TOLERANCE,
+0.1 %), interpolated between the two evaluations that straddle it, times its measured USD per
+token. `ratio_to_quality` = optimized / baseline cost to the target, per round (median, min,
+max, as `ratio`); null with `ratio_to_quality_why` where the optimized arm never reaches it.
+`--ddp` does not report it.
+
 Then each strategy alone against the baseline: tokens/s, peak memory and loss delta. Rows that
 force a dtype (bf16 autocast, bf16 storage) are measured comparisons, labelled forced; where
 bf16 is not native, --quick and --smoke skip them (a step would take tens of times the
@@ -98,7 +110,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,9 +128,10 @@ from _setup import spread as _spread  # noqa: E402
 
 from gpu_runtime import StrategyError, strategy_from_dict, train  # noqa: E402
 from gpu_runtime.capability import TORCH_DTYPES, device_label, resolve_device  # noqa: E402
+from gpu_runtime.data import SYNTHETIC_TOKENS, synthetic_documents  # noqa: E402
 from gpu_runtime.device_keys import device_profile  # noqa: E402
 from gpu_runtime.mfu import peak_flops  # noqa: E402
-from gpu_runtime.model import preset_args  # noqa: E402
+from gpu_runtime.model import BOS, EOS, preset_args  # noqa: E402
 from gpu_runtime.profile import DeviceProfile, best_dtype, measure_profile  # noqa: E402
 
 TARGET = 0.40
@@ -135,6 +148,11 @@ QUICK_BUDGET_S = 300.0
 FORCED_STEPS = 3  # a forced-dtype row where that dtype is not native: one round this short
 # the rows that force a dtype whatever the device does best: measured comparisons, labelled forced
 FORCED = {"bf16 autocast": "bf16", "bf16 autocast + storage": "bf16"}
+EVAL_ROWS = 4  # held-out windows of seq_len+1 tokens each evaluation reads (1,028 tokens at 256)
+EVAL_POINTS = 10  # evaluations during a run at most (every max(1, steps // 10) steps), and the end
+# A target loss counts as reached within this fraction of it: twins that differ only in fp32 or
+# bf16 arithmetic end 0.001-0.02 % apart, which must not decide "reached" or "not reached".
+REACH_TOLERANCE = 1e-3
 
 
 def _merge(base: dict, extra: dict) -> dict:
@@ -261,28 +279,48 @@ def run_arm(
     device: str,
     profile: DeviceProfile | None = None,
     stopper: Stopper | None = None,
+    held: torch.Tensor | None = None,
 ) -> dict[str, Any]:
     """One train() call: tokens/s over the steps after the first (wall and CPU clocks), peak
-    memory, loss. A run that SIGTERM (or the stopper) cut short raises Interrupted: its figures
-    are not a run's."""
+    memory, loss. With `held` (held_out_rows), also the held-out loss every
+    max(1, steps // EVAL_POINTS) steps, from the untrained model to the final one
+    (`eval_curve`: (tokens, loss)); each evaluation runs between two steps, and its time is
+    taken out of both clocks, so it is no part of the run's cost (`eval_s`). A run that SIGTERM
+    (or the stopper) cut short raises Interrupted: its figures are not a run's."""
     wall: list[float] = []
     cpu: list[float] = []
+    excluded = {"wall": 0.0, "cpu": 0.0}
+    curve: list[tuple[int, float]] = []  # (steps done, held-out loss)
+    strategy = strategy_from_dict(config)
+    every = max(1, strategy.train.steps // EVAL_POINTS)
+
+    def evaluate(done: int) -> None:
+        module = box.get("module")
+        if held is None or module is None or (curve and curve[-1][0] == done):
+            return
+        w, c = time.perf_counter(), time.process_time()
+        curve.append((done, held_out_loss(module, held)))
+        excluded["wall"] += time.perf_counter() - w
+        excluded["cpu"] += time.process_time() - c
 
     def mark() -> bool:
-        wall.append(time.perf_counter())
-        cpu.append(time.process_time())
+        wall.append(time.perf_counter() - excluded["wall"])
+        cpu.append(time.process_time() - excluded["cpu"])
+        done = len(wall) - 1  # train() calls this before every step: the steps done so far
+        if done % every == 0 and done < strategy.train.steps:
+            evaluate(done)
         return stopper is not None and stopper.stopped
 
     if stopper is not None:
         stopper.check()
-    strategy = strategy_from_dict(config)
     dev = resolve_device(device)
     began = time.perf_counter()
-    with PeakMemory(dev) as memory:
+    with PeakMemory(dev) as memory, capture_model() as box:
         result = train(strategy, device=device, cancel=mark, profile=profile)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
         mark()  # the last step ends when train() returns (no checkpoint is written)
+        evaluate(result.steps)  # the final model
     if result.status != "completed" or (stopper is not None and stopper.stopped):
         if stopper is not None:
             stopper.event.set()
@@ -298,6 +336,9 @@ def run_arm(
         },
         "peak_mem_mb": memory.mib(result),
         "final_loss": result.final_loss,
+        "eval_curve": [(done * tokens_per_step, loss) for done, loss in curve],
+        "eval_every_steps": every,
+        "eval_s": dict(excluded),
         "micro_batches": sorted(
             {start_mb} | {e["new_micro_batch"] for e in result.micro_batch_events}
         ),
@@ -497,6 +538,147 @@ def gemm_floor(
 
 def usd_per_million(tokens_per_s: float, price_per_hour: float) -> float:
     return price_per_hour / 3600 / tokens_per_s * 1e6
+
+
+# --- quality: held-out loss during training, and what reaching a target loss costs --------------
+
+
+def cost_to_target(
+    curve: list[tuple[float, float]],
+    target: float,
+    usd_per_token: float,
+    tolerance: float = REACH_TOLERANCE,
+) -> dict[str, Any]:
+    """What it cost a run to first reach held-out loss `target` (within `tolerance` of it).
+
+    `curve`: (trained tokens so far, held-out loss) in training order, from the untrained model
+    (0 tokens) to the final one. A run's cost so far is its tokens times its measured USD per
+    token (the timed steps' rate, evaluation excluded), so cumulative cost is linear in tokens:
+    the target is placed by linear interpolation between the two evaluations that straddle it,
+    which is interpolating on cumulative cost. Never reached: `usd` None and `why`."""
+    goal = target * (1 + tolerance)
+    previous: tuple[float, float] | None = None
+    for tokens, loss in curve:
+        if loss <= goal:
+            at = tokens
+            if previous is not None:  # previous loss > goal >= loss
+                t0, l0 = previous
+                at = t0 + (l0 - goal) / (l0 - loss) * (tokens - t0)
+            return {"usd": at * usd_per_token, "tokens": at, "reached": True, "why": None}
+        previous = (tokens, loss)
+    if not curve:
+        return {"usd": None, "tokens": None, "reached": False, "why": "no evaluation"}
+    tokens, loss = curve[-1]
+    return {
+        "usd": None,
+        "tokens": None,
+        "reached": False,
+        "why": f"its held-out loss never reached {target:.4f} (+{tolerance:.1%}): {loss:.4f} at "
+        f"the end ({tokens:,.0f} trained tokens), {min(x[1] for x in curve):.4f} at best",
+    }
+
+
+def cost_to_target_rounds(per_round: list[dict[str, Any]]) -> dict[str, Any]:
+    """One arm's cost to the target over rounds (cost_to_target's answers): the median of the
+    rounds that reached it, with min and max; `usd` None and `why` where none did."""
+    reached = [c for c in per_round if c["reached"]]
+    out: dict[str, Any] = {
+        "usd_per_round": [c["usd"] for c in per_round],
+        "tokens_per_round": [c["tokens"] for c in per_round],
+        "reached_rounds": len(reached),
+        "rounds": len(per_round),
+    }
+    if not reached:
+        why = per_round[-1]["why"] if per_round else "not measured"
+        return {"usd": None, "usd_spread": None, "tokens": None, **out, "why": why}
+    usd = [c["usd"] for c in reached]
+    return {
+        "usd": statistics.median(usd),
+        "usd_spread": _spread(usd, keys=("median", "min", "max")),
+        "tokens": statistics.median(c["tokens"] for c in reached),
+        **out,
+        "why": None
+        if len(reached) == len(per_round)
+        else f"reached in {len(reached)} of {len(per_round)} rounds (median of those)",
+    }
+
+
+def quality_ratio(numerators: list[dict], denominators: list[dict]) -> dict[str, Any]:
+    """Per round, cost to the target of one arm over another's (cost_to_target's answers): the
+    median, min and max over the rounds where both reached it; `ratio` None and `why` where
+    none."""
+    per = [
+        n["usd"] / d["usd"] if n["reached"] and d["reached"] and d["usd"] else None
+        for n, d in zip(numerators, denominators, strict=True)
+    ]
+    known = [x for x in per if x is not None]
+    if not known:
+        why = next(
+            (c["why"] for c in (*numerators, *denominators) if not c["reached"]), "not measured"
+        )
+        return {"ratio": None, "spread": None, "per_round": per, "why": why}
+    return {
+        "ratio": statistics.median(known),
+        "spread": _spread(known, keys=("median", "min", "max")),
+        "per_round": per,
+        "why": None
+        if len(known) == len(per)
+        else f"{len(known)} of {len(per)} rounds reached the target on both sides",
+    }
+
+
+@contextlib.contextmanager
+def capture_model() -> Iterator[dict[str, Any]]:
+    """The module a train() call in this process trains, as ``box["module"]``: read-only access
+    for the benchmarks' held-out evaluations during the run (train() hands no model out; the
+    runtime's own `eval:` section is not used here, so every arm evaluates alike). Wraps
+    gpu_runtime.runtime.assemble_model for the duration."""
+    import gpu_runtime.runtime as runtime
+
+    box: dict[str, Any] = {}
+    original = runtime.assemble_model
+
+    def assemble(*args: Any, **kwargs: Any):
+        built = original(*args, **kwargs)
+        box["module"] = built.module
+        return built
+
+    runtime.assemble_model = assemble
+    try:
+        yield box
+    finally:
+        runtime.assemble_model = original
+
+
+def held_out_rows(seed: int, seq_len: int, rows: int = EVAL_ROWS) -> torch.Tensor:
+    """(rows, seq_len + 1) held-out tokens for the synthetic corpus: the documents the same
+    generator writes after the training corpus's last (the same 512 words and Zipf law: the
+    same distribution), never trained on, each framed BOS + bytes + EOS as the corpus frames
+    its documents, one stream cut in consecutive windows."""
+    trained = len(synthetic_documents(seed))
+    need = rows * (seq_len + 1)
+    docs = synthetic_documents(seed, SYNTHETIC_TOKENS + 2 * need + 8192)[trained:]
+    stream: list[int] = []
+    for doc in docs:
+        stream += [BOS, *doc, EOS]
+    if len(stream) < need:
+        raise RuntimeError(f"held-out stream of {len(stream)} tokens; {need} needed")
+    return torch.tensor(stream[:need], dtype=torch.long).view(rows, seq_len + 1)
+
+
+def held_out_loss(module: torch.nn.Module, rows: torch.Tensor) -> float:
+    """Mean next-token cross-entropy of costlab's model on the held-out rows, in fp32 (autocast
+    off, whatever the run computes in); the module's train/eval mode is restored."""
+    was_training = module.training
+    device = next(module.parameters()).device
+    module.eval()
+    try:
+        with torch.no_grad(), torch.autocast(device.type, enabled=False):
+            x = rows.to(device)
+            _, loss = module(x[:, :-1], x[:, 1:])
+        return float(loss)
+    finally:
+        module.train(was_training)
 
 
 def _alone_row(runs: list[dict[str, dict]], name: str, clock: str) -> dict[str, float]:
@@ -851,8 +1033,10 @@ def main() -> int:
     def fits(seconds: float) -> bool:
         return deadline is None or time.perf_counter() + seconds + reserve <= deadline
 
-    def arm(config: dict) -> dict[str, Any]:
-        return run_arm(config, ns.device, profile, stopper)
+    def arm(config: dict, held: torch.Tensor | None = None) -> dict[str, Any]:
+        return run_arm(config, ns.device, profile, stopper, held)
+
+    held = held_out_rows(baseline["train"]["seed"], ns.seq_len)
 
     b.phase = "warm-up"
     try:
@@ -877,7 +1061,7 @@ def main() -> int:
             order = [("baseline", baseline), ("optimized", optimized)]
             if r % 2:
                 order.reverse()
-            b.per_round.append({name: arm(config) for name, config in order})
+            b.per_round.append({name: arm(config, held) for name, config in order})
             round_s.append(time.perf_counter() - began)
         base_s = statistics.median(x["baseline"]["seconds"] for x in b.per_round)
         for name, overrides in alone.items():
@@ -1012,6 +1196,9 @@ def summarize(b: Bench, interrupted: bool) -> dict[str, Any]:
     if delta is not None and delta > LOSS_TARGET:
         flagged["optimized"] = delta
     auto = next((r["optimized"]["auto"] for r in per_round if r["optimized"]["auto"]), None)
+    quality = quality_figures(per_round, ns.clock, b.price)
+    for name, figures in quality.pop("arms").items():
+        arms[name].update(figures)
     return {
         "ratio": ratio,
         "ratio_spread": None if s is None else (s["max"] - s["min"]) / 2,
@@ -1024,6 +1211,7 @@ def summarize(b: Bench, interrupted: bool) -> dict[str, Any]:
         "target": TARGET,
         "met": ratio is not None and ratio <= TARGET,
         "optimized_is_dearer": ratio is not None and ratio > 1.0,
+        **quality,
         "price_per_hour_usd": b.price,
         "price_assumed": ns.price_per_hour is None,
         "device": label,
@@ -1078,6 +1266,56 @@ def summarize(b: Bench, interrupted: bool) -> dict[str, Any]:
         "interrupted": interrupted,
         "interrupted_during": (b.interrupted_during or b.phase) if interrupted else None,
         "wall_s": time.perf_counter() - b.started,
+    }
+
+
+def quality_figures(per_round: list[dict[str, dict]], clock: str, price: float) -> dict[str, Any]:
+    """Cost at equal quality: the target is the baseline's final held-out loss in each round;
+    each arm's cost to reach it (cost_to_target, on that round's evaluation curve and rate), and
+    `ratio_to_quality` = optimized / baseline cost to the target, per round (median, min, max,
+    as `ratio`); None with `ratio_to_quality_why` where the optimized arm never reaches it."""
+    names = ("baseline", "optimized")
+    targets, costs = [], {name: [] for name in names}
+    for r in per_round:
+        if not all(r[name]["eval_curve"] for name in names):
+            continue
+        target = r["baseline"]["eval_curve"][-1][1]
+        targets.append(target)
+        for name in names:
+            usd_per_token = usd_per_million(r[name]["tokens_per_s"][clock], price) / 1e6
+            costs[name].append(cost_to_target(r[name]["eval_curve"], target, usd_per_token))
+    arms: dict[str, dict[str, Any]] = {}
+    for name in names:
+        curves = [r[name]["eval_curve"] for r in per_round if r[name]["eval_curve"]]
+        if not curves:
+            continue
+        arms[name] = {
+            "held_out_loss": statistics.median(c[-1][1] for c in curves),
+            "eval_curve": curves[-1],
+            "eval_every_steps": per_round[-1][name]["eval_every_steps"],
+            "eval_s_excluded": statistics.median(r[name]["eval_s"][clock] for r in per_round),
+            "cost_to_target": cost_to_target_rounds(costs[name]),
+        }
+    head = quality_ratio(costs["optimized"], costs["baseline"]) if targets else None
+    return {
+        "target_loss": statistics.median(targets) if targets else None,
+        "target_loss_per_round": targets,
+        "target_rule": "the baseline's final held-out loss (mean next-token cross-entropy in fp32 "
+        f"on {EVAL_ROWS} held-out windows of the synthetic corpus), each round; cost to it: "
+        f"tokens to first reach it, within {REACH_TOLERANCE:.1%} (interpolated between the two "
+        "evaluations that straddle it) x the run's measured USD per token, evaluation time "
+        "excluded",
+        "target_tolerance": REACH_TOLERANCE,
+        "ratio_to_quality": None if head is None else head["ratio"],
+        "ratio_to_quality_min": None
+        if head is None or head["spread"] is None
+        else head["spread"]["min"],
+        "ratio_to_quality_max": None
+        if head is None or head["spread"] is None
+        else head["spread"]["max"],
+        "ratio_to_quality_per_round": None if head is None else head["per_round"],
+        "ratio_to_quality_why": "no held-out evaluation" if head is None else head["why"],
+        "arms": arms,
     }
 
 
@@ -1146,6 +1384,32 @@ def print_report(b: Bench, f: dict[str, Any]) -> None:
                 f"THE OPTIMIZED ARM IS DEARER HERE: it costs {f['ratio']:.2f}x the baseline per "
                 "token on this device; it is no optimization on it"
             )
+    if f["target_loss"] is not None:
+        print(
+            f"\nat equal quality: target held-out loss {f['target_loss']:.4f} (the baseline's "
+            "final); USD to reach it (evaluation time excluded):"
+        )
+        for name, a in f["arms"].items():
+            c = a.get("cost_to_target")
+            if c is None:
+                continue
+            reached = (
+                f"{c['usd'] * 1e6:.2f} micro-USD after {c['tokens']:,.0f} tokens"
+                if c["usd"] is not None
+                else f"not reached: {c['why']}"
+            )
+            print(f"  {name:<10} held-out loss {a['held_out_loss']:.4f}; {reached}")
+        q = f["ratio_to_quality"]
+        print(
+            "ratio_to_quality (optimized / baseline USD to the target) = "
+            + (
+                f"{q:.3f} (min {f['ratio_to_quality_min']:.3f}, max "
+                f"{f['ratio_to_quality_max']:.3f})"
+                if q is not None
+                else "none"
+            )
+            + (f"; {f['ratio_to_quality_why']}" if f["ratio_to_quality_why"] else "")
+        )
     rows, flagged = f["strategies_alone"], f["loss_flagged"]
 
     def label(name: str) -> str:

@@ -2,11 +2,13 @@
 
     python bench/peer.py [--quick] [--json] [--smoke] [--device cpu|cuda] [--rounds N]
                          [--tokens N] [--trainer-batch N] [--price-per-hour USD] [--budget-s S]
-                         [--breakdown] [--unpacked] [--threads N] [--clock auto|wall|cpu]
+                         [--breakdown] [--unpacked] [--grouped] [--threads N]
+                         [--clock auto|wall|cpu]
 
 A team that does not use costlab fine-tunes its checkpoint with `transformers.Trainer`. This bench
 trains the same checkpoint on the same records both ways, in one process, and compares what a
-trained token costs and how good the model is after the same number of trained tokens.
+trained token costs, how good the model is after the same number of trained tokens, and what it
+costs to reach the same quality (a target held-out loss).
 
 The model: a tiny llama checkpoint built here by `gpu_runtime.tinyhf` (its own byte-level BPE
 tokenizer, seeded weights) into a temporary directory: hidden 256, 4 layers, 4 heads, intermediate
@@ -28,12 +30,16 @@ Arms, interleaved over rounds (the arm order rotated each round, so the machine'
   to the longest record of the batch, padding labelled -100): every real token is trained on.
 * trainer_best: the same, with the flags that are Trainer's best on this device (the JSON's
   `trainer_best_flags` says which and why): `bf16` only where the device profile says bf16 is
-  native (`best_dtype(profile) == "bf16"`), gradient checkpointing off, the group-by-length
-  sampler (`train_sampling_strategy="group_by_length"`, transformers 5's spelling of
-  `group_by_length=True`: its answer to padding waste), `dataloader_num_workers=0`, fused AdamW
-  (`optim="adamw_torch_fused"`), no torch.compile on a CPU, and the model's
-  `attn_implementation` (sdpa or eager) that trains faster here, measured before the warm-up on
-  short trainer_best runs (`choose_trainer_attention`; on an AVX-512 EPYC eager wins by ~1.3x).
+  native (`best_dtype(profile) == "bf16"`), gradient checkpointing off, the random sampler
+  (Trainer's default), `dataloader_num_workers=0`, fused AdamW (`optim="adamw_torch_fused"`), no
+  torch.compile on a CPU, and the model's `attn_implementation` (sdpa or eager) that trains
+  faster here, measured before the warm-up on short trainer_best runs
+  (`choose_trainer_attention`; on an AVX-512 EPYC eager wins by ~1.3x). Not the group-by-length
+  sampler (`train_sampling_strategy="group_by_length"`), which trainer_best had until issue 43:
+  it cuts padding, but at equal tokens it trains a model 7.9 % worse on held-out loss, so it
+  never reaches the quality the Trainer reaches without it; a "best" that trains a worse model
+  is not the best (docs/benchmarks.md). `--grouped` adds it back as a fifth arm,
+  trainer_grouped (trainer_best + group_by_length).
 * costlab_default: `gpu_runtime.train` with the default strategy for this model and data: family
   hf, init checkpoint, full fine-tune saved, jsonl alpaca, packing (the default), loss on all
   tokens, fp32.
@@ -72,13 +78,36 @@ Measured for every arm and round:
   10 ms after freed memory is returned to the OS) and the process's peak RSS during it; on CUDA
   the allocator's maximum.
 * eval loss at equal tokens: every arm's final model on the same held-out records, the same
-  loss: mean next-token cross-entropy in fp32 over every token of them but each record's first.
-  costlab's model is read back from the weights it saved (`finetune.save: true`) with
-  `AutoModelForCausalLM.from_pretrained`.
+  loss: mean next-token cross-entropy in fp32 over every token of them but each record's first
+  (a Trainer with bf16 wraps its model's forward in bf16 autocast: the evaluation calls the
+  forward it wrapped). costlab's model is read back from the weights it saved
+  (`finetune.save: true`) with `AutoModelForCausalLM.from_pretrained`.
+* an evaluation curve: the same held-out loss about EVAL_POINTS (16) times during each run,
+  every k steps (`eval_every_steps`: 4 for every arm in --quick), between two steps: the
+  Trainer's model in its `on_step_end`; costlab's module (the one train() trains, reached
+  through arms.py's `capture_model`) copied under transformers' names into a transformers copy
+  of the checkpoint, so every point of every arm is the same model code and loss. The untrained
+  checkpoint is the curve's point at 0 tokens. Evaluation time is taken out of both clocks
+  (`eval_s_excluded`): the benchmark compares training cost, and an evaluation is no part of
+  a training step.
+* cost to the target loss (`cost_to_target`): the target is, each round, the best (lowest)
+  final eval loss among the Trainer arms (`target_loss`, `target_loss_arm`). An arm's cost to it
+  is the trained tokens at which its curve first reaches it (within REACH_TOLERANCE, 0.1 %:
+  fp32 and bf16 twins end 0.01 % apart), interpolated linearly between the two evaluations that
+  straddle it, times the arm's measured USD per trained token (so it is the interpolation on
+  cumulative cost); `usd` null and `why` where it never does. Median over the rounds that
+  reached it, with min and max.
 
 Headline: `ratio` = costlab_optimized's cost per trained token / trainer_best's (median over
 rounds, with min and max); target <= 0.8 with costlab_optimized's eval loss at most 2 % above
 trainer_best's (`loss_within_2pct`). `ratios` has every costlab arm over every Trainer arm.
+Beside it, at equal quality: `ratio_to_quality` = costlab_optimized's cost to the target loss /
+the cheapest Trainer arm's (`ratio_to_quality_vs`), per round, median with min and max
+(`ratio_to_quality_spread`); null with `ratio_to_quality_why` where costlab_optimized never
+reaches the target. `ratios_to_quality` has every costlab arm over every Trainer arm and over
+the cheapest. The same the other way round, at the quality costlab_optimized reaches: with its
+own final loss as the target (`costlab_loss_target`), `ratio_at_costlab_loss` = its cost to it /
+the cheapest Trainer arm's (`ratio_at_costlab_loss_vs`), and each arm's `cost_to_costlab_loss`.
 `where_time_goes` gives per arm the padding share, trained and processed tokens per step, time
 per step and steps/s; Trainer arms also their forward+backward / optimizer / rest split (its
 callbacks bracket the optimizer step). Where the ratio misses the target (or with
@@ -91,7 +120,7 @@ costlab_optimized: one short extra run each under torch.profiler, self time per 
 packing lets a document attend to the ones before it in its window, which costs attention
 time and, on these short records, eval loss; this arm shows both without it.
 
-`--quick`: 2 rounds of 28,672 trained tokens per arm (56 costlab steps), about 4 minutes on a
+`--quick`: 2 rounds of 28,672 trained tokens per arm (59 costlab steps), about 2-4 minutes on a
 2-core CPU, within `--budget-s` (300 s with --quick: a round or breakdown that would not fit is
 skipped, and the output says so). The default: 4 rounds of 57,344 tokens, about 12 minutes
 unloaded.
@@ -128,7 +157,15 @@ import psutil  # noqa: E402
 import torch  # noqa: E402
 from _setup import INTERRUPTED_RC, Interrupted, Stopper  # noqa: E402  (bench/)
 from _setup import spread as _spread  # noqa: E402
-from arms import ASSUMED_PRICE, usd_per_million  # noqa: E402  (bench/arms.py: one price table)
+from arms import (  # noqa: E402  (bench/arms.py: one price table, one cost-to-quality rule)
+    ASSUMED_PRICE,
+    REACH_TOLERANCE,
+    capture_model,
+    cost_to_target,
+    cost_to_target_rounds,
+    quality_ratio,
+    usd_per_million,
+)
 
 from gpu_runtime import strategy_from_dict, train  # noqa: E402
 from gpu_runtime.capability import device_label, resolve_device  # noqa: E402
@@ -144,7 +181,8 @@ LR = 3.0e-4  # costlab's default train.lr; the Trainer arms are given the same
 DATASET = Path(__file__).resolve().parent.parent / "gpu_runtime" / "datasets" / "instructions.jsonl"
 HELD_OUT = 0.10  # the last tenth of the records: never trained on, every arm evaluated on it
 ARMS = ("trainer_default", "trainer_best", "costlab_default", "costlab_optimized")
-TRAINER_ARMS = ("trainer_default", "trainer_best")
+TRAINER_ARMS = ("trainer_default", "trainer_best", "trainer_grouped")  # those a run has
+EVAL_POINTS = 16  # held-out evaluations during a run (about; every k steps), besides the final
 BREAKDOWN_STEPS = 4  # profiled steps of the operator breakdown (after two unprofiled ones)
 
 
@@ -192,10 +230,17 @@ class Records(torch.utils.data.Dataset):
 
 
 def eval_loss(model, held: list[list[int]], pad_id: int, device: torch.device) -> float:
-    """Mean next-token cross-entropy (fp32) over every held-out token but each record's first."""
+    """Mean next-token cross-entropy (fp32) over every held-out token but each record's first;
+    the model's train/eval mode is left as it was.
+
+    In fp32 for every arm: a Trainer with `bf16` (accelerate) replaces the model's forward by
+    one that runs it under bf16 autocast, which an outer autocast cannot turn off; the forward
+    it wrapped (`_original_forward`) is called instead."""
+    was_training = model.training
+    forward = getattr(model, "_original_forward", None) or model
     model.eval()
     total, count = 0.0, 0
-    with torch.no_grad():
+    with torch.no_grad(), torch.autocast(device.type, enabled=False):
         for i in range(0, len(held), 8):
             rows = held[i : i + 8]
             width = max(len(r) for r in rows)
@@ -205,7 +250,7 @@ def eval_loss(model, held: list[list[int]], pad_id: int, device: torch.device) -
                 ids[j, : len(r)] = torch.tensor(r)
                 mask[j, : len(r)] = 1
             ids, mask = ids.to(device), mask.to(device)
-            logits = model(input_ids=ids, attention_mask=mask).logits.float()
+            logits = forward(input_ids=ids, attention_mask=mask).logits.float()
             targets = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
             total += torch.nn.functional.cross_entropy(
                 logits[:, :-1].reshape(-1, logits.size(-1)),
@@ -214,7 +259,28 @@ def eval_loss(model, held: list[list[int]], pad_id: int, device: torch.device) -
                 reduction="sum",
             ).item()
             count += int((targets != -100).sum())
+    model.train(was_training)
     return total / count
+
+
+class HFMirror:
+    """A transformers copy of the checkpoint that evaluates costlab's module during its run:
+    the module's weights, under transformers' names (what `finetune.save` writes), are copied
+    in before each evaluation, so every arm is evaluated by the same model code and eval_loss."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.model = load_hf(plan.checkpoint, plan.dev)
+
+    def loss(self, module: torch.nn.Module) -> float:
+        from gpu_runtime.hf import hf_state_dict
+        from gpu_runtime.model import Transformer
+
+        state = hf_state_dict(module) if isinstance(module, Transformer) else module.hf.state_dict()
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        if unexpected or set(missing) - {"lm_head.weight"}:  # a tied head is saved once
+            raise RuntimeError(f"weights do not map: missing {missing}, unexpected {unexpected}")
+        return eval_loss(self.model, self.plan.held, self.plan.pad_id, self.plan.dev)
 
 
 def load_hf(path: str | Path, device: torch.device, attn_implementation: str | None = None):
@@ -281,12 +347,29 @@ class StepClock:
         self.profile_steps = profile_steps  # (first profiled step, steps profiled)
         self.profiler = None
         self.window: dict[str, float] = {}
+        self.excluded = {"wall": 0.0, "cpu": 0.0}  # held-out evaluations: no part of a step
+
+    @contextlib.contextmanager
+    def excluding(self):
+        """Time spent inside is taken out of both clocks (every later mark is that much
+        earlier): a held-out evaluation between two steps costs the run nothing."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.excluded["wall"] += time.perf_counter() - wall
+            self.excluded["cpu"] += time.process_time() - cpu
 
     def mark(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         index = len(self.wall)
-        now_wall, now_cpu = time.perf_counter(), time.process_time()
+        now_wall = time.perf_counter() - self.excluded["wall"]
+        now_cpu = time.process_time() - self.excluded["cpu"]
         self.wall.append(now_wall)
         self.cpu.append(now_cpu)
         if self.profile_steps is not None:
@@ -297,7 +380,7 @@ class StepClock:
                     activities.append(torch.profiler.ProfilerActivity.CUDA)
                 self.profiler = torch.profiler.profile(activities=activities)
                 self.profiler.start()
-                self.window = {"wall": time.perf_counter(), "cpu": time.process_time()}
+                self.window = {"wall": now_wall, "cpu": now_cpu}
             elif index == first + count and self.profiler is not None:
                 self.window = {
                     "wall": now_wall - self.window["wall"],
@@ -395,6 +478,7 @@ class Plan:
     packed_padding_share: float = 0.0  # of costlab's packed rows, over an epoch
     trained_per_row: float = 0.0  # trained tokens of a packed row, over an epoch
     trainer_attention: str = "sdpa"  # trainer_best's attn_implementation (measured)
+    trainer_eval_every: int = 1  # a Trainer arm's held-out evaluations: every this many steps
     arms: tuple[str, ...] = ARMS
     notes: list[str] = field(default_factory=list)
 
@@ -472,9 +556,13 @@ def trainer_flags(plan: Plan) -> tuple[dict[str, dict], dict[str, dict[str, Any]
             "off: the model and batch fit; recomputing activations only costs time",
         ),
         "train_sampling_strategy": (
-            "group_by_length",
-            "Trainer's answer to padding waste: batches of records of similar length "
-            "(transformers 5 spells group_by_length=True this way)",
+            "random",
+            "random (Trainer's default), not group_by_length: group_by_length cuts padding "
+            "(24 % to 4 % in --quick) but at equal tokens trains a worse model, held-out loss "
+            "3.513 against 3.256, +7.9 % (--quick on an Intel Xeon with AMX, 2026-12-06), so it "
+            "never reaches the quality the Trainer reaches without it: a best that trains a "
+            "worse model is not the best (docs/benchmarks.md; --grouped adds it back as the "
+            "arm trainer_grouped)",
         ),
         "dataloader_num_workers": (
             0,
@@ -490,8 +578,10 @@ def trainer_flags(plan: Plan) -> tuple[dict[str, dict], dict[str, dict[str, Any]
             "faster (docs/benchmarks.md)",
         ),
     }
+    grouped = {"train_sampling_strategy": "group_by_length"}
     if "train_sampling_strategy" not in fields and "group_by_length" in fields:
-        wanted["group_by_length"] = (True, wanted.pop("train_sampling_strategy")[1])
+        wanted["group_by_length"] = (False, wanted.pop("train_sampling_strategy")[1])
+        grouped = {"group_by_length": True}  # transformers 4's spelling
     best: dict[str, Any] = {}
     used: dict[str, dict[str, Any]] = {}
     for name, (value, why) in wanted.items():
@@ -500,7 +590,10 @@ def trainer_flags(plan: Plan) -> tuple[dict[str, dict], dict[str, dict[str, Any]
             used[name] = {"value": value, "why": why}
         else:
             used[name] = {"value": None, "why": f"not a TrainingArguments field here: {why}"}
-    return {"trainer_default": {}, "trainer_best": best}, used
+    extras = {"trainer_default": {}, "trainer_best": best}
+    if "trainer_grouped" in plan.arms:
+        extras["trainer_grouped"] = {**best, **grouped}
+    return extras, used
 
 
 TRAINER_ATTENTION_PROBE_STEPS = 12  # steps per probe run; two runs of each implementation
@@ -593,6 +686,8 @@ def run_trainer(
     split = {"fwd_bwd": 0.0, "optimizer": 0.0, "rest": 0.0}
     half_step = plan.ns.trainer_batch * plan.mean_trained_per_record / 2
     t: dict[str, float] = {}
+    curve: list[tuple[int, float]] = []  # (trained tokens so far, held-out loss), during the run
+    every = plan.trainer_eval_every
 
     class Measure(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
@@ -607,17 +702,19 @@ def run_trainer(
         def on_optimizer_step(self, args, state, control, **kw):
             t["opt"] = time.process_time()
 
-        def on_step_end(self, args, state, control, **kw):
-            t["end"] = time.process_time()
+        def on_step_end(self, args, state, control, model=None, **kw):
             steps.append(collator.pending.popleft())
             if len(steps) >= 2:  # the first step is warm-up
                 split["fwd_bwd"] += t["pre"] - t["begin"]
                 split["optimizer"] += t["opt"] - t["pre"]
+            trained = sum(s[0] for s in steps)
             # stop at the step nearest the target: within half a step of it, or past it
-            if sum(s[0] for s in steps) + half_step >= target or (
-                stopper is not None and stopper.stopped
-            ):
+            if trained + half_step >= target or (stopper is not None and stopper.stopped):
                 control.should_training_stop = True
+            elif evaluate and len(steps) % every == 0:  # the final model is evaluated after
+                with clock.excluding():
+                    curve.append((trained, eval_loss(model, plan.held, plan.pad_id, plan.dev)))
+            t["end"] = time.process_time()
 
     args = TrainingArguments(
         output_dir=str(out_dir),
@@ -656,6 +753,9 @@ def run_trainer(
         result = {
             "rate": rate,
             "eval_loss": loss,
+            "eval_curve": [] if loss is None else [*curve, (sum(trained), loss)],
+            "eval_every_steps": every,
+            "eval_s": dict(clock.excluded),
             "trained_tokens": sum(trained),
             "steps": len(steps),
             "trained_tokens_per_step": sum(trained) / max(len(steps), 1),
@@ -697,13 +797,23 @@ def run_costlab(
     strategy = strategy_from_dict(config)
     artifacts = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=plan.workdir))
     clock = StepClock(plan.dev, profile_steps)
+    total = strategy.train.steps
+    every = max(1, round(total / EVAL_POINTS))
+    curve: list[tuple[int, float]] = []  # (steps done, held-out loss), during the run
+    mirror = HFMirror(plan) if evaluate else None  # loaded before the arm's memory is measured
+    box: dict[str, Any] = {}
 
     def cancel() -> bool:
         clock.mark()
+        done = len(clock.wall) - 1  # train() calls this before every step: the steps done
+        module = box.get("module")
+        if mirror is not None and module is not None and 0 < done < total and done % every == 0:
+            with clock.excluding():
+                curve.append((done, mirror.loss(module)))
         return stopper is not None and stopper.stopped
 
     try:
-        with PeakMemory(plan.dev) as memory:
+        with PeakMemory(plan.dev) as memory, capture_model() as box:
             result = train(
                 strategy,
                 device=str(plan.dev),
@@ -725,6 +835,11 @@ def run_costlab(
         out = {
             "rate": rate,
             "eval_loss": loss,
+            "eval_curve": []
+            if loss is None
+            else [*((done * per_step, x) for done, x in curve), (result.tokens, loss)],
+            "eval_every_steps": every,
+            "eval_s": dict(clock.excluded),
             "trained_tokens": result.tokens,
             "steps": result.steps,
             "trained_tokens_per_step": per_step,
@@ -828,7 +943,8 @@ def summarize(b: Bench, interrupted: bool) -> dict[str, Any]:
         return None if s is None else {**s, "per_round": per, "wall_clock_per_round": wall}
 
     ours_arms = [a for a in plan.arms if a.startswith("costlab")]
-    ratios = {f"{c}/{t}": ratio_of(c, t) for c in ours_arms for t in TRAINER_ARMS}
+    theirs_arms = [a for a in plan.arms if a in TRAINER_ARMS]
+    ratios = {f"{c}/{t}": ratio_of(c, t) for c in ours_arms for t in theirs_arms}
     head = ratios["costlab_optimized/trainer_best"]
     ratio = None if head is None else head["median"]
     ours = arms.get("costlab_optimized", {}).get("eval_loss")
@@ -850,7 +966,7 @@ def summarize(b: Bench, interrupted: bool) -> dict[str, Any]:
             "step_s": step_s,
             "steps_per_s": 1 / step_s,
         }
-        if name in TRAINER_ARMS:
+        if name in theirs_arms:
             split = {
                 k: statistics.median(x["cpu_split_s"][k] for x in runs)
                 / max(statistics.median(x["steps"] for x in runs) - 1, 1)
@@ -876,11 +992,15 @@ def summarize(b: Bench, interrupted: bool) -> dict[str, Any]:
                 "costlab_optimized minus trainer_best, profiler self time per trained token: "
                 "positive = where costlab spends more"
             )
+    quality = quality_figures(b, rounds, theirs_arms, ours_arms)
+    for name, figures in quality.pop("arms").items():
+        arms[name].update(figures)
     label = device_label(plan.dev)
     return {
         "ratio": ratio,
         "ratio_spread": None if head is None else {k: head[k] for k in ("median", "min", "max")},
         "ratio_per_round": None if head is None else head["per_round"],
+        **quality,
         "ratios": ratios,
         "target": TARGET,
         "met": ratio is not None and ratio <= TARGET,
@@ -956,6 +1076,114 @@ def summarize(b: Bench, interrupted: bool) -> dict[str, Any]:
     }
 
 
+def quality_figures(
+    b: Bench, rounds: list[dict[str, dict]], theirs: list[str], ours: list[str]
+) -> dict[str, Any]:
+    """Cost at equal quality. Each round's target is the best (lowest) final held-out loss of its
+    Trainer arms; each arm's cost to reach it is read off its evaluation curve (arms.py's
+    cost_to_target: the untrained checkpoint at 0 tokens, the evaluations during the run, the
+    final model; trained tokens to the target x the run's USD per trained token). Headline:
+    `ratio_to_quality` = costlab_optimized's cost to the target / the cheapest Trainer arm's,
+    per round (median, min, max, as `ratio`); None with `ratio_to_quality_why` where an arm
+    never reaches it."""
+    plan, ns = b.plan, b.plan.ns
+    start = [] if b.eval_init is None else [(0, b.eval_init)]
+    targets: list[float] = []
+    target_arms: list[str] = []
+    costs: dict[str, list[dict]] = {name: [] for name in plan.arms}
+    cheapest: list[dict] = []  # per round: the Trainer arm that reached the target for least
+    cheapest_arms: list[str] = []
+    # the other way round: costlab_optimized's own final loss as the target
+    ours_targets: list[float] = []
+    ours_costs: dict[str, list[dict]] = {name: [] for name in plan.arms}
+    ours_cheapest: list[dict] = []
+    ours_cheapest_arms: list[str] = []
+
+    def cheapest_of(costs: dict[str, list[dict]]) -> tuple[str | None, dict]:
+        reached = [t for t in theirs if costs[t][-1]["reached"]]
+        if not reached:
+            return None, costs[theirs[0]][-1]
+        best = min(reached, key=lambda t: costs[t][-1]["usd"])
+        return best, costs[best][-1]
+
+    for r in rounds:
+        if not all(r[name].get("eval_curve") for name in plan.arms):
+            continue
+        finals = {t: r[t]["eval_curve"][-1][1] for t in theirs}
+        target_arm = min(finals, key=finals.get)
+        target = finals[target_arm]
+        targets.append(target)
+        target_arms.append(target_arm)
+        ours_target = r["costlab_optimized"]["eval_curve"][-1][1]
+        ours_targets.append(ours_target)
+        for name in plan.arms:
+            usd_per_token = usd_per_million(r[name]["rate"][ns.clock], plan.price) / 1e6
+            curve = start + list(r[name]["eval_curve"])
+            costs[name].append(cost_to_target(curve, target, usd_per_token))
+            ours_costs[name].append(cost_to_target(curve, ours_target, usd_per_token))
+        best, cost = cheapest_of(costs)
+        cheapest.append(cost)
+        cheapest_arms.append(best)
+        best, cost = cheapest_of(ours_costs)
+        ours_cheapest.append(cost)
+        ours_cheapest_arms.append(best)
+    arms: dict[str, dict[str, Any]] = {}
+    for name in plan.arms:
+        runs = [r[name] for r in rounds if r[name].get("eval_curve")]
+        if not runs:
+            continue
+        arms[name] = {
+            "eval_curve": start + list(runs[-1]["eval_curve"]),
+            "eval_every_steps": runs[-1]["eval_every_steps"],
+            "eval_s_excluded": statistics.median(x["eval_s"][ns.clock] for x in runs),
+            "cost_to_target": cost_to_target_rounds(costs[name]) if targets else None,
+            "cost_to_costlab_loss": cost_to_target_rounds(ours_costs[name]) if targets else None,
+        }
+
+    def most(names: list[str | None]) -> str | None:
+        known = [n for n in names if n is not None]
+        return max(set(known), key=known.count) if known else None
+
+    ratios = {
+        f"{c}/{t}": quality_ratio(costs[c], costs[t]) for c in ours for t in theirs if targets
+    }
+    ratios.update(
+        {f"{c}/cheapest_trainer": quality_ratio(costs[c], cheapest) for c in ours if targets}
+    )
+    head = ratios.get("costlab_optimized/cheapest_trainer")
+    at_ours = quality_ratio(ours_costs["costlab_optimized"], ours_cheapest) if targets else None
+    return {
+        "ratio_to_quality": None if head is None else head["ratio"],
+        "ratio_to_quality_spread": None if head is None else head["spread"],
+        "ratio_to_quality_per_round": None if head is None else head["per_round"],
+        "ratio_to_quality_vs": most(cheapest_arms),
+        "ratio_to_quality_vs_per_round": cheapest_arms,
+        "ratio_to_quality_why": "no held-out evaluation" if head is None else head["why"],
+        "ratios_to_quality": ratios,
+        "target_loss": statistics.median(targets) if targets else None,
+        "target_loss_arm": most(target_arms),
+        "target_loss_per_round": targets,
+        "target_rule": (
+            "the best (lowest) final held-out loss among the Trainer arms, each round; an arm's "
+            f"cost to it = its trained tokens when its held-out loss first reaches it (within "
+            f"{REACH_TOLERANCE:.1%}; interpolated between the two evaluations that straddle it) "
+            "x its measured USD per trained token (evaluation time excluded); ratio_to_quality "
+            "= costlab_optimized's cost to it / the cheapest Trainer arm's"
+        ),
+        "target_tolerance": REACH_TOLERANCE,
+        # the same comparison at the quality costlab_optimized reaches (its own final loss)
+        "costlab_loss_target": statistics.median(ours_targets) if ours_targets else None,
+        "ratio_at_costlab_loss": None if at_ours is None else at_ours["ratio"],
+        "ratio_at_costlab_loss_spread": None if at_ours is None else at_ours["spread"],
+        "ratio_at_costlab_loss_per_round": None if at_ours is None else at_ours["per_round"],
+        "ratio_at_costlab_loss_vs": most(ours_cheapest_arms),
+        "ratio_at_costlab_loss_why": "no held-out evaluation"
+        if at_ours is None
+        else at_ours["why"],
+        "arms": arms,
+    }
+
+
 def print_report(b: Bench, f: dict[str, Any]) -> None:
     plan, ns = b.plan, b.plan.ns
     s = plan.shape
@@ -982,15 +1210,17 @@ def print_report(b: Bench, f: dict[str, Any]) -> None:
     print()
     print(
         f"{'arm':<18} {'trained tok/s':>13} {'(wall)':>8} {'USD/1M trained':>15} "
-        f"{'peak MiB':>9} {'eval loss':>10} {'padding':>8} {'step s':>7}"
+        f"{'peak MiB':>9} {'eval loss':>10} {'padding':>8} {'step s':>7} {'uUSD to target':>15}"
     )
     for name, a in f["arms"].items():
         w = f["where_time_goes"][name]
         loss = "-" if a["eval_loss"] is None else f"{a['eval_loss']:.4f}"
+        to = a.get("cost_to_target") or {}
+        usd = "not reached" if to.get("usd") is None else f"{to['usd'] * 1e6:.3f}"
         print(
             f"{name:<18} {a['trained_tokens_per_s']:>13.1f} {a['trained_tokens_per_s_wall']:>8.1f} "
             f"{a['usd_per_1m_trained_tokens']:>15.4f} {a['peak_mem_mb']:>9.1f} {loss:>10} "
-            f"{w['padding_share']:>8.1%} {w['step_s']:>7.3f}"
+            f"{w['padding_share']:>8.1%} {w['step_s']:>7.3f} {usd:>15}"
         )
     if f["eval_loss_init"] is not None:
         print(f"{'(checkpoint, untrained)':<18} eval loss {f['eval_loss_init']:.4f}")
@@ -1009,6 +1239,47 @@ def print_report(b: Bench, f: dict[str, Any]) -> None:
         print(
             f"eval loss, costlab_optimized vs trainer_best: {f['eval_loss_delta']:+.2%}  "
             f"(within 2 %: {'yes' if f['loss_within_2pct'] else 'NO'})"
+        )
+    if f["target_loss"] is not None:
+        print(
+            f"\nat equal quality: target held-out loss {f['target_loss']:.4f} "
+            f"({f['target_loss_arm']}'s final, the best Trainer arm's); cost to reach it "
+            "(uUSD = 1e-6 USD; evaluation time excluded):"
+        )
+        for name, a in f["arms"].items():
+            to = a.get("cost_to_target")
+            if to is None:
+                continue
+            print(
+                f"  {name:<18} "
+                + (
+                    f"{to['usd'] * 1e6:.3f} uUSD after {to['tokens']:,.0f} trained tokens"
+                    if to["usd"] is not None
+                    else f"not reached: {to['why']}"
+                )
+            )
+        q, spread_q = f["ratio_to_quality"], f["ratio_to_quality_spread"]
+        print(
+            f"ratio_to_quality (costlab_optimized / {f['ratio_to_quality_vs']}, the cheapest "
+            "Trainer arm to the target) = "
+            + (
+                f"{q:.3f} (min {spread_q['min']:.3f}, max {spread_q['max']:.3f})"
+                if q is not None
+                else "none"
+            )
+            + (f": {f['ratio_to_quality_why']}" if f["ratio_to_quality_why"] else "")
+        )
+        q, spread_q = f["ratio_at_costlab_loss"], f["ratio_at_costlab_loss_spread"]
+        print(
+            f"at costlab_optimized's own final loss {f['costlab_loss_target']:.4f} instead: "
+            f"costlab_optimized / {f['ratio_at_costlab_loss_vs']} (the cheapest Trainer arm to "
+            "it) = "
+            + (
+                f"{q:.3f} (min {spread_q['min']:.3f}, max {spread_q['max']:.3f})"
+                if q is not None
+                else "none"
+            )
+            + (f": {f['ratio_at_costlab_loss_why']}" if f["ratio_at_costlab_loss_why"] else "")
         )
     ops = f["where_time_goes"].get("op_breakdown")
     if ops:
@@ -1107,6 +1378,7 @@ def build_plan(ns: argparse.Namespace, dev: torch.device, profile: DeviceProfile
         tokenizer=tokenizer,
         packed_padding_share=padding,
         trained_per_row=per_row,
+        trainer_eval_every=max(1, round(target / (ns.trainer_batch * mean_trained) / EVAL_POINTS)),
     )
 
 
@@ -1157,6 +1429,12 @@ def main() -> int:
         help="one more arm, costlab_unpacked: costlab_optimized with packing false (one record "
         "a row, padded to the longest record): what packing does to the eval loss",
     )
+    parser.add_argument(
+        "--grouped",
+        action="store_true",
+        help="one more arm, trainer_grouped: trainer_best with group_by_length (what trainer_best "
+        "was before issue 43): less padding, a worse model at equal tokens",
+    )
     parser.add_argument("--clock", choices=("auto", "wall", "cpu"), default="auto")
     parser.add_argument(
         "--threads",
@@ -1181,8 +1459,10 @@ def main() -> int:
     profile = measure_profile(dev, budget_s=0.5 if ns.smoke else None)
     device_profile(dev, profile)  # this process's cache: train() gets `profile=` anyway
     plan = build_plan(ns, dev, profile)
+    if ns.grouped:
+        plan.arms = (*plan.arms[:2], "trainer_grouped", *plan.arms[2:])
     if ns.unpacked:
-        plan.arms = (*ARMS, "costlab_unpacked")
+        plan.arms = (*plan.arms, "costlab_unpacked")
     costlab, dynamic_why = costlab_configs(plan)
     trainer, flags_used = trainer_flags(plan)
     b = Bench(
@@ -1210,7 +1490,7 @@ def main() -> int:
         return run_trainer(plan, name, trainer[name], stopper, attention=attention_of(name))
 
     def attention_of(name: str) -> str | None:
-        return plan.trainer_attention if name == "trainer_best" else None
+        return plan.trainer_attention if name in ("trainer_best", "trainer_grouped") else None
 
     def fits(seconds: float) -> bool:
         return deadline is None or time.perf_counter() + seconds <= deadline

@@ -13,6 +13,10 @@ without it the test skips, except under CI=true.
 
 bench/arms.py must also end cleanly on SIGTERM: it stops at the next step boundary (or within its
 grace period), prints the JSON of what it measured so far and exits 143.
+
+bench/peer.py and bench/arms.py weigh quality (issue 43): their JSON carries `ratio_to_quality`
+and every arm's cost to the target held-out loss, each a number or null with the reason beside
+it (`Bench.nullable`), and the arm that sets the target reaches it (`Bench.reaches`).
 """
 
 from __future__ import annotations
@@ -49,13 +53,27 @@ class Bench:
     # Run with these arguments by bench/gpu_check.sh --dry-run (tests/bench/test_gpu_check.py),
     # which checks this JSON line too: one run serves both tests.
     in_gpu_dry_run: bool = False
+    # Keys that must be there, each a finite number or null with its reason: `<key>_why` beside
+    # it, or `why` in the object that holds it ("a.b.usd": a.b.why).
+    nullable: tuple[str, ...] = ()
+    # The key naming the arm that sets the target loss: that arm's cost_to_target.usd is a number.
+    reaches: str | None = None
 
 
 BENCHES = [
     Bench(
         "arms",
-        ("ratio", "floor_ratio", "gemm_floor", "loss_delta", "arms.optimized.tokens_per_s"),
+        (
+            "ratio",
+            "floor_ratio",
+            "gemm_floor",
+            "loss_delta",
+            "arms.optimized.tokens_per_s",
+            "target_loss",
+            "arms.baseline.cost_to_target.usd",  # the baseline sets the target: it reaches it
+        ),
         in_gpu_dry_run=True,
+        nullable=("ratio_to_quality", "arms.optimized.cost_to_target.usd"),
     ),
     Bench(
         "attribution",
@@ -123,8 +141,22 @@ BENCHES = [
             "eval_loss_delta",
             "arms.trainer_best.trained_tokens_per_s",
             "arms.costlab_optimized.usd_per_1m_trained_tokens",
+            "target_loss",
         ),
         timeout_s=240,
+        nullable=(
+            "ratio_to_quality",
+            *(
+                f"arms.{arm}.cost_to_target.usd"
+                for arm in (
+                    "trainer_default",
+                    "trainer_best",
+                    "costlab_default",
+                    "costlab_optimized",
+                )
+            ),
+        ),
+        reaches="target_loss_arm",
     ),
     Bench(
         "runtime_overhead",
@@ -203,10 +235,27 @@ def assert_figures(bench: Bench, stdout: str, tail: str = "") -> dict:
     figures = json.loads(lines[-1])
     assert isinstance(figures, dict), lines[-1]
     for key in bench.keys:
+        assert_number(key, lookup(figures, key))
+    for key in bench.nullable:
         value = lookup(figures, key)
-        assert isinstance(value, int | float) and not isinstance(value, bool), (key, value)
-        assert math.isfinite(value), (key, value)
+        if value is not None:
+            assert_number(key, value)
+            continue
+        parent, _, leaf = key.rpartition(".")
+        holder = lookup(figures, parent) if parent else figures
+        why = holder.get("why") if parent else figures.get(f"{leaf}_why")
+        assert isinstance(why, str) and why, f"{key} is null with no reason beside it"
+    if bench.reaches is not None:
+        arm = lookup(figures, bench.reaches)
+        assert_number(
+            f"arms.{arm}.cost_to_target.usd", lookup(figures, f"arms.{arm}.cost_to_target.usd")
+        )
     return figures
+
+
+def assert_number(key: str, value) -> None:
+    assert isinstance(value, int | float) and not isinstance(value, bool), (key, value)
+    assert math.isfinite(value), (key, value)
 
 
 @pytest.mark.parametrize("bench", params())
