@@ -276,7 +276,7 @@ def run_totals_apply(
         False,
         0,
     )
-    modelled_intervals = 0
+    modelled_intervals = reset_steps = 0
     unpriced: dict[str, float] = {}  # seconds billed with no price, by component
     for (lo, _hi), rows in zip(ranges, now, strict=True):
         added = period_sums(rows, edges=edges, count_after=lo, modelled_power_w=modelled)
@@ -284,6 +284,7 @@ def run_totals_apply(
             _refuse_backwards(added.backwards_seq, fresh or set(), batch or [])
         estimated, max_step = estimated or added.estimated, max(max_step, added.max_step)
         modelled_intervals += added.modelled
+        reset_steps += added.reset_steps
         parts = [(1, added)]
         if fresh is not None:
             old = [r for r in rows if r["seq"] not in fresh]
@@ -291,6 +292,7 @@ def run_totals_apply(
                 (-1, period_sums(old, edges=edges, count_after=lo, modelled_power_w=modelled))
             )
             modelled_intervals -= parts[-1][1].modelled
+            reset_steps -= parts[-1][1].reset_steps
         for sign, sums in parts:
             weights = cost_engine.Weights.from_cost_model(cost_model)
             for period, u in sums.usage(**resources).items():
@@ -324,7 +326,10 @@ def run_totals_apply(
     run.tokens += usage.tokens
     run.device_seconds += usage.device_seconds if run.gpu_count else usage.wall_s
     run.energy_j += usage.energy_j
-    run.steps = max(run.steps, max_step)
+    # Steps: the highest step seen, plus the steps reached before each declared counter reset.
+    breakdown["max_step"] = max(breakdown.get("max_step", run.steps), max_step)
+    breakdown["reset_steps"] = breakdown.get("reset_steps", 0) + reset_steps
+    run.steps = max(run.steps, breakdown["max_step"] + breakdown["reset_steps"])
     run.energy_estimated = breakdown["estimated_samples"] or breakdown["modelled_intervals"] > 0
     if cost_model.kind == CostModel.Kind.TIERED_PER_CALL:
         # Tiers apply to the run's cumulative units: priced from zero, whatever order they came in.

@@ -161,6 +161,9 @@ class PeriodSums:
     estimated: bool = False  # a sample says its power was modelled
     modelled: int = 0  # intervals whose energy was modelled from board power
     backwards_seq: int | None = None  # first sample timed before its predecessor (same attempt)
+    # The step counts a stream had reached before each declared counter reset: the run's steps are
+    # its highest step plus these (a maximum alone lost every step before a reset).
+    reset_steps: int = 0
 
     def usage(self, *, gpu_count: float, vcpus: float, memory_gb: float) -> dict[int, Usage]:
         return {
@@ -235,7 +238,10 @@ def period_sums(
             out.modelled += 1
         else:
             energy = 0.0
-        steps = max(0, step - (prev["step"] or 0)) if not rank else 0
+        step_before = prev["step"] or 0
+        steps = (step - step_before if step >= step_before else step) if not rank else 0
+        if not rank and step < step_before:  # a reset: counted from 0, what came before kept
+            out.reset_steps += step_before
         tokens_before = prev["tokens"] or 0
         tokens_d = (
             (tokens - tokens_before if tokens >= tokens_before else tokens) if not rank else 0

@@ -36,6 +36,22 @@ def test_a_declared_counter_reset_counts_from_zero_with_its_own_counts(gpu_run):
     assert gpu_run.tokens == 9000 + 400 + 4 * 1000
 
 
+def test_steps_after_a_counter_reset_are_summed(gpu_run):  # noqa: F811
+    """The audit: 100 steps, a reset, 149 more read 149 (a maximum); the run made 249."""
+    before = samples(101)  # steps 0 .. 100
+    after = samples(150, start=101)
+    for k, s in enumerate(after):
+        s["step"], s["tokens"], s["energy_j"] = k, 1000 * k, 300.0 * k
+    after[0]["counter_reset"] = True
+    for batch in (before[:60], before[60:], after[:70], after[70:]):
+        assert telemetry_ingest(run_id=gpu_run.pk, samples=batch).refused == []
+    gpu_run.refresh_from_db()
+    assert gpu_run.steps == 100 + 149
+    telemetry_ingest(run_id=gpu_run.pk, samples=after[:70])  # a batch sent again moves nothing
+    gpu_run.refresh_from_db()
+    assert gpu_run.steps == 249
+
+
 def test_a_cpu_run_with_neither_power_nor_energy_has_unmeasured_carbon():
     """Issue 45: 0 g labelled 'rapl ±10 %' for a run that measured nothing; now unmeasured."""
     from apps.pricing.bill import carbon_shown
