@@ -173,7 +173,7 @@ def demo_seed(
     for name, yaml_text, is_control in (
         ("pytorch-baseline", CONTROL_STRATEGY, True),
         ("costlab-optimized", OPTIMIZED_STRATEGY, False),
-        ("big-batch-same-lr", BIG_BATCH_STRATEGY, False),
+        ("big-batch", BIG_BATCH_STRATEGY, False),
     ):
         Arm.objects.get_or_create(
             experiment=experiment,

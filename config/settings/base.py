@@ -420,6 +420,9 @@ SPECTACULAR_SETTINGS = {
         "SweepSamplerEnum": "apps.sweeps.models.Sweep.Sampler",
         "SweepSamplerRequestEnum": "apps.sweeps.models.SAMPLER_CHOICES",
         "ProbeStatusEnum": "apps.sweeps.models.Probe.Status",
+        "QualityDirectionEnum": ["lower", "higher"],
+        "QualityVerdictEnum": "apps.attribution.quality.QUALITY_VERDICTS",
+        "VerdictEnum": "apps.attribution.verdict.VERDICTS",
     },
 }
 # Tokens: days until a new token expires (0: never), and the prefix that makes a leaked one

@@ -38,7 +38,8 @@ def demo_world():
     line)."""
     seed = demo_seed()
     experiment = seed.experiment
-    control, candidate = experiment.arms.order_by("-is_control", "name")
+    control = experiment.arms.get(is_control=True)
+    candidate = experiment.arms.get(name="costlab-optimized")  # the third arm stays unrun here
     now = timezone.now()
     done = [run_of(arm) for arm in (control, control, candidate, candidate)]
     for run in done:
@@ -87,9 +88,9 @@ def test_experiment_page_live(page, live_server, demo, screenshots):
     sign_in(page, live_server, seed, f"/experiments/{experiment.pk}/")
     assert page.locator(".admin-link").count() == 1, "the demo admin is staff: the admin link shows"
 
-    # The comparison: both arms, with numbers and their units.
+    # The comparison: every arm (the demo's third, unrun here, too), with numbers and units.
     rows = page.locator("#comparison-measured tbody tr")
-    assert rows.count() == 2
+    assert rows.count() == experiment.arms.count() == 3
     for arm in (control, candidate):
         row = page.locator(f'#comparison-measured tr[data-arm="{arm.pk}"]')
         assert arm.name in row.inner_text()
@@ -106,7 +107,7 @@ def test_experiment_page_live(page, live_server, demo, screenshots):
             f'#comparison-measured tr[data-arm="{candidate.pk}"] [data-col="deviation"]'
         ).inner_text()
     )
-    assert page.locator("#comparison-projected tbody tr").count() == 2
+    assert page.locator("#comparison-projected tbody tr").count() == 3
 
     # Every chart has data.
     wait_for_charts(page, 6)

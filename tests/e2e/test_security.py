@@ -36,7 +36,8 @@ def demo():
     name."""
     seed = demo_seed()
     experiment = seed.experiment
-    control, candidate = experiment.arms.order_by("-is_control", "name")
+    control = experiment.arms.get(is_control=True)
+    candidate = experiment.arms.get(name="costlab-optimized")
     candidate.name = HOSTILE
     candidate.save(update_fields=["name"])
     now = timezone.now()

@@ -50,7 +50,7 @@ def test_seed_can_queue_demo_runs_once(django_capture_on_commit_callbacks):
     assert set(Run.objects.values_list("arm__name", flat=True)) == {
         "pytorch-baseline",
         "costlab-optimized",
-        "big-batch-same-lr",
+        "big-batch",
     }
 
 
@@ -146,7 +146,7 @@ def test_demo_runs_are_queued_interleaved_and_the_experiment_holds_demo_evidence
     with django_capture_on_commit_callbacks(execute=False):
         call_command("seed_demo", "--submit-runs", "3")
     arms = list(Run.objects.order_by("pk").values_list("arm__name", flat=True))
-    assert arms == ["pytorch-baseline", "costlab-optimized", "big-batch-same-lr"] * 3
+    assert arms == ["pytorch-baseline", "costlab-optimized", "big-batch"] * 3
     experiment = Experiment.objects.get(name=DEMO_NAME)
     assert {k: getattr(experiment, k) for k in DEMO_EXPERIMENT} == DEMO_EXPERIMENT
 
