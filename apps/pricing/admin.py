@@ -1,3 +1,4 @@
+from django import forms
 from django.contrib import admin, messages
 from django.utils import timezone
 
@@ -16,8 +17,32 @@ class GpuSkuAdmin(admin.ModelAdmin):
     search_fields = ["name", "vendor"]
 
 
+class GpuPriceForm(forms.ModelForm):
+    """A GPU at 0 USD/h is a choice, not a typo: it needs its box ticked, as the API needs
+    confirm_free."""
+
+    confirm_free = forms.BooleanField(
+        required=False, label="free", help_text="Tick to save a price of 0: this GPU is free."
+    )
+
+    class Meta:
+        model = GpuPrice
+        fields = ["sku", "hourly_usd"]
+
+    def clean(self):
+        data = super().clean()
+        if data.get("hourly_usd") == 0 and not data.get("confirm_free"):
+            self.add_error(
+                "hourly_usd",
+                "0 makes this GPU free: tick 'free' if it is (its time is then billed at 0 and "
+                "shown as free)",
+            )
+        return data
+
+
 class GpuPriceInline(admin.TabularInline):
     model = GpuPrice
+    form = GpuPriceForm
     extra = 1
     autocomplete_fields = ["sku"]
 

@@ -109,6 +109,25 @@ def test_bad_prices_get_a_field_error_and_nothing_is_saved(staff_client, field, 
     assert not GpuPrice.objects.filter(sku=sku).exists()
 
 
+def test_a_gpu_price_of_zero_needs_its_free_box_ticked(staff_client):
+    """Issue 45: a price of 0 was accepted without a word."""
+    tenant, sku = TenantFactory(), GpuSkuFactory()
+    url = reverse("admin:pricing_pricingtable_add")
+    refused = staff_client.post(url, _pricing_form(tenant, sku, **{"gpu_prices-0-hourly_usd": "0"}))
+    assert refused.status_code == 200
+    errors = refused.context["inline_admin_formsets"][0].formset.errors[0]
+    assert "0 makes this GPU free" in str(errors["hourly_usd"])
+    assert not PricingTable.objects.filter(tenant=tenant).exists()
+    saved = staff_client.post(
+        url,
+        _pricing_form(
+            tenant, sku, **{"gpu_prices-0-hourly_usd": "0", "gpu_prices-0-confirm_free": "on"}
+        ),
+    )
+    assert saved.status_code == 302
+    assert PricingTable.objects.get(tenant=tenant).gpu_prices.get().hourly_usd == 0
+
+
 def test_freeze_events_are_read_only(staff_client):
     assert staff_client.get(reverse("admin:attribution_freezeevent_add")).status_code == 403
 
