@@ -166,11 +166,8 @@ def freeze_holds(
         return []
     if abs(arm.deviation) <= threshold:
         return []
-    if arm.deviation < -threshold:
-        return [
-            f"the control is the arm that moved ({control_name} is the dearer one; only a "
-            "dearer arm is frozen, never the control)"
-        ]
+    if arm.deviation < -threshold:  # a cheaper arm is never frozen: nothing to explain
+        return []
     holds = []
     names = {"arm": arm_name, "control": control_name}
     by_side: dict[tuple[str, str], Shortfall] = {}
