@@ -219,3 +219,18 @@ def device_profile(cpu=EPYC_AVX2, *, host: str = "worker-1") -> dict:
         notes=tuple(notes),
         measured_at="2026-12-01T00:00:00+00:00",
     ).as_dict()
+
+
+def final_evaluation(run, value: float, *, at, metric: str = "eval_loss"):
+    """The run's held-out evaluation at its last sample (what a finished run's quality is)."""
+    from apps.telemetry.models import RunEvaluation
+
+    return RunEvaluation.objects.create(
+        run=run,
+        seq=run.last_seq,
+        ts=at,
+        step=run.steps,
+        tokens=run.tokens,
+        metric=metric,
+        value=value,
+    )

@@ -252,9 +252,8 @@ def quality_lab(lab):
     from django.utils import timezone
 
     from apps.attribution.services import attribution_tick
-    from apps.telemetry.models import RunEvaluation
     from tests.cli.conftest import CANDIDATE, priced_run
-    from tests.factories import ArmFactory
+    from tests.factories import ArmFactory, final_evaluation
 
     experiment = lab["experiment"]
     experiment.min_runs_per_arm = experiment.min_cs_runs_per_arm = 3
@@ -273,15 +272,7 @@ def quality_lab(lab):
         for arm, usd, loss in arms.values():
             run = priced_run(arm, f"{usd * (1 + 0.01 * rng.gauss(0, 1)):.6f}", finished_at=now)
             if loss is not None:
-                RunEvaluation.objects.create(
-                    run=run,
-                    seq=run.last_seq,
-                    ts=now,
-                    step=run.steps,
-                    tokens=run.tokens,
-                    metric="eval_loss",
-                    value=loss * (1 + 0.001 * rng.gauss(0, 1)),
-                )
+                final_evaluation(run, loss * (1 + 0.001 * rng.gauss(0, 1)), at=now)
     attribution_tick()
     return str(experiment.pk)
 

@@ -20,8 +20,8 @@ from apps.attribution.quality import (
 )
 from apps.attribution.services import attribution_tick
 from apps.experiments.models import Arm, Run
-from apps.telemetry.models import RunEvaluation
 from tests.apps.attribution.lab import Lab
+from tests.factories import final_evaluation
 
 RULE = QualityRule(
     margin=0.01, alpha=0.05, r2=stats.tuning_r2(alpha=0.05, expected_n=50), min_runs=5
@@ -83,15 +83,7 @@ def finish(lab: Lab, losses: dict[str, float], *, noise: float = 0.001) -> None:
     now = timezone.now()
     for run in lab.runs:
         name = next(n for n, a in lab.arms.items() if a.pk == run.arm_id)
-        RunEvaluation.objects.create(
-            run=run,
-            seq=run.last_seq,
-            ts=now,
-            step=run.steps,
-            tokens=run.tokens,
-            metric="eval_loss",
-            value=losses[name] * (1 + noise * lab.rng.gauss(0, 1)),
-        )
+        final_evaluation(run, losses[name] * (1 + noise * lab.rng.gauss(0, 1)), at=now)
     Run.objects.filter(pk__in=[r.pk for r in lab.runs]).update(
         status=Run.Status.SUCCEEDED, finished_at=now
     )
