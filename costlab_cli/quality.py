@@ -4,7 +4,7 @@ The report's `quality` per arm (GET experiments/{id}/report/; null before the fi
 window): verdict (not_measured, non_inferior, better, worse, inconclusive), metric, direction,
 margin, value and control_value (mean final values), change (relative, positive = worse) and
 change_low / change_high, its always-valid bounds, and a note saying why where there is one.
-The server's own wording is apps.attribution.quality.quality_words; the CLI imports no Django,
+The dashboard's wording is apps.dashboard.quality; the CLI imports no Django,
 so it says the same here.
 """
 

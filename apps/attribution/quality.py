@@ -147,25 +147,6 @@ def quality_verdict(
     return said("inconclusive", "the always-valid bound still spans the margin", change, low, high)
 
 
-def quality_words(q: dict | None) -> str:
-    """The quality verdict in a few words, for a card, a log line or the gate."""
-    if not q:
-        return "quality not measured"
-    metric, v = q.get("metric", "eval_loss"), q.get("verdict")
-    what = "held-out loss" if metric == "eval_loss" else metric
-    if v == "not_measured":
-        return f"{what} not measured ({q.get('note') or 'no evaluated run'})"
-    change = q.get("change")
-    pct = "" if change is None else f"{abs(change) * 100:.2g} % "
-    if v == "worse":
-        return f"its {what} is {pct}worse (beyond the {q['margin'] * 100:.2g} % margin)"
-    if v == "better":
-        return f"its {what} is {pct}better"
-    if v == "non_inferior":
-        return f"{what} within the {q['margin'] * 100:.2g} % margin of the control's"
-    return f"{what}: inconclusive ({q.get('note') or 'more evaluated runs needed'})"
-
-
 def reached(value: float, target: float, *, higher_is_better: bool) -> bool:
     return value >= target if higher_is_better else value <= target
 

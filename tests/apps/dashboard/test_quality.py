@@ -25,20 +25,11 @@ from apps.dashboard.verdicts import Freeze, arms_said, experiment_verdicts
 from apps.experiments.models import Run
 from tests.apps.attribution.lab import Lab
 from tests.apps.attribution.test_quality import finish
+from tests.apps.dashboard.test_verdicts import ARM, CONTROL
 from tests.apps.dashboard.world import run_of, samples
-from tests.factories import MembershipFactory, UserFactory, arm_report
+from tests.factories import MembershipFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
-
-CONTROL = arm_report(
-    name="fp32-control",
-    is_control=True,
-    runs=12,
-    runs_succeeded=12,
-    evidence_runs=12,
-    evidence_samples=600,
-)
-ARM = replace(CONTROL, arm_id=2, name="bf16-dynamic", is_control=False, runs=10, evidence_runs=10)
 
 
 def quality(verdict, change=None, low=None, high=None, note=""):
