@@ -39,6 +39,7 @@ from apps.experiments.runs import ARTIFACT_HASHES, run_artifacts_listed
 from apps.experiments.selectors import queue_places, run_outliers
 from apps.pricing.models import GpuPrice, PricingTable
 from apps.telemetry.diagnosis import run_kernel_diagnosis
+from apps.telemetry.evaluations import run_evaluation_summary
 from apps.telemetry.selectors import telemetry_by_rank
 from apps.tenants.models import Membership, Tenant
 
@@ -551,6 +552,7 @@ def run_page(*, run: Run, now: datetime | None = None) -> dict:
     return {
         "run": run,
         "peak_mem_mb": max(memory) if memory else None,
+        "evaluations": run_evaluation_summary(run_id=run.pk),
         "queue_place": place,
         "notices": notices,
         "breakdown": run.cost_breakdown or {},

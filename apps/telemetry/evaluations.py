@@ -3,16 +3,12 @@
 A sample may carry `eval_loss` (lower is better), a named `quality` metric with its direction,
 and `eval_s`; each becomes one RunEvaluation, stored once per (run, seq, metric) with the
 sample's step, cumulative tokens and time. The figure an arm is compared on is each finished
-run's last evaluation of the experiment's metric (apps.attribution.quality).
+run's last evaluation of the experiment's metric (apps.attribution.selectors.quality_runs).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
-from datetime import datetime
-
-from django.db.models import OuterRef, Subquery
 
 from apps.telemetry.models import RunEvaluation
 
@@ -58,41 +54,23 @@ def evaluations_insert(*, run_id: int, samples: list[dict], fresh: Iterable[int]
     return len(rows)
 
 
-@dataclass(frozen=True)
-class Evaluation:
-    run_id: int
-    seq: int
-    ts: datetime
-    step: int
-    tokens: int
-    value: float
-    higher_is_better: bool
-    eval_s: float | None
-
-
-def run_curves(*, run_ids: Iterable[int], metric: str) -> dict[int, list[Evaluation]]:
-    """Per run, its evaluations of `metric` in the order they were taken (by seq)."""
-    out: dict[int, list[Evaluation]] = {}
-    rows = (
-        RunEvaluation.objects.filter(run_id__in=list(run_ids), metric=metric)
-        .order_by("run_id", "seq")
-        .values_list("run_id", "seq", "ts", "step", "tokens", "value", "higher_is_better", "eval_s")
+def run_evaluation_summary(*, run_id: int) -> dict | None:
+    """A run's held-out evaluations in brief, per metric: how many, the seconds they took (billed
+    with the run, reported apart) and the last value with its step and tokens. None without
+    any. One query."""
+    rows = list(
+        RunEvaluation.objects.filter(run_id=run_id)
+        .order_by("metric", "seq")
+        .values_list("metric", "value", "step", "tokens", "eval_s", "higher_is_better")
     )
-    for row in rows:
-        out.setdefault(row[0], []).append(Evaluation(*row))
+    if not rows:
+        return None
+    out: dict = {}
+    for metric, value, step, tokens, eval_s, higher in rows:
+        m = out.setdefault(metric, {"evaluations": 0, "eval_s": 0.0})
+        m["evaluations"] += 1
+        m["eval_s"] += eval_s or 0.0
+        m.update(last=value, step=step, tokens=tokens, higher_is_better=higher)
+    for m in out.values():
+        m["eval_s"] = round(m["eval_s"], 3)
     return out
-
-
-def runs_final_value(*, runs, metric: str) -> dict[int, tuple[float, bool]]:
-    """Per run of the queryset `runs` that evaluated `metric`: its last value (highest seq) and
-    whether higher is better. One query."""
-    last = RunEvaluation.objects.filter(run_id=OuterRef("pk"), metric=metric).order_by("-seq")
-    rows = (
-        runs.annotate(
-            q_value=Subquery(last.values("value")[:1]),
-            q_higher=Subquery(last.values("higher_is_better")[:1]),
-        )
-        .filter(q_value__isnull=False)
-        .values_list("pk", "q_value", "q_higher")
-    )
-    return {pk: (value, bool(higher)) for pk, value, higher in rows}

@@ -8,6 +8,7 @@ from apps.experiments.runs import run_artifacts_listed
 from apps.experiments.selectors import queue_places, runs_outliers
 from apps.pricing.bill import breakdown_shown, carbon_shown
 from apps.pricing.models import GpuSku, PricingTable
+from apps.telemetry.evaluations import run_evaluation_summary
 from apps.telemetry.models import RunRepricing
 
 HEX = r"^[0-9a-fA-F]*$"
@@ -226,10 +227,25 @@ class RunDetailSerializer(RunSerializer):
         read_only=True,
         help_text="Every time a worker held the run: stops, losses and the outcome.",
     )
+    evaluations = serializers.SerializerMethodField(
+        help_text="Held-out evaluations per metric (eval_loss, or a named one): how many, the "
+        "seconds they took (billed with the run, reported apart: eval_s), the last value with "
+        "its step and trained tokens; null when the run evaluated nothing."
+    )
 
     class Meta(RunSerializer.Meta):
-        fields = [*RunSerializer.Meta.fields, "config_yaml", "config_history", "attempt_log"]
+        fields = [
+            *RunSerializer.Meta.fields,
+            "config_yaml",
+            "config_history",
+            "attempt_log",
+            "evaluations",
+        ]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.DictField(allow_null=True))
+    def get_evaluations(self, run: Run) -> dict | None:
+        return run_evaluation_summary(run_id=run.pk)
 
 
 class RunSubmitSerializer(serializers.Serializer):

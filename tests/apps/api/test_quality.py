@@ -111,6 +111,18 @@ def test_an_external_run_stores_its_eval_loss_and_a_bad_one_is_refused(api, expe
     assert list(RunEvaluation.objects.filter(run_id=run).values_list("metric", "value")) == [
         ("eval_loss", 2.5)
     ]
+    # the run's own answer says it, with the seconds the evaluation took (billed, reported apart)
+    said = api.get(f"/api/v1/runs/{run}/").json()["evaluations"]
+    assert said == {
+        "eval_loss": {
+            "evaluations": 1,
+            "eval_s": 0.5,
+            "last": 2.5,
+            "step": 30,
+            "tokens": 3000,
+            "higher_is_better": False,
+        }
+    }
     other = api.post(
         "/api/v1/runs/",
         {"experiment": experiment.pk, "kind": "external", "started_at": start.isoformat()},
