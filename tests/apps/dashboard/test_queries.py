@@ -21,8 +21,8 @@ LIST_QUERIES = 6  # + the latest snapshots (verdicts) and freeze events of every
 # quality chart's curves: one.
 EXPERIMENT_QUERIES = 26
 LIVE_QUERIES = 11
-# the run, its samples, its attempts ..., its arm's outliers, its arm's colour, its kernel diagnosis,
-# its held-out evaluations
+# the run, its samples, its attempts ..., its arm's outliers, its arm's colour, its kernel
+# diagnosis, its held-out evaluations
 RUN_QUERIES = 9
 PRICING_QUERIES = 5
 
