@@ -5,6 +5,7 @@ in."""
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -118,6 +119,12 @@ def test_stack_serves_restarts_a_killed_web_server_and_stops_everything_on_ctrl_
         assert "sign in as 'admin', password " in output[output.index("costlab is up.") :]
         closing = output[output.index("costlab: stopped.") :]
         assert f"http://127.0.0.1:{port}/admin/" in closing and "changepassword admin" in closing
+        # The password once (the stop banner points back to it), and a clean stop reads clean.
+        shown = re.search(r"password (\S+) \(shown only this time", output)
+        assert shown and output.count(shown.group(1)) == 1, output[-3000:]
+        assert "shown when it started" in closing
+        stopping = output[output.index("costlab: stopping") :]
+        assert "Traceback" not in stopping and "WorkerLostError" not in stopping, stopping
         time.sleep(0.5)
         left = [p.pid for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         assert not left, f"processes outlived Ctrl-C: {left}"

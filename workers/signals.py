@@ -1,9 +1,10 @@
 """Graceful worker shutdown: training in a pool child stops at its next step boundary.
 
 Celery's warm shutdown waits for running tasks, and a training run can take hours. On
-shutdown the main process forwards SIGTERM to its pool children; gpu_runtime turns SIGTERM
-into a stop after the current step, and the run goes back to the queue (run_release) with
-its telemetry kept, instead of waiting for a lease to expire.
+shutdown the main process forwards SIGTERM to the pool children that are training; gpu_runtime
+turns SIGTERM into a stop after the current step, and the run goes back to the queue
+(run_release) with its telemetry kept, instead of waiting for a lease to expire. The task then
+returns, and the warm shutdown closes the pool: a clean stop logs no lost worker.
 
 At start, a training worker profiles its devices (workers.devices).
 """
@@ -23,7 +24,22 @@ logger = logging.getLogger(__name__)
 
 @worker_shutting_down.connect
 def forward_sigterm_to_pool_children(sig=None, how=None, exitcode=None, **kwargs) -> None:
+    """SIGTERM to each pool child that is training (it stops at a step boundary and hands its run
+    back); idle children and short tasks are left to the warm shutdown, which waits for them and
+    closes the pool: signalled, they would die mid-job and the pool would log the clean stop as a
+    lost worker (WorkerLostError, with tracebacks)."""
+    from celery.worker import state
+
+    from apps.core.queues import TaskName
+
+    training = {
+        request.worker_pid
+        for request in list(state.active_requests)
+        if request.name == TaskName.RUN_TRAIN and request.worker_pid
+    }
     for child in psutil.Process(os.getpid()).children():
+        if child.pid not in training:
+            continue
         try:
             child.send_signal(signal.SIGTERM)
         except psutil.Error:

@@ -188,13 +188,29 @@ def run_execute(run_id: int) -> None:
     SIGTERM, from the claim until training takes it over, only sets a flag (gpu_runtime's
     stop_on_sigterm): the run is then handed back to the queue instead of being left running by
     a pool child killed mid-claim, mid-measurement or mid-setup. Afterwards the held signal goes
-    on to the handler before (Celery's), so the shutdown that sent it carries on."""
+    on to a handler installed before, so the shutdown that sent it carries on; in a Celery pool
+    child (the worker's warm shutdown sent it, workers.signals, and closes the pool itself) the
+    task returns instead: billiard's handler would exit the child mid-job and the pool would log
+    the clean stop as a lost worker."""
     with stop_on_sigterm() as stopped:
         seat = _run_execute(run_id, stopped)
     if stopped.is_set():
-        signal.raise_signal(signal.SIGTERM)
+        _sigterm_on()
+        return
     if seat is not None:
         _train_as_node(run_id, seat)
+
+
+def _sigterm_on() -> None:
+    """The SIGTERM a training stop held, handed on to a handler installed before it. Not to a
+    Celery pool child's own (billiard's exit on SIGTERM) nor the default action: the warm
+    shutdown that sent it closes the pool, and an exit here mid-job is logged as a lost worker."""
+    handler = signal.getsignal(signal.SIGTERM)
+    if handler in (signal.SIG_DFL, signal.SIG_IGN, None):
+        return
+    if getattr(handler, "__module__", "").startswith("billiard"):
+        return
+    signal.raise_signal(signal.SIGTERM)
 
 
 def _release(run_id: int, owner: str, reason: str) -> None:
@@ -488,4 +504,4 @@ def _train_as_node(run_id: int, seat) -> None:
     finally:
         sink.close(timeout_s=settings.COSTLAB_WORKER_DB_RETRY_S)
     if result_status == "interrupted":
-        signal.raise_signal(signal.SIGTERM)
+        _sigterm_on()

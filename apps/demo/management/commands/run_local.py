@@ -114,11 +114,12 @@ class Command(BaseCommand):
         """The banner, printed when the stack is up and again when it stops: where to sign in, how
         to reset."""
         base = f"http://{host}:{port}"
-        password = (
-            f"password {seed.admin_password} (shown only this time)"
-            if seed.admin_password
-            else "password unchanged"
-        )
+        if seed.admin_password and state == "up":
+            password = f"password {seed.admin_password} (shown only this time: note it now)"
+        elif seed.admin_password:  # said once, at the start: not again in the stop banner
+            password = "with the password shown when it started"
+        else:
+            password = "password unchanged"
         lines = [
             f"costlab is {state}. Dashboard {base}/  admin {base}/admin/  health {base}/healthz",
             f"  sign in as '{seed.admin_username}', {password}; "
