@@ -6,11 +6,14 @@ Trainer, Lightning) as an external run of an A/B experiment.
     with costlab.track(experiment=12, arm="bf16") as run:  # or assign=True: the server picks
         for batch in loader:
             loss = step(batch)
-            run.log(tokens=batch["input_ids"].numel(), loss=loss)
+            run.log(tokens=costlab.trained_tokens(batch), loss=loss)
 
-Callbacks: ``costlab.integrations.transformers.CostlabCallback`` and
-``costlab.integrations.lightning.CostlabCallback``. Strategy keys as ``TrainingArguments``:
-``costlab.strategy.to_trainer_args``. A spool left by an outage: ``python -m costlab resend DIR``.
+A token is a trained target (``costlab.tokens``): padding, -100 labels and each row's first token
+are not counted, in every integration. Callbacks: ``costlab.integrations.transformers.
+CostlabCallback`` and ``costlab.integrations.lightning.CostlabCallback`` (``run=`` adopts a run
+started here). An assigned arm's declared keys as ``TrainingArguments``, never over the script's
+own: ``costlab.to_trainer_args`` (or the Trainer callback's ``apply``). A spool left by an
+outage: ``python -m costlab resend DIR``.
 
 Needs httpx only (psutil and nvidia-ml-py when present); imports neither Django nor torch.
 
@@ -38,7 +41,17 @@ from costlab.client import Unreachable
 from costlab.delivery import Refused
 from costlab.resend import resend
 from costlab.run import Run, track
-from costlab.strategy import to_trainer_args
+from costlab.strategy import TrainerArgs, to_trainer_args
+from costlab.tokens import trained_tokens
 
-__all__ = ["Refused", "Run", "Unreachable", "resend", "to_trainer_args", "track"]
+__all__ = [
+    "Refused",
+    "Run",
+    "TrainerArgs",
+    "Unreachable",
+    "resend",
+    "to_trainer_args",
+    "track",
+    "trained_tokens",
+]
 __version__ = "0.1.0"

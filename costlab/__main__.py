@@ -1,4 +1,9 @@
-"""``python -m costlab resend DIR``: deliver a spool a tracked run left behind, and end the run."""
+"""``python -m costlab resend DIR``: deliver a spool a tracked run left behind, and end the run.
+
+Exit status: 0 when the spool is done with and removed: delivered (the run ended as the process
+that left it ended), or the run had already ended elsewhere, so the server takes none of its
+samples (they are dropped, and the line says how many). 2 when it failed (the site unreachable, a
+refusal, no spool there): the spool is kept for another try."""
 
 from __future__ import annotations
 
@@ -20,10 +25,13 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # one line, not a traceback: the spool stays for another try
         print(f"costlab resend: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
-    print(
-        f"run {done['run_id']}: {done['sent']} samples sent, {done['refused']} refused"
-        + (f"; now {done['status']}" if done["status"] else "")
-    )
+    who = "the run" if done["run_id"] is None else f"run {done['run_id']}"
+    line = f"{who}: {done['sent']} samples sent, {done['refused']} refused"
+    if done["dropped"]:
+        line += f", {done['dropped']} dropped: the run had already ended ({done['status']})"
+    elif done["status"]:
+        line += f"; now {done['status']}"
+    print(line + f"; {args.spool_dir} removed")
     return 0
 
 

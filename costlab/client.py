@@ -26,6 +26,14 @@ def _passing(response: httpx.Response) -> bool:
     return response.status_code in TRANSIENT
 
 
+def _code(response: httpx.Response) -> str:
+    """The code of costlab's error body (``run_finished``, ...), else ""."""
+    try:
+        return str(response.json()["error"]["code"])
+    except (ValueError, KeyError, TypeError):
+        return ""
+
+
 def _reason(response: httpx.Response) -> str:
     """The message of costlab's error body, or the first line of whatever came back."""
     try:
@@ -80,7 +88,11 @@ class Client:
                             response.status_code, "the answer is not JSON: is this costlab?"
                         ) from None
                 if not _passing(response):
-                    raise Refused(response.status_code, f"{method} {path}: {_reason(response)}")
+                    raise Refused(
+                        response.status_code,
+                        f"{method} {path}: {_reason(response)}",
+                        _code(response),
+                    )
                 problem = f"{method} {path}: HTTP {response.status_code}: {_reason(response)}"
             left = give_up - time.monotonic()
             if left <= 0:
@@ -104,7 +116,7 @@ class Client:
             return response.json() if response.content else None
         if _passing(response):
             raise Unreachable(f"HTTP {response.status_code}: {_reason(response)}")
-        raise Refused(response.status_code, _reason(response))
+        raise Refused(response.status_code, _reason(response), _code(response))
 
     def create_run(
         self,
@@ -126,9 +138,7 @@ class Client:
                 timeout_s=timeout_s,
             )["results"]
             if not found:
-                raise Refused(
-                    404, f"arm: experiment {body['experiment']} has no arm named {arm_name!r}"
-                )
+                raise Refused(404, self._no_arm(body["experiment"], arm_name, timeout_s))
             body["arm"] = found[0]["id"]
         try:
             run = self.call("POST", "runs/", body, retry_for_s=retry_for_s, timeout_s=timeout_s)
@@ -144,20 +154,34 @@ class Client:
                 409,
                 f"run_key {body.get('run_key')!r} names run {run['id']}, already "
                 f"{run['status']}: a run key names one training job; pass a new one",
+                "run_finished",
             )
         return run
 
+    def _no_arm(self, experiment: int, arm_name: str, timeout_s: float) -> str:
+        """Why no arm of that name was found: the experiment itself, or the arm."""
+        try:
+            self.call("GET", f"experiments/{experiment}/", timeout_s=timeout_s)
+        except Refused as exc:
+            if exc.status == 404:
+                return f"experiment: there is no experiment {experiment} (for this token's tenant)"
+            raise
+        return f"arm: experiment {experiment} has no arm named {arm_name!r}"
+
     def end_run(
         self, run_id: int, status: str, error: str = "", *, retry_for_s: float = 30.0
-    ) -> dict | None:
-        """Finish (succeeded, failed) or cancel the run; None when it had already ended (another
-        rank, or an earlier try whose answer was lost)."""
+    ) -> dict:
+        """Finish (succeeded, failed) or cancel the run: the run's answer. Where it had already
+        ended (another rank, the dashboard, an earlier try whose answer was lost):
+        ``{"id", "status": how it ended ("ended" where the server did not say), "cost_usd": None,
+        "already_ended": True}``."""
         try:
             if status == "cancelled":
                 return self.call("POST", f"runs/{run_id}/cancel/", retry_for_s=retry_for_s)
             body = {"status": status, "error": error[-4000:]} if error else {"status": status}
             return self.call("POST", f"runs/{run_id}/finish/", body, retry_for_s=retry_for_s)
         except Refused as exc:
-            if exc.status == 409 or (exc.status == 400 and "already" in exc.reason):
-                return None
-            raise
+            if exc.status != 409 and not (exc.status == 400 and "already" in exc.reason):
+                raise
+            status = exc.run_ended or "ended"
+            return {"id": run_id, "status": status, "cost_usd": None, "already_ended": True}

@@ -8,7 +8,9 @@ and sends the backlog when the site answers again. The server stores a (run, seq
 batch sent twice (an answer lost on the way back) is harmless.
 
 The spool is a directory of JSON-lines segments (``segment-00000001.jsonl``: one sample a line),
-oldest first; a segment is deleted once every sample in it was stored.
+oldest first; a segment is deleted once every sample in it was stored. It lives under
+``default_spool_root()`` unless the caller names a directory: COSTLAB_SPOOL_DIR, else the user's
+cache folder, never the system temp folder (cleaned at reboot, and shared).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import json
 import logging
 import os
 import random
+import re
 import sys
 import tempfile
 import threading
@@ -33,6 +36,23 @@ SEGMENT_LINES = 5_000
 
 def say(message: str) -> None:
     print(f"costlab: {message}", file=sys.stderr, flush=True)
+
+
+def default_spool_root() -> Path:
+    """Where spools go when no directory is given: COSTLAB_SPOOL_DIR, else the user's cache folder
+    (``$XDG_CACHE_HOME/costlab/spool``, else ``~/.cache/costlab/spool``; on macOS
+    ``~/Library/Caches/costlab/spool``, on Windows ``%LOCALAPPDATA%\\costlab\\spool``)."""
+    given = os.environ.get("COSTLAB_SPOOL_DIR", "").strip()
+    if given:
+        return Path(given).expanduser()
+    if sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
+    elif sys.platform == "darwin":
+        base = Path.home() / "Library" / "Caches"
+    else:  # XDG: a relative XDG_CACHE_HOME is invalid and ignored
+        xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+        base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
+    return base / "costlab" / "spool"
 
 
 class Spool:
@@ -63,11 +83,17 @@ class Spool:
     def _dir(self) -> Path:
         if self.path is None:
             if self._given is None:
-                self.path = Path(tempfile.mkdtemp(prefix=self._prefix))
+                root = default_spool_root()
+                root.mkdir(parents=True, exist_ok=True)
+                self.path = Path(tempfile.mkdtemp(prefix=self._prefix, dir=root))
             else:
                 self.path = self._given
                 self.path.mkdir(parents=True, exist_ok=True)
         return self.path
+
+    def directory(self) -> Path:
+        """The spool's directory, made now if no sample made it yet."""
+        return self._dir()
 
     def _segment(self, index: int) -> Path:
         return self._dir() / f"segment-{index:08d}.jsonl"
@@ -171,17 +197,41 @@ class Outbox:
                 self.spool.append(self._memory.popleft())
             self.spool.close()
 
+    def discard(self) -> int:
+        """Forget what is not yet stored (nobody will take it); how many samples that was."""
+        with self._lock:
+            count = len(self._memory) + self.spool.count
+            self._memory.clear()
+            self.spool.close()
+            return count
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._memory) + self.spool.count
 
 
-class Refused(Exception):
-    """The server answered for good (4xx): resending the same batch cannot help."""
+ENDED = re.compile(r"\b(?:is|already) (?:already )?(succeeded|failed|cancelled|lost)\b")
 
-    def __init__(self, status: int, reason: str):
+
+class Refused(Exception):
+    """The server answered for good (4xx): resending the same batch cannot help. `code`: the
+    error's code in costlab's error body (``run_finished``, ...), where it said one."""
+
+    def __init__(self, status: int, reason: str, code: str = ""):
         super().__init__(f"HTTP {status}: {reason}")
-        self.status, self.reason = status, reason
+        self.status, self.reason, self.code = status, reason, code
+
+    @property
+    def run_ended(self) -> str | None:
+        """How the run had already ended ("succeeded", ...; "ended" where not said) when this
+        refusal says it had (409: an ended run takes no samples, no second end, no new stream
+        under its key), else None."""
+        if self.status not in (400, 409):
+            return None
+        found = ENDED.search(self.reason)
+        if found and (self.status == 409 or "already" in self.reason):
+            return found.group(1)
+        return "ended" if self.code == "run_finished" else None
 
 
 class Sender:
@@ -190,10 +240,16 @@ class Sender:
 
     `post(samples, timeout_s)` stores a batch or raises: Refused for an answer that will not
     change, anything else for a failure worth retrying. `ready()` is called before the first post
-    and until it returns True (the run may still have to be created, after an outage at start).
+    and until it returns True (the run may still have to be created: the SDK creates it here, so
+    the training never waits on the site).
+
+    The site is *failing* while its last try failed (`outage_since`) or the run is not created
+    yet (`ready()` never said True): the end's `flush` then gives it one more try of at most
+    PROBE_S and leaves the rest to the spool.
     """
 
     MAX_BACKOFF_S = 30.0
+    PROBE_S = 1.0  # a flush's try of a failing site: what the end spends on a site that is down
 
     def __init__(
         self,
@@ -211,7 +267,14 @@ class Sender:
         self.refused: list[str] = []  # why the server refused samples or batches, first few
         self.refused_samples = 0
         self.stopped_why: str | None = None  # the sender gave up: kept in the spool
+        self.refusal: Refused | None = None  # the answer it gave up on
+        self.run_ended: str | None = None  # how the run had already ended, where that was why
+        self.say_refusal = True  # False while the caller raises a refusal itself (the start)
         self.outage_since: float | None = None
+        self.failures = 0  # tries failed in a row (an outage)
+        self.failed_tries = 0  # in all
+        self.problem = ""  # the last failure's
+        self.ready_seen = False  # ready() said True: the run exists
         self._wake = threading.Event()
         self._flush_by: float | None = None
         self._stop = threading.Event()
@@ -222,30 +285,49 @@ class Sender:
         self._thread.start()
         return self
 
-    def flush(self, timeout_s: float) -> bool:
-        """Send everything now; True when the outbox emptied within `timeout_s`."""
-        self._flush_by = time.monotonic() + timeout_s
+    @property
+    def failing(self) -> bool:
+        """The last try failed, or none has created the run yet."""
+        return self.outage_since is not None or not self.ready_seen
+
+    def flush(self, timeout_s: float, *, patience_s: float | None = None) -> bool:
+        """Send everything now; True when the outbox emptied. Gives up at `timeout_s`; with
+        `patience_s`, sooner where the site fails: one already failing as the flush begins gets one
+        more try (up to PROBE_S), an outage that begins during the flush `patience_s`."""
+        start = time.monotonic()
+        deadline = self._flush_by = start + timeout_s
+        down, failed = self.failing, self.failed_tries
         self._idle.clear()
         self._wake.set()
-        deadline = self._flush_by
-        while time.monotonic() < deadline:
+        while (now := time.monotonic()) < deadline:
             if self.stopped_why is not None or not self._thread.is_alive():
                 break
-            if self._idle.wait(min(0.05, max(0.0, deadline - time.monotonic()))):
+            if patience_s is not None:
+                if not self.failing:
+                    down = False  # it answered: an outage from now on is a new one
+                elif down:
+                    if self.failed_tries > failed or now - start >= self.PROBE_S:
+                        break
+                elif self.outage_since is not None:
+                    if now - max(self.outage_since, start) >= patience_s:
+                        break
+            if self._idle.wait(min(0.05, max(0.0, deadline - now))):
                 if not len(self.outbox):
                     return True
                 self._idle.clear()
         return not len(self.outbox)
 
-    def stop(self) -> None:
+    def stop(self, join_s: float = 2.0) -> None:
+        """Stop; wait up to `join_s` for a try under way (a daemon thread: it may go on alone)."""
         self._stop.set()
         self._wake.set()
-        self._thread.join(timeout=2.0)
+        self._thread.join(timeout=join_s)
 
     def _timeout(self) -> float:
         if self._flush_by is None:
             return self.request_timeout_s
-        return max(0.5, min(self.request_timeout_s, self._flush_by - time.monotonic()))
+        timeout = max(0.5, min(self.request_timeout_s, self._flush_by - time.monotonic()))
+        return min(timeout, self.PROBE_S) if self.failing else timeout
 
     def _sleep(self, seconds: float) -> None:
         if self._flush_by is not None:  # flushing: look again soon, the site may be back
@@ -254,30 +336,35 @@ class Sender:
         self._wake.clear()
 
     def _loop(self) -> None:
-        failures = 0
         while not self._stop.is_set():
             try:
                 progressed = self._step()
             except Refused as exc:
-                self.stopped_why = str(exc)
-                say(f"the server refused the run's telemetry ({exc}); what is left stays spooled")
+                self.stopped_why, self.refusal, self.run_ended = str(exc), exc, exc.run_ended
+                if self.say_refusal and self.run_ended is not None:
+                    say(f"the run had already ended ({self.run_ended}): it takes no samples: {exc}")
+                elif self.say_refusal:
+                    say(f"the server refused the run's telemetry ({exc}); what is left is kept")
                 self._idle.set()
                 return
             except Exception as exc:  # an outage, or a site that cannot answer right now
-                failures += 1
+                self.failures += 1
+                self.failed_tries += 1
+                self.problem = str(exc) or type(exc).__name__
                 if self.outage_since is None:
                     self.outage_since = time.monotonic()
-                    say(f"cannot deliver telemetry ({exc}); retrying in the background")
-                delay = min(self.MAX_BACKOFF_S, 0.5 * 2 ** (failures - 1)) * (0.5 + random.random())
+                    if not self._stop.is_set():
+                        say(f"cannot deliver telemetry ({exc}); retrying in the background")
+                delay = min(self.MAX_BACKOFF_S, 0.5 * 2 ** (self.failures - 1))
                 self._idle.set()
-                self._sleep(delay)
+                self._sleep(delay * (0.5 + random.random()))
                 continue
-            if failures:
+            if self.failures:
                 say(
                     "telemetry delivered again after "
                     f"{time.monotonic() - (self.outage_since or time.monotonic()):.0f} s"
                 )
-                failures, self.outage_since = 0, None
+                self.failures, self.outage_since = 0, None
             if not progressed:
                 self._idle.set()
                 self._sleep(0.05 if self._flush_by is not None else self.every_s)
@@ -286,6 +373,7 @@ class Sender:
         """Post one batch; False when there was nothing to post."""
         if not self.ready(self._timeout()):
             raise ConnectionError("the run is not created yet")
+        self.ready_seen = True
         batch, where = self.outbox.peek(self.batch_max)
         if not batch:
             return False

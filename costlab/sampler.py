@@ -9,6 +9,8 @@ happens here, off the training thread.
 A held-out evaluation is an event, not a reading: ``Run.log_eval`` queues it with the progress
 of its moment, wakes this thread, and it goes as a sample of its own (its own seq, that step and
 those tokens), before any later reading, so it is sent once and never merged into another.
+``Run.log_metrics`` and ``Run.log_params`` queue theirs the same way (keys ``metrics`` with
+``metrics_step``, and ``params``), without the wake: they go with the next reading.
 """
 
 from __future__ import annotations
@@ -69,8 +71,11 @@ class Sampler:
         rank: int = 0,
         world_size: int = 1,
         evaluations: deque[Evaluation] | None = None,
+        stream: str | None = None,
     ):
         self.probe, self.progress, self.interval_s, self.emit = probe, progress, interval_s, emit
+        # This sampler's id on every sample: the server takes one sampler per (run, rank).
+        self.stream = stream
         self.rank, self.world_size = rank, world_size
         # Appended by the training thread (deque.append: atomic), drained here, oldest first.
         self.evaluations: deque[Evaluation] = deque() if evaluations is None else evaluations
@@ -193,6 +198,7 @@ class Sampler:
             "ts": ts,
             "step": step,
             "rank": self.rank,
+            "stream": self.stream,
             "device": self.probe.label,
             "util_pct": reading.util_pct,
             "mem_used_mb": reading.mem_used_mb,

@@ -266,6 +266,15 @@ def _arm(api: Api, args, run_key: str) -> tuple[int, str]:
         return given["arm"]["id"], "sticky" if given["sticky"] else "assigned"
     found = api.get("arms/", experiment=args.experiment, name=args.arm)["results"]
     if not found:
+        try:
+            api.get(f"experiments/{args.experiment}/")
+        except CliError as exc:
+            if exc.status == 404:
+                raise CliError(
+                    f"--experiment: there is no experiment {args.experiment} (for this token's "
+                    "tenant)"
+                ) from None
+            raise
         raise CliError(f"--arm: experiment {args.experiment} has no arm named '{args.arm}'")
     return found[0]["id"], "named"
 

@@ -21,6 +21,7 @@ from apps.billing import spend_estimate
 from apps.core.db import Compiled, fields_save, is_postgres
 from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Run
+from apps.experiments.params import run_params_merge
 from apps.experiments.selectors import month_start, tenant_month_spend
 from apps.experiments.services import run_external_check, runs_stopping_push
 from apps.pricing import cost_engine
@@ -36,6 +37,7 @@ from apps.telemetry.ingest import (
     samples_insert,
     samples_validate,
 )
+from apps.telemetry.metrics import metrics_insert
 from apps.telemetry.models import RunRepricing
 from apps.telemetry.rollup import (
     BILL_FIELDS,
@@ -45,6 +47,7 @@ from apps.telemetry.rollup import (
     rows_in_ranges,
     stream_predecessors,
 )
+from apps.telemetry.streams import streams_claim
 from apps.tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
@@ -69,9 +72,11 @@ _TENANT_BUDGET_FIELDS = ("created_at", "monthly_budget_usd", "budget_state", "bu
 
 
 def _run_locked(**lookup):
-    """The run, locked (its row only), with what pricing it needs and the tenant's budget fields."""
+    """The run, locked (its row only), with what pricing it needs and the tenant's budget fields;
+    not its reported params (read only by a batch that brings some: run_params_merge)."""
     return (
         Run.objects.select_for_update(of=("self",))
+        .defer("params")
         .select_related("experiment__cost_model", "gpu_sku")
         .annotate(**{f"tenant_{f}": F(f"tenant__{f}") for f in _TENANT_BUDGET_FIELDS})
         .filter(**lookup)
@@ -136,6 +141,8 @@ def telemetry_ingest(
         after_latest=after,
         before_earliest=before,
     )
+    if external:
+        streams_claim(run=run, samples=parsed)
     batch_attempt = attempt or max(run.attempts, 1)
     stored_before = None  # a single stream's stored sample just before the batch
     if parsed and run.world_size == 1 and run.samples_from is not None:
@@ -175,6 +182,8 @@ def telemetry_ingest(
             stored=stored,
         )
         evaluations_insert(run_id=run.pk, samples=parsed, fresh=fresh)
+        metrics_insert(run_id=run.pk, samples=parsed, fresh=fresh)
+        run_params_merge(run_id=run.pk, samples=parsed, fresh=fresh)
         if restamped:  # stored times moved: the run is billed again from all its samples
             run_totals_recompute(run=run)
         elif fresh:

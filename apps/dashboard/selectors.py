@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from apps.attribution.models import AttributionWindow
 from apps.attribution.report import ExperimentReport, experiment_report
-from apps.dashboard import charts, verdicts
+from apps.dashboard import charts, training, verdicts
 from apps.dashboard.quality import quality_row
 from apps.dashboard.series import live_series, run_series
 from apps.experiments.models import Arm, Experiment, Run
@@ -522,8 +522,10 @@ def run_artifacts(run: Run) -> list[dict]:
     ]
 
 
-def run_page(*, run: Run, now: datetime | None = None) -> dict:
+def run_page(*, run: Run, now: datetime | None = None, against: Run | None = None) -> dict:
+    """What the run's page shows; `against`: another run whose params the table is compared to."""
     now = now or timezone.now()
+    metrics = training.training_metrics(run=run)
     series = run_series(runs=[run], fields=charts.RUN_FIELDS, budget=charts.RUN_BUDGET_MAX)
     notices = []
     if run.status == Run.Status.QUEUED:
@@ -562,6 +564,8 @@ def run_page(*, run: Run, now: datetime | None = None) -> dict:
         "artifacts": run_artifacts(run),
         "ranks": telemetry_by_rank(run=run) if run.world_size > 1 else [],
         "kernel": run_kernel_diagnosis(run=run),
+        "training_metrics": metrics,
+        "hyperparameters": training.hyperparameters(run=run, against=against),
         "charts": {
             "cursor": charts.epoch_ms(now),
             "poll_ms": charts.LIVE_POLL_MS,
@@ -579,6 +583,7 @@ def run_page(*, run: Run, now: datetime | None = None) -> dict:
                 fields=charts.RUN_FIELDS,
             ),
             "cost": charts.cost_breakdown_json(run),
+            "metrics": {"names": metrics["names"], "series": metrics["series"]},
         },
     }
 

@@ -121,11 +121,28 @@ def experiment_live(request, pk: int):
 @require_GET
 def run_detail(request, pk: int):
     run = get_object_or_404(selectors.runs_visible(user=request.user), pk=pk)
+    # ?against=<run id>: the hyperparameters table shows the keys that differ from that run's
+    # (one of the user's runs; another is said, never shown).
+    against, against_error = None, ""
+    wanted = request.GET.get("against", "").strip()
+    if wanted:
+        if wanted.isascii() and wanted.isdigit() and len(wanted) <= 18:
+            against = (
+                selectors.runs_visible(user=request.user)
+                .select_related(None)
+                .only("pk", "params")
+                .filter(pk=int(wanted))
+                .first()
+            )
+        if against is None:
+            against_error = f"No run {wanted} among your runs to compare with."
     return render(
         request,
         "dashboard/run_detail.html",
         {
-            **selectors.run_page(run=run),
+            **selectors.run_page(run=run, against=against),
+            "against_wanted": wanted,
+            "against_error": against_error,
             "sizing": sweeps.run_sizing(run=run),
             "outlier": run_outliers(experiment_id=run.experiment_id).get(run.pk),
         },

@@ -28,7 +28,7 @@ from apps.experiments.services import (
     split_changed_at,
     tenant_quota_check,
 )
-from apps.experiments.strategies import strategy_filled
+from apps.experiments.strategies import strategy_declared, strategy_filled
 
 RUN_KEY_MAX = 200  # Run.run_key's length: the key is the run's key too
 
@@ -44,6 +44,11 @@ class Assignment:
     def strategy(self) -> dict:
         """The arm's strategy parsed, defaults filled (gpu_runtime's schema)."""
         return strategy_filled(self.arm.strategy_yaml)
+
+    @property
+    def declared(self) -> dict:
+        """The keys the arm's YAML sets, no defaults (what a trainer elsewhere should apply)."""
+        return strategy_declared(self.arm.strategy_yaml)
 
 
 @transaction.atomic

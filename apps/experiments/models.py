@@ -467,6 +467,19 @@ class Run(TimeStampedModel):
         help_text="Files the run saved under its artifacts directory (finetune.save): "
         "[{kind (lora_adapter | weights), path, bytes, sha256, config_sha256, dataset_sha256}].",
     )
+    # The SDK sampler streaming each rank ({rank: stream id}, the first to send): a second
+    # sampler of a rank would send the same seqs, and only the first copy is stored
+    # (apps.telemetry.streams refuses it).
+    streams = models.JSONField(default=dict, blank=True, editable=False)
+    # What W&B and MLflow keep beside the bill: the run's hyperparameters as its training reported
+    # them (costlab.Run.log_params, on a telemetry sample), merged as they arrive
+    # (apps.experiments.params).
+    params = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Reported parameters by kind: {kind: {name: value}} (kind 'hyperparameters': "
+        "the trainer's arguments; e.g. 'model': its config). A later report of a key replaces it.",
+    )
 
     class Meta:
         ordering = ["-created_at"]

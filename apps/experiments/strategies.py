@@ -52,6 +52,15 @@ def strategy_filled(strategy_yaml: str) -> dict:
     return load_strategy(strategy_yaml).model_dump(mode="json")
 
 
+def strategy_declared(strategy_yaml: str) -> dict:
+    """The keys the strategy's YAML sets (checked and normalised by gpu_runtime's schema), without
+    the defaults: what an arm asks of a trainer outside costlab, told apart from what it leaves
+    to the trainer (costlab.strategy.to_trainer_args applies these only)."""
+    from gpu_runtime import load_strategy
+
+    return load_strategy(strategy_yaml).model_dump(mode="json", exclude_unset=True)
+
+
 def strategy_world_size(
     strategy_yaml: str, *, gpu: bool, gpu_count: int | None, field: str = "strategy_yaml"
 ) -> tuple[int, int]:

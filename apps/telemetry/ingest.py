@@ -15,17 +15,27 @@ from __future__ import annotations
 
 import itertools
 import operator
+import re
 import sys
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Annotated, Literal, NotRequired
+from typing import Annotated, Any, Literal, NotRequired
 
 from django.db import IntegrityError, connection, models, transaction
-from pydantic import AwareDatetime, ConfigDict, Field, TypeAdapter, ValidationError, with_config
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    with_config,
+)
 from typing_extensions import TypedDict  # pydantic needs this TypedDict before Python 3.12
 
 from apps.core.db import copy_rows, is_postgres
 from apps.core.exceptions import ApplicationError
+from apps.experiments.params import MAX_BYTES, MAX_KINDS, params_json
 from apps.telemetry.models import TelemetrySample
 
 MAX_BATCH = 10_000
@@ -75,6 +85,35 @@ class QualityIn(TypedDict):
     name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
     value: Annotated[float, Field(strict=True, ge=-1e30, le=1e30)]
     direction: Literal["lower", "higher"]
+
+
+# Training metrics on a sample (apps.telemetry.metrics): {name: value}, a few dozen at most.
+MAX_METRICS = 64
+METRIC_NAME = r"^[A-Za-z0-9_./-]+$"  # loss, grad_norm, eval_accuracy, train/loss
+MetricName = Annotated[str, Field(min_length=1, max_length=64, pattern=METRIC_NAME)]
+MetricValue = Annotated[float, Field(strict=True, ge=-1e30, le=1e30)]
+ParamsKind = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+
+
+# A NUL as JSON escapes it (not "\\u0000" written out: an escaped backslash, then "u0000").
+_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _params_checked(params: dict | None) -> dict | None:
+    """Reported parameters that JSON (and Postgres's jsonb) holds, at most MAX_BYTES serialized."""
+    if params is None:
+        return None
+    if len(params) > MAX_KINDS:
+        raise ValueError(f"at most {MAX_KINDS} kinds, got {len(params)}")
+    try:
+        text = params_json(params)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if len(text.encode()) > MAX_BYTES:
+        raise ValueError(f"{len(text.encode())} bytes serialized, at most {MAX_BYTES}")
+    if _NUL.search(text):
+        raise ValueError("a string holds NUL, which the database cannot store")
+    return params
 
 
 @with_config(ConfigDict(extra="forbid", allow_inf_nan=False))
@@ -134,6 +173,25 @@ class SampleIn(TypedDict):
     eval_loss: NotRequired[Annotated[float | None, Field(strict=True, default=None, ge=0, le=1e6)]]
     eval_s: NotRequired[Annotated[float | None, Field(strict=True, default=None, ge=0, le=1e7)]]
     quality: NotRequired[QualityIn | None]
+    # Training metrics taken at this sample's step and tokens, or at `metrics_step` where the
+    # training named another step (apps.telemetry.metrics); shown, never billed.
+    metrics: NotRequired[
+        Annotated[dict[MetricName, MetricValue] | None, Field(default=None, max_length=MAX_METRICS)]
+    ]
+    metrics_step: NotRequired[Annotated[Count | None, Field(default=None)]]
+    # Parameters by kind ({"hyperparameters": {...}}), merged into Run.params on arrival.
+    params: NotRequired[
+        Annotated[
+            dict[ParamsKind, dict[str, Any]] | None,
+            Field(default=None),
+            AfterValidator(_params_checked),
+        ]
+    ]
+    # The sampler that took it (the SDK's id, one per process and rank): a run takes one sampler
+    # per rank, a second is refused (apps.telemetry.streams). Not stored on the sample.
+    stream: NotRequired[
+        Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+    ]
     # The sender says its cumulative counters (tokens, step, energy_j) restarted from 0 at this
     # sample (a process restarted inside one attempt); not stored.
     counter_reset: NotRequired[Annotated[bool, Field(strict=True, default=False)]]

@@ -154,6 +154,42 @@ class RunEvaluation(models.Model):
         return f"run {self.run_id} #{self.seq} {self.metric}={self.value:g}"
 
 
+class RunMetric(models.Model):
+    """One training metric of a run at a step: the loss the trainer logged, grad_norm,
+    learning_rate, an evaluation's eval_* figures, anything the training names.
+
+    It arrives on a telemetry sample (the key ``metrics``: {name: value}, apps.telemetry.ingest)
+    and is stored once per (run, seq, name), as the sample is (apps.telemetry.metrics). Shown,
+    never billed nor compared: a held-out evaluation that arms are compared on is a
+    RunEvaluation."""
+
+    # Indexed by the two indexes below, both led by the run.
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="training_metrics", db_index=False
+    )
+    seq = models.BigIntegerField(help_text="The telemetry sample that carried it.")
+    ts = models.DateTimeField()
+    step = models.BigIntegerField(default=0, help_text="The training step it was taken at.")
+    tokens = models.BigIntegerField(default=0, help_text="Cumulative trained tokens at it.")
+    name = models.CharField(max_length=64)
+    value = models.FloatField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["run", "seq", "name"], name="metric_unique_run_seq_name"
+            )
+        ]
+        indexes = [
+            # A run's series of one metric by step (its chart, GET runs/{id}/metrics/?name=), and
+            # its names with their last values (the run's answer).
+            models.Index(fields=["run", "name", "step"], name="metric_run_name_step_idx")
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} #{self.seq} {self.name}={self.value:g}"
+
+
 class RunRepricing(models.Model):
     """An explicit re-pricing of a finished run (its bill is otherwise final): who, why, under
     which table, from what to what."""

@@ -13,26 +13,34 @@ from costlab.delivery import say
 from costlab.evaluation import EVAL_LOSS, direction_of, metric_name
 
 
-def tokens_in(batch: Any) -> Any:
-    """The tokens a batch trains on, without a host sync: the attention mask's sum (a 0-d tensor,
-    read later on the sampler thread) where there is one, else the input ids' count; a tuple or
-    list: its first element; a tensor of integer ids: its size. None: nothing to count."""
-    if isinstance(batch, dict) or hasattr(batch, "keys"):
-        mask = batch.get("attention_mask") if hasattr(batch, "get") else None
-        if mask is not None:
-            return mask.sum()
-        ids = batch.get("input_ids") if hasattr(batch, "get") else None
-        return None if ids is None else ids.numel()
-    if isinstance(batch, list | tuple):
-        return tokens_in(batch[0]) if batch else None
-    dtype = getattr(batch, "dtype", None)
-    if (
-        dtype is not None
-        and hasattr(batch, "numel")
-        and not getattr(dtype, "is_floating_point", True)
+def numeric_logs(logs: Mapping[str, Any]) -> dict[str, Any]:
+    """The numbers of a framework's logged metrics (a number or a 0-d tensor; not a bool, not a
+    string), by name: what goes to ``Run.log_metrics``."""
+    out = {}
+    for name, value in logs.items():
+        if isinstance(value, bool) or isinstance(value, str) or value is None:
+            continue
+        if isinstance(value, int | float) or getattr(value, "ndim", None) == 0:
+            out[str(name)] = value
+    return out
+
+
+def which_run_checked(run, experiment, arm, assign, run_key, options) -> None:
+    """A callback names its run one way: a started run to adopt (`run=`), or where to start one
+    (experiment, arm or assign, run_key and the Run options); ValueError naming the argument."""
+    if run is not None and (experiment, arm, assign, run_key, options) != (
+        None,
+        None,
+        False,
+        None,
+        {},
     ):
-        return batch.numel()
-    return None
+        raise ValueError(
+            "run: an adopted run is already placed; give experiment, arm, assign, run_key "
+            "and the Run options to costlab.track instead"
+        )
+    if run is None and experiment is None:
+        raise ValueError("experiment: name the experiment, or pass a started run (run=)")
 
 
 def shared_run_key(given: str | None, *, world_size: int, rank: int, broadcast) -> str | None:

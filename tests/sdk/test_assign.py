@@ -39,8 +39,25 @@ def test_the_ranks_of_one_job_are_assigned_one_arm_sticky_by_run_key(served):
     )
     assert first.strategy["train"]["lr"] == 3.0e-4  # a default, filled in
     assert first.interval_s == first.strategy["telemetry"]["interval_s"]
-    kwargs, _unmapped = to_trainer_args(first.strategy)
-    assert (kwargs["per_device_train_batch_size"], kwargs["max_steps"]) == (2, 10)  # 4 over 2
+    # only what the arm's YAML sets: the defaults (lr, decay, scheduler, ...) stay the script's
+    assert first.declared == {
+        "model": {"preset": "tiny", "seq_len": 32},
+        "data": {"source": "synthetic"},
+        "train": {"steps": 10, "global_batch": 4},
+        "distributed": {"nproc_per_node": 2},
+    }
+    kwargs, unmapped, _ = to_trainer_args(first)
+    assert kwargs == {
+        "per_device_train_batch_size": 2,  # 4 over 2
+        "gradient_accumulation_steps": 1,
+        "max_steps": 10,
+    }
+    assert set(unmapped) == {
+        "model.preset",
+        "model.seq_len",
+        "data.source",
+        "distributed.nproc_per_node",
+    }
     row = Run.objects.get(pk=first.run_id)
     assert (row.arm.name, row.status, row.run_key) == ("ddp", "succeeded", "job-1")
     with pytest.raises(Exception, match="already succeeded"):

@@ -1,7 +1,8 @@
 """The one-line callbacks against a live server: a `transformers.Trainer` and a Lightning Trainer
 each train a tiny model built from a config (no download, CPU), and the run appears with its
-samples, the tokens the batches held, the loss, a bill > 0, its held-out evaluations (each at the
-step and tokens it was taken at), and ends succeeded."""
+samples, the tokens the batches train (labels not -100 after the causal shift, whatever the
+Trainer's token flag), the loss (with the Trainer's default logging too), a bill > 0, its
+held-out evaluations (each at the step and tokens it was taken at), and ends succeeded."""
 
 from __future__ import annotations
 
@@ -30,18 +31,21 @@ def one_thread():
 
 
 def token_rows(n: int, *, seed: int = 0) -> list[dict]:
-    """Random token sequences; the last quarter of each is padding (masked out)."""
+    """Random token sequences; the last quarter of each is padding (masked out, labelled -100 as
+    transformers' language-modelling collator labels it)."""
     g = torch.Generator().manual_seed(seed)
     rows = []
     for _ in range(n):
         ids = torch.randint(0, VOCAB, (SEQ,), generator=g)
         mask = torch.ones(SEQ, dtype=torch.long)
         mask[-SEQ // 4 :] = 0
-        rows.append({"input_ids": ids, "attention_mask": mask, "labels": ids.clone()})
+        labels = ids.masked_fill(mask == 0, -100)
+        rows.append({"input_ids": ids, "attention_mask": mask, "labels": labels})
     return rows
 
 
-TOKENS_PER_STEP = BATCH * (SEQ - SEQ // 4)  # the attention mask's ones
+# The targets a step trains: each row's real tokens less the first (nothing predicts it).
+TOKENS_PER_STEP = BATCH * (SEQ - SEQ // 4 - 1)
 
 
 def assert_reported(run_id: int, *, tokens: int) -> Run:
@@ -69,6 +73,23 @@ def assert_evaluated_at_steps(evaluations: list[RunEvaluation]) -> None:
     assert len({e.seq for e in evaluations}) == len(evaluations)
 
 
+def tiny_llama(*, hidden: int = 16, layers: int = 1, heads: int = 2):
+    """A Llama built from a config (nothing downloaded), small enough for a CPU test."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=heads,
+            max_position_embeddings=SEQ,
+        )
+    )
+
+
 def accuracy(prediction) -> dict:
     """Next-token accuracy, for the Trainer's compute_metrics."""
     logits, labels = prediction.predictions, prediction.label_ids
@@ -76,22 +97,12 @@ def accuracy(prediction) -> dict:
 
 
 def test_the_transformers_trainer_reports_through_its_callback(served, tmp_path):
-    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+    from transformers import Trainer, TrainingArguments
 
     from costlab.integrations.transformers import CostlabCallback
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            max_position_embeddings=SEQ,
-        )
-    )
+    model = tiny_llama(hidden=32, layers=2, heads=4)
     callback = CostlabCallback(
         experiment=served["experiment"].pk,
         arm="candidate",
@@ -141,12 +152,71 @@ def test_the_transformers_trainer_reports_through_its_callback(served, tmp_path)
     assert all(e.higher_is_better for e in accuracies)
 
 
+def test_one_callback_assigns_applies_the_declared_keys_and_tracks_with_default_logging(
+    served, tmp_path, capsys
+):
+    """The documented assignment flow: one object. Only the keys the arm declares reach the
+    TrainingArguments, a value the script set is kept and named, `fused_optimizer: false` trains
+    the unfused AdamW, and with the Trainer's default logging_steps (500, past this 10-step run)
+    the loss is stored at every step, the Trainer's logs (train_loss) as metrics and its
+    arguments and model config as hyperparameters. One sampler: every sample of one stream."""
+    from transformers import Trainer, TrainingArguments
+
+    from apps.experiments.models import Arm
+    from apps.telemetry.models import RunMetric
+    from costlab.integrations.transformers import CostlabCallback
+    from tests.factories import ArmFactory
+
+    exp = served["experiment"]
+    Arm.objects.filter(experiment=exp).update(weight=0)
+    ArmFactory(
+        experiment=exp,
+        name="unfused",
+        weight=1,
+        strategy_yaml="train: {steps: 10, lr: 0.003}\nkernels: {fused_optimizer: false}\n",
+    )
+    torch.manual_seed(0)
+    model = tiny_llama()
+    callback = CostlabCallback(experiment=exp.pk, assign=True, interval_s=0.1, **HELD)
+    script = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=STEPS,
+        learning_rate=1e-3,  # the script's: kept over the arm's 0.003, and said
+        per_device_train_batch_size=BATCH,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    args = callback.apply(script)
+    assert (args.max_steps, args.learning_rate, args.optim.value) == (STEPS, 1e-3, "adamw_torch")
+    assert (args.weight_decay, args.seed, args.warmup_steps) == (
+        script.weight_decay,
+        script.seed,
+        script.warmup_steps,
+    )  # the schema's defaults are not the arm's: the script's stay
+    assert [c.key for c in callback.mapping.conflicts] == ["train.lr"]
+    assert "train.lr: the arm asks learning_rate=0.003" in capsys.readouterr().err
+    trainer = Trainer(model=model, args=args, train_dataset=token_rows(64), callbacks=[callback])
+    trainer.train()
+    optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+    assert not optimizer.defaults.get("fused")
+    row = assert_reported(callback.run_id, tokens=STEPS * TOKENS_PER_STEP)
+    assert row.arm.name == "unfused" and list(row.streams) == ["0"]
+    trained = TelemetrySample.objects.filter(run_id=row.pk, step__gt=0)
+    assert trained.exists() and not trained.filter(loss=None).exists()
+    final = trainer.state.log_history[-1]["train_loss"]
+    metric = RunMetric.objects.get(run_id=row.pk, name="train_loss")
+    assert (metric.step, metric.value) == (STEPS, pytest.approx(final))
+    assert row.params["hyperparameters"]["max_steps"] == STEPS
+    assert row.params["hyperparameters"]["optim"] == "adamw_torch"
+    assert row.params["model"]["hidden_size"] == 16
+
+
 def test_a_trainer_exception_fails_the_run_through_the_callbacks_context(served, tmp_path):
     """The Trainer has no exception event: code that catches what train() raised says so by
     holding the callback as a context manager."""
     from transformers import (
-        LlamaConfig,
-        LlamaForCausalLM,
         Trainer,
         TrainerCallback,
         TrainingArguments,
@@ -159,17 +229,7 @@ def test_a_trainer_exception_fails_the_run_through_the_callbacks_context(served,
             if state.global_step == 3:
                 raise FloatingPointError("loss is nan at step 3")
 
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            max_position_embeddings=SEQ,
-        )
-    )
+    model = tiny_llama()
     args = TrainingArguments(
         output_dir=str(tmp_path),
         max_steps=STEPS,
@@ -178,7 +238,7 @@ def test_a_trainer_exception_fails_the_run_through_the_callbacks_context(served,
         save_strategy="no",
         use_cpu=True,
         disable_tqdm=True,
-        include_num_input_tokens_seen=True,  # the Trainer's own count: exact
+        include_num_input_tokens_seen=True,  # counts padding too: costlab's count stays its own
     )
     costlab_cb = CostlabCallback(served["experiment"].pk, "control", interval_s=0.1)
     trainer = Trainer(
@@ -188,7 +248,7 @@ def test_a_trainer_exception_fails_the_run_through_the_callbacks_context(served,
         trainer.train()
     row = Run.objects.get(pk=costlab_cb.run_id)
     assert row.status == "failed" and "loss is nan at step 3" in row.error
-    assert row.steps == 3 and row.tokens == 3 * BATCH * SEQ  # every input token, padding too
+    assert row.steps == 3 and row.tokens == 3 * TOKENS_PER_STEP  # trained targets, not padding
 
 
 def test_lightning_reports_through_its_callback(served):
@@ -206,12 +266,10 @@ def test_lightning_reports_through_its_callback(served):
             # A step of a real model takes time; this one took 1 ms on an AVX-512 CPU, and a run
             # of 12 ms bills under a millionth of a dollar (the bill rounds to 0).
             time.sleep(0.03)
-            logits = self.head(self.embed(batch["input_ids"]))
-            per_token = torch.nn.functional.cross_entropy(
-                logits.transpose(1, 2), batch["labels"], reduction="none"
+            logits = self.head(self.embed(batch["input_ids"]))[:, :-1]  # predicts the next
+            return torch.nn.functional.cross_entropy(
+                logits.transpose(1, 2), batch["labels"][:, 1:], ignore_index=-100
             )
-            mask = batch["attention_mask"]
-            return (per_token * mask).sum() / mask.sum()
 
         def validation_step(self, batch, batch_idx):
             logits = self.head(self.embed(batch["input_ids"]))

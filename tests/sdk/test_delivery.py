@@ -105,6 +105,81 @@ def test_a_batch_the_server_refuses_is_dropped_and_named_the_rest_goes_on(tmp_pa
     assert "goes backwards" in capsys.readouterr().err
 
 
+def wait_for(condition, timeout_s: float = 2.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def test_the_end_gives_a_failing_site_one_more_try_and_a_falling_one_patience(tmp_path):
+    """A site already down as the flush begins: one more try, then give up (the spool takes the
+    rest). A site that answers: everything. One that falls during the flush: `patience_s`."""
+    outbox = Outbox(capacity=100, spool=Spool(tmp_path / "spool"))
+    site = {"down": True, "tries": 0}
+
+    def post(batch, timeout_s):
+        site["tries"] += 1
+        if site["down"]:
+            raise ConnectionError("connection refused")
+        return {"refused": []}
+
+    for s in samples(5):
+        outbox.put(s)
+    sender = Sender(outbox=outbox, post=post, every_s=0.01).start()
+    try:
+        wait_for(lambda: sender.outage_since is not None)
+        tries, t0 = site["tries"], time.perf_counter()
+        assert not sender.flush(30.0, patience_s=5.0)
+        assert time.perf_counter() - t0 < 0.3 and site["tries"] == tries + 1
+        site["down"] = False
+        assert sender.flush(30.0, patience_s=5.0) and len(outbox) == 0
+        for s in samples(5, 5):
+            outbox.put(s)
+        site["down"] = True
+        t0 = time.perf_counter()
+        assert not sender.flush(30.0, patience_s=0.3)
+        assert 0.3 <= time.perf_counter() - t0 < 1.5 and len(outbox) == 5
+    finally:
+        sender.stop()
+
+
+def test_the_end_does_not_wait_on_a_create_that_hangs(tmp_path, monkeypatch):
+    """The run's creation hangs (a name that does not resolve, a host that drops packets): the
+    end waits PROBE_S, not flush_timeout_s, and stop() does not wait for the stuck thread."""
+    monkeypatch.setattr(Sender, "PROBE_S", 0.2)
+    hung = threading.Event()
+    outbox = Outbox(capacity=100, spool=Spool(tmp_path / "spool"))
+    outbox.put(samples(1)[0])
+    sender = Sender(
+        outbox=outbox, post=lambda batch, timeout_s: {}, ready=lambda timeout_s: hung.wait(30)
+    ).start()
+    try:
+        t0 = time.perf_counter()
+        assert not sender.flush(30.0, patience_s=5.0)
+        sender.stop(join_s=0.05)
+        assert time.perf_counter() - t0 < 0.5 and sender.failing
+    finally:
+        hung.set()
+        sender.stop()
+
+
+def test_a_refusal_says_when_the_run_had_already_ended():
+    finished = "status: run 6 is succeeded; only a running external run can take telemetry"
+    assert Refused(409, finished, "run_finished").run_ended == "succeeded"
+    failed = "POST runs/6/finish/: " + finished.replace("succeeded", "failed")
+    assert Refused(409, failed).run_ended == "failed"
+    assert Refused(409, "run_key 'k' names run 6, already cancelled: ...").run_ended == "cancelled"
+    assert Refused(400, "status: run 6 is already lost; only queued ...").run_ended == "lost"
+    assert Refused(409, "status: run 6 is ...", "run_finished").run_ended == "ended"
+    assert (
+        Refused(409, "stream: run 6 rank 0 is already streamed by another sampler").run_ended
+        is None
+    )
+    assert Refused(400, "samples[0].ts: run 6 is succeeded?").run_ended is None
+    assert Refused(404, "run 6 is succeeded").run_ended is None
+
+
 class FixedProbe:
     label, estimated = "cpu", True
 

@@ -156,3 +156,20 @@ def test_the_sdk_sends_at_the_servers_cadence_unless_its_caller_set_one(served, 
     assert stored_seqs(run.run_id) == list(range(run.samples))  # the end still flushes all
     with costlab.track(exp.pk, "control", device="cpu", send_every_s=0.5, **HELD) as run:
         assert run.send_every_s == 0.5 and run._sender.every_s == 0.5
+
+
+def test_a_second_sampler_of_one_rank_in_a_process_is_refused_before_it_starts(served):
+    """`track(assign=True, run_key=K).start()` and then a callback given K used to stream the
+    same seqs twice; the second is refused at its start, naming the fix."""
+    exp = served["experiment"]
+    with costlab.track(exp.pk, "control", run_key="job-9", device="cpu") as first:
+        second = costlab.track(exp.pk, "control", run_key="job-9", device="cpu")
+        with pytest.raises(RuntimeError, match=r"already tracked in this process.*CostlabCallback"):
+            second.start()
+        first.log(tokens=3)
+    assert Run.objects.get(pk=first.run_id).status == "succeeded"
+
+
+def test_an_unknown_experiment_is_named_as_such(served):
+    with pytest.raises(costlab.Refused, match="there is no experiment 999999"):
+        costlab.track(999999, "a", device="cpu").start()

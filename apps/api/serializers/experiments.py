@@ -149,6 +149,11 @@ class ArmAssignmentSerializer(serializers.Serializer):
     strategy = serializers.DictField(
         help_text="The strategy parsed by gpu_runtime's schema, every default filled in."
     )
+    declared = serializers.DictField(
+        help_text="Only the keys the arm's YAML sets (normalised by the schema): what a trainer "
+        "elsewhere applies; the rest is the schema's default, which the script's own settings "
+        "override (costlab.to_trainer_args)."
+    )
     sticky = serializers.BooleanField(
         help_text="True when the key was assigned before (or already ran) and gets the same arm "
         "again; false for a fresh assignment."

@@ -3,12 +3,14 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from apps.api.serializers.fields import TagsField, TenantPrimaryKeyField
+from apps.api.serializers.params import MetricSummarySerializer
 from apps.experiments.models import Arm, Experiment, Run, RunAttempt
 from apps.experiments.runs import run_artifacts_listed
 from apps.experiments.selectors import queue_places, runs_outliers
 from apps.pricing.bill import breakdown_shown, carbon_shown
 from apps.pricing.models import GpuSku, PricingTable
 from apps.telemetry.evaluations import run_evaluation_summary
+from apps.telemetry.metrics import run_metric_summary
 from apps.telemetry.models import RunRepricing
 
 HEX = r"^[0-9a-fA-F]*$"
@@ -232,6 +234,17 @@ class RunDetailSerializer(RunSerializer):
         "seconds they took (billed with the run, reported apart: eval_s), the last value with "
         "its step and trained tokens; null when the run evaluated nothing."
     )
+    params = serializers.JSONField(
+        read_only=True,
+        help_text="The parameters the training reported, by kind: {kind: {name: value}} "
+        "('hyperparameters': the trainer's arguments; e.g. 'model': its config); {} when none. "
+        "Compare two runs at runs/{id}/params/?against=<run id>.",
+    )
+    metrics = serializers.SerializerMethodField(
+        help_text="Training metrics per name (loss, grad_norm, learning_rate, eval_* ...): "
+        "count, first_step, step and last (the value at the highest step); {} when none. The "
+        "series: runs/{id}/metrics/?name=<name>."
+    )
 
     class Meta(RunSerializer.Meta):
         fields = [
@@ -240,12 +253,18 @@ class RunDetailSerializer(RunSerializer):
             "config_history",
             "attempt_log",
             "evaluations",
+            "params",
+            "metrics",
         ]
         read_only_fields = fields
 
     @extend_schema_field(serializers.DictField(allow_null=True))
     def get_evaluations(self, run: Run) -> dict | None:
         return run_evaluation_summary(run_id=run.pk)
+
+    @extend_schema_field(serializers.DictField(child=MetricSummarySerializer()))
+    def get_metrics(self, run: Run) -> dict:
+        return run_metric_summary(run_id=run.pk)
 
 
 class RunSubmitSerializer(serializers.Serializer):

@@ -8,6 +8,7 @@ from django_filters.rest_framework import DjangoFilterBackend
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status
 from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
 from rest_framework.filters import OrderingFilter
 from rest_framework.response import Response
 
@@ -24,6 +25,7 @@ from apps.api.serializers.experiments import (
     StrategyCheckResultSerializer,
     StrategyCheckSerializer,
 )
+from apps.api.serializers.params import ArmsParamsDiffSerializer, ArmsParamsQuerySerializer
 from apps.api.serializers.report import (
     ExperimentReportSerializer,
     FreezeEventSerializer,
@@ -41,6 +43,7 @@ from apps.core.exceptions import ApplicationError
 from apps.experiments import services
 from apps.experiments.assignment import arm_assign
 from apps.experiments.models import Arm, Experiment
+from apps.experiments.params import arm_find, arm_params, params_diff
 from apps.experiments.selectors import arm_list, experiment_list
 
 
@@ -115,6 +118,36 @@ class ExperimentViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tenant
         body.is_valid(raise_exception=True)
         assignment = arm_assign(experiment=experiment, **body.validated_data)
         return Response(ArmAssignmentSerializer(assignment).data)
+
+    @extend_schema(parameters=[ArmsParamsQuerySerializer], responses=ArmsParamsDiffSerializer)
+    @action(detail=True, methods=["get"], url_path="params-diff", url_name="params_diff")
+    def params_diff(self, request, pk=None):
+        """Two arms' hyperparameters compared: each arm's are the flattened keys on which all its
+        newest succeeded runs that reported params agree; the answer lists the keys whose values
+        differ and those only one arm has (this: arm a, other: arm b). 400 naming `a` or `b` for
+        an arm the experiment does not have."""
+        experiment = self.get_object()
+        query = ArmsParamsQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        arms = {}
+        for side in ("a", "b"):
+            ref = query.validated_data[side]
+            arm = arm_find(Arm.objects.filter(experiment=experiment), ref)
+            if arm is None:
+                raise ValidationError(
+                    {side: [f"no arm named (or with the id) {ref!r} in experiment {experiment.pk}"]}
+                )
+            arms[side] = {"id": arm.pk, "name": arm.name, **arm_params(arm)}
+        diff = params_diff(arms["a"]["params"], arms["b"]["params"])
+        differ = {d["key"] for d in diff}
+        return Response(
+            {
+                "experiment": experiment.pk,
+                **arms,
+                "diff": diff,
+                "same": len(set(arms["a"]["params"]) - differ),
+            }
+        )
 
     @extend_schema(request=RunsCancelRequestSerializer, responses=RunsCancelledSerializer)
     @action(detail=True, methods=["post"], url_path="cancel-runs", url_name="cancel_runs")

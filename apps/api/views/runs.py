@@ -14,6 +14,12 @@ from rest_framework.response import Response
 
 from apps.api.filters import RunFilter
 from apps.api.permissions import StaffOnly
+from apps.api.serializers.params import (
+    MetricQuerySerializer,
+    MetricSeriesSerializer,
+    ParamsQuerySerializer,
+    RunParamsSerializer,
+)
 from apps.api.serializers.runs import (
     RunAnnotateSerializer,
     RunArtifactQuerySerializer,
@@ -36,10 +42,12 @@ from apps.api.views.base import TenantViewSet
 from apps.billing.services import run_external_ingest, run_reprice
 from apps.experiments import services
 from apps.experiments.models import Run
+from apps.experiments.params import params_diff, params_flat
 from apps.experiments.runs import run_artifact_file
 from apps.experiments.selectors import run_list
 from apps.sweeps.selectors import run_sizing_report
 from apps.sweeps.services import run_sizing_start
+from apps.telemetry.metrics import run_metric_series
 from apps.telemetry.selectors import SERIES_UNITS, samples_downsampled
 
 
@@ -60,6 +68,11 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet
 
     def get_serializer_class(self):
         return RunDetailSerializer if self.action == "retrieve" else RunSerializer
+
+    def get_queryset(self):
+        runs = super().get_queryset()
+        # A list shows no params (up to 256 KiB a run): not read for it.
+        return runs.defer("params") if self.action == "list" else runs
 
     @extend_schema(
         parameters=[RunArtifactQuerySerializer],
@@ -86,6 +99,48 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet
             as_attachment=True,
             filename=path.name,
             content_type="application/octet-stream",
+        )
+
+    @extend_schema(parameters=[MetricQuerySerializer], responses=MetricSeriesSerializer)
+    @action(detail=True, methods=["get"])
+    def metrics(self, request, pk=None):
+        """A training metric's series by step (`name`: one of the run's `metrics`), at most
+        `points` points: a longer series is bucketed by step in SQL, each bucket's last step with
+        the mean of its values, and their min and max. 404 for a name the run has no value of."""
+        run_id = self.get_object_pk()
+        query = MetricQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        name, points = query.validated_data["name"], query.validated_data["points"]
+        series = run_metric_series(run_id=run_id, names=[name], points=points).get(name)
+        if series is None:
+            raise exceptions.NotFound(f"name: run {run_id} has no metric named {name!r}")
+        return Response({"run": run_id, **series.as_json()})
+
+    @extend_schema(parameters=[ParamsQuerySerializer], responses=RunParamsSerializer)
+    @action(detail=True, methods=["get"])
+    def params(self, request, pk=None):
+        """The parameters the training reported, as sent (by kind) and flattened to dotted keys;
+        with `against` (another run of the team), the keys whose values differ and those only one
+        of the two has. 404 when that run is not the team's."""
+        run_id = self.get_object_pk()
+        query = ParamsQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        against = query.validated_data.get("against")
+        ids = [run_id] if against is None else [run_id, against]
+        found = dict(self.get_queryset().filter(pk__in=ids).values_list("pk", "params"))
+        if against is not None and against not in found:
+            raise exceptions.NotFound(f"against: no run {against} among the team's runs")
+        flat = params_flat(found[run_id])
+        diff = None if against is None else params_diff(flat, params_flat(found[against]))
+        return Response(
+            {
+                "run": run_id,
+                "params": found[run_id],
+                "flat": flat,
+                "against": against,
+                "diff": diff,
+                "same": None if diff is None else len(set(flat) - {d["key"] for d in diff}),
+            }
         )
 
     @extend_schema(request=RunAnnotateSerializer, responses=RunSerializer)

@@ -436,6 +436,39 @@
       hovertemplate: "%{y}: %{x:.4g} USD<extra></extra>" }], small("Energy vs device-hours and the rest"), PLOT_CONFIG);
   }
 
+  // ---------------------------------------------------------------- a run's training metrics
+  // One small chart per metric, by step (#dashboard-data's metrics: downsampled by the server; a
+  // bucketed series draws its min-max band under the mean).
+  function drawMetrics(metrics) {
+    var els = document.querySelectorAll('.chart[data-kind="metric"]');
+    Array.prototype.forEach.call(els, function (el) {
+      var s = metrics.series[el.dataset.metric];
+      if (s) { whenDrawn(el, function (chart) { drawMetric(chart, s); }); }
+    });
+  }
+
+  function drawMetric(el, s) {
+    var color = "#1f6fb4", traces = [];
+    if (s.min && s.max) {
+      traces.push({ x: s.step, y: s.min, type: "scatter", mode: "lines", line: { width: 0, color: color },
+        hoverinfo: "skip", showlegend: false });
+      traces.push({ x: s.step, y: s.max, type: "scatter", mode: "lines", line: { width: 0, color: color },
+        fill: "tonexty", fillcolor: rgba(color, 0.15), hoverinfo: "skip", showlegend: false });
+    }
+    var name = plain(s.name);
+    traces.push({ x: s.step, y: s.value, type: "scatter", mode: s.step.length > 1 ? "lines" : "markers",
+      line: { width: 1.6, color: color }, name: name, showlegend: false,
+      hovertemplate: name + " %{y:.4g} at step %{x}<extra></extra>" });
+    var last = s.value.length ? s.value[s.value.length - 1] : null;
+    var title = name + (last === null ? "" : " · last " + Number(last).toPrecision(4));
+    Plotly.newPlot(el, traces, layout(name, {
+      height: 240, margin: { l: 56, r: 12, t: 30, b: 36 },
+      title: { text: title, font: { size: 13 }, x: 0.01 },
+      xaxis: { type: "linear", title: { text: "step", standoff: 4 }, rangemode: "tozero" },
+      yaxis: { title: { text: "" }, rangemode: "normal", automargin: true }
+    }), PLOT_CONFIG);
+  }
+
   // ---------------------------------------------------------------- live polling
   var cursor = cfg.cursor;
   var attributionVersion = cfg.attribution ? cfg.attribution.version : "";
@@ -522,6 +555,7 @@
   drawTelemetry();
   if (cfg.attribution) { drawAttribution(cfg.attribution); }
   if (cfg.cost) { drawCost(cfg.cost); }
+  if (cfg.metrics) { drawMetrics(cfg.metrics); }
   if (root.dataset.liveUrl) {
     timer = window.setInterval(poll, cfg.poll_ms || 1000);
     poll();

@@ -38,9 +38,12 @@ def test_a_run_key_gets_one_arm_for_good(api, experiment):
         "arm": {"id": arm.pk, "name": arm.name, "is_control": arm.is_control},
         "strategy_yaml": arm.strategy_yaml,
         "strategy": load_strategy(arm.strategy_yaml).model_dump(mode="json"),
+        # only what the YAML sets: a trainer elsewhere applies these, not the schema's defaults
+        "declared": load_strategy(arm.strategy_yaml).model_dump(mode="json", exclude_unset=True),
         "sticky": False,
     }
     assert body["strategy"]["train"]["steps"] in (5, 7)  # parsed, defaults filled in
+    assert "lr" in body["strategy"]["train"] and "lr" not in body["declared"]["train"]
     again = assign(api, experiment, "job-7").json()
     assert (again["arm"]["id"], again["sticky"]) == (arm.pk, True)
     # New weights move new keys, never a key already assigned.

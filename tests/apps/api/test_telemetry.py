@@ -283,3 +283,24 @@ def test_rows_of_several_attempts_are_looked_up_over_the_whole_span(api, experim
     run.refresh_from_db()
     assert run.samples_attempt == 0
     assert any("LATERAL" in s for s in post(range(15, 20), attempt=2))
+
+
+def test_a_second_sampler_of_one_rank_is_refused_and_the_first_keeps_streaming(api, external):
+    """Two samplers of one rank send the same seqs and the server keeps the first copy: the
+    assignment flow's idle sampler once kept 15 of a run's 16 samples at step 0. The first
+    stream of a rank holds it; another stream of that rank is refused whole, naming the fix."""
+    url = f"/api/v1/runs/{external.pk}/telemetry/"
+    first = [{**s, "stream": "a" * 32} for s in batch(0, 3)]
+    assert api.post(url, {"samples": first}, format="json").json()["inserted"] == 3
+    second = [{**s, "stream": "b" * 32} for s in batch(3, 2)]
+    refused = api.post(url, {"samples": second}, format="json")
+    assert refused.status_code == 409
+    assert error(refused)["code"] == "second_sampler"
+    assert "rank 0 is already streamed by another sampler" in error(refused)["message"]
+    assert "CostlabCallback(run=run)" in error(refused)["message"]
+    assert TelemetrySample.objects.filter(run=external).count() == 3
+    # the first goes on (a resent spool carries its stream too); samples naming none are taken
+    again = [{**s, "stream": "a" * 32} for s in batch(3, 2)]
+    assert api.post(url, {"samples": again}, format="json").json()["inserted"] == 2
+    assert api.post(url, {"samples": batch(5, 1)}, format="json").json()["inserted"] == 1
+    assert Run.objects.get(pk=external.pk).streams == {"0": "a" * 32}

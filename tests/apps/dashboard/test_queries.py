@@ -6,6 +6,7 @@ from django.utils import timezone
 
 from apps.attribution.services import arm_freeze, attribution_tick
 from apps.experiments.models import Run
+from apps.telemetry.models import RunMetric
 from tests.apps.dashboard.world import run_of, train
 from tests.factories import ArmFactory, ExperimentFactory
 
@@ -22,8 +23,9 @@ LIST_QUERIES = 6  # + the latest snapshots (verdicts) and freeze events of every
 EXPERIMENT_QUERIES = 26
 LIVE_QUERIES = 11
 # the run, its samples, its attempts ..., its arm's outliers, its arm's colour, its kernel
-# diagnosis, its held-out evaluations
-RUN_QUERIES = 9
+# diagnosis, its held-out evaluations; its training metrics: their summary, the series sent whole
+# and those bucketed (three, however many metrics)
+RUN_QUERIES = 12
 PRICING_QUERIES = 5
 
 
@@ -39,7 +41,12 @@ def grow(w, *, experiments: int, arms: int, runs_per_arm: int):
     for arm in (w.control, w.candidate):
         for _ in range(runs_per_arm):
             train(run_of(arm), n=5, eval_loss=3.0)  # each sample evaluated: the quality chart's
-    train(run_of(w.candidate, status=Run.Status.RUNNING), n=5)
+    running = train(run_of(w.candidate, status=Run.Status.RUNNING), n=5)
+    RunMetric.objects.bulk_create(  # ten metrics, one bucketed on the page (over 400 values)
+        RunMetric(run=running, seq=seq, ts=timezone.now(), step=seq, name=name, value=1.0)
+        for name, values in [("loss", 450), *((f"m{i}", 3) for i in range(9))]
+        for seq in range(values)
+    )
     attribution_tick(now=timezone.now())
     arm_freeze(arm_id=w.candidate.pk, reason="test", evidence={})
 

@@ -8,14 +8,19 @@ from apps.telemetry.models import TelemetrySample
 from gpu_runtime.telemetry import SAMPLE_KEYS
 
 STORED_ONLY = {"id", "run", "attempt"}  # set by the platform, never sent
-SENT_ONLY = {"counter_reset"}  # an external sender's flag, checked at the door, never stored
+# An external sender's flag and its sampler's id (apps.telemetry.streams), checked at the door,
+# never stored on the row.
+SENT_ONLY = {"counter_reset", "stream"}
 # A held-out evaluation rides on a sample, and is stored apart (apps.telemetry.evaluations): the
 # runtime sends eval_loss and eval_s on the samples that carry one; quality only the SDK sends.
 EVALUATION = {"eval_loss", "eval_s", "quality"}
+# Training metrics and parameters ride on a sample too, stored apart (apps.telemetry.metrics,
+# Run.params); only the SDK sends them.
+TRAINING = {"metrics", "metrics_step", "params"}
 
 
 def test_the_ingest_schema_takes_exactly_the_runtimes_sample():
-    assert set(SampleIn.__annotations__) - SENT_ONLY - EVALUATION == set(SAMPLE_KEYS)
+    assert set(SampleIn.__annotations__) - SENT_ONLY - EVALUATION - TRAINING == set(SAMPLE_KEYS)
 
 
 def test_an_evaluation_is_stored_from_the_keys_the_ingest_takes():
