@@ -20,8 +20,15 @@ measured directly: `log()` per call (a tight loop), the sampler's CPU per sample
 CPU per batch (each timed alone), summed per second of training into `direct_overhead_fraction`
 (as if every background CPU second came out of the training's own; an upper bound).
 
-`--smoke`: 2 rounds of 0.6 s per arm, 0.2 s sampling: the same code path and JSON keys in
-seconds, to check that the benchmark runs (tests/sdk); its figures mean nothing.
+An unreachable site must not hold the run up either (issue 49: it added 40 s, a 10-s wait at the
+start and 30 s at the end): `--site-down-seconds` (7) rounds of the same loop run plain and inside
+`costlab.track` against a port nothing listens on, interleaved, each timed from before the start
+to after the end (the samples go to a temporary spool). Headline `site_down_added_s`: the median
+wall seconds added, with its spread. Target: under 1 s.
+
+`--smoke`: 2 rounds of 0.6 s per arm, 0.2 s sampling (site down: 2 rounds of 0.3 s): the same
+code path and JSON keys in seconds, to check that the benchmark runs (tests/sdk); its figures
+mean nothing.
 """
 
 from __future__ import annotations
@@ -30,8 +37,10 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -43,6 +52,7 @@ from bench._setup import spread  # noqa: E402
 
 WARMUP_STEPS = 5
 TARGET_RATIO = 1.01
+TARGET_SITE_DOWN_ADDED_S = 1.0
 
 
 class Stub(BaseHTTPRequestHandler):
@@ -179,6 +189,50 @@ def direct_costs(url: str, n: int) -> dict:
     return {"log_s": log_s, "sample_cpu_s": sample_cpu_s, "batch_cpu_s": batch_cpu_s}
 
 
+def closed_port() -> int:
+    """A local port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def site_down_rounds(step, *, seconds: float, rounds: int) -> list[float]:
+    """Wall seconds a run of `seconds` gains inside costlab.track when the site is unreachable,
+    per round; the two arms interleaved, alternating which goes first."""
+    import costlab
+
+    def loop(run=None) -> None:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            loss = step()
+            if run is not None:
+                run.log(tokens=1, loss=loss)
+
+    added = []
+    with tempfile.TemporaryDirectory(prefix="costlab-bench-spool-") as spool:
+        for r in range(rounds):
+            wall = {}
+            for arm in ("plain", "down") if r % 2 == 0 else ("down", "plain"):
+                t0 = time.perf_counter()
+                if arm == "plain":
+                    loop()
+                else:
+                    with costlab.track(
+                        1,
+                        "bench",
+                        url=f"http://127.0.0.1:{closed_port()}",
+                        token="bench",
+                        device="cpu",
+                        spool_dir=spool,
+                        interval_s=0.5,
+                    ) as run:
+                        loop(run)
+                wall[arm] = time.perf_counter() - t0
+            added.append(wall["down"] - wall["plain"])
+            print(f"site down, round {r + 1}/{rounds}: +{added[-1]:.3f} s", file=sys.stderr)
+    return added
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
@@ -190,6 +244,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=None, help="per arm and round")
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--site-down-seconds", type=float, default=7.0)
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve is not None:
@@ -238,6 +293,11 @@ def main() -> int:
                 flush=True,
             )
         direct = direct_costs(url, 5 if args.smoke else 50)
+        down = site_down_rounds(
+            step,
+            seconds=0.3 if args.smoke else args.site_down_seconds,
+            rounds=2 if args.smoke else 3,
+        )
     finally:
         stub.kill()
         stub.wait()
@@ -261,6 +321,10 @@ def main() -> int:
         "interval_s": interval_s,
         "rounds": rounds,
         "seconds_per_arm": seconds,
+        "site_down_added_s": statistics.median(down),
+        "site_down_spread": spread(down, ("median", "min", "max", "rounds")),
+        "site_down_run_s": 0.3 if args.smoke else args.site_down_seconds,
+        "site_down_met": statistics.median(down) < TARGET_SITE_DOWN_ADDED_S,
         "threads": torch.get_num_threads(),
         "cpus": len(os.sched_getaffinity(0))
         if hasattr(os, "sched_getaffinity")
@@ -281,6 +345,11 @@ def main() -> int:
     print(f"  sampler CPU / sample  {figures['sample_cpu_us']:10.1f} us")
     print(f"  sender CPU / batch    {figures['batch_cpu_ms']:10.3f} ms")
     print(f"  direct overhead       {direct_fraction * 100:10.3f} %   (upper bound)")
+    print(
+        f"  site down             {figures['site_down_added_s']:+10.3f} s   a run of "
+        f"{figures['site_down_run_s']:g} s (spread {min(down):+.3f} to {max(down):+.3f}; "
+        f"target under {TARGET_SITE_DOWN_ADDED_S:g} s)"
+    )
     if args.json:
         print(json.dumps(figures))
     return 0

@@ -162,7 +162,10 @@ BENCHES = [
         "runtime_overhead",
         ("overhead_ratio", "sampler_cpu_s_per_sample", "direct_overhead_fraction"),
     ),
-    Bench("sdk_overhead", ("ratio", "overhead_pct", "direct_overhead_fraction", "log_us")),
+    Bench(
+        "sdk_overhead",
+        ("ratio", "overhead_pct", "direct_overhead_fraction", "log_us", "site_down_added_s"),
+    ),
     Bench(
         "soak",
         ("crashes", "restarts", "runs_submitted", "runs_succeeded", "runs_stuck", "double_billed"),
