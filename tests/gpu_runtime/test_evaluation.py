@@ -128,9 +128,10 @@ def test_evaluation_time_is_reported_apart_and_never_counted_as_step_time(tiny_c
     assert [s["step"] for s in evals] == [1, 2, 3] and result.eval_s >= 3 * pause
     assert all(s["eval_s"] >= pause for s in evals)
     for before, s in zip(evals, evals[1:], strict=False):
-        # one step between two evaluations: its time and tokens/s leave the evaluation out
-        assert s["step_time_s"] < pause / 2, s
-        assert s["tokens_per_s"] > 2 * (s["tokens"] - before["tokens"]) / pause, s
+        # one step between two evaluations: its time and tokens/s leave the evaluation out (with
+        # it counted, the step would take the pause and more; a loaded machine's step is slow)
+        assert s["step_time_s"] < pause, s
+        assert s["tokens_per_s"] > (s["tokens"] - before["tokens"]) / pause, s
 
 
 @pytest.mark.cuda
