@@ -36,7 +36,7 @@ class PriceSchedule:
         return self.prices[period] if period >= 0 else FREE
 
     def at(self, ts: datetime) -> Prices:
-        """The prices in force at ts (the `prices_at` of the tests' cost_engine.price_samples)."""
+        """The prices in force at ts (the `prices_at` of tests.pricing_reference.price_samples)."""
         return self.period_prices(bisect.bisect_right(self.starts, ts) - 1)
 
     @property

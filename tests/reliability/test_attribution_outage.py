@@ -13,6 +13,7 @@ from apps.experiments.models import Run
 from apps.pricing import cost_engine
 from apps.pricing.selectors import price_schedule
 from apps.telemetry.models import TelemetrySample
+from tests import pricing_reference
 from tests.apps.attribution.lab import T0, priced_tenant
 from tests.factories import ArmFactory, ExperimentFactory, RunFactory
 
@@ -85,7 +86,7 @@ def test_a_beat_outage_loses_nothing_and_counts_nothing_twice():
     weights = cost_engine.Weights.from_cost_model(exp.cost_model)
     for run in Run.objects.filter(pk__in=[r.pk for r in runs]):
         rows = list(TelemetrySample.objects.filter(run=run).order_by("seq").values())
-        usage, cost = cost_engine.price_samples(
+        usage, cost = pricing_reference.price_samples(
             rows,
             prices_at=price_schedule(tenant_id=run.tenant_id, gpu_sku_id=run.gpu_sku_id).at,
             weights=weights,

@@ -14,6 +14,7 @@ from apps.experiments.services import run_submit
 from apps.pricing import cost_engine
 from apps.pricing.selectors import price_schedule
 from apps.telemetry.models import TelemetrySample
+from tests import pricing_reference
 from tests.factories import ArmFactory, ExperimentFactory, GpuPriceFactory
 from tests.helpers import start_worker, stop_worker
 from tests.workers.test_runs_on_a_worker import wait_for
@@ -35,7 +36,7 @@ def recompute(run):
     weights = cost_engine.Weights.from_cost_model(run.experiment.cost_model)
     usage, cost = cost_engine.Usage.zero(), cost_engine.CostBreakdown.zero()
     for _, group in itertools.groupby(rows, key=lambda r: r["attempt"]):
-        u, c = cost_engine.price_samples(
+        u, c = pricing_reference.price_samples(
             list(group), prices_at=prices_at, weights=weights, gpu_count=0, vcpus=run.vcpus
         )
         usage, cost = usage + u, cost + c

@@ -1,6 +1,6 @@
 """Strategy-search probes are priced by the bill runs are priced by (issue 24: probes went
-through cost_engine.price_samples, which prices a whole interval at the table in force when it
-closed and models no board power)."""
+through what is now tests.pricing_reference.price_samples, which prices a whole interval at the
+table in force when it closed and models no board power)."""
 
 from datetime import timedelta
 from decimal import Decimal

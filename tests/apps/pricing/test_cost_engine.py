@@ -19,12 +19,11 @@ from apps.pricing.cost_engine import (
     Usage,
     Weights,
     cost_per_million_tokens,
-    price_samples,
     project,
     resource_weighted_cost,
     tiered_cost,
-    usage_between,
 )
+from tests.pricing_reference import price_samples, usage_between
 
 # 3.00 USD per GPU-hour, 0.15 USD/kWh, PUE 1.2, 0.04 USD per vCPU-hour, 0.005 USD per GB-hour.
 PRICES = Prices(

@@ -13,6 +13,7 @@ from apps.experiments.models import Run
 from apps.pricing import cost_engine
 from apps.pricing.selectors import price_schedule
 from apps.telemetry.models import TelemetrySample
+from tests import pricing_reference
 from tests.factories import ArmFactory, GpuPriceFactory, PricingTableFactory, RunFactory
 
 pytestmark = pytest.mark.django_db
@@ -58,7 +59,7 @@ def full_recompute(run):
     rows = list(TelemetrySample.objects.filter(run=run).order_by("seq").values())
     prices_at = price_schedule(tenant_id=run.tenant_id, gpu_sku_id=run.gpu_sku_id).at
     weights = cost_engine.Weights.from_cost_model(run.experiment.cost_model)
-    return cost_engine.price_samples(rows, prices_at=prices_at, weights=weights, gpu_count=1)
+    return pricing_reference.price_samples(rows, prices_at=prices_at, weights=weights, gpu_count=1)
 
 
 def test_a_batch_sent_twice_is_stored_once(gpu_run):
