@@ -101,7 +101,11 @@ def parser() -> argparse.ArgumentParser:
         help="External runs: host memory held (priced per GB-hour).",
     )
     s.add_argument(
-        "--poll", type=float, default=5.0, metavar="S", help="Seconds between status checks (5)."
+        "--poll",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="Seconds between status checks, at most (5; the first after 0.5 s, doubling).",
     )
     s.add_argument(
         "--timeout",

@@ -147,6 +147,7 @@ def wait_for(api: Api, run_id: int, *, poll_s: float, timeout_s: float) -> int:
     CliError (2) when it outlives the timeout."""
     deadline = time.monotonic() + timeout_s
     said = None
+    wait_s = min(poll_s, 0.5)  # a short run answers in seconds: the checks slow down to poll_s
     while True:
         run = api.get(f"runs/{run_id}/")
         if run["status"] in TERMINAL:
@@ -160,7 +161,8 @@ def wait_for(api: Api, run_id: int, *, poll_s: float, timeout_s: float) -> int:
         if line != said:  # a line only when something changed
             print(line, file=sys.stderr, flush=True)
             said = line
-        time.sleep(poll_s)
+        time.sleep(max(0.0, min(wait_s, deadline - time.monotonic())))
+        wait_s = min(poll_s, wait_s * 2)
 
 
 def progress(run: dict) -> str:
