@@ -1,5 +1,7 @@
 from django import forms
 from django.contrib import admin, messages
+from django.http import HttpResponseRedirect
+from django.urls import reverse
 from django.utils import timezone
 
 from apps.pricing.models import CostModel, GpuPrice, GpuSku, PricingTable
@@ -69,6 +71,9 @@ class PricingTableAdmin(admin.ModelAdmin):
         "tenant",
         "valid_from",
         "currency",
+        "gpu_prices_list",
+        "vcpu_hour_usd",
+        "memory_gb_hour_usd",
         "electricity_usd_per_kwh",
         "pue",
         "is_example",
@@ -80,6 +85,19 @@ class PricingTableAdmin(admin.ModelAdmin):
     list_select_related = ["tenant"]
 
     readonly_fields = ["supersedes"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).prefetch_related("gpu_prices__sku")
+
+    @admin.display(description="GPU per hour")
+    def gpu_prices_list(self, obj) -> str:
+        """Every GPU price of the table, one line (prefetched: one query for the page)."""
+        prices = sorted(obj.gpu_prices.all(), key=lambda p: p.sku.name)
+        if not prices:
+            return "none"
+        return ", ".join(
+            f"{p.sku.name} {'free' if not p.hourly_usd else f'{p.hourly_usd:g}'}" for p in prices
+        )
 
     def get_form(self, request, obj=None, **kwargs):
         form = super().get_form(request, obj, **kwargs)
@@ -128,12 +146,27 @@ class PricingTableAdmin(admin.ModelAdmin):
             version = pricing_table_version_split(
                 table=form.instance, stored=stored, stored_rates=rates
             )
-            messages.info(
-                request,
-                f"Prices in force are never edited: saved as a new version, '{version}' (id "
-                f"{version.pk}), from {version.valid_from:%Y-%m-%d %H:%M:%S} UTC. This table "
-                "keeps its prices for the time before.",
-            )
+            request._pricing_version = version  # said once, by response_change
+
+    def response_change(self, request, obj):
+        """After a price edit of a table in force: one message (the new version, and why), and
+        on to that version; not Django's "was changed successfully" of a table that kept its
+        prices."""
+        version = getattr(request, "_pricing_version", None)
+        if version is None:
+            return super().response_change(request, obj)
+        self.message_user(
+            request,
+            f"Saved as a new version, '{version}' (id {version.pk}), in force from "
+            f"{version.valid_from:%Y-%m-%d %H:%M:%S} UTC: prices in force are never edited, so "
+            f"'{obj}' keeps its prices for the time before and nothing priced with it moves.",
+            messages.SUCCESS,
+        )
+        if "_continue" in request.POST:
+            target = reverse("admin:pricing_pricingtable_change", args=[version.pk])
+        else:
+            target = reverse("admin:pricing_pricingtable_changelist")
+        return HttpResponseRedirect(target)
 
 
 @admin.register(CostModel)

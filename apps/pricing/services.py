@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 
 from django.db import transaction
@@ -141,7 +142,8 @@ def pricing_table_update(
 
     Prices in force are immutable, so nothing priced with them ever moves: a price edit of a
     table already in force makes a new version from now (`supersedes` = the table; names and
-    notes as edited), and the table keeps its prices for the time before. Windows, bills and
+    notes as edited, else a name of its own and no example flag: _version_identity), and the
+    table keeps its prices for the time before. Windows, bills and
     comparisons refer to the version they priced with. A table not yet in force, or an edit of
     names and notes only, is edited in place. A superseded table is not edited again (409).
     """
@@ -167,6 +169,7 @@ def pricing_table_update(
         values = {name: getattr(stored, name) for name in PRICING_TABLE_FIELDS} | fields
         version = PricingTable(tenant_id=stored.tenant_id, supersedes=stored, **values)
         version.valid_from = now
+        _version_identity(version, stored)
         return _version_save(version, gpu_prices=gpu_prices, rates=gpu_rates(stored))
     for name, value in fields.items():
         setattr(table, name, value)
@@ -192,6 +195,22 @@ def _version_save(
     return version
 
 
+def _version_identity(version: PricingTable, stored: PricingTable) -> None:
+    """A new version's name and example flag, where the edit left the old table's: a name of its
+    own (the old one's, numbered: 'AWS us-east v2'; 'Example prices' becomes 'Prices v2') and
+    no example flag, since prices someone edited are theirs, not the seeded example's."""
+    if version.name == stored.name:
+        base = re.sub(r"\s+v\d+$", "", stored.name)
+        if stored.is_example and base.lower().startswith("example "):
+            base = base[len("example ") :].capitalize()
+        number, older = 2, stored.supersedes
+        while older is not None:
+            number, older = number + 1, older.supersedes
+        version.name = f"{base} v{number}"[: PricingTable._meta.get_field("name").max_length]
+    if stored.is_example and version.is_example:
+        version.is_example = False
+
+
 def pricing_table_version_split(
     *, table: PricingTable, stored: PricingTable, stored_rates: dict[int, Decimal]
 ) -> PricingTable:
@@ -203,6 +222,7 @@ def pricing_table_version_split(
     edited_rates = gpu_rates(version)
     version.pk = version.id = None
     version.supersedes_id, version.valid_from = stored.pk, timezone.now()
+    _version_identity(version, stored)
     for name in PRICING_TABLE_FIELDS:
         setattr(table, name, getattr(stored, name))
     table.save()

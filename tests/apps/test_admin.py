@@ -270,10 +270,20 @@ def test_a_price_edit_of_a_table_in_force_keeps_the_old_prices_for_the_time_befo
             "gpu_prices-0-hourly_usd": "6.00",
         },
     )
+    PricingTable.objects.filter(pk=table.pk).update(is_example=True, name="Example prices")
+    edit |= {"name": "Example prices", "is_example": "on"}
     response = staff_client.post(url, edit, follow=True)
-    assert "saved as a new version" in response.content.decode()
+    said = [str(m) for m in response.context["messages"]]
+    # one message, the version's; not also Django's "was changed successfully" of the old table
+    assert len(said) == 1 and said[0].startswith("Saved as a new version, 'Prices v2"), said
     table.refresh_from_db()
     version = PricingTable.objects.filter(tenant=tenant).exclude(pk=table.pk).get()
+    # the edit is the user's prices: a name of its own and no example flag (the old one keeps both)
+    assert (version.name, version.is_example) == ("Prices v2", False)
+    assert (table.name, table.is_example) == ("Example prices", True)
+    listed = staff_client.get(reverse("admin:pricing_pricingtable_changelist")).content.decode()
+    assert f"{sku.name} 6" in listed and f"{sku.name} 3.1" in listed  # every price in the list
+    assert "0.04" in listed and "0.005" in listed
     # The table edited keeps its start and prices: what was priced with it never moves.
     assert table.valid_from.isoformat().startswith("2026-07-01")
     assert table.gpu_prices.get().hourly_usd == Decimal("3.10")
