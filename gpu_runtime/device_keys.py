@@ -123,12 +123,20 @@ def _resolve_micro_batch_ceiling(
         why = "the profile has no throughput-by-rows curve: the global batch bounds it"
     else:
         rows, curve = found
-        ceiling = min(max(math.ceil(rows / seq_len), dyn.min_micro_batch), global_batch)
+        saturated = math.ceil(rows / seq_len)
+        ceiling = min(max(saturated, dyn.min_micro_batch), global_batch)
         why = (
             f"{curve} GEMMs reach 90% of their best throughput at {rows} rows "
-            f"({math.ceil(rows / seq_len)} sequences of {seq_len} tokens); a larger micro-batch "
-            "buys under 10% here"
+            f"({_sequences(saturated)} of {seq_len} tokens); a larger micro-batch buys under 10% "
+            "here"
             + (f" ({dtype} has no curve of its own)" if curve != dtype else "")
+            + (
+                f"; the global batch of {global_batch} bounds it"
+                if saturated > global_batch
+                else f"; min_micro_batch {dyn.min_micro_batch} is the floor"
+                if saturated < dyn.min_micro_batch
+                else ""
+            )
         )
     config = _with_ceiling(config, max(ceiling, dyn.min_micro_batch))
     report = {
@@ -139,6 +147,10 @@ def _resolve_micro_batch_ceiling(
         "why": why,
     }
     return config, report
+
+
+def _sequences(n: int) -> str:
+    return f"{n} sequence" if n == 1 else f"{n} sequences"
 
 
 def _with_ceiling(config: StrategyConfig, ceiling: int) -> StrategyConfig:

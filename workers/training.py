@@ -25,6 +25,8 @@ from apps.core.leases import lease_owner_id
 from apps.core.notify import ARM_REVISIONS, RUN_CANCELS, listen
 from apps.core.queues import CeleryQueue
 from apps.experiments import runs
+from gpu_runtime.capability import resolve_device
+from gpu_runtime.device_keys import resolve_device_keys
 from gpu_runtime.live import live_changes
 from gpu_runtime.profile import DeviceProfile
 from gpu_runtime.runtime import stop_on_sigterm
@@ -165,21 +167,32 @@ def _device_for(queue: str, world_size: int = 1) -> tuple[str, str | None, int]:
     return "cpu", None, 0
 
 
-def _compute_dtype(config_yaml: str, measurement) -> str:
-    """The dtype the run computes in: the strategy's, or what `auto` resolves to on the measured
-    device (gpu_runtime resolves it from the same profile); "" when auto meets no profile (the
-    runtime measures the device itself)."""
-    from gpu_runtime.profile import best_dtype
-
+def _device_keys(config_yaml: str, device: str, profile) -> tuple[str, dict]:
+    """The dtype the run computes in, and what each `auto` key of its strategy becomes on this
+    device and why ({key: {requested, resolved, why}}): gpu_runtime's own resolution, on the
+    profile the runtime is handed (or the one it would measure, kept for it), so the two agree.
+    ("", {}) when the strategy no longer validates: refused again where it trains, with the
+    reason."""
     try:
-        dtype = gpu_runtime.load_strategy(config_yaml).precision.compute_dtype
+        config = gpu_runtime.load_strategy(config_yaml)
     except gpu_runtime.StrategyError:
-        return ""  # refused again where it trains, with the reason
-    if dtype != "auto":
-        return dtype
-    if measurement is None:
-        return ""
-    return best_dtype(DeviceProfile.from_dict(measurement.profile))
+        return "", {}
+    try:
+        config, reports = resolve_device_keys(config, resolve_device(device), profile)
+    except Exception as exc:  # the device could not be measured: the runtime fails the run with it
+        logger.warning("device keys not resolved before training on %s: %s", device, exc)
+        dtype = config.precision.compute_dtype
+        return ("" if dtype == "auto" else dtype), {}
+    resolved = {
+        key: {name: report[name] for name in ("requested", "resolved", "why")}
+        for key, report in reports.items()
+    }
+    return config.precision.compute_dtype, resolved
+
+
+def _yaml_value(value) -> str:
+    """A resolved value as the strategy's YAML writes it (true/false, 8, bf16)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def run_execute(run_id: int) -> None:
@@ -254,6 +267,7 @@ def _run_execute(run_id: int, stopped: threading.Event):
     label = f"{device} {gpu_name}" if gpu_name else device
     measurement = run_profile(host=host, device=device, queue=run.queue)
     profile = None if measurement is None else DeviceProfile.from_dict(measurement.profile)
+    compute_dtype, resolved = _device_keys(run.config_yaml, device, profile)
     db_retry(
         runs.run_device_record,
         what=f"run {run_id}: device record",
@@ -270,8 +284,13 @@ def _run_execute(run_id: int, stopped: threading.Event):
         else torch.get_num_threads(),
         memory_gb=0.0,
         measurement=measurement,
-        compute_dtype=_compute_dtype(run.config_yaml, measurement),
+        compute_dtype=compute_dtype,
+        resolved=resolved,
     )
+    for key, choice in resolved.items():
+        logger.info(
+            "run %s: %s auto → %s: %s", run_id, key, _yaml_value(choice["resolved"]), choice["why"]
+        )
     if stopped.is_set():  # the worker is shutting down: the run goes back to the queue untouched
         _release(run.pk, owner, "worker stopped before the run started training")
         return None

@@ -169,7 +169,6 @@ def window_recompute(*, window: AttributionWindow) -> list[AttributionSnapshot]:
     if not stored:
         return []
     experiment = Experiment.objects.select_related("cost_model").get(pk=window.experiment_id)
-    policy = policy_for(experiment)
     # The table the window compared at, as it recorded it.
     table = window.pricing_table
     comparison = Comparison.of(
@@ -177,22 +176,91 @@ def window_recompute(*, window: AttributionWindow) -> list[AttributionSnapshot]:
         valid_from=table.valid_from if table else None,
         cost_model=experiment.cost_model,
     )
-    epochs = {pk: s.epoch_start for pk, s in stored.items()}
-    sums = observations_sums(
-        experiment_id=experiment.pk, upto_number=window.number, after_number=epochs
+    return _rebuild(window, stored, experiment, comparison)
+
+
+def window_without(
+    *,
+    window: AttributionWindow,
+    snapshots: list[AttributionSnapshot],
+    experiment: Experiment,
+    leave_out: dict[int, set[int]],
+) -> list[AttributionSnapshot]:
+    """The window's snapshots (as stored, with their arms) rebuilt with more runs left out
+    (`leave_out`: arm id -> run ids), unsaved: what the window would have said without them (the
+    dashboard's verdict without outlier runs). The tick's path: the window's sums as it stored
+    them, the run-level moments without those runs. One query (more where the window priced
+    usage at its table)."""
+    if not snapshots:
+        return []
+    first = snapshots[0]  # every snapshot of a window records the one table it compared at
+    comparison = Comparison.of(
+        table_id=first.pricing_table_id,
+        valid_from=first.pricing_valid_from,
+        cost_model=experiment.cost_model,
     )
+    return _rebuild(
+        window,
+        {s.arm_id: s for s in snapshots},
+        experiment,
+        comparison,
+        leave_out=leave_out,
+        sums={s.arm_id: snapshot_sums(s) for s in snapshots},
+    )
+
+
+def snapshot_sums(snapshot: AttributionSnapshot) -> ArmSums:
+    """The sums a snapshot was built from (snapshot_build's columns)."""
+    return ArmSums(
+        observations=snapshot.observations,
+        runs=snapshot.runs,
+        samples=snapshot.samples,
+        cost=snapshot.cost_usd,
+        tokens=snapshot.tokens,
+        steps=snapshot.steps,
+        gpu_seconds=snapshot.gpu_seconds,
+        wall_s=snapshot.wall_s,
+        energy_j=snapshot.energy_j,
+        estimated=snapshot.energy_estimated,
+        cost_sq=snapshot.cost_sq,
+        cost_tokens=snapshot.cost_tokens,
+        tokens_sq=snapshot.tokens_sq,
+        cost_steps=snapshot.cost_steps,
+        steps_sq=snapshot.steps_sq,
+        compared=snapshot.compared_usd,
+    )
+
+
+def _rebuild(
+    window: AttributionWindow,
+    stored: dict[int, AttributionSnapshot],
+    experiment: Experiment,
+    comparison: Comparison,
+    leave_out: dict[int, set[int]] | None = None,
+    sums: dict[int, ArmSums] | None = None,
+) -> list[AttributionSnapshot]:
+    """The window's snapshots from its observations (or from `sums`), `leave_out`'s runs left out
+    beside those the tick left out."""
+    policy = policy_for(experiment)
+    epochs = {pk: s.epoch_start for pk, s in stored.items()}
+    if sums is None:
+        sums = observations_sums(
+            experiment_id=experiment.pk, upto_number=window.number, after_number=epochs
+        )
     # the outlier runs the tick left out, as its snapshots recorded them
     excluded = {
         pk: s.evidence["excluded_runs"]
         for pk, s in stored.items()
         if (s.evidence or {}).get("excluded_runs")
     }
+    left_out = {r["run"] for runs in excluded.values() for r in runs}
+    left_out |= {run for runs in (leave_out or {}).values() for run in runs}
     moments = run_moments(
         epochs=epochs,
         upto_number={pk: window.number for pk in stored},
         comparisons=dict.fromkeys(stored, comparison),
         repriced={pk for pk, s in stored.items() if (s.evidence or {}).get("priced_from_usage")},
-        exclude_runs={r["run"] for runs in excluded.values() for r in runs},
+        exclude_runs=left_out,
     )
     inputs = [
         ArmInput(
@@ -202,7 +270,7 @@ def window_recompute(*, window: AttributionWindow) -> list[AttributionSnapshot]:
             active=s.state == Arm.State.ACTIVE,
             weight=Decimal(s.weight),
             sums=sums.get(pk, ArmSums()).with_moments(
-                moments.get(pk), runs_excluded=pk in excluded
+                moments.get(pk), runs_excluded=pk in excluded or bool((leave_out or {}).get(pk))
             ),
             # the quality the tick weighed, as its snapshot recorded it
             quality=QualitySums.from_json(((s.evidence or {}).get("quality") or {}).get("sums")),

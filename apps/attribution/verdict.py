@@ -8,6 +8,7 @@ else (apps.attribution.decisions takes them from `evidence_shortfalls`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -159,9 +160,13 @@ def freeze_holds(
     minimums: Minimums,
     arm_name: str = "the arm",
     control_name: str = "the control",
+    bound_words: Callable[[float | None, float | None, float], str] | None = None,
 ) -> list[str]:
     """Why an arm whose deviation lies beyond the threshold is not frozen, in the freeze rule's
-    terms, shortest first; empty when it is frozen or within the threshold."""
+    terms, shortest first; empty when it is frozen or within the threshold.
+
+    `bound_words(low, high, threshold)`: how the bound that holds it back is said (low None: no
+    bound yet); the dashboard says it in words, the API and the CLI in signed percents."""
     if arm.is_control or arm.state == "frozen" or arm.deviation is None:
         return []
     if abs(arm.deviation) <= threshold:
@@ -177,7 +182,9 @@ def freeze_holds(
             by_side[key] = s
     for s in by_side.values():
         holds.append(f"{names[s.side]} has {s.has} of {s.needs} {s.what}")
-    if arm.deviation_low is None:
+    if bound_words is not None and (arm.deviation_low is None or arm.deviation_low <= threshold):
+        holds.append(bound_words(arm.deviation_low, arm.deviation_high, threshold))
+    elif arm.deviation_low is None:
         holds.append("no always-valid bound yet (each arm needs 2 priced runs in a window)")
     elif arm.deviation_low <= threshold:
         holds.append(
@@ -193,16 +200,29 @@ class Said:
     not_frozen: list[str]  # freeze_holds: why a deviation beyond the threshold froze nothing
 
 
-def arms_verdicts(arms: list, *, threshold: float, minimums: Minimums) -> dict[int, Said]:
+def arms_verdicts(
+    arms: list,
+    *,
+    threshold: float,
+    minimums: Minimums,
+    bound_words: Callable[[float | None, float | None, float], str] | None = None,
+) -> dict[int, Said]:
     """Per arm id (arms: Compared with an arm_id and a name, the control among them), its verdict
-    and why it is not frozen: what the API's report, the experiment page and the list say."""
+    and why it is not frozen: what the API's report, the experiment page and the list say
+    (`bound_words`: freeze_holds')."""
     control = next((a for a in arms if a.is_control), None)
     rule = {"control": control, "threshold": threshold, "minimums": minimums}
     control_name = f"'{control.name}'" if control is not None else "the control"
     return {
         a.arm_id: Said(
             arm_verdict(a, **rule),
-            freeze_holds(a, **rule, arm_name=f"'{a.name}'", control_name=control_name),
+            freeze_holds(
+                a,
+                **rule,
+                arm_name=f"'{a.name}'",
+                control_name=control_name,
+                bound_words=bound_words,
+            ),
         )
         for a in arms
     }

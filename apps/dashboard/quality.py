@@ -3,17 +3,17 @@ comparison's quality columns and their CSV.
 
 The quality verdict is attribution's (apps.attribution.quality): each arm's finished runs' final
 value of the experiment's metric against the control's, as a relative change signed so that a
-positive change is worse, with its always-valid bound. It is said the way the card says cost: a
-size and a word ("4.9 % worse", as "18 % cheaper"), a bound on one side of zero as sizes
-("4.1–5.7 %"), one that spans zero signed ("−0.4 % to +0.6 %"): + is worse as + is dearer.
-Quality that was not measured is said, never left out nor taken as equal.
+positive change is worse, with its always-valid interval. It is said as the card says cost, by
+dashboard_format.difference: a size and a word ("4.9 % worse", as "18 % cheaper") and the
+interval in the same words ("95 % sure it is 4.1–5.7 % worse", "... between 0.4 % better and 0.6 %
+worse"). Quality that was not measured is said, never left out nor taken as equal.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from apps.dashboard.templatetags.dashboard_format import percent, percent_range, significant
+from apps.dashboard.templatetags.dashboard_format import confidence, difference, significant
 
 EVAL_LOSS = "eval_loss"
 
@@ -25,7 +25,7 @@ class QualitySaid:
     verdict: str  # apps.attribution.quality.QUALITY_VERDICTS
     what: str  # "held-out loss", "held-out accuracy"
     amount: str  # "4.9 % worse", "3.2 % better" ("" without a change)
-    bound: str  # "always-valid bound 4.1–5.7 %, beyond the 1 % margin" ("" without one)
+    bound: str  # "95 % sure it is 4.1–5.7 % worse, beyond the 1 % margin" ("" without one)
     text: str  # the whole clause: "held-out loss within 1 % of the control's (...)"
 
 
@@ -34,17 +34,16 @@ def metric_words(metric: str) -> str:
     return "held-out loss" if metric == EVAL_LOSS else f"held-out {metric}"
 
 
-def _amount(change: float | None) -> str:
-    if change is None:
-        return ""
-    if abs(change) < 0.0005:
-        return "as good"
-    return f"{percent(change)} {'worse' if change > 0 else 'better'}"
+# Notes recorded in windows' evidence (kept as stored: a recompute reproduces them), said plainly.
+PLAIN_NOTES = {
+    "the always-valid bound still spans the margin": "the interval still spans the margin",
+}
 
 
-def quality_said(q: dict | None) -> QualitySaid:
+def quality_said(q: dict | None, *, sure: str | None = None) -> QualitySaid:
     """The card's quality clause of one arm (q: ArmReport.quality, or a snapshot's; None before the
-    window had a quality verdict)."""
+    window had a quality verdict). The interval is said at the confidence the window recorded
+    (its alpha), else at `sure` ("95 %")."""
     if not q:
         return QualitySaid(
             "not_measured",
@@ -55,13 +54,14 @@ def quality_said(q: dict | None) -> QualitySaid:
         )
     verdict, what = q["verdict"], metric_words(q.get("metric", EVAL_LOSS))
     margin = f"{significant(float(q.get('margin') or 0) * 100, 2)} %"
-    low, high, note = q.get("change_low"), q.get("change_high"), q.get("note") or ""
-    amount = _amount(q.get("change"))
-    bound = ""
-    if low is not None and high is not None:
-        bound = "always-valid bound " + percent_range(
-            low, high, one_sided=verdict in ("worse", "better")
-        )
+    note = q.get("note") or ""
+    note = PLAIN_NOTES.get(note, note)
+    said = difference(q.get("change"), q.get("change_low"), q.get("change_high"), words="quality")
+    amount, bound = said.amount, ""
+    if said.interval:
+        if q.get("alpha") is not None:
+            sure = confidence(q["alpha"])
+        bound = f"{sure} sure it is {said.interval}" if sure else f"interval: {said.interval}"
     if verdict == "not_measured":
         text = f"held-out quality not measured: {note or 'no evaluated run'}"
         return QualitySaid(verdict, what, "", "", text)
@@ -125,9 +125,14 @@ def quality_row(arm, *, target: float | None) -> QualityRow:
 
 
 def quality_csv_columns(report) -> list[str]:
-    """The CSV's quality columns: names carry the metric, the sign and what is estimated."""
+    """The CSV's closing columns: the differences in words first (cost, carbon and quality, as the
+    page says them: "28 % cheaper (9.6–47 %)"), then quality's; names carry the metric, the sign
+    and what is estimated. The signed columns (deviation, ...) stay numbers, negative = cheaper."""
     metric = report.quality_metric
     return [
+        "deviation_said",
+        "carbon_deviation_said",
+        "quality_change_said",
         "quality_metric",
         "quality_direction",
         "quality_verdict",
@@ -147,7 +152,22 @@ def quality_csv_values(arm, report) -> list:
     """One arm's quality columns (quality_csv_columns): "not reached" or "not measured" where
     there is no cost to the control's quality."""
     row = quality_row(arm, target=report.quality_target)
+    low = None if arm.deviation_low is None else max(arm.deviation_low, -1.0)  # never below -100 %
     return [
+        "control" if arm.is_control else str(difference(arm.deviation, low, arm.deviation_high)),
+        "control"
+        if arm.is_control
+        else str(
+            difference(
+                arm.carbon_deviation,
+                None if arm.carbon_deviation_low is None else max(arm.carbon_deviation_low, -1.0),
+                arm.carbon_deviation_high,
+                words="carbon",
+            )
+        ),
+        "control"
+        if arm.is_control
+        else str(difference(row.change, row.change_low, row.change_high, words="quality")),
         report.quality_metric,
         report.quality_direction,
         row.verdict,

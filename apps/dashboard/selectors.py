@@ -16,6 +16,7 @@ from django.db.models import (
     Case,
     Count,
     IntegerField,
+    JSONField,
     Min,
     OuterRef,
     Prefetch,
@@ -31,9 +32,10 @@ from django.utils import timezone
 
 from apps.attribution.models import AttributionWindow
 from apps.attribution.report import ExperimentReport, experiment_report
-from apps.dashboard import charts, training, verdicts
+from apps.dashboard import charts, training, verdict_card, verdicts
 from apps.dashboard.quality import quality_row
 from apps.dashboard.series import live_series, run_series
+from apps.dashboard.templatetags.dashboard_format import confidence
 from apps.experiments.models import Arm, Experiment, Run
 from apps.experiments.runs import ARTIFACT_HASHES, run_artifacts_listed
 from apps.experiments.selectors import queue_places, run_outliers
@@ -153,6 +155,55 @@ class ExperimentPage:
     parts: dict  # what the page refreshes while runs train: experiment_parts()
     charted_runs: int
     charts: dict = field(default_factory=dict)
+    arm_settings: list[ArmSettings] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ResolvedRow:
+    """One `auto` key of a run's strategy and what it became on the run's device."""
+
+    key: str
+    requested: str
+    chosen: str  # as the strategy's YAML would write it: bf16, 1, false
+    why: str
+
+
+def resolved_rows(resolved: dict) -> list[ResolvedRow]:
+    """A run's `resolved` ({key: {requested, resolved, why}}) as the pages list it, by key (a
+    jsonb column keeps no order)."""
+    return [
+        ResolvedRow(
+            key=key,
+            requested=str(choice.get("requested", "auto")),
+            chosen=_yaml_value(choice.get("resolved")),
+            why=choice.get("why", ""),
+        )
+        for key, choice in sorted((resolved or {}).items())
+    ]
+
+
+def _yaml_value(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+@dataclass(frozen=True)
+class ArmSettings:
+    """An arm's strategy as written, and what its `auto` keys became on the device of its latest
+    run that says (run_id None: no run has started yet)."""
+
+    arm: Arm
+    run_id: int | None
+    resolved: list[ResolvedRow]
+
+
+def _arms_with_latest_resolved(experiment: Experiment) -> QuerySet[Arm]:
+    """The experiment's arms in colour order, each with its latest started run's resolved `auto`
+    keys: in the arms' own query (no query per arm)."""
+    latest = Run.objects.filter(arm=OuterRef("pk")).exclude(resolved={}).order_by("-pk")
+    return experiment.arms.order_by("-is_control", "name").annotate(
+        resolved_run_id=Subquery(latest.values("pk")[:1]),
+        latest_resolved=Subquery(latest.values("resolved")[:1], output_field=JSONField()),
+    )
 
 
 @dataclass(frozen=True)
@@ -281,7 +332,8 @@ def attribution_notices(
         out.append(
             Notice(
                 "warning",
-                f"Latest attribution (window {last_window.number}) was skipped",
+                f"Latest attribution (at {timezone.localtime(last_window.window_end):%H:%M}) "
+                "was skipped",
                 last_window.skip_reason,
             )
         )
@@ -310,7 +362,7 @@ def experiment_page(*, experiment: Experiment, now: datetime | None = None) -> E
     """Everything the experiment page shows: the verdicts, the comparison, runs, notices and every
     chart's data."""
     now = now or timezone.now()
-    arms = list(experiment.arms.order_by("-is_control", "name"))
+    arms = list(_arms_with_latest_resolved(experiment))
     parts = experiment_parts(experiment=experiment, now=now, arm_ids=[a.pk for a in arms])
     arm_names = {a.arm_id: a.name for a in parts["report"].arms}
     colors = parts["arm_colors"]
@@ -338,6 +390,10 @@ def experiment_page(*, experiment: Experiment, now: datetime | None = None) -> E
             ),
             "attribution": charts.attribution_json(experiment=experiment, arms=arms, now=now),
         },
+        arm_settings=[
+            ArmSettings(arm=a, run_id=a.resolved_run_id, resolved=resolved_rows(a.latest_resolved))
+            for a in arms
+        ],
     )
 
 
@@ -351,17 +407,18 @@ def experiment_parts(
     now = now or timezone.now()
     report = experiment_report(experiment=experiment)
     stats = _run_stats(experiment)
-    last_window = (
-        AttributionWindow.objects.filter(experiment=experiment).order_by("-number").first()
-    )
     if arm_ids is None:  # in colour order: the control first, then by name
         arm_ids = list(experiment.arms.order_by("-is_control", "name").values_list("pk", flat=True))
-    verdict_list = verdicts.experiment_verdicts(experiment=experiment, now=now)
+    outliers = run_outliers(experiment_id=experiment.pk)
+    card = verdict_card.experiment_card(experiment=experiment, now=now, outliers=outliers)
+    verdict_list, last_window = card.verdicts, card.window
     colors = {pk: i % len(charts.ARM_COLORS) for i, pk in enumerate(arm_ids)}
+    arm_report = {a.arm_id: a for a in report.arms}
+    sure = confidence(experiment.alpha)
     return {
         "experiment": experiment,
         "report": report,
-        "arm_report": {a.arm_id: a for a in report.arms},
+        "arm_report": arm_report,
         "last_window": last_window,
         "arm_colors": colors,
         "quality_of": {a.arm_id: quality_row(a, target=report.quality_target) for a in report.arms},
@@ -375,9 +432,18 @@ def experiment_parts(
         ),
         "verdicts": verdict_list,
         "verdict_of": {v.arm_id: v for v in verdict_list},
+        # the card's carbon line per arm, in the cost's words (never a result before cost is)
+        "carbon_of": {
+            v.arm_id: verdict_card.carbon_line(
+                arm=arm_report[v.arm_id], control_name=v.control, verdict=v, sure=sure
+            )
+            for v in verdict_list
+            if v.arm_id in arm_report
+        },
+        "sure": sure,
         "run_counts": stats.counts,
         "recent_runs": list(experiment.runs.select_related("arm").order_by("-pk")[:RECENT_RUNS]),
-        "outlier_ids": set(run_outliers(experiment_id=experiment.pk)),
+        "outlier_ids": set(outliers),
         "notices": attribution_notices(
             experiment=experiment, report=report, stats=stats, last_window=last_window
         )
@@ -560,6 +626,7 @@ def run_page(*, run: Run, now: datetime | None = None, against: Run | None = Non
         "breakdown": run.cost_breakdown or {},
         "attempts": list(run.attempt_log.all()),
         "model": run_model(config),
+        "resolved": resolved_rows(run.resolved),
         "params": run_params(run),
         "artifacts": run_artifacts(run),
         "ranks": telemetry_by_rank(run=run) if run.world_size > 1 else [],

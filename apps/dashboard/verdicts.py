@@ -2,12 +2,14 @@
 and in the experiments list.
 
 The verdict itself is attribution's (apps.attribution.verdict, the API's, the CLI's and the freeze
-rule's); this module only says it: per unit of work (USD per 1M tokens, or per step), bounds clipped
-to what a cost can be (never below -100 %), what evidence is missing, why a deviation beyond the
-threshold froze nothing, when an arm was frozen, and the arm's held-out quality beside its cost
-(apps.dashboard.quality: "18 % cheaper per 1M tokens, but its held-out loss is 4.9 % worse"; "not
-measured" said, never left out). The page and the list say the verdict of the latest attribution
-window, from one function (experiments_verdicts).
+rule's); this module only says it: per unit of work (USD per 1M tokens, or per step), in the one
+convention of dashboard_format.difference ("28 % cheaper, 95 % sure it is 9.6–47 % cheaper"),
+bounds clipped to what a cost can be (never more than 100 % cheaper), what evidence is missing,
+why a deviation beyond the threshold froze nothing, when an arm was frozen, the arm's held-out
+quality beside its cost (apps.dashboard.quality: "18 % cheaper per 1M tokens, but its held-out
+loss is 4.9 % worse"; "not measured" said, never left out), its carbon, and the outlier runs it
+counted with the verdict without them. The page and the list say the verdict of the latest
+attribution window, from one function (experiments_verdicts).
 """
 
 from __future__ import annotations
@@ -22,7 +24,12 @@ from django.utils import timezone
 from apps.attribution.models import AttributionSnapshot, AttributionWindow, FreezeEvent
 from apps.attribution.verdict import Minimums, Said, arms_verdicts
 from apps.dashboard.quality import QualitySaid, quality_said
-from apps.dashboard.templatetags.dashboard_format import percent, percent_range, significant
+from apps.dashboard.templatetags.dashboard_format import (
+    confidence,
+    difference,
+    percent,
+    significant,
+)
 from apps.experiments.models import Arm, Experiment
 
 # A cost is never negative: an arm is at most 100 % cheaper than the control.
@@ -54,7 +61,8 @@ class Verdict:
     status: str  # conclusive | inconclusive | within the threshold | frozen | no verdict yet
     amount: str  # "31 % cheaper", "12 % dearer" ("" without a deviation)
     per: str  # "per 1M tokens"
-    bound: str  # "always-valid bound 24–38 %" ("" without bounds)
+    bound: str  # "95 % sure it is 24–38 % cheaper" ("" without bounds)
+    bound_compact: str  # "24–38 %": the amount's word said once (the list's cell)
     low: float | None  # the bounds, clipped to the possible range
     high: float | None
     detail: str  # what is missing, or why it was frozen
@@ -63,30 +71,38 @@ class Verdict:
     frozen_at: datetime | None
     quality: QualitySaid | None = None  # held-out quality against the control's
     quality_joint: str = ""  # "but" / "and": the quality is said in the sentence (else a line)
+    outliers: str = ""  # the outlier runs it weighed, and the verdict without them
+    outliers_left_out: bool = False  # the window left outlier runs of the arm or the control out
 
     @property
     def conclusive(self) -> bool:
         return self.status == "conclusive"
+
+    @property
+    def than(self) -> str:
+        """'28 % cheaper … than the control', 'as costly … as the control'."""
+        return "as" if self.amount.startswith("as ") else "than"
 
 
 def clip_low(low: float | None) -> float | None:
     return None if low is None else max(low, DEVIATION_FLOOR)
 
 
-def _amount(deviation: float | None) -> str:
-    if deviation is None:
-        return ""
-    if abs(deviation) < 0.0005:
-        return "as costly"
-    return f"{percent(deviation)} {'cheaper' if deviation < 0 else 'dearer'}"
+def sure_it_is(sure: str, interval: str) -> str:
+    """An interval as a reader weighs it: '95 % sure it is 9.6–47 % cheaper'."""
+    return f"{sure} sure it is {interval}" if interval else ""
 
 
-def _bound(verdict: str, low: float | None, high: float | None) -> str:
-    if low is None or high is None:
-        return ""
-    # one side of zero: magnitudes, as the amount reads
-    one_sided = verdict in ("cheaper", "costlier", "cheaper_but_worse")
-    return "always-valid bound " + percent_range(low, high, one_sided=one_sided)
+def _held_back(sure: str):
+    """freeze_holds' bound in the card's words: what a freeze needs of the interval (said on the
+    line above)."""
+
+    def words(low: float | None, high: float | None, threshold: float) -> str:
+        if low is None or high is None:
+            return f"no {sure} interval yet (each arm needs 2 priced runs in a window)"
+        return f"a freeze needs all of the {sure} interval beyond {percent(threshold)} dearer"
+
+    return words
 
 
 def runs_needed(
@@ -136,6 +152,22 @@ def _latest_freeze(field: str) -> Subquery:
     )
 
 
+def _no_data(arm, control) -> str:
+    """What a verdict with no deviation waits for, from what the latest window counted."""
+    missing = [
+        name for a, name in ((arm, "this arm"), (control, "the control")) if not a.evidence_runs
+    ]
+    if missing:
+        return (
+            f"needs a priced run of {' and of '.join(missing)} in an attribution window: "
+            "no cost is compared yet"
+        )
+    return (
+        f"no cost per unit of work to compare yet: the runs counted ({arm.evidence_runs} of "
+        f"{arm.name}, {control.evidence_runs} of {control.name}) report no priced tokens"
+    )
+
+
 def _say(
     *,
     arm,
@@ -147,6 +179,7 @@ def _say(
     freeze: Freeze | FreezeEvent | None,
     skipped: str,
     now: datetime,
+    sure: str,
 ) -> Verdict:
     verdict = said.verdict
     low, high = clip_low(arm.deviation_low), arm.deviation_high
@@ -169,7 +202,7 @@ def _say(
             status = f"{STATUS[verdict]} (it gets no more traffic)"
     elif verdict == "no_data":
         status = STATUS[verdict]
-        detail = "needs priced runs of this arm and of the control, and an attribution window"
+        detail = _no_data(arm, control)
     elif verdict == "inconclusive":
         status = STATUS[verdict]
         runs, control_runs = arm.evidence_runs, control.evidence_runs
@@ -187,7 +220,7 @@ def _say(
             f"run{'s' if runs != 1 else ''} of {arm.name}, {control_runs} of {control.name})"
         )
         if low is None:
-            detail += "; a bound needs 2 priced runs of each arm in a window"
+            detail += f"; a {sure} interval needs 2 priced runs of each arm in a window"
     elif verdict == "within_threshold":
         status = f"within the {threshold_text} threshold"
     else:
@@ -201,22 +234,24 @@ def _say(
         not_frozen = "not frozen: " + "; ".join(said.not_frozen)
     elif verdict == "costlier":  # the rule would freeze it: the window that decides is next
         not_frozen = "not frozen yet: the next attribution window (on new data) decides"
+    said_cost = difference(deviation, low, high)
     return Verdict(
         arm_id=arm.arm_id,
         arm=arm.name,
         control=control.name,
         verdict=verdict,
         status=status,
-        amount=_amount(deviation),
+        amount=said_cost.amount,
         per=PER_UNIT.get(metric, ""),
-        bound=_bound(verdict, low, high),
+        bound=sure_it_is(sure, said_cost.interval),
+        bound_compact=said_cost.compact,
         low=low,
         high=high,
         detail=detail,
         not_frozen=not_frozen,
         runs_needed=needed,
         frozen_at=frozen_at,
-        quality=quality_said(getattr(arm, "quality", None)),
+        quality=quality_said(getattr(arm, "quality", None), sure=sure),
         quality_joint=(
             ""
             if verdict not in QUALITY_IN_SENTENCE
@@ -260,7 +295,8 @@ def arms_said(
     if control is None:
         return []
     threshold, minimums = float(experiment.freeze_threshold), Minimums.of(experiment)
-    said = arms_verdicts(arms, threshold=threshold, minimums=minimums)
+    sure = confidence(experiment.alpha)
+    said = arms_verdicts(arms, threshold=threshold, minimums=minimums, bound_words=_held_back(sure))
     return [
         _say(
             arm=a,
@@ -272,6 +308,7 @@ def arms_said(
             freeze=(freezes or {}).get(a.arm_id),
             skipped=skipped,
             now=now,
+            sure=sure,
         )
         for a in arms
         if not a.is_control
@@ -315,12 +352,11 @@ def _quality_of(snapshot: AttributionSnapshot) -> dict | None:
     return {k: v for k, v in q.items() if k != "sums"} if q else None
 
 
-def experiments_verdicts(
-    *, experiments: list[Experiment], now: datetime | None = None
-) -> dict[int, list[Verdict]]:
-    """Per experiment, each non-control arm's verdict at its latest attribution window: the list's
-    column and the experiment page's card alike. One query, whatever the number."""
-    now = now or timezone.now()
+def latest_snapshots(
+    *, experiments: list[Experiment]
+) -> tuple[dict[int, list[AttributionSnapshot]], dict[int, Freeze]]:
+    """Per experiment, the snapshots of its latest attribution window (with their arms and the
+    window, the control first), and the frozen arms' latest freezes. One query."""
     ids = [e.pk for e in experiments]
     latest = (
         AttributionWindow.objects.filter(experiment=OuterRef("experiment"))
@@ -345,21 +381,44 @@ def experiments_verdicts(
         for s in snapshots
         if s.arm.state == Arm.State.FROZEN and s.freeze_at is not None
     }
-    out = {}
-    for e in experiments:
-        rows = by_experiment.get(e.pk, [])
-        window = rows[0].window if rows else None
-        skipped = (
-            window.skip_reason
-            if window is not None and window.status == AttributionWindow.Status.SKIPPED
-            else ""
+    return by_experiment, freezes
+
+
+def snapshots_said(
+    *,
+    experiment: Experiment,
+    rows: list[AttributionSnapshot],
+    freezes: dict[int, Freeze] | None = None,
+    now: datetime | None = None,
+) -> list[Verdict]:
+    """The verdicts of one window's snapshots (latest_snapshots' rows, or rebuilt ones)."""
+    window = rows[0].window if rows else None
+    skipped = (
+        window.skip_reason
+        if window is not None and window.status == AttributionWindow.Status.SKIPPED
+        else ""
+    )
+    return arms_said(
+        experiment=experiment, arms=_compared(rows), freezes=freezes, skipped=skipped, now=now
+    )
+
+
+def experiments_verdicts(
+    *, experiments: list[Experiment], now: datetime | None = None
+) -> dict[int, list[Verdict]]:
+    """Per experiment, each non-control arm's verdict at its latest attribution window: the list's
+    column and the experiment page's card alike. One query, whatever the number."""
+    now = now or timezone.now()
+    by_experiment, freezes = latest_snapshots(experiments=experiments)
+    return {
+        e.pk: snapshots_said(
+            experiment=e, rows=by_experiment.get(e.pk, []), freezes=freezes, now=now
         )
-        out[e.pk] = arms_said(
-            experiment=e, arms=_compared(rows), freezes=freezes, skipped=skipped, now=now
-        )
-    return out
+        for e in experiments
+    }
 
 
 def experiment_verdicts(*, experiment: Experiment, now: datetime | None = None) -> list[Verdict]:
-    """The experiment page's verdict card: the list's verdicts of this one experiment."""
+    """The experiment page's verdict card: the list's verdicts of this one experiment (the card
+    adds its outlier and carbon lines: apps.dashboard.verdict_card)."""
     return experiments_verdicts(experiments=[experiment], now=now)[experiment.pk]

@@ -36,8 +36,9 @@ EXAMPLE_SKUS = [
 # device runs natively, from the profile the worker measured at start: bf16 on a CPU with AMX or
 # AVX512-BF16, fp32 where bf16 is emulated, 30-60x slower) and lets dynamic batching grow the
 # micro-batch (the global batch of 8 stays fixed) while it fits and is faster, up to where the
-# profile's GEMM throughput stops rising (max_micro_batch: auto). So the optimized arm
-# is never a strategy the host's profile shows to be slower. seq_len 256 keeps a step
+# profile's GEMM throughput stops rising (max_micro_batch: auto; 1 where it is flat from one
+# sequence of 256 rows on, and the micro-batch then stays 1: the run page says so). So the
+# optimized arm is never a strategy the host's profile shows to be slower. seq_len 256 keeps a step
 # matmul-bound. Each run is ~30 s of CPU time for the control: `make run` queues DEMO_RUNS_PER_ARM
 # of each, interleaved, and the verdict card names the device class it compared on. The
 # description below is checked against these two configs (tests/apps/core/test_demo_seed.py).
@@ -78,17 +79,14 @@ eval:      {every_steps: 4, holdout: 0.1, max_tokens: 1024}
 
 DEMO_NAME = "Demo: fp32 vs auto precision + dynamic batching"
 DEMO_DESCRIPTION = (
-    "Control: fp32, micro-batch 1 (8 accumulation steps per global batch of 8). "
-    "Optimized: auto precision (the fastest dtype the training worker's device runs natively, "
-    "from its measured profile: bf16 where the CPU has AMX or AVX512-BF16, fp32 where bf16 is "
-    "emulated; see the run page and Devices), and dynamic batching growing the micro-batch "
-    "from 1 up to auto (the micro-batch at which the device's measured GEMM throughput stops "
-    "rising) while it is measurably faster (the global batch of 8 unchanged). "
-    "Everything else is the same: tiny preset, seq_len 256, 30 steps, synthetic data. "
-    "Big batch: auto precision and a global batch of 32 in micro-batches of 4 for 8 steps (about "
-    "the same tokens) at the same learning rate: cheaper per token, but a quarter of the "
-    "updates trains a worse model; the held-out loss of every arm is measured on the same "
-    "tenth of the corpus, and costlab calls this arm cheaper but worse."
+    "Control: fp32, micro-batch 1, global batch of 8. "
+    "Optimized: auto precision (the fastest dtype the device runs natively, from its measured "
+    "profile) and dynamic batching growing the micro-batch from 1 up to auto, where the device's "
+    "GEMM throughput stops rising: 1 on a host where larger micro-batches buy nothing. "
+    "Otherwise alike: tiny preset, seq_len 256, 30 steps, synthetic data. "
+    "Big batch: auto precision, a global batch of 32 in micro-batches of 4 for 8 steps (about "
+    "the same tokens): cheaper per token, but a quarter of the updates trains a worse model. "
+    "Each run's page says what auto chose on its device."
 )
 DEMO_RUNS_PER_ARM = 6
 # Evidence minimums sized to a demo: a verdict ("cheaper", or a freeze) after a few runs, not a few

@@ -302,6 +302,13 @@ class Run(TimeStampedModel):
         default="",
         help_text="The matmul dtype it trained in (precision auto resolved on its device).",
     )
+    # Recorded by the worker before training starts, from the profile the runtime is handed.
+    resolved = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="What each `auto` key of its strategy became on its device, and why: "
+        "{key: {requested, resolved, why}}; {} when the strategy named every value.",
+    )
     gpu_count = models.PositiveIntegerField(
         "held GPUs", default=0, help_text="Accelerators held by the run (0: CPU only)."
     )

@@ -261,10 +261,12 @@ def run_device_record(
     memory_gb: float,
     measurement=None,
     compute_dtype: str = "",
+    resolved: dict | None = None,
 ) -> None:
     """What the run actually holds, so it is priced for that (the SKU matched by device name);
     the device profile it trains on (`measurement`, an apps.devices DeviceMeasurement), its
-    device class and its compute dtype."""
+    device class, its compute dtype and what its strategy's `auto` keys became there
+    (`resolved`: {key: {requested, resolved, why}})."""
     sku = None
     if gpu_name:
         sku = next((s for s in GpuSku.objects.all() if _same_gpu(s.name, gpu_name)), None)
@@ -278,6 +280,7 @@ def run_device_record(
         device_measurement=measurement,
         device_class="" if measurement is None else measurement.device_class,
         compute_dtype=compute_dtype,
+        resolved=resolved or {},
     )
     if sku is not None:
         runs.filter(gpu_sku__isnull=True).update(gpu_sku=sku)  # a SKU chosen at submission wins

@@ -3,6 +3,7 @@ verdict column of the list, in each state (conclusive, inconclusive, frozen)."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -64,7 +65,7 @@ def test_verdict_card_and_column_in_each_state(page, live_server, states, screen
     base = live_server.url
     sign_in(page, base, w.user.username)
     expected = {
-        "conclusive": ("cheaper", ["cheaper", "per 1M tokens", "always-valid bound", "conclusive"]),
+        "conclusive": ("cheaper", ["cheaper", "per 1M tokens", "95 % sure it is", "conclusive"]),
         "inconclusive": (
             "inconclusive",
             ["inconclusive", "needs about", "more run", "evidence so far"],
@@ -91,9 +92,9 @@ def test_verdict_card_and_column_in_each_state(page, live_server, states, screen
                                .map(s => document.querySelector(s).getBoundingClientRect().top)""")
         assert top == sorted(top), (name, top)
         bounds = page.locator('#comparison-measured [data-col="bounds"]').all_inner_texts()
-        lows = [
-            float(b.strip("[] ").split(",")[0].replace("%", "").replace("+", "")) for b in bounds
-        ]
-        assert all(low >= -100 for low in lows), ("a cost is never below -100 %", bounds)
+        cheaper = [re.findall(r"([\d.,]+)(?:–([\d.,]+))? % cheaper", b) for b in bounds]
+        sizes = [float(x.replace(",", "")) for f in cheaper for pair in f for x in pair if x]
+        assert all(size <= 100 for size in sizes), ("never more than 100 % cheaper", bounds)
+        assert not any("−" in b or "[" in b for b in bounds), ("said in words (issue 44)", bounds)
         page.screenshot(path=str(screenshots / f"verdict-{name}.png"), full_page=True)
     assert not page.js_errors, page.js_errors

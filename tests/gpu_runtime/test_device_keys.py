@@ -126,11 +126,21 @@ def test_the_micro_batch_ceiling_is_where_throughput_stops_rising(profile, dtype
 def test_the_ceiling_stays_within_min_micro_batch_and_the_global_batch():
     profile = with_curves(cpu(EPYC_AVX2), fp32=FLAT_FP32)
     small = load_strategy(CEILING.replace("global_batch: 64", "global_batch: 4"))
-    config, _ = resolve_device_keys(small, torch.device("cpu"), profile)
+    config, reports = resolve_device_keys(small, torch.device("cpu"), profile)
     assert config.optimizer.dynamic_batching.max_micro_batch == 4
+    assert reports[KEY]["why"].endswith(
+        "(8 sequences of 32 tokens); a larger micro-batch buys "
+        "under 10% here; the global batch of 4 bounds it"
+    )
     floor = load_strategy(CEILING.replace("min_micro_batch: 1", "min_micro_batch: 16"))
-    config, _ = resolve_device_keys(floor, torch.device("cpu"), profile)
+    config, reports = resolve_device_keys(floor, torch.device("cpu"), profile)
     assert config.optimizer.dynamic_batching.max_micro_batch == 16
+    assert reports[KEY]["why"].endswith("here; min_micro_batch 16 is the floor")
+    # one sequence already fills the GEMMs: said in the singular
+    long_rows = load_strategy(CEILING.replace("seq_len: 32", "seq_len: 256"))
+    config, reports = resolve_device_keys(long_rows, torch.device("cpu"), profile)
+    assert config.optimizer.dynamic_batching.max_micro_batch == 1
+    assert "at 256 rows (1 sequence of 256 tokens)" in reports[KEY]["why"]
     # A profile recorded before curves were: the global batch bounds it, and the report says so.
     config, reports = resolve_device_keys(
         load_strategy(CEILING), torch.device("cpu"), cpu(EPYC_AVX2)

@@ -52,10 +52,17 @@ def test_a_submitted_run_trains_and_ends_with_telemetry_and_a_cost(celery_worker
 def test_a_worker_profiles_its_device_and_an_auto_run_records_what_it_resolved_to(
     celery_worker_process,
 ):
+    import torch
+
     from apps.devices.models import Device
+    from gpu_runtime import load_strategy
+    from gpu_runtime.device_keys import resolve_device_keys
     from gpu_runtime.profile import FLOAT_DTYPES, DeviceProfile, best_dtype
 
-    auto = SHORT.replace("train:", "precision: {compute_dtype: auto}\ntrain:")
+    auto = SHORT.replace(
+        "train:",
+        "precision: {compute_dtype: auto}\nkernels: {compile: auto, attention: auto}\ntrain:",
+    )
     run = run_submit(experiment=experiment_with(auto))
     run = wait_for(
         lambda: Run.objects.filter(pk=run.pk, status__in=["succeeded", "failed"]).first(),
@@ -72,6 +79,14 @@ def test_a_worker_profiles_its_device_and_an_auto_run_records_what_it_resolved_t
     # avx512_fp16 (an AMX Xeon's bf16 and fp16 GEMMs come within noise of each other).
     assert run.compute_dtype == best_dtype(profile) and run.compute_dtype in FLOAT_DTYPES
     assert run.compute_dtype == "fp32" or profile.dtypes[run.compute_dtype].native
+    # what each auto key became, stored as training started: the runtime's answer on that profile
+    _, reports = resolve_device_keys(load_strategy(auto), torch.device("cpu"), profile)
+    assert run.resolved == {
+        key: {"requested": "auto", "resolved": r["resolved"], "why": r["why"]}
+        for key, r in reports.items()
+    }
+    assert run.resolved["precision.compute_dtype"]["resolved"] == run.compute_dtype
+    assert run.resolved["kernels.attention"]["resolved"] == "math"
 
 
 def test_a_training_worker_profiles_its_devices_as_it_starts(transactional_db):

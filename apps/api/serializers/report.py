@@ -6,6 +6,14 @@ from apps.attribution.verdict import VERDICTS as ARM_VERDICTS
 
 VERDICTS = list(ARM_VERDICTS)
 
+# The report's one sign convention, said once and referred to by every signed field.
+SIGNED = (
+    "Signed relative difference from the control, (arm - control) / control: negative is the "
+    "good side (cheaper, less carbon, a better model), positive the bad side (dearer, more, "
+    "worse); -0.28 = 28 % cheaper. Its _low / _high fields are the always-valid interval at "
+    "1 - alpha, signed alike."
+)
+
 
 class ProjectionSerializer(serializers.Serializer):
     target_steps = serializers.IntegerField()
@@ -38,7 +46,9 @@ class QualityVerdictSerializer(serializers.Serializer):
     )
     control_value = serializers.FloatField(allow_null=True)
     change = serializers.FloatField(
-        allow_null=True, help_text="Relative change from the control, positive = worse."
+        allow_null=True,
+        help_text="Relative change from the control, positive = worse, negative = better "
+        "(the sign convention of deviation).",
     )
     change_low = serializers.FloatField(allow_null=True)
     change_high = serializers.FloatField(allow_null=True)
@@ -49,6 +59,10 @@ class QualityVerdictSerializer(serializers.Serializer):
 
 
 class ArmReportSerializer(serializers.Serializer):
+    """One arm against the control. Every relative difference here (deviation, carbon_deviation,
+    quality.change, and their _low / _high) is signed one way: negative = cheaper (less carbon, a
+    better model), positive = dearer (more carbon, a worse model)."""
+
     arm_id = serializers.IntegerField()
     name = serializers.CharField()
     is_control = serializers.BooleanField()
@@ -81,10 +95,16 @@ class ArmReportSerializer(serializers.Serializer):
         allow_null=True, help_text="Mean wall time of succeeded runs (s)."
     )
     deviation = serializers.FloatField(
-        allow_null=True, help_text="(arm - control) / control; 0.05 = 5 % costlier."
+        allow_null=True, help_text=f"{SIGNED} On the compared metric: 0.05 = 5 % dearer."
     )
-    deviation_low = serializers.FloatField(allow_null=True)
-    deviation_high = serializers.FloatField(allow_null=True)
+    deviation_low = serializers.FloatField(
+        allow_null=True,
+        help_text="The lower end of deviation's always-valid interval at the latest attribution "
+        "window (signed as deviation: -0.47 = 47 % cheaper).",
+    )
+    deviation_high = serializers.FloatField(
+        allow_null=True, help_text="Its upper end (signed as deviation)."
+    )
     projected = ProjectionSerializer(allow_null=True)
     evidence_runs = serializers.IntegerField(
         help_text="Runs the latest attribution window counted for the arm (its reference device "
@@ -144,12 +164,14 @@ class ArmReportSerializer(serializers.Serializer):
     )
     gco2e_per_mtok = serializers.FloatField(allow_null=True)
     carbon_deviation = serializers.FloatField(
-        allow_null=True, help_text="(arm - control) / control on gCO2e per unit of work."
+        allow_null=True,
+        help_text="(arm - control) / control on gCO2e per unit of work, signed as deviation: "
+        "negative = less carbon.",
     )
     carbon_deviation_low = serializers.FloatField(
         allow_null=True,
         help_text="Always-valid bounds of carbon_deviation over the arms' runs (given "
-        "min_cs_runs_per_arm runs per arm).",
+        "min_cs_runs_per_arm runs per arm), signed as deviation.",
     )
     carbon_deviation_high = serializers.FloatField(allow_null=True)
 
@@ -171,7 +193,9 @@ class ClassArmSerializer(serializers.Serializer):
     metric_value = serializers.FloatField(
         allow_null=True, help_text="Cost per unit of work over these runs (as billed)."
     )
-    deviation = serializers.FloatField(allow_null=True)
+    deviation = serializers.FloatField(
+        allow_null=True, help_text="Signed as the arm's deviation: negative = cheaper."
+    )
     deviation_low = serializers.FloatField(allow_null=True)
     deviation_high = serializers.FloatField(allow_null=True)
     verdict = serializers.ChoiceField(choices=VERDICTS)

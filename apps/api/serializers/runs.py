@@ -240,6 +240,13 @@ class RunDetailSerializer(RunSerializer):
         "('hyperparameters': the trainer's arguments; e.g. 'model': its config); {} when none. "
         "Compare two runs at runs/{id}/params/?against=<run id>.",
     )
+    resolved = serializers.JSONField(
+        read_only=True,
+        help_text="What each `auto` key of the strategy became on the run's device, and why, as "
+        "the worker resolved it from the device's profile before training started: {key: "
+        '{requested: "auto", resolved, why}}, e.g. optimizer.dynamic_batching.max_micro_batch; '
+        "{} when the strategy named every value or the run has not started.",
+    )
     metrics = serializers.SerializerMethodField(
         help_text="Training metrics per name (loss, grad_norm, learning_rate, eval_* ...): "
         "count, first_step, step and last (the value at the highest step); {} when none. The "
@@ -251,6 +258,7 @@ class RunDetailSerializer(RunSerializer):
             *RunSerializer.Meta.fields,
             "config_yaml",
             "config_history",
+            "resolved",
             "attempt_log",
             "evaluations",
             "params",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django import template
@@ -10,7 +11,6 @@ from django import template
 register = template.Library()
 
 MISSING = "—"
-MINUS = "−"
 
 
 def significant(value: float, digits: int = 4) -> str:
@@ -30,19 +30,75 @@ def percent(fraction: float) -> str:
     return f"{significant(abs(fraction) * 100, 2)} %"
 
 
-def percent_signed(fraction: float) -> str:
-    """A relative change with its sign (a true minus): -0.04 -> '−4 %', 0.05 -> '+5 %'."""
-    text = percent(fraction)
-    return f"+{text}" if fraction > 0 else f"{MINUS}{text}" if fraction < 0 else text
+# A difference in words: (the word below zero, the word above it, the word at zero). One sign
+# convention everywhere on the dashboard and in the CSV's words: below zero is the good side
+# (cheaper, less carbon, a better model), as the API's signed numbers (negative = cheaper).
+WORDS = {
+    "cost": ("cheaper", "dearer", "as costly"),
+    "carbon": ("less", "more", "the same"),
+    "quality": ("better", "worse", "as good"),
+}
+# Below this size a difference is said as none ("as costly"): 0.05 %, under two figures' rounding.
+NO_DIFFERENCE = 0.0005
 
 
-def percent_range(low: float, high: float, *, one_sided: bool) -> str:
-    """A bound as the verdict card says it: magnitudes when the verdict's word carries the sign
-    (a bound on one side of zero: '24–38 %'), else signed ('−100 % to +254 %')."""
-    if one_sided:
+@dataclass(frozen=True)
+class Difference:
+    """A relative difference said in words, its interval in the same words and order.
+
+    amount: "28 % cheaper" ("" without a value); interval: "9.6–47 % cheaper", "between 5 %
+    cheaper and 3 % dearer" ("" without bounds); compact: the interval without the word where
+    the amount already says it ("9.6–47 %")."""
+
+    amount: str
+    interval: str
+    compact: str
+
+    def __str__(self) -> str:
+        """'28 % cheaper (9.6–47 %)': the compact form, for a cell or a CSV."""
+        if self.amount and self.compact:
+            return f"{self.amount} ({self.compact})"
+        return self.amount or self.interval
+
+
+def difference(
+    value: float | None,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    words: str = "cost",
+) -> Difference:
+    """The one way a relative difference is said (value and bounds signed, negative = cheaper /
+    less / better): '28 % cheaper' with '9.6–47 % cheaper', '12 % dearer' with '3–20 % dearer',
+    'between 5 % cheaper and 3 % dearer' for an interval that spans zero. The interval lists its
+    ends low to high, smaller size first on one side of zero."""
+    below, above, none = WORDS[words]
+    amount = ""
+    if value is not None:
+        amount = none if abs(value) < NO_DIFFERENCE else f"{percent(value)} {_side(value, words)}"
+    if low is None or high is None:
+        return Difference(amount, "", "")
+    low, high = min(low, high), max(low, high)
+    if low >= 0 or high <= 0:  # one side of zero: sizes, the side's word once
+        word = above if low >= 0 else below
         a, b = sorted((abs(low), abs(high)))
-        return f"{significant(a * 100, 2)}–{significant(b * 100, 2)} %"
-    return f"{percent_signed(low)} to {percent_signed(high)}"
+        sizes = f"{significant(a * 100, 2)}–{significant(b * 100, 2)} %"
+        if a == b:
+            sizes = percent(a)
+        same_side = amount.endswith(f" {word}")  # the amount said the word already
+        return Difference(amount, f"{sizes} {word}", sizes if same_side else f"{sizes} {word}")
+    interval = f"between {percent(low)} {below} and {percent(high)} {above}"
+    return Difference(amount, interval, interval)
+
+
+def _side(value: float, words: str) -> str:
+    below, above, _ = WORDS[words]
+    return below if value < 0 else above
+
+
+def confidence(alpha) -> str:
+    """The confidence an interval is held at, from the experiment's alpha: 0.05 -> '95 %'."""
+    return f"{significant((1 - float(alpha)) * 100, 3)} %"
 
 
 def _number(value) -> float | None:
@@ -82,6 +138,18 @@ def pct(fraction, signed: bool = True) -> str:
         return MISSING
     text = significant(number * 100, 3)
     return f"+{text} %" if signed and number > 0 else f"{text} %"
+
+
+@register.simple_tag(name="difference")
+def difference_tag(value, low=None, high=None, words: str = "cost", part: str = "") -> str:
+    """{% difference arm.deviation v.low v.high %} -> '28 % cheaper (9.6–47 %)'; words: cost,
+    carbon or quality; part: amount, interval or compact for that part alone. Empty without a
+    value."""
+    value = _number(value)
+    if value is None:
+        return ""
+    said = difference(value, _number(low), _number(high), words=words)
+    return getattr(said, part) if part in ("amount", "interval", "compact") else str(said)
 
 
 @register.filter

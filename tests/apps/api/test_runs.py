@@ -67,9 +67,11 @@ def test_submit_refusals_name_the_reason(api, experiment, tenant):
 
 
 def test_status_and_cancel(api, experiment):
-    run = RunFactory(arm=experiment.arms.first(), status="queued", git_sha="abc")
+    resolved = {"kernels.attention": {"requested": "auto", "resolved": "math", "why": "a CPU"}}
+    run = RunFactory(arm=experiment.arms.first(), status="queued", git_sha="abc", resolved=resolved)
     detail = api.get(f"/api/v1/runs/{run.pk}/").json()
     assert detail["status"] == "queued" and detail["config_yaml"] == run.config_yaml
+    assert detail["resolved"] == resolved  # what each auto key became on its device, and why
     cancelled = api.post(f"/api/v1/runs/{run.pk}/cancel/")
     assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
     again = api.post(f"/api/v1/runs/{run.pk}/cancel/")

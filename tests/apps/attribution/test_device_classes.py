@@ -139,6 +139,8 @@ def test_the_card_and_the_api_name_the_class_and_give_one_verdict_per_class(sett
     assert f'data-arm="{candidate}" data-verdict="cheaper"' in page
     assert f'data-arm="{candidate}" data-verdict="costlier"' in page
     assert "AMD EPYC 7B13 (avx2)" in page
+    classes = page.split('id="verdict-classes"')[1].split("</table>")[0]
+    assert "% cheaper" in classes and "% dearer" in classes, "in words, as the card (issue 44)"
 
     _token, secret = api_token_create(tenant=lab.experiment.tenant, name="ci")
     api = APIClient()

@@ -78,7 +78,7 @@ def test_a_cheaper_arm_with_a_worse_model_says_both_and_that_it_gets_no_traffic(
         freezes={2: Freeze(at, "quality: held-out loss +4.90% worse than control", -0.18)},
     )
     assert v.verdict == "cheaper_but_worse" and v.amount == "18 % cheaper"
-    assert v.bound == "always-valid bound 12–24 %", "one side of zero: sizes, as cost reads"
+    assert v.bound == "95 % sure it is 12–24 % cheaper", "one side of zero: sizes and the word"
     assert (v.quality.amount, v.quality_joint) == ("4.9 % worse", "but")
     when = f"{timezone.localtime(at):%H:%M}"
     assert v.status == f"cheaper but worse, frozen at {when} (it gets no traffic)"
@@ -86,8 +86,8 @@ def test_a_cheaper_arm_with_a_worse_model_says_both_and_that_it_gets_no_traffic(
     text = card_text(w, v)
     assert (
         "bf16-dynamic is 18 % cheaper per 1M tokens than fp32-control "
-        "(always-valid bound 12–24 %), but its held-out loss is 4.9 % worse "
-        "(always-valid bound 4.1–5.7 %, beyond the 1 % margin): cheaper but worse, frozen at"
+        "(95 % sure it is 12–24 % cheaper), but its held-out loss is 4.9 % worse "
+        "(95 % sure it is 4.1–5.7 % worse, beyond the 1 % margin): cheaper but worse, frozen at"
     ) in text, text
     assert "it gets no traffic" in text and "Held-out" not in text, "said once, in the sentence"
 
@@ -102,8 +102,9 @@ def test_a_worse_model_at_a_higher_cost_reads_worse(w):
     )
     assert v.verdict == "worse" and v.status == "worse (it gets no more traffic)"
     assert (
-        "3 % dearer per 1M tokens than fp32-control (always-valid bound −1 % to +7 %), and its "
-        "held-out loss is 6 % worse (always-valid bound 5–7 %, beyond the 1 % margin): worse"
+        "3 % dearer per 1M tokens than fp32-control (95 % sure it is between 1 % cheaper and 7 % "
+        "dearer), and its held-out loss is 6 % worse (95 % sure it is 5–7 % worse, beyond the 1 % "
+        "margin): worse"
     ) in card_text(w, v)
 
 
@@ -129,7 +130,8 @@ def test_non_inferior_and_inconclusive_quality_in_words(w):
     cost = {"deviation": -0.31, "deviation_low": -0.38, "deviation_high": -0.24}
     v = said(w, **cost, quality=quality("non_inferior", 0.001, -0.004, 0.006))
     assert v.quality.text == (
-        "held-out loss within 1 % of the control's (always-valid bound −0.4 % to +0.6 %)"
+        "held-out loss within 1 % of the control's (95 % sure it is between 0.4 % better and "
+        "0.6 % worse)"
     )
     assert "Held-out loss within 1 % of the control's" in card_text(w, v)
     v = said(
@@ -198,6 +200,10 @@ def test_the_comparison_csv_has_the_quality_columns(lab, lab_member):
     assert candidate["usd_to_target (est.)"] == "not reached", "the worse model never got there"
     assert float(control["usd_to_target (est.)"]) > 0
     assert candidate["runs_evaluated"] == "6" and candidate["runs_reached_target"] == "0"
+    # the differences in words, as the page says them (issue 44); the signed columns stay numbers
+    assert re.fullmatch(r"[\d.]+ % cheaper \([\d.]+–[\d.]+ %\)", candidate["deviation_said"])
+    assert re.fullmatch(r"[\d.]+ % worse \([\d.]+–[\d.]+ %\)", candidate["quality_change_said"])
+    assert float(candidate["deviation"]) < 0 and control["deviation_said"] == "control"
     target = "quality_target (eval_loss: the control's mean final)"
     assert float(control[target]) == pytest.approx(3.0, rel=0.01)
 

@@ -15,8 +15,9 @@ pytestmark = pytest.mark.django_db
 # Session and user are two of each. Counted, so that a query per row (an N+1) fails the large case.
 LIST_QUERIES = 6  # + the latest snapshots (verdicts) and freeze events of every listed experiment
 # The report re-prices usage recorded under other tables: one query over the rollup; outliers: one;
-# the latest window's snapshots with their arms' freezes (verdict card): one; the verdicts per
-# device class (apps.attribution.device_classes): one.
+# the latest window's snapshots with their arms' freezes and the window (verdict card): one, and
+# where runs are outliers, the verdict without them one more (test_verdicts.py holds that page to
+# this limit too); the verdicts per device class (apps.attribution.device_classes): one.
 # The alert channels of the page and whether the user manages them: two. The report's unpriced
 # SKUs per arm, and its cost to the control's quality (the evaluation curves): one each; the
 # quality chart's curves: one.

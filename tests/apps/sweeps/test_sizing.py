@@ -92,6 +92,8 @@ def test_a_run_is_sized_end_to_end_and_shown_in_the_api_and_on_its_page(
     page = client.get(reverse("dashboard:run", args=[run.pk])).content.decode()
     section = page[page.index('id="sizing"') :]
     assert "5 vCPU" in section and f"<strong>{report['recommended_vcpus']} vCPU</strong>" in section
+    # issue 44: the rule of thumb is said as an estimate, beside what the run used (measured)
+    assert "1.40 of its 2 vCPU on average" in section and "Rule-of-thumb estimate" in section
     assert "I/O wait" in section and "not sampled" in section
 
 
