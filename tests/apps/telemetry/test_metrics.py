@@ -10,7 +10,7 @@ from apps.billing.services import telemetry_ingest
 from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Run
 from apps.telemetry.models import RunMetric, TelemetrySample
-from tests.apps.telemetry.test_services import gpu_run, samples  # noqa: F401 (fixture)
+from tests.apps.billing.test_ingest import gpu_run, samples  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.django_db
 

@@ -6,7 +6,7 @@ import pytest
 
 from apps.billing.services import telemetry_ingest
 from apps.telemetry.models import TelemetrySample
-from tests.apps.telemetry.test_services import gpu_run, samples  # noqa: F401 (fixture)
+from tests.apps.billing.test_ingest import gpu_run, samples  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.django_db
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from apps.experiments.models import Run
 from apps.pricing import cost_engine
 from apps.pricing.bill import run_bill
-from tests.apps.telemetry.test_billing_property import _world, deliver_and_check
+from tests.apps.billing.test_billing_property import _world, deliver_and_check
 
 pytestmark = pytest.mark.django_db
 
