@@ -133,6 +133,11 @@ def alerts_queue(*, event: FreezeEvent) -> list[AlertDelivery]:
     )
 
 
+def budget_step_alert(sender, *, signal=None, **step) -> None:
+    """Receiver of apps.billing.services.budget_stepped: the step recorded, its alerts queued."""
+    budget_event_record(**step)
+
+
 def budget_event_record(
     *,
     tenant: Tenant,
