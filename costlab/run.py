@@ -530,6 +530,9 @@ class Run:
         if sender is not None:
             delivered = sender.flush(self.flush_timeout_s, patience_s=OUTAGE_PATIENCE_S)
             sender.stop(join_s=2.0 if delivered else 0.2)  # a try under way ends on its own
+            # A try under way as the flush gave up may have landed since: a sample leaves the
+            # outbox only once the server stored it, so an empty outbox is everything delivered.
+            delivered = delivered or not len(self._outbox)
         if status == "succeeded" and self.world_size > 1 and self.barrier is not None:
             self.barrier()  # every rank delivered (or spooled) before rank 0 ends the run
         if sender is not None and sender.run_ended is not None:
