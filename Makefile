@@ -54,7 +54,7 @@ run: migrate
 TEST_WORKERS ?= 3
 XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
 test: install-dev
-	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(XDIST) --durations=25 $(PYTEST_ARGS)
 
 ## The edit loop: everything that starts no process (-m "not slow"), on the test databases kept
 ## from the last run (--reuse-db: new migrations still apply; PYTEST_ARGS=--create-db rebuilds).
