@@ -112,6 +112,20 @@ def _number(value) -> float | None:
 
 
 @register.filter
+def ago(value) -> str:
+    """How long ago `value` was, in words: "just now" under a minute ("0 minutes ago" read as a
+    fault), else Django's timesince ("3 minutes ago"); "" for none."""
+    if not value:
+        return ""
+    from django.utils import timezone
+    from django.utils.timesince import timesince
+
+    if (timezone.now() - value).total_seconds() < 60:
+        return "just now"
+    return f"{timesince(value)} ago"
+
+
+@register.filter
 def qty(value, unit: str = "") -> str:
     """A quantity with its unit: {{ run.energy_kwh|qty:"kWh" }} -> '0.01234 kWh'."""
     number = _number(value)

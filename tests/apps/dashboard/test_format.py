@@ -75,3 +75,16 @@ def test_an_interval_on_the_other_side_keeps_its_word_and_the_level_is_the_exper
     assert str(difference(0.25, -0.3, -0.1)) == "25 % dearer (10–30 % cheaper)"
     assert difference(None, -0.3, -0.1).interval == "10–30 % cheaper"
     assert confidence(0.05) == "95 %" and confidence("0.01") == "99 %"
+
+
+def test_ago_says_just_now_under_a_minute_never_zero_minutes():
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.dashboard.templatetags.dashboard_format import ago
+
+    now = timezone.now()
+    assert ago(now - timedelta(seconds=20)) == "just now"
+    assert ago(now - timedelta(minutes=3, seconds=5)) == "3\xa0minutes ago"
+    assert ago(None) == ""
