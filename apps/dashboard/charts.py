@@ -18,11 +18,11 @@ from apps.dashboard.verdicts import clip_low
 from apps.experiments.models import Arm, Experiment, Run
 from apps.pricing.bill import breakdown_shown
 
-# Telemetry charts of the experiment page (a run's page adds throughput, loss and the NVML GPM
-# kernel counters). Memory and GPM are charted only where they were sent: a chart that is always
-# empty (a CPU run, a GPU before Hopper) says nothing.
+# Telemetry charts of the experiment page (a run's page adds throughput and the NVML GPM kernel
+# counters). Memory and GPM are charted only where they were sent: a chart that is always empty (a
+# CPU run, a GPU before Hopper) says nothing. Each chart can be drawn against time, steps or tokens.
 GPM_FIELDS = ("tensor_active_pct", "dram_bw_pct", "sm_occupancy_pct")
-EXPERIMENT_FIELDS = ("util_pct", "power_w", "step_time_s", "micro_batch", "mem_used_mb")
+EXPERIMENT_FIELDS = ("util_pct", "power_w", "step_time_s", "micro_batch", "loss", "mem_used_mb")
 RUN_FIELDS = (*EXPERIMENT_FIELDS[:4], "tokens_per_s", "loss", "mem_used_mb", *GPM_FIELDS)
 CHARTED_WHEN_SENT = ("mem_used_mb", *GPM_FIELDS)
 # Points per chart across all its runs; each run gets a share, within these bounds.
@@ -107,6 +107,7 @@ def telemetry_json(
         "fields": meta,
         "runs": runs_json(runs, arm_names, series),
         "series": {f: data[f] for f in fields},
+        "progress": series.progress_json(),
     }
 
 

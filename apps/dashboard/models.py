@@ -24,6 +24,10 @@ CHART_FIELDS = (
     "sm_occupancy_pct",
     "tensor_active_pct",
     "dram_bw_pct",
+    # Where the run was (its step, its cumulative tokens): not charted themselves, the x axis a
+    # chart can be drawn against instead of time. Blocks rolled up before these have _n = 0.
+    "step",
+    "tokens",
 )
 
 
@@ -73,6 +77,9 @@ class SeriesBlock(models.Model):
     tensor_active_pct_sum, tensor_active_pct_n = _stat(), models.IntegerField(default=0)
     dram_bw_pct_min, dram_bw_pct_max = _stat(), _stat()
     dram_bw_pct_sum, dram_bw_pct_n = _stat(), models.IntegerField(default=0)
+    step_min, step_max, step_sum, step_n = _stat(), _stat(), _stat(), models.IntegerField(default=0)
+    tokens_min, tokens_max = _stat(), _stat()
+    tokens_sum, tokens_n = _stat(), models.IntegerField(default=0)
 
     class Meta:
         constraints = [

@@ -480,6 +480,7 @@ def live_update(
         "active": bool(live),
         "runs": charts.runs_json(live, names, series),
         "series": series.as_json(fields),
+        "progress": series.progress_json(),
     }
 
 

@@ -47,15 +47,19 @@ SERIES_LABELS = {
 # when a step ends inside it, 0 while a slow step runs) but derived per step: the run's tokens per
 # step over each point's step time, so a point exists only where steps ended.
 THROUGHPUT = "tokens_per_s"
+# Where a run was at each point (its step, its cumulative tokens): read with every chart, so a
+# chart can be drawn against steps or tokens instead of time (charts.js maps each point's time).
+PROGRESS = ("step", "tokens")
 
 
 def epoch_ms(ts: datetime) -> int:
     return int(ts.timestamp() * 1000)
 
 
-def _num(value: float) -> float:
-    """Four decimals: enough for a chart (0.1 ms of step time), a third of the JSON."""
-    return round(value, 4)
+def _num(value) -> float:
+    """Four decimals: enough for a chart (0.1 ms of step time), a third of the JSON. A float: the
+    sum of an integer column (step, tokens) reads as a Decimal, which JSON would write as text."""
+    return round(float(value), 4)
 
 
 @dataclass
@@ -86,6 +90,14 @@ class RunSeries:
         return {
             f: {str(r): bands[f].as_json() for r, bands in self.series.items() if bands[f].x}
             for f in fields
+        }
+
+    def progress_json(self) -> dict:
+        """Per run, its step and cumulative tokens against time: {run: {step: {x, y}, tokens}}."""
+        return {
+            str(r): {f: {"x": bands[f].x, "y": bands[f].y} for f in PROGRESS if f in bands}
+            for r, bands in self.series.items()
+            if any(bands[f].x for f in PROGRESS if f in bands)
         }
 
 
@@ -192,11 +204,12 @@ def _per_bucket(samples: int, points: int, run: Run) -> int:
 
 
 def _stored_fields(fields: tuple[str, ...]) -> tuple[str, ...]:
-    """The stored series to read for these chart fields (throughput is derived from step time)."""
+    """The stored series to read for these chart fields (throughput is derived from step time), and
+    the run's progress (PROGRESS)."""
     read = [f for f in fields if f != THROUGHPUT]
     if THROUGHPUT in fields and "step_time_s" not in read:
         read.append("step_time_s")
-    return tuple(read)
+    return tuple(dict.fromkeys((*read, *PROGRESS)))
 
 
 def tokens_per_step(run: Run) -> float | None:

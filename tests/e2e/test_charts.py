@@ -1,6 +1,6 @@
 """The charts in Chromium: a gap in a run is a break, runs of one arm get distinct shades of its
-colour, a click on a legend entry isolates that run, CPU runs are labelled as such, and empty
-charts say so."""
+colour, a click on a run in the legend isolates it on every chart, CPU runs are labelled as such,
+the x axis reads time, time since start, steps or tokens, and empty charts say so."""
 
 from __future__ import annotations
 
@@ -68,14 +68,17 @@ def test_breaks_shades_isolation_labels(page, live_server, lab):
         "CPU runs: CPU utilization"
     )
 
-    # A click on a legend entry leaves that run alone on the chart.
-    entry = page.locator(
-        "#chart-util_pct g.traces", has=page.locator(".legendtext", has_text=f"run {other.pk} ")
-    )
-    entry.locator(".legendtoggle").click()
-    page.wait_for_function(f"""() => (document.getElementById('chart-util_pct').data || [])
+    # A click on a run in the telemetry legend leaves that run alone on every chart; another click
+    # brings the others back.
+    entry = page.locator("#telemetry-legend .legend-entry", has_text=f"run {other.pk} ")
+    entry.click()
+    alone = """([ids, run]) => ids.every(id => (document.getElementById(id).data || [])
         .filter(t => t.showlegend !== false && t.visible !== 'legendonly').map(t => t.name)
-        .every(n => n.startsWith('run {other.pk} '))""")
+        .every(n => n.startsWith(`run ${run} `)))"""
+    page.wait_for_function(alone, arg=[["chart-util_pct", "chart-power_w"], other.pk])
+    entry.click()
+    page.wait_for_function("""() => (document.getElementById('chart-power_w').data || [])
+        .filter(t => t.showlegend !== false && t.visible !== 'legendonly').length === 4""")
 
     page.goto(f"{live_server.url}/runs/{gapped.pk}/")
     page.wait_for_selector("#cost-breakdown")
@@ -130,7 +133,8 @@ def test_recent_runs_and_counts_follow_the_runs_without_a_reload(page, live_serv
 
 def test_x_axis_toggle_lays_runs_over_each_other(page, live_server, lab):
     """'since run start': each run's x is seconds from its first sample, so runs started minutes
-    apart overlap; 'time (UTC)' brings the time of day back."""
+    apart overlap; 'step' and 'tokens': where each run was; 'time (UTC)' brings the time of day
+    back."""
     w, gapped, plain, other, _ = lab
     sign_in(page, live_server.url, w.user.username, f"/experiments/{w.experiment.pk}/")
     wait_for_charts(page, 6)
@@ -147,6 +151,20 @@ def test_x_axis_toggle_lays_runs_over_each_other(page, live_server, lab):
     assert "since the run started" in page.evaluate(
         "() => document.getElementById('chart-util_pct').layout.xaxis.title.text"
     )
+    # Steps and tokens: where each run was at each point (the world's samples: step seq + 1, 1,024
+    # tokens a step), the gapped run's second attempt carrying on from its first.
+    ends = """() => Object.fromEntries((document.getElementById('chart-loss').data || [])
+        .filter(t => t.showlegend !== false)
+        .map(t => [t.name.split(' ')[1], [t.x[0], t.x.filter(v => v !== null).pop()]]))"""
+    expected = {str(r.pk): 20 for r in (*plain, other)} | {str(gapped.pk): 40}
+    for mode, title, per_step in (("step", "step", 1), ("tokens", "tokens trained", 1024)):
+        page.click(f'[data-xaxis="{mode}"]')
+        page.wait_for_function(
+            f"() => document.getElementById('chart-loss').layout.xaxis.title.text === '{title}'"
+        )
+        assert page.evaluate(ends) == {
+            run: [per_step, last * per_step] for run, last in expected.items()
+        }, mode
     page.click('[data-xaxis="time"]')
     page.wait_for_function(
         "() => document.getElementById('chart-step_time_s').layout.xaxis.type === 'date'"

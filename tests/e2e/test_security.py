@@ -175,14 +175,15 @@ def test_hostile_arm_name_is_text_in_charts(page, live_server, demo):
         page.wait_for_function(
             charts_drawn(1), timeout=20_000
         )  # all of them: what follows checks every chart
-        page.wait_for_function("() => document.querySelectorAll('.chart .legendtext').length >= 1")
+        # The legends are HTML beside the charts (legend.js), their names set as text.
+        page.wait_for_function("() => document.querySelectorAll('.legend-entry').length >= 1")
         links = page.evaluate(
-            "() => Array.from(document.querySelectorAll('.chart a')).map(a => a.outerHTML)"
+            "() => Array.from(document.querySelectorAll('.chart a, .chart-legend a'))"
+            ".map(a => a.outerHTML)"
         )
         assert not links, (path, links)
         legends = page.evaluate(
-            "() => Array.from(document.querySelectorAll('.chart .legendtext'))"
-            ".map(t => t.textContent)"
+            "() => Array.from(document.querySelectorAll('.legend-entry')).map(t => t.textContent)"
         )
         assert any(HOSTILE in text for text in legends), (path, legends)
         # Hover labels too: hover the hostile line (a run's third trace; on the spend page, its

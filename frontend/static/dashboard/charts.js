@@ -9,7 +9,7 @@
 
   var dataEl = document.getElementById("dashboard-data");
   var root = document.getElementById("dashboard");
-  if (!dataEl || !root || !window.costlabLazy || !window.costlabPlain) { return; }
+  if (!dataEl || !root || !window.costlabLazy || !window.costlabPlain || !window.costlabLegend) { return; }
   var lazy = window.costlabLazy;
   var cfg = JSON.parse(dataEl.textContent);
   var PLOT_CONFIG = { displaylogo: false, responsive: true, modeBarButtonsToRemove: ["lasso2d", "select2d"] };
@@ -27,17 +27,42 @@
     return "rgba(" + (n >> 16) + "," + ((n >> 8) & 255) + "," + (n & 255) + "," + alpha + ")";
   }
 
+  // Every chart's frame. Its legend is HTML beside it (legend.js), never in the figure: there it covers
+  // the axis titles at a phone's width and scrolls with many runs. Title, tick labels and axis titles
+  // push the margins as far as they need (automargin): nothing clipped, nothing drawn over another.
   function layout(yTitle, extra) {
+    extra = extra || {};
     var base = {
-      height: 300, margin: { l: 64, r: 16, t: 30, b: 40 },
-      xaxis: { type: "date", title: { text: "time (UTC)", standoff: 4 } },
-      yaxis: { title: { text: yTitle }, rangemode: "tozero" },
-      // A click on a legend entry shows that run (or arm) alone; a double click brings the others back.
-      legend: { orientation: "h", y: -0.42, yanchor: "top", font: { size: 11 }, itemclick: "toggleothers",
-        itemdoubleclick: "toggle" }, hovermode: "closest", hoverlabel: { namelength: -1 }, // whole run names
+      height: 300, margin: { l: 8, r: 14, t: 8, b: 8 }, showlegend: false,
+      xaxis: { type: "date", automargin: true, ticklabelstandoff: 6, title: { text: "time (UTC)", standoff: 6 } },
+      yaxis: { automargin: true, title: { text: yTitle, standoff: 8 }, rangemode: "tozero" },
+      hovermode: "closest", hoverlabel: { namelength: -1 }, // whole run names
       paper_bgcolor: "rgba(0,0,0,0)", plot_bgcolor: "#fff"
     };
-    return Object.assign(base, extra || {});
+    ["xaxis", "yaxis"].forEach(function (k) { if (extra[k]) { extra[k] = Object.assign({}, base[k], extra[k]); } });
+    return Object.assign(base, extra);
+  }
+
+  // A chart's title, top left, in a margin of its own (it never meets the y axis' title or ticks).
+  function chartTitle(text, size) {
+    return { text: text, font: { size: size || 14 }, x: 0.01, xanchor: "left", yref: "container", y: 1,
+      yanchor: "top", pad: { t: 6 }, automargin: true };
+  }
+
+  // A legend for one chart, in the figure after it (legend.js); setLegend fills it and shows the
+  // traces about to be drawn as it says (a line shown alone stays alone through a redraw).
+  var legends = {};
+  function chartLegend(el) {
+    if (!legends[el.id]) {
+      var box = document.createElement("div");
+      el.parentNode.insertBefore(box, el.nextSibling);
+      legends[el.id] = window.costlabLegend(box, function () { return [el]; });
+    }
+    return legends[el.id];
+  }
+  function setLegend(legend, entries, traces) {
+    legend.set(entries);
+    traces.forEach(function (t) { t.visible = legend.visible(t.legendgroup); });
   }
 
   var plain = window.costlabPlain; // labels from data are text, never markup (plain.js)
@@ -51,8 +76,10 @@
     return extra;
   }
 
+  // The y axis says the unit; the chart's title says what it is ("Power" over "W"): a whole label on
+  // both ran into the title at the top of a phone's chart.
   function axisTitle(meta) {
-    return plain(meta.unit ? meta.label + " (" + meta.unit + ")" : meta.label);
+    return plain(meta.unit || "");
   }
 
   // ---------------------------------------------------------------- telemetry (one chart per field)
@@ -105,34 +132,71 @@
     return out;
   }
 
-  // ---------------------------------------------------------------- x axis: time of day, or since each run started
-  // "since start" lays runs that trained at different times over each other (seconds from each run's
-  // first sample). Traces carry their run id (meta); the data stay in epoch ms, shown shifted.
+  // ---------------------------------------------------------------- x axis: time, since start, step, tokens
+  // A trace's data stay in epoch ms (times[runId], the x of its three traces); what is drawn is that
+  // time shown as the toggle says: time of day; seconds since the run's first sample ("since start"
+  // lays runs that trained at different times over each other); or the step, or the cumulative tokens,
+  // the run had reached then (read off tele.progress, each run's step and tokens against time: curves
+  // of runs that step at different speeds compared step for step, or token for token).
   var xMode = "time";
   var runOrigin = {}; // run id -> its first sample's x (epoch ms)
+  var progress = tele.progress || {}; // run id -> {step: {x, y}, tokens: {x, y}}
+  var X_AXES = {
+    time: { type: "date", title: { text: "time (UTC)" } },
+    elapsed: { type: "linear", title: { text: "time since the run started (s)" }, rangemode: "tozero" },
+    step: { type: "linear", title: { text: "step" }, rangemode: "tozero" },
+    tokens: { type: "linear", title: { text: "tokens trained" }, rangemode: "tozero", tickformat: "~s" }
+  };
   function noteOrigin(runId, xs) {
     for (var i = 0; i < xs.length; i++) {
       if (xs[i] !== null && (runOrigin[runId] === undefined || xs[i] < runOrigin[runId])) { runOrigin[runId] = xs[i]; }
     }
   }
-  function convert(runId, xs, from, to) {
-    var x0 = runOrigin[runId] || 0;
-    var abs = from === "time" ? xs : xs.map(function (v) { return v * 1000 + x0; });
-    return to === "time" ? abs : abs.map(function (v) { return (v - x0) / 1000; });
+  // New progress points (after the last one kept) from a live update.
+  function addProgress(update) {
+    Object.keys(update || {}).forEach(function (runId) {
+      var have = progress[runId] = progress[runId] || {};
+      Object.keys(update[runId]).forEach(function (k) {
+        var kept = have[k] = have[k] || { x: [], y: [] }, fresh = update[runId][k];
+        var last = kept.x.length ? kept.x[kept.x.length - 1] : -Infinity;
+        for (var i = 0; i < fresh.x.length; i++) {
+          if (fresh.x[i] > last) { kept.x.push(fresh.x[i]); kept.y.push(fresh.y[i]); last = fresh.x[i]; }
+        }
+      });
+    });
   }
-  function shown(runId, xs) { return convert(runId, xs, "time", xMode); }
+  // The value of a series ({x, y}, x ascending) at time t: linear between its points; null outside.
+  function valueAt(series, t) {
+    var xs = series.x, lo = 0, hi = xs.length - 1;
+    if (hi < 0 || t < xs[0] || t > xs[hi]) { return null; }
+    while (hi - lo > 1) {
+      var mid = (lo + hi) >> 1;
+      if (xs[mid] <= t) { lo = mid; } else { hi = mid; }
+    }
+    if (xs[hi] === xs[lo]) { return series.y[lo]; }
+    return series.y[lo] + (series.y[hi] - series.y[lo]) * (t - xs[lo]) / (xs[hi] - xs[lo]);
+  }
+  function shown(runId, xs) {
+    if (xMode === "time") { return xs.slice(); }
+    if (xMode === "elapsed") {
+      var x0 = runOrigin[runId] || 0;
+      return xs.map(function (t) { return t === null ? null : (t - x0) / 1000; });
+    }
+    var by = (progress[runId] || {})[xMode];
+    return xs.map(function (t) { return by && t !== null ? valueAt(by, t) : null; });
+  }
   function xAxis() {
-    return xMode === "time" ? { type: "date", title: { text: "time (UTC)", standoff: 4 } }
-      : { type: "linear", title: { text: "time since the run started (s)", standoff: 4 }, rangemode: "tozero" };
+    var axis = X_AXES[xMode];
+    return Object.assign({ automargin: true, ticklabelstandoff: 6 }, axis,
+      { title: { text: axis.title.text, standoff: 6 } });
   }
   function setXMode(mode) {
-    if (mode === xMode) { return; }
-    var from = xMode;
+    if (mode === xMode || !X_AXES[mode]) { return; }
     xMode = mode;
     Object.keys(charts).forEach(function (field) {
-      var el = charts[field].el;
+      var state = charts[field], el = state.el;
       if (!el.data || !el.data.length) { return; }
-      Plotly.restyle(el, { x: el.data.map(function (t) { return convert(t.meta, t.x, from, mode); }) });
+      Plotly.restyle(el, { x: el.data.map(function (t) { return shown(t.meta, state.times[t.meta] || []); }) });
       Plotly.relayout(el, { xaxis: xAxis() });
     });
     Array.prototype.forEach.call(document.querySelectorAll("[data-xaxis]"), function (b) {
@@ -151,16 +215,39 @@
     var estimated = run.estimated && field === "power_w";
     if (estimated) { anyEstimated = true; }
     var name = plain(run.label + (estimated ? " (estimated)" : ""));
-    var group = "run-" + runId;
+    var group = "run-" + runId, visible = runLegend ? runLegend.visible(group) : true;
     return [
       { x: x, y: band.lo, type: "scatter", mode: "lines", line: { width: 0, color: color }, meta: runId,
-        hoverinfo: "skip", showlegend: false, legendgroup: group, name: name + " min" },
+        hoverinfo: "skip", showlegend: false, legendgroup: group, name: name + " min", visible: visible },
       { x: x, y: band.hi, type: "scatter", mode: "lines", line: { width: 0, color: color }, meta: runId,
         fill: "tonexty", fillcolor: rgba(color, 0.15), hoverinfo: "skip", showlegend: false,
-        legendgroup: group, name: name + " max" },
+        legendgroup: group, name: name + " max", visible: visible },
       { x: x, y: band.y, type: "scatter", mode: "lines", name: name, legendgroup: group, meta: runId,
-        line: { width: 1.6, color: color, dash: estimated ? "dot" : "solid" } }
+        line: { width: 1.6, color: color, dash: estimated ? "dot" : "solid" }, visible: visible }
     ];
+  }
+
+  // One legend for all the telemetry charts, above them: the same runs in the same colours on each, so
+  // a dozen entries once, not under every chart (where they outgrew the plots at a phone's width). A
+  // click on a run shows it alone on every chart.
+  var runLegend = null;
+  function drawRunLegend() {
+    var first = root.querySelector('.chart[data-kind="telemetry"]');
+    if (!first) { return; }
+    if (!runLegend) {
+      var grid = first.closest(".charts") || first;
+      var box = document.createElement("div");
+      box.id = "telemetry-legend";
+      grid.parentNode.insertBefore(box, grid);
+      runLegend = window.costlabLegend(box, function () {
+        return Object.keys(charts).map(function (f) { return charts[f].el; });
+      });
+    }
+    runLegend.set(Object.keys(tele.runs).map(function (runId) {
+      var run = tele.runs[runId];
+      return { group: "run-" + runId, name: run.label + (run.estimated ? " (power estimated)" : ""),
+        color: armColor(runId) };
+    }));
   }
 
   function emptyBand() { return { x: [], y: [], lo: [], hi: [] }; }
@@ -170,6 +257,7 @@
     Object.keys(tele.series).forEach(function (field) {
       Object.keys(tele.series[field]).forEach(function (runId) { noteOrigin(runId, tele.series[field][runId].x); });
     });
+    drawRunLegend();
     var els = root.querySelectorAll('.chart[data-kind="telemetry"]');
     Array.prototype.forEach.call(els, function (el) {
       queued[el.dataset.field] = true;
@@ -182,11 +270,12 @@
     var meta = tele.fields[field];
     var series = tele.series[field] || {};
     var traces = [];
-    var state = { el: el, index: {}, lastX: {}, count: 0 };
+    var state = { el: el, index: {}, lastX: {}, count: 0, times: {} };
     Object.keys(series).forEach(function (runId) {
       state.step = state.step || {};
       state.step[runId] = usualStep(series[runId].x);
       var band = withBreaks(series[runId], undefined, state.step[runId]);
+      state.times[runId] = band.x.slice();
       state.index[runId] = [traces.length, traces.length + 1, traces.length + 2];
       state.lastX[runId] = band.x.length ? band.x[band.x.length - 1] : -Infinity;
       state.count += 3;
@@ -195,7 +284,9 @@
     delete queued[field];
     charts[field] = state;
     // xAxis(): the toggle may have been used before this chart was drawn.
-    var extra = { title: { text: plain(meta.label), font: { size: 14 }, x: 0.01 }, xaxis: xAxis() };
+    var extra = { title: chartTitle(plain(meta.label)), xaxis: xAxis() };
+    // A loss curve is read by its fall, not against zero.
+    if (field === "loss") { extra.yaxis = { rangemode: "normal" }; }
     if (!traces.length) { emptyLayout(extra, "no telemetry yet: this fills in when a run starts training"); }
     Plotly.newPlot(el, traces, layout(axisTitle(meta), extra), PLOT_CONFIG);
     showEstimatedNote();
@@ -233,10 +324,13 @@
   }
 
   function appendTelemetry(update) {
+    var runsBefore = JSON.stringify(tele.runs);
     Object.keys(update.runs || {}).forEach(function (runId) {
       if (!tele.runs[runId]) { tele.runs[runId] = update.runs[runId]; }
       if (update.runs[runId].estimated) { tele.runs[runId].estimated = true; }
     });
+    if (JSON.stringify(tele.runs) !== runsBefore) { drawRunLegend(); }
+    addProgress(update.progress);
     var newest = null;
     Object.keys(update.series || {}).forEach(function (field) {
       var state = charts[field];
@@ -255,6 +349,7 @@
         if (!state.step[runId]) { state.step[runId] = usualStep(fresh.x); }
         fresh = withBreaks(fresh, state.lastX[runId], state.step[runId]);
         state.lastX[runId] = fresh.x[fresh.x.length - 1];
+        state.times[runId] = (state.times[runId] || []).concat(fresh.x).slice(-MAX_POINTS);
         newest = Math.max(newest || 0, state.lastX[runId]);
         if (state.index[runId] === undefined) {
           if (state.count === 0) {
@@ -294,10 +389,11 @@
   }
 
   function drawDeviation(devEl, attr) {
-    var traces = [];
+    var traces = [], entries = [], legend = chartLegend(devEl);
     Object.keys(attr.deviation).forEach(function (armId) {
       var arm = cfg.arms[armId] || { name: "arm " + armId, color: "#555" };
       var d = attr.deviation[armId];
+      if (d.x.length) { entries.push({ group: armId, name: arm.name, color: arm.color }); }
       var lo = [], hi = [], x = [];
       for (var i = 0; i < d.x.length; i++) {
         if (d.lo[i] !== null && d.hi[i] !== null) { x.push(d.x[i]); lo.push(d.lo[i]); hi.push(d.hi[i]); }
@@ -311,7 +407,11 @@
     });
     ["freeze", "unfreeze"].forEach(function (action) {
       var events = attr.freezes.filter(function (f) { return f.action === action; });
-      traces.push({
+      if (events.length) {
+        entries.push(action === "freeze" ? { group: action, name: "freeze", symbol: "\u00d7", color: "#c0392b" }
+          : { group: action, name: "unfreeze", symbol: "\u25cb", color: "#2a9d5c" });
+      }
+      traces.push({ legendgroup: action,
         x: events.map(function (f) { return f.x; }), y: events.map(function (f) { return f.y; }),
         text: events.map(function (f) { return plain(((cfg.arms[String(f.arm)] || {}).name || "arm") + ": " + f.reason); }),
         type: "scatter", mode: "markers", name: action === "freeze" ? "freeze" : "unfreeze",
@@ -338,22 +438,25 @@
       annotations = devExtra.annotations;
       shapes = [];
     }
+    setLegend(legend, entries, traces);
     Plotly.react(devEl, traces, layout("deviation vs control (%)", Object.assign({
       shapes: shapes, annotations: annotations, yaxis: { title: { text: "deviation vs control (%)" }, zeroline: true },
-      title: { text: "Deviation timeline", font: { size: 14 }, x: 0.01 }
+      title: chartTitle("Deviation timeline")
     }, devExtra.xaxis ? { xaxis: devExtra.xaxis, yaxis: devExtra.yaxis } : {})), PLOT_CONFIG);
   }
 
   function drawWeights(wEl, attr) {
+    var legend = chartLegend(wEl), entries = [];
     var wTraces = Object.keys(attr.weights).map(function (armId) {
       var arm = cfg.arms[armId] || { name: "arm " + armId, color: "#555" };
       var w = attr.weights[armId];
-      return { x: w.x, y: w.y, type: "scatter", mode: "lines", name: plain(arm.name),
+      entries.push({ group: armId, name: arm.name, color: arm.color });
+      return { x: w.x, y: w.y, type: "scatter", mode: "lines", name: plain(arm.name), legendgroup: armId,
         line: { shape: "hv", color: arm.color, width: 2 } };
     });
-    Plotly.react(wEl, wTraces, layout("traffic weight (relative)", {
-      title: { text: "Weights over time", font: { size: 14 }, x: 0.01 }
-    }), PLOT_CONFIG);
+    setLegend(legend, entries, wTraces);
+    Plotly.react(wEl, wTraces, layout("traffic weight (relative)", { title: chartTitle("Weights over time") }),
+      PLOT_CONFIG);
   }
 
   // ---------------------------------------------------------------- held-out quality against cost
@@ -369,12 +472,13 @@
   }
 
   function drawQuality(el, q) {
-    var traces = [], inLegend = {}, control = null;
+    var traces = [], inLegend = {}, control = null, legend = chartLegend(el), entries = [];
     Object.keys(cfg.arms).forEach(function (id) { if (cfg.arms[id].control) { control = cfg.arms[id]; } });
     // One line per run in its arm's colour; one legend entry per arm (a click shows that arm alone).
     q.runs.forEach(function (r) {
       var arm = cfg.arms[String(r.arm)] || { name: "arm " + r.arm };
       var label = plain(r.label) + (r.finished ? "" : " (not finished)");
+      if (!inLegend[r.arm]) { entries.push({ group: "arm-" + r.arm, name: arm.name, color: r.color }); }
       traces.push({ x: r.x, y: r.y, type: "scatter", mode: "lines+markers", marker: { size: 5 },
         name: plain(arm.name), legendgroup: "arm-" + r.arm, showlegend: !inLegend[r.arm],
         line: { color: r.color, width: 1.6, dash: r.finished ? "solid" : "dot" },
@@ -383,8 +487,8 @@
       inLegend[r.arm] = true;
     });
     var extra = {
-      title: { text: plain(q.title), font: { size: 14 }, x: 0.01 },
-      xaxis: { type: "linear", title: { text: plain(q.x_title), standoff: 4 }, rangemode: "tozero" },
+      title: chartTitle(plain(q.title)),
+      xaxis: { type: "linear", title: { text: plain(q.x_title), standoff: 6 }, rangemode: "tozero" },
       yaxis: { title: { text: plain(q.y_title) } }
     };
     if (q.target !== null && q.target !== undefined) {
@@ -399,6 +503,7 @@
       emptyLayout(extra, "No held-out evaluations yet: add an `eval:` section to the strategy,<br>or log " +
         plain(q.metric) + " from the SDK");
     }
+    setLegend(legend, entries, traces);
     Plotly.react(el, traces, layout(plain(q.y_title), extra), PLOT_CONFIG);
   }
 
@@ -413,8 +518,8 @@
 
   // A new object each time: Plotly keeps (and fills in) the layout it is given.
   function small(title) {
-    return { title: { text: title, font: { size: 14 }, x: 0.01 }, height: 220, margin: { l: 100, r: 16, t: 30, b: 40 },
-      showlegend: false, xaxis: { title: { text: "USD" }, rangemode: "tozero", tickformat: "~r" },
+    return { title: chartTitle(title), height: 220, margin: { l: 8, r: 16, t: 8, b: 8 },
+      showlegend: false, xaxis: { title: { text: "USD" }, rangemode: "tozero", tickformat: "~r", automargin: true },
       yaxis: { automargin: true } };
   }
 
@@ -462,9 +567,8 @@
     var last = s.value.length ? s.value[s.value.length - 1] : null;
     var title = name + (last === null ? "" : " · last " + Number(last).toPrecision(4));
     Plotly.newPlot(el, traces, layout(name, {
-      height: 240, margin: { l: 56, r: 12, t: 30, b: 36 },
-      title: { text: title, font: { size: 13 }, x: 0.01 },
-      xaxis: { type: "linear", title: { text: "step", standoff: 4 }, rangemode: "tozero" },
+      height: 240, title: chartTitle(title, 13),
+      xaxis: { type: "linear", title: { text: "step", standoff: 6 }, rangemode: "tozero" },
       yaxis: { title: { text: "" }, rangemode: "normal", automargin: true }
     }), PLOT_CONFIG);
   }

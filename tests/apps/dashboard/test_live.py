@@ -101,6 +101,10 @@ def test_run_live_polls_one_run(member, live):
     assert list(data["runs"]) == [str(running.pk)]
     # Throughput is the run's tokens per step (1,024) over each step's time, not the samples' own.
     assert data["series"]["tokens_per_s"][str(running.pk)]["y"][-2:] == [4096.0, 4096.0]
+    # Where the run was, for the charts drawn against steps or tokens: step seq + 1, 1,024 a step.
+    progress = data["progress"][str(running.pk)]
+    assert progress["step"]["y"][-1] == running.last_seq + 3
+    assert progress["tokens"]["y"][-1] == 1024 * (running.last_seq + 3)
 
 
 def test_the_comparison_fragment_renders_alone(member, live):

@@ -114,7 +114,7 @@ def test_empty_experiment_says_no_runs_yet_and_charts_are_empty(member, w):
     page = text(response)
     assert "No runs yet" in page and f"costlab submit --experiment {w.experiment.pk}" in page
     assert chart_data(response)["telemetry"]["series"] == {
-        f: {} for f in ("util_pct", "power_w", "step_time_s", "micro_batch")
+        f: {} for f in ("util_pct", "power_w", "step_time_s", "micro_batch", "loss")
     }
 
 

@@ -77,6 +77,18 @@ def test_live_throughput_is_per_step_too(w):
     assert band.y == pytest.approx([TOKENS_PER_STEP / STEP_S] * 3, rel=1e-3)
 
 
+def test_loss_is_charted_on_the_experiment_page_against_time_steps_or_tokens(member, w):
+    run = train(run_of(w.control), n=20)
+    response = member.get(reverse("dashboard:experiment", args=[w.experiment.pk]))
+    data = chart_data(response)["telemetry"]
+    assert data["series"]["loss"][str(run.pk)]["y"][0] == 3.0
+    progress = data["progress"][str(run.pk)]
+    assert progress["step"]["y"] == [float(s) for s in range(1, 21)]
+    assert progress["tokens"]["y"][-1] == 1024.0 * 20
+    assert progress["step"]["x"] == data["series"]["loss"][str(run.pk)]["x"]
+    assert 'data-xaxis="step"' in response.content.decode()
+
+
 def test_a_memory_chart_appears_when_memory_is_sent(member, w):
     quiet = train(run_of(w.control), n=20)
     data = chart_data(member.get(reverse("dashboard:run", args=[quiet.pk])))

@@ -11,6 +11,7 @@ from django.db import connection
 from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 
+from apps.dashboard import series as chart_series
 from apps.dashboard.models import SeriesBlock
 from apps.dashboard.series import RAW_MAX, live_series, run_series
 from apps.dashboard.services import series_blocks_refresh, series_blocks_roll_due
@@ -200,6 +201,32 @@ def test_live_series_returns_only_samples_since_the_cursor(w):
     first = int((since - timedelta(seconds=10)).timestamp() * 1000)  # the overlap re-reads 10 s
     assert band.x[0] == first and len(band.x) == 30
     assert band.y == band.lo == band.hi
+
+
+def test_each_point_says_where_the_run_was_from_samples_and_from_blocks(w, monkeypatch):
+    """The step and cumulative tokens a chart drawn against steps or tokens reads, per point, at the
+    points' own times: from raw samples, from rolled-up blocks, and live."""
+    n = 640  # ten blocks
+    run = stored(run_of(w.control), n, priced=n)
+    TelemetrySample.objects.filter(run=run).update(step=F("seq") + 1, tokens=(F("seq") + 1) * 1000)
+    raw = run_series(runs=[run], fields=FIELDS, budget=n)
+    progress = raw.progress_json()[str(run.pk)]
+    assert progress["step"]["y"] == [float(s) for s in range(1, n + 1)]
+    assert progress["tokens"]["y"][-1] == n * 1000.0
+    assert progress["step"]["x"] == raw.series[run.pk]["util_pct"].x, "the same points"
+
+    series_blocks_refresh(runs=[run])
+    monkeypatch.setattr(chart_series, "RAW_MAX", 100)  # read from the blocks, one per point
+    blocks = run_series(runs=[run], fields=FIELDS, budget=10)
+    progress = blocks.progress_json()[str(run.pk)]
+    assert progress["step"]["x"] == blocks.series[run.pk]["util_pct"].x
+    assert progress["step"]["y"] == [64 * b + 32.5 for b in range(10)], "each block's mean step"
+    assert progress["tokens"]["y"][0] == 32_500.0
+
+    since = T0 + timedelta(seconds=n - 20)
+    live = live_series(runs=[run], fields=FIELDS, since=since).progress_json()[str(run.pk)]
+    assert live["step"]["y"][-1] == float(n) and live["tokens"]["y"][-1] == n * 1000.0
+    assert live["step"]["x"] == sorted(live["step"]["x"])
 
 
 def test_runs_without_samples_have_empty_series(w):
