@@ -214,6 +214,7 @@ def test_run_and_pricing_pages(page, live_server, demo, screenshots):
 
     page.click("text=Experiments")
     listed = page.locator(f'#experiments tr[data-experiment="{experiment.pk}"]').inner_text()
-    assert experiment.name in listed and "USD" in listed and "ago" in listed
+    assert experiment.name in listed and "USD" in listed
+    assert "ago" in listed or "just now" in listed  # when it was last attributed
     page.screenshot(path=str(screenshots / "experiments.png"), full_page=True)
     assert not page.js_errors, page.js_errors
