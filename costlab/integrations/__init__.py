@@ -43,6 +43,47 @@ def which_run_checked(run, experiment, arm, assign, run_key, options) -> None:
         raise ValueError("experiment: name the experiment, or pass a started run (run=)")
 
 
+def run_opened(
+    callback: Any,
+    *,
+    world: int,
+    rank: int,
+    local_rank: int,
+    device: str,
+    broadcast,
+    barrier,
+    what: str,
+) -> Any:
+    """The run a callback's training reports to: its open one (adopted, or started by apply),
+    else a new one started now on every rank under one run key (None, said once, when an adopted
+    run has already ended). `callback` holds experiment, arm_given, assign, run_key, options,
+    run and adopted; `what` names the training ("train()", "fit") in that line."""
+    from costlab.run import Run
+
+    if callback.run is not None and not callback.run.closed:
+        return callback.run
+    if callback.adopted:
+        say(
+            f"the run handed to the callback (run=) has ended; this {what} is not tracked: hand "
+            "over a new run"
+        )
+        return None
+    key = shared_run_key(callback.run_key, world_size=world, rank=rank, broadcast=broadcast)
+    callback.run = Run(
+        callback.experiment,
+        callback.arm_given,
+        assign=callback.assign,
+        run_key=key,
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world,
+        device=device,
+        barrier=barrier if world > 1 else None,
+        **callback.options,
+    ).start()
+    return callback.run
+
+
 def shared_run_key(given: str | None, *, world_size: int, rank: int, broadcast) -> str | None:
     """The run key every rank of the job uses: the one given (or COSTLAB_RUN_KEY), else rank 0's
     fresh one, sent to the others by `broadcast(key) -> key` (the framework's collective)."""

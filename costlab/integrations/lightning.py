@@ -24,12 +24,11 @@ from typing import Any
 
 from lightning.pytorch import Callback
 
-from costlab.delivery import say
 from costlab.exits import outcome_of
 from costlab.integrations import (
     EvalReporter,
     numeric_logs,
-    shared_run_key,
+    run_opened,
     which_run_checked,
 )
 from costlab.run import Run
@@ -93,32 +92,18 @@ class CostlabCallback(Callback):
         if self._training and self.run is not None and not self.run.closed:
             self.run.close("failed", "a new fit began before this one ended")
         self._training = False
-        if self.run is None or self.run.closed:
-            if self.adopted:
-                say(
-                    "the run handed to the callback (run=) has ended; this fit is not tracked: "
-                    "hand over a new run"
-                )
-                return
-            world, rank = int(trainer.world_size), int(trainer.global_rank)
-            key = shared_run_key(
-                self.run_key,
-                world_size=world,
-                rank=rank,
-                broadcast=lambda value: trainer.strategy.broadcast(value, src=0),
-            )
-            self.run = Run(
-                self.experiment,
-                self.arm_given,
-                assign=self.assign,
-                run_key=key,
-                rank=rank,
-                local_rank=int(trainer.local_rank),
-                world_size=world,
-                device=str(pl_module.device),
-                barrier=trainer.strategy.barrier if world > 1 else None,
-                **self.options,
-            ).start()
+        run = run_opened(
+            self,
+            world=int(trainer.world_size),
+            rank=int(trainer.global_rank),
+            local_rank=int(trainer.local_rank),
+            device=str(pl_module.device),
+            broadcast=lambda value: trainer.strategy.broadcast(value, src=0),
+            barrier=trainer.strategy.barrier,
+            what="fit",
+        )
+        if run is None:
+            return
         self._training = True
         self._pending, self._last_step = 0, trainer.global_step
         self.run.log_params(dict(getattr(pl_module, "hparams", {}) or {}), kind="hyperparameters")

@@ -40,7 +40,7 @@ from costlab.exits import outcome_of
 from costlab.integrations import (
     EvalReporter,
     numeric_logs,
-    shared_run_key,
+    run_opened,
     which_run_checked,
 )
 from costlab.run import Run
@@ -112,31 +112,16 @@ class CostlabCallback(TrainerCallback):
     # -- the run -------------------------------------------------------------------------------
 
     def _open_run(self, args) -> Run | None:
-        """The run this training reports to: the adopted or already started one, else a new one
-        started now (every rank, one run key)."""
-        if self.run is not None and not self.run.closed:
-            return self.run
-        if self.adopted:
-            say(
-                "the run handed to the callback (run=) has ended; this train() is not tracked: "
-                "hand over a new run"
-            )
-            return None
-        world, rank = int(args.world_size), int(args.process_index)
-        key = shared_run_key(self.run_key, world_size=world, rank=rank, broadcast=_broadcast)
-        self.run = Run(
-            self.experiment,
-            self.arm_given,
-            assign=self.assign,
-            run_key=key,
-            rank=rank,
+        return run_opened(
+            self,
+            world=int(args.world_size),
+            rank=int(args.process_index),
             local_rank=max(0, int(args.local_process_index)),
-            world_size=world,
             device=str(args.device),
-            barrier=_barrier if world > 1 else None,
-            **self.options,
-        ).start()
-        return self.run
+            broadcast=_broadcast,
+            barrier=_barrier,
+            what="train()",
+        )
 
     def apply(self, args: Any) -> Any:
         """Start the run (assigning its arm) and return `args` (TrainingArguments) with the keys

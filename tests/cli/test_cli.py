@@ -169,13 +169,16 @@ def test_submit_refusals_exit_2_with_the_reason(lab, capsys, strategy):
     assert Run.objects.count() == 0
 
 
-def finish_when_submitted(status: str) -> threading.Thread:
-    """Play the worker: claim the run once it is queued, then end it with `status`."""
+def finish_when_submitted(
+    status: str, *, then=None, stop: threading.Event | None = None, wait_s: float = 20
+) -> threading.Thread:
+    """Play the worker: claim the run once it is queued, then end it with `status`; `then(run)`
+    after (what the run should have measured); `stop` ends the wait early."""
 
     def work():
         try:
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline:
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and not (stop and stop.is_set()):
                 run = Run.objects.filter(status="queued").first()
                 if run:
                     runs.run_claim(run_id=run.pk, owner="fake-worker")
@@ -186,6 +189,8 @@ def finish_when_submitted(status: str) -> threading.Thread:
                         status=status,
                         error="" if status == "succeeded" else "CUDA error: out of memory",
                     )
+                    if then is not None:
+                        then(run)
                     return
                 time.sleep(0.1)
         finally:

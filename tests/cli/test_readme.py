@@ -4,8 +4,8 @@ found its CI example failing at line 1).
 
 What is not the README's own is put in its place, and only that: the server's address for
 127.0.0.1:8000, the experiment's id for `3`, and the token `api_token_create` printed for `...`.
-A fake worker trains nothing: it claims the submitted run and finishes it priced and evaluated
-like the arm's earlier runs, so the gate has its evidence.
+A fake worker (test_cli's) trains nothing: it claims the submitted run and finishes it, priced
+and evaluated like the arm's earlier runs, so the gate has its evidence.
 """
 
 from __future__ import annotations
@@ -13,16 +13,14 @@ from __future__ import annotations
 import re
 import subprocess
 import threading
-import time
 from decimal import Decimal
 
 import pytest
 from django.conf import settings
-from django.db import connection
 
-from apps.experiments import runs
 from apps.experiments.models import Run
 from tests.cli.conftest import priced_run
+from tests.cli.test_cli import finish_when_submitted
 from tests.factories import ArmFactory, final_evaluation
 from tests.helpers import ROOT, clean_env
 
@@ -44,38 +42,25 @@ def database_url() -> str:
     return f"postgres://{db['USER'] or 'postgres'}@{db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
-def finish_priced(arm_name: str, usd: str, loss: float, stop: threading.Event) -> threading.Thread:
-    """Play the worker: claim the arm's queued run, then end it priced and evaluated."""
+def priced_and_evaluated(usd: str, loss: float):
+    """What the fake worker's run measured, as the arm's earlier runs did; then a tick."""
 
-    def work():
-        try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not stop.is_set():
-                run = Run.objects.filter(status="queued", arm__name=arm_name).first()
-                if run:
-                    runs.run_claim(run_id=run.pk, owner="fake-worker")
-                    runs.run_finish(run_id=run.pk, owner="fake-worker", status="succeeded")
-                    Run.objects.filter(pk=run.pk).update(
-                        priced_seq=5,
-                        last_seq=5,
-                        tokens=1_000_000,
-                        steps=50,
-                        cost_usd=Decimal(usd),
-                        device_seconds=30.0,
-                    )
-                    run.refresh_from_db()
-                    final_evaluation(run, loss, at=run.finished_at)
-                    from apps.attribution.services import attribution_tick
+    def then(run: Run) -> None:
+        from apps.attribution.services import attribution_tick
 
-                    attribution_tick()
-                    return
-                time.sleep(0.1)
-        finally:
-            connection.close()
+        Run.objects.filter(pk=run.pk).update(
+            priced_seq=5,
+            last_seq=5,
+            tokens=1_000_000,
+            steps=50,
+            cost_usd=Decimal(usd),
+            device_seconds=30.0,
+        )
+        run.refresh_from_db()
+        final_evaluation(run, loss, at=run.finished_at)
+        attribution_tick()
 
-    thread = threading.Thread(target=work, daemon=True)
-    thread.start()
-    return thread
+    return then
 
 
 @pytest.mark.skipif(
@@ -97,7 +82,9 @@ def test_the_readme_ci_example_runs_as_written(lab):
             run = priced_run(arm, f"{Decimal(usd) + Decimal(i) / 1000:.3f}")
             final_evaluation(run, 3.0 + i / 1000, at=run.created_at)
     stop = threading.Event()
-    worker = finish_priced("pr-123", "0.985", 3.0005, stop)
+    worker = finish_when_submitted(
+        "succeeded", then=priced_and_evaluated("0.985", 3.0005), stop=stop, wait_s=60
+    )
 
     script = block
     assert "http://127.0.0.1:8000" in script and "COSTLAB_TOKEN=..." in script
