@@ -19,7 +19,7 @@ from django.db import close_old_connections, connection
 from django.utils import timezone
 
 import gpu_runtime
-from apps.billing.services import telemetry_ingest
+from apps.billing.interface import telemetry_ingest
 from apps.core.db import db_retry
 from apps.core.leases import lease_owner_id
 from apps.core.notify import ARM_REVISIONS, RUN_CANCELS, listen

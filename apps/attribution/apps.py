@@ -8,7 +8,7 @@ class AttributionConfig(AppConfig):
     def ready(self) -> None:
         from apps.attribution.alerts import budget_step_alert
         from apps.attribution.services import weight_change_record
-        from apps.billing.services import budget_stepped
+        from apps.billing.interface import budget_stepped
         from apps.experiments.services import arm_weight_changed
 
         arm_weight_changed.connect(weight_change_record, dispatch_uid="attribution.weight_change")

@@ -11,8 +11,15 @@ from dataclasses import dataclass, field, fields, replace
 from decimal import ROUND_HALF_EVEN, Decimal
 
 from apps.attribution import stats
+from apps.attribution.freeze_rule import (
+    DEVIATION,
+    EVIDENCE,
+    STATE,
+    Block,
+    Minimums,
+    freeze_blocks,
+)
 from apps.attribution.quality import QualityRule, QualitySums, QualityVerdict, quality_verdict
-from apps.attribution.verdict import Minimums, evidence_shortfalls
 from apps.attribution.weights import rebalance
 
 WEIGHT_QUANTUM = Decimal("0.0001")
@@ -248,39 +255,43 @@ def _arm_figures(arm: ArmInput, policy: Policy) -> tuple[ArmVerdict, stats.Ratio
     return verdict, est
 
 
+def _blocked_by(block: Block) -> str:
+    """One block of the freeze rule, as the snapshot's evidence records it."""
+    if block.kind == STATE:
+        return "state: arm is already frozen"
+    if block.kind == EVIDENCE:
+        short = block.shortfall
+        if short.field == "min_cs_runs_per_arm":
+            return (
+                f"runs: {short.side} has {short.has} < {short.needs} runs, the least the "
+                "confidence sequence is consulted on (min_cs_runs_per_arm)"
+            )
+        return f"{short.what}: {short.side} has {short.has} < {short.field} {short.needs}"
+    if block.kind == DEVIATION:
+        if block.value is None:
+            return "deviation: not estimable yet (each arm needs 2 runs with units)"
+        return f"deviation: {block.value:.4f} <= threshold {block.threshold:.4f}"
+    if block.value is None:
+        return f"bound: no lower confidence bound yet (threshold {block.threshold:.4f})"
+    return f"bound: lower confidence bound {block.value:.4f} <= threshold {block.threshold:.4f}"
+
+
 def _freeze_rule(
     arm: ArmInput, control: ArmInput, dev: stats.Interval | None, policy: Policy
 ) -> list[str]:
     """What stands between this arm and a freeze (empty: freeze)."""
-    blocked = []
-    if not arm.active:
-        blocked.append("state: arm is already frozen")
-    for short in evidence_shortfalls(
+    blocks = freeze_blocks(
+        active=arm.active,
         arm_runs=arm.sums.runs,
         arm_samples=arm.sums.samples,
         control_runs=control.sums.runs,
         control_samples=control.sums.samples,
+        estimate=dev.estimate if dev is not None else None,
+        low=dev.low if dev is not None else None,
+        threshold=policy.threshold,
         minimums=policy.minimums,
-    ):
-        if short.field == "min_cs_runs_per_arm":
-            blocked.append(
-                f"runs: {short.side} has {short.has} < {short.needs} runs, the least the "
-                "confidence sequence is consulted on (min_cs_runs_per_arm)"
-            )
-        else:
-            blocked.append(
-                f"{short.what}: {short.side} has {short.has} < {short.field} {short.needs}"
-            )
-    if dev is None:
-        blocked.append("deviation: not estimable yet (each arm needs 2 runs with units)")
-    else:
-        if dev.estimate <= policy.threshold:
-            blocked.append(f"deviation: {dev.estimate:.4f} <= threshold {policy.threshold:.4f}")
-        elif dev.low <= policy.threshold:
-            blocked.append(
-                f"bound: lower confidence bound {dev.low:.4f} <= threshold {policy.threshold:.4f}"
-            )
-    return blocked
+    )
+    return [_blocked_by(b) for b in blocks]
 
 
 def experiment_decide(arms: list[ArmInput], policy: Policy) -> ExperimentVerdict:
@@ -377,11 +388,8 @@ def _next_weights(arms: list[ArmInput], out: ExperimentVerdict, policy: Policy) 
         return {}, "weights: the control is not active; weights unchanged"
     for a in live:
         metric = out.arms[a.arm_id].metric
-        if (
-            metric is None
-            or a.sums.runs < policy.min_runs
-            or a.sums.samples < policy.min_samples
-            or a.sums.runs < policy.min_cs_runs
+        if metric is None or policy.minimums.shortfalls(
+            a.name, runs=a.sums.runs, samples=a.sums.samples
         ):
             return {}, f"weights: arm '{a.name}' lacks the evidence minimums; weights unchanged"
         if metric.estimate <= 0:

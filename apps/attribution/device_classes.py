@@ -15,7 +15,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from apps.attribution import stats
-from apps.attribution.verdict import Minimums, arm_verdict
+from apps.attribution.freeze_rule import Minimums
+from apps.attribution.verdict import arm_verdict
 from apps.devices.selectors import device_class_label
 from apps.experiments.models import Run
 

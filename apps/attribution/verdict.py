@@ -2,8 +2,9 @@
 
 A verdict is conclusive (`costlier`, `cheaper`) exactly when the freeze rule could act on it: the
 experiment's minimums met by the arm and by the control at the latest attribution window, and the
-always-valid bound of that window beyond the threshold. The minimums are checked here and nowhere
-else (apps.attribution.decisions takes them from `evidence_shortfalls`).
+always-valid bound of that window beyond the threshold. The rule itself (its minimums, its bound)
+is written once, in apps.attribution.freeze_rule, which apps.attribution.decisions acts on; this
+module says it.
 """
 
 from __future__ import annotations
@@ -11,6 +12,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
+
+from apps.attribution.freeze_rule import (
+    BOUND,
+    DEVIATION,
+    EVIDENCE,
+    STATE,
+    Minimums,
+    Shortfall,
+    bound_clears,
+    evidence_shortfalls,
+    freeze_blocks,
+)
 
 VERDICTS = (
     "control",
@@ -24,58 +37,6 @@ VERDICTS = (
     "within_threshold",
     "inconclusive",
 )
-
-
-@dataclass(frozen=True)
-class Minimums:
-    """The evidence a freeze waits for, in the arm and in the control alike: the experiment's."""
-
-    runs: int  # min_runs_per_arm
-    samples: int  # min_samples_per_arm
-    cs_runs: int  # min_cs_runs_per_arm: runs before the (asymptotic) bound is consulted
-
-    @classmethod
-    def of(cls, experiment) -> Minimums:
-        return cls(
-            runs=experiment.min_runs_per_arm,
-            samples=experiment.min_samples_per_arm,
-            cs_runs=experiment.min_cs_runs_per_arm,
-        )
-
-    @property
-    def runs_needed(self) -> int:
-        """Runs per arm before anything can be decided: both run minimums."""
-        return max(self.runs, self.cs_runs)
-
-
-@dataclass(frozen=True)
-class Shortfall:
-    """One minimum not met: `side` (arm or control) has `has` of the `needs` `what` (runs or
-    samples) that the experiment's `field` asks for."""
-
-    side: str
-    what: str
-    has: int
-    needs: int
-    field: str
-
-
-def evidence_shortfalls(
-    *, arm_runs: int, arm_samples: int, control_runs: int, control_samples: int, minimums: Minimums
-) -> list[Shortfall]:
-    """The minimums that the arm or the control does not meet yet (empty: the evidence is there)."""
-    out = []
-    for side, runs, samples in (
-        ("arm", arm_runs, arm_samples),
-        ("control", control_runs, control_samples),
-    ):
-        if runs < minimums.runs:
-            out.append(Shortfall(side, "runs", runs, minimums.runs, "min_runs_per_arm"))
-        if samples < minimums.samples:
-            out.append(Shortfall(side, "samples", samples, minimums.samples, "min_samples_per_arm"))
-        if runs < minimums.cs_runs:
-            out.append(Shortfall(side, "runs", runs, minimums.cs_runs, "min_cs_runs_per_arm"))
-    return out
 
 
 class Compared(Protocol):
@@ -92,14 +53,18 @@ class Compared(Protocol):
     unpriced: dict  # seconds billed with no price, by component: never compared
 
 
+def _evidence(arm: Compared, control: Compared | None) -> dict:
+    """The runs and samples of the arm and of the control that the latest window counted."""
+    return {
+        "arm_runs": arm.evidence_runs,
+        "arm_samples": arm.evidence_samples,
+        "control_runs": control.evidence_runs if control is not None else 0,
+        "control_samples": control.evidence_samples if control is not None else 0,
+    }
+
+
 def shortfalls_of(arm: Compared, control: Compared | None, minimums: Minimums) -> list[Shortfall]:
-    return evidence_shortfalls(
-        arm_runs=arm.evidence_runs,
-        arm_samples=arm.evidence_samples,
-        control_runs=control.evidence_runs if control is not None else 0,
-        control_samples=control.evidence_samples if control is not None else 0,
-        minimums=minimums,
-    )
+    return evidence_shortfalls(**_evidence(arm, control), minimums=minimums)
 
 
 def arm_verdict(
@@ -139,7 +104,7 @@ def _cost_verdict(
     low, high = arm.deviation_low, arm.deviation_high
     if low is None or high is None or shortfalls_of(arm, control, minimums):
         return "inconclusive"
-    if low > threshold:
+    if bound_clears(low, threshold):
         return "costlier"
     if high < -threshold:
         return "cheaper"
@@ -167,29 +132,41 @@ def freeze_holds(
 
     `bound_words(low, high, threshold)`: how the bound that holds it back is said (low None: no
     bound yet); the dashboard says it in words, the API and the CLI in signed percents."""
-    if arm.is_control or arm.state == "frozen" or arm.deviation is None:
+    if arm.is_control:
         return []
-    if abs(arm.deviation) <= threshold:
-        return []
-    if arm.deviation < -threshold:  # a cheaper arm is never frozen: nothing to explain
+    blocks = freeze_blocks(
+        active=arm.state != "frozen",
+        **_evidence(arm, control),
+        estimate=arm.deviation,
+        low=arm.deviation_low,
+        threshold=threshold,
+        minimums=minimums,
+    )
+    # Frozen already, or no deviation beyond the threshold (a cheaper arm is never frozen):
+    # nothing to explain.
+    if any(b.kind in (STATE, DEVIATION) for b in blocks):
         return []
     holds = []
     names = {"arm": arm_name, "control": control_name}
     by_side: dict[tuple[str, str], Shortfall] = {}
-    for s in shortfalls_of(arm, control, minimums):  # of two run minimums, the larger says it
+    # Of two run minimums, the larger says it.
+    for s in (b.shortfall for b in blocks if b.kind == EVIDENCE):
         key = (s.side, s.what)
         if key not in by_side or s.needs > by_side[key].needs:
             by_side[key] = s
     for s in by_side.values():
         holds.append(f"{names[s.side]} has {s.has} of {s.needs} {s.what}")
-    if bound_words is not None and (arm.deviation_low is None or arm.deviation_low <= threshold):
-        holds.append(bound_words(arm.deviation_low, arm.deviation_high, threshold))
-    elif arm.deviation_low is None:
+    bound = next((b for b in blocks if b.kind == BOUND), None)
+    if bound is None:
+        pass
+    elif bound_words is not None:
+        holds.append(bound_words(bound.value, arm.deviation_high, bound.threshold))
+    elif bound.value is None:
         holds.append("no always-valid bound yet (each arm needs 2 priced runs in a window)")
-    elif arm.deviation_low <= threshold:
+    else:
         holds.append(
-            f"the always-valid lower bound {_pct(arm.deviation_low)} does not clear the "
-            f"{_pct(threshold)} threshold"
+            f"the always-valid lower bound {_pct(bound.value)} does not clear the "
+            f"{_pct(bound.threshold)} threshold"
         )
     return holds
 

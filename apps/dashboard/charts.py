@@ -10,7 +10,7 @@ from django.db.models import Max, OuterRef, Subquery
 from django.utils import timezone
 
 from apps.attribution.models import AttributionSnapshot, FreezeEvent, WeightChange
-from apps.attribution.selectors import quality_curves, snapshot_series
+from apps.attribution.reads import quality_curves, snapshot_series
 from apps.core.db import EpochMs
 from apps.dashboard.quality import EVAL_LOSS, metric_words
 from apps.dashboard.series import RunSeries, epoch_ms, series_meta

@@ -16,7 +16,7 @@ from django.db.models import Count, DecimalField, F, Q, QuerySet, Sum
 from django.db.models.functions import Coalesce, TruncDate
 from django.utils import timezone
 
-from apps.attribution.report import experiment_report
+from apps.attribution.reads import experiment_report
 from apps.dashboard import charts
 from apps.dashboard.quality import quality_csv_columns, quality_csv_values
 from apps.dashboard.selectors import runs_visible, tenants_of

@@ -31,7 +31,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from apps.attribution.models import AttributionWindow
-from apps.attribution.report import ExperimentReport, experiment_report
+from apps.attribution.reads import ExperimentReport, experiment_report
 from apps.dashboard import charts, training, verdict_card, verdicts
 from apps.dashboard.quality import quality_row
 from apps.dashboard.series import live_series, run_series

@@ -12,7 +12,7 @@ from datetime import datetime
 from django.utils import timezone
 
 from apps.attribution.models import AttributionSnapshot, AttributionWindow
-from apps.attribution.snapshots import window_without
+from apps.attribution.reads import window_without
 from apps.dashboard.templatetags.dashboard_format import difference, significant
 from apps.dashboard.verdicts import (
     Freeze,

@@ -22,7 +22,7 @@ from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
 from apps.attribution.models import AttributionSnapshot, AttributionWindow, FreezeEvent
-from apps.attribution.verdict import Minimums, Said, arms_verdicts
+from apps.attribution.reads import Minimums, Said, arms_verdicts
 from apps.dashboard.quality import QualitySaid, quality_said
 from apps.dashboard.templatetags.dashboard_format import (
     confidence,
@@ -94,8 +94,8 @@ def sure_it_is(sure: str, interval: str) -> str:
 
 
 def _held_back(sure: str):
-    """freeze_holds' bound in the card's words: what a freeze needs of the interval (said on the
-    line above)."""
+    """The freeze rule's bound (apps.attribution.freeze_rule, handed over by freeze_holds) in the
+    card's words: what a freeze needs of the interval (said on the line above)."""
 
     def words(low: float | None, high: float | None, threshold: float) -> str:
         if low is None or high is None:

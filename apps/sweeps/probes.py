@@ -20,7 +20,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from apps.billing.services import samples_bill
+from apps.billing.interface import samples_bill
 from apps.core import leases
 from apps.core.queues import TaskName, task_send
 from apps.experiments.models import Run
@@ -197,7 +197,7 @@ def _measure(
     baseline_mem_mb: float,
 ) -> None:
     """Fill the probe's measured fields, its timed samples priced by the bill a run's samples
-    are priced by (apps.billing.services.samples_bill: an interval split at a price boundary,
+    are priced by (apps.billing.interface.samples_bill: an interval split at a price boundary,
     board power modelled from the SKU where nothing was measured)."""
     sweep = probe.sweep
     timed = timed_stretch(samples, warmup_steps=sweep.warmup_steps)

@@ -421,8 +421,8 @@ SPECTACULAR_SETTINGS = {
         "SweepSamplerRequestEnum": "apps.sweeps.models.SAMPLER_CHOICES",
         "ProbeStatusEnum": "apps.sweeps.models.Probe.Status",
         "QualityDirectionEnum": ["lower", "higher"],
-        "QualityVerdictEnum": "apps.attribution.quality.QUALITY_VERDICTS",
-        "VerdictEnum": "apps.attribution.verdict.VERDICTS",
+        "QualityVerdictEnum": "apps.attribution.reads.QUALITY_VERDICTS",
+        "VerdictEnum": "apps.attribution.reads.VERDICTS",
     },
 }
 # Tokens: days until a new token expires (0: never), and the prefix that makes a leaked one

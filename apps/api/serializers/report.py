@@ -1,8 +1,8 @@
 from rest_framework import serializers
 
 from apps.attribution.models import FreezeEvent
-from apps.attribution.quality import QUALITY_VERDICTS
-from apps.attribution.verdict import VERDICTS as ARM_VERDICTS
+from apps.attribution.reads import QUALITY_VERDICTS
+from apps.attribution.reads import VERDICTS as ARM_VERDICTS
 
 VERDICTS = list(ARM_VERDICTS)
 

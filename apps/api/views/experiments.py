@@ -36,9 +36,8 @@ from apps.api.serializers.report import (
     UnfreezeRequestSerializer,
 )
 from apps.api.views.base import TenantViewSet
-from apps.attribution.report import experiment_report
+from apps.attribution.reads import Minimums, arms_verdicts, experiment_report
 from apps.attribution.services import arm_freeze, arm_unfreeze
-from apps.attribution.verdict import Minimums, arms_verdicts
 from apps.core.exceptions import ApplicationError
 from apps.experiments import services
 from apps.experiments.assignment import arm_assign

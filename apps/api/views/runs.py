@@ -39,7 +39,7 @@ from apps.api.serializers.telemetry import (
 )
 from apps.api.throttles import AnonRateThrottle, IngestRateThrottle
 from apps.api.views.base import TenantViewSet
-from apps.billing.services import run_external_ingest, run_reprice
+from apps.billing.interface import run_external_ingest, run_reprice
 from apps.experiments import services
 from apps.experiments.models import Run
 from apps.experiments.params import params_diff, params_flat

@@ -1,0 +1,32 @@
+"""Billing's one door: the only module of apps.billing that other apps and the workers import.
+
+The rest of the app is private to it (an import-linter contract in pyproject.toml says so). Where
+each of these lives, and the bill's rules: apps/billing/README.md.
+"""
+
+from apps.billing.services import (
+    IngestResult,
+    budget_enforce,
+    budget_stepped,
+    run_external_ingest,
+    run_reprice,
+    run_totals_recompute,
+    samples_bill,
+    telemetry_ingest,
+)
+
+__all__ = [
+    # ingest: a batch of a run's samples stored once per (run, seq), the run's totals moved
+    "IngestResult",
+    "run_external_ingest",
+    "telemetry_ingest",
+    # a run's bill closed (recomputed) from every stored sample, at a price table or the schedule's
+    "run_totals_recompute",
+    # a finished run re-priced at another table, audited
+    "run_reprice",
+    # the bill of samples that belong to no run: a strategy-search probe's timed stretch
+    "samples_bill",
+    # the month's spend against the tenant's budget, and the signal of a budget step
+    "budget_enforce",
+    "budget_stepped",
+]
