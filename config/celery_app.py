@@ -19,4 +19,4 @@ app.set_default()
 app.config_from_object("django.conf:settings", namespace="CELERY")
 # Autodiscovery only finds <app>.tasks; the workers package is registered explicitly.
 app.autodiscover_tasks()
-app.conf.imports = ("workers.tasks", "workers.attribution", "workers.sweeps")
+app.conf.imports = ("workers.tasks", "workers.attribution", "workers.alerts", "workers.sweeps")

@@ -23,23 +23,3 @@ def attribution_tick() -> None:
         periodic_task_run_record(
             name="attribution_tick", started_at=started_at, duration_s=time.perf_counter() - t0
         )
-
-
-@shared_task(
-    bind=True, name=TaskName.ALERT_DELIVER, max_retries=None, soft_time_limit=60, time_limit=90
-)
-def alert_deliver(self, delivery_id: int) -> None:
-    """Send one alert; the service says whether and when to try again (backoff, attempts capped)."""
-    from apps.attribution.alerts import alert_attempt
-
-    outcome = alert_attempt(delivery_id=delivery_id)
-    if outcome.retry_in_s is not None:
-        raise self.retry(countdown=outcome.retry_in_s)
-
-
-@shared_task(name=TaskName.ALERTS_REQUEUE_STALE, time_limit=60)
-def alerts_requeue_stale() -> None:
-    """Beat: pending alerts whose task never ran are queued again."""
-    from apps.attribution.alerts import deliveries_requeue_stale
-
-    deliveries_requeue_stale()

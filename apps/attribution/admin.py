@@ -5,31 +5,16 @@ from django.db.models import OuterRef, Subquery
 from django.template.response import TemplateResponse
 
 from apps.attribution.models import (
-    AlertChannel,
-    AlertDelivery,
     AttributionSnapshot,
     AttributionWindow,
-    BudgetEvent,
     FreezeEvent,
     FrozenArm,
     WeightChange,
 )
 from apps.attribution.services import arm_unfreeze
+from apps.core.admin import ReadOnlyAdmin
 from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Arm
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    """Audit records: visible to staff, never edited."""
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(FreezeEvent)
@@ -77,41 +62,6 @@ class AttributionWindowAdmin(ReadOnlyAdmin):
     list_display = ["window_end", "experiment", "number", "status", "observations", "skip_reason"]
     list_filter = ["status"]
     list_select_related = ["experiment"]
-
-
-@admin.register(BudgetEvent)
-class BudgetEventAdmin(ReadOnlyAdmin):
-    list_display = ["created_at", "tenant", "month", "state", "spend_usd", "budget_usd", "reason"]
-    list_filter = ["state", "tenant"]
-    list_select_related = ["tenant"]
-
-
-@admin.register(AlertDelivery)
-class AlertDeliveryAdmin(ReadOnlyAdmin):
-    list_display = [
-        "created_at",
-        "alerted",
-        "kind",
-        "target",
-        "status",
-        "attempts",
-        "last_status_code",
-        "last_error",
-    ]
-    list_filter = ["status", "kind"]
-    list_select_related = ["event__arm", "budget_event__tenant"]
-
-    @admin.display(description="event")
-    def alerted(self, obj):
-        """The freeze/unfreeze or the budget step this delivery alerts."""
-        return obj.event if obj.event_id else obj.budget_event
-
-
-@admin.register(AlertChannel)
-class AlertChannelAdmin(admin.ModelAdmin):
-    list_display = ["name", "tenant", "experiment", "webhook_url", "email_recipients", "enabled"]
-    list_filter = ["enabled", "tenant"]
-    list_select_related = ["tenant", "experiment"]
 
 
 class UnfreezeForm(forms.Form):

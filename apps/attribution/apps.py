@@ -6,10 +6,7 @@ class AttributionConfig(AppConfig):
     label = "attribution"
 
     def ready(self) -> None:
-        from apps.attribution.alerts import budget_step_alert
         from apps.attribution.services import weight_change_record
-        from apps.billing.interface import budget_stepped
         from apps.experiments.services import arm_weight_changed
 
         arm_weight_changed.connect(weight_change_record, dispatch_uid="attribution.weight_change")
-        budget_stepped.connect(budget_step_alert, dispatch_uid="attribution.budget_step_alert")

@@ -13,7 +13,6 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.attribution import selectors
-from apps.attribution.alerts import alerts_queue
 from apps.attribution.comparison import Comparison
 from apps.attribution.decisions import (
     ArmInput,
@@ -23,6 +22,7 @@ from apps.attribution.decisions import (
     experiment_decide,
 )
 from apps.attribution.device_classes import ClassSplit, class_splits
+from apps.attribution.freeze_alerts import alerts_queue
 from apps.attribution.locks import lock_try
 from apps.attribution.models import (
     AttributionSnapshot,

@@ -7,7 +7,6 @@ each of these lives, and the bill's rules: apps/billing/README.md.
 from apps.billing.services import (
     IngestResult,
     budget_enforce,
-    budget_stepped,
     run_external_ingest,
     run_reprice,
     run_totals_recompute,
@@ -26,7 +25,6 @@ __all__ = [
     "run_reprice",
     # the bill of samples that belong to no run: a strategy-search probe's timed stretch
     "samples_bill",
-    # the month's spend against the tenant's budget, and the signal of a budget step
+    # the month's spend against the tenant's budget (a step is recorded and alerted by apps.alerts)
     "budget_enforce",
-    "budget_stepped",
 ]

@@ -14,9 +14,9 @@ from django.conf import settings
 from django.db import DatabaseError, DataError, transaction
 from django.db.models import F, Value
 from django.db.models.functions import Concat
-from django.dispatch import Signal
 from django.utils import timezone
 
+from apps.alerts.services import budget_event_record
 from apps.billing import spend_estimate
 from apps.core.db import Compiled, fields_save, is_postgres
 from apps.core.exceptions import ApplicationError
@@ -52,11 +52,6 @@ from apps.tenants.models import Tenant
 
 logger = logging.getLogger(__name__)
 
-# Sent in the budget step's transaction (synchronous): a tenant's month spend crossed a budget
-# step. Its alerts are a higher layer's (apps.attribution.alerts records the event and queues
-# them), reached by this signal, not an import: billing sits below attribution.
-# sender=Tenant; keywords tenant, month, state, spend_usd, budget_usd, reason, runs.
-budget_stepped = Signal()
 _SEQ = itemgetter("seq")
 # Samples stored beyond a gap before the gap-free mark stops waiting for it (about 2 minutes at 1
 # s).
@@ -615,8 +610,9 @@ def _budget_step(
     else:
         reason = f"{said} ({share:.0%}): 80 % of the monthly budget is reached"
         runs = {"noted": note_on(None, reason)}
-    budget_stepped.send(
-        sender=Tenant,
+    # Recorded and alerted in the step's transaction (sent once it commits): alerts sit below
+    # billing and take the step's figures as they are.
+    budget_event_record(
         tenant=tenant,
         month=month,
         state=state,

@@ -12,7 +12,7 @@ from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from apps.attribution.alerts import alert_channels_of
+from apps.alerts.services import alert_channels_of
 from apps.dashboard import selectors, sweeps
 from apps.dashboard.charts import RUN_FIELDS
 from apps.experiments.selectors import run_outliers

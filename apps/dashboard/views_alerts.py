@@ -8,8 +8,8 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_POST
 
-from apps.attribution.alerts import alert_channel_create, alert_channel_test
-from apps.attribution.models import AlertChannel
+from apps.alerts.models import AlertChannel
+from apps.alerts.services import alert_channel_create, alert_channel_test
 from apps.dashboard import selectors
 from apps.dashboard.actions import act
 

@@ -62,6 +62,7 @@ LOCAL_APPS = [
     "apps.pricing",
     "apps.experiments",
     "apps.telemetry",
+    "apps.alerts",
     "apps.billing",
     "apps.attribution",
     "apps.api",

@@ -18,8 +18,8 @@ def receiver():
 def eager_delivery(monkeypatch):
     """Deliveries run in this process, as the Celery task would run them (retries included);
     the ids sent, in order."""
-    from apps.attribution import alerts
-    from workers.attribution import alert_deliver
+    from apps.alerts import services as alerts
+    from workers.alerts import alert_deliver
 
     sent = []
 

@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from apps.attribution.models import AlertDelivery, FreezeEvent
+from apps.alerts.models import AlertDelivery
+from apps.attribution.models import FreezeEvent
 from apps.core.models import PeriodicTaskRun
 from config.celery_app import app
 from tests.apps.attribution.lab import Lab

@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from apps.attribution.models import AlertChannel, AlertDelivery, FreezeEvent
+from apps.alerts.models import AlertChannel, AlertDelivery
+from apps.attribution.models import FreezeEvent
 from apps.experiments.models import Arm
 from config.celery_app import app
 from tests.apps.attribution.lab import Lab

@@ -23,7 +23,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from apps.attribution.models import AlertChannel, AlertDelivery, BudgetEvent
+from apps.alerts.models import AlertChannel, AlertDelivery, BudgetEvent
 from apps.experiments.models import Run
 from apps.pricing.models import PricingTable
 from apps.telemetry.models import TelemetrySample

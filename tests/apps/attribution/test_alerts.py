@@ -16,14 +16,15 @@ from django.db import IntegrityError, transaction
 from django.test import override_settings
 from django.urls import reverse
 
-from apps.attribution import alerts
-from apps.attribution.alerts import (
+from apps.alerts import services as alerts
+from apps.alerts.models import AlertChannel, AlertDelivery
+from apps.alerts.services import (
     alert_attempt,
     backoff_s,
     budget_event_record,
     deliveries_requeue_stale,
 )
-from apps.attribution.models import AlertChannel, AlertDelivery, FreezeEvent
+from apps.attribution.models import FreezeEvent
 from apps.attribution.services import arm_unfreeze
 from apps.experiments.models import Arm
 from tests.apps.attribution.lab import Lab
@@ -298,9 +299,9 @@ def test_a_budget_step_is_mailed_to_the_tenant_wide_channels_only(
     assert delivery.payload["share"] == 1.0125 and delivery.payload["runs"]["noted"] == []
     with pytest.raises(IntegrityError), transaction.atomic():  # an alert of nothing
         AlertDelivery.objects.create(kind="email", target="x@example.com")
-    deliveries = admin_client.get(reverse("admin:attribution_alertdelivery_changelist"))
+    deliveries = admin_client.get(reverse("admin:alerts_alertdelivery_changelist"))
     assert str(event) in deliveries.content.decode()  # staff see which step was alerted
-    events = admin_client.get(reverse("admin:attribution_budgetevent_changelist"))
+    events = admin_client.get(reverse("admin:alerts_budgetevent_changelist"))
     assert "the budget is spent" in events.content.decode() and "101.254" in events.content.decode()
 
 

@@ -11,7 +11,7 @@ import pytest
 from django.core import mail
 from django.urls import reverse
 
-from apps.attribution.models import AlertChannel
+from apps.alerts.models import AlertChannel
 from apps.tenants.models import Membership
 from tests.apps.attribution.receiver import webhook_receiver
 

@@ -1,11 +1,12 @@
 """Alerts for freezes and unfreezes, and for a tenant's budget steps (80 %, 100 %): webhook POST,
 e-mail, and a structured log line.
 
-The decision never waits on a receiver: deliveries are rows written in the decision's
-transaction and sent by the `costlab.alert_deliver` Celery task once it commits. A
-delivery is attempted until it succeeds, fails permanently (a 4xx other than 408/429), or
-runs out of attempts; each attempt is recorded. The freeze, or the budget step, stands whatever
-happens here. A payload's `kind` says which it is: "arm" (a freeze/unfreeze) or "budget".
+The callers hand over plain payloads: attribution a freeze's (apps.attribution.freeze_alerts),
+billing a budget step's figures (apps.billing.services). Nothing waits on a receiver: deliveries
+are rows written in the caller's transaction and sent by the `costlab.alert_deliver` Celery task
+once it commits. A delivery is attempted until it succeeds, fails permanently (a 4xx other than
+408/429), or runs out of attempts; each attempt is recorded. The freeze, or the budget step, stands
+whatever happens here. A payload's `kind` says which it is: "arm" (a freeze/unfreeze) or "budget".
 """
 
 from __future__ import annotations
@@ -26,47 +27,16 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from apps.attribution.models import AlertChannel, AlertDelivery, BudgetEvent, FreezeEvent
+from apps.alerts.models import AlertChannel, AlertDelivery, BudgetEvent
 from apps.core.exceptions import ApplicationError
 from apps.core.queues import TaskName
 from apps.tenants.models import Tenant
 
+# The name these log lines have always carried (log filters read it), kept from before the move.
 logger = logging.getLogger("costlab.attribution")
 
 DELIVER_TASK = TaskName.ALERT_DELIVER
 RETRYABLE_STATUS = {408, 425, 429}
-
-
-def alert_payload(*, event: FreezeEvent) -> dict:
-    """The JSON body a receiver gets (also the e-mail's and the log line's content)."""
-    experiment, arm = event.experiment, event.arm
-    evidence = event.evidence or {}
-    return {
-        "kind": "arm",
-        "event": f"arm_{event.action}",  # arm_freeze | arm_unfreeze
-        "event_id": event.pk,
-        "at": event.created_at.isoformat(),
-        "tenant": experiment.tenant.slug,
-        "experiment": {
-            "id": experiment.pk,
-            "name": experiment.name,
-            "freeze_policy": experiment.freeze_policy,
-        },
-        "arm": {"id": arm.pk, "name": arm.name, "state": arm.state, "weight": f"{arm.weight:.4f}"},
-        "reason": event.reason,
-        "actor": event.actor.get_username() if event.actor_id else None,
-        "deviation": event.deviation,
-        "deviation_low": event.deviation_low,
-        "threshold": event.threshold,
-        "metric": evidence.get("metric"),
-        "arm_value": evidence.get("value"),
-        "control_value": (evidence.get("control") or {}).get("value"),
-        "runs": evidence.get("runs"),
-        "samples": evidence.get("samples"),
-        "observations": evidence.get("observations"),
-        "window": evidence.get("window"),
-        "cancelled_runs": evidence.get("cancelled_runs", []),
-    }
 
 
 # A budget step can stop tens of thousands of runs at once: the payload (a webhook's body, an
@@ -96,17 +66,6 @@ def budget_alert_payload(*, event: BudgetEvent) -> dict:
     }
 
 
-def _freeze_targets(event: FreezeEvent) -> list[tuple[str, str, str]]:
-    """Every enabled channel of the experiment or its tenant, and the defaults."""
-    experiment = event.experiment
-    channels = (
-        AlertChannel.objects.filter(tenant_id=experiment.tenant_id, enabled=True)
-        .filter(Q(experiment__isnull=True) | Q(experiment=experiment))
-        .order_by("pk")
-    )
-    return _targets(channels, defaults=True)
-
-
 def _targets(channels, *, defaults: bool) -> list[tuple[str, str, str]]:
     """(kind, target, secret) once per target of the channels (the first channel's secret wins),
     and with `defaults` the settings' webhook and addresses."""
@@ -125,17 +84,20 @@ def _targets(channels, *, defaults: bool) -> list[tuple[str, str, str]]:
     return [(kind, target, secret) for (kind, target), secret in targets.items()]
 
 
-def alerts_queue(*, event: FreezeEvent) -> list[AlertDelivery]:
-    """Write one delivery per target of a freeze/unfreeze; once the transaction commits, send
-    them and log the event."""
-    return _deliveries_queue(
-        payload=alert_payload(event=event), targets=_freeze_targets(event), event=event
+def arm_alerts_queue(
+    *, payload: dict, freeze_event_id: int, tenant_id: int, experiment_id: int
+) -> list[AlertDelivery]:
+    """Write one delivery of a freeze/unfreeze's payload per target: every enabled channel of the
+    experiment or its tenant, and the defaults; once the transaction commits, send them and log
+    the event."""
+    channels = (
+        AlertChannel.objects.filter(tenant_id=tenant_id, enabled=True)
+        .filter(Q(experiment__isnull=True) | Q(experiment_id=experiment_id))
+        .order_by("pk")
     )
-
-
-def budget_step_alert(sender, *, signal=None, **step) -> None:
-    """Receiver of apps.billing.services.budget_stepped: the step recorded, its alerts queued."""
-    budget_event_record(**step)
+    return _deliveries_queue(
+        payload=payload, targets=_targets(channels, defaults=True), event_id=freeze_event_id
+    )
 
 
 def budget_event_record(
@@ -148,8 +110,9 @@ def budget_event_record(
     reason: str,
     runs: dict[str, list[int]],
 ) -> BudgetEvent:
-    """Record a budget step and queue its alerts to the tenant's tenant-wide channels, in the
-    caller's transaction (the step's): they are sent once it commits."""
+    """Record a budget step (billing's, apps.billing.services._budget_step) and queue its alerts
+    to the tenant's tenant-wide channels, in the caller's transaction (the step's): they are sent
+    once it commits."""
     event = BudgetEvent.objects.create(
         tenant=tenant,
         month=month,
@@ -173,7 +136,7 @@ def budget_event_record(
 def _deliveries_queue(
     *, payload: dict, targets: list[tuple[str, str, str]], **alerted
 ) -> list[AlertDelivery]:
-    """One delivery per target of the event in `alerted` (event= or budget_event=); after the
+    """One delivery per target of the event in `alerted` (event_id= or budget_event=); after the
     commit, the log line and the sends."""
     now = timezone.now()
     deliveries = AlertDelivery.objects.bulk_create(
