@@ -106,6 +106,7 @@ import copy
 import ctypes
 import gc
 import json
+import os
 import statistics
 import sys
 import threading
@@ -130,11 +131,14 @@ from gpu_runtime import StrategyError, strategy_from_dict, train  # noqa: E402
 from gpu_runtime.capability import TORCH_DTYPES, device_label, resolve_device  # noqa: E402
 from gpu_runtime.data import SYNTHETIC_TOKENS, synthetic_documents  # noqa: E402
 from gpu_runtime.device_keys import device_profile  # noqa: E402
+from gpu_runtime.kernels.compiling import CompileControl  # noqa: E402
 from gpu_runtime.mfu import peak_flops  # noqa: E402
 from gpu_runtime.model import BOS, EOS, preset_args  # noqa: E402
 from gpu_runtime.profile import DeviceProfile, best_dtype, measure_profile  # noqa: E402
 
 TARGET = 0.40
+STEPS_PROJECTED = 100_000  # the seed's run length: what the projected figures are for
+DEMO_STEPS = 30  # the demo's run length: auto must not compile there unless it pays
 MIB = 2**20
 # Assumed on-demand prices per device-hour (USD), only to put a unit on the cost: the ratio does not
 # depend on it.
@@ -232,6 +236,8 @@ def arm_configs(
         optimized = _merge(optimized, alone[name])
     if compile_optimized:
         optimized = _merge(optimized, alone["torch.compile"])
+    elif ns.compile == "auto":  # the run's own payback rule: eager where its length cannot repay
+        optimized = _merge(optimized, {"kernels": {"compile": "auto"}})
     return baseline, optimized, alone, notes
 
 
@@ -350,8 +356,85 @@ def run_arm(
             "resolved", strategy.precision.compute_dtype
         ),
         "auto": result.strategies.get("precision.compute_dtype"),
+        "compile": result.strategies.get("kernels.compile"),
+        "tokens_per_step": tokens_per_step,
         "seconds": time.perf_counter() - began,
     }
+
+
+@contextlib.contextmanager
+def smoke_compiles(smoke: bool) -> Iterator[None]:
+    """--smoke: compile with dynamo's eager backend (tracing, no C++ build): the same code path in
+    seconds. Otherwise torch.compile as the runs use it."""
+    if not smoke:
+        yield
+        return
+    previous = CompileControl.compile_fn
+    CompileControl.compile_fn = lambda self, model: torch.compile(model, backend="eager")
+    try:
+        yield
+    finally:
+        CompileControl.compile_fn = previous
+
+
+def projection_decision(
+    ns: argparse.Namespace, b: Bench, warm: dict[str, Any], compile_optimized: bool
+) -> dict[str, Any]:
+    """The payback rule for a run of --steps-projected steps: the optimized arm's eager step time
+    (its warm-up run, wall clock), and the compile figures learned on this device class (the
+    ledger) or the priors. `compile`: True where it pays (a dict of what the compile cost, once
+    measured)."""
+    from gpu_runtime.compile_payback import CompileLedger, decide, prior, shape_key
+    from gpu_runtime.kernels.compiling import (
+        CACHE_URL_ENV,
+        cache_name,
+        configure_caches,
+        graph_shape,
+    )
+
+    config = strategy_from_dict(_merge(b.optimized, {"kernels": {"compile": False}}))
+    cache = configure_caches()
+    ledger = CompileLedger.default(os.environ.get(CACHE_URL_ENV) if cache["remote"] else None)
+    known = ledger.get(shape_key(b.profile.device_class, torch.__version__, graph_shape(config)))
+    figures = known or prior(b.dev.type)
+    step_s = warm["tokens_per_step"] / warm["tokens_per_s"]["wall"]
+    decisions = {
+        str(steps): decide(
+            planned_steps=steps,
+            done_steps=0,
+            eager_step_s=step_s,
+            figures=figures,
+            cached=cache_name(cache) in figures.caches,
+        ).as_dict()
+        for steps in (DEMO_STEPS, ns.steps_projected)
+    }
+    pays = decisions[str(ns.steps_projected)]["compile"]
+    return {
+        "steps": ns.steps_projected,
+        "decisions": decisions,
+        "compile": (pays and ns.compile == "auto") or compile_optimized,
+        "eager_step_s": step_s,
+    }
+
+
+def projected_ratios(per_round: list[dict], projection: dict | None, clock: str) -> dict:
+    """Optimized / baseline cost per token for a run of N steps, per round: the compiled arm where
+    the payback rule compiles at N (its one compile, wall seconds, amortised over the N steps),
+    else the optimized arm as measured."""
+    if not per_round or projection is None:
+        return {}
+    n = projection["steps"]
+    compiled = projection["compile"] if isinstance(projection["compile"], dict) else None
+    out = []
+    for r in per_round:
+        if compiled is not None and "optimized_compiled" in r:
+            arm = r["optimized_compiled"]
+            step_s = arm["tokens_per_step"] / arm["tokens_per_s"][clock]
+            tps = arm["tokens_per_step"] * n / (n * step_s + (compiled.get("compile_s") or 0.0))
+        else:
+            tps = r["optimized"]["tokens_per_s"][clock]
+        out.append(r["baseline"]["tokens_per_s"][clock] / tps)
+    return spread(out) | {"per_round": out}
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -846,6 +929,10 @@ class Bench:
     per_round: list[dict[str, dict]] = field(default_factory=list)
     alone_rows: dict[str, dict] = field(default_factory=dict)
     rates: dict[str, Any] | None = None
+    # --steps-projected: the payback rule's decision for a run of that length, and what its
+    # compile cost when it said compile (the compiled arm then runs in every round)
+    projection: dict[str, Any] | None = None
+    compiled: dict | None = None
     phase: str = "start"  # what the bench is doing: a SIGTERM names it
     interrupted_during: str | None = None
     _emitted: bool = False
@@ -911,7 +998,22 @@ def main() -> int:
     parser.add_argument(
         "--price-per-hour", type=float, default=None, help="USD per device-hour (default: assumed)"
     )
-    parser.add_argument("--compile", choices=("auto", "on", "off"), default="auto")
+    parser.add_argument(
+        "--compile",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="auto: the optimized arm runs kernels.compile: auto (its payback rule decides for "
+        "the run's own length), and a compiled copy of it is measured where the rule says "
+        "compiling pays over --steps-projected steps",
+    )
+    parser.add_argument(
+        "--steps-projected",
+        type=int,
+        default=STEPS_PROJECTED,
+        help="the run length the projected figures are for (default: the seed's 100k steps): the "
+        "optimized arm compiles where the payback rule says it pays over that many steps, its "
+        "compile amortised over them",
+    )
     parser.add_argument(
         "--clock",
         choices=("auto", "wall", "cpu"),
@@ -1042,12 +1144,19 @@ def main() -> int:
     try:
         arm(_merge(baseline, {"train": {"steps": 2}}))  # warm the process: no arm's first calls
         # compile, and meet every micro-batch shape the scaler can reach, before anything is timed
-        arm(
+        warm = arm(
             _merge(
                 optimized,
                 {"train": {"steps": 2 + 2 * (PROBE_STEPS + 1) if compile_optimized else 2}},
             )
         )
+        b.phase = "payback"
+        b.projection = projection_decision(ns, b, warm, compile_optimized)
+        if b.projection["compile"] and not compile_optimized:
+            b.compiled = _merge(optimized, {"kernels": {"compile": True}})
+            with smoke_compiles(ns.smoke):  # the first compile, timed: what the projection pays
+                first = arm(_merge(b.compiled, {"train": {"steps": 2 + 2 * (PROBE_STEPS + 1)}}))
+            b.projection["compile"] = first["compile"]
         round_s: list[float] = []
         for r in range(rounds):
             b.phase = f"round {r + 1} of {rounds}"
@@ -1059,9 +1168,12 @@ def main() -> int:
                 break
             began = time.perf_counter()
             order = [("baseline", baseline), ("optimized", optimized)]
+            if b.compiled is not None:
+                order.append(("optimized_compiled", b.compiled))
             if r % 2:
                 order.reverse()
-            b.per_round.append({name: arm(config, held) for name, config in order})
+            with smoke_compiles(ns.smoke):
+                b.per_round.append({name: arm(config, held) for name, config in order})
             round_s.append(time.perf_counter() - began)
         base_s = statistics.median(x["baseline"]["seconds"] for x in b.per_round)
         for name, overrides in alone.items():
@@ -1182,6 +1294,10 @@ def summarize(b: Bench, interrupted: bool) -> dict[str, Any]:
     ratio = None if s is None else s["median"]
     floor = None if rates is None else rates["gemm_floor"]
     floor_ratio = None if ratio is None or not floor else ratio / floor
+    projected = projected_ratios(per_round, b.projection, ns.clock)
+    ratio_projected = projected.get("median")
+    floor_projected = None if ratio_projected is None or not floor else ratio_projected / floor
+    compile_reports = [r["optimized"]["compile"] for r in per_round if r["optimized"]["compile"]]
     delta = (
         loss_delta(arms["baseline"]["final_loss"], arms["optimized"]["final_loss"])
         if arms
@@ -1241,6 +1357,17 @@ def summarize(b: Bench, interrupted: bool) -> dict[str, Any]:
         "floor_ratio": floor_ratio,
         "floor_target": FLOOR_TARGET,
         "floor_met": floor_ratio is not None and floor_ratio <= FLOOR_TARGET,
+        # --steps-projected: the optimized arm as kernels.compile: auto runs a run of that length
+        "steps_projected": ns.steps_projected,
+        "ratio_projected": ratio_projected,
+        "ratio_projected_min": projected.get("min"),
+        "ratio_projected_max": projected.get("max"),
+        "ratio_projected_per_round": projected.get("per_round"),
+        "floor_ratio_projected": floor_projected,
+        "floor_projected_met": floor_projected is not None and floor_projected <= FLOOR_TARGET,
+        "projection": b.projection,
+        # the optimized arm's own kernels.compile auto at steps_per_run (eager: it cannot repay)
+        "optimized_compile": compile_reports[-1] if compile_reports else None,
         **{
             key: None if rates is None else rates[key]
             for key in (
@@ -1347,7 +1474,13 @@ def print_report(b: Bench, f: dict[str, Any]) -> None:
         f"optimized = precision auto (-> {p['resolved']} autocast here, {p['storage_dtype']} "
         f"storage) + dynamic batching [{ns.baseline_micro_batch}, {ns.global_batch}] + fused "
         f"RMSNorm+QKV + fused AdamW + prefetch"
-        f"{' + torch.compile' if b.compile_optimized else ' (no compile)'}"
+        + (
+            " + torch.compile"
+            if b.compile_optimized
+            else " + kernels.compile auto"
+            if ns.compile == "auto"
+            else " (no compile)"
+        )
     )
     print(
         f"price: ${b.price:.2f} per device-hour, "
@@ -1463,6 +1596,27 @@ def print_report(b: Bench, f: dict[str, Any]) -> None:
             f"floor_ratio (ratio / gemm_floor) = {f['floor_ratio']:.3f}  target <= "
             f"{FLOOR_TARGET:.2f}: {'MET' if f['floor_met'] else 'NOT MET'}"
         )
+    if f["ratio_projected"] is not None:
+        proj = f["projection"]
+        at_n = proj["decisions"][str(proj["steps"])]
+        at_demo = proj["decisions"][str(DEMO_STEPS)]
+        spent = proj["compile"].get("compile_s") if isinstance(proj["compile"], dict) else None
+        print(
+            f"projected to {proj['steps']} steps: ratio {f['ratio_projected']:.3f} "
+            f"({f['ratio_projected_min']:.3f}-{f['ratio_projected_max']:.3f}); "
+            + (
+                f"compiled (its {spent:.0f} s compile amortised)"
+                if spent is not None
+                else "eager (compiling does not pay)"
+            )
+            + f"; {at_n['why']}"
+        )
+        print(f"at {DEMO_STEPS} steps (the demo): {at_demo['why']}")
+        if f["floor_ratio_projected"] is not None:
+            print(
+                f"floor_ratio_projected = {f['floor_ratio_projected']:.3f}  target <= "
+                f"{FLOOR_TARGET:.2f}: {'MET' if f['floor_projected_met'] else 'NOT MET'}"
+            )
     if f["loss_delta"] is not None:
         delta = f["loss_delta"]
         print(

@@ -17,8 +17,10 @@ the second the keys that need costlab's own modules are refused (`architecture_c
    on a transformers model, its own `gradient_checkpointing_enable`.
 5. `kernels.fused_rmsnorm_qkv` installs the fused RMSNorm+QKV in every attention block;
    `kernels.attention` picks every block's attention (transformers' own switch on its models).
-6. `kernels.compile` wraps the whole in torch.compile; the trainer calls the wrapper and
-   keeps the plain module for parameters and checkpoints.
+6. `kernels.compile` is not applied here: the run's CompileControl
+   (gpu_runtime.kernels.compiling) wraps the whole in torch.compile from the first step, or at the
+   step boundary where the payback rule says it pays; the trainer calls the wrapper and keeps the
+   plain module for parameters and checkpoints.
 
 Each step records what it did in `AssembledModel.report`, which ends up in the RunResult.
 """
@@ -35,7 +37,7 @@ from torch import nn
 from gpu_runtime.data import split_batch
 from gpu_runtime.errors import StrategyError
 from gpu_runtime.finetune import apply_lora
-from gpu_runtime.kernels import fused_rmsnorm_qkv, maybe_compile, triton_available
+from gpu_runtime.kernels import fused_rmsnorm_qkv, triton_available
 from gpu_runtime.model import Attention, RMSNorm, Transformer
 from gpu_runtime.precision import Precision, cast_storage
 from gpu_runtime.schema import StrategyConfig
@@ -53,7 +55,7 @@ QKV = ("q_proj", "k_proj", "v_proj")
 @dataclass
 class AssembledModel:
     module: nn.Module  # owns the parameters (Transformer or HFCausalLM); state_dict goes here
-    forward: nn.Module  # what the trainer calls: the module, or its torch.compile wrapper
+    forward: nn.Module  # what the trainer calls at the start: the module (compiling wraps it later)
     named_params: list[
         tuple[str, torch.Tensor]
     ]  # what the optimizer steps (fp32 masters when storage is narrower)
@@ -317,7 +319,6 @@ def assemble_model(
     if config.kernels.attention != "sdpa":
         report["kernels.attention"] = install_attention(model, config.kernels.attention)
     named_params = precision.prepare(model)
-    forward = maybe_compile(model, enabled=config.kernels.compile)
-    if config.kernels.compile:
-        report["kernels.compile"] = {"wrapper": type(forward).__name__}
-    return AssembledModel(module=model, forward=forward, named_params=named_params, report=report)
+    # kernels.compile is the run's CompileControl's (gpu_runtime.kernels.compiling): it compiles
+    # from the first step, or at the step boundary where the payback rule says it pays
+    return AssembledModel(module=model, forward=model, named_params=named_params, report=report)

@@ -1,7 +1,7 @@
 """Strategy keys whose value depends on the device, made concrete from its measured profile
 (gpu_runtime.profile) when the run starts: ``precision.compute_dtype: auto``,
-``kernels.compile: auto`` and ``optimizer.dynamic_batching.max_micro_batch: auto``; and
-``kernels.attention: auto``, from the device type alone. What each
+``optimizer.dynamic_batching.max_micro_batch: auto``; ``kernels.attention: auto``, from the
+device type alone; and ``kernels.compile: auto``, handed on to the run's payback rule. What each
 became, and why, is reported on the run.
 
 The profile is measured once per device per process (``auto`` on a device never measured
@@ -16,12 +16,8 @@ from typing import Any
 
 import torch
 
+from gpu_runtime.compile_payback import MARGIN
 from gpu_runtime.schema import StrategyConfig
-
-# Compiling pays on a GPU with Triton's kernels (compute capability 7.0 or newer). On a CPU a
-# compile of every micro-batch shape dynamic batching tries costs minutes, more than it saves
-# in a run of this size.
-COMPILE_MIN_CC = (7, 0)
 
 _PROFILES: dict[str, object] = {}
 
@@ -64,26 +60,33 @@ def _resolve_precision(config: StrategyConfig, measured) -> tuple[StrategyConfig
     return config.model_copy(update={"precision": precision}), report
 
 
-def _resolve_compile(config: StrategyConfig, measured) -> tuple[StrategyConfig, dict[str, Any]]:
-    """``kernels.compile: auto``: torch.compile where it pays (a CUDA device of compute
-    capability 7.0 or newer), not on a CPU."""
-    cc = tuple(measured.compute_capability or ())
-    on = measured.device != "cpu" and bool(cc) and cc >= COMPILE_MIN_CC
-    why = (
-        f"a CUDA device of compute capability {cc[0]}.{cc[1]}: Triton kernels pay"
-        if on
-        else "a CPU: compiling each micro-batch shape costs more than it saves"
-        if measured.device == "cpu"
-        else f"compute capability {'.'.join(map(str, cc)) or 'unknown'} is below 7.0"
-    )
-    kernels = config.kernels.model_copy(update={"compile": on})
+def _resolve_compile(config: StrategyConfig) -> tuple[StrategyConfig, dict[str, Any]]:
+    """``kernels.compile: auto``: eager at the start; the run's CompileControl
+    (gpu_runtime.kernels.compiling) compiles where the payback rule says the saving over the
+    remaining steps repays the compile (gpu_runtime.compile_payback), and reports what it chose."""
+    kernels = config.kernels.model_copy(update={"compile": False})
     report = {
         "requested": "auto",
-        "resolved": on,
-        "device_class": measured.device_class,
-        "why": why,
+        "resolved": False,
+        "why": (
+            "the payback rule decides in the run: it compiles where the expected saving over the "
+            f"remaining steps beats the compile (or cache load) by {MARGIN:g}x; eager until then"
+        ),
     }
     return config.model_copy(update={"kernels": kernels}), report
+
+
+def device_class_of(device: torch.device, profile=None) -> str:
+    """The device's class (gpu_runtime.profile.DeviceProfile.device_class) without measuring
+    anything: the profile's where one is given or cached, else read off the hardware."""
+    from gpu_runtime.profile import cpu_device_class, read_cpu_info
+
+    known = profile if profile is not None else _PROFILES.get(str(device))
+    if known is not None:
+        return known.device_class
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return cpu_device_class(*read_cpu_info())
 
 
 def _resolve_attention(config: StrategyConfig, device: torch.device) -> tuple[StrategyConfig, dict]:
@@ -173,13 +176,13 @@ def resolve_device_keys(
     reports = {}
     if config.kernels.attention == "auto":  # by device type: nothing to measure
         config, reports["kernels.attention"] = _resolve_attention(config, device)
-    if not (wants_dtype or wants_compile or wants_ceiling):
+    if wants_compile:  # decided in the run, from its step time: nothing to measure here
+        config, reports["kernels.compile"] = _resolve_compile(config)
+    if not (wants_dtype or wants_ceiling):
         return config, reports
     measured = device_profile(device, profile)
     if wants_dtype:
         config, reports["precision.compute_dtype"] = _resolve_precision(config, measured)
-    if wants_compile:
-        config, reports["kernels.compile"] = _resolve_compile(config, measured)
     if wants_ceiling:  # after the dtype: the ceiling is the resolved dtype's
         key = "optimizer.dynamic_batching.max_micro_batch"
         config, reports[key] = _resolve_micro_batch_ceiling(config, measured)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 import time
@@ -24,11 +25,13 @@ from gpu_runtime.assembly import architecture_conflicts, assemble_model, strateg
 from gpu_runtime.batching import MicroBatching
 from gpu_runtime.capability import capability_problems, device_label, resolve_device
 from gpu_runtime.checkpoint import load_checkpoint
+from gpu_runtime.compile_payback import CompileLedger
 from gpu_runtime.data import StepBatches, load_corpus, load_split_corpus
-from gpu_runtime.device_keys import resolve_device_keys
+from gpu_runtime.device_keys import device_class_of, resolve_device_keys
 from gpu_runtime.errors import StrategyError
 from gpu_runtime.evaluation import build_evaluation
 from gpu_runtime.finetune import parameter_counts, save_result
+from gpu_runtime.kernels.compiling import CACHE_URL_ENV, CompileControl, configure_caches
 from gpu_runtime.live import live_poller
 from gpu_runtime.mfu import peak_flops
 from gpu_runtime.optim import build_adamw, load_optimizer_state
@@ -205,6 +208,33 @@ def _ddp(module: torch.nn.Module, dev: torch.device) -> DistributedDataParallel:
         )
 
 
+def compile_control(config, auto, dev, profile, module, start_step, world):
+    """The run's CompileControl, or None where ``kernels.compile`` is false: torch's caches
+    configured (Redis where COSTLAB_COMPILE_CACHE_URL answers), the ledger opened beside them."""
+    report = auto.get("kernels.compile") or {}
+    requested = "auto" if report.get("requested") == "auto" else config.kernels.compile
+    if requested is False:
+        return None
+    cache = configure_caches()
+    url = os.environ.get(CACHE_URL_ENV) if cache["remote"] else None
+    return CompileControl(
+        model=module,
+        requested=requested,
+        planned_steps=config.train.steps,
+        start_step=start_step,
+        device_type=dev.type,
+        device_class=device_class_of(dev, profile),
+        config=config,
+        ledger=CompileLedger.default(url),
+        cache=cache,
+        # micro-batches of more than one size: the scaler's, or a global batch's short last one
+        mark_batch_dynamic=config.optimizer.dynamic_batching.enabled
+        or bool(config.train.micro_batch and config.train.global_batch % config.train.micro_batch),
+        distributed=world is not None,
+        lead=world is None or world.lead,
+    )
+
+
 def train_local(
     config: StrategyConfig,
     *,
@@ -282,7 +312,14 @@ def train_local(
     batching = MicroBatching(
         _per_rank(config, world_size), params=built.module.parameters(), device=dev
     )
-    forward = built.forward if world is None else _ddp(built.forward, dev)
+    start_step = start_tokens = 0
+    if resume_from is not None:
+        start_step, start_tokens = _resume(
+            resume_from, config, built.module, optimizer, precision, corpus.sha256
+        )
+    compiling = compile_control(config, auto, dev, profile, built.module, start_step, world)
+    forward = built.forward if compiling is None else compiling.initial_forward(built.forward)
+    forward = forward if world is None else _ddp(forward, dev)
     trainer = Trainer(
         config=config,
         model=built.module,
@@ -298,11 +335,8 @@ def train_local(
         # each packed record's first token are read, not trained on
         count_trained=config.data.loss_on == "response" or not config.data.packing or corpus.packed,
     )
-    start_step = start_tokens = 0
-    if resume_from is not None:
-        start_step, start_tokens = _resume(
-            resume_from, config, built.module, optimizer, precision, corpus.sha256
-        )
+    if compiling is not None:
+        compiling.bind(trainer)
 
     evaluation = None
     if split is not None:  # rows cut and moved to the device before the sampler starts
@@ -393,6 +427,9 @@ def train_local(
             if sampler is not None:
                 sampler.stop()
 
+    if compiling is not None:
+        strategies["kernels.compile"] = compiling.report()
+        compiling.learn()
     artifacts = []
     if artifacts_dir is not None and config.finetune.save and (world is None or world.lead):
         artifacts = save_result(

@@ -89,6 +89,12 @@ class Trainer:
     # Test hook: an object whose check(micro_batch_rows) may raise an out-of-memory error
     # before a micro-batch's forward (the tests' tests.gpu_runtime.faults.SimulatedOom).
     fault: FaultHook | None = None
+    # kernels.compile's controller (gpu_runtime.kernels.compiling): told of each step until it
+    # goes quiet; it switches ``forward`` between the module and its compiled wrapper
+    compiling = None
+    # dynamic batching and compile: the first compiled micro-batch's batch dimension is marked
+    # dynamic, so every micro-batch size the scaler tries runs the one graph
+    mark_batch_dynamic = False
 
     def __init__(
         self,
@@ -154,6 +160,9 @@ class Trainer:
                 self.fault.check(rows)
             x, y = inputs[start : start + rows], targets[start : start + rows]
             start += rows
+            if self.mark_batch_dynamic:  # until the first compile: one graph for every micro-batch
+                torch._dynamo.maybe_mark_dynamic(x, 0)
+                torch._dynamo.maybe_mark_dynamic(y, 0)
             # a short last micro-batch counts for its rows only
             weight = (
                 plan.loss_weight(index) if step_trained is None else (y >= 0).sum() / step_trained
@@ -165,6 +174,19 @@ class Trainer:
             self.batching.after_micro_batch(plan, index)
             loss_sum += loss.detach() * weight
         return loss_sum
+
+    def _compile_failed(self, exc: Exception) -> bool:
+        """A compile error in a single-process run: eager from this step on (True: run it
+        again). A DDP rank's compile error fails the run: its ranks must train alike."""
+        from gpu_runtime.kernels.compiling import is_compile_error
+
+        if self.compiling is None or not self.compiling.compiled_now or self.world is not None:
+            return False
+        if not is_compile_error(exc):
+            return False
+        self._drop_grads()
+        self.compiling.failed(exc)
+        return True
 
     def _sync(self, *, last: bool) -> contextlib.AbstractContextManager:
         """DDP all-reduces the gradients in the last micro-step's backward only (``no_sync`` before
@@ -271,7 +293,12 @@ class Trainer:
             t0 = time.perf_counter()
             batch = prefetcher.next()
             compute_start = clock.stamp()
-            out = self.train_step(step, total_steps, batch.tokens)
+            try:
+                out = self.train_step(step, total_steps, batch.tokens)
+            except Exception as exc:
+                if not self._compile_failed(exc):
+                    raise
+                out = self.train_step(step, total_steps, batch.tokens)  # the same step, eager
             compute_end = clock.stamp()
             loss_value, norms, trained = out.read()  # the one host sync per step
             if self.world is None or self.world.lead:
@@ -288,7 +315,10 @@ class Trainer:
                 else round(trained)
             )
             step, tokens = step + 1, tokens + step_tokens
-            time_total, timed = time_total + (time.perf_counter() - t0), timed + 1
+            elapsed = time.perf_counter() - t0
+            time_total, timed = time_total + elapsed, timed + 1
+            if self.compiling is not None and self.compiling.active:
+                self.compiling.after_step(step, elapsed)
             windows.append(
                 StepWindow(step, compute_start, compute_end, batch.io_start, batch.io_end)
             )

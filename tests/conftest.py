@@ -10,6 +10,7 @@ from __future__ import annotations
 import multiprocessing.process
 import os
 import subprocess
+import tempfile
 
 import pytest
 from django.conf import settings
@@ -21,6 +22,9 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 # only oversubscribes them (and spins while it waits). Tests about threads set their own counts.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
+# The compile payback rule's ledger and torch's compiled graphs: this session's own, never the
+# user's cache directory (a test about them sets its own).
+os.environ.setdefault("COSTLAB_COMPILE_CACHE_DIR", tempfile.mkdtemp(prefix="costlab-compile-"))
 
 
 def services_missing() -> list[str]:

@@ -9,6 +9,7 @@ and the call repeated (the run services are idempotent for their owner).
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import threading
@@ -27,6 +28,7 @@ from apps.core.queues import CeleryQueue
 from apps.experiments import runs
 from gpu_runtime.capability import resolve_device
 from gpu_runtime.device_keys import resolve_device_keys
+from gpu_runtime.kernels.compiling import CACHE_URL_ENV
 from gpu_runtime.live import live_changes
 from gpu_runtime.profile import DeviceProfile
 from gpu_runtime.runtime import stop_on_sigterm
@@ -190,6 +192,38 @@ def _device_keys(config_yaml: str, device: str, profile) -> tuple[str, dict]:
     return config.precision.compute_dtype, resolved
 
 
+# What the run page and the API show of kernels.compile, beside requested/resolved/why.
+COMPILE_FIELDS = (
+    "requested",
+    "resolved",
+    "why",
+    "mode",
+    "cache",
+    "compile_s",
+    "eager_step_s",
+    "compiled_step_s",
+    "measured_speedup",
+    "decided_at_step",
+    "fallback",
+    "recompiles",
+)
+
+
+def _decided_in_the_run(strategies: dict) -> dict | None:
+    """kernels.compile as the run ended: compiled, loaded from the cache or eager, the seconds
+    it took, and the payback rule's decision and inputs (gpu_runtime.kernels.compiling)."""
+    report = strategies.get("kernels.compile")
+    if not report or "mode" not in report:
+        return None
+    out = {name: report.get(name) for name in COMPILE_FIELDS}
+    decision = report.get("decision")
+    if decision:
+        out["expected_saving_s"] = decision["expected_saving_s"]
+        out["expected_cost_s"] = decision["expected_cost_s"]
+        out["estimated"] = decision["figures"]["estimated"]
+    return {"kernels.compile": out}
+
+
 def _yaml_value(value) -> str:
     """A resolved value as the strategy's YAML writes it (true/false, 8, bf16)."""
     return str(value).lower() if isinstance(value, bool) else str(value)
@@ -265,6 +299,9 @@ def _run_execute(run_id: int, stopped: threading.Event):
         # Tenants are isolated by process (one task per child) and by this memory cap.
         torch.cuda.set_per_process_memory_fraction(float(run.tenant.gpu_memory_fraction))
     label = f"{device} {gpu_name}" if gpu_name else device
+    # torch's compiled graphs and the payback rule's ledger are shared through this Redis
+    if settings.COSTLAB_COMPILE_CACHE_URL:
+        os.environ[CACHE_URL_ENV] = settings.COSTLAB_COMPILE_CACHE_URL
     measurement = run_profile(host=host, device=device, queue=run.queue)
     profile = None if measurement is None else DeviceProfile.from_dict(measurement.profile)
     compute_dtype, resolved = _device_keys(run.config_yaml, device, profile)
@@ -337,6 +374,7 @@ def _run_execute(run_id: int, stopped: threading.Event):
                 "params_total": result.params_total,
                 "params_trainable": result.params_trainable,
                 "artifacts": result.artifacts,
+                "resolved": _decided_in_the_run(result.strategies),
             }
             if result.status == "completed":
                 status = Run.Status.SUCCEEDED

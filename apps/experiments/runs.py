@@ -384,11 +384,14 @@ def run_finish(
     params_total: int | None = None,
     params_trainable: int | None = None,
     artifacts: list[dict] | None = None,
+    resolved: dict | None = None,
 ) -> bool:
     """Record how the run ended and close its totals; False when the run is no longer ours.
 
     The model's parameter counts and the files it saved (RunResult.params_total,
     params_trainable, artifacts) are recorded when given; None keeps what the run has.
+    ``resolved``: keys decided while training (kernels.compile's payback rule), merged over what
+    was resolved at the start.
     Idempotent: a finish repeated after its commit (the answer lost with the connection) is True.
     """
     run = Run.objects.select_for_update().select_related("experiment").filter(pk=run_id).first()
@@ -423,6 +426,8 @@ def run_finish(
         "artifacts": None if artifacts is None else [dict(a) for a in artifacts],
     }
     model = {key: value for key, value in model.items() if value is not None}
+    if resolved:
+        model["resolved"] = {**(run.resolved or {}), **resolved}
     if model:
         for key, value in model.items():
             setattr(run, key, value)

@@ -204,6 +204,10 @@ elif COSTLAB_EMBEDDED_REDIS:
     CELERY_BROKER_URL = CELERY_RESULT_BACKEND = embedded_redis.broker_url(VAR_DIR)
 else:  # COSTLAB_EMBEDDED_REDIS=false and no Redis: one process only (tests without a Redis)
     CELERY_BROKER_URL, CELERY_RESULT_BACKEND = "memory://", "cache+memory://"
+# torch.compile's graphs (torch's own FX-graph and AOT-autograd caches) and the compile payback
+# rule's ledger, shared by every worker through this Redis (gpu_runtime.kernels.compiling); ""
+# keeps both on each host.
+COSTLAB_COMPILE_CACHE_URL = env("COSTLAB_COMPILE_CACHE_URL", default=REDIS_URL)
 # Redis priorities (kombu keeps one list per step and takes the lowest step first): a ci run's
 # wake-up is taken before the normal and batch ones already waiting (apps.experiments.models.Run
 # PRIORITY_LEVEL).

@@ -360,7 +360,9 @@ def test_compile_wraps_the_model_the_trainer_calls_and_checkpoints_stay_plain(
         checkpoint_dir=str(tmp_path),
     )
     assert len(wrapped) == 1 and wrapped[0].calls == 2 and spy[0].forward is wrapped[0]
-    assert result.strategies["kernels.compile"] == {"wrapper": "Compiled"}
+    reported = result.strategies["kernels.compile"]
+    assert reported["requested"] is True and reported["mode"] == "compiled"
+    assert reported["compile_s"] is not None and reported["fallback"] is None
     saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)["model"]
     assert not any(k.startswith("_orig_mod") for k in saved)
 

@@ -1,0 +1,174 @@
+"""The compile cache's figure: the second run of an arm against the first, on another worker.
+
+    python bench/compile_cache.py [--preset small|tiny] [--seq-len N] [--rounds N] [--json]
+                                  [--redis-url URL] [--smoke]
+
+Each round trains the same arm (`kernels.compile: true`, bf16 where native, fused kernels) twice,
+each in a fresh process with an empty local inductor cache of its own, as two workers would:
+
+* cold: nothing of this graph in Redis; the run compiles and torch saves its FX graphs and its
+  AOT-autograd entries to Redis (COSTLAB_COMPILE_CACHE_URL, keyed as torch keys them);
+* warm: the same arm; its graphs load from Redis.
+
+Per run it reads `strategies["kernels.compile"]`: compile_s (the compiling step, less an eager
+step where one was measured), `cache` (hit / miss / partial) and `mode`. `ratio` = warm compile_s
+/ cold compile_s per round (target <= 0.10), with its spread over rounds. The rounds interleave
+cold and warm, so the machine's drift hits both. Between rounds the Redis keys the round's cold run
+wrote are deleted (keys that were there before the bench are left; a cold run that hits them says
+`cold_was_cached`).
+
+`--smoke`: the tiny preset, two steps, dynamo's eager backend (tracing only, no inductor, no cache):
+the same code path and JSON keys in seconds, to check that the benchmark runs (tests/bench); its
+figures mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+TARGET = 0.10
+
+
+def arm(preset: str, seq_len: int, steps: int) -> dict:
+    return {
+        "model": {"preset": preset, "seq_len": seq_len},
+        "data": {"source": "synthetic", "prefetch": 0},
+        "train": {"steps": steps, "global_batch": 8, "micro_batch": 4, "seed": 0},
+        "precision": {"compute_dtype": "auto"},
+        "kernels": {"compile": True, "fused_rmsnorm_qkv": True, "fused_optimizer": True},
+        "telemetry": {"enabled": False},
+    }
+
+
+def child(ns: argparse.Namespace) -> int:
+    """One run in this fresh process: print its kernels.compile report as JSON."""
+    import torch
+
+    from gpu_runtime import strategy_from_dict, train
+    from gpu_runtime.kernels.compiling import CompileControl
+
+    torch.set_num_threads(ns.threads)
+    if ns.backend != "inductor":
+        CompileControl.compile_fn = lambda self, model: torch.compile(model, backend=ns.backend)
+    result = train(strategy_from_dict(arm(ns.preset, ns.seq_len, ns.steps)), device="cpu")
+    print(json.dumps(result.strategies["kernels.compile"]))
+    return 0
+
+
+def run_child(ns: argparse.Namespace, url: str) -> dict:
+    with tempfile.TemporaryDirectory(prefix="costlab-inductor-") as local:
+        env = {
+            **os.environ,
+            "TORCHINDUCTOR_CACHE_DIR": local,  # another worker: nothing on this disk
+            "COSTLAB_COMPILE_CACHE_URL": url,
+            "COSTLAB_COMPILE_CACHE_DIR": local,
+            "PYTHONPATH": str(ROOT),
+        }
+        argv = [sys.executable, __file__, "--child", "--preset", ns.preset]
+        argv += ["--seq-len", str(ns.seq_len), "--steps", str(ns.steps)]
+        argv += ["--backend", ns.backend, "--threads", str(ns.threads)]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise SystemExit(f"the run failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def torch_keys(client) -> set[bytes]:
+    return set(client.scan_iter(match="pt2:*", count=1000))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2)))
+    parser.add_argument("--backend", default="inductor", help=argparse.SUPPRESS)
+    parser.add_argument("--redis-url", default=None)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ns = parser.parse_args()
+    if ns.child:
+        return child(ns)
+    if ns.smoke:
+        ns.preset, ns.seq_len, ns.steps, ns.rounds, ns.backend = "tiny", 16, 2, 1, "eager"
+    url = (
+        ns.redis_url
+        or os.environ.get("COSTLAB_COMPILE_CACHE_URL")
+        or os.environ.get("REDIS_URL")
+        or "redis://127.0.0.1:6379/0"
+    )
+    import redis
+
+    client = redis.Redis.from_url(url)
+    client.ping()
+    before = torch_keys(client)
+    rounds = []
+    for index in range(ns.rounds):
+        cold = run_child(ns, url)
+        written = torch_keys(client) - before
+        warm = run_child(ns, url)
+        if written:
+            client.delete(*written)
+        ratio = (
+            warm["compile_s"] / cold["compile_s"]
+            if cold.get("compile_s") and warm.get("compile_s") is not None
+            else None
+        )
+        rounds.append(
+            {
+                "round": index,
+                "cold": {k: cold.get(k) for k in ("mode", "cache", "compile_s", "graphs")},
+                "warm": {k: warm.get(k) for k in ("mode", "cache", "compile_s", "graphs")},
+                "cold_was_cached": cold.get("cache") == "hit",
+                "redis_keys_written": len(written),
+                "ratio": ratio,
+            }
+        )
+        if not ns.json:
+            print(
+                f"round {index}: cold {cold.get('compile_s')} s ({cold.get('cache')}), "
+                f"warm {warm.get('compile_s')} s ({warm.get('cache')}), "
+                f"ratio {ratio if ratio is None else round(ratio, 3)}",
+                flush=True,
+            )
+    ratios = [r["ratio"] for r in rounds if r["ratio"] is not None]
+    out = {
+        "preset": ns.preset,
+        "seq_len": ns.seq_len,
+        "steps": ns.steps,
+        "threads": ns.threads,
+        "backend": ns.backend,
+        "rounds": rounds,
+        "ratio": statistics.median(ratios) if ratios else None,
+        "ratio_min": min(ratios) if ratios else None,
+        "ratio_max": max(ratios) if ratios else None,
+        "target": TARGET,
+        "met": bool(ratios) and statistics.median(ratios) <= TARGET,
+        "smoke": ns.smoke,
+    }
+    if ns.json:
+        print(json.dumps(out))
+    else:
+        met = "met" if out["met"] else "NOT met"
+        print(
+            f"warm / cold compile seconds: {out['ratio']} (spread {out['ratio_min']} to "
+            f"{out['ratio_max']} over {len(ratios)} rounds); target <= {TARGET}: {met}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
