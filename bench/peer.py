@@ -31,11 +31,13 @@ Arms, interleaved over rounds (the arm order rotated each round, so the machine'
 * trainer_best: the same, with the flags that are Trainer's best on this device (the JSON's
   `trainer_best_flags` says which and why): `bf16` only where the device profile says bf16 is
   native (`best_dtype(profile) == "bf16"`), gradient checkpointing off, the random sampler
-  (Trainer's default), `dataloader_num_workers=0`, fused AdamW (`optim="adamw_torch_fused"`), no
-  torch.compile on a CPU, and the model's `attn_implementation` (sdpa or eager) that trains
-  faster here, measured before the warm-up on short trainer_best runs
-  (`choose_trainer_attention`; on an AVX-512 EPYC eager wins by ~1.3x). Not the group-by-length
-  sampler (`train_sampling_strategy="group_by_length"`), which trainer_best had until issue 43:
+  (Trainer's default), `dataloader_num_workers=0`, fused AdamW (`optim="adamw_torch_fused"`),
+  the model's `attn_implementation` (sdpa or eager) that trains faster here, measured before the
+  warm-up on short trainer_best runs (`choose_trainer_attention`; on an AVX-512 EPYC eager wins by
+  ~1.3x), and `torch_compile` where costlab's payback rule says it pays over the Trainer's
+  max_steps on the probe's step time (`trainer_compile`), as costlab's `kernels.compile: auto`
+  decides for its own arm. Not the group-by-length sampler
+  (`train_sampling_strategy="group_by_length"`), which trainer_best had until issue 43:
   it cuts padding, but at equal tokens it trains a model 7.9 % worse on held-out loss, so it
   never reaches the quality the Trainer reaches without it; a "best" that trains a worse model
   is not the best (docs/benchmarks.md). `--grouped` adds it back as a fifth arm,
@@ -46,7 +48,8 @@ Arms, interleaved over rounds (the arm order rotated each round, so the machine'
 * costlab_optimized: what costlab recommends on this device: `precision.compute_dtype: auto`
   (resolved from the profile), packing, `kernels.fused_optimizer`, `kernels.fused_rmsnorm_qkv`
   (a llama checkpoint trains as costlab's own Transformer), prefetch, `kernels.compile: auto`
-  (off on a CPU), `kernels.attention: auto` (math on a CPU); not dynamic batching, which has
+  (its payback rule: eager for a run too short to repay a compile), `kernels.attention: auto`
+  (math on a CPU); not dynamic batching, which has
   nothing to grow into here (below).
 
 Equal work. Trainer's rows are records (~57 tokens each here), costlab's are rows of seq_len+1
@@ -570,12 +573,9 @@ def trainer_flags(plan: Plan) -> tuple[dict[str, dict], dict[str, dict[str, Any]
         ),
         "optim": ("adamw_torch_fused", "one fused kernel per parameter group (CPU and CUDA)"),
         "torch_compile": (
-            plan.dev.type == "cuda",
-            "on: a CUDA device"
-            if plan.dev.type == "cuda"
-            else "off on a CPU, as costlab's kernels.compile auto (neither side compiles here): "
-            "a first compile takes 20-85 s on a 2-core CPU; compiled, both sides run ~1.2-1.3x "
-            "faster (docs/benchmarks.md)",
+            False,
+            "decided after the attention probe by costlab's kernels.compile payback rule "
+            "(trainer_compile)",
         ),
     }
     grouped = {"train_sampling_strategy": "group_by_length"}
@@ -597,6 +597,31 @@ def trainer_flags(plan: Plan) -> tuple[dict[str, dict], dict[str, dict[str, Any]
 
 
 TRAINER_ATTENTION_PROBE_STEPS = 12  # steps per probe run; two runs of each implementation
+
+
+def trainer_compile(plan: Plan, attention: dict[str, Any]) -> dict[str, Any]:
+    """trainer_best's torch_compile, by the payback rule costlab's kernels.compile: auto applies
+    (gpu_runtime.compile_payback): the Trainer's eager step time from the attention probe, its
+    max_steps, and the compile figures learned on this device class (or the priors)."""
+    from gpu_runtime.compile_payback import decide, prior
+
+    rate = attention["measured_tokens_per_s"].get(attention["value"])
+    if not rate:
+        return {"value": False, "why": "off: the attention probe measured no step time"}
+    step_tokens = plan.ns.trainer_batch * plan.mean_trained_per_record
+    decision = decide(
+        planned_steps=plan.trainer_max_steps,
+        done_steps=0,
+        eager_step_s=step_tokens / rate,
+        figures=prior(plan.dev.type),
+        cached=False,
+    )
+    return {
+        "value": decision.compile,
+        "why": f"{'on' if decision.compile else 'off'}, as costlab's kernels.compile auto "
+        f"decides: {decision.why}",
+        "decision": decision.as_dict(),
+    }
 
 
 def choose_trainer_attention(plan: Plan, stopper: Stopper | None, extra: dict) -> dict[str, Any]:
@@ -1504,6 +1529,11 @@ def main() -> int:
         flags_used["attn_implementation"] = choose_trainer_attention(
             plan, stopper, trainer["trainer_best"]
         )
+        if "torch_compile" in trainer["trainer_best"]:  # a TrainingArguments field here
+            flags_used["torch_compile"] = trainer_compile(plan, flags_used["attn_implementation"])
+            for name in ("trainer_best", "trainer_grouped"):
+                if name in trainer:
+                    trainer[name]["torch_compile"] = flags_used["torch_compile"]["value"]
         for name in plan.arms:  # first calls (imports, allocator, caches) before any timing
             if name.startswith("costlab"):
                 run_costlab(plan, name, costlab[name], stopper, steps=3, evaluate=False)

@@ -166,6 +166,7 @@ class ResolvedRow:
     requested: str
     chosen: str  # as the strategy's YAML would write it: bf16, 1, false
     why: str
+    outcome: str = ""  # what happened while training (kernels.compile: compiled, loaded, eager)
 
 
 def resolved_rows(resolved: dict) -> list[ResolvedRow]:
@@ -174,12 +175,40 @@ def resolved_rows(resolved: dict) -> list[ResolvedRow]:
     return [
         ResolvedRow(
             key=key,
-            requested=str(choice.get("requested", "auto")),
+            requested=_yaml_value(choice.get("requested", "auto")),
             chosen=_yaml_value(choice.get("resolved")),
             why=choice.get("why", ""),
+            outcome=compile_outcome(choice),
         )
         for key, choice in sorted((resolved or {}).items())
     ]
+
+
+def compile_outcome(choice: dict) -> str:
+    """kernels.compile as the run ended (workers.training records it): compiled, loaded from the
+    cache or eager, the seconds it took, and whether the figures it decided on were estimated."""
+    mode = choice.get("mode")
+    if not mode:
+        return ""
+    seconds = choice.get("compile_s")
+    took = "" if seconds is None else f" in {seconds:.1f} s"
+    cache = {"hit": "a cache hit", "miss": "a cache miss", "partial": "partly from the cache"}
+    if mode == "loaded":
+        said = f"loaded from the compile cache{took}"
+    elif mode == "compiled":
+        said = f"compiled{took}" + (
+            f" ({cache[choice['cache']]})" if choice.get("cache") in cache else ""
+        )
+    elif mode == "fell back to eager":
+        said = f"fell back to eager: {choice.get('fallback') or 'no reason recorded'}"
+    else:
+        said = "eager: not compiled"
+    speedup = choice.get("measured_speedup")
+    if speedup:
+        said += f"; compiled steps measured {speedup:.2f}x eager"
+    if choice.get("estimated"):
+        said += "; decided on estimated compile figures (none learned yet)"
+    return said
 
 
 def _yaml_value(value) -> str:

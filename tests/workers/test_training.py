@@ -80,3 +80,30 @@ def test_the_worker_stores_and_logs_what_auto_became_before_training(monkeypatch
         f"run {run.pk}: kernels.compile auto → false: " + (run.resolved["kernels.compile"]["why"])
         in logged
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_run_ends_with_how_kernels_compile_ended(monkeypatch):
+    """compile: auto decides while training; the worker stores the outcome over the start's
+    "decided in the run", so the run page and the API say eager (or compiled, and in how long)."""
+    monkeypatch.setattr(training, "run_profile", lambda **_: None)
+    exp = ExperimentFactory(tenant=GpuPriceFactory().pricing_table.tenant, status="active")
+    ArmFactory(
+        experiment=exp,
+        name="control",
+        is_control=True,
+        strategy_yaml=(
+            "model: {preset: tiny, seq_len: 16}\ndata: {source: synthetic}\n"
+            "train: {steps: 5, global_batch: 2}\nkernels: {compile: auto}\n"
+            "telemetry: {interval_s: 0.05}\n"
+        ),
+    )
+    run = run_submit(experiment=exp)
+    training._run_execute(run.pk, threading.Event())
+    run.refresh_from_db()
+    assert run.status == Run.Status.SUCCEEDED, run.error
+    compiled = run.resolved["kernels.compile"]
+    assert compiled["requested"] == "auto" and compiled["resolved"] is False
+    assert compiled["mode"] == "eager" and compiled["decided_at_step"] in (0, 3)
+    assert compiled["why"].startswith("compiling does not pay: ")
+    assert compiled["expected_saving_s"] < compiled["expected_cost_s"]

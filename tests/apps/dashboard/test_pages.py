@@ -188,6 +188,29 @@ RESOLVED = {
 }
 
 
+def test_run_page_and_api_say_how_kernels_compile_ended(member, w):
+    """The payback rule's choice, and what the compile cost: loaded from the cache, here."""
+    compiled = {
+        "requested": "auto",
+        "resolved": True,
+        "why": "compiling pays: 99997 remaining steps x 0.5 s x (1 - 1/1.20) = 8333 s saved",
+        "mode": "loaded",
+        "cache": "hit",
+        "compile_s": 4.2,
+        "measured_speedup": 1.27,
+        "estimated": False,
+    }
+    run = train(run_of(w.candidate, resolved={"kernels.compile": compiled}), n=3)
+    page = text(member.get(reverse("dashboard:run", args=[run.pk])))
+    assert (
+        "kernels.compile auto true compiling pays: 99997 remaining steps x 0.5 s x (1 - 1/1.20) = "
+        "8333 s saved loaded from the compile cache in 4.2 s; compiled steps measured 1.27x eager"
+    ) in page
+    answer = member.get(f"/api/v1/runs/{run.pk}/").json()
+    assert answer["resolved"]["kernels.compile"]["cache"] == "hit"
+    assert answer["resolved"]["kernels.compile"]["mode"] == "loaded"
+
+
 def test_run_page_shows_config_provenance_and_cost_breakdown(member, w):
     run = train(
         run_of(
