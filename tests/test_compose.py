@@ -51,5 +51,10 @@ def test_compose_file_is_valid_and_complete():
     assert images == {"platform/Dockerfile"}
     assert config["services"]["gpu-worker"]["profiles"] == ["gpu"]
     assert "pgdata" in config["volumes"]
+    # the training workers share torch.compile's graphs on the host (and through Redis)
+    for name in ("worker", "gpu-worker"):
+        service = config["services"][name]
+        assert any("/app/var/compile-cache" in str(v) for v in service["volumes"]), name
+        assert service["environment"]["TORCHINDUCTOR_CACHE_DIR"].startswith("/app/var/compile-")
     assert "--appendonly" in config["services"]["redis"]["command"]
     assert "alerts" in config["services"]["alerts-worker"]["command"]
