@@ -4,6 +4,8 @@ The rest of the app is private to it (an import-linter contract in pyproject.tom
 each of these lives, and the bill's rules: apps/billing/README.md.
 """
 
+from apps.billing.focus_export import COLUMNS as FOCUS_COLUMNS
+from apps.billing.focus_export import focus_csv, month_bounds
 from apps.billing.services import (
     IngestResult,
     budget_enforce,
@@ -27,4 +29,8 @@ __all__ = [
     "samples_bill",
     # the month's spend against the tenant's budget (a step is recorded and alerted by apps.alerts)
     "budget_enforce",
+    # the tenant's allocation of a month as FOCUS 1.2 rows (CSV, streamed): a run's bill per day
+    "FOCUS_COLUMNS",
+    "focus_csv",
+    "month_bounds",
 ]

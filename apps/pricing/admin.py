@@ -4,7 +4,14 @@ from django.http import HttpResponseRedirect
 from django.urls import reverse
 from django.utils import timezone
 
-from apps.pricing.models import CostModel, GpuPrice, GpuSku, PricingTable
+from apps.pricing.models import (
+    CostModel,
+    FocusImport,
+    GpuPrice,
+    GpuSku,
+    InstanceType,
+    PricingTable,
+)
 from apps.pricing.services import (
     PRICE_FIELDS,
     PRICING_TABLE_FIELDS,
@@ -175,3 +182,51 @@ class CostModelAdmin(admin.ModelAdmin):
     list_filter = ["kind", "tenant"]
     search_fields = ["name"]
     list_select_related = ["tenant"]
+
+
+@admin.register(InstanceType)
+class InstanceTypeAdmin(admin.ModelAdmin):
+    """The instance catalogue a FOCUS import prices through (shipped, and yours to edit: point an
+    instance type at your GPU SKU's name, or add one the invoice names)."""
+
+    list_display = [
+        "name",
+        "provider",
+        "gpu_sku_name",
+        "gpu_count",
+        "vcpus",
+        "memory_gib",
+        "catalogue_version",
+    ]
+    list_filter = ["provider", "catalogue_version"]
+    search_fields = ["name", "gpu_sku_name"]
+
+    def save_model(self, request, obj, form, change):
+        if not change:
+            obj.catalogue_version = 0  # added here, not shipped
+        super().save_model(request, obj, form, change)
+
+
+@admin.register(FocusImport)
+class FocusImportAdmin(admin.ModelAdmin):
+    """What each FOCUS import derived and left out (read-only: an import is a record)."""
+
+    list_display = [
+        "created_at",
+        "tenant",
+        "filename",
+        "focus_version",
+        "currency",
+        "pricing_table",
+        "created_version",
+        "rows",
+    ]
+    list_filter = ["tenant", "focus_version"]
+    list_select_related = ["tenant", "pricing_table"]
+    search_fields = ["filename", "sha256", "billing_account"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

@@ -275,3 +275,106 @@ def validate_tiers(tiers) -> None:
                 {"tiers": f"tier {i}: up_to must be an integer above {previous}."}
             )
         previous = up_to
+
+
+class InstanceType(TimeStampedModel):
+    """A cloud instance type as costlab prices it: its GPUs (SKU and count), vCPUs and memory.
+
+    The shipped catalogue (apps/pricing/catalogue/instance_types.json, its `version`) is seeded by
+    a data migration and edited in the admin: a FOCUS import (apps.pricing.focus) maps an invoice's
+    instance-hours onto GPU-hours and vCPU-hours through it."""
+
+    class Provider(models.TextChoices):
+        AWS = "aws", "AWS"
+        AZURE = "azure", "Microsoft Azure"
+        GCP = "gcp", "Google Cloud"
+        OTHER = "other", "Other"
+
+    provider = models.CharField(max_length=16, choices=Provider.choices)
+    name = models.CharField(
+        max_length=80,
+        unique=True,
+        help_text="As the provider writes it in its invoice (p5.48xlarge, "
+        "Standard_ND96isr_H100_v5, a3-highgpu-8g); matched without regard to case.",
+    )
+    gpu_sku_name = models.CharField(
+        "GPU SKU",
+        max_length=80,
+        blank=True,
+        default="",
+        help_text="The GPU SKU's name in costlab (empty: a CPU instance). An import prices this "
+        "SKU; it is created with the catalogue's figures if costlab has none of that name.",
+    )
+    gpu_count = models.PositiveSmallIntegerField("GPUs", default=0)
+    vcpus = models.PositiveIntegerField("vCPUs")
+    memory_gib = models.DecimalField(
+        "memory (GiB)", max_digits=8, decimal_places=1, validators=NON_NEGATIVE
+    )
+    catalogue_version = models.PositiveIntegerField(
+        default=1, help_text="The shipped catalogue's version the row came from (0: added here)."
+    )
+    notes = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["provider", "name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(gpu_count=0, gpu_sku_name="")
+                | (Q(gpu_count__gt=0) & ~Q(gpu_sku_name="")),
+                name="instancetype_gpu_sku_with_gpus",
+            ),
+            models.CheckConstraint(condition=Q(vcpus__gt=0), name="instancetype_vcpus_positive"),
+        ]
+
+    def clean(self) -> None:
+        if bool(self.gpu_count) != bool(self.gpu_sku_name):
+            raise ValidationError(
+                {"gpu_sku_name": "a GPU instance names its GPU SKU and count; a CPU one neither"}
+            )
+
+    def __str__(self) -> str:
+        gpus = f"{self.gpu_count} x {self.gpu_sku_name}, " if self.gpu_count else ""
+        return f"{self.name} ({gpus}{self.vcpus} vCPUs, {self.memory_gib} GiB)"
+
+
+class FocusImport(models.Model):
+    """One FOCUS cost-and-usage file imported into a tenant's prices (apps.pricing.focus): the
+    file's SHA-256 (the same file again answers with this record, no second version), the version
+    it made, and what it derived and skipped, with the reason."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="focus_imports")
+    sha256 = models.CharField("SHA-256", max_length=64)
+    filename = models.CharField(max_length=255, blank=True, default="")
+    focus_version = models.CharField(max_length=16)
+    pricing_table = models.ForeignKey(
+        PricingTable,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="focus_imports",
+        help_text="The version the import made (or the one in force, when its prices were those).",
+    )
+    created_version = models.BooleanField(
+        default=True, help_text="False: the derived prices were those of the version in force."
+    )
+    billing_account = models.CharField(max_length=255)
+    currency = models.CharField(max_length=3)
+    invoice_ids = models.JSONField(default=list, blank=True)
+    period_start = models.CharField(max_length=32, blank=True, default="")
+    period_end = models.CharField(max_length=32, blank=True, default="")
+    rows = models.PositiveBigIntegerField(default=0, help_text="Rows read.")
+    derived = models.JSONField(default=dict, help_text="Prices derived, per instance type.")
+    skipped = models.JSONField(default=list, help_text="Rows left out, grouped by reason.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "FOCUS import"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "sha256"], name="focusimport_unique_tenant_sha256"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"FOCUS import {self.sha256[:12]} ({self.filename or 'no name'})"

@@ -441,6 +441,11 @@ COSTLAB_API_MAX_BODY_BYTES = env.int("COSTLAB_API_MAX_BODY_BYTES", default=256 *
 COSTLAB_API_MAX_INGEST_BODY_BYTES = env.int(
     "COSTLAB_API_MAX_INGEST_BODY_BYTES", default=8 * 1024 * 1024
 )
+# A FOCUS export uploaded for its prices (POST /api/v1/pricing-tables/import-focus/): a month of a
+# cloud's cost-and-usage rows. Its file goes to a temporary file, never to memory whole.
+COSTLAB_API_MAX_FOCUS_BODY_BYTES = env.int(
+    "COSTLAB_API_MAX_FOCUS_BODY_BYTES", default=512 * 1024 * 1024
+)
 # ApiGuardMiddleware caps each endpoint first; Django's own cap must not undercut the largest.
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(COSTLAB_API_MAX_INGEST_BODY_BYTES, COSTLAB_API_MAX_BODY_BYTES)
 # Telemetry timestamps are taken between the run's creation and now, give or take this clock skew.

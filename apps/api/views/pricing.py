@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from django_filters.rest_framework import DjangoFilterBackend
+from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.parsers import MultiPartParser
 from rest_framework.response import Response
 
 from apps.api.filters import CostModelFilter, PricingTableFilter
 from apps.api.permissions import StaffWritesMembersRead, TenantMember
+from apps.api.serializers.focus import FocusImportResult, FocusImportSerializer
 from apps.api.serializers.pricing import (
     CostModelSerializer,
     GpuSkuSerializer,
@@ -16,6 +20,7 @@ from apps.api.serializers.pricing import (
 from apps.api.views.base import TenantViewSet
 from apps.experiments.selectors import gpu_skus_in_use
 from apps.pricing import services
+from apps.pricing.focus import pricing_table_import_focus
 from apps.pricing.models import CostModel, GpuSku, PricingTable
 from apps.pricing.selectors import cost_model_list, pricing_table_list
 
@@ -37,6 +42,7 @@ class PricingTableViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tena
     serializer_class = PricingTableSerializer
     filter_backends = [DjangoFilterBackend]
     filterset_class = PricingTableFilter
+    max_body_bytes = None  # ApiGuardMiddleware's cap, by setting name; the FOCUS import raises it
 
     def create(self, request):
         serializer = self.get_serializer(data=request.data)
@@ -67,6 +73,42 @@ class PricingTableViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, Tena
     def destroy(self, request, pk=None):
         services.pricing_table_delete(table=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(
+        request={"multipart/form-data": FocusImportSerializer},
+        responses={201: FocusImportResult, 200: FocusImportResult},
+    )
+    @action(
+        detail=False,
+        methods=["post"],
+        url_path="import-focus",
+        parser_classes=[MultiPartParser],
+        max_body_bytes="COSTLAB_API_MAX_FOCUS_BODY_BYTES",
+    )
+    def import_focus(self, request):
+        """Prices from the invoice: a FOCUS export becomes a new version of the tenant's prices
+        (201), named for its invoice and period; the same file again answers 200 with that first
+        import. What it derived and what it skipped, with the reason, is in `import`."""
+        serializer = FocusImportSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        upload = data["file"]
+        outcome = pricing_table_import_focus(
+            tenant=request.tenant,
+            stream=upload.file,
+            filename=upload.name or "",
+            billing_account=data.get("billing_account"),
+            currency=data.get("currency"),
+            focus_version=data.get("focus_version"),
+            skus_in_use=gpu_skus_in_use(tenant=request.tenant),
+            confirm_unpriced=data["confirm_unpriced"],
+        )
+        table = outcome.table
+        body = {
+            "pricing_table": None if table is None else PricingTableSerializer(table).data,
+            "import": outcome.shown(),
+        }
+        return Response(body, status=status.HTTP_201_CREATED if outcome.created else 200)
 
 
 class CostModelViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantViewSet):

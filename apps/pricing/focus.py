@@ -1,0 +1,836 @@
+"""Prices from the bill: a FOCUS cost-and-usage export (1.0 to 1.3, CSV or Parquet) becomes a new
+version of a tenant's pricing table.
+
+What it reads (docs/billing.md, "Prices from your invoice"): the usage rows of whole instances
+priced by the hour (ChargeCategory Usage, PricingUnit hours) whose instance type the catalogue
+(apps.pricing.models.InstanceType) knows. Per instance type it sums EffectiveCost, ListCost and
+PricingQuantity (instance-hours), so an instance type's effective hourly price is
+sum(EffectiveCost) / sum(PricingQuantity) and its list price sum(ListCost) / sum(PricingQuantity):
+commitment discounts are in EffectiveCost as FOCUS amortises them, and a commitment's unused share
+(CommitmentDiscountStatus "Unused") is no instance's usage. Then:
+
+- a GPU SKU's price per GPU-hour is the effective cost of every instance type holding it over their
+  GPU-hours (instance-hours x GPUs);
+- the vCPU-hour price is the CPU instance types' effective cost over their vCPU-hours, memory
+  included in it (memory_gb_hour_usd 0: the provider sells them together);
+- electricity is 0 in the new version: an instance-hour's price includes its power (carbon keeps
+  the version in force's grid intensity: it is not money).
+
+Every other row is left out and listed with its reason (a credit, a tax, a purchase, another
+billing account or currency, a unit that is not hours, an unknown instance type, a zero or
+negative quantity, a row repeated): nothing is summed silently. Rows are streamed (CSV: the
+standard library's reader; Parquet: pyarrow, by record batches) and aggregated per instance type,
+so memory does not grow with the file, except for one 12-byte digest per counted row (to find
+repeats).
+
+A file missing a mandatory FOCUS column of its version, or of a version costlab does not know, is
+refused naming the columns, and nothing is stored. The same file imported again (its SHA-256)
+makes no second version: it answers with the first import.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from pathlib import Path
+from typing import IO, Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from apps.core.exceptions import ApplicationError
+from apps.pricing import services
+from apps.pricing.models import FocusImport, GpuSku, InstanceType, PricingTable
+from apps.pricing.selectors import pricing_table_valid_at
+from apps.tenants.models import Tenant
+
+CATALOGUE_FILE = Path(__file__).resolve().parent / "catalogue" / "instance_types.json"
+
+VERSIONS = ("1.0", "1.1", "1.2", "1.3")
+# The columns every FOCUS cost-and-usage dataset has (feature level Mandatory), 1.0 to 1.2.
+_MANDATORY = (
+    "BilledCost",
+    "BillingAccountId",
+    "BillingAccountName",
+    "BillingCurrency",
+    "BillingPeriodEnd",
+    "BillingPeriodStart",
+    "ChargeCategory",
+    "ChargeClass",
+    "ChargeDescription",
+    "ChargePeriodEnd",
+    "ChargePeriodStart",
+    "ContractedCost",
+    "EffectiveCost",
+    "InvoiceIssuerName",
+    "ListCost",
+    "PricingQuantity",
+    "PricingUnit",
+    "ProviderName",
+    "PublisherName",
+    "ServiceCategory",
+    "ServiceName",
+)
+# 1.3 names the provider twice over (ServiceProviderName, HostProviderName); ProviderName and
+# PublisherName are deprecated there, so a 1.3 file is not refused for leaving them out.
+MANDATORY = {
+    "1.0": _MANDATORY,
+    "1.1": _MANDATORY,
+    "1.2": _MANDATORY,
+    "1.3": tuple(c for c in _MANDATORY if c not in ("ProviderName", "PublisherName"))
+    + ("ServiceProviderName", "HostProviderName"),
+}
+# Where a file may say its version (FOCUS keeps it in the dataset's metadata; some exports carry it
+# as a column).
+VERSION_COLUMNS = ("FocusVersion", "x_FocusVersion")
+
+# The columns read beyond the mandatory ones, when a file has them.
+OPTIONAL = (
+    "CommitmentDiscountStatus",
+    "CommitmentDiscountId",
+    "InvoiceId",
+    "SkuPriceDetails",
+    "SkuPriceId",
+    "ResourceId",
+    "ServiceProviderName",
+    "x_SkuDetails",
+    "x_UsageType",
+    "x_CostlabResource",
+    "x_CostlabGpuSku",
+    *VERSION_COLUMNS,
+)
+
+HOURS = {"hour", "hours", "hr", "hrs", "1 hour"}
+# AWS writes the instance type into its usage type: "USE1-BoxUsage:p5.48xlarge".
+_AWS_USAGE = re.compile(r"(?:BoxUsage|SpotUsage|DedicatedUsage|HostBoxUsage|DedicatedRes):(.+)$")
+
+ROWS_LISTED = 100  # row numbers kept per skipped group (the count is always whole)
+DIGEST_BYTES = 12
+MICRO = Decimal("0.000001")
+
+
+def _money(value: Decimal) -> Decimal:
+    return value.quantize(MICRO, rounding=ROUND_HALF_UP)
+
+
+def _text(value: Decimal | None) -> str | None:
+    return None if value is None else str(_money(value))
+
+
+# --- reading ---------------------------------------------------------------------------------
+
+
+def file_sha256(stream: IO[bytes]) -> str:
+    """The file's SHA-256, read in chunks; the stream is left at its start."""
+    digest = hashlib.sha256()
+    stream.seek(0)
+    for chunk in iter(lambda: stream.read(1 << 20), b""):
+        digest.update(chunk)
+    stream.seek(0)
+    return digest.hexdigest()
+
+
+def _is_parquet(stream: IO[bytes]) -> bool:
+    head = stream.read(4)
+    stream.seek(0)
+    return head == b"PAR1"
+
+
+class _Table:
+    """A FOCUS file's columns and its rows, streamed (each row a dict of the columns read)."""
+
+    def __init__(self, stream: IO[bytes]):
+        self.stream = stream
+        self.parquet = _is_parquet(stream)
+        if self.parquet:
+            import pyarrow.parquet as pq  # only an import that reads Parquet loads it
+
+            try:
+                self._file = pq.ParquetFile(stream)
+            except Exception as exc:
+                raise ApplicationError(
+                    f"file: not a readable Parquet file ({exc})",
+                    {"fields": {"file": ["unreadable"]}},
+                    code="invalid",
+                ) from None
+            self.columns = list(self._file.schema_arrow.names)
+        else:
+            text = io.TextIOWrapper(stream, encoding="utf-8-sig", newline="")
+            self._reader = csv.reader(text)
+            try:
+                self.columns = [c.strip() for c in next(self._reader)]
+            except StopIteration:
+                self.columns = []
+            except (UnicodeDecodeError, csv.Error) as exc:
+                raise ApplicationError(
+                    f"file: not a UTF-8 CSV file ({exc})",
+                    {"fields": {"file": ["unreadable"]}},
+                    code="invalid",
+                ) from None
+            self._text = text
+
+    def rows(self, wanted: list[str]) -> Iterator[tuple[dict, Any]]:
+        """(the wanted columns of a row, the whole row): the whole row tells a repeat."""
+        if self.parquet:
+            for batch in self._file.iter_batches(batch_size=8192):
+                for whole in batch.to_pylist():
+                    yield {name: whole.get(name) for name in wanted}, whole
+            return
+        index = [(name, self.columns.index(name)) for name in wanted]
+        try:
+            for values in self._reader:
+                if not values:
+                    continue
+                row = {
+                    name: (values[i] if i < len(values) and values[i] != "" else None)
+                    for name, i in index
+                }
+                yield row, values
+        except (UnicodeDecodeError, csv.Error) as exc:
+            raise ApplicationError(
+                f"file: CSV unreadable at line {self._reader.line_num} ({exc})",
+                {"fields": {"file": ["unreadable"]}},
+                code="invalid",
+            ) from None
+
+    def release(self) -> None:
+        """Leave the caller's stream open (a text wrapper closes what it wraps when collected)."""
+        if not self.parquet:
+            self._text.detach()
+
+
+def _version(columns: list[str], asked: str | None, first: dict | None) -> str:
+    """The file's FOCUS version: asked for, else a version column's, else by its columns (1.3 has
+    ServiceProviderName; 1.0 to 1.2 share their mandatory columns)."""
+    said = asked
+    if said is None and first is not None:
+        said = next((str(first[c]) for c in VERSION_COLUMNS if first.get(c)), None)
+    if said is None:  # 1.0 to 1.2 share their mandatory columns: the label is what differs
+        if "ServiceProviderName" in columns:
+            return "1.3"
+        if "InvoiceId" in columns or "PricingCurrency" in columns:
+            return "1.2"
+        if {"SkuPriceDetails", "ServiceSubcategory", "CapacityReservationId"} & set(columns):
+            return "1.1"
+        return "1.0"
+    said = said.strip()
+    if said not in VERSIONS:
+        raise ApplicationError(
+            f"FocusVersion: {said!r} is not a FOCUS version costlab reads ({', '.join(VERSIONS)})",
+            {"fields": {"FocusVersion": ["unknown version"]}},
+            code="invalid",
+        )
+    return said
+
+
+def _refuse_missing(columns: list[str], version: str) -> None:
+    missing = [c for c in MANDATORY[version] if c not in columns]
+    if missing:
+        raise ApplicationError(
+            f"columns: not a FOCUS {version} cost-and-usage file: mandatory columns missing: "
+            f"{', '.join(missing)}",
+            {"fields": {"file": [f"missing column {c}" for c in missing]}, "missing": missing},
+            code="invalid",
+        )
+
+
+# --- a row -----------------------------------------------------------------------------------
+
+
+def _decimal(row: dict, column: str) -> Decimal | None:
+    value = row.get(column)
+    if value is None or value == "":
+        return None
+    try:
+        number = value if isinstance(value, Decimal) else Decimal(str(value).strip())
+    except InvalidOperation:
+        raise ValueError(f"{column}: {str(value)[:40]!r} is not a decimal") from None
+    if not number.is_finite():
+        raise ValueError(f"{column}: {value!r} is not a finite decimal")
+    return number
+
+
+def _mapping(value: Any) -> dict:
+    """A FOCUS key-value column (JSON text in CSV; a map, struct or JSON text in Parquet)."""
+    if value is None or value == "":
+        return {}
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, list):  # a Parquet map: [(key, value), ...]
+        try:
+            return dict(value)
+        except (TypeError, ValueError):
+            return {}
+    try:
+        parsed = json.loads(value)
+    except (TypeError, ValueError):
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def _day(value: Any) -> str:
+    if isinstance(value, datetime | date):
+        return value.isoformat()[:10]
+    return str(value or "")[:10]
+
+
+@dataclass(frozen=True)
+class Instance:
+    """What one pricing unit of a row holds: an instance type of the catalogue, or one GPU-hour or
+    vCPU-hour of costlab's own export (apps.billing.focus_export)."""
+
+    key: str
+    provider: str
+    gpu_sku: str
+    gpu_count: int
+    vcpus: int
+    memory_gib: Decimal = Decimal("0")
+
+
+def catalogue() -> dict[str, Instance]:
+    return {
+        t.name.lower(): Instance(
+            key=t.name,
+            provider=t.provider,
+            gpu_sku=t.gpu_sku_name,
+            gpu_count=t.gpu_count,
+            vcpus=t.vcpus,
+            memory_gib=t.memory_gib,
+        )
+        for t in InstanceType.objects.all()
+    }
+
+
+def instance_name(row: dict) -> str | None:
+    """The instance type a row names, wherever its provider writes it: SkuPriceDetails'
+    InstanceType (FOCUS 1.1 and later, any provider), Azure's x_SkuDetails ServiceType, or AWS's
+    x_UsageType (BoxUsage:p5.48xlarge)."""
+    name = _mapping(row.get("SkuPriceDetails")).get("InstanceType")
+    if not name:
+        name = _mapping(row.get("x_SkuDetails")).get("ServiceType")
+    if not name and row.get("x_UsageType"):
+        match = _AWS_USAGE.search(str(row["x_UsageType"]))
+        name = match.group(1) if match else None
+    return str(name).strip() if name else None
+
+
+def _component(row: dict, instance: Instance) -> str | None:
+    """Why a row prices part of an instance, not an instance-hour: its SkuPriceDetails' GpuCount or
+    CoreCount (FOCUS: per pricing unit) is not the instance type's, as where a provider bills a
+    machine's GPUs and cores as SKUs of their own."""
+    details = _mapping(row.get("SkuPriceDetails"))
+    for key, whole in (("GpuCount", instance.gpu_count), ("CoreCount", instance.vcpus)):
+        if key not in details:
+            continue
+        try:
+            said = Decimal(str(details[key]))
+        except InvalidOperation:
+            return f"SkuPriceDetails {key} {str(details[key])[:20]!r} is not a number"
+        if said != whole:
+            return f"SkuPriceDetails {key} {said} of {instance.key}'s {whole}"
+    return None
+
+
+def _instance(row: dict, known: dict[str, Instance]) -> tuple[Instance | None, str, str]:
+    """(instance, reason, detail): the row's instance, or why it has none."""
+    resource = row.get("x_CostlabResource")
+    if resource:  # costlab's own allocation: one GPU-hour of a SKU, or one vCPU-hour
+        sku = str(row.get("x_CostlabGpuSku") or "")
+        if resource == "gpu-hours" and sku:
+            return Instance(f"costlab:{sku}", "costlab", sku, 1, 0), "", ""
+        if resource == "vcpu-hours":
+            return Instance("costlab:vcpu", "costlab", "", 0, 1), "", ""
+        return None, "no resource priced", f"x_CostlabResource {resource}"
+    name = instance_name(row)
+    if name is None:
+        return None, "no instance type", "no instance type in the row"
+    found = known.get(name.lower()) or known.get(f"standard_{name.lower()}")
+    if found is None:
+        return None, "unknown instance type", name
+    part = _component(row, found)
+    if part is not None:
+        return None, "priced per component, not per instance-hour", part
+    return found, "", ""
+
+
+@dataclass
+class _Aggregate:
+    instance: Instance
+    rows: int = 0
+    hours: Decimal = Decimal("0")
+    effective: Decimal = Decimal("0")
+    billed: Decimal = Decimal("0")
+    listed: Decimal = Decimal("0")
+    committed_hours: Decimal = Decimal("0")
+
+    def shown(self) -> dict:
+        inst = self.instance
+        per_hour = self.effective / self.hours
+        return {
+            "instance_type": inst.key,
+            "provider": inst.provider,
+            "gpu_sku": inst.gpu_sku or None,
+            "gpu_count": inst.gpu_count,
+            "vcpus": inst.vcpus,
+            "rows": self.rows,
+            "hours": _text(self.hours),
+            "commitment_hours": _text(self.committed_hours),
+            "effective_cost": _text(self.effective),
+            "billed_cost": _text(self.billed),
+            "list_cost": _text(self.listed),
+            "effective_hourly": _text(per_hour),
+            "list_hourly": _text(self.listed / self.hours),
+            "effective_per_gpu_hour": _text(per_hour / inst.gpu_count) if inst.gpu_count else None,
+            "effective_per_vcpu_hour": None if inst.gpu_count else _text(per_hour / inst.vcpus),
+        }
+
+
+@dataclass
+class _Skipped:
+    reason: str
+    detail: str
+    rows: int = 0
+    row_numbers: list[int] = field(default_factory=list)
+    cost: dict[str, Decimal] = field(default_factory=dict)  # EffectiveCost by currency
+
+    def add(self, number: int, currency: str, cost: Decimal | None) -> None:
+        self.rows += 1
+        if len(self.row_numbers) < ROWS_LISTED:
+            self.row_numbers.append(number)
+        if cost is not None:
+            self.cost[currency] = self.cost.get(currency, Decimal("0")) + cost
+
+    def shown(self) -> dict:
+        return {
+            "reason": self.reason,
+            "detail": self.detail,
+            "rows": self.rows,
+            "row_numbers": self.row_numbers,
+            "row_numbers_complete": self.rows <= ROWS_LISTED,
+            "effective_cost": {c: _text(v) for c, v in sorted(self.cost.items())},
+        }
+
+
+@dataclass
+class Reading:
+    """What a FOCUS file gives: the aggregates per instance type and the rows left out."""
+
+    version: str
+    rows: int = 0
+    account: str | None = None
+    currency: str | None = None
+    aggregates: dict[str, _Aggregate] = field(default_factory=dict)
+    skipped: dict[tuple[str, str], _Skipped] = field(default_factory=dict)
+    invoices: set[str] = field(default_factory=set)
+    period: list[str] = field(default_factory=lambda: ["", ""])
+
+    def skip(self, number: int, reason: str, detail: str, row: dict) -> None:
+        group = self.skipped.get((reason, detail))
+        if group is None:
+            group = self.skipped[(reason, detail)] = _Skipped(reason, detail)
+        try:
+            cost = _decimal(row, "EffectiveCost")
+        except ValueError:
+            cost = None
+        group.add(number, str(row.get("BillingCurrency") or ""), cost)
+
+    def skipped_shown(self) -> list[dict]:
+        return [g.shown() for g in sorted(self.skipped.values(), key=lambda g: -g.rows)]
+
+
+def focus_read(
+    stream: IO[bytes],
+    *,
+    known: dict[str, Instance],
+    billing_account: str | None = None,
+    currency: str | None = None,
+    focus_version: str | None = None,
+) -> Reading:
+    """Read a FOCUS cost-and-usage file (CSV or Parquet): refused whole (ApplicationError) for a
+    missing mandatory column or an unknown version; otherwise aggregated per instance type, every
+    row left out grouped by its reason. `billing_account` and `currency`: the rows to read (default:
+    those of the first hourly usage row; the others are left out and listed)."""
+    table = _Table(stream)
+    try:
+        columns = table.columns
+        wanted = [c for c in (*_MANDATORY, *MANDATORY["1.3"], *OPTIONAL) if c in columns]
+        rows = table.rows(list(dict.fromkeys(wanted)))
+        first = next(rows, None)
+        version = _version(columns, focus_version, None if first is None else first[0])
+        _refuse_missing(columns, version)
+        reading = Reading(version=version, account=billing_account, currency=currency)
+        seen: set[bytes] = set()
+        if first is not None:
+            _read_row(reading, 1, *first, known, seen)
+        for number, (row, whole) in enumerate(rows, start=2):
+            _read_row(reading, number, row, whole, known, seen)
+        return reading
+    finally:
+        table.release()
+
+
+def _read_row(
+    reading: Reading,
+    number: int,
+    row: dict,
+    whole: Any,
+    known: dict[str, Instance],
+    seen: set[bytes],
+) -> None:
+    reading.rows += 1
+    category = str(row.get("ChargeCategory") or "")
+    if category != "Usage":
+        reason = {
+            "Tax": "tax",
+            "Credit": "credit",
+            "Adjustment": "adjustment",
+            "Purchase": "purchase (a commitment's fee: its amortised share is in the usage rows' "
+            "EffectiveCost)",
+        }.get(category, "not a usage charge")
+        reading.skip(number, reason, f"ChargeCategory {category or 'empty'}", row)
+        return
+    if row.get("ChargeClass") == "Correction":
+        reading.skip(number, "correction of an earlier period", "ChargeClass Correction", row)
+        return
+    if row.get("CommitmentDiscountStatus") == "Unused":
+        reading.skip(
+            number,
+            "unused commitment (no instance's usage)",
+            "CommitmentDiscountStatus Unused",
+            row,
+        )
+        return
+    unit = str(row.get("PricingUnit") or "")
+    if unit.strip().lower() not in HOURS:
+        reading.skip(number, "non-hourly unit", f"PricingUnit {unit or 'empty'}", row)
+        return
+    instance, reason, detail = _instance(row, known)
+    if instance is None:
+        reading.skip(number, reason, detail, row)
+        return
+    for column, attribute, reason in (
+        ("BillingAccountId", "account", "other billing account"),
+        ("BillingCurrency", "currency", "other currency"),
+    ):
+        value = str(row.get(column) or "")
+        if getattr(reading, attribute) is None:  # the first hourly usage row's is the one read
+            setattr(reading, attribute, value)
+        if value != getattr(reading, attribute):
+            detail = f"{column} {value or 'empty'} (reading {getattr(reading, attribute)})"
+            reading.skip(number, reason, detail, row)
+            return
+    try:
+        quantity = _decimal(row, "PricingQuantity")
+        effective = _decimal(row, "EffectiveCost")
+        listed = _decimal(row, "ListCost")
+        billed = _decimal(row, "BilledCost")
+    except ValueError as exc:
+        reading.skip(number, "not a number", str(exc), row)
+        return
+    for column, value in (("EffectiveCost", effective), ("ListCost", listed)):
+        if value is None:
+            reading.skip(number, "no cost", f"{column} empty", row)
+            return
+    if quantity is None or quantity == 0:
+        reading.skip(number, "zero quantity", "PricingQuantity 0 or empty", row)
+        return
+    if quantity < 0:
+        reading.skip(
+            number,
+            "negative quantity (a refund or correction, not a price)",
+            f"PricingQuantity {quantity}",
+            row,
+        )
+        return
+    whole = sorted(whole.items()) if isinstance(whole, dict) else whole
+    digest = hashlib.blake2b(repr(whole).encode(), digest_size=DIGEST_BYTES).digest()
+    if digest in seen:
+        reading.skip(number, "duplicate row", "the same row as an earlier one", row)
+        return
+    seen.add(digest)
+    aggregate = reading.aggregates.get(instance.key)
+    if aggregate is None:
+        aggregate = reading.aggregates[instance.key] = _Aggregate(instance)
+    aggregate.rows += 1
+    aggregate.hours += quantity
+    aggregate.effective += effective
+    aggregate.listed += listed
+    aggregate.billed += billed or Decimal("0")
+    if row.get("CommitmentDiscountStatus") == "Used":
+        aggregate.committed_hours += quantity
+    if row.get("InvoiceId") and len(reading.invoices) < 20:
+        reading.invoices.add(str(row["InvoiceId"]))
+    start, end = _day(row.get("BillingPeriodStart")), _day(row.get("BillingPeriodEnd"))
+    if start and (not reading.period[0] or start < reading.period[0]):
+        reading.period[0] = start
+    if end and end > reading.period[1]:
+        reading.period[1] = end
+
+
+# --- prices ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Derived:
+    """The prices a reading gives: per GPU SKU per GPU-hour, per vCPU-hour."""
+
+    gpu: dict[str, Decimal]
+    vcpu_hour: Decimal | None
+    sources: dict[str, list[str]]  # what each price came from ("gpu:<SKU>", "vcpu")
+
+    def shown(self) -> dict:
+        return {
+            "gpu_prices": [
+                {"sku": sku, "hourly_usd": _text(rate), "from": self.sources[f"gpu:{sku}"]}
+                for sku, rate in sorted(self.gpu.items())
+            ],
+            "vcpu_hour_usd": _text(self.vcpu_hour),
+            "vcpu_from": self.sources.get("vcpu", []),
+            "memory_gb_hour_usd": "0.000000" if self.vcpu_hour is not None else None,
+            "electricity_usd_per_kwh": "0.000000",
+        }
+
+
+def prices_derive(reading: Reading) -> Derived:
+    gpu_cost: dict[str, Decimal] = {}
+    gpu_hours: dict[str, Decimal] = {}
+    cpu_cost, cpu_hours = Decimal("0"), Decimal("0")
+    sources: dict[str, list[str]] = {}
+    for key, agg in sorted(reading.aggregates.items()):
+        inst = agg.instance
+        if inst.gpu_count:
+            gpu_cost[inst.gpu_sku] = gpu_cost.get(inst.gpu_sku, Decimal("0")) + agg.effective
+            gpu_hours[inst.gpu_sku] = (
+                gpu_hours.get(inst.gpu_sku, Decimal("0")) + agg.hours * inst.gpu_count
+            )
+            sources.setdefault(f"gpu:{inst.gpu_sku}", []).append(key)
+        else:
+            cpu_cost += agg.effective
+            cpu_hours += agg.hours * inst.vcpus
+            sources.setdefault("vcpu", []).append(key)
+    return Derived(
+        gpu={sku: _money(gpu_cost[sku] / gpu_hours[sku]) for sku in gpu_cost},
+        vcpu_hour=_money(cpu_cost / cpu_hours) if cpu_hours else None,
+        sources=sources,
+    )
+
+
+def _refuse_negative(derived: Derived) -> None:
+    """Credits are rows of their own; an instance type whose usage sums below 0 is no price."""
+    bad = [sku for sku, rate in derived.gpu.items() if rate < 0]
+    if derived.vcpu_hour is not None and derived.vcpu_hour < 0:
+        bad.append("vCPU")
+    if bad:
+        raise ApplicationError(
+            f"EffectiveCost: the usage of {', '.join(bad)} sums below 0; not a price",
+            {"fields": {"EffectiveCost": ["negative sum"]}},
+            code="invalid",
+        )
+
+
+# --- the import ------------------------------------------------------------------------------
+
+
+@dataclass
+class ImportOutcome:
+    record: FocusImport
+    table: PricingTable | None
+    created: bool  # a new version was made now
+    already_imported: bool  # the same file was imported before: this is that import
+
+    def shown(self) -> dict:
+        r = self.record
+        return {
+            "id": r.pk,
+            "sha256": r.sha256,
+            "filename": r.filename,
+            "focus_version": r.focus_version,
+            "billing_account": r.billing_account,
+            "currency": r.currency,
+            "invoice_ids": r.invoice_ids,
+            "period_start": r.period_start,
+            "period_end": r.period_end,
+            "rows": r.rows,
+            "pricing_table": r.pricing_table_id,
+            "created_version": r.created_version,
+            "already_imported": self.already_imported,
+            "derived": r.derived,
+            "skipped": r.skipped,
+            "created_at": r.created_at.isoformat(),
+        }
+
+
+def _gpu_skus(names: list[str]) -> dict[str, GpuSku]:
+    """The GPU SKUs by name, created with the catalogue's figures where costlab has none."""
+    specs = json.loads(CATALOGUE_FILE.read_text())["gpu_skus"]
+    out = {}
+    for name in names:
+        sku = GpuSku.objects.filter(name=name).first()
+        if sku is None:
+            spec = specs.get(name)
+            if spec is None:
+                raise ApplicationError(
+                    f"gpu_sku_name: no GPU SKU named {name!r} in costlab or the shipped "
+                    "catalogue; add it (Pricing > GPU SKUs) or fix the instance type",
+                    {"fields": {"gpu_sku_name": ["unknown SKU"]}},
+                    code="invalid",
+                )
+            sku = GpuSku.objects.create(
+                name=name,
+                memory_gb=spec["memory_gb"],
+                tdp_w=spec["tdp_w"],
+                peak_bf16_tflops=Decimal(spec["peak_bf16_tflops"]),
+            )
+        out[name] = sku
+    return out
+
+
+def _name(reading: Reading) -> str:
+    invoices = sorted(reading.invoices)
+    said = ", ".join(invoices[:2]) + (f" +{len(invoices) - 2}" if len(invoices) > 2 else "")
+    period = f"{reading.period[0]}..{reading.period[1]}" if reading.period[0] else "not stated"
+    name = f"from invoice {said or '(no InvoiceId)'}, period {period}"
+    return name[: PricingTable._meta.get_field("name").max_length]
+
+
+@transaction.atomic
+def pricing_table_import_focus(
+    *,
+    tenant: Tenant,
+    stream: IO[bytes],
+    filename: str = "",
+    billing_account: str | None = None,
+    currency: str | None = None,
+    focus_version: str | None = None,
+    skus_in_use: dict[int, tuple[str, int]] | None = None,
+    confirm_unpriced: bool = False,
+) -> ImportOutcome:
+    """Import a FOCUS file into the tenant's prices as a new pricing table version from now (the
+    pricing services' version of the table in force, or the tenant's first table), named for the
+    invoice and period. The same file again (SHA-256) answers with its first import. Nothing is
+    stored when the file is refused (one transaction)."""
+    sha256 = file_sha256(stream)
+    existing = FocusImport.objects.filter(tenant=tenant, sha256=sha256).first()
+    if existing is not None:
+        return ImportOutcome(existing, existing.pricing_table, False, True)
+    reading = focus_read(
+        stream,
+        known=catalogue(),
+        billing_account=billing_account,
+        currency=currency,
+        focus_version=focus_version,
+    )
+    if not reading.aggregates:
+        reasons = "; ".join(f"{g.rows} {g.reason} ({g.detail})" for g in reading.skipped.values())
+        raise ApplicationError(
+            f"file: no hourly usage of a known instance type to price ({reading.rows} rows"
+            f"{': ' + reasons[:1500] if reasons else ''})",
+            {"fields": {"file": ["nothing to price"]}, "skipped": reading.skipped_shown()},
+            code="invalid",
+        )
+    derived = prices_derive(reading)
+    _refuse_negative(derived)
+    skus = _gpu_skus(sorted(derived.gpu))
+    table, created = _version_make(
+        tenant=tenant,
+        reading=reading,
+        derived=derived,
+        skus=skus,
+        sha256=sha256,
+        filename=filename,
+        skus_in_use=skus_in_use,
+        confirm_unpriced=confirm_unpriced,
+    )
+    shown = {
+        "instance_types": [a.shown() for _, a in sorted(reading.aggregates.items())],
+        "prices": derived.shown(),
+    }
+    try:
+        with transaction.atomic():
+            record = FocusImport.objects.create(
+                tenant=tenant,
+                sha256=sha256,
+                filename=filename[:255],
+                focus_version=reading.version,
+                pricing_table=table,
+                created_version=created,
+                billing_account=(reading.account or "")[:255],
+                currency=(reading.currency or "")[:3],
+                invoice_ids=sorted(reading.invoices),
+                period_start=reading.period[0],
+                period_end=reading.period[1],
+                rows=reading.rows,
+                derived=shown,
+                skipped=reading.skipped_shown(),
+            )
+    except IntegrityError:  # the same file, imported at the same moment: that import stands
+        transaction.set_rollback(True)
+        existing = FocusImport.objects.get(tenant=tenant, sha256=sha256)
+        return ImportOutcome(existing, existing.pricing_table, False, True)
+    return ImportOutcome(record, table, created, False)
+
+
+def _version_make(
+    *,
+    tenant: Tenant,
+    reading: Reading,
+    derived: Derived,
+    skus: dict[str, GpuSku],
+    sha256: str,
+    filename: str,
+    skus_in_use: dict[int, tuple[str, int]] | None,
+    confirm_unpriced: bool,
+) -> tuple[PricingTable, bool]:
+    """The new version (pricing_table_update of the table in force: prices in force are never
+    edited), or the tenant's first table. The invoice's GPU prices replace those SKUs' rates; the
+    other SKUs keep theirs."""
+    now = timezone.now()
+    in_force = pricing_table_valid_at(tenant_id=tenant.pk, at=now)
+    notes = (
+        f"Derived from a FOCUS {reading.version} export ({filename or 'no file name'}, SHA-256 "
+        f"{sha256}), billing account {reading.account}, {reading.currency}. Per instance type, "
+        "EffectiveCost / PricingQuantity; a GPU-hour is an instance-hour over its GPUs; the vCPU "
+        "price includes memory; electricity 0 (an instance-hour's price includes its power)."
+    )
+    fields: dict[str, Any] = {
+        "name": _name(reading),
+        "notes": notes,
+        "currency": reading.currency or "USD",
+        "electricity_usd_per_kwh": Decimal("0"),
+    }
+    if derived.vcpu_hour is not None:
+        fields |= {"vcpu_hour_usd": derived.vcpu_hour, "memory_gb_hour_usd": Decimal("0")}
+    rates = {} if in_force is None else services.gpu_rates(in_force)
+    rates |= {skus[name].pk: rate for name, rate in derived.gpu.items()}
+    by_pk = {s.pk: s for s in GpuSku.objects.filter(pk__in=rates)}
+    gpu_prices = [{"sku": by_pk[pk], "hourly_usd": rate} for pk, rate in sorted(rates.items())]
+    if in_force is None:
+        table = services.pricing_table_create(
+            tenant=tenant,
+            valid_from=now,
+            gpu_prices=gpu_prices,
+            skus_in_use=skus_in_use,
+            confirm_unpriced=confirm_unpriced,
+            **fields,
+        )
+        return table, True
+    priced = any(
+        getattr(in_force, k) != v for k, v in fields.items() if k in services.PRICE_FIELDS
+    ) or services.gpu_rates(in_force) != {pk: Decimal(r) for pk, r in rates.items()}
+    if not priced:  # the invoice's prices are the version in force's: no version, nothing edited
+        return in_force, False
+    table = services.pricing_table_update(
+        table=in_force,
+        gpu_prices=gpu_prices,
+        skus_in_use=skus_in_use,
+        confirm_unpriced=confirm_unpriced,
+        **fields,
+    )
+    return table, True
