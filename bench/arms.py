@@ -31,8 +31,9 @@ Arms, each a strategy run through gpu_runtime.train() (the real code path):
   device's best dtype, through autocast) + dynamic batching (starting at the baseline's
   micro-batch and growing toward the global batch while each larger size is measurably
   faster: one timed step per size, so it acts within the run) + fused kernels (RMSNorm+QKV,
-  and AdamW: `kernels.fused_optimizer`) + prefetch + torch.compile (`--compile on`; `auto`:
-  on CUDA only, as a CPU compile of every micro-batch shape costs minutes). Parameters are
+  and AdamW: `kernels.fused_optimizer`) + prefetch + `kernels.attention: auto` +
+  `kernels.compile: auto` (`--compile auto`, the default: the run's payback rule keeps a short run
+  eager; `--compile on` compiles every run, `off` none). Parameters are
   stored in the resolved dtype where the schema allows it; it refuses any storage below fp32
   with `compute_dtype: auto` (auto may resolve to fp32), so they are stored in fp32 and the
   output names the storage dtype (`optimized_precision`).
@@ -48,6 +49,16 @@ dearer here: the output says so plainly (`optimized_is_dearer`). The bench does 
 swap in the cheaper arm: picking the better of two noisy measurements after the fact would
 bias the ratio; the strategy itself falls back (auto resolves to fp32 where nothing is
 faster, dynamic batching grows only while faster).
+
+Projected to a real run's length (`--steps-projected N`, default 100,000, the seed's): the
+payback rule (gpu_runtime.compile_payback) decides for a run of N steps on the optimized arm's
+eager step time (its warm-up run) and the compile figures learned on this device class (or the
+priors). Where it says compile, a compiled copy of the optimized arm (`optimized_compiled`) runs
+in every round, interleaved, after one timed first compile; `ratio_projected` = baseline cost per
+token / the compiled arm's over N steps with that compile amortised (else the optimized arm's
+own), per round, and `floor_ratio_projected` = ratio_projected / gemm_floor. `projection` holds the
+decisions at N and at the demo's 30 steps, and `optimized_compile` what the optimized arm's own
+auto chose at its run length. --smoke compiles with dynamo's eager backend (no C++ build).
 
 Held to the machine's floor: every GEMM one step runs (each linear layer's forward and two
 backward products, attention's products) is timed at the model's own shapes. `gemm_floor` =
@@ -234,6 +245,9 @@ def arm_configs(
     optimized = _merge(baseline, {"precision": precision})
     for name in ("dynamic batching", "fused RMSNorm+QKV", "fused AdamW", "prefetch (2 batches)"):
         optimized = _merge(optimized, alone[name])
+    # what costlab recommends on any device: the attention kernel that is cheaper there (math on a
+    # CPU, SDPA's fused kernels elsewhere: gpu_runtime.device_keys)
+    optimized = _merge(optimized, {"kernels": {"attention": "auto"}})
     if compile_optimized:
         optimized = _merge(optimized, alone["torch.compile"])
     elif ns.compile == "auto":  # the run's own payback rule: eager where its length cannot repay
