@@ -441,12 +441,11 @@ def projected_ratios(per_round: list[dict], projection: dict | None, clock: str)
     compiled = projection["compile"] if isinstance(projection["compile"], dict) else None
     out = []
     for r in per_round:
-        if compiled is not None and "optimized_compiled" in r:
-            arm = r["optimized_compiled"]
-            step_s = arm["tokens_per_step"] / arm["tokens_per_s"][clock]
+        arm = r.get("optimized_compiled") or r["optimized"]  # the compiled copy, where it ran
+        tps = arm["tokens_per_s"][clock]
+        if compiled is not None:  # its one compile, amortised over the n steps
+            step_s = arm["tokens_per_step"] / tps
             tps = arm["tokens_per_step"] * n / (n * step_s + (compiled.get("compile_s") or 0.0))
-        else:
-            tps = r["optimized"]["tokens_per_s"][clock]
         out.append(r["baseline"]["tokens_per_s"][clock] / tps)
     return spread(out) | {"per_round": out}
 
@@ -1158,15 +1157,18 @@ def main() -> int:
     try:
         arm(_merge(baseline, {"train": {"steps": 2}}))  # warm the process: no arm's first calls
         # compile, and meet every micro-batch shape the scaler can reach, before anything is timed
-        warm = arm(
-            _merge(
-                optimized,
-                {"train": {"steps": 2 + 2 * (PROBE_STEPS + 1) if compile_optimized else 2}},
+        with smoke_compiles(ns.smoke):
+            warm = arm(
+                _merge(
+                    optimized,
+                    {"train": {"steps": 2 + 2 * (PROBE_STEPS + 1) if compile_optimized else 2}},
+                )
             )
-        )
         b.phase = "payback"
         b.projection = projection_decision(ns, b, warm, compile_optimized)
-        if b.projection["compile"] and not compile_optimized:
+        if compile_optimized:  # the optimized arm compiles itself: its warm-up paid the compile
+            b.projection["compile"] = warm["compile"] or True
+        elif b.projection["compile"]:
             b.compiled = _merge(optimized, {"kernels": {"compile": True}})
             with smoke_compiles(ns.smoke):  # the first compile, timed: what the projection pays
                 first = arm(_merge(b.compiled, {"train": {"steps": 2 + 2 * (PROBE_STEPS + 1)}}))
