@@ -216,6 +216,7 @@ def _decided_in_the_run(strategies: dict) -> dict | None:
     if not report or "mode" not in report:
         return None
     out = {name: report.get(name) for name in COMPILE_FIELDS}
+    out["cache_where"] = (report.get("cache_backend") or {}).get("why")
     decision = report.get("decision")
     if decision:
         out["expected_saving_s"] = decision["expected_saving_s"]

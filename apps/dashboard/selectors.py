@@ -208,6 +208,9 @@ def compile_outcome(choice: dict) -> str:
         said += f"; compiled steps measured {speedup:.2f}x eager"
     if choice.get("estimated"):
         said += "; decided on estimated compile figures (none learned yet)"
+    where = choice.get("cache_where") or ""
+    if mode != "eager" and where.startswith("Redis unreachable"):
+        said += f"; {where}"
     return said
 
 

@@ -206,6 +206,19 @@ def test_run_page_and_api_say_how_kernels_compile_ended(member, w):
         "kernels.compile auto true compiling pays: 99997 remaining steps x 0.5 s x (1 - 1/1.20) = "
         "8333 s saved loaded from the compile cache in 4.2 s; compiled steps measured 1.27x eager"
     ) in page
+    down = {
+        **compiled,
+        "mode": "compiled",
+        "cache": "miss",
+        "compile_s": 48.0,
+        "cache_where": "Redis unreachable (ConnectionError): compiled graphs are cached on this "
+        "host only",
+    }
+    other = train(run_of(w.candidate, resolved={"kernels.compile": down}), n=3)
+    assert (
+        "compiled in 48.0 s (a cache miss); compiled steps measured 1.27x eager; Redis unreachable"
+        " (ConnectionError): compiled graphs are cached on this host only"
+    ) in text(member.get(reverse("dashboard:run", args=[other.pk])))
     answer = member.get(f"/api/v1/runs/{run.pk}/").json()
     assert answer["resolved"]["kernels.compile"]["cache"] == "hit"
     assert answer["resolved"]["kernels.compile"]["mode"] == "loaded"
