@@ -102,7 +102,9 @@ class Run:
     share torchrun's job id, and so share one run). url, token: default COSTLAB_URL and
     COSTLAB_TOKEN. interval_s: seconds between samples (default 1, or the assigned arm's
     telemetry.interval_s). gpu_sku (a name the server knows), gpu_count, vcpus, memory_gb: what
-    the job holds, priced per hour (None: not declared). device: this rank's device ("cpu",
+    the job holds, priced per hour (None: not declared). resource_id: the cloud resource it
+    trains on, as the invoice's FOCUS ResourceId names it (default COSTLAB_RESOURCE_ID; the
+    server's billing reconciliation matches it to the invoice). device: this rank's device ("cpu",
     "cuda:N", a GPU UUID; default: the local rank's visible GPU, else the CPU). rank, local_rank,
     world_size: default RANK, LOCAL_RANK, WORLD_SIZE. spool_dir: where samples the server cannot
     take yet wait, in a subfolder per run key and rank, made only if needed (default:
@@ -135,6 +137,7 @@ class Run:
         gpu_count: int | None = None,
         vcpus: int | None = None,
         memory_gb: float | None = None,
+        resource_id: str | None = None,
         spool_dir: str | os.PathLike[str] | None = None,
         rank: int | None = None,
         local_rank: int | None = None,
@@ -172,6 +175,7 @@ class Run:
                 ("gpu_count", gpu_count),
                 ("vcpus", vcpus),
                 ("memory_gb", memory_gb),
+                ("resource_id", resource_id or os.environ.get("COSTLAB_RESOURCE_ID") or None),
             )
             if v is not None
         }

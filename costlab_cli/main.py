@@ -101,6 +101,12 @@ def parser() -> argparse.ArgumentParser:
         help="External runs: host memory held (priced per GB-hour).",
     )
     s.add_argument(
+        "--resource-id",
+        metavar="ID",
+        help="External runs: the cloud resource it trains on, as the invoice's FOCUS ResourceId "
+        "names it (billing's reconciliation matches it).",
+    )
+    s.add_argument(
         "--poll",
         type=float,
         default=5.0,

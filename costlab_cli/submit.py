@@ -87,7 +87,7 @@ def arm_for_strategy(
     return arm, "updated"
 
 
-EXTERNAL_ONLY = ("gpu_sku", "gpu_count", "vcpus", "memory_gb")
+EXTERNAL_ONLY = ("gpu_sku", "gpu_count", "vcpus", "memory_gb", "resource_id")
 
 
 def cmd_submit(api: Api, args) -> int:

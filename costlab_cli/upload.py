@@ -96,6 +96,11 @@ def add_parser(sub) -> None:
         "--memory-gb", type=float, metavar="GB", help="Host memory held (priced per GB-hour)."
     )
     u.add_argument(
+        "--resource-id",
+        metavar="ID",
+        help="The cloud resource it trained on, as the invoice's FOCUS ResourceId names it.",
+    )
+    u.add_argument(
         "--status",
         choices=["succeeded", "failed", "cancelled"],
         default="succeeded",
@@ -333,7 +338,7 @@ def cmd_upload(api: Api, args) -> int:
     }
     if ended is not None:
         body["ended_at"] = ended.isoformat()
-    for name in ("gpu_sku", "gpu_count", "vcpus", "memory_gb"):
+    for name in ("gpu_sku", "gpu_count", "vcpus", "memory_gb", "resource_id"):
         if getattr(args, name) is not None:
             body[name] = getattr(args, name)
     run = api.post("runs/", body, idempotent=True)  # the run key returns the same run

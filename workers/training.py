@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import socket
 import threading
 import traceback
+from pathlib import Path
 
 from django.conf import settings
 from django.db import close_old_connections, connection
@@ -22,10 +24,12 @@ from django.utils import timezone
 import gpu_runtime
 from apps.billing.interface import telemetry_ingest
 from apps.core.db import db_retry
+from apps.core.exceptions import ApplicationError
 from apps.core.leases import lease_owner_id
 from apps.core.notify import ARM_REVISIONS, RUN_CANCELS, listen
 from apps.core.queues import CeleryQueue
 from apps.experiments import runs
+from apps.experiments.resources import resource_id_check
 from gpu_runtime.capability import resolve_device
 from gpu_runtime.device_keys import resolve_device_keys
 from gpu_runtime.kernels.compiling import CACHE_URL_ENV
@@ -38,6 +42,10 @@ from workers.telemetry_sink import TelemetrySink
 logger = logging.getLogger(__name__)
 
 HEARTBEAT_S = 1.0  # also the cancel latency bound: a cancel is seen within about a second
+# An AWS (Nitro) instance's id, as its hypervisor writes it into the board's DMI asset tag: a file
+# read, where a cloud's metadata endpoint is a network call that could hang a worker elsewhere.
+AWS_ASSET_TAG = Path("/sys/devices/virtual/dmi/id/board_asset_tag")
+_AWS_INSTANCE_ID = re.compile(r"i-[0-9a-f]{8,17}")
 
 
 class RunControl:
@@ -267,6 +275,25 @@ def _release(run_id: int, owner: str, reason: str) -> None:
     )
 
 
+def resource_id(run_id: int) -> str:
+    """The cloud resource this worker runs on, recorded on the run for billing's reconciliation:
+    COSTLAB_RESOURCE_ID, else an AWS instance's id from its DMI asset tag, else "" (nothing is asked
+    of a metadata endpoint). A malformed COSTLAB_RESOURCE_ID is logged with the reason and not
+    recorded: the run trains all the same."""
+    said = settings.COSTLAB_RESOURCE_ID
+    if said:
+        try:
+            return resource_id_check(said, field="COSTLAB_RESOURCE_ID")
+        except ApplicationError as exc:
+            logger.error("run %s: no cloud resource recorded: %s", run_id, exc.message)
+            return ""
+    try:
+        tag = AWS_ASSET_TAG.read_text(encoding="ascii", errors="replace").strip()
+    except OSError:
+        return ""
+    return tag if _AWS_INSTANCE_ID.fullmatch(tag) else ""
+
+
 def _artifacts_dir(run_id: int, config) -> str | None:
     """The run's artifacts directory (made now) when its strategy saves what it trained
     (finetune.save); None otherwise."""
@@ -324,6 +351,7 @@ def _run_execute(run_id: int, stopped: threading.Event):
         measurement=measurement,
         compute_dtype=compute_dtype,
         resolved=resolved,
+        resource_id=resource_id(run.pk),
     )
     for key, choice in resolved.items():
         logger.info(

@@ -6,7 +6,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitVie
 
 from apps.api.views.devices import DeviceViewSet
 from apps.api.views.experiments import ArmViewSet, ExperimentViewSet
-from apps.api.views.focus import FocusExportView
+from apps.api.views.focus import FocusExportView, ReconciliationView
 from apps.api.views.meta import ApiRouter, StrategySchemaView, WhoAmIView, api_not_found
 from apps.api.views.pricing import CostModelViewSet, GpuSkuViewSet, PricingTableViewSet
 from apps.api.views.runs import RunViewSet
@@ -30,6 +30,7 @@ v1 = [
     path("me/", WhoAmIView.as_view(), name="me"),
     path("strategy-schema/", StrategySchemaView.as_view(), name="strategy-schema"),
     path("focus/", FocusExportView.as_view(), name="focus"),
+    path("reconciliation/", ReconciliationView.as_view(), name="reconciliation"),
     *router.urls,
 ]
 

@@ -21,12 +21,12 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
-from django.db.models import Prefetch, Q
+from django.db.models import Prefetch, Q, QuerySet
 
 from apps.experiments.models import Run
 from apps.pricing import cost_engine
@@ -223,14 +223,21 @@ def _num(value: float | Decimal, places: int = 6) -> str:
     return f"{Decimal(repr(value)) if isinstance(value, float) else value:.{places}f}"
 
 
-def focus_rows(*, tenant: Tenant, period: str) -> Iterator[dict]:
-    """The tenant's allocation in the month `period` (YYYY-MM), as FOCUS 1.2 rows (dicts keyed by
-    COLUMNS), a run at a time."""
-    start, end = month_bounds(period)
+def runs_billed_in(*, tenant: Tenant, start: datetime, end: datetime) -> QuerySet[Run]:
+    """The tenant's runs with billed telemetry in [start, end)."""
+    return Run.objects.filter(tenant=tenant, samples_from__lt=end, samples_to__gte=start).filter(
+        ~Q(cost_usd=0) | Q(device_seconds__gt=0)
+    )
+
+
+def run_day_costs(
+    runs: QuerySet[Run], *, start: datetime, end: datetime
+) -> Iterator[tuple[Run, datetime, Day, Decimal, str]]:
+    """(run, the UTC day's midnight, its usage that day, its bill that day, how it was split) for
+    each of `runs` and each day of it in [start, end), a run at a time: the days of a run add up
+    to its stored bill to the micro-dollar."""
     runs = (
-        Run.objects.filter(tenant=tenant, samples_from__lt=end, samples_to__gte=start)
-        .filter(~Q(cost_usd=0) | Q(device_seconds__gt=0))
-        .select_related("experiment__cost_model", "arm", "gpu_sku")
+        runs.select_related("experiment__cost_model", "arm", "gpu_sku")
         .prefetch_related(
             Prefetch("repricings", queryset=RunRepricing.objects.order_by("-at", "-pk"))
         )
@@ -241,9 +248,17 @@ def focus_rows(*, tenant: Tenant, period: str) -> Iterator[dict]:
         costs = _allocate(run.cost_usd, days)
         for day in sorted(days):
             moment = datetime(day.year, day.month, day.day, tzinfo=UTC)
-            if not start <= moment < end:
-                continue
-            yield _row(run, tenant, start, end, moment, days[day], costs[day], split)
+            if start <= moment < end:
+                yield run, moment, days[day], costs[day], split
+
+
+def focus_rows(*, tenant: Tenant, period: str) -> Iterator[dict]:
+    """The tenant's allocation in the month `period` (YYYY-MM), as FOCUS 1.2 rows (dicts keyed by
+    COLUMNS), a run at a time."""
+    start, end = month_bounds(period)
+    runs = runs_billed_in(tenant=tenant, start=start, end=end)
+    for run, moment, day, cost, split in run_day_costs(runs, start=start, end=end):
+        yield _row(run, tenant, start, end, moment, day, cost, split)
 
 
 def _row(run, tenant, start, end, moment, day: Day, cost: Decimal, split: str) -> dict:
@@ -263,7 +278,7 @@ def _row(run, tenant, start, end, moment, day: Day, cost: Decimal, split: str) -
     quantity_d = Decimal(repr(quantity)).quantize(MICRO, rounding=ROUND_HALF_UP)
     unit_price = "" if not quantity_d else f"{cost / quantity_d:.10f}"
     money = f"{cost:.6f}"
-    host = "/".join(p for p in (run.host, run.device) if p)
+    host = run.resource_id or "/".join(p for p in (run.host, run.device) if p)
     return {
         "BilledCost": money,
         "BillingAccountId": f"costlab:{tenant.slug}",
@@ -321,11 +336,11 @@ def _row(run, tenant, start, end, moment, day: Day, cost: Decimal, split: str) -
     }
 
 
-def focus_csv(*, tenant: Tenant, period: str) -> Iterator[str]:
-    """The month's rows as CSV text, a line at a time (the header first): streamed, never held."""
-    month_bounds(period)  # refused before the first line
+def csv_lines(rows: Iterable[dict], columns: Sequence[str]) -> Iterator[str]:
+    """Rows (dicts keyed by `columns`) as CSV text, a line at a time (the header first): streamed,
+    never held."""
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
+    writer = csv.DictWriter(buffer, fieldnames=columns, lineterminator="\n")
 
     def flush() -> str:
         text = buffer.getvalue()
@@ -335,6 +350,12 @@ def focus_csv(*, tenant: Tenant, period: str) -> Iterator[str]:
 
     writer.writeheader()
     yield flush()
-    for row in focus_rows(tenant=tenant, period=period):
+    for row in rows:
         writer.writerow(row)
         yield flush()
+
+
+def focus_csv(*, tenant: Tenant, period: str) -> Iterator[str]:
+    """The month's rows as CSV text, a line at a time (the header first): streamed, never held."""
+    month_bounds(period)  # refused before the first line
+    yield from csv_lines(focus_rows(tenant=tenant, period=period), COLUMNS)

@@ -6,6 +6,7 @@ each of these lives, and the bill's rules: apps/billing/README.md.
 
 from apps.billing.focus_export import COLUMNS as FOCUS_COLUMNS
 from apps.billing.focus_export import focus_csv, month_bounds
+from apps.billing.reconcile import Reconciliation, reconciliation, reconciliation_csv
 from apps.billing.services import (
     IngestResult,
     budget_enforce,
@@ -33,4 +34,9 @@ __all__ = [
     "FOCUS_COLUMNS",
     "focus_csv",
     "month_bounds",
+    # a month of the tenant's bill against a FOCUS import of the cloud's invoice, per resource and
+    # UTC day: attributed, idle, unmatched and the difference for the same hours (CSV: every row)
+    "Reconciliation",
+    "reconciliation",
+    "reconciliation_csv",
 ]

@@ -54,6 +54,8 @@ urlpatterns = [
         name="experiment-cancel-runs",
     ),
     path("spend/", views_runs.spend, name="spend"),
+    path("reconciliation/", views_runs.reconciliation_view, name="reconciliation"),
+    path("reconciliation.csv", views_runs.reconciliation_csv_view, name="reconciliation-csv"),
     path("tokens/", views_tokens.tokens, name="tokens"),
     path(
         "experiments/<int:pk>/alert-channels/",

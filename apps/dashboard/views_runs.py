@@ -1,5 +1,6 @@
 """The runs page (filter, sort, paginate, CSV), the compare view of 2-4 runs, the experiment
-comparison as CSV, the spend page, and the download of a file a run saved."""
+comparison as CSV, the spend page, the reconciliation page (and its CSV), and the download of a
+file a run saved."""
 
 from __future__ import annotations
 
@@ -8,15 +9,24 @@ from datetime import date
 
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.http import FileResponse, Http404, HttpResponseBadRequest, StreamingHttpResponse
+from django.http import (
+    FileResponse,
+    Http404,
+    HttpResponse,
+    HttpResponseBadRequest,
+    StreamingHttpResponse,
+)
 from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 from django.utils.text import slugify
 from django.views.decorators.http import require_GET
 
+from apps.billing.interface import month_bounds, reconciliation, reconciliation_csv
+from apps.core.exceptions import ApplicationError
 from apps.dashboard import runs as runs_selectors
 from apps.dashboard import selectors
 from apps.dashboard.forms import RunFilterForm
+from apps.dashboard.reconciliation import reconciliation_page
 from apps.experiments.models import Arm
 from apps.experiments.runs import run_artifact_file
 
@@ -151,6 +161,47 @@ def spend(request):
         "dashboard/spend.html",
         runs_selectors.spend_overview(user=request.user, month=month),
     )
+
+
+@login_required
+@require_GET
+def reconciliation_view(request):
+    try:
+        context = reconciliation_page(user=request.user, period=request.GET.get("period") or None)
+    except ValueError as exc:
+        return render(
+            request,
+            "dashboard/reconciliation.html",
+            {"error": f"period: {exc}, e.g. 2026-05"},
+            status=400,
+        )
+    return render(request, "dashboard/reconciliation.html", context)
+
+
+@login_required
+@require_GET
+def reconciliation_csv_view(request):
+    """Every resource-day of one team's month (`tenant`: its slug; `period`: YYYY-MM)."""
+    tenant = selectors.tenants_of(user=request.user).filter(slug=request.GET.get("tenant")).first()
+    if tenant is None:
+        raise Http404("tenant: not one of your teams")
+    period = request.GET.get("period", "")
+    try:
+        month_bounds(period)
+        found = reconciliation(tenant=tenant, period=period)
+    except ValueError as exc:
+        return HttpResponseBadRequest(f"period: {exc}", content_type="text/plain; charset=utf-8")
+    except ApplicationError as exc:
+        return HttpResponse(
+            exc.message, status=exc.status_code, content_type="text/plain; charset=utf-8"
+        )
+    response = StreamingHttpResponse(
+        reconciliation_csv(found), content_type="text/csv; charset=utf-8"
+    )
+    response["Content-Disposition"] = (
+        f'attachment; filename="costlab-reconciliation-{tenant.slug}-{period}.csv"'
+    )
+    return response
 
 
 @login_required

@@ -10,6 +10,7 @@ from django.db.models import Q
 from apps.core.models import TimeStampedModel
 from apps.core.queues import CeleryQueue
 from apps.devices.models import DeviceMeasurement
+from apps.experiments.resources import RESOURCE_ID_MAX
 from apps.experiments.search import tags_of
 from apps.experiments.strategies import strategy_normalise, strategy_sha256
 from apps.pricing.models import CostModel, GpuSku, PricingTable
@@ -272,6 +273,15 @@ class Run(TimeStampedModel):
     dataset_sha256 = models.CharField(max_length=64, blank=True, default="")
     host = models.CharField(max_length=255, blank=True, default="")
     device = models.CharField(max_length=120, blank=True, default="")
+    resource_id = models.CharField(
+        "cloud resource",
+        max_length=RESOURCE_ID_MAX,
+        blank=True,
+        default="",
+        help_text="The cloud resource it trained on, as the invoice's FOCUS ResourceId names it "
+        "(a worker's COSTLAB_RESOURCE_ID; an external run's resource_id): billing's "
+        "reconciliation matches it to the invoice. Empty: not recorded.",
+    )
     gpu_sku = models.ForeignKey(
         GpuSku,
         on_delete=models.PROTECT,

@@ -262,11 +262,13 @@ def run_device_record(
     measurement=None,
     compute_dtype: str = "",
     resolved: dict | None = None,
+    resource_id: str = "",
 ) -> None:
     """What the run actually holds, so it is priced for that (the SKU matched by device name);
     the device profile it trains on (`measurement`, an apps.devices DeviceMeasurement), its
     device class, its compute dtype and what its strategy's `auto` keys became there
-    (`resolved`: {key: {requested, resolved, why}})."""
+    (`resolved`: {key: {requested, resolved, why}}); the cloud resource it runs on
+    (`resource_id`, checked by the caller: apps.experiments.resources)."""
     sku = None
     if gpu_name:
         sku = next((s for s in GpuSku.objects.all() if _same_gpu(s.name, gpu_name)), None)
@@ -281,6 +283,7 @@ def run_device_record(
         device_class="" if measurement is None else measurement.device_class,
         compute_dtype=compute_dtype,
         resolved=resolved or {},
+        resource_id=resource_id,
     )
     if sku is not None:
         runs.filter(gpu_sku__isnull=True).update(gpu_sku=sku)  # a SKU chosen at submission wins

@@ -15,6 +15,7 @@ from apps.core.exceptions import ApplicationError
 from apps.core.notify import ARM_REVISIONS, RUN_CANCELS, publish_on_commit
 from apps.core.queues import CeleryQueue
 from apps.experiments.models import Arm, Experiment, Run
+from apps.experiments.resources import resource_id_check
 from apps.experiments.runs import run_end, run_enqueue
 from apps.experiments.search import note_check, tags_normalise
 from apps.experiments.selectors import tenant_month_spend
@@ -192,6 +193,7 @@ def run_submit(
     priority: str = Run.Priority.NORMAL,
     tags="",
     note: str = "",
+    resource_id: str = "",
 ) -> Run:
     """Queue a run of an experiment (idempotent by run_key) and enqueue it once committed, at its
     priority (ci before normal before batch on its queue).
@@ -200,7 +202,8 @@ def run_submit(
     records its own when it claims the run. An external run may declare when it started
     (`started_at`: not in the future, not before the tenant's oldest pricing table) and ended
     (`ended_at`: after started_at, not in the future), so a historical upload's samples fall
-    inside its time window.
+    inside its time window, and the cloud resource it trains on (`resource_id`, as the invoice's
+    FOCUS ResourceId names it), which billing's reconciliation matches to the invoice.
     """
     # One submission per tenant at a time, so two cannot both pass the quota check.
     tenant = Tenant.objects.select_for_update().get(pk=experiment.tenant_id)
@@ -238,6 +241,7 @@ def run_submit(
         ("memory_gb", memory_gb),
         ("started_at", started_at),
         ("ended_at", ended_at),
+        ("resource_id", resource_id),
     )
     for name, value in declared:
         if value and kind == Run.Kind.WORKER:
@@ -246,6 +250,7 @@ def run_submit(
                 {"fields": {name: ["external runs only"]}},
                 code="invalid",
             )
+    resource_id = resource_id_check(resource_id)
     if started_at is not None:
         _started_at_check(tenant=tenant, started_at=started_at)
     if ended_at is not None:
@@ -282,6 +287,7 @@ def run_submit(
         status=Run.Status.QUEUED if kind == Run.Kind.WORKER else Run.Status.RUNNING,
         started_at=None if kind == Run.Kind.WORKER else started_at or timezone.now(),
         declared_ended_at=ended_at,
+        resource_id=resource_id,
     )
     if kind == Run.Kind.WORKER:
         run_enqueue(run=run)

@@ -220,6 +220,7 @@ class FocusImportAdmin(admin.ModelAdmin):
         "pricing_table",
         "created_version",
         "rows",
+        "usage_stored",
     ]
     list_filter = ["tenant", "focus_version"]
     list_select_related = ["tenant", "pricing_table"]

@@ -21,7 +21,8 @@ billing account or currency, a unit that is not hours, an unknown instance type,
 negative quantity, a row repeated): nothing is summed silently. Rows are streamed (CSV: the
 standard library's reader; Parquet: pyarrow, by record batches) and aggregated per instance type,
 so memory does not grow with the file, except for one 12-byte digest per counted row (to find
-repeats).
+repeats). Each counted row's EffectiveCost and hours are also kept per ResourceId and UTC day
+(FocusUsage, written in batches as the file is read), for billing's reconciliation.
 
 A file missing a mandatory FOCUS column of its version, or of a version costlab does not know, is
 refused naming the columns, and nothing is stored. The same file imported again (its SHA-256)
@@ -37,7 +38,7 @@ import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import date, datetime
+from datetime import UTC, date, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from pathlib import Path
 from typing import IO, Any
@@ -47,7 +48,7 @@ from django.utils import timezone
 
 from apps.core.exceptions import ApplicationError
 from apps.pricing import services
-from apps.pricing.models import FocusImport, GpuSku, InstanceType, PricingTable
+from apps.pricing.models import FocusImport, FocusUsage, GpuSku, InstanceType, PricingTable
 from apps.pricing.selectors import pricing_table_valid_at
 from apps.tenants.models import Tenant
 
@@ -114,6 +115,10 @@ _AWS_USAGE = re.compile(r"(?:BoxUsage|SpotUsage|DedicatedUsage|HostBoxUsage|Dedi
 ROWS_LISTED = 100  # row numbers kept per skipped group (the count is always whole)
 DIGEST_BYTES = 12
 MICRO = Decimal("0.000001")
+USAGE_PLACES = Decimal("0.0000000001")  # FocusUsage's decimal places
+USAGE_HELD = 5000  # (resource, day, instance type) sums held in memory before they are written
+SPLIT_DAYS_MAX = 62  # a row's charge period is split over its days up to this long
+ZERO = Decimal(0)
 
 
 def _money(value: Decimal) -> Decimal:
@@ -452,11 +457,13 @@ def focus_read(
     billing_account: str | None = None,
     currency: str | None = None,
     focus_version: str | None = None,
+    usage: UsageSink | None = None,
 ) -> Reading:
     """Read a FOCUS cost-and-usage file (CSV or Parquet): refused whole (ApplicationError) for a
     missing mandatory column or an unknown version; otherwise aggregated per instance type, every
     row left out grouped by its reason. `billing_account` and `currency`: the rows to read (default:
-    those of the first hourly usage row; the others are left out and listed)."""
+    those of the first hourly usage row; the others are left out and listed). `usage`: where each
+    counted row's cost and hours go per resource and day."""
     table = _Table(stream)
     try:
         columns = table.columns
@@ -468,9 +475,9 @@ def focus_read(
         reading = Reading(version=version, account=billing_account, currency=currency)
         seen: set[bytes] = set()
         if first is not None:
-            _read_row(reading, 1, *first, known, seen)
+            _read_row(reading, 1, *first, known, seen, usage)
         for number, (row, whole) in enumerate(rows, start=2):
-            _read_row(reading, number, row, whole, known, seen)
+            _read_row(reading, number, row, whole, known, seen, usage)
         return reading
     finally:
         table.release()
@@ -483,6 +490,7 @@ def _read_row(
     whole: Any,
     known: dict[str, Instance],
     seen: set[bytes],
+    usage: UsageSink | None = None,
 ) -> None:
     reading.rows += 1
     category = str(row.get("ChargeCategory") or "")
@@ -565,6 +573,8 @@ def _read_row(
     aggregate.billed += billed or Decimal("0")
     if row.get("CommitmentDiscountStatus") == "Used":
         aggregate.committed_hours += quantity
+    if usage is not None:
+        usage.add(row, instance, quantity, effective)
     if row.get("InvoiceId") and len(reading.invoices) < 20:
         reading.invoices.add(str(row["InvoiceId"]))
     start, end = _day(row.get("BillingPeriodStart")), _day(row.get("BillingPeriodEnd"))
@@ -572,6 +582,117 @@ def _read_row(
         reading.period[0] = start
     if end and end > reading.period[1]:
         reading.period[1] = end
+
+
+# --- usage per resource and day, for reconciliation --------------------------------------------
+
+
+def _moment(value: Any) -> datetime | None:
+    """A FOCUS datetime (ISO 8601 text, or a Parquet timestamp or date) in UTC; None if it is
+    none."""
+    if isinstance(value, datetime):
+        moment = value
+    elif isinstance(value, date):
+        moment = datetime(value.year, value.month, value.day)
+    elif value is None or str(value).strip() == "":
+        return None
+    else:
+        try:
+            moment = datetime.fromisoformat(str(value).strip())
+        except ValueError:
+            return None
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def _day_parts(start: datetime, end: datetime | None) -> list[tuple[date, Decimal]]:
+    """The UTC days of a charge period with each one's share of its time (shares sum to 1); a
+    period that ends at or before its start, has no end or spans more than SPLIT_DAYS_MAX days
+    (no usage row does: a stamp gone wrong) is its start's day."""
+    if end is None or end <= start or end - start > timedelta(days=SPLIT_DAYS_MAX):
+        return [(start.date(), Decimal(1))]
+    total = Decimal(int((end - start).total_seconds() * 1_000_000))
+    parts = []
+    moment = start
+    while moment < end:
+        midnight = datetime(moment.year, moment.month, moment.day, tzinfo=UTC) + timedelta(days=1)
+        upto = min(midnight, end)
+        parts.append((moment.date(), Decimal(int((upto - moment).total_seconds() * 1_000_000))))
+        moment = upto
+    return [(day, micros / total) for day, micros in parts]
+
+
+class UsageSink:
+    """A FOCUS import's counted rows summed per ResourceId, UTC day and instance type
+    (EffectiveCost, instance-hours, GPU-hours, vCPU-hours): held up to USAGE_HELD sums, then written
+    as FocusUsage records of the import, so memory stays flat whatever the file's length. A row
+    across midnight is split by its time, the last day taking what rounding left, so the days add
+    up to the row."""
+
+    def __init__(self, record: FocusImport):
+        self.record = record
+        self.held: dict[tuple[str, date, str], list] = {}
+        self.written = 0
+        self.without_resource = 0
+        self.undated = 0
+
+    def add(self, row: dict, instance: Instance, hours: Decimal, cost: Decimal) -> None:
+        start = _moment(row.get("ChargePeriodStart"))
+        if start is None:  # a mandatory column, yet unreadable: priced, but on no day
+            self.undated += 1
+            return
+        resource = str(row.get("ResourceId") or "").strip()
+        if not resource:
+            self.without_resource += 1
+        parts = _day_parts(start, _moment(row.get("ChargePeriodEnd")))
+        hours_left, cost_left = hours, cost
+        for index, (day, share) in enumerate(parts):
+            if index == len(parts) - 1:
+                part_hours, part_cost = hours_left, cost_left
+            else:
+                part_hours = (hours * share).quantize(USAGE_PLACES, rounding=ROUND_HALF_UP)
+                part_cost = (cost * share).quantize(USAGE_PLACES, rounding=ROUND_HALF_UP)
+                hours_left -= part_hours
+                cost_left -= part_cost
+            sums = self.held.get((resource, day, instance.key))
+            if sums is None:
+                if len(self.held) >= USAGE_HELD:
+                    self.flush()
+                sums = self.held[(resource, day, instance.key)] = [ZERO, ZERO, ZERO, ZERO, 0]
+            sums[0] += part_hours
+            sums[1] += part_hours * instance.gpu_count
+            sums[2] += part_hours * instance.vcpus
+            sums[3] += part_cost
+            sums[4] += 1
+
+    def flush(self) -> None:
+        FocusUsage.objects.bulk_create(
+            (
+                FocusUsage(
+                    focus_import=self.record,
+                    resource_id=resource,
+                    day=day,
+                    instance_type=key[:120],
+                    hours=hours,
+                    gpu_hours=gpu_hours,
+                    vcpu_hours=vcpu_hours,
+                    effective_cost=cost,
+                    rows=rows,
+                )
+                for (resource, day, key), (hours, gpu_hours, vcpu_hours, cost, rows) in (
+                    self.held.items()
+                )
+            ),
+            batch_size=1000,
+        )
+        self.written += len(self.held)
+        self.held.clear()
+
+    def shown(self) -> dict:
+        return {
+            "records": self.written,
+            "rows_without_resource_id": self.without_resource,
+            "rows_without_charge_period": self.undated,
+        }
 
 
 # --- prices ----------------------------------------------------------------------------------
@@ -714,18 +835,29 @@ def pricing_table_import_focus(
 ) -> ImportOutcome:
     """Import a FOCUS file into the tenant's prices as a new pricing table version from now (the
     pricing services' version of the table in force, or the tenant's first table), named for the
-    invoice and period. The same file again (SHA-256) answers with its first import. Nothing is
+    invoice and period, and keep its usage per resource and day (FocusUsage) for billing's
+    reconciliation. The same file again (SHA-256) answers with its first import. Nothing is
     stored when the file is refused (one transaction)."""
     sha256 = file_sha256(stream)
     existing = FocusImport.objects.filter(tenant=tenant, sha256=sha256).first()
     if existing is not None:
         return ImportOutcome(existing, existing.pricing_table, False, True)
+    try:  # the record first: its usage is written as the file is read
+        with transaction.atomic():
+            record = FocusImport.objects.create(
+                tenant=tenant, sha256=sha256, filename=filename[:255], usage_stored=True
+            )
+    except IntegrityError:  # the same file, imported at the same moment: that import stands
+        existing = FocusImport.objects.get(tenant=tenant, sha256=sha256)
+        return ImportOutcome(existing, existing.pricing_table, False, True)
+    usage = UsageSink(record)
     reading = focus_read(
         stream,
         known=catalogue(),
         billing_account=billing_account,
         currency=currency,
         focus_version=focus_version,
+        usage=usage,
     )
     if not reading.aggregates:
         reasons = "; ".join(f"{g.rows} {g.reason} ({g.detail})" for g in reading.skipped.values())
@@ -735,6 +867,7 @@ def pricing_table_import_focus(
             {"fields": {"file": ["nothing to price"]}, "skipped": reading.skipped_shown()},
             code="invalid",
         )
+    usage.flush()
     derived = prices_derive(reading)
     _refuse_negative(derived)
     skus = _gpu_skus(sorted(derived.gpu))
@@ -748,32 +881,21 @@ def pricing_table_import_focus(
         skus_in_use=skus_in_use,
         confirm_unpriced=confirm_unpriced,
     )
-    shown = {
+    record.focus_version = reading.version
+    record.pricing_table = table
+    record.created_version = created
+    record.billing_account = (reading.account or "")[:255]
+    record.currency = (reading.currency or "")[:3]
+    record.invoice_ids = sorted(reading.invoices)
+    record.period_start, record.period_end = reading.period
+    record.rows = reading.rows
+    record.derived = {
         "instance_types": [a.shown() for _, a in sorted(reading.aggregates.items())],
         "prices": derived.shown(),
+        "usage": usage.shown(),
     }
-    try:
-        with transaction.atomic():
-            record = FocusImport.objects.create(
-                tenant=tenant,
-                sha256=sha256,
-                filename=filename[:255],
-                focus_version=reading.version,
-                pricing_table=table,
-                created_version=created,
-                billing_account=(reading.account or "")[:255],
-                currency=(reading.currency or "")[:3],
-                invoice_ids=sorted(reading.invoices),
-                period_start=reading.period[0],
-                period_end=reading.period[1],
-                rows=reading.rows,
-                derived=shown,
-                skipped=reading.skipped_shown(),
-            )
-    except IntegrityError:  # the same file, imported at the same moment: that import stands
-        transaction.set_rollback(True)
-        existing = FocusImport.objects.get(tenant=tenant, sha256=sha256)
-        return ImportOutcome(existing, existing.pricing_table, False, True)
+    record.skipped = reading.skipped_shown()
+    record.save()
     return ImportOutcome(record, table, created, False)
 
 

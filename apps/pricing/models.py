@@ -365,6 +365,11 @@ class FocusImport(models.Model):
     rows = models.PositiveBigIntegerField(default=0, help_text="Rows read.")
     derived = models.JSONField(default=dict, help_text="Prices derived, per instance type.")
     skipped = models.JSONField(default=list, help_text="Rows left out, grouped by reason.")
+    usage_stored = models.BooleanField(
+        default=False,
+        help_text="Its usage per resource and day is kept (FocusUsage), for billing's "
+        "reconciliation; False: imported before costlab kept it.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -378,3 +383,37 @@ class FocusImport(models.Model):
 
     def __str__(self) -> str:
         return f"FOCUS import {self.sha256[:12]} ({self.filename or 'no name'})"
+
+
+class FocusUsage(models.Model):
+    """What an imported invoice billed one resource (its FOCUS ResourceId) on one UTC day, per
+    instance type: the hourly usage rows the import counted (apps.pricing.focus), summed, a row
+    across midnight split by its time. Billing's reconciliation (apps/billing/reconcile.py)
+    compares costlab's runs on that resource that day with it. One (resource, day, instance type)
+    may stand in several records (the import writes its sums in batches): read them summed."""
+
+    focus_import = models.ForeignKey(FocusImport, on_delete=models.CASCADE, related_name="usage")
+    resource_id = models.TextField(
+        blank=True, default="", help_text="The rows' ResourceId; empty: the rows named none."
+    )
+    day = models.DateField(help_text="The UTC day of the rows' charge period.")
+    instance_type = models.CharField(max_length=120)
+    hours = models.DecimalField(
+        max_digits=24, decimal_places=10, help_text="Instance-hours (PricingQuantity)."
+    )
+    gpu_hours = models.DecimalField(
+        max_digits=24, decimal_places=10, help_text="Instance-hours x the type's GPUs."
+    )
+    vcpu_hours = models.DecimalField(
+        max_digits=24, decimal_places=10, help_text="Instance-hours x the type's vCPUs."
+    )
+    effective_cost = models.DecimalField(max_digits=28, decimal_places=10)
+    rows = models.PositiveIntegerField(default=0, help_text="Invoice rows summed.")
+
+    class Meta:
+        verbose_name = "FOCUS usage"
+        verbose_name_plural = "FOCUS usage"
+        indexes = [models.Index(fields=["focus_import", "day"], name="focususage_import_day")]
+
+    def __str__(self) -> str:
+        return f"{self.resource_id or 'no ResourceId'} {self.day} {self.instance_type}"

@@ -344,6 +344,11 @@ COSTLAB_GPUS_PER_NODE = env.int("COSTLAB_GPUS_PER_NODE", default=8)
 COSTLAB_RDZV_HOST = env("COSTLAB_RDZV_HOST", default="127.0.0.1")
 COSTLAB_RDZV_PORT = env.int("COSTLAB_RDZV_PORT", default=0)
 COSTLAB_RDZV_JOIN_TIMEOUT_S = env.float("COSTLAB_RDZV_JOIN_TIMEOUT_S", default=120.0)
+# The cloud resource a worker runs on, as the invoice's FOCUS ResourceId names it (an instance id
+# or ARN, an Azure resource id, a Google Cloud instance path): recorded on each run it claims, so
+# billing's reconciliation matches its runs to the invoice. Empty: on AWS the instance id the
+# hypervisor writes into the DMI asset tag (a file read, no network), else nothing recorded.
+COSTLAB_RESOURCE_ID = env("COSTLAB_RESOURCE_ID", default="")
 # A queued run sent this long ago with no claim is sent again (then after 2x, 4x ... up to 16x).
 COSTLAB_RUN_RESEND_AFTER_S = env.float("COSTLAB_RUN_RESEND_AFTER_S", default=15.0)
 # A worker's database calls (claim, finish, release) ride out an outage this long before giving up.

@@ -67,3 +67,51 @@ class FocusPeriodSerializer(serializers.Serializer):
         except ValueError as exc:
             raise serializers.ValidationError(str(exc)) from None
         return value
+
+
+class ReconciliationQuerySerializer(FocusPeriodSerializer):
+    focus_import = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        help_text="The FOCUS import to reconcile against (its id); default: the team's newest "
+        "import with usage in the month.",
+    )
+
+
+ReconciliationResult = inline_serializer(
+    name="Reconciliation",
+    fields={
+        "period": serializers.CharField(),
+        "currency": serializers.CharField(help_text="The invoice's billing currency."),
+        "focus_import": serializers.DictField(
+            help_text="The import reconciled against: id, filename, sha256, billing_account, "
+            "invoice_ids, period_start, period_end, created_at."
+        ),
+        "imports": serializers.ListField(
+            child=serializers.DictField(),
+            help_text="The team's imports with usage in the month, newest first (id, filename, "
+            "created_at): choose one with focus_import.",
+        ),
+        "totals": serializers.DictField(
+            help_text="invoice_usd, costlab_usd, attributed_usd, invoice_same_hours_usd, "
+            "costlab_same_hours_usd, difference_usd, difference_pct, idle_usd, unmatched_usd "
+            "(unmatched: no_invoice_row_usd, no_resource_recorded_usd, "
+            "beyond_invoice_hours_usd), resource_days (matched, idle, unmatched), run_days."
+        ),
+        "biggest_differences": serializers.ListField(
+            child=serializers.DictField(),
+            help_text="The resource-days with the largest difference, each with every figure.",
+        ),
+        "idle_by_resource": serializers.ListField(
+            child=serializers.DictField(),
+            help_text="Idle per resource (usd, hours, days, invoice_usd), the largest first.",
+        ),
+        "idle_resources": serializers.IntegerField(),
+        "unmatched_by_resource": serializers.ListField(
+            child=serializers.DictField(),
+            help_text="Unmatched per resource as the runs recorded it and status (unmatched: no "
+            "invoice row; no resource recorded; matched: hours beyond the invoice's).",
+        ),
+        "unmatched_resources": serializers.IntegerField(),
+    },
+)

@@ -5,6 +5,7 @@ from rest_framework import serializers
 from apps.api.serializers.fields import TagsField, TenantPrimaryKeyField
 from apps.api.serializers.params import MetricSummarySerializer
 from apps.experiments.models import Arm, Experiment, Run, RunAttempt
+from apps.experiments.resources import RESOURCE_ID_CHARS, RESOURCE_ID_MAX, resource_id_problem
 from apps.experiments.runs import run_artifacts_listed
 from apps.experiments.selectors import queue_places, runs_outliers
 from apps.pricing.bill import breakdown_shown, carbon_shown
@@ -146,6 +147,7 @@ class RunSerializer(serializers.ModelSerializer):
             "dataset_sha256",
             "host",
             "device",
+            "resource_id",
             "gpu_sku",
             "gpu_count",
             "vcpus",
@@ -337,6 +339,15 @@ class RunSubmitSerializer(serializers.Serializer):
         "started_at and not in the future. Samples stamped after it are refused; it is the run's "
         "finished_at once it finishes.",
     )
+    resource_id = serializers.CharField(
+        required=False,
+        default="",
+        allow_blank=True,
+        trim_whitespace=True,
+        help_text="External runs: the cloud resource it trains on, as the invoice's FOCUS "
+        f"ResourceId names it (an instance id or ARN ...); up to {RESOURCE_ID_MAX} characters, "
+        f"{RESOURCE_ID_CHARS}. Billing's reconciliation matches it to the invoice.",
+    )
     tags = TagsField(default=list)
     note = serializers.CharField(
         max_length=10_000,
@@ -351,6 +362,12 @@ class RunSubmitSerializer(serializers.Serializer):
         help_text="ci: a pipeline waits on it, taken before every normal and batch run queued "
         "on its queue; batch: demo runs, probes, backfills.",
     )
+
+    def validate_resource_id(self, value: str) -> str:
+        problem = resource_id_problem(value)
+        if problem is not None:
+            raise serializers.ValidationError(problem)
+        return value
 
 
 class RunAnnotateSerializer(serializers.Serializer):

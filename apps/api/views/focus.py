@@ -1,4 +1,5 @@
-"""costlab's allocation as FOCUS 1.2 (GET /api/v1/focus/?period=YYYY-MM): a CSV, streamed."""
+"""costlab's allocation as FOCUS 1.2 (GET /api/v1/focus/?period=YYYY-MM): a CSV, streamed; and its
+reconciliation with the cloud's invoice (GET /api/v1/reconciliation/?period=YYYY-MM)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,16 @@ import json
 from django.http import StreamingHttpResponse
 from drf_spectacular.utils import OpenApiResponse, OpenApiTypes, extend_schema
 from rest_framework.renderers import BaseRenderer, JSONRenderer
+from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from apps.api.permissions import TenantMember
-from apps.api.serializers.focus import FocusPeriodSerializer
-from apps.billing.interface import focus_csv
+from apps.api.serializers.focus import (
+    FocusPeriodSerializer,
+    ReconciliationQuerySerializer,
+    ReconciliationResult,
+)
+from apps.billing.interface import focus_csv, reconciliation, reconciliation_csv
 
 
 class CsvRenderer(BaseRenderer):
@@ -23,6 +29,13 @@ class CsvRenderer(BaseRenderer):
 
     def render(self, data, accepted_media_type=None, renderer_context=None):
         return data if isinstance(data, bytes | str) else json.dumps(data).encode()
+
+
+def csv_download(lines, filename: str) -> StreamingHttpResponse:
+    """CSV text streamed as a download named `filename`."""
+    response = StreamingHttpResponse(lines, content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response
 
 
 class FocusExportView(APIView):
@@ -45,10 +58,40 @@ class FocusExportView(APIView):
         query = FocusPeriodSerializer(data=request.query_params)
         query.is_valid(raise_exception=True)
         period = query.validated_data["period"]
-        response = StreamingHttpResponse(
+        return csv_download(
             focus_csv(tenant=request.tenant, period=period),
-            content_type="text/csv; charset=utf-8",
+            f"costlab-focus-{request.tenant.slug}-{period}.csv",
         )
-        name = f"costlab-focus-{request.tenant.slug}-{period}.csv"
-        response["Content-Disposition"] = f'attachment; filename="{name}"'
-        return response
+
+
+class ReconciliationView(APIView):
+    """A month of the team's bill against a FOCUS import of the cloud's invoice, per resource and
+    UTC day: attributed, idle, unmatched and the difference for the same hours (docs/billing.md,
+    "Reconciliation"). ?format=csv: every resource-day, streamed."""
+
+    permission_classes = [TenantMember]
+    renderer_classes = [JSONRenderer, CsvRenderer]
+
+    @extend_schema(
+        parameters=[ReconciliationQuerySerializer],
+        responses={
+            (200, "application/json"): ReconciliationResult,
+            (200, "text/csv"): OpenApiResponse(
+                OpenApiTypes.STR, description="Every resource-day of the month, a header first"
+            ),
+        },
+    )
+    def get(self, request):
+        query = ReconciliationQuerySerializer(data=request.query_params)
+        query.is_valid(raise_exception=True)
+        period = query.validated_data["period"]
+        found = reconciliation(
+            tenant=request.tenant,
+            period=period,
+            focus_import=query.validated_data.get("focus_import"),
+        )
+        if request.accepted_renderer.format != "csv":
+            return Response(found.shown())
+        return csv_download(
+            reconciliation_csv(found), f"costlab-reconciliation-{request.tenant.slug}-{period}.csv"
+        )
