@@ -71,6 +71,10 @@ BENCHES = [
             "arms.optimized.tokens_per_s",
             "target_loss",
             "arms.baseline.cost_to_target.usd",  # the baseline sets the target: it reaches it
+            "steps_projected",
+            "ratio_projected",
+            "floor_ratio_projected",
+            "projection.eager_step_s",
         ),
         in_gpu_dry_run=True,
         nullable=("ratio_to_quality", "arms.optimized.cost_to_target.usd"),
@@ -93,6 +97,9 @@ BENCHES = [
         chromium=True,
         timeout_s=240,
     ),
+    # compile_s and its ratio; --smoke traces with dynamo's eager backend (no cache: ratio of
+    # tracing times, meaningless but a number)
+    Bench("compile_cache", ("ratio", "ratio_other_host", "steps"), redis=True),
     Bench("ddp", ("loss_delta", "scaling_efficiency", "allreduce_share", "ddp_tokens_per_s")),
     Bench(
         "fleet",
