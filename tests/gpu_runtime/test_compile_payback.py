@@ -8,6 +8,7 @@ which traces for real); bench/compile_cache.py measures the real compile and the
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -272,10 +273,12 @@ def test_a_compile_dearer_than_its_saving_falls_back(tiny_config, ledger_dir, co
     config = tiny_config(
         train={"steps": 8}, kernels={"compile": "auto"}, telemetry={"enabled": False}
     )
-    seed(ledger_dir, config, cheap_figures())  # expects 0.01 s; the compile takes a second
+    # a 0.01-s compile buying 1.1x: pays over 5 steps, but saves well under the second it takes
+    seed(ledger_dir, config, cheap_figures(speedup=1.1))
     report = train(config, device="cpu").strategies["kernels.compile"]
     assert report["mode"] == "fell back to eager" and report["compile_s"] >= 0.9
-    assert report["fallback"].startswith("compiling has cost 1 s (0 recompiles), more than the ")
+    said = r"compiling has cost \d+ s \(0 recompiles\), more than the "
+    assert re.match(said, report["fallback"]), report["fallback"]
     assert compiled[0].calls == 1
     ledger = json.loads((ledger_dir / "compile_ledger.json").read_text())["entries"]
     (learnt,) = ledger.values()

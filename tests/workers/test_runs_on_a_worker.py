@@ -81,10 +81,14 @@ def test_a_worker_profiles_its_device_and_an_auto_run_records_what_it_resolved_t
     assert run.compute_dtype == "fp32" or profile.dtypes[run.compute_dtype].native
     # what each auto key became, stored as training started: the runtime's answer on that profile
     _, reports = resolve_device_keys(load_strategy(auto), torch.device("cpu"), profile)
+    compiled = run.resolved.pop("kernels.compile")  # decided while training: how it ended
     assert run.resolved == {
         key: {"requested": "auto", "resolved": r["resolved"], "why": r["why"]}
         for key, r in reports.items()
+        if key != "kernels.compile"
     }
+    assert compiled["requested"] == "auto" and compiled["mode"] == "eager"  # a short run
+    assert compiled["resolved"] is False and compiled["why"]
     assert run.resolved["precision.compute_dtype"]["resolved"] == run.compute_dtype
     assert run.resolved["kernels.attention"]["resolved"] == "math"
 
