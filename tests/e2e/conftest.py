@@ -8,6 +8,7 @@ Without it these tests skip with the reason, except under CI=true, where they fa
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -84,6 +85,31 @@ def page(browser):
     page.js_errors = errors
     yield page
     context.close()
+    server_requests_finished()
+
+
+def server_requests_finished(timeout_s: float = 15.0) -> None:
+    """Wait until no other session on this test's database runs a statement or holds a
+    transaction open: the live server may still be answering a request the page made before it
+    closed (a poll, a chart's data), and the transactional test's flush (TRUNCATE of every table)
+    would deadlock against its locks. Postgres only; a test without database access has no flush."""
+    from django.db import connection
+
+    try:
+        if connection.vendor != "postgresql":
+            return
+        deadline = time.monotonic() + timeout_s
+        with connection.cursor() as cursor:
+            while True:
+                cursor.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND pid <> pg_backend_pid() AND state IS NOT NULL AND state <> 'idle'"
+                )
+                if cursor.fetchone()[0] == 0 or time.monotonic() > deadline:
+                    return
+                time.sleep(0.05)
+    except RuntimeError:  # pytest-django: this test may not touch the database
+        return
 
 
 @pytest.fixture(scope="session")

@@ -276,7 +276,12 @@ def test_a_compile_dearer_than_its_saving_falls_back(tiny_config, ledger_dir, co
     # a 0.01-s compile buying 1.1x: pays over 5 steps, but saves well under the second it takes
     seed(ledger_dir, config, cheap_figures(speedup=1.1))
     report = train(config, device="cpu").strategies["kernels.compile"]
-    assert report["mode"] == "fell back to eager" and report["compile_s"] >= 0.9
+    # The compiling step took the fake's second; the compile is that step less an eager one (a
+    # loaded machine slows the eager probe, so the figure is checked against its own inputs).
+    assert report["mode"] == "fell back to eager" and report["compile_step_s"] >= 1.0
+    assert report["compile_s"] == pytest.approx(
+        report["compile_step_s"] - (report["eager_step_s"] or 0.0), abs=0.02
+    )
     said = r"compiling has cost \d+ s \(0 recompiles\), more than the "
     assert re.match(said, report["fallback"]), report["fallback"]
     assert compiled[0].calls == 1
