@@ -15,21 +15,27 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from gpu_runtime.assembly import architecture_conflicts, assemble_model, strategy_conflicts
+from gpu_runtime.assembly import (
+    AssembledModel,
+    architecture_conflicts,
+    assemble_model,
+    strategy_conflicts,
+)
 from gpu_runtime.batching import MicroBatching
 from gpu_runtime.capability import capability_problems, device_label, resolve_device
 from gpu_runtime.checkpoint import load_checkpoint
 from gpu_runtime.compile_payback import CompileLedger
-from gpu_runtime.data import StepBatches, load_corpus, load_split_corpus
+from gpu_runtime.data import Corpus, SplitCorpus, StepBatches, load_corpus, load_split_corpus
 from gpu_runtime.device_keys import device_class_of, resolve_device_keys
 from gpu_runtime.errors import StrategyError
-from gpu_runtime.evaluation import build_evaluation
+from gpu_runtime.evaluation import Evaluation, build_evaluation
 from gpu_runtime.finetune import parameter_counts, save_result
 from gpu_runtime.kernels.compiling import CACHE_URL_ENV, CompileControl, configure_caches
 from gpu_runtime.live import live_poller
@@ -41,10 +47,10 @@ from gpu_runtime.prefetch import Prefetcher
 from gpu_runtime.probes import MIB, open_probe
 from gpu_runtime.result import RunResult
 from gpu_runtime.schema import StrategyConfig, config_sha256
-from gpu_runtime.sources import mask_documents, open_model_source
+from gpu_runtime.sources import ModelSource, mask_documents, open_model_source
 from gpu_runtime.telemetry import Progress, RunCounters, Sampler
 from gpu_runtime.timeline import Clock, OverlapMeter, StepWindow
-from gpu_runtime.trainer import Trainer
+from gpu_runtime.trainer import LoopOutcome, Trainer
 from gpu_runtime.world import World
 
 log = logging.getLogger(__name__)
@@ -251,6 +257,67 @@ def train_local(
     """``train()`` in this process: alone, or as one rank of a ``world`` (its process group
     initialised)."""
     wall_start = time.perf_counter()
+    config, auto, dev, placement = _place(config, device, world, profile)
+    source = _open_source(config, dev, world)
+    corpus, split, batches = _load_batches(config, source, world)
+    torch.manual_seed(config.train.seed)
+    precision = Precision(config.precision, dev)
+    built, strategies, params = _assemble(config, dev, precision, source, batches, placement, auto)
+    optimizer = _optimizer(config, built, strategies)
+    batching = _micro_batching(config, world, built, dev)
+    start_step = start_tokens = 0
+    if resume_from is not None:
+        start_step, start_tokens = _resume(
+            resume_from, config, built.module, optimizer, precision, corpus.sha256
+        )
+    compiling = compile_control(config, auto, dev, profile, built.module, start_step, world)
+    trainer = _trainer(
+        config, built, compiling, optimizer, precision, dev, batching, corpus, checkpoint_dir, world
+    )
+    evaluation = _evaluation(config, split, trainer, built, precision, dev, world, strategies)
+    meters = _start_meters(
+        config, dev, world, sink, source, built, trainer, start_step, start_tokens
+    )
+    if evaluation is not None:
+        # held while it evaluates; emits the evaluation's sample
+        evaluation.sampler = meters.sampler
+    outcome = _train_steps(
+        config,
+        trainer,
+        batches,
+        meters,
+        dev=dev,
+        world=world,
+        profile=profile,
+        start=(start_step, start_tokens),
+        cancel=cancel,
+        live=live,
+        evaluation=evaluation,
+    )
+    if compiling is not None:
+        strategies["kernels.compile"] = compiling.report()
+        compiling.learn()
+    artifacts = _save_artifacts(config, built, source, corpus, world, artifacts_dir)
+    return _run_result(
+        config,
+        outcome,
+        wall_start,
+        meters,
+        dev,
+        batching,
+        corpus,
+        strategies,
+        params,
+        artifacts,
+        evaluation,
+    )
+
+
+def _place(
+    config: StrategyConfig, device: str | None, world: World | None, profile
+) -> tuple[StrategyConfig, dict[str, dict[str, Any]], torch.device, dict]:
+    """The device to train on, the config with its auto keys resolved there, auto's reports and
+    placement's; refused where the host cannot run it (alone: a world's launcher checked)."""
     device, placement = choose_device(
         strategy=config.placement.strategy, gpus=config.placement.gpus, requested=device
     )
@@ -258,12 +325,26 @@ def train_local(
     config, auto = resolve_device_keys(config, dev, profile)
     if world is None:
         refuse_what_the_host_cannot_run(config, dev)
+    return config, auto, dev, placement
+
+
+def _open_source(config: StrategyConfig, dev: torch.device, world: World | None) -> ModelSource:
+    """The strategy's model source, refused where its architecture conflicts with the strategy
+    (alone) or it cannot fit in the device's free memory."""
     source = open_model_source(config)
     if world is None:
         problems = architecture_conflicts(config, source.model_type, native=source.native)
         if problems:
             raise StrategyError(problems)
     _check_memory(source.params, config, dev, source.what, source.key)
+    return source
+
+
+def _load_batches(
+    config: StrategyConfig, source: ModelSource, world: World | None
+) -> tuple[Corpus, SplitCorpus | None, StepBatches | _Shard]:
+    """The corpus trained on, the held-out split (None without ``eval``), and the step batches
+    (this rank's share of them in a world)."""
     split = None
     if config.eval is None:
         corpus = load_corpus(config.data, seed=config.train.seed, tokenizer=source.tokenizer)
@@ -280,9 +361,20 @@ def train_local(
     )
     if world is not None:
         batches = _Shard(batches, world)
+    return corpus, split, batches
 
-    torch.manual_seed(config.train.seed)
-    precision = Precision(config.precision, dev)
+
+def _assemble(
+    config: StrategyConfig,
+    dev: torch.device,
+    precision: Precision,
+    source: ModelSource,
+    batches: StepBatches | _Shard,
+    placement: dict,
+    auto: dict[str, dict[str, Any]],
+) -> tuple[AssembledModel, dict[str, Any], tuple[int, int]]:
+    """Build and assemble the model; the strategies report begun, and (total, trainable)
+    parameter counts."""
     module = source.build()
     packing = mask_documents(config, source, module)
     built = assemble_model(
@@ -300,6 +392,13 @@ def train_local(
         **({"data.packing": packing} if packing else {}),
     }
     strategies.update(auto)
+    return built, strategies, (params_total, params_trainable)
+
+
+def _optimizer(
+    config: StrategyConfig, built: AssembledModel, strategies: dict[str, Any]
+) -> torch.optim.Optimizer:
+    """AdamW over the assembled parameters, reported in ``strategies`` when fused."""
     optimizer = build_adamw(
         built.named_params, config.optimizer, config.train.lr, fused=config.kernels.fused_optimizer
     )
@@ -308,16 +407,33 @@ def train_local(
             "implementation": "torch.optim.AdamW(fused=True)",
             "parameters": len(built.named_params),
         }
+    return optimizer
+
+
+def _micro_batching(
+    config: StrategyConfig, world: World | None, built: AssembledModel, dev: torch.device
+) -> MicroBatching:
+    """Micro-batching over this rank's share of each step's global batch."""
     world_size = 1 if world is None else world.world_size
-    batching = MicroBatching(
+    return MicroBatching(
         _per_rank(config, world_size), params=built.module.parameters(), device=dev
     )
-    start_step = start_tokens = 0
-    if resume_from is not None:
-        start_step, start_tokens = _resume(
-            resume_from, config, built.module, optimizer, precision, corpus.sha256
-        )
-    compiling = compile_control(config, auto, dev, profile, built.module, start_step, world)
+
+
+def _trainer(
+    config: StrategyConfig,
+    built: AssembledModel,
+    compiling: CompileControl | None,
+    optimizer: torch.optim.Optimizer,
+    precision: Precision,
+    dev: torch.device,
+    batching: MicroBatching,
+    corpus: Corpus,
+    checkpoint_dir: str | None,
+    world: World | None,
+) -> Trainer:
+    """The Trainer over the model's forward (compiled, then DDP-wrapped in a world), bound to
+    the compile control."""
     forward = built.forward if compiling is None else compiling.initial_forward(built.forward)
     forward = forward if world is None else _ddp(forward, dev)
     trainer = Trainer(
@@ -337,23 +453,64 @@ def train_local(
     )
     if compiling is not None:
         compiling.bind(trainer)
+    return trainer
 
-    evaluation = None
-    if split is not None:  # rows cut and moved to the device before the sampler starts
-        evaluation = build_evaluation(
-            split.held_out,
-            seq_len=config.model.seq_len,
-            max_tokens=config.eval.max_tokens,
-            rows_per_batch=trainer.micro_batch,  # the micro-batch training starts with fits
-            every_steps=config.eval.every_steps,
-            model=built.module,  # not the compiled or DDP wrapper
-            autocast=precision.autocast,
-            device=dev,
-            world=world,
-            report=split.report,
-        )
-        strategies["eval"] = evaluation.report
 
+def _evaluation(
+    config: StrategyConfig,
+    split: SplitCorpus | None,
+    trainer: Trainer,
+    built: AssembledModel,
+    precision: Precision,
+    dev: torch.device,
+    world: World | None,
+    strategies: dict[str, Any],
+) -> Evaluation | None:
+    """The held-out evaluation, reported in ``strategies``, or None without a split: its rows
+    cut and moved to the device before the sampler starts."""
+    if split is None:
+        return None
+    evaluation = build_evaluation(
+        split.held_out,
+        seq_len=config.model.seq_len,
+        max_tokens=config.eval.max_tokens,
+        rows_per_batch=trainer.micro_batch,  # the micro-batch training starts with fits
+        every_steps=config.eval.every_steps,
+        model=built.module,  # not the compiled or DDP wrapper
+        autocast=precision.autocast,
+        device=dev,
+        world=world,
+        report=split.report,
+    )
+    strategies["eval"] = evaluation.report
+    return evaluation
+
+
+@dataclass
+class _Meters:
+    """What measures the run as it trains: device label, counters, clock, step windows, I/O log
+    and the telemetry sampler (None with telemetry off)."""
+
+    label: str
+    counters: RunCounters
+    clock: Clock
+    windows: deque[StepWindow]
+    io_log: deque
+    sampler: Sampler | None
+
+
+def _start_meters(
+    config: StrategyConfig,
+    dev: torch.device,
+    world: World | None,
+    sink: Callable[[dict[str, Any]], None] | None,
+    source: ModelSource,
+    built: AssembledModel,
+    trainer: Trainer,
+    start_step: int,
+    start_tokens: int,
+) -> _Meters:
+    """Reset the device's peak memory and start measuring: counters, clock and the sampler."""
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     label = device_label(dev)
@@ -372,17 +529,34 @@ def train_local(
             peak=peak_flops(label, config.precision.compute_dtype, config.telemetry.peak_flops),
             overlap=OverlapMeter(clock, windows, io_log),
             rank=0 if world is None else world.rank,
-            devices=world_size,
+            devices=1 if world is None else world.world_size,
         ).start()
+    return _Meters(label, counters, clock, windows, io_log, sampler)
 
-    if evaluation is not None:
-        evaluation.sampler = sampler  # held while it evaluates; emits the evaluation's sample
+
+def _train_steps(
+    config: StrategyConfig,
+    trainer: Trainer,
+    batches: StepBatches | _Shard,
+    meters: _Meters,
+    *,
+    dev: torch.device,
+    world: World | None,
+    profile,
+    start: tuple[int, int],
+    cancel: Callable[[], bool] | None,
+    live: Callable[[], dict[str, Any] | None] | None,
+    evaluation: Evaluation | None,
+) -> LoopOutcome:
+    """Run the trainer's loop under SIGTERM and the determinism flag, live keys applied at step
+    boundaries; prefetcher and sampler closed after."""
+    start_step, start_tokens = start
+    sampler = meters.sampler
 
     def apply_live(updated: StrategyConfig) -> None:
         updated, _ = resolve_device_keys(updated, dev, profile)  # a ceiling edited to auto
-        trainer.apply_config(
-            updated
-        )  # the micro-batch bounds and window reach the BatchScaler here
+        # the micro-batch bounds and window reach the BatchScaler here
+        trainer.apply_config(updated)
         if sampler is not None:
             sampler.set_interval(updated.telemetry.interval_s)
 
@@ -397,22 +571,22 @@ def train_local(
                 device=dev,
                 depth=config.data.prefetch,
                 pin_memory=config.data.pin_memory,
-                clock=clock,
-                io_log=io_log,
+                clock=meters.clock,
+                io_log=meters.io_log,
             )
             agree = (
                 None
                 if world is None
                 else world.boundary(stop=stop, current=lambda: trainer.config, apply=apply_live)
             )
-            outcome = trainer.run(
+            return trainer.run(
                 prefetcher=prefetcher,
                 start_step=start_step,
                 total_steps=total,
                 start_tokens=start_tokens,
-                counters=counters,
-                clock=clock,
-                windows=windows,
+                counters=meters.counters,
+                clock=meters.clock,
+                windows=meters.windows,
                 cancel=cancel if world is None else lambda: world.cancelled,
                 stop=stop,
                 before_step=None
@@ -427,12 +601,19 @@ def train_local(
             if sampler is not None:
                 sampler.stop()
 
-    if compiling is not None:
-        strategies["kernels.compile"] = compiling.report()
-        compiling.learn()
-    artifacts = []
+
+def _save_artifacts(
+    config: StrategyConfig,
+    built: AssembledModel,
+    source: ModelSource,
+    corpus: Corpus,
+    world: World | None,
+    artifacts_dir: str | None,
+) -> list[dict[str, Any]]:
+    """Save what was trained where ``finetune.save`` asks (the lead rank only); the artifacts
+    written."""
     if artifacts_dir is not None and config.finetune.save and (world is None or world.lead):
-        artifacts = save_result(
+        return save_result(
             built.module,
             config.finetune,
             out_dir=artifacts_dir,
@@ -443,7 +624,26 @@ def train_local(
             dataset_sha256=corpus.sha256,
             lora_targets_used=built.report.get("finetune", {}).get("target_modules"),
         )
+    return []
+
+
+def _run_result(
+    config: StrategyConfig,
+    outcome: LoopOutcome,
+    wall_start: float,
+    meters: _Meters,
+    dev: torch.device,
+    batching: MicroBatching,
+    corpus: Corpus,
+    strategies: dict[str, Any],
+    params: tuple[int, int],
+    artifacts: list[dict[str, Any]],
+    evaluation: Evaluation | None,
+) -> RunResult:
+    """The RunResult of a finished loop: what it trained, measured and saved."""
     wall_s = time.perf_counter() - wall_start
+    sampler = meters.sampler
+    params_total, params_trainable = params
     return RunResult(
         steps=outcome.steps,
         tokens=outcome.tokens,
@@ -455,7 +655,7 @@ def train_local(
         final_loss=outcome.final_loss,
         dataset_sha256=corpus.sha256,
         config_sha256=config_sha256(config),
-        device=label,
+        device=meters.label,
         status=outcome.status,
         samples=0 if sampler is None else sampler.seq,
         micro_batch_events=batching.events,

@@ -15,6 +15,7 @@ import signal
 import socket
 import threading
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from django.conf import settings
@@ -306,10 +307,7 @@ def _artifacts_dir(run_id: int, config) -> str | None:
 
 def _run_execute(run_id: int, stopped: threading.Event):
     """The run's whole life on this node; returns the gang seat when another node claimed it."""
-    import torch
-
     from apps.experiments.models import Run
-    from gpu_runtime.distributed import threads_per_rank
 
     host = socket.gethostname()
     owner = lease_owner_id(host)
@@ -321,15 +319,75 @@ def _run_execute(run_id: int, stopped: threading.Event):
         if seat is None:
             logger.info("run %s: not claimable (gone, taken, cancelled or out of attempts)", run_id)
         return seat
-    world = run.world_size
-    device, gpu_name, gpu_count = _device_for(run.queue, world)
+    device, gpu_name, gpu_count = _take_device(run)
+    _share_compile_cache()
+    profile = _record_device(run_id, run, owner, host, device, gpu_name, gpu_count)
+    if stopped.is_set():  # the worker is shutting down: the run goes back to the queue untouched
+        _release(run.pk, owner, "worker stopped before the run started training")
+        return None
+    rendezvous, gang = None, None
+    # this node claimed a run across nodes: it hosts the rendezvous, the others join
+    if run.nnodes > 1:
+        rendezvous = _host_rendezvous(run, owner)
+        gang = _GangCall(run)
+    sink = TelemetrySink(
+        run_id=run.pk,
+        attempt=run.attempts,
+        seq_base=run.last_seq + 1,
+        ingest=telemetry_ingest,
+        seq_stride=run.nnodes,
+    )
+    attempt = _Attempt(status=Run.Status.FAILED)
+    try:
+        _train(
+            run_id,
+            run,
+            attempt,
+            owner=owner,
+            device=device,
+            profile=profile,
+            rendezvous=rendezvous,
+            gang=gang,
+            sink=sink,
+            stopped=stopped,
+        )
+        _record_end(run_id, run, owner, attempt)
+    finally:
+        if attempt.control is not None:
+            # the heartbeat kept the lease fresh while the end was being recorded
+            attempt.control.close()
+    if attempt.result_status == "interrupted":
+        # gpu_runtime took SIGTERM to stop at a step boundary; run_execute hands it on.
+        stopped.set()
+    return None
+
+
+def _take_device(run) -> tuple[str, str | None, int]:
+    """The device this worker trains the run on, its GPU name and GPU count, a single GPU capped
+    at the tenant's memory fraction."""
+    import torch
+
+    device, gpu_name, gpu_count = _device_for(run.queue, run.world_size)
     if device.startswith("cuda:"):
         # Tenants are isolated by process (one task per child) and by this memory cap.
         torch.cuda.set_per_process_memory_fraction(float(run.tenant.gpu_memory_fraction))
-    label = f"{device} {gpu_name}" if gpu_name else device
+    return device, gpu_name, gpu_count
+
+
+def _share_compile_cache() -> None:
+    """Point the runtime at the configured compile cache, if any."""
     # torch's compiled graphs and the payback rule's ledger are shared through this Redis
     if settings.COSTLAB_COMPILE_CACHE_URL:
         os.environ[CACHE_URL_ENV] = settings.COSTLAB_COMPILE_CACHE_URL
+
+
+def _record_device(
+    run_id: int, run, owner: str, host: str, device: str, gpu_name: str | None, gpu_count: int
+) -> DeviceProfile | None:
+    """Measure the device, record it and what each auto key became on the run, log those
+    choices; the device profile (None when not measured)."""
+    world = run.world_size
+    label = f"{device} {gpu_name}" if gpu_name else device
     measurement = run_profile(host=host, device=device, queue=run.queue)
     profile = None if measurement is None else DeviceProfile.from_dict(measurement.profile)
     compute_dtype, resolved = _device_keys(run.config_yaml, device, profile)
@@ -342,11 +400,7 @@ def _run_execute(run_id: int, stopped: threading.Event):
         device=label if world == 1 else f"{label} x{world}",
         gpu_name=gpu_name,
         gpu_count=gpu_count,
-        vcpus=0
-        if gpu_count
-        else threads_per_rank(world // run.nnodes) * world
-        if world > 1
-        else torch.get_num_threads(),
+        vcpus=_vcpus(run, gpu_count),
         memory_gb=0.0,
         measurement=measurement,
         compute_dtype=compute_dtype,
@@ -357,102 +411,134 @@ def _run_execute(run_id: int, stopped: threading.Event):
         logger.info(
             "run %s: %s auto → %s: %s", run_id, key, _yaml_value(choice["resolved"]), choice["why"]
         )
-    if stopped.is_set():  # the worker is shutting down: the run goes back to the queue untouched
-        _release(run.pk, owner, "worker stopped before the run started training")
-        return None
-    rendezvous, gang = None, None
-    if (
-        run.nnodes > 1
-    ):  # this node claimed a run across nodes: it hosts the rendezvous, the others join
-        rendezvous = _host_rendezvous(run, owner)
-        gang = _GangCall(run)
-    sink = TelemetrySink(
-        run_id=run.pk,
-        attempt=run.attempts,
-        seq_base=run.last_seq + 1,
-        ingest=telemetry_ingest,
-        seq_stride=run.nnodes,
+    return profile
+
+
+def _vcpus(run, gpu_count: int) -> int:
+    """The vCPUs recorded for the run: none on GPUs, else the threads its ranks (or this
+    process) train with."""
+    import torch
+
+    from gpu_runtime.distributed import threads_per_rank
+
+    world = run.world_size
+    return (
+        0
+        if gpu_count
+        else threads_per_rank(world // run.nnodes) * world
+        if world > 1
+        else torch.get_num_threads()
     )
-    status, error, dataset_sha, result_status = Run.Status.FAILED, "", "", ""
-    model = {}  # what the runtime reports of the model trained and the files it saved
-    gang_timeout = ""
-    control = None
+
+
+@dataclass
+class _Attempt:
+    """How this node's attempt at the run went: the end to record, what the runtime reported,
+    and the run's control (heartbeat) once started."""
+
+    status: str | None  # None: interrupted or lease lost, not ours to end
+    error: str = ""
+    dataset_sha: str = ""
+    result_status: str = ""
+    # what the runtime reports of the model trained and the files it saved
+    model: dict = field(default_factory=dict)
+    gang_timeout: str = ""
+    control: RunControl | None = None
+
+
+def _train(
+    run_id: int,
+    run,
+    attempt: _Attempt,
+    *,
+    owner: str,
+    device: str,
+    profile: DeviceProfile | None,
+    rendezvous,
+    gang: _GangCall | None,
+    sink: TelemetrySink,
+    stopped: threading.Event,
+) -> None:
+    """Train the run under a RunControl, noting in ``attempt`` how it ended; the gang's calls
+    stopped and every sample stored after."""
+    from apps.experiments.models import Run
+
     try:
-        try:
-            config = gpu_runtime.load_strategy(run.config_yaml)
-            control = RunControl(
-                run_id=run.pk,
-                owner=owner,
-                arm_id=run.arm_id,
-                revision=run.config_revision,
-                config=config,
+        config = gpu_runtime.load_strategy(run.config_yaml)
+        attempt.control = control = RunControl(
+            run_id=run.pk,
+            owner=owner,
+            arm_id=run.arm_id,
+            revision=run.config_revision,
+            config=config,
+        )
+        result = gpu_runtime.train(
+            config,
+            sink=sink.put,
+            # A SIGTERM between here and training's own handler stops at the first step.
+            cancel=lambda: stopped.is_set() or control.should_stop(),
+            device=device,
+            live=control.live_updates,
+            rendezvous=rendezvous,
+            profile=profile,
+            artifacts_dir=_artifacts_dir(run.pk, config),
+        )
+        attempt.dataset_sha, attempt.result_status = result.dataset_sha256 or "", result.status
+        attempt.model = {
+            "params_total": result.params_total,
+            "params_trainable": result.params_trainable,
+            "artifacts": result.artifacts,
+            "resolved": _decided_in_the_run(result.strategies),
+        }
+        if result.status == "completed":
+            attempt.status = Run.Status.SUCCEEDED
+        elif result.status == "cancelled" and not control.lease_lost and not stopped.is_set():
+            attempt.status = Run.Status.CANCELLED
+        else:
+            attempt.status = (
+                None  # interrupted (worker shutting down) or lease lost: not ours to end
             )
-            result = gpu_runtime.train(
-                config,
-                sink=sink.put,
-                # A SIGTERM between here and training's own handler stops at the first step.
-                cancel=lambda: stopped.is_set() or control.should_stop(),
-                device=device,
-                live=control.live_updates,
-                rendezvous=rendezvous,
-                profile=profile,
-                artifacts_dir=_artifacts_dir(run.pk, config),
-            )
-            dataset_sha, result_status = result.dataset_sha256 or "", result.status
-            model = {
-                "params_total": result.params_total,
-                "params_trainable": result.params_trainable,
-                "artifacts": result.artifacts,
-                "resolved": _decided_in_the_run(result.strategies),
-            }
-            if result.status == "completed":
-                status = Run.Status.SUCCEEDED
-            elif result.status == "cancelled" and not control.lease_lost and not stopped.is_set():
-                status = Run.Status.CANCELLED
-            else:
-                status = None  # interrupted (worker shutting down) or lease lost: not ours to end
-        except Exception as exc:
-            if rendezvous is not None and str(exc).startswith("distributed.rendezvous"):
-                gang_timeout, status = str(exc)[:2000], None
-            error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"
-            logger.exception("run %s failed", run_id)
-        finally:
-            if gang is not None:
-                gang.stop()
-            # Every measured sample is stored before the run's end is recorded, through an outage
-            # too.
-            sink.close(timeout_s=settings.COSTLAB_WORKER_DB_RETRY_S)
-        lease_lost = control is not None and control.lease_lost
-        if control is not None:
-            control.record_revisions()
-        if gang_timeout:
-            db_retry(
-                runs.run_gang_timeout,
-                what=f"run {run_id}: gang timeout",
-                run_id=run.pk,
-                owner=owner,
-                reason=gang_timeout,
-            )
-        elif status is not None:
-            db_retry(
-                runs.run_finish,
-                what=f"run {run_id}: finish",
-                run_id=run.pk,
-                owner=owner,
-                status=status,
-                error=error,
-                dataset_sha256=dataset_sha,
-                **model,
-            )
-        elif not lease_lost:
-            _release(run.pk, owner, "worker stopped before the run finished")
+    except Exception as exc:
+        if rendezvous is not None and str(exc).startswith("distributed.rendezvous"):
+            attempt.gang_timeout, attempt.status = str(exc)[:2000], None
+        attempt.error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=8)}"
+        logger.exception("run %s failed", run_id)
     finally:
-        if control is not None:
-            control.close()  # the heartbeat kept the lease fresh while the end was being recorded
-    if result_status == "interrupted":
-        # gpu_runtime took SIGTERM to stop at a step boundary; run_execute hands it on.
-        stopped.set()
-    return None
+        if gang is not None:
+            gang.stop()
+        # Every measured sample is stored before the run's end is recorded, through an outage
+        # too.
+        sink.close(timeout_s=settings.COSTLAB_WORKER_DB_RETRY_S)
+
+
+def _record_end(run_id: int, run, owner: str, attempt: _Attempt) -> None:
+    """Record how the run ended: the revisions handed to the trainer, then its gang timeout,
+    finish, or release (nothing when the lease was lost)."""
+    control = attempt.control
+    lease_lost = control is not None and control.lease_lost
+    if control is not None:
+        control.record_revisions()
+    if attempt.gang_timeout:
+        db_retry(
+            runs.run_gang_timeout,
+            what=f"run {run_id}: gang timeout",
+            run_id=run.pk,
+            owner=owner,
+            reason=attempt.gang_timeout,
+        )
+    elif attempt.status is not None:
+        db_retry(
+            runs.run_finish,
+            what=f"run {run_id}: finish",
+            run_id=run.pk,
+            owner=owner,
+            status=attempt.status,
+            error=attempt.error,
+            dataset_sha256=attempt.dataset_sha,
+            **attempt.model,
+        )
+    elif not lease_lost:
+        _release(run.pk, owner, "worker stopped before the run finished")
 
 
 # ------------------------------------------------------------------------------
