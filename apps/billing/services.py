@@ -101,54 +101,14 @@ def telemetry_ingest(
     external: the run must be an external one, still running (checked under the same lock).
     tenant_id: the run must be that tenant's (Run.DoesNotExist otherwise), checked by the same
     locked read."""
-    run = _RUN_LOCKED.get(pk=run_id, **({} if tenant_id is None else {"tenant_id": tenant_id}))
-    if external:
-        run_external_check(run, "take telemetry")
-    if (
-        run.kind == Run.Kind.WORKER
-        and attempt is not None
-        and (run.status not in Run.ACTIVE_STATUSES or attempt != run.attempts)
-    ):
-        # A worker whose lease was swept must not write into the attempt that replaced it, nor
-        # into a run whose totals are final. Swept and not yet taken again (queued, same attempt),
-        # its last samples still land: they are what that attempt measured, and its finish may still
-        # count.
-        raise ApplicationError(
-            f"attempt: attempt {attempt} no longer holds run {run.pk} (now {run.status}, "
-            f"attempt {run.attempts})",
-            {"fields": {"attempt": ["stale"]}},
-            code="stale_attempt",
-            status=409,
-        )
-    skew = timedelta(seconds=settings.COSTLAB_TELEMETRY_CLOCK_SKEW_S)
-    ahead = timedelta(seconds=settings.COSTLAB_TELEMETRY_FUTURE_SKEW_S)
+    run = _run_for_batch(run_id=run_id, tenant_id=tenant_id, attempt=attempt, external=external)
     # A forward-stamped sample is refused alone, never stored: the window does not move for it.
     refused: list[dict] = []
-    start = min(run.created_at, run.started_at or run.created_at)
-    latest, after = timezone.now() + ahead, "ahead of the server's clock"
-    if run.declared_ended_at is not None and run.declared_ended_at + skew < latest:
-        latest, after = run.declared_ended_at + skew, "after the run's declared ended_at"
-    earliest, before = start - skew, "before the run started"
-    days = settings.COSTLAB_TELEMETRY_RETENTION_DAYS
-    if days > 0 and is_postgres() and timezone.now() - timedelta(days=days) > earliest:
-        # Retention would drop it with its partition, unbilled run or not: refused now, and said.
-        earliest = timezone.now() - timedelta(days=days)
-        before = f"older than the telemetry retention of {days} days: it would be dropped"
-    parsed = samples_validate(
-        samples,
-        earliest=earliest,
-        latest=latest,
-        refused=refused,
-        after_latest=after,
-        before_earliest=before,
-    )
+    parsed = _samples_in_window(run, samples, refused=refused)
     if external:
         streams_claim(run=run, samples=parsed)
     batch_attempt = attempt or max(run.attempts, 1)
-    stored_before = None  # a single stream's stored sample just before the batch
-    if parsed and run.world_size == 1 and run.samples_from is not None:
-        found = stream_predecessors(run=run, seq=min(s["seq"] for s in parsed) - 1, ranks=None)
-        stored_before = found[0] if found else None
+    stored_before = _stored_predecessor(run, parsed)
     same_attempt = stored_before is not None and stored_before["attempt"] == batch_attempt
     # Every batch is checked, the first included (an upload of 10,000 samples is one batch): a
     # dip inside it would otherwise be stored and its rebound billed.
@@ -166,81 +126,242 @@ def telemetry_ingest(
     )
     skewed_before = (run.cost_breakdown or {}).get("clock_skew_samples", 0)
     cost_before = run.cost_usd
-    # The stored span, then widened to the batch (saved with the totals): every read below looks
-    # inside it, and so only at the partitions of those days.
-    stored = None if run.samples_from is None else (run.samples_from, run.samples_to)
-    first, last = min(s["ts"] for s in parsed), max(s["ts"] for s in parsed)
-    run.samples_from = first if stored is None else min(stored[0], first)
-    run.samples_to = last if stored is None else max(stored[1], last)
+    # The stored span, widened to the batch (saved with the totals): the reads below look inside it.
+    stored = _samples_span_widen(run, parsed)
     # Before the insert: the stored rows around the batch bound what it can change.
     ranges = [(run.last_seq, SEQ_MAX)] if appended else batch_ranges(run=run, seqs=seqs)
     try:
-        fresh = samples_insert(
-            run_id=run.pk,
-            attempt=batch_attempt,
-            samples=parsed,
-            after_seq=run.last_seq,
-            stored=stored,
-        )
-        evaluations_insert(run_id=run.pk, samples=parsed, fresh=fresh)
-        metrics_insert(run_id=run.pk, samples=parsed, fresh=fresh)
-        run_params_merge(run_id=run.pk, samples=parsed, fresh=fresh)
+        fresh = _batch_store(run, parsed, attempt=batch_attempt, stored=stored)
         if restamped:  # stored times moved: the run is billed again from all its samples
             run_totals_recompute(run=run)
         elif fresh:
-            # Whether every stored row still carries one attempt (stream_predecessors' short read).
-            if stored is None:
-                run.samples_attempt = batch_attempt
-            elif run.samples_attempt not in (None, batch_attempt):
-                run.samples_attempt = 0
-            if appended and len(fresh) == len(parsed):
-                # An appended batch that went in whole: the rows are in hand, only the stored
-                # predecessor is read, and there is no old figure to take off.
-                for sample in parsed:
-                    sample["attempt"] = batch_attempt
-                if run.world_size > 1:  # each rank's stream continues from its own last row
-                    before = stream_predecessors(
-                        run=run,
-                        seq=run.last_seq,
-                        ranks={s["rank"] for s in parsed},
-                        stored_to=None if stored is None else stored[1],
-                    )
-                else:  # read above: the row at run.last_seq, the highest stored
-                    before = [] if stored_before is None else [stored_before]
-                now = [before + sorted(parsed, key=_SEQ)]
-                run_totals_apply(run=run, ranges=ranges, now=now, fresh=None, batch=samples)
-            else:
-                run_totals_apply(
-                    run=run,
-                    ranges=ranges,
-                    now=rows_in_ranges(run=run, ranges=ranges),
-                    fresh=set(fresh),
-                    batch=samples,
-                )
-    except (
-        DataError
-    ):  # a number Postgres cannot store or compute with (the caller's transaction rolls back)
+            _totals_move(
+                run,
+                parsed,
+                sent=samples,
+                fresh=fresh,
+                ranges=ranges,
+                appended=appended,
+                attempt=batch_attempt,
+                stored=stored,
+                stored_before=stored_before,
+            )
+    except DataError:
+        # A number Postgres cannot store or compute with (the caller's transaction rolls back).
         raise out_of_range(samples) from None
     if pulled or restamped:  # said on the run: how many samples' clocks were pulled back
-        run.cost_breakdown = {
-            **(run.cost_breakdown or {}),
-            "clock_skew_samples": skewed_before + pulled + restamped,
-        }
-        fields_save(run, ["cost_breakdown"])
+        _clock_skew_record(run, skewed=skewed_before + pulled + restamped)
     if fresh and run.cost_usd > cost_before:
-        # After the commit, outside this run's row lock: the budget check touches the tenant's
-        # other runs, which their own ingests lock.
-        tenant = Tenant(
-            pk=run.tenant_id, **{f: getattr(run, f"tenant_{f}") for f in _TENANT_BUDGET_FIELDS}
-        )
-        increase = run.cost_usd - cost_before
-        transaction.on_commit(lambda: _budget_enforce_after_commit(tenant, increase))
+        _budget_check_on_commit(run, increase=run.cost_usd - cost_before)
     return IngestResult(
         received=len(samples),
         inserted=len(fresh),
         duplicates=len(samples) - len(fresh) - len(refused),
         refused=refused,
     )
+
+
+def _run_for_batch(
+    *, run_id: int, tenant_id: int | None, attempt: int | None, external: bool
+) -> Run:
+    """The run, locked by one read, once it is known to take this batch (else refused)."""
+    run = _RUN_LOCKED.get(pk=run_id, **({} if tenant_id is None else {"tenant_id": tenant_id}))
+    if external:
+        run_external_check(run, "take telemetry")
+    _attempt_check(run, attempt)
+    return run
+
+
+def _attempt_check(run: Run, attempt: int | None) -> None:
+    """Refuse a worker's batch from an attempt that no longer holds the run (409 stale_attempt)."""
+    if (
+        run.kind == Run.Kind.WORKER
+        and attempt is not None
+        and (run.status not in Run.ACTIVE_STATUSES or attempt != run.attempts)
+    ):
+        # A worker whose lease was swept must not write into the attempt that replaced it, nor
+        # into a run whose totals are final. Swept and not yet taken again (queued, same attempt),
+        # its last samples still land: they are what that attempt measured, and its finish may still
+        # count.
+        raise ApplicationError(
+            f"attempt: attempt {attempt} no longer holds run {run.pk} (now {run.status}, "
+            f"attempt {run.attempts})",
+            {"fields": {"attempt": ["stale"]}},
+            code="stale_attempt",
+            status=409,
+        )
+
+
+def _samples_in_window(run: Run, samples: list, *, refused: list[dict]) -> list[dict]:
+    """The batch's valid samples timed inside the run's clock window; the rest go to `refused`."""
+    skew = timedelta(seconds=settings.COSTLAB_TELEMETRY_CLOCK_SKEW_S)
+    ahead = timedelta(seconds=settings.COSTLAB_TELEMETRY_FUTURE_SKEW_S)
+    start = min(run.created_at, run.started_at or run.created_at)
+    latest, after = timezone.now() + ahead, "ahead of the server's clock"
+    if run.declared_ended_at is not None and run.declared_ended_at + skew < latest:
+        latest, after = run.declared_ended_at + skew, "after the run's declared ended_at"
+    earliest, before = start - skew, "before the run started"
+    days = settings.COSTLAB_TELEMETRY_RETENTION_DAYS
+    if days > 0 and is_postgres() and timezone.now() - timedelta(days=days) > earliest:
+        # Retention would drop it with its partition, unbilled run or not: refused now, and said.
+        earliest = timezone.now() - timedelta(days=days)
+        before = f"older than the telemetry retention of {days} days: it would be dropped"
+    return samples_validate(
+        samples,
+        earliest=earliest,
+        latest=latest,
+        refused=refused,
+        after_latest=after,
+        before_earliest=before,
+    )
+
+
+def _stored_predecessor(run: Run, parsed: list[dict]) -> dict | None:
+    """A single stream's stored sample just before the batch (None for a DDP run or none stored)."""
+    if parsed and run.world_size == 1 and run.samples_from is not None:
+        found = stream_predecessors(run=run, seq=min(s["seq"] for s in parsed) - 1, ranks=None)
+        return found[0] if found else None
+    return None
+
+
+def _samples_span_widen(run: Run, parsed: list[dict]) -> tuple[datetime, datetime] | None:
+    """Widen the run's span to the batch (reads stay in its days' partitions); the old span."""
+    stored = None if run.samples_from is None else (run.samples_from, run.samples_to)
+    first, last = min(s["ts"] for s in parsed), max(s["ts"] for s in parsed)
+    run.samples_from = first if stored is None else min(stored[0], first)
+    run.samples_to = last if stored is None else max(stored[1], last)
+    return stored
+
+
+def _batch_store(
+    run: Run, parsed: list[dict], *, attempt: int, stored: tuple[datetime, datetime] | None
+) -> list[int]:
+    """Insert the batch's samples and what they carry (evaluations, metrics, params); the fresh."""
+    fresh = samples_insert(
+        run_id=run.pk,
+        attempt=attempt,
+        samples=parsed,
+        after_seq=run.last_seq,
+        stored=stored,
+    )
+    evaluations_insert(run_id=run.pk, samples=parsed, fresh=fresh)
+    metrics_insert(run_id=run.pk, samples=parsed, fresh=fresh)
+    run_params_merge(run_id=run.pk, samples=parsed, fresh=fresh)
+    return fresh
+
+
+def _totals_move(
+    run: Run,
+    parsed: list[dict],
+    *,
+    sent: list,
+    fresh: list[int],
+    ranges: list[tuple[int, int]],
+    appended: bool,
+    attempt: int,
+    stored: tuple[datetime, datetime] | None,
+    stored_before: dict | None,
+) -> None:
+    """Move the run's totals by the batch's fresh rows (those in hand, when it appended whole)."""
+    _samples_attempt_track(run, attempt=attempt, stored=stored)
+    if appended and len(fresh) == len(parsed):
+        # An appended batch that went in whole: the rows are in hand, only the stored
+        # predecessor is read, and there is no old figure to take off.
+        now = _appended_rows(
+            run, parsed, attempt=attempt, stored=stored, stored_before=stored_before
+        )
+        run_totals_apply(run=run, ranges=ranges, now=now, fresh=None, batch=sent)
+    else:
+        run_totals_apply(
+            run=run,
+            ranges=ranges,
+            now=rows_in_ranges(run=run, ranges=ranges),
+            fresh=set(fresh),
+            batch=sent,
+        )
+
+
+def _samples_attempt_track(
+    run: Run, *, attempt: int, stored: tuple[datetime, datetime] | None
+) -> None:
+    """Note whether every stored row still carries one attempt (stream_predecessors' short read)."""
+    if stored is None:
+        run.samples_attempt = attempt
+    elif run.samples_attempt not in (None, attempt):
+        run.samples_attempt = 0
+
+
+def _appended_rows(
+    run: Run,
+    parsed: list[dict],
+    *,
+    attempt: int,
+    stored: tuple[datetime, datetime] | None,
+    stored_before: dict | None,
+) -> list[list[dict]]:
+    """An appended batch's rows in hand, after each stream's stored predecessor: one range."""
+    for sample in parsed:
+        sample["attempt"] = attempt
+    if run.world_size > 1:  # each rank's stream continues from its own last row
+        before = stream_predecessors(
+            run=run,
+            seq=run.last_seq,
+            ranks={s["rank"] for s in parsed},
+            stored_to=None if stored is None else stored[1],
+        )
+    else:  # read by telemetry_ingest: the row at run.last_seq, the highest stored
+        before = [] if stored_before is None else [stored_before]
+    return [before + sorted(parsed, key=_SEQ)]
+
+
+def _clock_skew_record(run: Run, *, skewed: int) -> None:
+    """Save on the run how many of its samples' clocks were pulled back, all batches together."""
+    run.cost_breakdown = {
+        **(run.cost_breakdown or {}),
+        "clock_skew_samples": skewed,
+    }
+    fields_save(run, ["cost_breakdown"])
+
+
+def _budget_check_on_commit(run: Run, *, increase: Decimal) -> None:
+    """Check the tenant's budget once the batch that raised the run's cost by `increase` commits."""
+    # After the commit, outside this run's row lock: the budget check touches the tenant's
+    # other runs, which their own ingests lock.
+    tenant = Tenant(
+        pk=run.tenant_id, **{f: getattr(run, f"tenant_{f}") for f in _TENANT_BUDGET_FIELDS}
+    )
+    transaction.on_commit(lambda: _budget_enforce_after_commit(tenant, increase))
+
+
+# What moving a run's totals saves on its row.
+_TOTALS_FIELDS = (
+    "priced_seq",
+    "last_seq",
+    "samples_from",
+    "samples_to",
+    "samples_attempt",
+    "steps",
+    "tokens",
+    "device_seconds",
+    "energy_j",
+    "energy_estimated",
+    "cost_breakdown",
+    "cost_usd",
+    "updated_at",
+)
+
+
+@dataclass
+class _BillMove:
+    """What some ranges' rows moved in a run's bill: usage, cost and the breakdown's counts."""
+
+    usage: cost_engine.Usage = field(default_factory=cost_engine.Usage.zero)
+    cost: cost_engine.CostBreakdown = field(default_factory=cost_engine.CostBreakdown.zero)
+    estimated: bool = False
+    max_step: int = 0
+    modelled_intervals: int = 0
+    reset_steps: int = 0
+    unpriced: dict[str, float] = field(default_factory=dict)  # seconds with no price, by component
 
 
 def run_totals_apply(
@@ -264,92 +385,30 @@ def run_totals_apply(
     pinned table, else the tables in force over time. Caller holds the run's row lock.
     """
     cost_model = run.experiment.cost_model
-    schedule = price_schedule(
-        tenant_id=run.tenant_id,
-        gpu_sku_id=run.gpu_sku_id,
-        pinned_table_id=pricing_table_id or run.experiment.pricing_table_id,
-        as_of=run.prices_as_of or run.created_at,
+    move = _ranges_bill_move(
+        run,
+        cost_model=cost_model,
+        ranges=ranges,
+        now=now,
+        fresh=fresh,
+        batch=batch,
+        pricing_table_id=pricing_table_id,
     )
-    edges = [b.timestamp() for b in schedule.boundaries]
-    # A DDP run's samples come in one stream per rank, each with its own intervals: each stream
-    # holds its share of the run's devices, so the streams' sum is the run's whole.
-    streams = max(run.world_size, 1)
-    resources = {
-        "gpu_count": run.gpu_count / streams,
-        "vcpus": run.vcpus / streams,
-        "memory_gb": run.memory_gb / streams,
-    }
-    modelled = _modelled_power_w(run)
-    usage, cost, estimated, max_step = (
-        cost_engine.Usage.zero(),
-        cost_engine.CostBreakdown.zero(),
-        False,
-        0,
-    )
-    modelled_intervals = reset_steps = 0
-    unpriced: dict[str, float] = {}  # seconds billed with no price, by component
-    for (lo, _hi), rows in zip(ranges, now, strict=True):
-        added = period_sums(rows, edges=edges, count_after=lo, modelled_power_w=modelled)
-        if added.backwards_seq is not None:
-            _refuse_backwards(added.backwards_seq, fresh or set(), batch or [])
-        estimated, max_step = estimated or added.estimated, max(max_step, added.max_step)
-        modelled_intervals += added.modelled
-        reset_steps += added.reset_steps
-        parts = [(1, added)]
-        if fresh is not None:
-            old = [r for r in rows if r["seq"] not in fresh]
-            parts.append(
-                (-1, period_sums(old, edges=edges, count_after=lo, modelled_power_w=modelled))
-            )
-            modelled_intervals -= parts[-1][1].modelled
-            reset_steps -= parts[-1][1].reset_steps
-        for sign, sums in parts:
-            weights = cost_engine.Weights.from_cost_model(cost_model)
-            for period, u in sums.usage(**resources).items():
-                prices = schedule.period_prices(period)
-                priced = cost_engine.resource_weighted_cost(u, prices, weights)
-                usage, cost = (usage + u, cost + priced) if sign > 0 else (usage - u, cost - priced)
-                for component, seconds in unpriced_seconds(u, prices).items():
-                    unpriced[component] = unpriced.get(component, 0.0) + sign * seconds
-
     if recompute:  # the figures are the bill, not a change to it
         breakdown: dict = {"units": 0}
         run.tokens, run.device_seconds, run.energy_j, run.steps = 0, 0.0, 0.0, 0
     else:
         breakdown = dict(run.cost_breakdown or {})
-    # Estimated energy: a sample that says so (it stays stored), or an interval modelled now; a
-    # late sample with power can take an interval's modelling back, so those are counted.
-    breakdown["modelled_intervals"] = breakdown.get("modelled_intervals", 0) + modelled_intervals
-    breakdown["estimated_samples"] = bool(breakdown.get("estimated_samples")) or estimated
-    for key, value in dataclasses.asdict(cost).items():
-        breakdown[key] = breakdown.get(key, 0.0) + value
-    # Time billed where a component had no price (the SKU missing from the table in force, or no
-    # table yet): never a silent $0 line (the API and the run page say "unpriced").
-    # Carbon is not money: seconds without a grid intensity are kept apart (carbon_unpriced_s).
-    seconds = dict(breakdown.get("unpriced_s") or {})
-    seconds["carbon"] = breakdown.get("carbon_unpriced_s", 0.0)
-    for component, moved in unpriced.items():
-        seconds[component] = seconds.get(component, 0.0) + moved
-    carbon = seconds.pop("carbon")
-    breakdown["carbon_unpriced_s"] = round(carbon, 6) if carbon > 1e-6 else 0.0
-    breakdown["unpriced_s"] = {c: round(v, 6) for c, v in sorted(seconds.items()) if v > 1e-6}
-    run.tokens += usage.tokens
-    run.device_seconds += usage.device_seconds if run.gpu_count else usage.wall_s
-    run.energy_j += usage.energy_j
+    _breakdown_move(breakdown, move)
+    run.tokens += move.usage.tokens
+    run.device_seconds += move.usage.device_seconds if run.gpu_count else move.usage.wall_s
+    run.energy_j += move.usage.energy_j
     # Steps: the highest step seen, plus the steps reached before each declared counter reset.
-    breakdown["max_step"] = max(breakdown.get("max_step", run.steps), max_step)
-    breakdown["reset_steps"] = breakdown.get("reset_steps", 0) + reset_steps
+    breakdown["max_step"] = max(breakdown.get("max_step", run.steps), move.max_step)
+    breakdown["reset_steps"] = breakdown.get("reset_steps", 0) + move.reset_steps
     run.steps = max(run.steps, breakdown["max_step"] + breakdown["reset_steps"])
     run.energy_estimated = breakdown["estimated_samples"] or breakdown["modelled_intervals"] > 0
-    if cost_model.kind == CostModel.Kind.TIERED_PER_CALL:
-        # Tiers apply to the run's cumulative units: priced from zero, whatever order they came in.
-        breakdown["units"] = breakdown.get("units", 0) + (
-            usage.steps if cost_model.unit == CostModel.Unit.STEP else usage.tokens
-        )
-        breakdown["tiered_usd"] = cost_engine.tiered_cost(0, breakdown["units"], cost_model.tiers)
-        bill = breakdown["tiered_usd"]
-    else:
-        bill = breakdown["total_usd"]
+    bill = _bill_usd(breakdown, cost_model=cost_model, usage=move.usage)
     last = max([run.last_seq, *(rows[-1]["seq"] for rows in now if rows)])
     run.priced_seq = (
         last if recompute else _settled_seq(run, last=last, rows=now[0] if fresh is None else None)
@@ -357,24 +416,111 @@ def run_totals_apply(
     run.last_seq = last
     run.cost_breakdown = breakdown
     run.cost_usd = Decimal(str(round(bill, 6)))
-    fields_save(
-        run,
-        [
-            "priced_seq",
-            "last_seq",
-            "samples_from",
-            "samples_to",
-            "samples_attempt",
-            "steps",
-            "tokens",
-            "device_seconds",
-            "energy_j",
-            "energy_estimated",
-            "cost_breakdown",
-            "cost_usd",
-            "updated_at",
-        ],
+    fields_save(run, list(_TOTALS_FIELDS))
+
+
+def _ranges_bill_move(
+    run: Run,
+    *,
+    cost_model: CostModel,
+    ranges: list[tuple[int, int]],
+    now: list[list[dict]],
+    fresh: set[int] | None,
+    batch: list | None,
+    pricing_table_id: int | None,
+) -> _BillMove:
+    """Each range's bill as it is now, minus as it was without `fresh`, summed over the ranges."""
+    schedule = price_schedule(
+        tenant_id=run.tenant_id,
+        gpu_sku_id=run.gpu_sku_id,
+        pinned_table_id=pricing_table_id or run.experiment.pricing_table_id,
+        as_of=run.prices_as_of or run.created_at,
     )
+    edges = [b.timestamp() for b in schedule.boundaries]
+    resources = _stream_resources(run)
+    modelled = _modelled_power_w(run)
+    move = _BillMove()
+    for (lo, _hi), rows in zip(ranges, now, strict=True):
+        added = period_sums(rows, edges=edges, count_after=lo, modelled_power_w=modelled)
+        if added.backwards_seq is not None:
+            _refuse_backwards(added.backwards_seq, fresh or set(), batch or [])
+        move.estimated = move.estimated or added.estimated
+        move.max_step = max(move.max_step, added.max_step)
+        move.modelled_intervals += added.modelled
+        move.reset_steps += added.reset_steps
+        parts = [(1, added)]
+        if fresh is not None:
+            old = [r for r in rows if r["seq"] not in fresh]
+            parts.append(
+                (-1, period_sums(old, edges=edges, count_after=lo, modelled_power_w=modelled))
+            )
+            move.modelled_intervals -= parts[-1][1].modelled
+            move.reset_steps -= parts[-1][1].reset_steps
+        for sign, sums in parts:
+            _sums_price(move, sign, sums, resources=resources, schedule=schedule, model=cost_model)
+    return move
+
+
+def _stream_resources(run: Run) -> dict[str, float]:
+    """The devices one telemetry stream holds: a DDP rank's share of the run's."""
+    # A DDP run's samples come in one stream per rank, each with its own intervals: each stream
+    # holds its share of the run's devices, so the streams' sum is the run's whole.
+    streams = max(run.world_size, 1)
+    return {
+        "gpu_count": run.gpu_count / streams,
+        "vcpus": run.vcpus / streams,
+        "memory_gb": run.memory_gb / streams,
+    }
+
+
+def _sums_price(
+    move: _BillMove, sign: int, sums, *, resources: dict, schedule, model: CostModel
+) -> None:
+    """Add (sign 1) or take off (sign -1) period sums' usage, cost and unpriced seconds."""
+    weights = cost_engine.Weights.from_cost_model(model)
+    for period, u in sums.usage(**resources).items():
+        prices = schedule.period_prices(period)
+        priced = cost_engine.resource_weighted_cost(u, prices, weights)
+        if sign > 0:
+            move.usage, move.cost = move.usage + u, move.cost + priced
+        else:
+            move.usage, move.cost = move.usage - u, move.cost - priced
+        for component, seconds in unpriced_seconds(u, prices).items():
+            move.unpriced[component] = move.unpriced.get(component, 0.0) + sign * seconds
+
+
+def _breakdown_move(breakdown: dict, move: _BillMove) -> None:
+    """Move the breakdown's estimate marks, cost lines and unpriced seconds by `move`."""
+    # Estimated energy: a sample that says so (it stays stored), or an interval modelled now; a
+    # late sample with power can take an interval's modelling back, so those are counted.
+    breakdown["modelled_intervals"] = (
+        breakdown.get("modelled_intervals", 0) + move.modelled_intervals
+    )
+    breakdown["estimated_samples"] = bool(breakdown.get("estimated_samples")) or move.estimated
+    for key, value in dataclasses.asdict(move.cost).items():
+        breakdown[key] = breakdown.get(key, 0.0) + value
+    # Time billed where a component had no price (the SKU missing from the table in force, or no
+    # table yet): never a silent $0 line (the API and the run page say "unpriced").
+    # Carbon is not money: seconds without a grid intensity are kept apart (carbon_unpriced_s).
+    seconds = dict(breakdown.get("unpriced_s") or {})
+    seconds["carbon"] = breakdown.get("carbon_unpriced_s", 0.0)
+    for component, moved in move.unpriced.items():
+        seconds[component] = seconds.get(component, 0.0) + moved
+    carbon = seconds.pop("carbon")
+    breakdown["carbon_unpriced_s"] = round(carbon, 6) if carbon > 1e-6 else 0.0
+    breakdown["unpriced_s"] = {c: round(v, 6) for c, v in sorted(seconds.items()) if v > 1e-6}
+
+
+def _bill_usd(breakdown: dict, *, cost_model: CostModel, usage: cost_engine.Usage) -> float:
+    """The run's bill in USD: its cumulative units through the tiers, else the weighted total."""
+    if cost_model.kind == CostModel.Kind.TIERED_PER_CALL:
+        # Tiers apply to the run's cumulative units: priced from zero, whatever order they came in.
+        breakdown["units"] = breakdown.get("units", 0) + (
+            usage.steps if cost_model.unit == CostModel.Unit.STEP else usage.tokens
+        )
+        breakdown["tiered_usd"] = cost_engine.tiered_cost(0, breakdown["units"], cost_model.tiers)
+        return breakdown["tiered_usd"]
+    return breakdown["total_usd"]
 
 
 def _settled_seq(run: Run, *, last: int, rows: list[dict] | None) -> int:
