@@ -149,8 +149,71 @@ def experiment_report(*, experiment: Experiment, metric: str = "usd") -> Experim
     if metric not in METRICS:
         raise ValueError(f"metric: one of {', '.join(METRICS)}, not {metric!r}")
     policy = policy_for(experiment)
+    rows = _arm_rows(experiment, policy)
+    latest = snapshots_latest(experiment=experiment)
+    comparison = report_comparison(experiment=experiment, latest=latest)
+    repriced = arm_repricing(experiment=experiment, comparison=comparison)
+    compared = _compared_usd(rows, repriced)
+    tiered = _tiered(experiment.cost_model)
+    arms = list(experiment.arms.order_by("-is_control", "name"))
+    unpriced_skus = _unpriced_skus(experiment)
+    control = next((a for a in arms if a.is_control), None)
+    target, to_target = _to_target(experiment, control)
+    metric_of = _metric_values(rows, arms=arms, compared=compared, policy=policy)
+    base = metric_of.get(control.pk) if control else None
+    carbon = _carbon(
+        rows, arms=arms, control=control, comparison=comparison, latest=latest, policy=policy
+    )
+    out = [
+        _arm_report(
+            arm,
+            rows.get(arm.pk, {}),
+            latest.get(arm.pk),
+            experiment=experiment,
+            policy=policy,
+            compared_usd=compared.get(arm.pk, 0.0),
+            value=metric_of[arm.pk],
+            base=base,
+            tiered=tiered,
+            unpriced_skus=unpriced_skus.get(arm.pk, []),
+            to_target=to_target.get(arm.pk, {}),
+            carbon=carbon[arm.pk],
+        )
+        for arm in arms
+    ]
+    if metric == "gco2e":
+        out = [_on_carbon(a, policy) for a in out]
+    classes = class_verdicts(
+        experiment=experiment,
+        policy=policy,
+        arms=arms,
+        reference_report={a.arm_id: a for a in out},
+    )
+    if len(classes) > 1 and metric == "usd":
+        # Several device classes: the point deviation is the reference class's alone, as the
+        # bounds beside it are (the tick compares within it).
+        out = _reference_class_deviations(out, classes)
+    return ExperimentReport(
+        experiment_id=experiment.pk,
+        name=experiment.name,
+        target_steps=experiment.target_steps,
+        window_end=next(iter(latest.values())).window_end if latest else None,
+        pricing_table=_pricing_table(comparison),
+        arms=out,
+        device_class=classes[0].device_class if classes else "",
+        device_classes=classes,
+        compared_on=metric,
+        quality_metric=experiment.quality_metric,
+        quality_direction=experiment.quality_direction,
+        quality_margin=float(experiment.quality_margin),
+        quality_target=target,
+    )
+
+
+def _arm_rows(experiment: Experiment, policy) -> dict[int, dict]:
+    """Arm id -> its priced runs' totals, moments and counts, in one aggregate query."""
     units_f = Cast("steps" if policy.unit == "step" else "tokens", FloatField())
-    rows = {
+    return {
         r["arm_id"]: r
         for r in Run.objects.filter(experiment=experiment, priced_seq__gte=0)
         .values("arm_id")
@@ -192,22 +255,26 @@ def experiment_report(*, experiment: Experiment, metric: str = "usd") -> Experim
             spanned=Count("pk", filter=_SUCCEEDED_EXTERNAL),
         )
     }
-    latest = snapshots_latest(experiment=experiment)
-    comparison = report_comparison(experiment=experiment, latest=latest)
-    repriced = arm_repricing(experiment=experiment, comparison=comparison)
-    compared = {
+
+
+def _compared_usd(rows: dict, repriced: dict) -> dict[int, float]:
+    """Per arm, its usage at the comparison table: as billed plus the re-pricing's difference."""
+    return {
         arm_id: float(r["cost"] or 0) + float(repriced.get(arm_id, 0)) for arm_id, r in rows.items()
     }
-    model = experiment.cost_model
-    tiered = (
+
+
+def _tiered(model: CostModel) -> dict:
+    """The projection's tier arguments: a tiered-per-call model's tiers and unit, else none."""
+    return (
         {"tiers": model.tiers, "unit": model.unit}
         if model.kind == CostModel.Kind.TIERED_PER_CALL
         else {}
     )
-    arms = list(experiment.arms.order_by("-is_control", "name"))
-    unpriced_skus = _unpriced_skus(experiment)
-    control = next((a for a in arms if a.is_control), None)
-    target, to_target = _to_target(experiment, control)
+
+
+def _metric_values(rows: dict, *, arms: list, compared: dict, policy) -> dict[int, float | None]:
+    """Per arm, the compared USD per unit of work at the policy's scale (None without usage)."""
     metric_of = {}
     for arm in arms:
         r = rows.get(arm.pk, {})
@@ -215,105 +282,102 @@ def experiment_report(*, experiment: Experiment, metric: str = "usd") -> Experim
         metric_of[arm.pk] = (
             compared[arm.pk] / units * policy.scale if units and r.get("cost") else None
         )
-    base = metric_of.get(control.pk) if control else None
-    carbon = _carbon(
-        rows, arms=arms, control=control, comparison=comparison, latest=latest, policy=policy
+    return metric_of
+
+
+def _arm_report(
+    arm,
+    r: dict,
+    snap,
+    *,
+    experiment: Experiment,
+    policy,
+    compared_usd: float,
+    value: float | None,
+    base: float | None,
+    tiered: dict,
+    unpriced_skus: list,
+    to_target: dict,
+    carbon: dict,
+) -> ArmReport:
+    """One arm's report from its aggregate row, its latest snapshot and the experiment's figures."""
+    tokens, steps = int(r.get("tokens") or 0), int(r.get("steps") or 0)
+    wall, total = float(r.get("wall_s") or 0), float(r.get("cost") or 0)
+    cost, usage = _cost_and_usage(r, tokens=tokens, steps=steps, wall=wall, total=total)
+    completion = _completion_s(r)
+    return ArmReport(
+        arm_id=arm.pk,
+        name=arm.name,
+        is_control=arm.is_control,
+        state=arm.state,
+        weight=arm.weight,
+        runs=int(r.get("runs") or 0),
+        runs_succeeded=int(r.get("runs_succeeded") or 0),
+        tokens=tokens,
+        steps=steps,
+        gpu_hours=cost.gpu_hours,
+        energy_kwh=cost.energy_kwh,
+        energy_estimated=bool(r.get("estimated")),
+        electricity_usd=cost.energy_usd,
+        total_usd=total,
+        compared_usd=compared_usd,
+        usd_per_mtok=cost_per_million_tokens(compared_usd, tokens),
+        metric=policy.metric,
+        metric_value=value,
+        throughput_tok_s=tokens / wall if wall > 0 else None,
+        completion_s=completion,
+        deviation=value / base - 1.0 if value is not None and base else None,
+        deviation_low=snap.deviation_low if snap else None,
+        deviation_high=snap.deviation_high if snap else None,
+        quality=_quality_of(snap),
+        unpriced={
+            c: round(float(r[f"unpriced_{c}"]), 3)
+            for c in UNPRICED_COMPONENTS
+            if r.get(f"unpriced_{c}")
+        },
+        unpriced_skus=unpriced_skus,
+        **to_target,
+        evidence_runs=snap.runs if snap else 0,
+        evidence_samples=snap.samples if snap else 0,
+        projected=project(usage, cost, target_steps=experiment.target_steps, **tiered)
+        if experiment.target_steps
+        else None,
+        **carbon,
     )
 
-    out = []
-    for arm in arms:
-        r, snap = rows.get(arm.pk, {}), latest.get(arm.pk)
-        tokens, steps = int(r.get("tokens") or 0), int(r.get("steps") or 0)
-        wall, total = float(r.get("wall_s") or 0), float(r.get("cost") or 0)
-        cost = CostBreakdown(
-            energy_usd=float(r.get("electricity") or 0),
-            total_usd=total,
-            gpu_hours=float(r.get("gpu_seconds") or 0) / SECONDS_PER_HOUR,
-            energy_kwh=float(r.get("energy_j") or 0) / JOULES_PER_KWH,
-        )
-        usage = Usage(
-            wall_s=wall,
-            device_seconds=float(r.get("gpu_seconds") or 0),
-            energy_j=float(r.get("energy_j") or 0),
-            tokens=tokens,
-            steps=steps,
-        )
-        value = metric_of[arm.pk]
-        completion = _completion_s(r)
-        out.append(
-            ArmReport(
-                arm_id=arm.pk,
-                name=arm.name,
-                is_control=arm.is_control,
-                state=arm.state,
-                weight=arm.weight,
-                runs=int(r.get("runs") or 0),
-                runs_succeeded=int(r.get("runs_succeeded") or 0),
-                tokens=tokens,
-                steps=steps,
-                gpu_hours=cost.gpu_hours,
-                energy_kwh=cost.energy_kwh,
-                energy_estimated=bool(r.get("estimated")),
-                electricity_usd=cost.energy_usd,
-                total_usd=total,
-                compared_usd=compared.get(arm.pk, 0.0),
-                usd_per_mtok=cost_per_million_tokens(compared.get(arm.pk, 0.0), tokens),
-                metric=policy.metric,
-                metric_value=value,
-                throughput_tok_s=tokens / wall if wall > 0 else None,
-                completion_s=completion,
-                deviation=value / base - 1.0 if value is not None and base else None,
-                deviation_low=snap.deviation_low if snap else None,
-                deviation_high=snap.deviation_high if snap else None,
-                quality=_quality_of(snap),
-                unpriced={
-                    c: round(float(r[f"unpriced_{c}"]), 3)
-                    for c in UNPRICED_COMPONENTS
-                    if r.get(f"unpriced_{c}")
-                },
-                unpriced_skus=unpriced_skus.get(arm.pk, []),
-                **to_target.get(arm.pk, {}),
-                evidence_runs=snap.runs if snap else 0,
-                evidence_samples=snap.samples if snap else 0,
-                projected=project(usage, cost, target_steps=experiment.target_steps, **tiered)
-                if experiment.target_steps
-                else None,
-                **carbon[arm.pk],
-            )
-        )
-    if metric == "gco2e":
-        out = [_on_carbon(a, policy) for a in out]
-    classes = class_verdicts(
-        experiment=experiment,
-        policy=policy,
-        arms=arms,
-        reference_report={a.arm_id: a for a in out},
+
+def _cost_and_usage(
+    r: dict, *, tokens: int, steps: int, wall: float, total: float
+) -> tuple[CostBreakdown, Usage]:
+    """An arm's bill so far and the usage behind it, the inputs of its projection."""
+    cost = CostBreakdown(
+        energy_usd=float(r.get("electricity") or 0),
+        total_usd=total,
+        gpu_hours=float(r.get("gpu_seconds") or 0) / SECONDS_PER_HOUR,
+        energy_kwh=float(r.get("energy_j") or 0) / JOULES_PER_KWH,
     )
-    if len(classes) > 1 and metric == "usd":
-        # Several device classes: the point deviation is the reference class's alone, as the
-        # bounds beside it are (the tick compares within it).
-        by_arm = {a.arm_id: a.deviation for a in classes[0].arms}
-        out = [replace(a, deviation=by_arm.get(a.arm_id)) for a in out]
-    window_end = next(iter(latest.values())).window_end if latest else None
-    table = (
+    usage = Usage(
+        wall_s=wall,
+        device_seconds=float(r.get("gpu_seconds") or 0),
+        energy_j=float(r.get("energy_j") or 0),
+        tokens=tokens,
+        steps=steps,
+    )
+    return cost, usage
+
+
+def _reference_class_deviations(out: list[ArmReport], classes: list) -> list[ArmReport]:
+    """Each arm's point deviation replaced by the reference device class's (classes[0])."""
+    by_arm = {a.arm_id: a.deviation for a in classes[0].arms}
+    return [replace(a, deviation=by_arm.get(a.arm_id)) for a in out]
+
+
+def _pricing_table(comparison: Comparison) -> dict | None:
+    """The comparison table as the report names it: {id, valid_from}, or None before a window."""
+    return (
         {"id": comparison.table_id, "valid_from": comparison.valid_from}
         if comparison.table_id
         else None
-    )
-    return ExperimentReport(
-        experiment_id=experiment.pk,
-        name=experiment.name,
-        target_steps=experiment.target_steps,
-        window_end=window_end,
-        pricing_table=table,
-        arms=out,
-        device_class=classes[0].device_class if classes else "",
-        device_classes=classes,
-        compared_on=metric,
-        quality_metric=experiment.quality_metric,
-        quality_direction=experiment.quality_direction,
-        quality_margin=float(experiment.quality_margin),
-        quality_target=target,
     )
 
 

@@ -91,25 +91,12 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
         if not experiments:
             return TickResult(ran=True, note="no experiment due with new data")
         comparisons = selectors.comparisons_at(experiments=experiments, at=now)
-        windows = AttributionWindow.objects.bulk_create(
-            [
-                AttributionWindow(
-                    experiment=e,
-                    number=(e.last_number or 0) + 1,
-                    window_start=e.last_end,
-                    window_end=now,
-                    pricing_table_id=comparisons[e.pk].table_id,
-                )
-                for e in experiments
-            ]
-        )
+        windows = _windows_open(experiments, comparisons, now=now)
         window_ids = [w.pk for w in windows]
         previous = selectors.snapshot_sums(
             window_ids=[e.last_window_id for e in experiments if e.last_window_id]
         )
-        arms_of: dict[int, list[Arm]] = defaultdict(list)
-        for arm in Arm.objects.filter(experiment_id__in=[e.pk for e in experiments]).order_by("pk"):
-            arms_of[arm.experiment_id].append(arm)
+        arms_of = _arms_of(experiments)
         epochs, restarted = _epochs(experiments, arms_of, previous)
 
         recorded = observations_record(
@@ -118,64 +105,27 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
             restarted_arm_ids=sorted(restarted),
         )
         result = TickResult(ran=True, windows=len(windows), observations=recorded)
-        faults = selectors.pricing_faults(experiments=experiments, window_ids=window_ids, now=now)
-        omitted = [run_id for _, run_ids in faults.values() for run_id in run_ids]
-        # Runs on another device class than the reference's are counted, not compared.
-        splits = class_splits(experiment_ids=[e.pk for e in experiments])
-        omitted += [run_id for split in splits.values() for run_id in split.omitted_runs()]
-        if omitted:
-            RunWindow.objects.filter(window_id__in=window_ids, run_id__in=omitted).update(
-                omitted=True
-            )
-        upto_number = {
-            arm.pk: w.number
-            for e, w in zip(experiments, windows, strict=True)
-            for arm in arms_of[e.pk]
-        }
-        cursors_advance(window_ids=window_ids, epochs=epochs, upto_number=upto_number)
-        deltas = window_sums(window_ids=window_ids)
-        excluded = _outliers_excluded(experiments)
-        from_usage = selectors.experiments_priced_from_usage(
-            experiments=experiments, comparisons=comparisons
+        faults, splits = _runs_omit(experiments, window_ids, now=now)
+        deltas, excluded, from_usage, moments, quality = _evidence_advance(
+            experiments, windows, arms_of, epochs=epochs, comparisons=comparisons
         )
-        moments = run_moments(
-            epochs=epochs,
-            from_cursors=True,
-            exclude_runs={o.run_id for e in excluded.values() for o in e},
-            upto_number=upto_number,
-            comparisons={arm.pk: comparisons[e.pk] for e in experiments for arm in arms_of[e.pk]},
-            repriced={arm.pk for e in experiments if e.pk in from_usage for arm in arms_of[e.pk]},
-        )
-
-        quality = selectors.quality_sums(experiment_ids=[e.pk for e in experiments])
         snapshots, freezes, moves = [], [], []
         for experiment, window in zip(experiments, windows, strict=True):
-            inputs = [
-                ArmInput(
-                    arm_id=arm.pk,
-                    name=arm.name,
-                    is_control=arm.is_control,
-                    active=arm.state == Arm.State.ACTIVE,
-                    weight=arm.weight,
-                    sums=(
-                        (
-                            ArmSums()
-                            if arm.pk in restarted
-                            else previous.get(arm.pk, (ArmSums(), 0))[0]
-                        )
-                        + deltas.get(arm.pk, ArmSums())
-                    ).with_moments(moments.get(arm.pk), runs_excluded=arm.pk in excluded),
-                    quality=quality.get(arm.pk, QualitySums()),
-                )
-                for arm in arms_of[experiment.pk]
-            ]
-            fault = faults.get(experiment.pk, ("", []))[0]
+            inputs = _arm_inputs(
+                arms_of[experiment.pk],
+                restarted=restarted,
+                previous=previous,
+                deltas=deltas,
+                moments=moments,
+                excluded=excluded,
+                quality=quality,
+            )
             s, f, m = _attribute(
                 experiment,
                 window,
                 inputs,
                 epochs,
-                fault,
+                faults.get(experiment.pk, ("", []))[0],
                 comparisons[experiment.pk],
                 excluded=excluded,
                 split=splits.get(experiment.pk),
@@ -187,14 +137,125 @@ def attribution_tick(*, now: datetime | None = None) -> TickResult:
             if window.skip_reason:
                 result.skipped[experiment.pk] = window.skip_reason
 
-        result.frozen = [f.arm_id for f in freezes if _freeze_in_savepoint(f) is not None]
-        copy_instances(AttributionSnapshot, snapshots)  # thousands of wide rows a tick
-        windows_observations_count(window_ids=window_ids)
-        skipped = [w for w in windows if w.status == AttributionWindow.Status.SKIPPED]
-        if skipped:
-            AttributionWindow.objects.bulk_update(skipped, ["status", "skip_reason"])
-        result.weight_changes = weights_shift(moves=moves)
+        _tick_save(result, windows, snapshots=snapshots, freezes=freezes, moves=moves)
     return result
+
+
+def _windows_open(
+    experiments: list[Experiment], comparisons: dict, *, now: datetime
+) -> list[AttributionWindow]:
+    """Each experiment's next window, from its last watermark to now (one bulk insert)."""
+    return AttributionWindow.objects.bulk_create(
+        [
+            AttributionWindow(
+                experiment=e,
+                number=(e.last_number or 0) + 1,
+                window_start=e.last_end,
+                window_end=now,
+                pricing_table_id=comparisons[e.pk].table_id,
+            )
+            for e in experiments
+        ]
+    )
+
+
+def _arms_of(experiments: list[Experiment]) -> dict[int, list[Arm]]:
+    """Experiment id -> its arms in primary-key order (one query)."""
+    arms_of: dict[int, list[Arm]] = defaultdict(list)
+    for arm in Arm.objects.filter(experiment_id__in=[e.pk for e in experiments]).order_by("pk"):
+        arms_of[arm.experiment_id].append(arm)
+    return arms_of
+
+
+def _runs_omit(
+    experiments: list[Experiment], window_ids: list[int], *, now: datetime
+) -> tuple[dict, dict[int, ClassSplit]]:
+    """Mark the windows' runs left out of comparison; return the pricing faults and class splits."""
+    faults = selectors.pricing_faults(experiments=experiments, window_ids=window_ids, now=now)
+    omitted = [run_id for _, run_ids in faults.values() for run_id in run_ids]
+    # Runs on another device class than the reference's are counted, not compared.
+    splits = class_splits(experiment_ids=[e.pk for e in experiments])
+    omitted += [run_id for split in splits.values() for run_id in split.omitted_runs()]
+    if omitted:
+        RunWindow.objects.filter(window_id__in=window_ids, run_id__in=omitted).update(omitted=True)
+    return faults, splits
+
+
+def _evidence_advance(
+    experiments: list[Experiment],
+    windows: list[AttributionWindow],
+    arms_of: dict,
+    *,
+    epochs: dict,
+    comparisons: dict,
+) -> tuple[dict, dict, set, dict, dict]:
+    """Advance each arm's cursor to this window; read its sums, outliers, moments and quality."""
+    window_ids = [w.pk for w in windows]
+    upto_number = {
+        arm.pk: w.number for e, w in zip(experiments, windows, strict=True) for arm in arms_of[e.pk]
+    }
+    cursors_advance(window_ids=window_ids, epochs=epochs, upto_number=upto_number)
+    deltas = window_sums(window_ids=window_ids)
+    excluded = _outliers_excluded(experiments)
+    from_usage = selectors.experiments_priced_from_usage(
+        experiments=experiments, comparisons=comparisons
+    )
+    moments = run_moments(
+        epochs=epochs,
+        from_cursors=True,
+        exclude_runs={o.run_id for e in excluded.values() for o in e},
+        upto_number=upto_number,
+        comparisons={arm.pk: comparisons[e.pk] for e in experiments for arm in arms_of[e.pk]},
+        repriced={arm.pk for e in experiments if e.pk in from_usage for arm in arms_of[e.pk]},
+    )
+    quality = selectors.quality_sums(experiment_ids=[e.pk for e in experiments])
+    return deltas, excluded, from_usage, moments, quality
+
+
+def _arm_inputs(
+    arms: list[Arm],
+    *,
+    restarted: set[int],
+    previous: dict,
+    deltas: dict,
+    moments: dict,
+    excluded: dict,
+    quality: dict,
+) -> list[ArmInput]:
+    """One experiment's arms as the decision reads them: the sums so far plus this window's."""
+    return [
+        ArmInput(
+            arm_id=arm.pk,
+            name=arm.name,
+            is_control=arm.is_control,
+            active=arm.state == Arm.State.ACTIVE,
+            weight=arm.weight,
+            sums=(
+                (ArmSums() if arm.pk in restarted else previous.get(arm.pk, (ArmSums(), 0))[0])
+                + deltas.get(arm.pk, ArmSums())
+            ).with_moments(moments.get(arm.pk), runs_excluded=arm.pk in excluded),
+            quality=quality.get(arm.pk, QualitySums()),
+        )
+        for arm in arms
+    ]
+
+
+def _tick_save(
+    result: TickResult,
+    windows: list[AttributionWindow],
+    *,
+    snapshots: list,
+    freezes: list[_Freeze],
+    moves: list,
+) -> None:
+    """Apply the tick's freezes, then write its snapshots, window counts, skips and weights."""
+    result.frozen = [f.arm_id for f in freezes if _freeze_in_savepoint(f) is not None]
+    copy_instances(AttributionSnapshot, snapshots)  # thousands of wide rows a tick
+    windows_observations_count(window_ids=[w.pk for w in windows])
+    skipped = [w for w in windows if w.status == AttributionWindow.Status.SKIPPED]
+    if skipped:
+        AttributionWindow.objects.bulk_update(skipped, ["status", "skip_reason"])
+    result.weight_changes = weights_shift(moves=moves)
 
 
 def _outliers_excluded(experiments: list[Experiment]) -> dict[int, list]:
