@@ -325,7 +325,7 @@ def attribute(run) -> dict[str, Any]:
     import dataclasses
 
     from apps.attribution.models import AttributionSnapshot
-    from apps.attribution.report import experiment_report
+    from apps.attribution.say.report import experiment_report
     from apps.attribution.services import attribution_tick
 
     tick = attribution_tick()

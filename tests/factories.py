@@ -8,7 +8,7 @@ import factory
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from apps.attribution.report import ArmReport
+from apps.attribution.say.report import ArmReport
 from apps.experiments.models import Arm, Experiment, Run
 from apps.pricing.models import CostModel, GpuPrice, GpuSku, PricingTable
 from apps.telemetry.models import TelemetrySample
@@ -183,7 +183,7 @@ _ARM_REPORT = ArmReport(
 
 
 def arm_report(**changes) -> ArmReport:
-    """An arm's report row (apps.attribution.report) with these fields changed: no database."""
+    """An arm's report row (apps.attribution.say.report) with these fields changed: no database."""
     return replace(_ARM_REPORT, **changes)
 
 

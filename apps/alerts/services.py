@@ -1,7 +1,7 @@
 """Alerts for freezes and unfreezes, and for a tenant's budget steps (80 %, 100 %): webhook POST,
 e-mail, and a structured log line.
 
-The callers hand over plain payloads: attribution a freeze's (apps.attribution.freeze_alerts),
+The callers hand over plain payloads: attribution a freeze's (apps.attribution.say.freeze_alerts),
 billing a budget step's figures (apps.billing.services). Nothing waits on a receiver: deliveries
 are rows written in the caller's transaction and sent by the `costlab.alert_deliver` Celery task
 once it commits. A delivery is attempted until it succeeds, fails permanently (a 4xx other than

@@ -150,9 +150,10 @@ class RunCursor(UsageTotals):
     priced_seq = models.BigIntegerField(default=-1)
     # The run's counted (not omitted) observations in its arm's epoch, summed as they are recorded:
     # the freeze rule's run-level moments read these, one row a run, instead of every observation
-    # of the epoch (apps.attribution.moments.run_moments). epoch_after: the window number the sums
-    # count after (the arm's epoch); -1 when unknown (a new column, or an epoch that restarted):
-    # the tick sums those runs' observations again (apps.attribution.rollup.cursors_advance).
+    # of the epoch (apps.attribution.evidence.moments.run_moments). epoch_after: the window number
+    # the sums count after (the arm's epoch); -1 when unknown (a new column, or an epoch that
+    # restarted): the tick sums those runs' observations again
+    # (apps.attribution.evidence.rollup.cursors_advance).
     epoch_after = models.IntegerField(default=-1)
     epoch_observations = models.BigIntegerField(default=0)
     epoch_cost_usd = _exact(16, 6)

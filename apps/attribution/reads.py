@@ -6,12 +6,12 @@ Other apps reach attribution through this module, its models and its writes (`se
 to the app (an import-linter contract in pyproject.toml says so).
 """
 
-from apps.attribution.freeze_rule import Minimums
-from apps.attribution.quality import QUALITY_VERDICTS
-from apps.attribution.report import ExperimentReport, experiment_report
+from apps.attribution.decide.freeze_rule import Minimums
+from apps.attribution.decide.quality import QUALITY_VERDICTS
+from apps.attribution.decide.verdict import VERDICTS, Said, arms_verdicts
+from apps.attribution.say.report import ExperimentReport, experiment_report
+from apps.attribution.say.snapshots import window_without
 from apps.attribution.selectors import quality_curves, snapshot_series
-from apps.attribution.snapshots import window_without
-from apps.attribution.verdict import VERDICTS, Said, arms_verdicts
 
 __all__ = [
     # the verdict per arm (one rule for the API, the CLI's gate, the dashboard and the freeze)

@@ -1,6 +1,6 @@
 """Reads for attribution: what is due, the comparison's tables and pricing faults, the re-pricing
 of a report, and the tick's history (snapshots). The rollup's sums and run-level moments are
-apps.attribution.moments."""
+apps.attribution.evidence.moments."""
 
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ from django.db.models import (
 )
 from django.db.models.functions import Coalesce, Now
 
-from apps.attribution.comparison import MICRO, Comparison
-from apps.attribution.decisions import ArmSums
+from apps.attribution.decide.decisions import ArmSums
+from apps.attribution.decide.quality import QualitySums
+from apps.attribution.evidence.comparison import MICRO, Comparison
+from apps.attribution.evidence.moments import exact_at, unit_prices
 from apps.attribution.models import AttributionSnapshot, AttributionWindow, FreezeEvent, RunWindow
-from apps.attribution.moments import exact_at, unit_prices
-from apps.attribution.quality import QualitySums
 from apps.experiments.models import Experiment, Run
 from apps.pricing.models import GpuPrice, PricingTable
 from apps.pricing.selectors import pricing_tables_in_force
@@ -409,8 +409,8 @@ def experiments_priced_from_usage(
     comparison's table: a version other than it in force (from its valid_from until the next
     version's valid_from or posting, whichever is later) at any time between the experiment's
     first and last priced usage, a window recorded at another table, or a run re-priced by hand.
-    Their arms are compared on usage priced at the one table (apps.attribution.moments); the
-    others' bills are already at it. Conservative: a false "may" costs a query, never a wrong
+    Their arms are compared on usage priced at the one table (apps.attribution.evidence.moments);
+    the others' bills are already at it. Conservative: a false "may" costs a query, never a wrong
     figure. One query where every tenant has one table (the common case), four at most."""
     ids = [e.pk for e in experiments if comparisons[e.pk].needs_usage_pricing]
     if not ids:

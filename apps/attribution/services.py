@@ -13,16 +13,22 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from apps.attribution import selectors
-from apps.attribution.comparison import Comparison
-from apps.attribution.decisions import (
+from apps.attribution.decide.decisions import (
     ArmInput,
     ArmSums,
     ArmVerdict,
     ExperimentVerdict,
     experiment_decide,
 )
-from apps.attribution.device_classes import ClassSplit, class_splits
-from apps.attribution.freeze_alerts import alerts_queue
+from apps.attribution.decide.quality import QualitySums
+from apps.attribution.evidence.comparison import Comparison
+from apps.attribution.evidence.device_classes import ClassSplit, class_splits
+from apps.attribution.evidence.moments import run_moments, window_sums
+from apps.attribution.evidence.rollup import (
+    cursors_advance,
+    observations_record,
+    windows_observations_count,
+)
 from apps.attribution.locks import lock_try
 from apps.attribution.models import (
     AttributionSnapshot,
@@ -31,14 +37,8 @@ from apps.attribution.models import (
     RunWindow,
     WeightChange,
 )
-from apps.attribution.moments import run_moments, window_sums
-from apps.attribution.quality import QualitySums
-from apps.attribution.rollup import (
-    cursors_advance,
-    observations_record,
-    windows_observations_count,
-)
-from apps.attribution.snapshots import full_evidence, policy_for, snapshot_build
+from apps.attribution.say.freeze_alerts import alerts_queue
+from apps.attribution.say.snapshots import full_evidence, policy_for, snapshot_build
 from apps.core.db import copy_instances, is_postgres
 from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Arm, Experiment, Run

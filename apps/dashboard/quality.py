@@ -1,8 +1,8 @@
 """Quality beside cost, as the dashboard says it: the verdict card's quality clause, the
 comparison's quality columns and their CSV.
 
-The quality verdict is attribution's (apps.attribution.quality): each arm's finished runs' final
-value of the experiment's metric against the control's, as a relative change signed so that a
+The quality verdict is attribution's (apps.attribution.decide.quality): each arm's finished runs'
+final value of the experiment's metric against the control's, as a relative change signed so that a
 positive change is worse, with its always-valid interval. It is said as the card says cost, by
 dashboard_format.difference: a size and a word ("4.9 % worse", as "18 % cheaper") and the
 interval in the same words ("95 % sure it is 4.1–5.7 % worse", "... between 0.4 % better and 0.6 %
@@ -22,7 +22,7 @@ EVAL_LOSS = "eval_loss"
 class QualitySaid:
     """An arm's quality against the control's, ready to be said."""
 
-    verdict: str  # apps.attribution.quality.QUALITY_VERDICTS
+    verdict: str  # apps.attribution.decide.quality.QUALITY_VERDICTS
     what: str  # "held-out loss", "held-out accuracy"
     amount: str  # "4.9 % worse", "3.2 % better" ("" without a change)
     bound: str  # "95 % sure it is 4.1–5.7 % worse, beyond the 1 % margin" ("" without one)

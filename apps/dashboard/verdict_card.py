@@ -98,7 +98,7 @@ def outlier_lines(
     """Per non-control arm whose runs or the control's hold outliers, one line: how many, and
     either that the latest window left them out (COSTLAB_ATTRIBUTION_EXCLUDE_OUTLIERS) or the
     verdict without them, from that window rebuilt without them by the recompute's path
-    (apps.attribution.snapshots.window_without)."""
+    (apps.attribution.say.snapshots.window_without)."""
     arms = {s.arm_id: s for s in rows}
     control = next((s for s in rows if s.arm.is_control), None)
     if control is None:

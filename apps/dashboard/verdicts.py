@@ -1,9 +1,9 @@
 """The answer at a glance: each arm's verdict against the control, in words, on the experiment page
 and in the experiments list.
 
-The verdict itself is attribution's (apps.attribution.verdict, the API's, the CLI's and the freeze
-rule's); this module only says it: per unit of work (USD per 1M tokens, or per step), in the one
-convention of dashboard_format.difference ("28 % cheaper, 95 % sure it is 9.6–47 % cheaper"),
+The verdict itself is attribution's (apps.attribution.decide.verdict, the API's, the CLI's and the
+freeze rule's); this module only says it: per unit of work (USD per 1M tokens, or per step), in the
+one convention of dashboard_format.difference ("28 % cheaper, 95 % sure it is 9.6–47 % cheaper"),
 bounds clipped to what a cost can be (never more than 100 % cheaper), what evidence is missing,
 why a deviation beyond the threshold froze nothing, when an arm was frozen, the arm's held-out
 quality beside its cost (apps.dashboard.quality: "18 % cheaper per 1M tokens, but its held-out
@@ -57,7 +57,7 @@ class Verdict:
     arm_id: int
     arm: str
     control: str
-    verdict: str  # apps.attribution.verdict.VERDICTS
+    verdict: str  # apps.attribution.decide.verdict.VERDICTS
     status: str  # conclusive | inconclusive | within the threshold | frozen | no verdict yet
     amount: str  # "31 % cheaper", "12 % dearer" ("" without a deviation)
     per: str  # "per 1M tokens"
@@ -94,8 +94,8 @@ def sure_it_is(sure: str, interval: str) -> str:
 
 
 def _held_back(sure: str):
-    """The freeze rule's bound (apps.attribution.freeze_rule, handed over by freeze_holds) in the
-    card's words: what a freeze needs of the interval (said on the line above)."""
+    """The freeze rule's bound (apps.attribution.decide.freeze_rule, handed over by freeze_holds)
+    in the card's words: what a freeze needs of the interval (said on the line above)."""
 
     def words(low: float | None, high: float | None, threshold: float) -> str:
         if low is None or high is None:
@@ -194,7 +194,8 @@ def _say(
         detail = freeze.reason
     if verdict == "frozen":
         status = f"frozen at {_when(frozen_at, now)}" if frozen_at else "frozen"
-    elif verdict in QUALITY_IN_SENTENCE:  # never given more traffic (apps.attribution.decisions)
+    elif verdict in QUALITY_IN_SENTENCE:
+        # never given more traffic (apps.attribution.decide.decisions)
         if frozen:
             at = f" at {_when(frozen_at, now)}" if frozen_at else ""
             status = f"{STATUS[verdict]}, frozen{at} (it gets no traffic)"
@@ -265,7 +266,7 @@ def _say(
 @dataclass(frozen=True)
 class WindowArm:
     """One arm at the latest attribution window, as the verdict weighs it
-    (apps.attribution.verdict.Compared), with its name and metric."""
+    (apps.attribution.decide.verdict.Compared), with its name and metric."""
 
     arm_id: int
     name: str
@@ -277,7 +278,7 @@ class WindowArm:
     evidence_runs: int
     evidence_samples: int
     metric: str = "usd_per_mtok"
-    quality: dict | None = None  # the window's quality verdict (apps.attribution.quality)
+    quality: dict | None = None  # the window's quality verdict (apps.attribution.decide.quality)
 
 
 def arms_said(

@@ -99,7 +99,7 @@ class Experiment(TimeStampedModel):
         "this many (e.g. 100000). Empty: no projection.",
     )
     # Cheaper for the same model: each arm's held-out quality is compared with the control's
-    # (apps.attribution.quality), and a cheaper arm proven worse is never given traffic.
+    # (apps.attribution.decide.quality), and a cheaper arm proven worse is never given traffic.
     quality_metric = models.CharField(
         max_length=64,
         default="eval_loss",

@@ -6,7 +6,8 @@ its held-out loss (``eval_loss``), and the base strategy is probed too (``Probe.
 "worse" only means something against the base. A candidate is worse when its loss is more than
 ``margin`` (relative) above the base's; a missing loss on either side is "not measured", never
 taken as equal. One short probe against one other: a point comparison, not the always-valid bound
-an experiment's arms are judged by (apps.attribution.quality) -- promotion is where that starts.
+an experiment's arms are judged by (apps.attribution.decide.quality) -- promotion is where that
+starts.
 """
 
 from __future__ import annotations

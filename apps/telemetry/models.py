@@ -129,7 +129,7 @@ class RunEvaluation(models.Model):
     It arrives on a telemetry sample (the keys eval_loss / quality, apps.telemetry.ingest) and is
     stored once per (run, seq, metric), as the sample is: a batch sent twice stores nothing twice.
     Kept apart from the samples (a handful a run, never compacted) so that the sample table's
-    bytes stay what they were. What arms are compared on (apps.attribution.quality)."""
+    bytes stay what they were. What arms are compared on (apps.attribution.decide.quality)."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="evaluations")
     seq = models.BigIntegerField(help_text="The telemetry sample that carried it.")

@@ -222,5 +222,5 @@ VERDICT_WORDS = {
 
 @register.filter
 def verdict_words(verdict: str) -> str:
-    """An arm's verdict (apps.attribution.verdict.VERDICTS) in words for a table cell."""
+    """An arm's verdict (apps.attribution.decide.verdict.VERDICTS) in words for a table cell."""
     return VERDICT_WORDS.get(verdict, verdict)

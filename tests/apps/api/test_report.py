@@ -7,8 +7,8 @@ from decimal import Decimal
 
 import pytest
 
+from apps.attribution.decide.verdict import Minimums, arm_verdict
 from apps.attribution.models import FreezeEvent
-from apps.attribution.verdict import Minimums, arm_verdict
 from apps.experiments.models import Arm
 from tests.apps.api.conftest import error
 from tests.factories import RunFactory, arm_report

@@ -7,7 +7,7 @@ from decimal import Decimal
 import pytest
 
 from apps.attribution.models import AttributionSnapshot
-from apps.attribution.snapshots import COMPARED_FIELDS, window_recompute
+from apps.attribution.say.snapshots import COMPARED_FIELDS, window_recompute
 from apps.experiments.models import Run
 from apps.pricing.cost_engine import Prices, Usage, resource_weighted_cost
 from tests.apps.attribution.lab import MICRO, Lab

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from apps.attribution.models import AttributionSnapshot, AttributionWindow, FreezeEvent
-from apps.attribution.report import experiment_report
-from apps.attribution.snapshots import COMPARED_FIELDS, window_recompute
+from apps.attribution.say.report import experiment_report
+from apps.attribution.say.snapshots import COMPARED_FIELDS, window_recompute
 from tests.apps.attribution.lab import Lab
 
 pytestmark = pytest.mark.django_db

@@ -8,11 +8,17 @@ from decimal import Decimal
 
 import pytest
 
-from apps.attribution.decisions import ArmInput, ArmSums, Policy, RunMoments, experiment_decide
+from apps.attribution.decide.decisions import (
+    ArmInput,
+    ArmSums,
+    Policy,
+    RunMoments,
+    experiment_decide,
+)
+from apps.attribution.decide.verdict import Minimums, arm_verdict, freeze_holds
 from apps.attribution.models import AttributionSnapshot
-from apps.attribution.report import experiment_report
-from apps.attribution.snapshots import policy_for
-from apps.attribution.verdict import Minimums, arm_verdict, freeze_holds
+from apps.attribution.say.report import experiment_report
+from apps.attribution.say.snapshots import policy_for
 from apps.experiments.models import Arm
 from tests.apps.attribution.lab import Lab
 from tests.factories import ExperimentFactory

@@ -4,7 +4,7 @@ A/A simulations, seeded and vectorised with numpy: each run has its own cost eff
 host stays slow: 2-20 %) shared by all its windows (10-100 of them), 5 % of runs are 50 %
 dearer and 1 % of windows triple (outliers, the same in both arms), and the arms are unequal
 (40 runs four at a time against 25 two at a time). The rule is looked at 60 times over the
-experiment, runs in progress included, exactly as apps.attribution.stats computes it (a
+experiment, runs in progress included, exactly as apps.attribution.decide.stats computes it (a
 spot check ties this vectorised copy to the production functions). Run as the unit, false
 freezes stay under alpha in every setting; counting run-windows as independent, as the rule
 used to, they do not: that comparison is what makes this test able to fail.
@@ -17,7 +17,7 @@ import math
 import numpy as np
 import pytest
 
-from apps.attribution import stats
+from apps.attribution.decide import stats
 
 ALPHA = 0.05
 EXPECTED_RUNS = 50  # COSTLAB_CS_EXPECTED_RUNS

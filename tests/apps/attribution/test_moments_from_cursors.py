@@ -13,8 +13,8 @@ from django.db import connection
 from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 
+from apps.attribution.evidence.moments import run_moments
 from apps.attribution.models import AttributionWindow, RunCursor, RunWindow
-from apps.attribution.moments import run_moments
 from apps.attribution.services import arm_unfreeze
 from apps.experiments.models import Experiment, Run
 from tests.apps.attribution.lab import Lab

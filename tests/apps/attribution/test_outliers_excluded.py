@@ -8,7 +8,7 @@ from decimal import Decimal
 import pytest
 
 from apps.attribution.models import AttributionWindow
-from apps.attribution.snapshots import COMPARED_FIELDS, window_recompute
+from apps.attribution.say.snapshots import COMPARED_FIELDS, window_recompute
 from apps.experiments.models import Run
 from tests.apps.attribution.lab import Lab
 

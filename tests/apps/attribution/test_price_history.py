@@ -10,7 +10,7 @@ from decimal import Decimal
 
 import pytest
 
-from apps.attribution.report import experiment_report
+from apps.attribution.say.report import experiment_report
 from apps.attribution.services import attribution_tick
 from apps.billing.services import telemetry_ingest
 from apps.experiments.models import Run

@@ -10,14 +10,14 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from apps.attribution import stats
-from apps.attribution.models import FreezeEvent, WeightChange
-from apps.attribution.quality import (
+from apps.attribution.decide import stats
+from apps.attribution.decide.quality import (
     QualityRule,
     QualitySums,
     cost_to_target,
     quality_verdict,
 )
+from apps.attribution.models import FreezeEvent, WeightChange
 from apps.attribution.services import attribution_tick
 from apps.experiments.models import Arm, Run
 from tests.apps.attribution.lab import Lab
@@ -92,8 +92,8 @@ def finish(lab: Lab, losses: dict[str, float], *, noise: float = 0.001) -> None:
 @pytest.mark.django_db
 @pytest.mark.parametrize("loss, expected", [(3.15, "cheaper_but_worse"), (3.0, "cheaper")])
 def test_a_cheaper_arm_with_a_worse_model_is_frozen_and_said_so(loss, expected):
-    from apps.attribution.report import experiment_report
-    from apps.attribution.verdict import Minimums, arms_verdicts
+    from apps.attribution.decide.verdict import Minimums, arms_verdicts
+    from apps.attribution.say.report import experiment_report
 
     lab = Lab(
         {"control": 1.0, "candidate": 0.7},

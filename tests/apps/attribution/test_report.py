@@ -5,7 +5,7 @@ from decimal import Decimal
 
 import pytest
 
-from apps.attribution.report import experiment_report
+from apps.attribution.say.report import experiment_report
 from apps.attribution.services import attribution_tick
 from apps.experiments.models import Run
 from tests.apps.attribution.lab import T0, priced_tenant

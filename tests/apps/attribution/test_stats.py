@@ -8,8 +8,8 @@ from decimal import Decimal
 
 import pytest
 
-from apps.attribution import stats
-from apps.attribution.weights import rebalance
+from apps.attribution.decide import stats
+from apps.attribution.decide.weights import rebalance
 
 
 def test_halfwidth_matches_the_formula_by_hand():

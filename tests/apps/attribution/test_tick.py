@@ -15,9 +15,9 @@ from apps.attribution.models import (
     RunWindow,
     WeightChange,
 )
+from apps.attribution.say.snapshots import COMPARED_FIELDS, window_recompute
 from apps.attribution.selectors import snapshot_series
 from apps.attribution.services import attribution_tick
-from apps.attribution.snapshots import COMPARED_FIELDS, window_recompute
 from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Arm, Run
 from apps.experiments.services import run_submit

@@ -6,8 +6,8 @@ import pytest
 from django.urls import reverse
 
 from apps.attribution.models import AttributionSnapshot, FreezeEvent, WeightChange
+from apps.attribution.say.snapshots import COMPARED_FIELDS, window_recompute
 from apps.attribution.services import arm_unfreeze
-from apps.attribution.snapshots import COMPARED_FIELDS, window_recompute
 from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Arm
 from tests.apps.attribution.lab import Lab

@@ -9,7 +9,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from apps.attribution.models import AttributionWindow
-from apps.attribution.report import experiment_report
+from apps.attribution.say.report import experiment_report
 from apps.attribution.services import arm_freeze, attribution_tick
 from apps.dashboard.templatetags.dashboard_format import usd
 from apps.experiments.models import Run

@@ -33,7 +33,8 @@ pytestmark = pytest.mark.django_db
 
 
 def quality(verdict, change=None, low=None, high=None, note=""):
-    """A quality verdict as the report and the snapshots carry it (apps.attribution.quality)."""
+    """A quality verdict as the report and the snapshots carry it
+    (apps.attribution.decide.quality)."""
     return {
         "verdict": verdict,
         "metric": "eval_loss",

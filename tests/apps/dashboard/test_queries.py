@@ -17,7 +17,7 @@ LIST_QUERIES = 6  # + the latest snapshots (verdicts) and freeze events of every
 # The report re-prices usage recorded under other tables: one query over the rollup; outliers: one;
 # the latest window's snapshots with their arms' freezes and the window (verdict card): one, and
 # where runs are outliers, the verdict without them one more (test_verdicts.py holds that page to
-# this limit too); the verdicts per device class (apps.attribution.device_classes): one.
+# this limit too); the verdicts per device class (apps.attribution.evidence.device_classes): one.
 # The alert channels of the page and whether the user manages them: two. The report's unpriced
 # SKUs per arm, and its cost to the control's quality (the evaluation curves): one each; the
 # quality chart's curves: one.

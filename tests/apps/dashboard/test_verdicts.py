@@ -12,8 +12,8 @@ from django.urls import reverse
 from django.utils import timezone
 
 from apps.attribution.models import AttributionSnapshot
+from apps.attribution.say.snapshots import COMPARED_FIELDS, window_without
 from apps.attribution.services import arm_freeze, attribution_tick
-from apps.attribution.snapshots import COMPARED_FIELDS, window_without
 from apps.dashboard.verdict_card import carbon_line, experiment_card
 from apps.dashboard.verdicts import (
     arms_said,

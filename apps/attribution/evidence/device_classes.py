@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from apps.attribution import stats
-from apps.attribution.freeze_rule import Minimums
-from apps.attribution.verdict import arm_verdict
+from apps.attribution.decide import stats
+from apps.attribution.decide.freeze_rule import Minimums
+from apps.attribution.decide.verdict import arm_verdict
 from apps.devices.selectors import device_class_label
 from apps.experiments.models import Run
 

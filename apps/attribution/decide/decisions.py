@@ -10,8 +10,8 @@ import math
 from dataclasses import dataclass, field, fields, replace
 from decimal import ROUND_HALF_EVEN, Decimal
 
-from apps.attribution import stats
-from apps.attribution.freeze_rule import (
+from apps.attribution.decide import stats
+from apps.attribution.decide.freeze_rule import (
     DEVIATION,
     EVIDENCE,
     STATE,
@@ -19,8 +19,13 @@ from apps.attribution.freeze_rule import (
     Minimums,
     freeze_blocks,
 )
-from apps.attribution.quality import QualityRule, QualitySums, QualityVerdict, quality_verdict
-from apps.attribution.weights import rebalance
+from apps.attribution.decide.quality import (
+    QualityRule,
+    QualitySums,
+    QualityVerdict,
+    quality_verdict,
+)
+from apps.attribution.decide.weights import rebalance
 
 WEIGHT_QUANTUM = Decimal("0.0001")
 # A move of less than this share of traffic is noise, not news: it is not made (nor recorded).
@@ -62,8 +67,8 @@ class ArmSums:
     """An arm's observations summed (cumulative over its current epoch).
 
     The second moments (cost_sq ... steps_sq) are over runs: sum of C_r^2 for each run's
-    cumulative cost C_r in the epoch, and so on (apps.attribution.moments.run_moments);
-    `runs` counts them. The inference's unit is the run (apps.attribution.stats).
+    cumulative cost C_r in the epoch, and so on (apps.attribution.evidence.moments.run_moments);
+    `runs` counts them. The inference's unit is the run (apps.attribution.decide.stats).
     """
 
     observations: int = 0

@@ -60,10 +60,10 @@ class Comparison:
 @dataclass(frozen=True)
 class PriceDelta:
     """The USD difference one unit of each rolled-up resource makes between two price sets (from
-    the free one: the unit prices of a table, apps.attribution.moments.unit_prices).
+    the free one: the unit prices of a table, apps.attribution.evidence.moments.unit_prices).
 
     The resource-weighted cost is linear in usage, so apps.pricing.bill's formula evaluated at one
-    unit of each resource gives it; the database multiplies (apps.attribution.moments).
+    unit of each resource gives it; the database multiplies (apps.attribution.evidence.moments).
     """
 
     gpu_second: Decimal

@@ -15,8 +15,8 @@ from __future__ import annotations
 from django.db import connection
 from django.db.models import Count, OuterRef, Subquery
 
+from apps.attribution.evidence.moments import epoch_params, epoch_ranges
 from apps.attribution.models import AttributionSnapshot, AttributionWindow, RunCursor, RunWindow
-from apps.attribution.moments import epoch_params, epoch_ranges
 from apps.core.db import is_postgres
 from apps.experiments.models import Run
 

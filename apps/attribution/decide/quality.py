@@ -1,6 +1,6 @@
 """Quality beside cost: is an arm's model as good as the control's? Pure functions, no Django.
 
-The unit is the run, as for cost (apps.attribution.stats): each finished run's last held-out
+The unit is the run, as for cost (apps.attribution.decide.stats): each finished run's last held-out
 evaluation of the experiment's metric (eval_loss unless it names another) is one observation.
 An arm's quality is their mean; its relative change from the control's mean, signed so that a
 positive change is worse (a higher loss, a lower accuracy), gets the same always-valid bound as
@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from apps.attribution import stats
+from apps.attribution.decide import stats
 
 QUALITY_VERDICTS = ("not_measured", "non_inferior", "better", "worse", "inconclusive")
 

@@ -3,8 +3,8 @@
 A verdict is conclusive (`costlier`, `cheaper`) exactly when the freeze rule could act on it: the
 experiment's minimums met by the arm and by the control at the latest attribution window, and the
 always-valid bound of that window beyond the threshold. The rule itself (its minimums, its bound)
-is written once, in apps.attribution.freeze_rule, which apps.attribution.decisions acts on; this
-module says it.
+is written once, in apps.attribution.decide.freeze_rule, which apps.attribution.decide.decisions
+acts on; this module says it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from apps.attribution.freeze_rule import (
+from apps.attribution.decide.freeze_rule import (
     BOUND,
     DEVIATION,
     EVIDENCE,
@@ -49,7 +49,7 @@ class Compared(Protocol):
     deviation_high: float | None
     evidence_runs: int  # runs and samples that window counted: what the freeze rule weighed
     evidence_samples: int
-    quality: dict | None  # that window's quality verdict (apps.attribution.quality), or None
+    quality: dict | None  # that window's quality verdict (apps.attribution.decide.quality), or None
     unpriced: dict  # seconds billed with no price, by component: never compared
 
 

@@ -10,12 +10,12 @@ from django.db.models import Avg, Case, Count, F, FloatField, Q, Sum, Value, Whe
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast
 
-from apps.attribution import stats
-from apps.attribution.comparison import Comparison
-from apps.attribution.device_classes import ClassVerdict, class_verdicts
-from apps.attribution.quality import cost_to_target
+from apps.attribution.decide import stats
+from apps.attribution.decide.quality import cost_to_target
+from apps.attribution.evidence.comparison import Comparison
+from apps.attribution.evidence.device_classes import ClassVerdict, class_verdicts
+from apps.attribution.say.snapshots import policy_for
 from apps.attribution.selectors import arm_repricing, quality_curves, snapshots_latest
-from apps.attribution.snapshots import policy_for
 from apps.experiments.models import Experiment, Run
 from apps.pricing.bill import carbon_figure, carbon_method, carbon_unmeasured
 from apps.pricing.cost_engine import (
@@ -65,7 +65,7 @@ class ArmReport:
     # Carbon beside the dollars: as billed (each run at its versions' grid intensity; g_co2e,
     # method, band, low, high, unpriced), and compared (the arm's energy at the comparison
     # version's intensity) per 1M tokens, with its deviation from the control and the
-    # always-valid bounds of that deviation over the arms' runs (apps.attribution.stats).
+    # always-valid bounds of that deviation over the arms' runs (apps.attribution.decide.stats).
     carbon: dict = field(default_factory=dict)
     compared_g_co2e: float | None = None
     gco2e_per_mtok: float | None = None
@@ -74,13 +74,13 @@ class ArmReport:
     carbon_deviation_high: float | None = None
     # What the latest attribution window counted for the arm (its epoch, its reference device
     # class, outliers left out where they are): the freeze rule's evidence, which the verdict
-    # weighs against the experiment's minimums (apps.attribution.verdict).
+    # weighs against the experiment's minimums (apps.attribution.decide.verdict).
     evidence_runs: int = 0
     evidence_samples: int = 0
-    # Quality beside cost (apps.attribution.quality): the latest window's quality verdict against
-    # the control (None before the first window), and the cost to the control's quality: the mean
-    # USD the arm's finished runs took to reach the control's mean final value of the metric
-    # (estimated: pro rata of each run's bill by wall time), of how many runs reached it.
+    # Quality beside cost (apps.attribution.decide.quality): the latest window's quality verdict
+    # against the control (None before the first window), and the cost to the control's quality:
+    # the mean USD the arm's finished runs took to reach the control's mean final value of the
+    # metric (estimated: pro rata of each run's bill by wall time), of how many runs reached it.
     quality: dict | None = None
     usd_to_target: float | None = None
     runs_reached_target: int = 0
@@ -101,7 +101,7 @@ class ExperimentReport:
     pricing_table: dict | None  # {id, valid_from}: the table every arm's usage is compared at
     arms: list[ArmReport]
     # The device class the arms' verdicts compare within, and one verdict per class
-    # (apps.attribution.device_classes).
+    # (apps.attribution.evidence.device_classes).
     device_class: str = ""
     device_classes: list[ClassVerdict] = field(default_factory=list)
     compared_on: str = "usd"  # what metric, metric_value and deviation compare: usd or gco2e
@@ -455,7 +455,7 @@ def _carbon(
     Compared: the arm's energy x PUE x the comparison version's intensity (one version for every
     arm, as dollars are compared; before the first window, as billed). The deviation is taken on
     energy per unit of work, which one version's factor scales alike for every arm; its bounds
-    are the always-valid interval of apps.attribution.stats over the arms' runs (each run's
+    are the always-valid interval of apps.attribution.decide.stats over the arms' runs (each run's
     cumulative energy and units), given min_cs_runs_per_arm runs per arm.
     """
     factor = None  # gCO2e per joule at the comparison version

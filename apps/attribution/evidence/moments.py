@@ -13,10 +13,10 @@ from django.db import connection
 from django.db.models import Count, DecimalField, ExpressionWrapper, F, Q, Sum
 from django.db.models.functions import Cast
 
-from apps.attribution.comparison import Comparison, PriceDelta
-from apps.attribution.decisions import ArmSums, RunMoments
+from apps.attribution.decide.decisions import ArmSums, RunMoments
+from apps.attribution.decide.stats import as_decimal
+from apps.attribution.evidence.comparison import Comparison, PriceDelta
 from apps.attribution.models import AttributionWindow, RunCursor, RunWindow
-from apps.attribution.stats import as_decimal
 from apps.core.db import cte_fenced, is_postgres
 from apps.experiments.models import Arm, Run
 from apps.pricing.bill import FREE

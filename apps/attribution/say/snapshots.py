@@ -6,12 +6,18 @@ from decimal import Decimal
 
 from django.conf import settings
 
-from apps.attribution import stats
-from apps.attribution.comparison import Comparison
-from apps.attribution.decisions import ArmInput, ArmSums, ArmVerdict, Policy, experiment_decide
+from apps.attribution.decide import stats
+from apps.attribution.decide.decisions import (
+    ArmInput,
+    ArmSums,
+    ArmVerdict,
+    Policy,
+    experiment_decide,
+)
+from apps.attribution.decide.quality import QualityRule, QualitySums
+from apps.attribution.evidence.comparison import Comparison
+from apps.attribution.evidence.moments import observations_sums, run_moments
 from apps.attribution.models import AttributionSnapshot, AttributionWindow
-from apps.attribution.moments import observations_sums, run_moments
-from apps.attribution.quality import QualityRule, QualitySums
 from apps.experiments.models import Arm, Experiment
 from apps.pricing.cost_engine import JOULES_PER_KWH, SECONDS_PER_HOUR
 from apps.pricing.models import CostModel

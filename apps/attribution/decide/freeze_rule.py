@@ -5,9 +5,10 @@ An active arm is frozen when the arm and the control each meet the experiment's 
 control lies beyond the threshold, and so does the always-valid lower bound of that deviation.
 
 `freeze_blocks` says which of these conditions an arm does not meet, as data. Both readers of the
-rule are generated from it: apps.attribution.decisions acts on it (and records each block in the
-snapshot's `blocked_by`), apps.attribution.verdict says it (a `costlier` verdict exactly when the
-rule could act; `freeze_holds`: why a deviation beyond the threshold froze nothing).
+rule are generated from it: apps.attribution.decide.decisions acts on it (and records each block
+in the snapshot's `blocked_by`), apps.attribution.decide.verdict says it (a `costlier` verdict
+exactly when the rule could act; `freeze_holds`: why a deviation beyond the threshold froze
+nothing).
 """
 
 from __future__ import annotations
