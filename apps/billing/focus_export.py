@@ -49,6 +49,7 @@ FILLED = (
     "ConsumedQuantity",
     "ConsumedUnit",
     "ContractedUnitPrice",
+    "InvoiceId",
     "ListUnitPrice",
     "PricingCategory",
     "ResourceId",
@@ -298,6 +299,7 @@ def _row(run, tenant, start, end, moment, day: Day, cost: Decimal, split: str) -
         "ContractedCost": money,
         "ContractedUnitPrice": unit_price,
         "EffectiveCost": money,
+        "InvoiceId": f"costlab:{tenant.slug}:{start:%Y-%m}",  # the tenant's statement of the month
         "InvoiceIssuerName": "costlab",
         "ListCost": money,
         "ListUnitPrice": unit_price,

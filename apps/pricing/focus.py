@@ -326,6 +326,27 @@ def instance_name(row: dict) -> str | None:
     return str(name).strip() if name else None
 
 
+# Where a row may name its instance type: the column, and what costlab reads in it.
+INSTANCE_COLUMNS = (
+    ("SkuPriceDetails", "InstanceType"),
+    ("x_SkuDetails", "ServiceType"),
+    ("x_UsageType", "BoxUsage:<type>"),
+)
+
+
+def _no_instance(row: dict) -> str:
+    """Where costlab looked for a row's instance type and found none: the columns of
+    INSTANCE_COLUMNS the file has, or that it has none of them (a file may name only ResourceId and
+    SkuId, neither an instance type); with the row's ServiceCategory, so that a database's or a
+    function's hours are a group apart from compute instances'."""
+    category = f"ServiceCategory {row.get('ServiceCategory') or 'empty'}"
+    looked = [f"{column} ({what})" for column, what in INSTANCE_COLUMNS if column in row]
+    if not looked:
+        every = ", ".join(f"{column} ({what})" for column, what in INSTANCE_COLUMNS)
+        return f"{category}; the file has no column that names one: {every}"
+    return f"{category}; none named in {', '.join(looked)}"
+
+
 def _component(row: dict, instance: Instance) -> str | None:
     """Why a row prices part of an instance, not an instance-hour: its SkuPriceDetails' GpuCount or
     CoreCount (FOCUS: per pricing unit) is not the instance type's, as where a provider bills a
@@ -355,7 +376,7 @@ def _instance(row: dict, known: dict[str, Instance]) -> tuple[Instance | None, s
         return None, "no resource priced", f"x_CostlabResource {resource}"
     name = instance_name(row)
     if name is None:
-        return None, "no instance type", "no instance type in the row"
+        return None, "no instance type", _no_instance(row)
     found = known.get(name.lower()) or known.get(f"standard_{name.lower()}")
     if found is None:
         return None, "unknown instance type", name

@@ -6,8 +6,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
+import re
+import shutil
+import subprocess
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
 
@@ -121,6 +126,7 @@ def test_the_export_has_focus_1_2s_columns_and_a_row_per_run_and_day(month):
     assert first["BillingPeriodStart"] == "2026-05-01T00:00:00Z"
     assert first["BillingPeriodEnd"] == "2026-06-01T00:00:00Z"
     assert first["BillingAccountId"] == "costlab:lab" and first["BillingCurrency"] == "USD"
+    assert {r["InvoiceId"] for r in rows} == {"costlab:lab:2026-05"}  # the month's statement
     assert first["ResourceId"] == "gpu-node-3/cuda:0 NVIDIA H100 x2"
     assert rows[2]["ResourceId"] == f"costlab-run-{cpu.pk}"  # no host recorded
     assert json.loads(first["Tags"]) == {
@@ -156,6 +162,7 @@ def test_importing_costlabs_own_export_reproduces_its_totals(month):
     exported = rows_of(text.decode())
     outcome = pricing_table_import_focus(tenant=tenant, stream=io.BytesIO(text))
     assert outcome.created and not outcome.shown()["skipped"]
+    assert outcome.table.name.startswith("from invoice costlab:lab:2026-05, period")
     derived = {t["instance_type"]: t for t in outcome.shown()["derived"]["instance_types"]}
     by_sku: dict[str, Decimal] = {}
     for r in exported:
@@ -183,3 +190,48 @@ def test_a_month_is_written_yyyy_mm(month):
     with pytest.raises(ValueError, match="'2026-13' is not a month written YYYY-MM"):
         list(focus_csv(tenant=tenant, period="2026-13"))
     assert list(focus_rows(tenant=tenant, period="2026-04")) == []
+
+
+def focus_validator() -> Path | None:
+    """The FinOps Foundation's focus-validator (PyPI `focus-validator`, 2.x: Python 3.12 or newer):
+    $COSTLAB_FOCUS_VALIDATOR, else `focus-validator` on the PATH; None where neither is installed
+    (it cannot share this project's Python 3.11: docs/billing.md says how to set one up)."""
+    named = os.environ.get("COSTLAB_FOCUS_VALIDATOR") or shutil.which("focus-validator")
+    return Path(named) if named else None
+
+
+FIND_PACKAGE = "import focus_validator as f, pathlib as p; print(p.Path(f.__file__).parents[1])"
+
+
+@pytest.mark.slow  # starts the validator, a process of its own
+def test_the_export_passes_the_finops_foundations_focus_validator(month, tmp_path):
+    validator = focus_validator()
+    if validator is None:
+        pytest.skip("needs focus-validator 2.x (set COSTLAB_FOCUS_VALIDATOR; docs/billing.md)")
+    tenant = month[0]
+    exported = tmp_path / "costlab-2026-05.csv"
+    exported.write_text("".join(focus_csv(tenant=tenant, period="2026-05")))
+    # It reads its currency codes by a path relative to its package: it runs from there, with the
+    # Python of its own environment (beside its script).
+    package = subprocess.run(
+        [str(validator.with_name("python")), "-c", FIND_PACKAGE],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    done = subprocess.run(
+        [str(validator), "--data-file", str(exported), "--validate-version", "1.2.0.1"]
+        + ["--block-download"],
+        cwd=package,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = done.stdout.splitlines()
+    summary = [line for line in lines if line.startswith("Total:")]
+    # A column's verdict is its root rule (`<Column>-C-000-…`, all its rules combined by AND and
+    # OR: a failed branch of an OR that another branch satisfies fails no column), and the
+    # dataset's own rules (`CostAndUsage-D-…`).
+    failed = [line for line in lines if re.search(r"(-C-000-|CostAndUsage-D-)\S*: FAIL", line)]
+    assert summary and not failed, (summary, failed, done.stderr[-2000:])
+    assert re.search(r"Pass: [1-9]\d*", summary[0]), summary  # it checked something

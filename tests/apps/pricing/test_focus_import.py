@@ -14,7 +14,7 @@ from apps.core.exceptions import ApplicationError
 from apps.experiments.selectors import gpu_skus_in_use
 from apps.pricing.focus import pricing_table_import_focus
 from apps.pricing.models import FocusImport, GpuPrice, GpuSku, InstanceType, PricingTable
-from tests.apps.pricing.focus_files import BASE, aws, azure, gcp, to_csv, to_parquet
+from tests.apps.pricing.focus_files import BASE, aws, azure, gcp, to_csv, to_parquet, usage
 from tests.factories import (
     ArmFactory,
     ExperimentFactory,
@@ -147,6 +147,9 @@ def test_an_aws_export_prices_gpu_and_vcpu_hours_to_the_cent_and_lists_every_row
     }
     assert {r: g["row_numbers"] for r, g in skipped.items()} == expected
     assert skipped["unknown instance type"]["detail"] == "x2iedn.32xlarge"
+    assert skipped["no instance type"]["detail"] == (
+        "ServiceCategory Compute; none named in x_UsageType (BoxUsage:<type>)"
+    )
     assert skipped["other currency"]["effective_cost"] == {"EUR": "550.000000"}
     assert skipped["tax"]["effective_cost"] == {"USD": "95.000000"}
     counted = sum(t["rows"] for t in shown["derived"]["instance_types"])
@@ -214,6 +217,133 @@ def test_the_new_version_keeps_the_other_skus_and_never_edits_the_one_in_force()
         h100.pk: Decimal("3.00"),
         a100.pk: Decimal("1.80"),
     }
+
+
+def commitment_month(*, instance_types: bool) -> list[dict]:
+    """A day in the shape of the FinOps Foundation's commitment-discount example files (FOCUS 1.2
+    columns only: ResourceId, SkuId, the CommitmentDiscount* columns, no SkuPriceDetails and no
+    provider's x_ column; the values are ours): a savings plan's purchase, three hours it covers,
+    two it leaves unused, on-demand CPU hours, a managed database's hours and storage.
+    `instance_types`: the compute rows name theirs in SkuPriceDetails (FOCUS 1.1+)."""
+    plan = "arn:example:savingsplan/sp-1"
+
+    def row(**values) -> dict:
+        shaped = {
+            **usage(hours=1, effective="0", invoice="INV-EX-1", provider="Example Cloud"),
+            "ServiceName": "Example Compute",
+            "ServiceSubcategory": "Virtual Machines",
+            "ResourceType": "Virtual Machine",
+            "SkuId": "EX-COMPUTE",
+            "CommitmentDiscountId": "",
+            "CommitmentDiscountStatus": "",
+        }
+        if instance_types:
+            shaped["SkuPriceDetails"] = ""
+        return shaped | values
+
+    def hour(i: int) -> dict:
+        return {
+            "ChargePeriodStart": f"2026-05-14T{i:02d}:00:00Z",
+            "ChargePeriodEnd": f"2026-05-14T{i + 1:02d}:00:00Z",
+        }
+
+    gpu = {"SkuPriceDetails": '{"InstanceType": "p5.48xlarge"}'} if instance_types else {}
+    cpu = {"SkuPriceDetails": '{"InstanceType": "m7i.2xlarge"}'} if instance_types else {}
+    covered = dict(
+        BilledCost="0",
+        EffectiveCost="30.00",
+        ListCost="50.00",
+        CommitmentDiscountId=plan,
+        CommitmentDiscountStatus="Used",
+    )
+    return [
+        row(  # 1: the plan's fee, a year's charge period; FOCUS: EffectiveCost 0
+            ChargeCategory="Purchase",
+            ChargeFrequency="One-Time",
+            ChargePeriodEnd="2027-05-14T00:00:00Z",
+            BilledCost="2400.00",
+            ListCost="2400.00",
+            PricingUnit="Units",
+            ResourceId=plan,
+            CommitmentDiscountId=plan,
+        ),
+        *(row(ResourceId=f"vm-{i}", **hour(i), **covered, **gpu) for i in range(3)),  # 2-4
+        *(  # 5-6: the plan's unused hours: no resource, no instance type in any file
+            row(**hour(i), **{**covered, "CommitmentDiscountStatus": "Unused"}) for i in range(3, 5)
+        ),
+        row(  # 7: on demand
+            ResourceId="vm-cpu",
+            PricingQuantity="2",
+            EffectiveCost="0.80",
+            BilledCost="0.80",
+            ListCost="0.80",
+            **cpu,
+        ),
+        row(  # 8: a managed database's hours: no instance of the catalogue's
+            ServiceCategory="Databases",
+            ServiceName="Example SQL",
+            ResourceId="db-0",
+            EffectiveCost="0.15",
+            ListCost="0.15",
+        ),
+        row(  # 9
+            ServiceCategory="Storage",
+            ResourceId="bucket-0",
+            PricingQuantity="250",
+            PricingUnit="GB",
+            EffectiveCost="5.75",
+            ListCost="5.75",
+        ),
+    ]
+
+
+def test_commitment_example_files_rows_without_instance_type_say_where_costlab_looked():
+    """The FOCUS examples' shape: a file naming no instance type at all is refused, its rows
+    grouped by ServiceCategory with the columns costlab reads one from; once the compute rows name
+    theirs, the covered hours price at EffectiveCost / PricingQuantity and the purchase and the
+    unused hours stay out."""
+    tenant = TenantFactory()
+    nowhere = (
+        "the file has no column that names one: SkuPriceDetails (InstanceType), "
+        "x_SkuDetails (ServiceType), x_UsageType (BoxUsage:<type>)"
+    )
+    with pytest.raises(ApplicationError, match="^file: no hourly usage of a known instance") as no:
+        imported(tenant, to_csv(commitment_month(instance_types=False)))
+    assert f"4 no instance type (ServiceCategory Compute; {nowhere})" in no.value.message
+    groups = {(g["reason"], g["detail"]): g for g in no.value.extra["skipped"]}
+    assert {key: g["row_numbers"] for key, g in groups.items()} == {
+        ("no instance type", f"ServiceCategory Compute; {nowhere}"): [2, 3, 4, 7],
+        ("no instance type", f"ServiceCategory Databases; {nowhere}"): [8],
+        ("unused commitment (no instance's usage)", "CommitmentDiscountStatus Unused"): [5, 6],
+        (
+            "purchase (a commitment's fee: its amortised share is in the usage rows' "
+            "EffectiveCost)",
+            "ChargeCategory Purchase",
+        ): [1],
+        ("non-hourly unit", "PricingUnit GB"): [9],
+    }
+    assert not PricingTable.objects.exists() and not FocusImport.objects.exists()
+
+    outcome = imported(tenant, to_csv(commitment_month(instance_types=True)))
+    shown = outcome.shown()
+    m7i, p5 = sorted(shown["derived"]["instance_types"], key=lambda t: t["instance_type"])
+    assert p5["instance_type"] == "p5.48xlarge" and m7i["instance_type"] == "m7i.2xlarge"
+    # 3 covered hours at their amortised 30.00 each; not the unused hours' 60.00, not the fee
+    assert (p5["rows"], p5["hours"], p5["commitment_hours"]) == (3, "3.000000", "3.000000")
+    assert p5["effective_cost"] == "90.000000" and p5["billed_cost"] == "0.000000"
+    assert p5["effective_hourly"] == "30.000000" and p5["list_hourly"] == "50.000000"
+    assert outcome.table.gpu_prices.get().hourly_usd == Decimal("3.75")  # 30.00 / 8 GPUs
+    assert outcome.table.vcpu_hour_usd == Decimal("0.05")  # 0.80 / (2 h x 8 vCPUs)
+    skipped = by_reason(outcome)
+    assert skipped["unused commitment (no instance's usage)"]["effective_cost"] == {
+        "USD": "60.000000"
+    }
+    assert skipped["no instance type"]["row_numbers"] == [8]
+    assert skipped["no instance type"]["detail"] == (
+        "ServiceCategory Databases; none named in SkuPriceDetails (InstanceType)"
+    )
+    counted = sum(t["rows"] for t in shown["derived"]["instance_types"])
+    assert counted + sum(g["rows"] for g in shown["skipped"]) == shown["rows"] == 9
 
 
 def test_the_same_file_twice_makes_one_version():
