@@ -27,8 +27,9 @@ charts moved off the load event's path, both were the load event itself.
 
     python bench/dashboard.py [--quick] [--smoke] [--json]  (targets: page_s, browser_cold_s <= 1.0)
 
-`--smoke`: 8,000 and 800 samples over 4 runs each, 20 attribution windows, two server rounds and
-one browser round (one gunicorn worker, one warm-up request a page), on a database of its own
+`--smoke`: 8,000 and 800 samples over 2 runs each (both run states, two run pages and a compare
+of two), 20 attribution windows, two server rounds and one browser round (one gunicorn worker, one
+warm-up request a page), on a database of its own
 (`_dashboard_smoke`): the same code path and JSON keys in seconds, to check that the benchmark
 runs (tests/bench); its figures mean nothing. It needs Chromium as the full run does
 ($COSTLAB_CHROMIUM or /usr/bin/chromium).
@@ -47,7 +48,7 @@ from _setup import django_on_postgres, spread
 
 LARGE, SMALL = 1_000_000, 1_000
 RUNS, WINDOWS = 8, 2_000
-SMOKE = {"large": 8_000, "small": 800, "runs": 4, "windows": 20}  # --smoke's sizes
+SMOKE = {"large": 8_000, "small": 800, "runs": 2, "windows": 20}  # --smoke's sizes
 
 
 def build(
@@ -78,10 +79,12 @@ def _build(name: str, samples_total: int, *, tenant, cost_model, runs: int, wind
     experiment = Experiment.objects.filter(tenant=tenant, name=name).first()
     if (
         experiment
+        and experiment.runs.count() == runs
         and TelemetrySample.objects.filter(run__experiment=experiment).count() == samples_total
     ):
-        return experiment
-    if experiment:
+        return experiment  # kept from an earlier run of the same sizes
+    if experiment:  # of other sizes: its runs first (a run protects its arm)
+        Run.objects.filter(experiment=experiment).delete()
         experiment.delete()
     per_run = samples_total // runs
     t0 = datetime.now(UTC) - timedelta(seconds=per_run)

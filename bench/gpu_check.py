@@ -220,6 +220,11 @@ def e2e(ns: argparse.Namespace) -> dict[str, Any]:
     # A short path: the redis socket lives under it (a unix socket path is capped at 108 bytes).
     var_dir = Path(ns.var_dir or tempfile.mkdtemp(prefix="costlab-e2e-"))
     var_dir.mkdir(parents=True, exist_ok=True)
+    # The dry run's test starts from a migrated SQLite database (tests/databases.py) so that
+    # `migrate` finds nothing to apply; a device run migrates from scratch, as `make run` does.
+    template = os.environ.get("BENCH_SQLITE_TEMPLATE", "")
+    if template and ns.device == "cpu":
+        shutil.copyfile(template, var_dir / "costlab.sqlite3")  # config.settings.base's file
     env = embedded_env(var_dir)
     if ns.device == "cpu":
         env.setdefault("COSTLAB_DEVICE_PROFILE_BUDGET_S", "0.5")  # the dry run's few seconds

@@ -8,7 +8,8 @@ the worker when the trainer takes the change at a step boundary.
     python bench/hot_reload.py [--quick] [--smoke] [--json]      (target: push p99 <= 1 s)
 
 Redis: REDIS_URL (default redis://127.0.0.1:6379/14), the workers' broker and pub/sub too.
-`--smoke`: two rounds, on a database of its own (`_hot_reload_smoke`): the same code path and
+`--smoke`: two rounds, on a database of its own (`_hot_reload_smoke`), with workers that profile
+their device as the test suite's do (when the run starts, in half a second): the same code path and
 JSON keys in seconds, to check that the benchmark runs (tests/bench); its figures mean nothing.
 """
 
@@ -84,6 +85,9 @@ def main() -> None:
     args = parser.parse_args()
     rounds = 2 if args.smoke else 10 if args.quick else 40
     os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/14")
+    if args.smoke:  # as tests.helpers.start_worker: no second torch process at start, 0.5 s
+        os.environ.setdefault("COSTLAB_DEVICE_PROFILE_AT_START", "false")
+        os.environ.setdefault("COSTLAB_DEVICE_PROFILE_BUDGET_S", "0.5")
     django_on_postgres(smoke=args.smoke)
     from django.utils import timezone
 
@@ -151,10 +155,14 @@ def main() -> None:
                         break
                     time.sleep(0.01)
     finally:
-        Run.objects.filter(pk__in=[r.pk for r in runs.values()]).update(cancel_requested=True)
-        time.sleep(2)
-        for proc in workers.values():
+        ids = [r.pk for r in runs.values()]
+        Run.objects.filter(pk__in=ids).update(cancel_requested=True)
+        end = time.monotonic() + 2  # the cancel is taken at a step boundary; SIGTERM after
+        while time.monotonic() < end and Run.objects.filter(pk__in=ids, status="running").exists():
+            time.sleep(0.1)
+        for proc in workers.values():  # both told first: each takes seconds to shut down
             proc.terminate()
+        for proc in workers.values():
             proc.wait(30)
     summary = {
         m: {"p50_s": statistics.median(v), "p99_s": p99(v), "max_s": max(v), "n": len(v)}

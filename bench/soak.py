@@ -15,9 +15,11 @@ Target: all zero, and runs_submitted == runs_succeeded.
 
     python bench/soak.py [--minutes N] [--quick] [--smoke] [--json]   (--quick: 3 min; default 30)
 
-`--smoke`: 3 seconds of load, then the same drain and report: the same code path and JSON keys,
-to check that the benchmark runs (tests/bench); its figures mean nothing. The stack is this
-benchmark's own (SQLite and the embedded Redis in a temporary directory): no shared service.
+`--smoke`: one second of load (runs of 4 steps, not 20), then the same drain and report: the same
+code path and JSON keys, to check that the benchmark runs (tests/bench); its figures mean nothing.
+The stack is this benchmark's own (SQLite and the embedded Redis in a temporary directory): no
+shared service. BENCH_SQLITE_TEMPLATE names a migrated SQLite database to start from (tests/bench
+passes one): `migrate` then has nothing left to apply, where migrating from scratch takes seconds.
 """
 
 from __future__ import annotations
@@ -39,12 +41,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 SOAK_STRATEGY = """\
-model:     {family: llama, preset: tiny, seq_len: 32}
-data:      {source: synthetic, prefetch: 0}
-train:     {steps: 20, global_batch: 2, lr: 3.0e-4, seed: 0}
-precision: {compute_dtype: fp32}
-telemetry: {interval_s: 0.5}
+model:     {{family: llama, preset: tiny, seq_len: 32}}
+data:      {{source: synthetic, prefetch: 0}}
+train:     {{steps: {steps}, global_batch: 2, lr: 3.0e-4, seed: 0}}
+precision: {{compute_dtype: fp32}}
+telemetry: {{interval_s: 0.5}}
 """
+STEPS, SMOKE_STEPS = 20, 4  # steps per run; --smoke: a few steps still trains, measures and bills
 BACKLOG = 2  # queued runs kept waiting: the worker never idles, the queue never grows without bound
 DRAIN_S = 180
 
@@ -82,14 +85,16 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--quick", action="store_true", help="3 minutes")
     parser.add_argument(
-        "--smoke", action="store_true", help="3 seconds of load: checks the code path only"
+        "--smoke", action="store_true", help="1 second of load: checks the code path only"
     )
     parser.add_argument("--json", action="store_true")
     parser.add_argument(
         "--keep", action="store_true", help="keep the var directory (logs, database)"
     )
     args = parser.parse_args()
-    minutes = 0.05 if args.smoke else 3.0 if args.quick else args.minutes
+    minutes = 1 / 60 if args.smoke else 3.0 if args.quick else args.minutes
+    steps = SMOKE_STEPS if args.smoke else STEPS
+    strategy = SOAK_STRATEGY.format(steps=steps)
 
     var_dir = Path(tempfile.mkdtemp(prefix="costlab-soak-"))
     port = free_port()
@@ -102,6 +107,13 @@ def main() -> None:
         DJANGO_LOG_LEVEL="WARNING",
         OMP_NUM_THREADS="1",
     )
+    if args.smoke:  # the training worker's device profile at start: half a second, not two
+        os.environ.setdefault("COSTLAB_DEVICE_PROFILE_BUDGET_S", "0.5")
+    template = os.environ.pop("BENCH_SQLITE_TEMPLATE", "")
+    if template:
+        import shutil
+
+        shutil.copyfile(template, var_dir / "costlab.sqlite3")  # config.settings.base's file
     subprocess.run(
         [sys.executable, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, check=True
     )
@@ -144,8 +156,8 @@ def main() -> None:
         Arm.objects.create(
             experiment=experiment,
             name=name,
-            strategy_yaml=SOAK_STRATEGY,
-            strategy_sha256=strategy_sha256(SOAK_STRATEGY),
+            strategy_yaml=strategy,
+            strategy_sha256=strategy_sha256(strategy),
             is_control=control,
         )
 
@@ -171,7 +183,7 @@ def main() -> None:
         time.monotonic() < drain_end
         and experiment.runs.filter(status__in=Run.ACTIVE_STATUSES).exists()
     ):
-        time.sleep(1.0)
+        time.sleep(0.25)
 
     runs = list(experiment.runs.all())
     succeeded = sum(r.status == Run.Status.SUCCEEDED for r in runs)
@@ -181,7 +193,7 @@ def main() -> None:
         if run.status not in (Run.Status.SUCCEEDED, Run.Status.FAILED):
             continue
         attempts_seen = TelemetrySample.objects.filter(run=run).values("attempt").distinct().count()
-        if run.steps > 20 * max(run.attempts, 1) or attempts_seen > max(run.attempts, 1):
+        if run.steps > steps * max(run.attempts, 1) or attempts_seen > max(run.attempts, 1):
             double += 1
 
     stack.send_signal(signal.SIGINT)

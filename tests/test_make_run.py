@@ -3,19 +3,21 @@ come up together, a worker answers a ping over Redis, killing the web server onl
 Ctrl-C stops every process (a run in training goes back to the queue) and repeats where to sign
 in."""
 
-import json
 import os
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import closing
 
 import httpx
 import psutil
 import pytest
 
+from tests.databases import copy_sqlite_template
 from tests.helpers import ROOT, clean_env, run_python
 
 pytestmark = pytest.mark.slow
@@ -37,13 +39,26 @@ def wait_for(url: str, seconds: float, proc) -> int | None:
     return None
 
 
+def runs_where(database, where: str, column: str) -> list:
+    """A column of the runs matching `where`, read straight from the stack's SQLite file (the rows
+    the ORM reads; no second Django process to start)."""
+    with closing(sqlite3.connect(database, timeout=20)) as db:
+        return [row[0] for row in db.execute(f"SELECT {column} FROM experiments_run WHERE {where}")]
+
+
 def test_stack_serves_restarts_a_killed_web_server_and_stops_everything_on_ctrl_c(tmp_path):
     port = free_port()
     env = clean_env(
         DJANGO_SETTINGS_MODULE="config.settings.local",
         COSTLAB_VAR_DIR=str(tmp_path / "var"),
         COSTLAB_PORT=str(port),
+        # The training worker profiles its device as it starts: in half a second, as the workers
+        # that tests start do (tests.helpers.start_worker), not the default two.
+        COSTLAB_DEVICE_PROFILE_BUDGET_S="0.5",
     )
+    # `make run` migrates first: on a copy of the migrated template (tests/databases.py), as on a
+    # database a first `make run` left, so there is nothing left to apply.
+    database = copy_sqlite_template(tmp_path / "var")
     done = subprocess.run(
         [sys.executable, "manage.py", "migrate", "--noinput", "-v0"],
         cwd=ROOT,
@@ -97,17 +112,13 @@ def test_stack_serves_restarts_a_killed_web_server_and_stops_everything_on_ctrl_
         )
         descendants += supervisor.children(recursive=True)
 
-        running = run_python(
-            "import django, time; django.setup(); from apps.experiments.models import Run\n"
-            "for _ in range(120):\n"
-            "    if Run.objects.filter(status='running').exists(): break\n"
-            "    time.sleep(0.5)\n"
-            "print(list(Run.objects.filter(status='running').values_list('pk', flat=True)))",
-            env,
-            timeout=90,
-        )
-        in_training = json.loads(running.stdout.strip().splitlines()[-1])
-        assert in_training, "no demo run started training: " + running.stderr
+        in_training = []
+        for _ in range(120):
+            in_training = runs_where(database, "status = 'running'", "id")
+            if in_training:
+                break
+            time.sleep(0.5)
+        assert in_training, "no demo run started training"
 
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
         output, _ = proc.communicate(timeout=60)
@@ -128,15 +139,8 @@ def test_stack_serves_restarts_a_killed_web_server_and_stops_everything_on_ctrl_
         time.sleep(0.5)
         left = [p.pid for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         assert not left, f"processes outlived Ctrl-C: {left}"
-        after = run_python(
-            "import django; django.setup(); from apps.experiments.models import Run; "
-            f"print(list(Run.objects.filter(pk__in={in_training})"
-            ".values_list('status', flat=True)))",
-            env,
-        )
-        assert json.loads(after.stdout.strip().splitlines()[-1].replace("'", '"')) == ["queued"], (
-            after.stdout
-        )
+        after = runs_where(database, f"id IN ({', '.join(map(str, in_training))})", "status")
+        assert after == ["queued"], after
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

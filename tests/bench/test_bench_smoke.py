@@ -39,6 +39,7 @@ from django.conf import settings
 from django.db import connection, connections
 
 from tests.conftest import IN_CI
+from tests.databases import sqlite_template
 from tests.helpers import ROOT, clean_env
 
 
@@ -49,6 +50,9 @@ class Bench:
     postgres: bool = False
     redis: bool = False
     chromium: bool = False
+    # Starts `make run`'s embedded default on SQLite: gets the migrated SQLite template
+    # (BENCH_SQLITE_TEMPLATE, tests/databases.py) to start from instead of migrating from scratch.
+    sqlite: bool = False
     timeout_s: float = 120
     # Run with these arguments by bench/gpu_check.sh --dry-run (tests/bench/test_gpu_check.py),
     # which checks this JSON line too: one run serves both tests.
@@ -182,6 +186,7 @@ BENCHES = [
     Bench(
         "soak",
         ("crashes", "restarts", "runs_submitted", "runs_succeeded", "runs_stuck", "double_billed"),
+        sqlite=True,
         timeout_s=240,
     ),
     Bench(
@@ -286,6 +291,8 @@ def test_bench_smoke_runs_and_prints_its_figures(bench: Bench, request):
         connections.close_all()
     if bench.redis:
         env["REDIS_URL"] = settings.REDIS_URL
+    if bench.sqlite:
+        env["BENCH_SQLITE_TEMPLATE"] = str(sqlite_template())
     if bench.chromium:
         path = chromium()
         if path is None:

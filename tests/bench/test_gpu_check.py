@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.bench.test_bench_smoke import assert_figures, bench_named
+from tests.databases import sqlite_template
 from tests.helpers import ROOT, clean_env
 
 BENCH = ROOT / "bench"
@@ -199,7 +200,10 @@ def test_the_dry_run_walks_every_step_on_the_cpu(tmp_path):
     of its own (bench/gpu_check.py e2e makes a fresh temp dir): no shared service, so not
     `services`."""
     out = tmp_path / "out"
-    env = clean_env(OUT=str(out), PYTHON=sys.executable)
+    # e2e's `migrate` on a copy of the migrated SQLite template: nothing left to apply
+    env = clean_env(
+        OUT=str(out), PYTHON=sys.executable, BENCH_SQLITE_TEMPLATE=str(sqlite_template())
+    )
     done = subprocess.run(
         ["bash", str(BENCH / "gpu_check.sh"), "--dry-run"],
         cwd=ROOT,

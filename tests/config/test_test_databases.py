@@ -38,3 +38,21 @@ def test_a_changed_migration_or_pin_changes_the_key(tmp_path, monkeypatch):
     assert second != first
     (tmp_path / "constraints.txt").write_text("django-celery-beat==2.8.1\n")  # a third-party app
     assert databases.template_key(connection) != second
+
+
+@pytest.mark.slow  # makes the template with `manage.py migrate` where this session has none yet
+def test_the_sqlite_template_is_migrated_and_named_by_the_current_key():
+    """The SQLite database the embedded-default tests copy (`make run`'s drill, the soak smoke):
+    every migration applied, and the file named by today's key of the migrations."""
+    import sqlite3
+    from contextlib import closing
+
+    path = databases.sqlite_template()
+    assert (
+        path.name
+        == f"costlab-sqlite-tmpl-{databases._migrations_digest().hexdigest()[:10]}.sqlite3"
+    )
+    with closing(sqlite3.connect(path)) as db:
+        applied = {tuple(row) for row in db.execute("SELECT app, name FROM django_migrations")}
+    ours = {(p.parent.parent.name, p.stem) for p in databases.ROOT.glob("apps/*/migrations/0*.py")}
+    assert ours <= applied, sorted(ours - applied)

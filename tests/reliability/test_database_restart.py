@@ -9,11 +9,13 @@ and was trained again from step 0.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
 import pytest
 
-from tests.helpers import clean_env, run_python, start_worker, stop_worker, wait_for
+from tests.helpers import ROOT, clean_env, start_worker, stop_worker, wait_for
 from tests.reliability.private import PrivatePostgres, PrivateRedis
 
 pytestmark = [pytest.mark.services, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -61,13 +63,32 @@ def cluster():
         pg.close()
 
 
-def _python(code: str, pg, redis, timeout: float = 120) -> str:
+def _python(code: str, pg, redis) -> subprocess.Popen:
+    """`code` in a Django process on the private cluster and broker, started: `_output` waits for
+    it. Started while this test does something else (the worker starting, stopping), not before."""
     env = clean_env(
         DJANGO_SETTINGS_MODULE="config.settings.test", DATABASE_URL=pg.url, REDIS_URL=redis.url
     )
-    out = run_python(code, env, timeout=timeout)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout.strip().splitlines()[-1]
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _output(proc: subprocess.Popen, timeout: float = 120) -> str:
+    """The last line `proc` printed, once it exited 0."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    return out.strip().splitlines()[-1]
 
 
 def _row(pg, run_id: int) -> dict:
@@ -96,18 +117,25 @@ def _max_step(pg, run_id: int) -> int:
 @pytest.mark.parametrize("when", ["during training", "at the finish"])
 def test_a_postgres_restart_ends_the_run_once_billed_for_one_training(cluster, when):
     pg, redis = cluster
+    # The run is submitted while the worker starts (a Django process each): it waits in the queue.
+    submit = _python(SUBMIT.format(strategy=STRATEGY), pg, redis)
     # Beat's sweeper runs beside the worker, and the lease outlasts the outage (as 30 s outlasts 10
     # s in production): a run left `running` by a failed finish is swept and trained again,
     # as it was before.
-    worker, _ = start_worker(
-        lease_s=12,
-        beat=True,
-        DATABASE_URL=pg.url,
-        REDIS_URL=redis.url,
-        COSTLAB_WORKER_DB_RETRY_S="120",
-    )
     try:
-        run_id = json.loads(_python(SUBMIT.format(strategy=STRATEGY), pg, redis))
+        worker, _ = start_worker(
+            lease_s=12,
+            beat=True,
+            DATABASE_URL=pg.url,
+            REDIS_URL=redis.url,
+            COSTLAB_WORKER_DB_RETRY_S="120",
+        )
+    except BaseException:
+        submit.kill()
+        submit.wait()
+        raise
+    try:
+        run_id = json.loads(_output(submit))
         if when == "during training":
             wait_for(
                 lambda: 5 <= _max_step(pg, run_id) < STEPS // 2, 300, "the run to be a few steps in"
@@ -122,8 +150,11 @@ def test_a_postgres_restart_ends_the_run_once_billed_for_one_training(cluster, w
         )
         time.sleep(6)  # a sweep after the end must change nothing
         row = _row(pg, run_id)
+        # Priced again from its stored samples, as they stand now, while the worker stops.
+        recompute = _python(RECOMPUTE.format(run_id=run_id), pg, redis)
     finally:
         stop_worker(worker)
+    tokens, cost_usd = json.loads(_output(recompute))
     assert row["status"] == "succeeded", row["error"]
     assert row["tokens"] == STEPS * BATCH * SEQ and row["steps"] == STEPS  # one training, not two
     attempts = pg.query(
@@ -131,5 +162,4 @@ def test_a_postgres_restart_ends_the_run_once_billed_for_one_training(cluster, w
         run_id,
     )
     assert attempts == [(1, "succeeded")], attempts
-    tokens, cost_usd = json.loads(_python(RECOMPUTE.format(run_id=run_id), pg, redis))
     assert tokens == row["tokens"] and float(row["cost_usd"]) == pytest.approx(cost_usd, abs=2e-6)
