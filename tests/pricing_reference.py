@@ -1,7 +1,7 @@
 """The tests' independent hand calculation of a bill: each interval between two samples of a run
 priced at the table in force when it closed, with costlab's cost rule (resource_weighted_cost).
 
-Not costlab's bill (apps.pricing.bill splits intervals exactly at price boundaries); kept apart
+Not costlab's bill (apps.billing.bill splits intervals exactly at price boundaries); kept apart
 from it, and out of the production code, so that a test comparing the two compares two
 calculations. A sample is a mapping or an object with the telemetry fields.
 """
@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from apps.pricing.cost_engine import (
+from apps.billing.cost_engine import (
     CostBreakdown,
-    Prices,
     Usage,
     Weights,
     _seconds,
     resource_weighted_cost,
 )
+from apps.pricing.prices import Prices
 
 
 def _field(sample: Any, name: str) -> Any:

@@ -2,7 +2,7 @@
 bill of that day, for the FinOps tools that read the cloud's own FOCUS export beside it.
 
 A run's day is its bill split by its telemetry: the run's stored samples are billed again with the
-price schedule it was billed with (apps.pricing.bill, the price versions in force, or the table its
+price schedule it was billed with (apps.billing.bill, the price versions in force, or the table its
 experiment is pinned to, or the table of its last re-price), with every UTC midnight added to the
 schedule's boundaries, so an interval across midnight falls on both days by its time. Each day
 then takes the share of the run's stored cost (Run.cost_usd) that its recomputed bill has, so the
@@ -28,9 +28,9 @@ from decimal import ROUND_HALF_UP, Decimal
 
 from django.db.models import Prefetch, Q, QuerySet
 
+from apps.billing import cost_engine
+from apps.billing.bill import period_sums
 from apps.experiments.models import Run
-from apps.pricing import cost_engine
-from apps.pricing.bill import period_sums
 from apps.pricing.focus import MANDATORY
 from apps.pricing.models import CostModel
 from apps.pricing.selectors import price_schedule

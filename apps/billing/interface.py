@@ -1,9 +1,27 @@
 """Billing's one door: the only module of apps.billing that other apps and the workers import.
 
 The rest of the app is private to it (an import-linter contract in pyproject.toml says so). Where
-each of these lives, and the bill's rules: apps/billing/README.md.
+each of these lives, and the bill's rules (bill.py, cost_engine.py): apps/billing/README.md.
 """
 
+from apps.billing.bill import (
+    breakdown_shown,
+    carbon_figure,
+    carbon_method,
+    carbon_shown,
+    carbon_unmeasured,
+    rollup_cost,
+)
+from apps.billing.cost_engine import (
+    JOULES_PER_KWH,
+    SECONDS_PER_HOUR,
+    CostBreakdown,
+    Projection,
+    Usage,
+    Weights,
+    cost_per_million_tokens,
+    project,
+)
 from apps.billing.focus_export import COLUMNS as FOCUS_COLUMNS
 from apps.billing.focus_export import focus_csv, month_bounds
 from apps.billing.reconcile import Reconciliation, reconciliation, reconciliation_csv
@@ -39,4 +57,26 @@ __all__ = [
     "Reconciliation",
     "reconciliation",
     "reconciliation_csv",
+    # The bill's rules that other apps read (bill.py, cost_engine.py; pure, no ORM). Only these:
+    # the run's bill itself is computed here, never elsewhere. The prices they apply (Prices,
+    # FREE) are pricing's, apps.pricing.prices.
+    # - a bill as the API, the pages and the report show it: unpriced components None, never $0;
+    #   gCO2e with its method and band, or unpriced, or unmeasured
+    "breakdown_shown",
+    "carbon_shown",
+    "carbon_figure",
+    "carbon_method",
+    "carbon_unmeasured",
+    # - the cost formula and its values: attribution prices an arm's rolled-up usage with it
+    #   (rollup_cost: linear, so SQL can multiply), the report projects a run to the target steps
+    "Usage",
+    "CostBreakdown",
+    "Weights",
+    "rollup_cost",
+    "Projection",
+    "project",
+    "cost_per_million_tokens",
+    # - the units the formula converts with (attribution's stored sums are in J and s)
+    "JOULES_PER_KWH",
+    "SECONDS_PER_HOUR",
 ]

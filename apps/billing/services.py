@@ -17,15 +17,14 @@ from django.db.models.functions import Concat
 from django.utils import timezone
 
 from apps.alerts.services import budget_event_record
-from apps.billing import spend_estimate
+from apps.billing import cost_engine, spend_estimate
+from apps.billing.bill import Bill, period_sums, run_bill, unpriced_seconds
 from apps.core.db import Compiled, fields_save, is_postgres
 from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Run
 from apps.experiments.params import run_params_merge
 from apps.experiments.selectors import month_start, tenant_month_spend
 from apps.experiments.services import run_external_check, runs_stopping_push
-from apps.pricing import cost_engine
-from apps.pricing.bill import Bill, period_sums, run_bill, unpriced_seconds
 from apps.pricing.models import CostModel, PricingTable
 from apps.pricing.selectors import price_schedule
 from apps.telemetry.compaction import stored_rows
@@ -782,7 +781,7 @@ def samples_bill(
     as_of: datetime | None = None,
 ) -> Bill:
     """The bill of samples that belong to no run (a strategy-search probe's timed stretch,
-    `after` the sample that opens it), by the rules a run is billed by: apps.pricing.bill over
+    `after` the sample that opens it), by the rules a run is billed by: apps.billing.bill over
     the tenant's price schedule (versions created after `as_of`, the probe's start, only from
     their creation), board power modelled the same way, unpriced time marked."""
     schedule = price_schedule(

@@ -11,12 +11,12 @@ from django.utils import timezone
 
 from apps.attribution.models import AttributionSnapshot, FreezeEvent, WeightChange
 from apps.attribution.reads import quality_curves, snapshot_series
+from apps.billing.interface import breakdown_shown
 from apps.core.db import EpochMs
 from apps.dashboard.quality import EVAL_LOSS, metric_words
 from apps.dashboard.series import RunSeries, epoch_ms, series_meta
 from apps.dashboard.verdicts import clip_low
 from apps.experiments.models import Arm, Experiment, Run
-from apps.pricing.bill import breakdown_shown
 
 # Telemetry charts of the experiment page (a run's page adds throughput and the NVML GPM kernel
 # counters). Memory and GPM are charted only where they were sent: a chart that is always empty (a

@@ -17,13 +17,13 @@ from django.db.models.functions import Coalesce, TruncDate
 from django.utils import timezone
 
 from apps.attribution.reads import experiment_report
+from apps.billing.interface import carbon_shown
 from apps.dashboard import charts
 from apps.dashboard.quality import quality_csv_columns, quality_csv_values
 from apps.dashboard.selectors import runs_visible, tenants_of
 from apps.dashboard.series import run_series
 from apps.experiments.models import Arm, Experiment, Run
 from apps.experiments.search import runs_search
-from apps.pricing.bill import carbon_shown
 from apps.tenants.models import Tenant
 
 COMPARE_MIN, COMPARE_MAX = 2, 4

@@ -168,7 +168,7 @@ class GpuPrice(models.Model):
 
 
 class CostModel(TimeStampedModel):
-    """How resource use becomes money; formulas live in apps.pricing.cost_engine."""
+    """How resource use becomes money; formulas live in billing (apps.billing.cost_engine)."""
 
     class Kind(models.TextChoices):
         RESOURCE_WEIGHTED = "resource_weighted", "Resource weighted"

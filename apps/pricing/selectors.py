@@ -9,9 +9,8 @@ from datetime import datetime
 from django.db.models import OuterRef, Q, QuerySet, Subquery
 
 from apps.core.db import Compiled
-from apps.pricing.bill import FREE
-from apps.pricing.cost_engine import Prices
 from apps.pricing.models import CostModel, GpuPrice, PricingTable
+from apps.pricing.prices import FREE, Prices
 
 
 def pricing_table_valid_at(*, tenant_id: int, at: datetime) -> PricingTable | None:

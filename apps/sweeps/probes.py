@@ -20,12 +20,11 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from apps.billing.interface import samples_bill
+from apps.billing.interface import cost_per_million_tokens, samples_bill
 from apps.core import leases
 from apps.core.queues import TaskName, task_send
 from apps.experiments.models import Run
 from apps.experiments.strategies import strategy_validate
-from apps.pricing.cost_engine import cost_per_million_tokens
 from apps.sweeps.measure import peak_memory_mb, timed_stretch
 from apps.sweeps.models import Probe, Sweep
 from apps.sweeps.proposer import Known, propose

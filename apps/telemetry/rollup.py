@@ -3,7 +3,8 @@
 A batch changes only the intervals it touches: the ones its new samples close, and the one
 after each (whose predecessor it now is). They lie in a few seq ranges around the batch:
 (lo, hi] from the stored row just before a cluster of its seqs to the one just after it.
-apps.billing.services bills each range as it is now and as it was, with apps.pricing.bill.
+apps.billing.services bills each range as it is now and as it was, by the bill's rules
+(apps.billing.bill, a floor above: named here, never imported).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from apps.telemetry.models import TelemetrySample
 CLUSTER_GAP = 64
 SEQ_MAX = 2**62
 
-# What apps.pricing.bill reads of a row.
+# What the bill (apps.billing.bill) reads of a row.
 BILL_FIELDS = (
     "seq",
     "attempt",

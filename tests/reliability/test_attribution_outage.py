@@ -8,9 +8,9 @@ import pytest
 
 from apps.attribution.models import AttributionWindow, RunWindow
 from apps.attribution.services import attribution_tick
+from apps.billing import cost_engine
 from apps.billing.services import telemetry_ingest
 from apps.experiments.models import Run
-from apps.pricing import cost_engine
 from apps.pricing.selectors import price_schedule
 from apps.telemetry.models import TelemetrySample
 from tests import pricing_reference

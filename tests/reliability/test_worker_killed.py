@@ -8,10 +8,10 @@ import time
 
 import pytest
 
+from apps.billing import cost_engine
 from apps.experiments.models import Run
 from apps.experiments.runs import runs_sweep_lost
 from apps.experiments.services import run_submit
-from apps.pricing import cost_engine
 from apps.pricing.selectors import price_schedule
 from apps.telemetry.models import TelemetrySample
 from tests import pricing_reference

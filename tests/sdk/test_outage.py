@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import costlab
+from apps.billing import cost_engine
+from apps.billing.bill import run_bill
 from apps.experiments.models import Run
-from apps.pricing import cost_engine
-from apps.pricing.bill import run_bill
 from apps.pricing.selectors import price_schedule
 from apps.telemetry.models import TelemetrySample
 from tests.helpers import start_web, stop_group

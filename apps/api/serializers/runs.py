@@ -4,11 +4,11 @@ from rest_framework import serializers
 
 from apps.api.serializers.fields import TagsField, TenantPrimaryKeyField
 from apps.api.serializers.params import MetricSummarySerializer
+from apps.billing.interface import breakdown_shown, carbon_shown
 from apps.experiments.models import Arm, Experiment, Run, RunAttempt
 from apps.experiments.resources import RESOURCE_ID_CHARS, RESOURCE_ID_MAX, resource_id_problem
 from apps.experiments.runs import run_artifacts_listed
 from apps.experiments.selectors import queue_places, runs_outliers
-from apps.pricing.bill import breakdown_shown, carbon_shown
 from apps.pricing.models import GpuSku, PricingTable
 from apps.telemetry.evaluations import run_evaluation_summary
 from apps.telemetry.metrics import run_metric_summary

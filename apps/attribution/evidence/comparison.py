@@ -14,7 +14,8 @@ rolled-up usage priced at the one table:
 
 never the bill plus a per-window delta (a window's bill can span several versions: the audit saw
 +14.7 % and -37.4 % between identical arms). The cost is linear in usage, so the unit prices come
-from apps.pricing.bill's formula at one unit of each resource and the database multiplies.
+from the bill's formula (apps.billing.bill) at one unit of each resource and the database
+multiplies.
 Tiered models price units of work, which no table changes: their comparison is the bill.
 """
 
@@ -24,9 +25,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from apps.pricing.bill import rollup_cost
-from apps.pricing.cost_engine import Prices, Weights
+from apps.billing.interface import Weights, rollup_cost
 from apps.pricing.models import CostModel
+from apps.pricing.prices import Prices
 
 MICRO = Decimal("0.000001")
 
@@ -62,8 +63,9 @@ class PriceDelta:
     """The USD difference one unit of each rolled-up resource makes between two price sets (from
     the free one: the unit prices of a table, apps.attribution.evidence.moments.unit_prices).
 
-    The resource-weighted cost is linear in usage, so apps.pricing.bill's formula evaluated at one
-    unit of each resource gives it; the database multiplies (apps.attribution.evidence.moments).
+    The resource-weighted cost is linear in usage, so the bill's formula (apps.billing.bill)
+    evaluated at one unit of each resource gives it; the database multiplies
+    (apps.attribution.evidence.moments).
     """
 
     gpu_second: Decimal

@@ -19,7 +19,7 @@ from apps.attribution.evidence.comparison import Comparison, PriceDelta
 from apps.attribution.models import AttributionWindow, RunCursor, RunWindow
 from apps.core.db import cte_fenced, is_postgres
 from apps.experiments.models import Arm, Run
-from apps.pricing.bill import FREE
+from apps.pricing.prices import FREE
 from apps.pricing.selectors import table_prices
 
 

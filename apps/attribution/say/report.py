@@ -16,17 +16,19 @@ from apps.attribution.evidence.comparison import Comparison
 from apps.attribution.evidence.device_classes import ClassVerdict, class_verdicts
 from apps.attribution.say.snapshots import policy_for
 from apps.attribution.selectors import arm_repricing, quality_curves, snapshots_latest
-from apps.experiments.models import Experiment, Run
-from apps.pricing.bill import carbon_figure, carbon_method, carbon_unmeasured
-from apps.pricing.cost_engine import (
+from apps.billing.interface import (
     JOULES_PER_KWH,
     SECONDS_PER_HOUR,
     CostBreakdown,
     Projection,
     Usage,
+    carbon_figure,
+    carbon_method,
+    carbon_unmeasured,
     cost_per_million_tokens,
     project,
 )
+from apps.experiments.models import Experiment, Run
 from apps.pricing.models import CostModel
 
 

@@ -18,8 +18,8 @@ from apps.attribution.decide.quality import QualityRule, QualitySums
 from apps.attribution.evidence.comparison import Comparison
 from apps.attribution.evidence.moments import observations_sums, run_moments
 from apps.attribution.models import AttributionSnapshot, AttributionWindow
+from apps.billing.interface import JOULES_PER_KWH, SECONDS_PER_HOUR
 from apps.experiments.models import Arm, Experiment
-from apps.pricing.cost_engine import JOULES_PER_KWH, SECONDS_PER_HOUR
 from apps.pricing.models import CostModel
 
 # The fields a recompute must reproduce exactly (everything but the row's identity and clock).

@@ -8,8 +8,9 @@ import pytest
 
 from apps.attribution.models import AttributionSnapshot
 from apps.attribution.say.snapshots import COMPARED_FIELDS, window_recompute
+from apps.billing.cost_engine import Usage, resource_weighted_cost
 from apps.experiments.models import Run
-from apps.pricing.cost_engine import Prices, Usage, resource_weighted_cost
+from apps.pricing.prices import Prices
 from tests.apps.attribution.lab import MICRO, Lab
 from tests.factories import GpuPriceFactory, PricingTableFactory
 

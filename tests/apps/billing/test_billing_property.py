@@ -3,7 +3,7 @@
 For random sample sets (seq and time gaps, fractional intervals, power readings and energy
 counters present or not, price tables starting anywhere, inside gaps too) and a random
 delivery (permutation, batching, repeated batches, the first batch arriving last), the totals
-stored after every batch has landed equal apps.pricing.bill over the sorted set, to the
+stored after every batch has landed equal apps.billing.bill over the sorted set, to the
 micro-dollar, and so do they after finish. Real Postgres; nothing mocked.
 """
 
@@ -18,11 +18,12 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from apps.billing import cost_engine
+from apps.billing.bill import run_bill
 from apps.billing.services import telemetry_ingest
 from apps.experiments.models import Run
 from apps.experiments.services import run_external_finish
-from apps.pricing import cost_engine
-from apps.pricing.bill import run_bill
+from apps.pricing.prices import Prices
 from apps.pricing.selectors import price_schedule
 from apps.telemetry.models import TelemetrySample
 from tests.factories import (
@@ -192,12 +193,12 @@ def deliver_and_check(data, run: Run, sorted_set: list[dict], t0: datetime) -> N
 
 
 def test_the_reference_itself_splits_time_at_a_price_boundary():
-    """Hand check of apps.pricing.bill: 2 samples 100 s apart, a table starting 30 s in."""
+    """Hand check of apps.billing.bill: 2 samples 100 s apart, a table starting 30 s in."""
     t0 = datetime(2026, 5, 1, tzinfo=UTC)
-    cheap = cost_engine.Prices(
+    cheap = Prices(
         gpu_hour_usd=3.6, electricity_usd_per_kwh=0, pue=1, vcpu_hour_usd=0, memory_gb_hour_usd=0
     )
-    dear = cost_engine.Prices(
+    dear = Prices(
         gpu_hour_usd=36.0, electricity_usd_per_kwh=0, pue=1, vcpu_hour_usd=0, memory_gb_hour_usd=0
     )
     blank = {"attempt": 1, "energy_j": None, "power_w": None, "util_pct": None, "estimated": False}

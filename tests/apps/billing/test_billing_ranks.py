@@ -2,7 +2,7 @@
 seq).
 
 Each rank's samples close their own intervals; time and energy add up over the devices, the
-world's progress (tokens, steps) counts once. The stored totals equal apps.pricing.bill over
+world's progress (tokens, steps) counts once. The stored totals equal apps.billing.bill over
 the sorted set whatever the delivery (order, batching, retries), as for a single stream.
 """
 
@@ -15,9 +15,9 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from apps.billing.bill import run_bill
 from apps.experiments.models import Run
-from apps.pricing import cost_engine
-from apps.pricing.bill import run_bill
+from apps.pricing.prices import Prices
 from tests.apps.billing.test_billing_property import _world, deliver_and_check
 
 pytestmark = pytest.mark.django_db
@@ -84,7 +84,7 @@ def test_two_devices_bill_twice_the_time_and_the_world_progress_once():
     """Hand check: two ranks, each sampled at 0 s and 100 s, on a 2-GPU run at 3.6 USD per
     GPU-hour."""
     t0 = datetime(2026, 5, 1, tzinfo=UTC)
-    prices = cost_engine.Prices(
+    prices = Prices(
         gpu_hour_usd=3.6, electricity_usd_per_kwh=0, pue=1, vcpu_hour_usd=0, memory_gb_hour_usd=0
     )
     blank = {"attempt": 1, "power_w": None, "util_pct": None, "estimated": False}

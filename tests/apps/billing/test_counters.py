@@ -54,7 +54,7 @@ def test_steps_after_a_counter_reset_are_summed(gpu_run):  # noqa: F811
 
 def test_a_cpu_run_with_neither_power_nor_energy_has_unmeasured_carbon():
     """Issue 45: 0 g labelled 'rapl ±10 %' for a run that measured nothing; now unmeasured."""
-    from apps.pricing.bill import carbon_shown
+    from apps.billing.bill import carbon_shown
 
     shown = carbon_shown(
         breakdown={"carbon_g": 0.0}, gpu_count=0, energy_estimated=False, energy_j=0.0, wall_s=60

@@ -7,10 +7,10 @@ from decimal import Decimal
 
 import pytest
 
+from apps.billing import cost_engine
 from apps.billing.services import telemetry_ingest
 from apps.core.exceptions import ApplicationError
 from apps.experiments.models import Run
-from apps.pricing import cost_engine
 from apps.pricing.selectors import price_schedule
 from apps.telemetry.models import TelemetrySample
 from tests import pricing_reference

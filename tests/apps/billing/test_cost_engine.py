@@ -12,9 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from apps.pricing.cost_engine import (
+from apps.billing.cost_engine import (
     CostBreakdown,
-    Prices,
     Projection,
     Usage,
     Weights,
@@ -23,6 +22,7 @@ from apps.pricing.cost_engine import (
     resource_weighted_cost,
     tiered_cost,
 )
+from apps.pricing.prices import Prices
 from tests.pricing_reference import price_samples, usage_between
 
 # 3.00 USD per GPU-hour, 0.15 USD/kWh, PUE 1.2, 0.04 USD per vCPU-hour, 0.005 USD per GB-hour.

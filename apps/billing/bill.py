@@ -27,27 +27,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from apps.pricing.cost_engine import (
+from apps.billing.cost_engine import (
     CostBreakdown,
-    Prices,
     Usage,
     Weights,
     _seconds,
     resource_weighted_cost,
 )
-
-# Before a tenant's first pricing table there is no price: such time costs nothing, and every
-# component of it is marked unpriced.
-COMPONENTS = ("gpu", "energy", "vcpu", "memory", "carbon")
-FREE = Prices(
-    gpu_hour_usd=0,
-    electricity_usd_per_kwh=0,
-    pue=1,
-    vcpu_hour_usd=0,
-    memory_gb_hour_usd=0,
-    unpriced=frozenset(COMPONENTS),
-)
-
+from apps.pricing.prices import FREE, Prices
 
 # A component's line in a run's cost_breakdown.
 BREAKDOWN_KEYS = {

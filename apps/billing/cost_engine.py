@@ -1,10 +1,11 @@
 """Cost engine: how telemetry becomes money. Pure functions, no ORM, no Django.
 
 A run's bill (intervals split exactly at price boundaries, attempts, modelled energy) is
-apps.pricing.bill's, which prices with resource_weighted_cost and tiered_cost from here. Runs and
-strategy-search probes alike are billed by apps.pricing.bill (apps.billing.services). The tests'
-independent hand calculation (each interval at the table in force when it closed) lives with the
-tests: tests/pricing_reference.py.
+apps.billing.bill's, which prices with resource_weighted_cost and tiered_cost from here. Runs and
+strategy-search probes alike are billed by apps.billing.bill (apps.billing.services). The prices
+themselves (Prices, FREE) are pricing's: apps.pricing.prices. The tests' independent hand
+calculation (each interval at the table in force when it closed) lives with the tests:
+tests/pricing_reference.py.
 
 Conventions (the why behind the numbers):
 - Quantities and money are floats; rounding happens only where results are stored.
@@ -29,20 +30,10 @@ from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any
 
+from apps.pricing.prices import Prices, reject_negative_fields
+
 SECONDS_PER_HOUR = 3600.0
 JOULES_PER_KWH = 3_600_000.0
-
-
-def _non_negative(obj: Any) -> None:
-    """Reject negative, NaN or infinite fields: they would make a cost negative or meaningless."""
-    for f in fields(obj):
-        value = getattr(obj, f.name)
-        if not isinstance(value, int | float):
-            continue
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(
-                f"{type(obj).__name__}.{f.name} must be a finite number >= 0, got {value!r}"
-            )
 
 
 def _add(a: Any, b: Any) -> Any:
@@ -56,42 +47,6 @@ def _sub(a: Any, b: Any) -> Any:
 
 
 @dataclass(frozen=True)
-class Prices:
-    """Unit prices in force at one moment (one pricing table and one GPU SKU's hourly rate)."""
-
-    gpu_hour_usd: float
-    electricity_usd_per_kwh: float
-    pue: float
-    vcpu_hour_usd: float
-    memory_gb_hour_usd: float
-    carbon_g_per_kwh: float = 0.0  # the grid's gCO2e per kWh (x PUE, like the electricity price)
-    # Components that have no price here (their 0 above is not a price): "gpu" when the table
-    # has no rate for the run's SKU; all of them before a tenant's first table.
-    unpriced: frozenset[str] = frozenset()
-
-    def __post_init__(self) -> None:
-        _non_negative(self)
-
-    @classmethod
-    def from_table(cls, table: Any, gpu_hour_usd: Any) -> Prices:
-        """Build from a PricingTable-like object (duck-typed, Decimals become floats);
-        gpu_hour_usd None: the table has no rate for the SKU (priced 0, marked unpriced)."""
-        carbon = getattr(table, "carbon_g_per_kwh", None)
-        unpriced = ({"gpu"} if gpu_hour_usd is None else set()) | (
-            {"carbon"} if carbon is None else set()
-        )
-        return cls(
-            unpriced=frozenset(unpriced),
-            carbon_g_per_kwh=float(carbon or 0),
-            gpu_hour_usd=float(gpu_hour_usd or 0),
-            electricity_usd_per_kwh=float(table.electricity_usd_per_kwh),
-            pue=float(table.pue),
-            vcpu_hour_usd=float(table.vcpu_hour_usd),
-            memory_gb_hour_usd=float(table.memory_gb_hour_usd),
-        )
-
-
-@dataclass(frozen=True)
 class Weights:
     """Multipliers of the resource_weighted cost model, one per resource term."""
 
@@ -101,7 +56,7 @@ class Weights:
     memory: float = 1.0
 
     def __post_init__(self) -> None:
-        _non_negative(self)
+        reject_negative_fields(self)
 
     @classmethod
     def from_cost_model(cls, cost_model: Any) -> Weights:
