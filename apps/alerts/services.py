@@ -33,7 +33,7 @@ from apps.core.queues import TaskName
 from apps.tenants.models import Tenant
 
 # The name these log lines have always carried (log filters read it), kept from before the move.
-logger = logging.getLogger("costlab.attribution")
+logger = logging.getLogger("costlab.alerts")
 
 DELIVER_TASK = TaskName.ALERT_DELIVER
 RETRYABLE_STATUS = {408, 425, 429}

@@ -143,7 +143,7 @@ def test_a_receiver_that_keeps_failing_is_recorded_failed_and_the_freeze_stands(
 ):
     receiver.script = [(500, 0.0)] * 10
     lab = lab_with_channel(url=receiver.url)
-    with caplog.at_level(logging.ERROR, logger="costlab.attribution"):
+    with caplog.at_level(logging.ERROR, logger="costlab.alerts"):
         tick_until_frozen(lab, django_capture_on_commit_callbacks)
     delivery = AlertDelivery.objects.get()
     assert (delivery.status, delivery.attempts, delivery.last_status_code) == ("failed", 3, 500)
@@ -183,7 +183,7 @@ def test_email_and_the_structured_log_line(
     eager_delivery, django_capture_on_commit_callbacks, caplog
 ):
     lab = lab_with_channel(emails="ml-team@example.com; oncall@example.com")
-    with caplog.at_level(logging.WARNING, logger="costlab.attribution"):
+    with caplog.at_level(logging.WARNING, logger="costlab.alerts"):
         event = tick_until_frozen(lab, django_capture_on_commit_callbacks)
     assert len(mail.outbox) == 1
     message = mail.outbox[0]
