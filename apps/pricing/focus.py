@@ -1,5 +1,6 @@
-"""Prices from the bill: a FOCUS cost-and-usage export (1.0 to 1.3, CSV or Parquet) becomes a new
-version of a tenant's pricing table.
+"""Prices from the bill: a FOCUS cost-and-usage export (1.0 to 1.3, CSV or Parquet; or with the
+names before 1.0 that the FinOps Foundation's focus-converter writes) becomes a new version of a
+tenant's pricing table.
 
 What it reads (docs/billing.md, "Prices from your invoice"): the usage rows of whole instances
 priced by the hour (ChargeCategory Usage, PricingUnit hours) whose instance type the catalogue
@@ -18,11 +19,12 @@ commitment discounts are in EffectiveCost as FOCUS amortises them, and a commitm
 
 Every other row is left out and listed with its reason (a credit, a tax, a purchase, another
 billing account or currency, a unit that is not hours, an unknown instance type, a zero or
-negative quantity, a row repeated): nothing is summed silently. Rows are streamed (CSV: the
-standard library's reader; Parquet: pyarrow, by record batches) and aggregated per instance type,
-so memory does not grow with the file, except for one 12-byte digest per counted row (to find
-repeats). Each counted row's EffectiveCost and hours are also kept per ResourceId and UTC day
-(FocusUsage, written in batches as the file is read), for billing's reconciliation.
+negative quantity, hours at a negative cost, a row repeated): nothing is summed silently. Rows are
+streamed (CSV: the standard library's reader; Parquet: pyarrow, by record batches) and aggregated
+per instance type, so memory does not grow with the file, except for one 12-byte digest per
+counted row (to find repeats). Each counted row's EffectiveCost and hours are also kept per
+ResourceId and UTC day (FocusUsage, written in batches as the file is read), for billing's
+reconciliation.
 
 A file missing a mandatory FOCUS column of its version, or of a version costlab does not know, is
 refused naming the columns, and nothing is stored. The same file imported again (its SHA-256)
@@ -88,14 +90,47 @@ MANDATORY = {
     "1.3": tuple(c for c in _MANDATORY if c not in ("ProviderName", "PublisherName"))
     + ("ServiceProviderName", "HostProviderName"),
 }
+# FOCUS before 1.0 (0.5 and the drafts up to 1.0-preview) named three columns that 1.0 renamed, and
+# had no ChargeClass or ContractedCost. The FinOps Foundation's focus-converter (1.0.0, which turns
+# a provider's native billing export into FOCUS) still writes those names with no FocusVersion: a
+# file naming Provider and not ProviderName is read as such ("pre-1.0"), the renamed columns
+# standing for 1.0's.
+PRE_1_0 = "pre-1.0"
+RENAMED_IN_1_0 = {
+    "InvoiceIssuerName": "InvoiceIssuer",
+    "ProviderName": "Provider",
+    "PublisherName": "Publisher",
+}
+MANDATORY[PRE_1_0] = tuple(
+    RENAMED_IN_1_0.get(c, c) for c in _MANDATORY if c not in ("ChargeClass", "ContractedCost")
+)
 # Where a file may say its version (FOCUS keeps it in the dataset's metadata; some exports carry it
 # as a column).
 VERSION_COLUMNS = ("FocusVersion", "x_FocusVersion")
+
+# A provider's own billing columns that focus-converter carries into its FOCUS file unchanged (with
+# its default --export-include-source-columns): where AWS's CUR (its CSV headers, its Athena and
+# Parquet names) and Azure's cost details name the instance type, the CUR's invoice, Azure's
+# charge type (its unused reservation hours are Usage in the converter's FOCUS) and Google Cloud's
+# system labels (the machine type of a core's, memory's or GPU's row).
+NATIVE = (
+    "lineItem/UsageType",
+    "line_item_usage_type",
+    "bill/InvoiceId",
+    "bill_invoice_id",
+    "AdditionalInfo",
+    "ChargeType",
+    "system_labels",
+)
+UNUSED_CHARGE_TYPES = {"UnusedReservation", "UnusedSavingsPlan"}  # Azure's, in ChargeType
+GCP_MACHINE = "compute.googleapis.com/machine_spec"
 
 # The columns read beyond the mandatory ones, when a file has them.
 OPTIONAL = (
     "CommitmentDiscountStatus",
     "CommitmentDiscountId",
+    "ConsumedQuantity",
+    "ConsumedUnit",
     "InvoiceId",
     "SkuPriceDetails",
     "SkuPriceId",
@@ -106,6 +141,7 @@ OPTIONAL = (
     "x_CostlabResource",
     "x_CostlabGpuSku",
     *VERSION_COLUMNS,
+    *NATIVE,
 )
 
 HOURS = {"hour", "hours", "hr", "hrs", "1 hour"}
@@ -213,13 +249,16 @@ class _Table:
 
 def _version(columns: list[str], asked: str | None, first: dict | None) -> str:
     """The file's FOCUS version: asked for, else a version column's, else by its columns (1.3 has
-    ServiceProviderName; 1.0 to 1.2 share their mandatory columns)."""
+    ServiceProviderName; a file naming Provider, not ProviderName, has FOCUS's names before 1.0;
+    1.0 to 1.2 share their mandatory columns)."""
     said = asked
     if said is None and first is not None:
         said = next((str(first[c]) for c in VERSION_COLUMNS if first.get(c)), None)
     if said is None:  # 1.0 to 1.2 share their mandatory columns: the label is what differs
         if "ServiceProviderName" in columns:
             return "1.3"
+        if "Provider" in columns and "ProviderName" not in columns:
+            return PRE_1_0
         if "InvoiceId" in columns or "PricingCurrency" in columns:
             return "1.2"
         if {"SkuPriceDetails", "ServiceSubcategory", "CapacityReservationId"} & set(columns):
@@ -238,9 +277,11 @@ def _version(columns: list[str], asked: str | None, first: dict | None) -> str:
 def _refuse_missing(columns: list[str], version: str) -> None:
     missing = [c for c in MANDATORY[version] if c not in columns]
     if missing:
+        older = [RENAMED_IN_1_0[c] for c in missing if RENAMED_IN_1_0.get(c) in columns]
+        hint = f" (the file has {', '.join(older)}: names before FOCUS 1.0)" if older else ""
         raise ApplicationError(
             f"columns: not a FOCUS {version} cost-and-usage file: mandatory columns missing: "
-            f"{', '.join(missing)}",
+            f"{', '.join(missing)}{hint}",
             {"fields": {"file": [f"missing column {c}" for c in missing]}, "missing": missing},
             code="invalid",
         )
@@ -315,14 +356,16 @@ def catalogue() -> dict[str, Instance]:
 
 def instance_name(row: dict) -> str | None:
     """The instance type a row names, wherever its provider writes it: SkuPriceDetails'
-    InstanceType (FOCUS 1.1 and later, any provider), Azure's x_SkuDetails ServiceType, or AWS's
-    x_UsageType (BoxUsage:p5.48xlarge)."""
+    InstanceType (FOCUS 1.1 and later, any provider), Azure's x_SkuDetails ServiceType (its
+    AdditionalInfo's, where focus-converter carried that column over), or AWS's x_UsageType
+    (BoxUsage:p5.48xlarge; the CUR's usage type, carried over)."""
     name = _mapping(row.get("SkuPriceDetails")).get("InstanceType")
-    if not name:
-        name = _mapping(row.get("x_SkuDetails")).get("ServiceType")
-    if not name and row.get("x_UsageType"):
-        match = _AWS_USAGE.search(str(row["x_UsageType"]))
-        name = match.group(1) if match else None
+    for column in ("x_SkuDetails", "AdditionalInfo"):
+        name = name or _mapping(row.get(column)).get("ServiceType")
+    for column in ("x_UsageType", "lineItem/UsageType", "line_item_usage_type"):
+        if not name and row.get(column):
+            match = _AWS_USAGE.search(str(row[column]))
+            name = match.group(1) if match else None
     return str(name).strip() if name else None
 
 
@@ -331,7 +374,28 @@ INSTANCE_COLUMNS = (
     ("SkuPriceDetails", "InstanceType"),
     ("x_SkuDetails", "ServiceType"),
     ("x_UsageType", "BoxUsage:<type>"),
+    ("AdditionalInfo", "ServiceType"),
+    ("lineItem/UsageType", "BoxUsage:<type>"),
+    ("line_item_usage_type", "BoxUsage:<type>"),
 )
+
+
+def _machine_spec(row: dict) -> str | None:
+    """The machine type of Google Cloud's system_labels (a list of key and value: Parquet's
+    structs, or JSON text), which its billing export writes on a machine's core, memory and GPU
+    rows alike."""
+    labels = row.get("system_labels")
+    if isinstance(labels, str):
+        try:
+            labels = json.loads(labels)
+        except ValueError:
+            return None
+    if not isinstance(labels, list):
+        return None
+    for label in labels:
+        if isinstance(label, dict) and label.get("key") == GCP_MACHINE and label.get("value"):
+            return str(label["value"])
+    return None
 
 
 def _no_instance(row: dict) -> str:
@@ -376,6 +440,14 @@ def _instance(row: dict, known: dict[str, Instance]) -> tuple[Instance | None, s
         return None, "no resource priced", f"x_CostlabResource {resource}"
     name = instance_name(row)
     if name is None:
+        machine = _machine_spec(row)
+        if machine:  # one SKU of a machine (its cores, memory or GPUs): not an instance-hour
+            return (
+                None,
+                "priced per component, not per instance-hour",
+                f"system_labels {GCP_MACHINE} {machine}: Google Cloud bills a machine's cores, "
+                "memory and GPUs as SKUs of their own",
+            )
         return None, "no instance type", _no_instance(row)
     found = known.get(name.lower()) or known.get(f"standard_{name.lower()}")
     if found is None:
@@ -394,6 +466,9 @@ class _Aggregate:
     effective: Decimal = Decimal("0")
     billed: Decimal = Decimal("0")
     listed: Decimal = Decimal("0")
+    listed_hours: Decimal = Decimal("0")  # of the rows with a ListCost
+    unlisted_rows: int = 0  # rows with no ListCost
+    consumed_rows: int = 0  # rows with no PricingUnit, read by their ConsumedQuantity
     committed_hours: Decimal = Decimal("0")
 
     def shown(self) -> dict:
@@ -412,7 +487,9 @@ class _Aggregate:
             "billed_cost": _text(self.billed),
             "list_cost": _text(self.listed),
             "effective_hourly": _text(per_hour),
-            "list_hourly": _text(self.listed / self.hours),
+            "list_hourly": _text(self.listed / self.listed_hours) if self.listed_hours else None,
+            "rows_without_list_cost": self.unlisted_rows,
+            "rows_hours_from_consumed_quantity": self.consumed_rows,
             "effective_per_gpu_hour": _text(per_hour / inst.gpu_count) if inst.gpu_count else None,
             "effective_per_vcpu_hour": None if inst.gpu_count else _text(per_hour / inst.vcpus),
         }
@@ -528,17 +605,23 @@ def _read_row(
     if row.get("ChargeClass") == "Correction":
         reading.skip(number, "correction of an earlier period", "ChargeClass Correction", row)
         return
-    if row.get("CommitmentDiscountStatus") == "Unused":
+    unused = row.get("ChargeType") in UNUSED_CHARGE_TYPES  # Azure's, carried over
+    if row.get("CommitmentDiscountStatus") == "Unused" or unused:
         reading.skip(
             number,
             "unused commitment (no instance's usage)",
-            "CommitmentDiscountStatus Unused",
+            f"ChargeType {row['ChargeType']}" if unused else "CommitmentDiscountStatus Unused",
             row,
         )
         return
-    unit = str(row.get("PricingUnit") or "")
+    quantity_column, unit_column = "PricingQuantity", "PricingUnit"
+    pricing = (row.get("PricingUnit"), row.get("PricingQuantity"))
+    if pricing == (None, None) and row.get("ConsumedUnit") is not None:
+        # no pricing unit at all (focus-converter leaves Azure's empty): the consumed hours
+        quantity_column, unit_column = "ConsumedQuantity", "ConsumedUnit"
+    unit = str(row.get(unit_column) or "")
     if unit.strip().lower() not in HOURS:
-        reading.skip(number, "non-hourly unit", f"PricingUnit {unit or 'empty'}", row)
+        reading.skip(number, "non-hourly unit", f"{unit_column} {unit or 'empty'}", row)
         return
     instance, reason, detail = _instance(row, known)
     if instance is None:
@@ -556,25 +639,42 @@ def _read_row(
             reading.skip(number, reason, detail, row)
             return
     try:
-        quantity = _decimal(row, "PricingQuantity")
+        quantity = _decimal(row, quantity_column)
         effective = _decimal(row, "EffectiveCost")
         listed = _decimal(row, "ListCost")
         billed = _decimal(row, "BilledCost")
     except ValueError as exc:
         reading.skip(number, "not a number", str(exc), row)
         return
-    for column, value in (("EffectiveCost", effective), ("ListCost", listed)):
-        if value is None:
-            reading.skip(number, "no cost", f"{column} empty", row)
-            return
+    if effective is None:
+        reading.skip(number, "no cost", "EffectiveCost empty", row)
+        return
     if quantity is None or quantity == 0:
-        reading.skip(number, "zero quantity", "PricingQuantity 0 or empty", row)
+        reading.skip(number, "zero quantity", f"{quantity_column} 0 or empty", row)
         return
     if quantity < 0:
         reading.skip(
             number,
             "negative quantity (a refund or correction, not a price)",
-            f"PricingQuantity {quantity}",
+            f"{quantity_column} {quantity}",
+            row,
+        )
+        return
+    for column, value in (("EffectiveCost", effective), ("BilledCost", billed)):
+        if value is not None and value < 0:  # as AWS's SavingsPlanNegation, a discount's line
+            reading.skip(
+                number,
+                "negative cost of hours (a negation or discount, not a price)",
+                f"{column} {value}",
+                row,
+            )
+            return
+    if effective == 0 and row.get("CommitmentDiscountId"):
+        reading.skip(
+            number,
+            "commitment-covered hours at EffectiveCost 0 (not amortised: a cost export "
+            "without the commitment's share)",
+            f"CommitmentDiscountId {str(row['CommitmentDiscountId'])[:80]}",
             row,
         )
         return
@@ -590,14 +690,21 @@ def _read_row(
     aggregate.rows += 1
     aggregate.hours += quantity
     aggregate.effective += effective
-    aggregate.listed += listed
+    if listed is None:  # FOCUS's ListCost is mandatory; a converter may leave it empty
+        aggregate.unlisted_rows += 1
+    else:
+        aggregate.listed += listed
+        aggregate.listed_hours += quantity
+    if quantity_column == "ConsumedQuantity":
+        aggregate.consumed_rows += 1
     aggregate.billed += billed or Decimal("0")
     if row.get("CommitmentDiscountStatus") == "Used":
         aggregate.committed_hours += quantity
     if usage is not None:
         usage.add(row, instance, quantity, effective)
-    if row.get("InvoiceId") and len(reading.invoices) < 20:
-        reading.invoices.add(str(row["InvoiceId"]))
+    invoice = row.get("InvoiceId") or row.get("bill/InvoiceId") or row.get("bill_invoice_id")
+    if invoice and len(reading.invoices) < 20:
+        reading.invoices.add(str(invoice))
     start, end = _day(row.get("BillingPeriodStart")), _day(row.get("BillingPeriodEnd"))
     if start and (not reading.period[0] or start < reading.period[0]):
         reading.period[0] = start

@@ -174,3 +174,115 @@ def to_parquet(rows: list[dict], *, row_group_size: int = 3) -> bytes:
     sink = io.BytesIO()
     pq.write_table(pa.table(arrays), sink, row_group_size=row_group_size)
     return sink.getvalue()
+
+
+# The FOCUS columns the FinOps Foundation's focus-converter (PyPI `focus-converter` 1.0.0) writes,
+# each one even where it fills none: FOCUS's names before 1.0 (Provider, Publisher, InvoiceIssuer),
+# no ChargeClass, ContractedCost or FocusVersion. The provider's own columns follow, carried over
+# unchanged (its default); dates as "2026-05-14 00:00:00.000Z".
+CONVERTED = (
+    "ChargePeriodStart",
+    "ChargePeriodEnd",
+    "ChargeFrequency",
+    "ChargeDescription",
+    "ChargeCategory",
+    "BillingPeriodStart",
+    "BillingPeriodEnd",
+    "Provider",
+    "Publisher",
+    "InvoiceIssuer",
+    "BillingAccountId",
+    "BillingAccountName",
+    "BilledCost",
+    "BillingCurrency",
+    "EffectiveCost",
+    "RegionId",
+    "ServiceCategory",
+    "ServiceName",
+    "SubAccountName",
+    "SubAccountId",
+    "AvailabilityZone",
+    "ResourceName",
+    "ResourceId",
+    "ResourceType",
+    "CommitmentDiscountName",
+    "CommitmentDiscountId",
+    "CommitmentDiscountType",
+    "CommitmentDiscountCategory",
+    "PricingQuantity",
+    "PricingUnit",
+    "PricingCategory",
+    "SkuId",
+    "SkuPriceId",
+    "ListUnitPrice",
+    "ListCost",
+    "ConsumedQuantity",
+    "ConsumedUnit",
+)
+
+
+def converted_cur(usage_type: str, *, hours, effective, billed=None, listed=None, **extra) -> dict:
+    """An EC2 row of a legacy AWS CUR (CSV) once converted: the CUR's unit "Hrs", its columns
+    (lineItem/UsageType, bill/InvoiceId, ...) after FOCUS's."""
+    billed = effective if billed is None else billed
+    return {
+        **dict.fromkeys(CONVERTED, ""),
+        "ChargePeriodStart": "2026-05-14 00:00:00.000Z",
+        "ChargePeriodEnd": "2026-05-14 10:00:00.000Z",
+        "ChargeCategory": "Usage",
+        "BillingPeriodStart": "2026-05-01 00:00:00.000Z",
+        "BillingPeriodEnd": "2026-06-01 00:00:00.000Z",
+        "Provider": "AWS",
+        "Publisher": "Amazon Web Services, Inc.",
+        "InvoiceIssuer": "Amazon Web Services, Inc.",
+        "BillingAccountId": "210987654321",
+        "BillingCurrency": "USD",
+        "BilledCost": str(billed),
+        "EffectiveCost": str(effective),
+        "ServiceCategory": "Compute",
+        "ServiceName": "AmazonEC2",
+        "ResourceId": "i-0feedfacefeedface",
+        "PricingQuantity": f"{hours}.0",
+        "PricingUnit": "Hrs",
+        "ListCost": "" if listed is None else str(listed),
+        "ConsumedQuantity": str(hours),
+        "ConsumedUnit": "Hrs",
+        "lineItem/LineItemType": "Usage",
+        "lineItem/UsageType": usage_type,
+        "bill/InvoiceId": "INV-CUR-0526",
+        **extra,
+    }
+
+
+def converted_azure(size: str | None, *, hours, cost, unit="Hours", **extra) -> dict:
+    """A virtual machine row of Azure's cost details once converted: no PricingUnit,
+    PricingQuantity or ListCost (the converter fills none), the hours in ConsumedQuantity, the size
+    in AdditionalInfo's ServiceType; the charge period runs from the billing period's start to the
+    row's date (the converter's reading of Azure's columns)."""
+    return {
+        **dict.fromkeys(CONVERTED, ""),
+        "ChargePeriodStart": "2026-05-01 00:00:00.000Z",
+        "ChargePeriodEnd": "2026-05-14 00:00:00.000Z",
+        "ChargeCategory": "Usage",
+        "BillingPeriodStart": "2026-05-01 00:00:00.000Z",
+        "BillingPeriodEnd": "2026-05-31 00:00:00.000Z",
+        "Provider": "Azure",
+        "Publisher": "Microsoft",
+        "InvoiceIssuer": "Microsoft",
+        "BillingAccountId": "87654321",
+        "BillingAccountName": "Example ML",
+        "BillingCurrency": "USD",
+        "BilledCost": str(cost),
+        "EffectiveCost": str(cost),
+        "ServiceName": "Microsoft.Compute",
+        "ResourceId": "/subscriptions/0000/resourceGroups/train/providers/Microsoft.Compute/"
+        "virtualMachines/gpu-node-1",
+        "ConsumedQuantity": str(hours),
+        "ConsumedUnit": unit,
+        # Azure's own columns: InvoiceId and PublisherName share FOCUS's names
+        "InvoiceId": "G087654321",
+        "PublisherName": "Microsoft",
+        "ChargeType": "Usage",
+        "AdditionalInfo": json.dumps({"ServiceType": size, "VCPUs": 96}) if size else "",
+        **extra,
+    }

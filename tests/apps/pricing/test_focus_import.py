@@ -14,7 +14,18 @@ from apps.core.exceptions import ApplicationError
 from apps.experiments.selectors import gpu_skus_in_use
 from apps.pricing.focus import pricing_table_import_focus
 from apps.pricing.models import FocusImport, GpuPrice, GpuSku, InstanceType, PricingTable
-from tests.apps.pricing.focus_files import BASE, aws, azure, gcp, to_csv, to_parquet, usage
+from tests.apps.pricing.focus_files import (
+    BASE,
+    CONVERTED,
+    aws,
+    azure,
+    converted_azure,
+    converted_cur,
+    gcp,
+    to_csv,
+    to_parquet,
+    usage,
+)
 from tests.factories import (
     ArmFactory,
     ExperimentFactory,
@@ -305,7 +316,8 @@ def test_commitment_example_files_rows_without_instance_type_say_where_costlab_l
     tenant = TenantFactory()
     nowhere = (
         "the file has no column that names one: SkuPriceDetails (InstanceType), "
-        "x_SkuDetails (ServiceType), x_UsageType (BoxUsage:<type>)"
+        "x_SkuDetails (ServiceType), x_UsageType (BoxUsage:<type>), AdditionalInfo (ServiceType), "
+        "lineItem/UsageType (BoxUsage:<type>), line_item_usage_type (BoxUsage:<type>)"
     )
     with pytest.raises(ApplicationError, match="^file: no hourly usage of a known instance") as no:
         imported(tenant, to_csv(commitment_month(instance_types=False)))
@@ -445,3 +457,205 @@ def test_base_row_has_every_mandatory_column():
     from apps.pricing.focus import MANDATORY
 
     assert set(MANDATORY["1.2"]) <= set(BASE)
+
+
+# --- what the FinOps Foundation's focus-converter writes (rows of our own in its shape) ----------
+
+SAVINGS_PLAN = "arn:aws:savingsplans::210987654321:savingsplan/sp-9"
+
+
+def converted_cur_month() -> list[dict]:
+    """A legacy CUR through focus-converter: on demand, hours a savings plan covers and their
+    negation line (the converter makes both Usage), CPU, storage, the plan's fee, tax, a credit
+    (an Adjustment there) and an instance type the catalogue lacks."""
+    plan = {"CommitmentDiscountId": SAVINGS_PLAN}
+    return [
+        converted_cur("BoxUsage:p5.48xlarge", hours=10, effective="600.00", listed="983.20"),  # 1
+        converted_cur(  # 2: covered: EffectiveCost the plan's rate, BilledCost on demand's
+            "USE1-BoxUsage:p4d.24xlarge",
+            hours=4,
+            effective="96.00",
+            billed="131.12",
+            listed="131.12",
+            **plan,
+            **{"lineItem/LineItemType": "SavingsPlanCoveredUsage"},
+        ),
+        converted_cur(  # 3: its negation: the same hours again, BilledCost below 0, no list
+            "USE1-BoxUsage:p4d.24xlarge",
+            hours=4,
+            effective="0",
+            billed="-131.12",
+            **plan,
+            **{"lineItem/LineItemType": "SavingsPlanNegation"},
+        ),
+        converted_cur("BoxUsage:m7i.2xlarge", hours=5, effective="2.00", listed="2.016"),  # 4
+        converted_cur(  # 5
+            "EBS:VolumeUsage.gp3", hours=1, effective="0.08", PricingUnit="GB-Mo", ConsumedUnit=""
+        ),
+        {  # 6: the plan's fee
+            **converted_cur("ComputeSP:1yrNoUpfront", hours=24, effective="384.00", **plan),
+            "ChargeCategory": "Purchase",
+            "BilledCost": "480.00",
+        },
+        {**converted_cur("", hours=1, effective="90.00"), "ChargeCategory": "Tax"},  # 7
+        {**converted_cur("", hours=0, effective="-25.00"), "ChargeCategory": "Adjustment"},  # 8
+        converted_cur("BoxUsage:x2iedn.32xlarge", hours=3, effective="80.04"),  # 9
+    ]
+
+
+def test_a_converted_aws_cur_imports_by_its_own_columns_and_lists_every_row_left_out():
+    """focus-converter writes FOCUS's names before 1.0 and carries the CUR's columns over: the
+    file is read as "pre-1.0", the instance type from lineItem/UsageType (line_item_usage_type in
+    the CUR's Parquet), "Hrs" as hours; the savings plan's negation line is no second set of
+    hours."""
+    rows = converted_cur_month()
+    tenant = TenantFactory()
+    with pytest.raises(
+        ApplicationError, match=r"(?s)missing: ChargeClass, Contracted.*1\.0\)$"
+    ) as asked:
+        imported(tenant, to_csv(rows), focus_version="1.0")
+    assert asked.value.message.endswith(
+        "mandatory columns missing: ChargeClass, ContractedCost, InvoiceIssuerName, "
+        "ProviderName, PublisherName (the file has InvoiceIssuer, Provider, Publisher: names "
+        "before FOCUS 1.0)"
+    )
+
+    outcome = imported(tenant, to_csv(rows))
+    shown = outcome.shown()
+    assert shown["focus_version"] == "pre-1.0"
+    assert outcome.table.name == "from invoice INV-CUR-0526, period 2026-05-01..2026-06-01"
+    rates = {p.sku.name: p.hourly_usd for p in outcome.table.gpu_prices.select_related("sku")}
+    assert rates[H100] == Decimal("7.5")  # 600 / 10 h / 8 GPUs
+    assert rates["NVIDIA A100 SXM 40GB"] == Decimal("3")  # the plan's 96 / 4 h / 8 GPUs
+    assert outcome.table.vcpu_hour_usd == Decimal("0.05")  # 2.00 / (5 h x 8 vCPUs)
+    p4d = next(
+        t for t in shown["derived"]["instance_types"] if t["instance_type"] == "p4d.24xlarge"
+    )
+    assert (p4d["hours"], p4d["effective_hourly"], p4d["list_hourly"]) == (
+        "4.000000",
+        "24.000000",
+        "32.780000",
+    )
+    skipped = {r: (g["detail"], g["row_numbers"]) for r, g in by_reason(outcome).items()}
+    assert skipped == {
+        "negative cost of hours (a negation or discount, not a price)": (
+            "BilledCost -131.12",
+            [3],
+        ),
+        "non-hourly unit": ("PricingUnit GB-Mo", [5]),
+        "purchase (a commitment's fee: its amortised share is in the usage rows' EffectiveCost)": (
+            "ChargeCategory Purchase",
+            [6],
+        ),
+        "tax": ("ChargeCategory Tax", [7]),
+        "adjustment": ("ChargeCategory Adjustment", [8]),
+        "unknown instance type": ("x2iedn.32xlarge", [9]),
+    }
+    counted = sum(t["rows"] for t in shown["derived"]["instance_types"])
+    assert counted + sum(g["rows"] for g in shown["skipped"]) == shown["rows"] == 9
+
+    # the CUR's Parquet delivery names its columns line_item_usage_type, bill_invoice_id
+    renamed = {"lineItem/UsageType": "line_item_usage_type", "bill/InvoiceId": "bill_invoice_id"}
+    snake = [{renamed.get(k, k): v for k, v in row.items()} for row in rows]
+    again = imported(TenantFactory(), to_parquet(snake)).shown()
+    assert again["derived"]["prices"] == shown["derived"]["prices"]
+    assert again["skipped"] == shown["skipped"] and again["invoice_ids"] == ["INV-CUR-0526"]
+
+
+def test_converted_azure_costs_price_by_consumed_hours_without_a_list_price():
+    """Azure's cost details through focus-converter: no PricingUnit, PricingQuantity or ListCost,
+    so the hours are ConsumedQuantity's (ConsumedUnit Hours) and the list price is unknown; the
+    size in AdditionalInfo; its unused reservation hours (Usage there) left out by Azure's
+    ChargeType, and covered hours of an actual-cost export (EffectiveCost 0) are no price."""
+    ri = "/providers/Microsoft.Capacity/reservationOrders/1/reservations/2"
+    h100 = "Standard_ND96isr_H100_v5"
+    rows = [
+        converted_azure(h100, hours=10, cost="900.00"),  # 1
+        converted_azure(h100, hours=4, cost="240.00", CommitmentDiscountId=ri),  # 2: amortised
+        converted_azure(None, hours=2, cost="120.00", ChargeType="UnusedReservation"),  # 3
+        converted_azure(h100, hours=3, cost="0", CommitmentDiscountId=ri),  # 4: actual cost
+        converted_azure("Standard_D8s_v5", hours=10, cost="3.84"),  # 5
+        converted_azure(None, hours="0.0323", cost="4.40", unit="Units/Month"),  # 6: a disk
+        {**converted_azure(h100, hours=1, cost="12000"), "ChargeCategory": "Purchase"},  # 7
+    ]
+    assert list(rows[0])[: len(CONVERTED)] == list(CONVERTED)
+    outcome = imported(TenantFactory(), to_csv(rows))
+    shown = outcome.shown()
+    assert shown["focus_version"] == "pre-1.0"  # not 1.2, for all Azure's own InvoiceId column
+    assert outcome.table.name == "from invoice G087654321, period 2026-05-01..2026-05-31"
+    assert outcome.table.gpu_prices.get(sku__name=H100).hourly_usd == Decimal("10.178571")
+    assert outcome.table.vcpu_hour_usd == Decimal("0.048")  # 3.84 / (10 h x 8 vCPUs)
+    nd = next(t for t in shown["derived"]["instance_types"] if t["instance_type"] == h100)
+    assert (nd["rows"], nd["hours"], nd["effective_hourly"]) == (2, "14.000000", "81.428571")
+    assert nd["list_hourly"] is None and nd["rows_without_list_cost"] == 2
+    assert nd["rows_hours_from_consumed_quantity"] == 2
+    skipped = {r: (g["detail"], g["row_numbers"]) for r, g in by_reason(outcome).items()}
+    assert skipped == {
+        "unused commitment (no instance's usage)": ("ChargeType UnusedReservation", [3]),
+        "commitment-covered hours at EffectiveCost 0 (not amortised: a cost export without "
+        "the commitment's share)": (f"CommitmentDiscountId {ri}", [4]),
+        "non-hourly unit": ("ConsumedUnit Units/Month", [6]),
+        "purchase (a commitment's fee: its amortised share is in the usage rows' EffectiveCost)": (
+            "ChargeCategory Purchase",
+            [7],
+        ),
+    }
+
+
+def test_converted_google_rows_are_a_machines_components_not_its_hours():
+    """Google Cloud's billing export through focus-converter (Parquet: the export's structs carried
+    over): its rows name the machine only in system_labels, and each is one SKU of it (cores,
+    GPUs: PricingQuantity in vCPU- or GPU-hours), so nothing is an instance-hour: refused, every
+    row listed."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def row(machine: str | None, *, quantity, unit, cost) -> dict:
+        labels = [{"key": "compute.googleapis.com/machine_spec", "value": machine}]
+        return {
+            **dict.fromkeys(CONVERTED),
+            "ChargePeriodStart": "2026-05-14T00:00:00Z",
+            "ChargePeriodEnd": "2026-05-14T10:00:00Z",
+            "ChargeCategory": "Usage",
+            "BillingPeriodStart": "2026-05-01T07:00:00Z",
+            "BillingPeriodEnd": "2026-05-01T07:00:00Z",
+            "Provider": "Google Cloud",
+            "Publisher": "Google Cloud",
+            "BillingAccountId": "01ABCD-000000-000000",
+            "BillingCurrency": "USD",
+            "BilledCost": cost,
+            "EffectiveCost": cost,
+            "ListCost": cost,
+            "ServiceCategory": "Compute",
+            "ServiceName": "Compute Engine",
+            "PricingQuantity": quantity,
+            "PricingUnit": unit,
+            "ConsumedUnit": "seconds",
+            "system_labels": labels if machine else [],
+        }
+
+    rows = [
+        row("a3-highgpu-8g", quantity=2080.0, unit="hour", cost=880.0),  # 1: 208 cores x 10 h
+        row("a3-highgpu-8g", quantity=80.0, unit="hour", cost=600.0),  # 2: 8 GPUs x 10 h
+        row("n2-standard-8", quantity=80.0, unit="hour", cost=2.5),  # 3
+        row(None, quantity=0.4, unit="gibibyte month", cost=0.4),  # 4
+    ]
+    sink = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows), sink)
+    tenant = TenantFactory()
+    with pytest.raises(ApplicationError, match="^file: no hourly usage of a known instance") as no:
+        imported(tenant, sink.getvalue())
+    per_machine = "Google Cloud bills a machine's cores, memory and GPUs as SKUs of their own"
+    component = "priced per component, not per instance-hour"
+    assert {(g["reason"], g["detail"]): g["row_numbers"] for g in no.value.extra["skipped"]} == {
+        (
+            component,
+            f"system_labels compute.googleapis.com/machine_spec a3-highgpu-8g: {per_machine}",
+        ): [1, 2],
+        (
+            component,
+            f"system_labels compute.googleapis.com/machine_spec n2-standard-8: {per_machine}",
+        ): [3],
+        ("non-hourly unit", "PricingUnit gibibyte month"): [4],
+    }
+    assert not PricingTable.objects.exists() and not FocusImport.objects.exists()
