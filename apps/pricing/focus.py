@@ -8,7 +8,16 @@ priced by the hour (ChargeCategory Usage, PricingUnit hours) whose instance type
 PricingQuantity (instance-hours), so an instance type's effective hourly price is
 sum(EffectiveCost) / sum(PricingQuantity) and its list price sum(ListCost) / sum(PricingQuantity):
 commitment discounts are in EffectiveCost as FOCUS amortises them, and a commitment's unused share
-(CommitmentDiscountStatus "Unused") is no instance's usage. Then:
+(CommitmentDiscountStatus "Unused") is no instance's usage.
+
+Google Cloud bills a machine as its components: its cores (vCPU-hours), memory (GiB-hours) and GPUs
+(GPU-hours), each row naming the machine type in its labels (compute.googleapis.com/machine_spec,
+in the billing export's system_labels) or in SkuPriceDetails' InstanceType. Such rows are summed per
+machine type and component (_components_priced): the type's instance-hours are its measure's
+hours over what one instance holds of it (GPU-hours over its GPUs; a CPU type's vCPU-hours over its
+vCPUs), and its cost is every component's EffectiveCost (its list cost every component's ListCost);
+each other component's instance-hours (memory: GiB-hours over its GiB) are checked against the
+measure's and listed where they differ by more than 1% or have no rows. Then:
 
 - a GPU SKU's price per GPU-hour is the effective cost of every instance type holding it over their
   GPU-hours (instance-hours x GPUs);
@@ -19,12 +28,14 @@ commitment discounts are in EffectiveCost as FOCUS amortises them, and a commitm
 
 Every other row is left out and listed with its reason (a credit, a tax, a purchase, another
 billing account or currency, a unit that is not hours, an unknown instance type, a zero or
-negative quantity, hours at a negative cost, a row repeated): nothing is summed silently. Rows are
-streamed (CSV: the standard library's reader; Parquet: pyarrow, by record batches) and aggregated
-per instance type, so memory does not grow with the file, except for one 12-byte digest per
-counted row (to find repeats). Each counted row's EffectiveCost and hours are also kept per
-ResourceId and UTC day (FocusUsage, written in batches as the file is read), for billing's
-reconciliation.
+negative quantity, hours at a negative cost, a row repeated; a component whose machine type is not
+named or not in the catalogue, whose component or unit costlab cannot tell, or whose type has no
+rows of its measure): nothing is summed silently. Rows are streamed (CSV: the standard library's
+reader; Parquet: pyarrow, by record batches) and aggregated per instance type (and component), so
+memory does not grow with the file, except for one 12-byte digest per counted row (to find
+repeats). Each counted row's EffectiveCost and hours are also kept per ResourceId and UTC day
+(FocusUsage, written in batches as the file is read; a machine's components as "<type>
+(components)", their measure's rows holding its hours), for billing's reconciliation.
 
 A file missing a mandatory FOCUS column of its version, or of a version costlab does not know, is
 refused naming the columns, and nothing is stored. The same file imported again (its SHA-256)
@@ -121,9 +132,13 @@ NATIVE = (
     "AdditionalInfo",
     "ChargeType",
     "system_labels",
+    "sku",
 )
 UNUSED_CHARGE_TYPES = {"UnusedReservation", "UnusedSavingsPlan"}  # Azure's, in ChargeType
 GCP_MACHINE = "compute.googleapis.com/machine_spec"
+# Where a row of Google Cloud may name its machine type: the billing export's system labels (carried
+# over by focus-converter), the same in an x_ column, or FOCUS's Tags.
+MACHINE_COLUMNS = ("system_labels", "x_SystemLabels", "Tags")
 
 # The columns read beyond the mandatory ones, when a file has them.
 OPTIONAL = (
@@ -140,11 +155,19 @@ OPTIONAL = (
     "x_UsageType",
     "x_CostlabResource",
     "x_CostlabGpuSku",
+    "x_SkuDescription",
+    "x_SystemLabels",
+    "Tags",
+    "Provider",  # FOCUS's name before 1.0 (a converted file's)
     *VERSION_COLUMNS,
     *NATIVE,
 )
 
 HOURS = {"hour", "hours", "hr", "hrs", "1 hour"}
+# A machine's memory billed on its own (Google Cloud: "gibibyte hour"), spelled in lower case with
+# "-" and "_" as spaces and no plural.
+GIB_HOURS = {"gibibyte hour", "gib hour", "gibibyte hr", "gib hr", "1 gibibyte hour"}
+UNIT_HOURS, UNIT_GIB_HOURS = "hours", "GiB-hours"
 # AWS writes the instance type into its usage type: "USE1-BoxUsage:p5.48xlarge".
 _AWS_USAGE = re.compile(r"(?:BoxUsage|SpotUsage|DedicatedUsage|HostBoxUsage|DedicatedRes):(.+)$")
 
@@ -155,6 +178,10 @@ USAGE_PLACES = Decimal("0.0000000001")  # FocusUsage's decimal places
 USAGE_HELD = 5000  # (resource, day, instance type) sums held in memory before they are written
 SPLIT_DAYS_MAX = 62  # a row's charge period is split over its days up to this long
 ZERO = Decimal(0)
+# A machine billed per component (Google Cloud's cores, memory and GPUs): each component's hours
+# over its quantity in one instance are the type's instance-hours; the measure's (GPUs, else cores)
+# are those priced, and a component whose own differ from them by more than this share is listed.
+COMPONENT_TOLERANCE = Decimal("0.01")
 
 
 def _money(value: Decimal) -> Decimal:
@@ -359,7 +386,8 @@ def instance_name(row: dict) -> str | None:
     InstanceType (FOCUS 1.1 and later, any provider), Azure's x_SkuDetails ServiceType (its
     AdditionalInfo's, where focus-converter carried that column over), or AWS's x_UsageType
     (BoxUsage:p5.48xlarge; the CUR's usage type, carried over)."""
-    name = _mapping(row.get("SkuPriceDetails")).get("InstanceType")
+    details = _mapping(row.get("SkuPriceDetails"))
+    name = details.get("InstanceType") or details.get("F_InstanceType")
     for column in ("x_SkuDetails", "AdditionalInfo"):
         name = name or _mapping(row.get(column)).get("ServiceType")
     for column in ("x_UsageType", "lineItem/UsageType", "line_item_usage_type"):
@@ -380,21 +408,35 @@ INSTANCE_COLUMNS = (
 )
 
 
-def _machine_spec(row: dict) -> str | None:
-    """The machine type of Google Cloud's system_labels (a list of key and value: Parquet's
-    structs, or JSON text), which its billing export writes on a machine's core, memory and GPU
-    rows alike."""
-    labels = row.get("system_labels")
-    if isinstance(labels, str):
+def _label(value: Any, key: str) -> str | None:
+    """A label's value in a column of labels: a list of key and value (Parquet's structs, or JSON
+    text, as Google Cloud's billing export writes its labels), a Parquet map, or a key-value object
+    (FOCUS's Tags)."""
+    if isinstance(value, str):
         try:
-            labels = json.loads(labels)
+            value = json.loads(value)
         except ValueError:
             return None
-    if not isinstance(labels, list):
+    if isinstance(value, dict):
+        found = value.get(key)
+        return str(found) if found else None
+    if not isinstance(value, list):
         return None
-    for label in labels:
-        if isinstance(label, dict) and label.get("key") == GCP_MACHINE and label.get("value"):
+    for label in value:
+        if isinstance(label, dict) and label.get("key") == key and label.get("value"):
             return str(label["value"])
+        if isinstance(label, list | tuple) and len(label) == 2 and label[0] == key and label[1]:
+            return str(label[1])
+    return None
+
+
+def _machine_spec(row: dict) -> str | None:
+    """The machine type Google Cloud names in its labels (compute.googleapis.com/machine_spec),
+    which its billing export writes on a machine's core, memory and GPU rows alike."""
+    for column in MACHINE_COLUMNS:
+        machine = _label(row.get(column), GCP_MACHINE)
+        if machine:
+            return machine.strip()
     return None
 
 
@@ -411,51 +453,200 @@ def _no_instance(row: dict) -> str:
     return f"{category}; none named in {', '.join(looked)}"
 
 
-def _component(row: dict, instance: Instance) -> str | None:
-    """Why a row prices part of an instance, not an instance-hour: its SkuPriceDetails' GpuCount or
-    CoreCount (FOCUS: per pricing unit) is not the instance type's, as where a provider bills a
-    machine's GPUs and cores as SKUs of their own."""
+# --- a machine billed per component ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Component:
+    """One kind of a machine's components: how a row of it is measured and how much of it one
+    instance of a catalogue type holds (the Instance attribute)."""
+
+    kind: str
+    label: str
+    unit: str
+    attribute: str
+    details: tuple[str, ...]  # its FOCUS-defined SkuPriceDetails property, per pricing unit
+    noun: str  # what one instance holds of it
+
+    def per_instance(self, instance: Instance) -> Decimal:
+        return Decimal(getattr(instance, self.attribute))
+
+
+COMPONENTS = {
+    c.kind: c
+    for c in (
+        Component("cores", "cores", "vCPU-hours", "vcpus", ("CoreCount", "F_CoreCount"), "vCPUs"),
+        Component(
+            "memory", "memory", "GiB-hours", "memory_gib", ("MemorySize", "F_MemorySize"), "GiB"
+        ),
+        Component("gpus", "GPUs", "GPU-hours", "gpu_count", ("GpuCount", "F_GpuCount"), "GPUs"),
+    )
+}
+
+
+def measure_of(instance: Instance) -> Component:
+    """The component whose hours are a machine's instance-hours: its GPUs (what costlab prices per
+    GPU-hour), a CPU machine's cores."""
+    return COMPONENTS["gpus" if instance.gpu_count else "cores"]
+
+
+# Google Cloud's SKU descriptions: "N2 Instance Core running in Americas", "A3 Instance Ram running
+# in Americas", "Nvidia H100 80GB GPU running in Americas" (cores before memory: "Memory-optimized
+# Instance Core" is M1's cores); a licence's fee ("... (CPU cost)") or a commitment's is no
+# component of the machine.
+_DESCRIBED = (
+    ("gpus", re.compile(r"\bgpus?\b", re.IGNORECASE)),
+    ("cores", re.compile(r"\b(?:cores?|vcpus?)\b", re.IGNORECASE)),
+    ("memory", re.compile(r"\b(?:ram|memory)\b", re.IGNORECASE)),
+)
+_NOT_A_COMPONENT = re.compile(r"licen[cs]|commitment", re.IGNORECASE)
+
+NO_MACHINE = "machine component without its machine type"
+UNKNOWN_MACHINE = "machine type not in the catalogue (priced per component)"
+UNKNOWN_COMPONENT = "machine component costlab cannot place (unknown component or unit)"
+NOT_IN_MACHINE = "component the catalogue's machine type has none of"
+NO_MEASURE = "machine components without their measure (no instance-hours)"
+
+
+def _description(row: dict) -> str:
+    """The row's SKU description: ChargeDescription, else the one of Google's sku column (carried
+    over by focus-converter, which leaves ChargeDescription empty), else x_SkuDescription."""
+    for value in (
+        row.get("ChargeDescription"),
+        _mapping(row.get("sku")).get("description"),
+        row.get("x_SkuDescription"),
+    ):
+        if value and str(value).strip():
+            return str(value).strip()
+    return ""
+
+
+def _described(row: dict, unit: str) -> str | None:
+    """The component a row's SKU description names (cores, memory, GPUs), or, with none named, a
+    GiB-hour unit's memory; None where it names none (or a licence's or commitment's fee)."""
+    text = _description(row)
+    if _NOT_A_COMPONENT.search(text):
+        return None
+    for kind, pattern in _DESCRIBED:
+        if pattern.search(text):
+            return kind
+    return "memory" if unit == UNIT_GIB_HOURS else None
+
+
+def _google_compute(row: dict) -> bool:
+    """A row of Google Cloud's Compute Engine, which bills a machine's cores, memory and GPUs as
+    SKUs of their own."""
+    provider = " ".join(
+        str(row.get(c) or "") for c in ("ProviderName", "Provider", "ServiceProviderName")
+    )
+    return "google" in provider.lower() and str(row.get("ServiceName") or "").strip().lower() in (
+        "compute engine",
+        "",
+    )
+
+
+@dataclass(frozen=True)
+class Part:
+    """A component row of a machine: its component and how many of the component's units one
+    pricing unit holds (FOCUS's SkuPriceDetails property, else 1: a core's hour is a vCPU-hour)."""
+
+    component: Component
+    per_unit: Decimal
+
+
+def _part(row: dict, instance: Instance, unit: str, labelled: bool) -> tuple[Part | None, str, str]:
+    """(part, reason, detail): the component a row of a catalogue type prices, None for a whole
+    instance-hour, or why a component cannot be placed. A row of Google Cloud's Compute Engine is a
+    component where the type is named only in its labels, where its unit is GiB-hours, where its
+    SkuPriceDetails' GpuCount, CoreCount or MemorySize (FOCUS: per pricing unit) is not the
+    type's, or where its description names one. Another provider's row whose SkuPriceDetails'
+    count is not the type's is left out: what its counts measure is the provider's to say."""
     details = _mapping(row.get("SkuPriceDetails"))
-    for key, whole in (("GpuCount", instance.gpu_count), ("CoreCount", instance.vcpus)):
-        if key not in details:
+    stated: dict[str, Decimal] = {}
+    keys: dict[str, str] = {}
+    for component in COMPONENTS.values():
+        key = next((k for k in component.details if k in details), None)
+        if key is None:
             continue
         try:
-            said = Decimal(str(details[key]))
+            stated[component.kind] = Decimal(str(details[key]))
         except InvalidOperation:
-            return f"SkuPriceDetails {key} {str(details[key])[:20]!r} is not a number"
-        if said != whole:
-            return f"SkuPriceDetails {key} {said} of {instance.key}'s {whole}"
-    return None
+            return None, "not a number", f"SkuPriceDetails {key}: {str(details[key])[:20]!r}"
+        keys[component.kind] = key
+    differs = [k for k, said in stated.items() if said != COMPONENTS[k].per_instance(instance)]
+    if not (labelled or _google_compute(row)):
+        if differs:
+            kind = differs[0]
+            whole = COMPONENTS[kind].per_instance(instance)
+            return (
+                None,
+                "priced per component, not per instance-hour",
+                f"SkuPriceDetails {keys[kind]} {stated[kind]} of {instance.key}'s {whole}",
+            )
+        return None, "", ""  # a whole instance-hour (in another unit: left out by its unit)
+    described = _described(row, unit)
+    if not labelled and not differs and unit == UNIT_HOURS and described is None:
+        return None, "", ""  # a whole instance-hour
+    if unit == UNIT_GIB_HOURS:
+        kind = "memory" if described in (None, "memory") else None
+    else:
+        kind = described or next((k for k in differs if stated[k]), None)
+    if kind is None:
+        said = _description(row)[:80] or "no description"
+        return None, UNKNOWN_COMPONENT, f"{instance.key}: {said}, in {unit}"
+    component = COMPONENTS[kind]
+    if component.per_instance(instance) == 0:
+        return None, NOT_IN_MACHINE, f"{component.label} of {instance.key}"
+    if unit == UNIT_GIB_HOURS:
+        per_unit = Decimal(1)
+    elif kind == "memory":  # memory by the hour: only with the GiB one pricing unit holds
+        per_unit = stated.get("memory") or ZERO
+        if not per_unit:
+            said = _description(row)[:80] or "no description"
+            return None, UNKNOWN_COMPONENT, f"{instance.key}: {said}, in hours with no MemorySize"
+    else:
+        per_unit = stated.get(kind) or Decimal(1)
+    return Part(component, per_unit), "", ""
 
 
-def _instance(row: dict, known: dict[str, Instance]) -> tuple[Instance | None, str, str]:
-    """(instance, reason, detail): the row's instance, or why it has none."""
+def _instance(
+    row: dict, known: dict[str, Instance], unit: str = UNIT_HOURS
+) -> tuple[Instance | None, Part | None, str, str]:
+    """(instance, part, reason, detail): the row's instance and, for a component row, the
+    component it prices; or why it has none."""
     resource = row.get("x_CostlabResource")
     if resource:  # costlab's own allocation: one GPU-hour of a SKU, or one vCPU-hour
         sku = str(row.get("x_CostlabGpuSku") or "")
         if resource == "gpu-hours" and sku:
-            return Instance(f"costlab:{sku}", "costlab", sku, 1, 0), "", ""
+            return Instance(f"costlab:{sku}", "costlab", sku, 1, 0), None, "", ""
         if resource == "vcpu-hours":
-            return Instance("costlab:vcpu", "costlab", "", 0, 1), "", ""
-        return None, "no resource priced", f"x_CostlabResource {resource}"
+            return Instance("costlab:vcpu", "costlab", "", 0, 1), None, "", ""
+        return None, None, "no resource priced", f"x_CostlabResource {resource}"
     name = instance_name(row)
-    if name is None:
-        machine = _machine_spec(row)
-        if machine:  # one SKU of a machine (its cores, memory or GPUs): not an instance-hour
-            return (
-                None,
-                "priced per component, not per instance-hour",
-                f"system_labels {GCP_MACHINE} {machine}: Google Cloud bills a machine's cores, "
-                "memory and GPUs as SKUs of their own",
-            )
-        return None, "no instance type", _no_instance(row)
+    labelled = name is None
+    if labelled:  # Google Cloud names the machine in its labels, on each of its components' rows
+        name = _machine_spec(row)
+        if name is None:
+            kind = _described(row, unit) if _google_compute(row) else None
+            if kind is not None:
+                looked = [
+                    f"{column} ({what})" for column, what in INSTANCE_COLUMNS if column in row
+                ]
+                looked += [
+                    f"{column} ({GCP_MACHINE})" for column in MACHINE_COLUMNS if column in row
+                ]
+                said = f"none named in {', '.join(looked)}" if looked else "no column names one"
+                return None, None, NO_MACHINE, f"{COMPONENTS[kind].label}: {said}"
+            return None, None, "no instance type", _no_instance(row)
     found = known.get(name.lower()) or known.get(f"standard_{name.lower()}")
     if found is None:
-        return None, "unknown instance type", name
-    part = _component(row, found)
-    if part is not None:
-        return None, "priced per component, not per instance-hour", part
-    return found, "", ""
+        if labelled:
+            return None, None, UNKNOWN_MACHINE, f"{name} ({GCP_MACHINE})"
+        return None, None, "unknown instance type", name
+    part, reason, detail = _part(row, found, unit, labelled)
+    if reason:
+        return None, None, reason, detail
+    return found, part, "", ""
 
 
 @dataclass
@@ -470,6 +661,19 @@ class _Aggregate:
     unlisted_rows: int = 0  # rows with no ListCost
     consumed_rows: int = 0  # rows with no PricingUnit, read by their ConsumedQuantity
     committed_hours: Decimal = Decimal("0")
+    # a machine billed per component (_components_priced): its rows, each component's sums, the
+    # component whose hours are its instance-hours, and the components that do not agree with it
+    component_rows: int = 0
+    components: dict[str, dict] = field(default_factory=dict)
+    measure: str | None = None
+    disagreements: list[str] = field(default_factory=list)
+
+    def derived(self) -> str:
+        if not self.components:
+            return "from instance-hours"
+        parts = ", ".join(COMPONENTS[k].label for k in COMPONENTS if k in self.components)
+        whole = "instance-hours and " if self.rows > self.component_rows else ""
+        return f"from {whole}components: {parts}"
 
     def shown(self) -> dict:
         inst = self.instance
@@ -480,6 +684,11 @@ class _Aggregate:
             "gpu_sku": inst.gpu_sku or None,
             "gpu_count": inst.gpu_count,
             "vcpus": inst.vcpus,
+            "memory_gib": _plain(inst.memory_gib),
+            "derived": self.derived(),
+            "components": self.components,
+            "component_measure": self.measure,
+            "component_disagreements": self.disagreements,
             "rows": self.rows,
             "hours": _text(self.hours),
             "commitment_hours": _text(self.committed_hours),
@@ -493,6 +702,52 @@ class _Aggregate:
             "effective_per_gpu_hour": _text(per_hour / inst.gpu_count) if inst.gpu_count else None,
             "effective_per_vcpu_hour": None if inst.gpu_count else _text(per_hour / inst.vcpus),
         }
+
+
+@dataclass
+class _ComponentSum:
+    """A machine type's rows of one of its components, summed."""
+
+    rows: int = 0
+    quantity: Decimal = ZERO  # in the component's unit: vCPU-, GiB- or GPU-hours
+    effective: Decimal = ZERO
+    billed: Decimal = ZERO
+    listed: Decimal = ZERO
+    unlisted_rows: int = 0
+    consumed_rows: int = 0
+    committed: Decimal = ZERO  # the quantity a commitment covered
+
+
+@dataclass
+class _Machine:
+    """A machine type's component rows, summed per component: memory is the number of types
+    billed per component, not of rows."""
+
+    instance: Instance
+    parts: dict[str, _ComponentSum] = field(default_factory=dict)
+    rows: int = 0
+    row_numbers: list[int] = field(default_factory=list)
+
+    def add(self, number: int, part: Part) -> _ComponentSum:
+        self.rows += 1
+        if len(self.row_numbers) < ROWS_LISTED:
+            self.row_numbers.append(number)
+        sums = self.parts.get(part.component.kind)
+        if sums is None:
+            sums = self.parts[part.component.kind] = _ComponentSum()
+        sums.rows += 1
+        return sums
+
+
+def _plain(value: Decimal) -> str:
+    """A quantity as plain text: to the micro, no trailing zeros, no exponent."""
+    text = format(_money(Decimal(value)), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
+def usage_label(key: str) -> str:
+    """FocusUsage's instance type for a machine's component rows."""
+    return f"{key} (components)"
 
 
 @dataclass
@@ -530,6 +785,7 @@ class Reading:
     account: str | None = None
     currency: str | None = None
     aggregates: dict[str, _Aggregate] = field(default_factory=dict)
+    components: dict[str, _Machine] = field(default_factory=dict)  # machines billed per component
     skipped: dict[tuple[str, str], _Skipped] = field(default_factory=dict)
     invoices: set[str] = field(default_factory=set)
     period: list[str] = field(default_factory=lambda: ["", ""])
@@ -543,6 +799,16 @@ class Reading:
         except ValueError:
             cost = None
         group.add(number, str(row.get("BillingCurrency") or ""), cost)
+
+    def skip_counted(self, reason: str, detail: str, machine: _Machine, cost: Decimal) -> None:
+        """A machine's component rows, read and summed, left out at the file's end."""
+        group = self.skipped.get((reason, detail))
+        if group is None:
+            group = self.skipped[(reason, detail)] = _Skipped(reason, detail)
+        group.rows += machine.rows
+        group.row_numbers = sorted(group.row_numbers + machine.row_numbers)[:ROWS_LISTED]
+        currency = self.currency or ""
+        group.cost[currency] = group.cost.get(currency, ZERO) + cost
 
     def skipped_shown(self) -> list[dict]:
         return [g.shown() for g in sorted(self.skipped.values(), key=lambda g: -g.rows)]
@@ -576,6 +842,7 @@ def focus_read(
             _read_row(reading, 1, *first, known, seen, usage)
         for number, (row, whole) in enumerate(rows, start=2):
             _read_row(reading, number, row, whole, known, seen, usage)
+        _components_priced(reading, usage)
         return reading
     finally:
         table.release()
@@ -620,10 +887,15 @@ def _read_row(
         # no pricing unit at all (focus-converter leaves Azure's empty): the consumed hours
         quantity_column, unit_column = "ConsumedQuantity", "ConsumedUnit"
     unit = str(row.get(unit_column) or "")
-    if unit.strip().lower() not in HOURS:
-        reading.skip(number, "non-hourly unit", f"{unit_column} {unit or 'empty'}", row)
+    unit_kind = _unit_kind(unit)
+    non_hourly = ("non-hourly unit", f"{unit_column} {unit or 'empty'}")
+    if unit_kind is None:
+        reading.skip(number, *non_hourly, row)
         return
-    instance, reason, detail = _instance(row, known)
+    instance, part, reason, detail = _instance(row, known, unit_kind)
+    if unit_kind == UNIT_GIB_HOURS and part is None and reason not in COMPONENT_REASONS:
+        reading.skip(number, *non_hourly, row)  # GiB-hours: only a machine's memory is read
+        return
     if instance is None:
         reading.skip(number, reason, detail, row)
         return
@@ -684,24 +956,47 @@ def _read_row(
         reading.skip(number, "duplicate row", "the same row as an earlier one", row)
         return
     seen.add(digest)
-    aggregate = reading.aggregates.get(instance.key)
-    if aggregate is None:
-        aggregate = reading.aggregates[instance.key] = _Aggregate(instance)
-    aggregate.rows += 1
-    aggregate.hours += quantity
-    aggregate.effective += effective
-    if listed is None:  # FOCUS's ListCost is mandatory; a converter may leave it empty
-        aggregate.unlisted_rows += 1
+    committed = row.get("CommitmentDiscountStatus") == "Used"
+    if part is not None:  # one component of a machine: summed per type and component
+        machine = reading.components.get(instance.key)
+        if machine is None:
+            machine = reading.components[instance.key] = _Machine(instance)
+        sums = machine.add(number, part)
+        amount = quantity * part.per_unit
+        sums.quantity += amount
+        sums.effective += effective
+        sums.billed += billed or ZERO
+        if listed is None:
+            sums.unlisted_rows += 1
+        else:
+            sums.listed += listed
+        if quantity_column == "ConsumedQuantity":
+            sums.consumed_rows += 1
+        if committed:
+            sums.committed += amount
+        if usage is not None:  # the measure's rows hold the hours; every component its cost
+            measure = measure_of(instance)
+            hours = amount / measure.per_instance(instance) if part.component is measure else ZERO
+            usage.add(row, instance, hours, effective, label=usage_label(instance.key))
     else:
-        aggregate.listed += listed
-        aggregate.listed_hours += quantity
-    if quantity_column == "ConsumedQuantity":
-        aggregate.consumed_rows += 1
-    aggregate.billed += billed or Decimal("0")
-    if row.get("CommitmentDiscountStatus") == "Used":
-        aggregate.committed_hours += quantity
-    if usage is not None:
-        usage.add(row, instance, quantity, effective)
+        aggregate = reading.aggregates.get(instance.key)
+        if aggregate is None:
+            aggregate = reading.aggregates[instance.key] = _Aggregate(instance)
+        aggregate.rows += 1
+        aggregate.hours += quantity
+        aggregate.effective += effective
+        if listed is None:  # FOCUS's ListCost is mandatory; a converter may leave it empty
+            aggregate.unlisted_rows += 1
+        else:
+            aggregate.listed += listed
+            aggregate.listed_hours += quantity
+        if quantity_column == "ConsumedQuantity":
+            aggregate.consumed_rows += 1
+        aggregate.billed += billed or Decimal("0")
+        if committed:
+            aggregate.committed_hours += quantity
+        if usage is not None:
+            usage.add(row, instance, quantity, effective)
     invoice = row.get("InvoiceId") or row.get("bill/InvoiceId") or row.get("bill_invoice_id")
     if invoice and len(reading.invoices) < 20:
         reading.invoices.add(str(invoice))
@@ -710,6 +1005,95 @@ def _read_row(
         reading.period[0] = start
     if end and end > reading.period[1]:
         reading.period[1] = end
+
+
+def _unit_kind(unit: str) -> str | None:
+    """Hours, GiB-hours (a machine's memory, as Google Cloud bills it) or neither."""
+    said = " ".join(unit.strip().lower().replace("-", " ").replace("_", " ").split())
+    if said in HOURS:
+        return UNIT_HOURS
+    if said in GIB_HOURS or said.rstrip("s") in GIB_HOURS:
+        return UNIT_GIB_HOURS
+    return None
+
+
+COMPONENT_REASONS = {NO_MACHINE, UNKNOWN_MACHINE, UNKNOWN_COMPONENT, NOT_IN_MACHINE}
+
+
+def _components_priced(reading: Reading, usage: UsageSink | None) -> None:
+    """Each machine type billed per component becomes instance-hours at the sum of its components'
+    costs. Its instance-hours are its measure's (GPU-hours over its GPUs; a CPU machine's vCPU-hours
+    over its vCPUs); each other component's hours over its quantity in one instance (GiB-hours
+    over its memory) are checked against them, and a component that differs by more than
+    COMPONENT_TOLERANCE, or that has no rows, is listed (its cost, or its absence, is in the price
+    as billed). A type with no rows of its measure has no instance-hours: its component rows are
+    left out, listed, and their usage taken back."""
+    for key, machine in sorted(reading.components.items()):
+        inst = machine.instance
+        measure = measure_of(inst)
+        measured = machine.parts.get(measure.kind)
+        parts = [(COMPONENTS[k], machine.parts[k]) for k in COMPONENTS if k in machine.parts]
+        effective = sum((sums.effective for _, sums in parts), ZERO)
+        if measured is None:
+            read = ", ".join(component.label for component, _ in parts)
+            reading.skip_counted(
+                NO_MEASURE,
+                f"{key}: no {measure.unit} rows ({measure.unit} over the "
+                f"{_plain(measure.per_instance(inst))} {measure.noun} one holds are its "
+                f"instance-hours); read: {read}",
+                machine,
+                effective,
+            )
+            if usage is not None:
+                usage.discard(usage_label(key))
+            continue
+        hours = measured.quantity / measure.per_instance(inst)
+        disagreements = []
+        shown = {}
+        for component, sums in parts:
+            per = component.per_instance(inst)
+            theirs = sums.quantity / per
+            shown[component.kind] = {
+                "rows": sums.rows,
+                "quantity": _plain(sums.quantity),
+                "unit": component.unit,
+                "per_instance": _plain(per),
+                "instance_hours": _plain(theirs),
+                "effective_cost": _text(sums.effective),
+                "list_cost": _text(sums.listed),
+            }
+            apart = abs(theirs - hours) / hours
+            if component is not measure and apart > COMPONENT_TOLERANCE:
+                disagreements.append(
+                    f"{component.label}: {_plain(sums.quantity)} {component.unit} over "
+                    f"{_plain(per)} are {_plain(theirs)} instance-hours, its {measure.label} give "
+                    f"{_plain(hours)} ({_plain(apart * 100)}% apart)"
+                )
+        for component in COMPONENTS.values():
+            if component.kind not in machine.parts and component.per_instance(inst):
+                disagreements.append(
+                    f"{component.label}: no rows (one {key} holds "
+                    f"{_plain(component.per_instance(inst))} {component.noun}); "
+                    "their cost is not in the price"
+                )
+        aggregate = reading.aggregates.get(key)
+        if aggregate is None:
+            aggregate = reading.aggregates[key] = _Aggregate(inst)
+        unlisted = sum(sums.unlisted_rows for _, sums in parts)
+        aggregate.rows += machine.rows
+        aggregate.component_rows = machine.rows
+        aggregate.hours += hours
+        aggregate.effective += effective
+        aggregate.billed += sum((sums.billed for _, sums in parts), ZERO)
+        aggregate.unlisted_rows += unlisted
+        if not unlisted:  # the list price of some of a machine's components is no machine's
+            aggregate.listed += sum((sums.listed for _, sums in parts), ZERO)
+            aggregate.listed_hours += hours
+        aggregate.consumed_rows += sum(sums.consumed_rows for _, sums in parts)
+        aggregate.committed_hours += measured.committed / measure.per_instance(inst)
+        aggregate.components = shown
+        aggregate.measure = measure.label
+        aggregate.disagreements = disagreements
 
 
 # --- usage per resource and day, for reconciliation --------------------------------------------
@@ -760,17 +1144,26 @@ class UsageSink:
         self.record = record
         self.held: dict[tuple[str, date, str], list] = {}
         self.written = 0
-        self.without_resource = 0
-        self.undated = 0
+        self.without_resource: dict[str, int] = {}  # per instance type (label)
+        self.undated: dict[str, int] = {}
 
-    def add(self, row: dict, instance: Instance, hours: Decimal, cost: Decimal) -> None:
+    def add(
+        self,
+        row: dict,
+        instance: Instance,
+        hours: Decimal,
+        cost: Decimal,
+        label: str | None = None,
+    ) -> None:
+        """A counted row's hours and cost, as `label` (default: its instance type)."""
+        label = (label or instance.key)[:120]
         start = _moment(row.get("ChargePeriodStart"))
         if start is None:  # a mandatory column, yet unreadable: priced, but on no day
-            self.undated += 1
+            self.undated[label] = self.undated.get(label, 0) + 1
             return
         resource = str(row.get("ResourceId") or "").strip()
         if not resource:
-            self.without_resource += 1
+            self.without_resource[label] = self.without_resource.get(label, 0) + 1
         parts = _day_parts(start, _moment(row.get("ChargePeriodEnd")))
         hours_left, cost_left = hours, cost
         for index, (day, share) in enumerate(parts):
@@ -781,11 +1174,11 @@ class UsageSink:
                 part_cost = (cost * share).quantize(USAGE_PLACES, rounding=ROUND_HALF_UP)
                 hours_left -= part_hours
                 cost_left -= part_cost
-            sums = self.held.get((resource, day, instance.key))
+            sums = self.held.get((resource, day, label))
             if sums is None:
                 if len(self.held) >= USAGE_HELD:
                     self.flush()
-                sums = self.held[(resource, day, instance.key)] = [ZERO, ZERO, ZERO, ZERO, 0]
+                sums = self.held[(resource, day, label)] = [ZERO, ZERO, ZERO, ZERO, 0]
             sums[0] += part_hours
             sums[1] += part_hours * instance.gpu_count
             sums[2] += part_hours * instance.vcpus
@@ -799,7 +1192,7 @@ class UsageSink:
                     focus_import=self.record,
                     resource_id=resource,
                     day=day,
-                    instance_type=key[:120],
+                    instance_type=key,
                     hours=hours,
                     gpu_hours=gpu_hours,
                     vcpu_hours=vcpu_hours,
@@ -815,11 +1208,23 @@ class UsageSink:
         self.written += len(self.held)
         self.held.clear()
 
+    def discard(self, label: str) -> None:
+        """Take back what was added as `label` (a machine's components that priced nothing)."""
+        label = label[:120]
+        for key in [k for k in self.held if k[2] == label]:
+            del self.held[key]
+        deleted, _ = FocusUsage.objects.filter(
+            focus_import=self.record, instance_type=label
+        ).delete()
+        self.written -= deleted
+        self.without_resource.pop(label, None)
+        self.undated.pop(label, None)
+
     def shown(self) -> dict:
         return {
             "records": self.written,
-            "rows_without_resource_id": self.without_resource,
-            "rows_without_charge_period": self.undated,
+            "rows_without_resource_id": sum(self.without_resource.values()),
+            "rows_without_charge_period": sum(self.undated.values()),
         }
 
 
@@ -1020,6 +1425,11 @@ def pricing_table_import_focus(
     record.derived = {
         "instance_types": [a.shown() for _, a in sorted(reading.aggregates.items())],
         "prices": derived.shown(),
+        "component_disagreements": [
+            f"{key}: {said}"
+            for key, a in sorted(reading.aggregates.items())
+            for said in a.disagreements
+        ],
         "usage": usage.shown(),
     }
     record.skipped = reading.skipped_shown()
@@ -1046,8 +1456,10 @@ def _version_make(
     notes = (
         f"Derived from a FOCUS {reading.version} export ({filename or 'no file name'}, SHA-256 "
         f"{sha256}), billing account {reading.account}, {reading.currency}. Per instance type, "
-        "EffectiveCost / PricingQuantity; a GPU-hour is an instance-hour over its GPUs; the vCPU "
-        "price includes memory; electricity 0 (an instance-hour's price includes its power)."
+        "EffectiveCost / PricingQuantity (a machine billed per component: its cores', memory's "
+        "and GPUs' EffectiveCost over the instance-hours its GPU or core rows hold); a GPU-hour "
+        "is an instance-hour over its GPUs; the vCPU price includes memory; electricity 0 (an "
+        "instance-hour's price includes its power)."
     )
     fields: dict[str, Any] = {
         "name": _name(reading),

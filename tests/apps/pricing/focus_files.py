@@ -108,15 +108,24 @@ def azure(instance: str, *, hours, effective, listed=None, **extra) -> dict:
     }
 
 
-def gcp(instance: str, *, hours, effective, listed=None, gpus=8, cores=208, **extra) -> dict:
-    """A Compute Engine row of Google Cloud's FOCUS export: the machine type in SkuPriceDetails
-    (InstanceType, with the FOCUS-defined GpuCount and CoreCount of one pricing unit)."""
-    details = {"InstanceType": instance, "CoreCount": cores}
-    if gpus:
-        details["GpuCount"] = gpus
+# What Google Cloud writes of each of a machine's components: its SKU's description, its pricing
+# unit and its FOCUS-defined SkuPriceDetails property (per pricing unit: one vCPU, GiB or GPU).
+GCP_COMPONENTS = {
+    "cores": ("{series} Instance Core running in Americas", "hour", "CoreCount"),
+    "memory": ("{series} Instance Ram running in Americas", "gibibyte hour", "MemorySize"),
+    "gpus": ("Nvidia H100 80GB GPU running in Americas", "hour", "GpuCount"),
+}
+
+
+def gcp(machine: str | None, component: str, *, quantity, effective, listed=None, **extra) -> dict:
+    """A Compute Engine row of Google Cloud's FOCUS export: one component of a machine (Google bills
+    its cores, memory and GPUs as SKUs of their own), PricingQuantity in vCPU-, GiB- or GPU-hours,
+    the machine type in SkuPriceDetails' InstanceType (None: a row that names none)."""
+    description, unit, prop = GCP_COMPONENTS[component]
+    details = {prop: 1} | ({"InstanceType": machine} if machine else {})
     return {
         **usage(
-            hours=hours,
+            hours=quantity,
             effective=effective,
             listed=listed,
             invoice="3456789012",
@@ -124,10 +133,10 @@ def gcp(instance: str, *, hours, effective, listed=None, gpus=8, cores=208, **ex
         ),
         "BillingAccountId": "010101-F0FFF0-61C528",
         "ServiceName": "Compute Engine",
-        "ChargeDescription": f"{instance} running in Americas",
-        "PricingUnit": "hour",
-        "ConsumedQuantity": str(hours * 3600),
-        "ConsumedUnit": "seconds",
+        "ChargeDescription": description.format(series=(machine or "n2").split("-")[0].upper()),
+        "PricingUnit": unit,
+        "ConsumedQuantity": str(quantity),
+        "ConsumedUnit": unit,
         "ResourceId": "//compute.googleapis.com/projects/train/zones/us-central1-a/instances/a3-0",
         "RegionId": "us-central1",
         "SkuId": "9F0E-4D79-1C3A",

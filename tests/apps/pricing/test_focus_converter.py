@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from apps.core.exceptions import ApplicationError
 from apps.pricing.focus import pricing_table_import_focus
 from tests.factories import TenantFactory
 
@@ -221,7 +220,7 @@ def test_azure_cost_details_converted_price_by_their_consumed_hours(convert, tmp
 # --- Google Cloud: the BigQuery billing export (Parquet, its structs) ----------------------------
 
 
-def test_google_billing_converted_is_refused_naming_each_rows_reason(convert, tmp_path):
+def test_google_billing_converted_prices_each_machine_from_its_components(convert, tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -261,16 +260,42 @@ def test_google_billing_converted_is_refused_naming_each_rows_reason(convert, tm
             "seller_name": None,
         }
 
-    rows = [
-        row("a3-highgpu-8g", "A3 Instance Core", "seconds", "hour", 7488000.0, 2080.0, 880.0),
-        row("a3-highgpu-8g", "Nvidia H100 80GB GPU", "seconds", "hour", 288000.0, 80.0, 600.0),
+    gib = ("byte-seconds", "gibibyte hour")
+    a3, n2 = "a3-highgpu-8g", "n2-standard-8"
+    rows = [  # 10 hours of an a3-highgpu-8g (208 vCPUs, 1872 GiB, 8 GPUs) and an n2-standard-8
+        row(
+            a3, "A3 Instance Core running in Americas", "seconds", "hour", 7488000.0, 2080.0, 880.0
+        ),
+        row(a3, "A3 Instance Ram running in Americas", *gib, 7.2361609003008e16, 18720.0, 100.0),
+        row(
+            a3, "Nvidia H100 80GB GPU running in Americas", "seconds", "hour", 288000.0, 80.0, 600.0
+        ),
+        row(n2, "N2 Instance Core running in Americas", "seconds", "hour", 288000.0, 80.0, 2.0),
+        row(n2, "N2 Instance Ram running in Americas", *gib, 1.236950581248e15, 320.0, 1.2),
+        row(None, "N2 Instance Core running in Americas", "seconds", "hour", 57600.0, 16.0, 0.5),
         row(None, "Balanced PD Capacity", "byte-seconds", "gibibyte month", 1e15, 0.4, 0.4),
     ]
     source = tmp_path / "gcp.parquet"
     pq.write_table(pa.Table.from_pylist(rows), source)
-    with pytest.raises(ApplicationError, match="^file: no hourly usage") as refused:
-        imported(convert("gcp", source, parquet=True))
-    assert skipped({"skipped": refused.value.extra["skipped"]}) == {
-        "priced per component, not per instance-hour": [1, 2],
-        "non-hourly unit": [3],
+    shown = imported(convert("gcp", source, parquet=True)).shown()
+    assert shown["focus_version"] == "pre-1.0"
+    gpu = {p["sku"]: p["hourly_usd"] for p in shown["derived"]["prices"]["gpu_prices"]}
+    # (880 + 100 + 600) x 3/4 (the discount's credit) over 80 GPU-hours
+    assert gpu == {H100: "14.812500"}
+    # (2.00 + 1.20) x 3/4 over 80 vCPU-hours (10 instance-hours x 8)
+    assert shown["derived"]["prices"]["vcpu_hour_usd"] == "0.030000"
+    types = {t["instance_type"]: t for t in shown["derived"]["instance_types"]}
+    assert types[a3]["derived"] == "from components: cores, memory, GPUs"
+    assert types[n2]["derived"] == "from components: cores, memory"
+    assert types[a3]["hours"] == types[n2]["hours"] == "10.000000"
+    assert types[a3]["list_hourly"] == "158.000000"  # cost_at_list: (880 + 100 + 600) / 10 h
+    assert shown["derived"]["component_disagreements"] == []
+    assert skipped(shown) == {
+        "machine component without its machine type": [6],
+        "non-hourly unit": [7],
     }
+    (unnamed,) = [g for g in shown["skipped"] if g["row_numbers"] == [6]]
+    assert (
+        unnamed["detail"]
+        == "cores: none named in system_labels (compute.googleapis.com/machine_spec)"
+    )

@@ -13,7 +13,14 @@ from django.utils import timezone
 from apps.core.exceptions import ApplicationError
 from apps.experiments.selectors import gpu_skus_in_use
 from apps.pricing.focus import pricing_table_import_focus
-from apps.pricing.models import FocusImport, GpuPrice, GpuSku, InstanceType, PricingTable
+from apps.pricing.models import (
+    FocusImport,
+    FocusUsage,
+    GpuPrice,
+    GpuSku,
+    InstanceType,
+    PricingTable,
+)
 from tests.apps.pricing.focus_files import (
     BASE,
     CONVERTED,
@@ -186,23 +193,51 @@ def test_azure_and_google_exports_name_their_instances_their_own_way():
     google = imported(
         tenant,
         to_csv(
-            [
-                gcp("a3-highgpu-8g", hours=3, effective="264.00"),
-                gcp("n2-standard-8", hours=5, effective="1.94", gpus=0, cores=8),
-                # one GPU's SKU of the machine, priced per GPU-hour: not an instance-hour
-                gcp("a3-highgpu-8g", hours=24, effective="264.00", gpus=1),
+            [  # Google bills a machine as its components, each naming the machine type
+                gcp("a3-highgpu-8g", "cores", quantity=624, effective="93.60", listed="120.00"),
+                gcp("a3-highgpu-8g", "memory", quantity=5616, effective="28.08", listed="36.00"),
+                gcp("a3-highgpu-8g", "gpus", quantity=24, effective="264.00", listed="330.00"),
+                gcp("n2-standard-8", "cores", quantity=40, effective="1.28"),
+                gcp("n2-standard-8", "memory", quantity=160, effective="0.66"),
+                gcp(None, "cores", quantity=16, effective="0.50"),  # 6: no machine type named
             ]
         ),
     )
-    (component,) = google.shown()["skipped"]
-    assert component["reason"] == "priced per component, not per instance-hour"
-    assert component["detail"] == "SkuPriceDetails GpuCount 1 of a3-highgpu-8g's 8"
-    assert component["row_numbers"] == [3]
+    shown = google.shown()
+    (component,) = shown["skipped"]
+    assert component["reason"] == "machine component without its machine type"
+    assert component["detail"] == (
+        "cores: none named in SkuPriceDetails (InstanceType), Tags "
+        "(compute.googleapis.com/machine_spec)"
+    )
+    assert component["row_numbers"] == [6]
     version = google.table
     assert version.supersedes_id == az.table.pk  # a version of the table in force
-    assert version.gpu_prices.get(sku__name=H100).hourly_usd == Decimal("11")  # 264 / 3 / 8
-    assert version.vcpu_hour_usd == Decimal("0.0485")  # 1.94 / 40
-    assert google.shown()["focus_version"] == "1.2"  # InvoiceId: 1.2's
+    # a3: 24 GPU-hours / 8 GPUs = 3 instance-hours (624 vCPU-h / 208, 5616 GiB-h / 1872 agree);
+    # (93.60 + 28.08 + 264.00) / 3 h = 128.56 an instance-hour, / 8 GPUs
+    assert version.gpu_prices.get(sku__name=H100).hourly_usd == Decimal("16.07")
+    # n2-standard-8: 40 vCPU-hours / 8 = 5 instance-hours (160 GiB-h / 32 agree); (1.28 + 0.66) / 40
+    assert version.vcpu_hour_usd == Decimal("0.0485")
+    types = {t["instance_type"]: t for t in shown["derived"]["instance_types"]}
+    a3, n2 = types["a3-highgpu-8g"], types["n2-standard-8"]
+    assert a3["derived"] == "from components: cores, memory, GPUs"
+    assert n2["derived"] == "from components: cores, memory"
+    assert (a3["component_measure"], n2["component_measure"]) == ("GPUs", "cores")
+    assert (a3["hours"], a3["effective_cost"], a3["effective_hourly"]) == (
+        "3.000000",
+        "385.680000",
+        "128.560000",
+    )
+    assert a3["list_hourly"] == "162.000000"  # (120 + 36 + 330) / 3 h
+    assert {k: (c["quantity"], c["instance_hours"]) for k, c in a3["components"].items()} == {
+        "cores": ("624", "3"),
+        "memory": ("5616", "3"),
+        "gpus": ("24", "3"),
+    }
+    assert n2["memory_gib"] == "32" and n2["components"]["memory"]["unit"] == "GiB-hours"
+    assert a3["component_disagreements"] == n2["component_disagreements"] == []
+    assert shown["derived"]["component_disagreements"] == []
+    assert shown["focus_version"] == "1.2"  # InvoiceId: 1.2's
 
 
 def test_the_new_version_keeps_the_other_skus_and_never_edits_the_one_in_force():
@@ -602,60 +637,231 @@ def test_converted_azure_costs_price_by_consumed_hours_without_a_list_price():
     }
 
 
-def test_converted_google_rows_are_a_machines_components_not_its_hours():
-    """Google Cloud's billing export through focus-converter (Parquet: the export's structs carried
-    over): its rows name the machine only in system_labels, and each is one SKU of it (cores,
-    GPUs: PricingQuantity in vCPU- or GPU-hours), so nothing is an instance-hour: refused, every
-    row listed."""
+def converted_google(
+    machine: str | None, sku: str, *, quantity, unit="hour", cost, resource="a3-0"
+) -> dict:
+    """A row of Google Cloud's billing export through focus-converter (Parquet: the export's structs
+    carried over): the machine named only in system_labels, the SKU's description only in its sku
+    column (the converter leaves ChargeDescription empty)."""
+    labels = [{"key": "compute.googleapis.com/machine_spec", "value": machine}]
+    return {
+        **dict.fromkeys(CONVERTED),
+        "ChargePeriodStart": "2026-05-14T00:00:00Z",
+        "ChargePeriodEnd": "2026-05-14T10:00:00Z",
+        "ChargeCategory": "Usage",
+        "BillingPeriodStart": "2026-05-01T07:00:00Z",
+        "BillingPeriodEnd": "2026-05-01T07:00:00Z",
+        "Provider": "Google Cloud",
+        "Publisher": "Google Cloud",
+        "BillingAccountId": "01ABCD-000000-000000",
+        "BillingCurrency": "USD",
+        "BilledCost": cost,
+        "EffectiveCost": cost,
+        "ListCost": cost,
+        "ServiceCategory": "Compute",
+        "ServiceName": "Compute Engine",
+        "ResourceId": f"//compute.googleapis.com/instances/{resource}",
+        "PricingQuantity": quantity,
+        "PricingUnit": unit,
+        "ConsumedUnit": "seconds",
+        "sku": {"id": "0000-0000-0001", "description": sku},
+        "system_labels": labels if machine else [],
+    }
+
+
+def parquet_of(rows: list[dict]) -> bytes:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    def row(machine: str | None, *, quantity, unit, cost) -> dict:
-        labels = [{"key": "compute.googleapis.com/machine_spec", "value": machine}]
-        return {
-            **dict.fromkeys(CONVERTED),
-            "ChargePeriodStart": "2026-05-14T00:00:00Z",
-            "ChargePeriodEnd": "2026-05-14T10:00:00Z",
-            "ChargeCategory": "Usage",
-            "BillingPeriodStart": "2026-05-01T07:00:00Z",
-            "BillingPeriodEnd": "2026-05-01T07:00:00Z",
-            "Provider": "Google Cloud",
-            "Publisher": "Google Cloud",
-            "BillingAccountId": "01ABCD-000000-000000",
-            "BillingCurrency": "USD",
-            "BilledCost": cost,
-            "EffectiveCost": cost,
-            "ListCost": cost,
-            "ServiceCategory": "Compute",
-            "ServiceName": "Compute Engine",
-            "PricingQuantity": quantity,
-            "PricingUnit": unit,
-            "ConsumedUnit": "seconds",
-            "system_labels": labels if machine else [],
-        }
-
-    rows = [
-        row("a3-highgpu-8g", quantity=2080.0, unit="hour", cost=880.0),  # 1: 208 cores x 10 h
-        row("a3-highgpu-8g", quantity=80.0, unit="hour", cost=600.0),  # 2: 8 GPUs x 10 h
-        row("n2-standard-8", quantity=80.0, unit="hour", cost=2.5),  # 3
-        row(None, quantity=0.4, unit="gibibyte month", cost=0.4),  # 4
-    ]
     sink = io.BytesIO()
     pq.write_table(pa.Table.from_pylist(rows), sink)
+    return sink.getvalue()
+
+
+def test_converted_google_rows_price_each_machine_from_its_components():
+    """Google Cloud bills a machine as its cores, memory and GPUs, each row naming the machine in
+    system_labels: per machine type, the components' cost over the instance-hours its GPUs (a CPU
+    type: its cores) give; the other components checked against them; the components costlab
+    cannot place listed with their reason."""
+    row, gib = converted_google, "gibibyte hour"
+    rows = [
+        row("a3-highgpu-8g", "A3 Instance Core running in Americas", quantity=2080.0, cost=880.0),
+        row(
+            "a3-highgpu-8g",
+            "A3 Instance Ram running in Americas",
+            quantity=18720.0,
+            unit=gib,
+            cost=100.0,
+        ),
+        row("a3-highgpu-8g", "Nvidia H100 80GB GPU running in Americas", quantity=80.0, cost=600.0),
+        row(
+            "n2-standard-8",
+            "N2 Instance Core running in Americas",
+            quantity=80.0,
+            cost=2.4,
+            resource="n2-0",
+        ),
+        # 5: 300 GiB-hours / 32 GiB = 9.375 instance-hours, the cores' 10: listed, and priced
+        row(
+            "n2-standard-8",
+            "N2 Instance Ram running in Americas",
+            quantity=300.0,
+            unit=gib,
+            cost=0.8,
+            resource="n2-0",
+        ),
+        row(None, "N2 Instance Core running in Americas", quantity=16.0, cost=0.5),  # 6
+        row("n2-standard-16", "N2 Instance Core running in Americas", quantity=160.0, cost=5.0),
+        row(
+            "a3-highgpu-8g", "Licensing Fee for Ubuntu Pro (CPU cost)", quantity=2080.0, cost=3.0
+        ),  # 8
+        row(
+            "g2-standard-4",
+            "G2 Instance Core running in Americas",
+            quantity=40.0,
+            cost=1.0,
+            resource="g2-0",
+        ),  # 9: a GPU machine with no GPU rows: no instance-hours
+        row(
+            "n2-standard-8",
+            "Nvidia Tesla T4 GPU running in Americas",
+            quantity=10.0,
+            cost=3.5,
+            resource="n2-0",
+        ),  # 10
+        row(None, "Balanced PD Capacity", quantity=0.4, unit="gibibyte month", cost=0.4),  # 11
+    ]
     tenant = TenantFactory()
-    with pytest.raises(ApplicationError, match="^file: no hourly usage of a known instance") as no:
-        imported(tenant, sink.getvalue())
-    per_machine = "Google Cloud bills a machine's cores, memory and GPUs as SKUs of their own"
-    component = "priced per component, not per instance-hour"
-    assert {(g["reason"], g["detail"]): g["row_numbers"] for g in no.value.extra["skipped"]} == {
+    outcome = imported(tenant, parquet_of(rows))
+    shown = outcome.shown()
+    assert shown["focus_version"] == "pre-1.0"
+    rates = {p.sku.name: p.hourly_usd for p in outcome.table.gpu_prices.select_related("sku")}
+    assert rates == {H100: Decimal("19.75")}  # (880 + 100 + 600) / (80 GPU-hours / 8 = 10 h) / 8
+    assert outcome.table.vcpu_hour_usd == Decimal("0.04")  # (2.40 + 0.80) / 80 vCPU-hours
+    types = {t["instance_type"]: t for t in shown["derived"]["instance_types"]}
+    assert set(types) == {"a3-highgpu-8g", "n2-standard-8"}
+    a3, n2 = types["a3-highgpu-8g"], types["n2-standard-8"]
+    assert a3["derived"] == "from components: cores, memory, GPUs"
+    assert (a3["hours"], a3["effective_hourly"], a3["list_hourly"]) == (
+        "10.000000",
+        "158.000000",
+        "158.000000",
+    )
+    assert a3["component_disagreements"] == []
+    assert n2["derived"] == "from components: cores, memory"
+    assert (n2["hours"], n2["effective_cost"]) == ("10.000000", "3.200000")
+    disagreement = (
+        "memory: 300 GiB-hours over 32 are 9.375 instance-hours, its cores give 10 (6.25% apart)"
+    )
+    assert n2["component_disagreements"] == [disagreement]
+    assert shown["derived"]["component_disagreements"] == [f"n2-standard-8: {disagreement}"]
+    machine = "compute.googleapis.com/machine_spec"
+    assert {(g["reason"], g["detail"]): g["row_numbers"] for g in shown["skipped"]} == {
         (
-            component,
-            f"system_labels compute.googleapis.com/machine_spec a3-highgpu-8g: {per_machine}",
-        ): [1, 2],
+            "machine component without its machine type",
+            f"cores: none named in system_labels ({machine})",
+        ): [6],
         (
-            component,
-            f"system_labels compute.googleapis.com/machine_spec n2-standard-8: {per_machine}",
-        ): [3],
-        ("non-hourly unit", "PricingUnit gibibyte month"): [4],
+            "machine type not in the catalogue (priced per component)",
+            f"n2-standard-16 ({machine})",
+        ): [7],
+        (
+            "machine component costlab cannot place (unknown component or unit)",
+            "a3-highgpu-8g: Licensing Fee for Ubuntu Pro (CPU cost), in hours",
+        ): [8],
+        (
+            "machine components without their measure (no instance-hours)",
+            "g2-standard-4: no GPU-hours rows (GPU-hours over the 1 GPUs one holds are its "
+            "instance-hours); read: cores",
+        ): [9],
+        (
+            "component the catalogue's machine type has none of",
+            "GPUs of n2-standard-8",
+        ): [10],
+        ("non-hourly unit", "PricingUnit gibibyte month"): [11],
     }
+    counted = sum(t["rows"] for t in shown["derived"]["instance_types"])
+    assert counted + sum(g["rows"] for g in shown["skipped"]) == shown["rows"] == 11
+    # reconciliation's usage: each machine's components as one, the measure's rows its hours; the
+    # g2's cores, which priced nothing, taken back
+    usage = {
+        u.instance_type: (
+            u.resource_id,
+            u.hours,
+            u.gpu_hours,
+            u.vcpu_hours,
+            u.effective_cost,
+            u.rows,
+        )
+        for u in FocusUsage.objects.filter(focus_import_id=shown["id"])
+    }
+    assert usage == {
+        "a3-highgpu-8g (components)": (
+            "//compute.googleapis.com/instances/a3-0",
+            Decimal("10"),
+            Decimal("80"),
+            Decimal("2080"),
+            Decimal("1580"),
+            3,
+        ),
+        "n2-standard-8 (components)": (
+            "//compute.googleapis.com/instances/n2-0",
+            Decimal("10"),
+            Decimal("0"),
+            Decimal("80"),
+            Decimal("3.2"),
+            2,
+        ),
+    }
+    assert shown["derived"]["usage"]["records"] == 2
+
+
+def test_a_google_file_with_no_placeable_component_is_refused_naming_each_rows_reason():
+    rows = [
+        converted_google(None, "A3 Instance Core running in Americas", quantity=2080.0, cost=880.0),
+        converted_google(
+            "a3-highgpu-8g",
+            "A3 Instance Ram running in Americas",
+            quantity=18720.0,
+            unit="gibibyte hour",
+            cost=100.0,
+        ),  # 2: no GPU rows
+    ]
+    with pytest.raises(ApplicationError, match="^file: no hourly usage of a known instance") as no:
+        imported(TenantFactory(), parquet_of(rows))
+    assert [(g["reason"], g["row_numbers"]) for g in no.value.extra["skipped"]] == [
+        ("machine component without its machine type", [1]),
+        ("machine components without their measure (no instance-hours)", [2]),
+    ]
     assert not PricingTable.objects.exists() and not FocusImport.objects.exists()
+    assert not FocusUsage.objects.exists()
+
+
+def test_a_google_machine_missing_a_component_is_priced_and_the_gap_listed():
+    """g2-standard-4 holds one L4: its GPU SKU's GpuCount 1 is the type's own, yet on Google's
+    Compute Engine it is a component (its description says so), and the machine's hours are its
+    GPU-hours; no memory rows: priced from what was billed, the missing component listed."""
+    g2 = "g2-standard-4"
+    outcome = imported(
+        TenantFactory(),
+        to_csv(
+            [
+                gcp(
+                    g2,
+                    "gpus",
+                    quantity=10,
+                    effective="7.00",
+                    ChargeDescription="Nvidia L4 GPU running in Americas",
+                ),
+                gcp(g2, "cores", quantity=40, effective="1.00"),  # 40 vCPU-hours / 4 = 10 h
+            ]
+        ),
+    )
+    rates = {p.sku.name: p.hourly_usd for p in outcome.table.gpu_prices.select_related("sku")}
+    assert rates == {"NVIDIA L4 24GB": Decimal("0.8")}  # (7.00 + 1.00) / 10 GPU-hours
+    (shown,) = outcome.shown()["derived"]["instance_types"]
+    assert shown["derived"] == "from components: cores, GPUs"
+    assert shown["component_disagreements"] == [
+        "memory: no rows (one g2-standard-4 holds 16 GiB); their cost is not in the price"
+    ]
+    assert outcome.shown()["skipped"] == []
