@@ -857,35 +857,13 @@ def _read_row(
     seen: set[bytes],
     usage: UsageSink | None = None,
 ) -> None:
+    """One row, summed or left out with the first of its reasons, checked in this order."""
     reading.rows += 1
-    category = str(row.get("ChargeCategory") or "")
-    if category != "Usage":
-        reason = {
-            "Tax": "tax",
-            "Credit": "credit",
-            "Adjustment": "adjustment",
-            "Purchase": "purchase (a commitment's fee: its amortised share is in the usage rows' "
-            "EffectiveCost)",
-        }.get(category, "not a usage charge")
-        reading.skip(number, reason, f"ChargeCategory {category or 'empty'}", row)
+    charge = _charge_skipped(row)
+    if charge is not None:
+        reading.skip(number, *charge, row)
         return
-    if row.get("ChargeClass") == "Correction":
-        reading.skip(number, "correction of an earlier period", "ChargeClass Correction", row)
-        return
-    unused = row.get("ChargeType") in UNUSED_CHARGE_TYPES  # Azure's, carried over
-    if row.get("CommitmentDiscountStatus") == "Unused" or unused:
-        reading.skip(
-            number,
-            "unused commitment (no instance's usage)",
-            f"ChargeType {row['ChargeType']}" if unused else "CommitmentDiscountStatus Unused",
-            row,
-        )
-        return
-    quantity_column, unit_column = "PricingQuantity", "PricingUnit"
-    pricing = (row.get("PricingUnit"), row.get("PricingQuantity"))
-    if pricing == (None, None) and row.get("ConsumedUnit") is not None:
-        # no pricing unit at all (focus-converter leaves Azure's empty): the consumed hours
-        quantity_column, unit_column = "ConsumedQuantity", "ConsumedUnit"
+    quantity_column, unit_column = _quantity_columns(row)
     unit = str(row.get(unit_column) or "")
     unit_kind = _unit_kind(unit)
     non_hourly = ("non-hourly unit", f"{unit_column} {unit or 'empty'}")
@@ -899,6 +877,59 @@ def _read_row(
     if instance is None:
         reading.skip(number, reason, detail, row)
         return
+    other = _other_account(reading, row)
+    if other is not None:
+        reading.skip(number, *other, row)
+        return
+    amounts, reason, detail = _amounts(row, quantity_column)
+    if amounts is None:
+        reading.skip(number, reason, detail, row)
+        return
+    if _repeated(whole, seen):
+        reading.skip(number, "duplicate row", "the same row as an earlier one", row)
+        return
+    if part is not None:  # one component of a machine: summed per type and component
+        _component_add(reading, number, row, instance, part, amounts, usage)
+    else:
+        _instance_add(reading, row, instance, amounts, usage)
+    _invoice_and_period(reading, row)
+
+
+def _charge_skipped(row: dict) -> tuple[str, str] | None:
+    """(reason, detail) for a charge that is no usage: not Usage, a correction, unused, or None."""
+    category = str(row.get("ChargeCategory") or "")
+    if category != "Usage":
+        reason = {
+            "Tax": "tax",
+            "Credit": "credit",
+            "Adjustment": "adjustment",
+            "Purchase": "purchase (a commitment's fee: its amortised share is in the usage rows' "
+            "EffectiveCost)",
+        }.get(category, "not a usage charge")
+        return reason, f"ChargeCategory {category or 'empty'}"
+    if row.get("ChargeClass") == "Correction":
+        return "correction of an earlier period", "ChargeClass Correction"
+    unused = row.get("ChargeType") in UNUSED_CHARGE_TYPES  # Azure's, carried over
+    if row.get("CommitmentDiscountStatus") == "Unused" or unused:
+        return (
+            "unused commitment (no instance's usage)",
+            f"ChargeType {row['ChargeType']}" if unused else "CommitmentDiscountStatus Unused",
+        )
+    return None
+
+
+def _quantity_columns(row: dict) -> tuple[str, str]:
+    """The row's quantity and unit columns: its pricing ones, else with neither its consumed."""
+    quantity_column, unit_column = "PricingQuantity", "PricingUnit"
+    pricing = (row.get("PricingUnit"), row.get("PricingQuantity"))
+    if pricing == (None, None) and row.get("ConsumedUnit") is not None:
+        # no pricing unit at all (focus-converter leaves Azure's empty): the consumed hours
+        quantity_column, unit_column = "ConsumedQuantity", "ConsumedUnit"
+    return quantity_column, unit_column
+
+
+def _other_account(reading: Reading, row: dict) -> tuple[str, str] | None:
+    """(reason, detail) for another account or currency than the one read (the first's), or None."""
     for column, attribute, reason in (
         ("BillingAccountId", "account", "other billing account"),
         ("BillingCurrency", "currency", "other currency"),
@@ -907,96 +938,139 @@ def _read_row(
         if getattr(reading, attribute) is None:  # the first hourly usage row's is the one read
             setattr(reading, attribute, value)
         if value != getattr(reading, attribute):
-            detail = f"{column} {value or 'empty'} (reading {getattr(reading, attribute)})"
-            reading.skip(number, reason, detail, row)
-            return
+            return reason, f"{column} {value or 'empty'} (reading {getattr(reading, attribute)})"
+    return None
+
+
+@dataclass(frozen=True)
+class _Amounts:
+    """What a counted row adds: its quantity and costs, and how its hours were read."""
+
+    quantity: Decimal
+    effective: Decimal
+    listed: Decimal | None
+    billed: Decimal | None
+    consumed: bool  # its hours are its ConsumedQuantity (no PricingUnit)
+    committed: bool  # CommitmentDiscountStatus Used
+
+
+def _amounts(row: dict, quantity_column: str) -> tuple[_Amounts | None, str, str]:
+    """(amounts, reason, detail): the row's quantity and costs, or why they price no hours."""
     try:
         quantity = _decimal(row, quantity_column)
         effective = _decimal(row, "EffectiveCost")
         listed = _decimal(row, "ListCost")
         billed = _decimal(row, "BilledCost")
     except ValueError as exc:
-        reading.skip(number, "not a number", str(exc), row)
-        return
+        return None, "not a number", str(exc)
     if effective is None:
-        reading.skip(number, "no cost", "EffectiveCost empty", row)
-        return
+        return None, "no cost", "EffectiveCost empty"
     if quantity is None or quantity == 0:
-        reading.skip(number, "zero quantity", f"{quantity_column} 0 or empty", row)
-        return
+        return None, "zero quantity", f"{quantity_column} 0 or empty"
     if quantity < 0:
-        reading.skip(
-            number,
+        return (
+            None,
             "negative quantity (a refund or correction, not a price)",
             f"{quantity_column} {quantity}",
-            row,
         )
-        return
     for column, value in (("EffectiveCost", effective), ("BilledCost", billed)):
         if value is not None and value < 0:  # as AWS's SavingsPlanNegation, a discount's line
-            reading.skip(
-                number,
+            return (
+                None,
                 "negative cost of hours (a negation or discount, not a price)",
                 f"{column} {value}",
-                row,
             )
-            return
     if effective == 0 and row.get("CommitmentDiscountId"):
-        reading.skip(
-            number,
+        return (
+            None,
             "commitment-covered hours at EffectiveCost 0 (not amortised: a cost export "
             "without the commitment's share)",
             f"CommitmentDiscountId {str(row['CommitmentDiscountId'])[:80]}",
-            row,
         )
-        return
+    amounts = _Amounts(
+        quantity=quantity,
+        effective=effective,
+        listed=listed,
+        billed=billed,
+        consumed=quantity_column == "ConsumedQuantity",
+        committed=row.get("CommitmentDiscountStatus") == "Used",
+    )
+    return amounts, "", ""
+
+
+def _repeated(whole: Any, seen: set[bytes]) -> bool:
+    """Whether the whole row was read before (its digest seen); a new row's digest is kept."""
     whole = sorted(whole.items()) if isinstance(whole, dict) else whole
     digest = hashlib.blake2b(repr(whole).encode(), digest_size=DIGEST_BYTES).digest()
     if digest in seen:
-        reading.skip(number, "duplicate row", "the same row as an earlier one", row)
-        return
+        return True
     seen.add(digest)
-    committed = row.get("CommitmentDiscountStatus") == "Used"
-    if part is not None:  # one component of a machine: summed per type and component
-        machine = reading.components.get(instance.key)
-        if machine is None:
-            machine = reading.components[instance.key] = _Machine(instance)
-        sums = machine.add(number, part)
-        amount = quantity * part.per_unit
-        sums.quantity += amount
-        sums.effective += effective
-        sums.billed += billed or ZERO
-        if listed is None:
-            sums.unlisted_rows += 1
-        else:
-            sums.listed += listed
-        if quantity_column == "ConsumedQuantity":
-            sums.consumed_rows += 1
-        if committed:
-            sums.committed += amount
-        if usage is not None:  # the measure's rows hold the hours; every component its cost
-            measure = measure_of(instance)
-            hours = amount / measure.per_instance(instance) if part.component is measure else ZERO
-            usage.add(row, instance, hours, effective, label=usage_label(instance.key))
+    return False
+
+
+def _component_add(
+    reading: Reading,
+    number: int,
+    row: dict,
+    instance: Instance,
+    part: Part,
+    amounts: _Amounts,
+    usage: UsageSink | None,
+) -> None:
+    """A machine's component row, summed per machine type and component (and into usage)."""
+    machine = reading.components.get(instance.key)
+    if machine is None:
+        machine = reading.components[instance.key] = _Machine(instance)
+    sums = machine.add(number, part)
+    amount = amounts.quantity * part.per_unit
+    sums.quantity += amount
+    sums.effective += amounts.effective
+    sums.billed += amounts.billed or ZERO
+    if amounts.listed is None:
+        sums.unlisted_rows += 1
     else:
-        aggregate = reading.aggregates.get(instance.key)
-        if aggregate is None:
-            aggregate = reading.aggregates[instance.key] = _Aggregate(instance)
-        aggregate.rows += 1
-        aggregate.hours += quantity
-        aggregate.effective += effective
-        if listed is None:  # FOCUS's ListCost is mandatory; a converter may leave it empty
-            aggregate.unlisted_rows += 1
-        else:
-            aggregate.listed += listed
-            aggregate.listed_hours += quantity
-        if quantity_column == "ConsumedQuantity":
-            aggregate.consumed_rows += 1
-        aggregate.billed += billed or Decimal("0")
-        if committed:
-            aggregate.committed_hours += quantity
-        if usage is not None:
-            usage.add(row, instance, quantity, effective)
+        sums.listed += amounts.listed
+    if amounts.consumed:
+        sums.consumed_rows += 1
+    if amounts.committed:
+        sums.committed += amount
+    if usage is not None:  # the measure's rows hold the hours; every component its cost
+        measure = measure_of(instance)
+        hours = amount / measure.per_instance(instance) if part.component is measure else ZERO
+        usage.add(row, instance, hours, amounts.effective, label=usage_label(instance.key))
+
+
+def _instance_add(
+    reading: Reading,
+    row: dict,
+    instance: Instance,
+    amounts: _Amounts,
+    usage: UsageSink | None,
+) -> None:
+    """A row of whole instance-hours, summed per instance type (and into usage)."""
+    quantity = amounts.quantity
+    aggregate = reading.aggregates.get(instance.key)
+    if aggregate is None:
+        aggregate = reading.aggregates[instance.key] = _Aggregate(instance)
+    aggregate.rows += 1
+    aggregate.hours += quantity
+    aggregate.effective += amounts.effective
+    if amounts.listed is None:  # FOCUS's ListCost is mandatory; a converter may leave it empty
+        aggregate.unlisted_rows += 1
+    else:
+        aggregate.listed += amounts.listed
+        aggregate.listed_hours += quantity
+    if amounts.consumed:
+        aggregate.consumed_rows += 1
+    aggregate.billed += amounts.billed or Decimal("0")
+    if amounts.committed:
+        aggregate.committed_hours += quantity
+    if usage is not None:
+        usage.add(row, instance, quantity, amounts.effective)
+
+
+def _invoice_and_period(reading: Reading, row: dict) -> None:
+    """A counted row's invoice (up to 20 kept) and billing period, noted on the reading."""
     invoice = row.get("InvoiceId") or row.get("bill/InvoiceId") or row.get("bill_invoice_id")
     if invoice and len(reading.invoices) < 20:
         reading.invoices.add(str(invoice))
@@ -1035,65 +1109,103 @@ def _components_priced(reading: Reading, usage: UsageSink | None) -> None:
         parts = [(COMPONENTS[k], machine.parts[k]) for k in COMPONENTS if k in machine.parts]
         effective = sum((sums.effective for _, sums in parts), ZERO)
         if measured is None:
-            read = ", ".join(component.label for component, _ in parts)
-            reading.skip_counted(
-                NO_MEASURE,
-                f"{key}: no {measure.unit} rows ({measure.unit} over the "
-                f"{_plain(measure.per_instance(inst))} {measure.noun} one holds are its "
-                f"instance-hours); read: {read}",
-                machine,
-                effective,
-            )
-            if usage is not None:
-                usage.discard(usage_label(key))
+            _measure_missing(reading, key, machine, parts, effective, usage)
             continue
         hours = measured.quantity / measure.per_instance(inst)
-        disagreements = []
-        shown = {}
-        for component, sums in parts:
-            per = component.per_instance(inst)
-            theirs = sums.quantity / per
-            shown[component.kind] = {
-                "rows": sums.rows,
-                "quantity": _plain(sums.quantity),
-                "unit": component.unit,
-                "per_instance": _plain(per),
-                "instance_hours": _plain(theirs),
-                "effective_cost": _text(sums.effective),
-                "list_cost": _text(sums.listed),
-            }
-            apart = abs(theirs - hours) / hours
-            if component is not measure and apart > COMPONENT_TOLERANCE:
-                disagreements.append(
-                    f"{component.label}: {_plain(sums.quantity)} {component.unit} over "
-                    f"{_plain(per)} are {_plain(theirs)} instance-hours, its {measure.label} give "
-                    f"{_plain(hours)} ({_plain(apart * 100)}% apart)"
-                )
-        for component in COMPONENTS.values():
-            if component.kind not in machine.parts and component.per_instance(inst):
-                disagreements.append(
-                    f"{component.label}: no rows (one {key} holds "
-                    f"{_plain(component.per_instance(inst))} {component.noun}); "
-                    "their cost is not in the price"
-                )
+        shown, disagreements = _components_compared(key, machine, parts, hours)
         aggregate = reading.aggregates.get(key)
         if aggregate is None:
             aggregate = reading.aggregates[key] = _Aggregate(inst)
-        unlisted = sum(sums.unlisted_rows for _, sums in parts)
-        aggregate.rows += machine.rows
-        aggregate.component_rows = machine.rows
-        aggregate.hours += hours
-        aggregate.effective += effective
-        aggregate.billed += sum((sums.billed for _, sums in parts), ZERO)
-        aggregate.unlisted_rows += unlisted
-        if not unlisted:  # the list price of some of a machine's components is no machine's
-            aggregate.listed += sum((sums.listed for _, sums in parts), ZERO)
-            aggregate.listed_hours += hours
-        aggregate.consumed_rows += sum(sums.consumed_rows for _, sums in parts)
+        _components_summed(aggregate, machine, parts, hours, effective)
         aggregate.committed_hours += measured.committed / measure.per_instance(inst)
         aggregate.components = shown
         aggregate.measure = measure.label
         aggregate.disagreements = disagreements
+
+
+def _measure_missing(
+    reading: Reading,
+    key: str,
+    machine: _Machine,
+    parts: list[tuple[Component, _ComponentSum]],
+    effective: Decimal,
+    usage: UsageSink | None,
+) -> None:
+    """A machine type with no rows of its measure: its component rows left out, usage taken back."""
+    inst = machine.instance
+    measure = measure_of(inst)
+    read = ", ".join(component.label for component, _ in parts)
+    reading.skip_counted(
+        NO_MEASURE,
+        f"{key}: no {measure.unit} rows ({measure.unit} over the "
+        f"{_plain(measure.per_instance(inst))} {measure.noun} one holds are its "
+        f"instance-hours); read: {read}",
+        machine,
+        effective,
+    )
+    if usage is not None:
+        usage.discard(usage_label(key))
+
+
+def _components_compared(
+    key: str,
+    machine: _Machine,
+    parts: list[tuple[Component, _ComponentSum]],
+    hours: Decimal,
+) -> tuple[dict, list[str]]:
+    """(shown, disagreements): each component's sums, and those not agreeing with the measure."""
+    inst = machine.instance
+    measure = measure_of(inst)
+    disagreements = []
+    shown = {}
+    for component, sums in parts:
+        per = component.per_instance(inst)
+        theirs = sums.quantity / per
+        shown[component.kind] = {
+            "rows": sums.rows,
+            "quantity": _plain(sums.quantity),
+            "unit": component.unit,
+            "per_instance": _plain(per),
+            "instance_hours": _plain(theirs),
+            "effective_cost": _text(sums.effective),
+            "list_cost": _text(sums.listed),
+        }
+        apart = abs(theirs - hours) / hours
+        if component is not measure and apart > COMPONENT_TOLERANCE:
+            disagreements.append(
+                f"{component.label}: {_plain(sums.quantity)} {component.unit} over "
+                f"{_plain(per)} are {_plain(theirs)} instance-hours, its {measure.label} give "
+                f"{_plain(hours)} ({_plain(apart * 100)}% apart)"
+            )
+    for component in COMPONENTS.values():
+        if component.kind not in machine.parts and component.per_instance(inst):
+            disagreements.append(
+                f"{component.label}: no rows (one {key} holds "
+                f"{_plain(component.per_instance(inst))} {component.noun}); "
+                "their cost is not in the price"
+            )
+    return shown, disagreements
+
+
+def _components_summed(
+    aggregate: _Aggregate,
+    machine: _Machine,
+    parts: list[tuple[Component, _ComponentSum]],
+    hours: Decimal,
+    effective: Decimal,
+) -> None:
+    """A machine type's component sums, added to its aggregate as instance-hours and costs."""
+    unlisted = sum(sums.unlisted_rows for _, sums in parts)
+    aggregate.rows += machine.rows
+    aggregate.component_rows = machine.rows
+    aggregate.hours += hours
+    aggregate.effective += effective
+    aggregate.billed += sum((sums.billed for _, sums in parts), ZERO)
+    aggregate.unlisted_rows += unlisted
+    if not unlisted:  # the list price of some of a machine's components is no machine's
+        aggregate.listed += sum((sums.listed for _, sums in parts), ZERO)
+        aggregate.listed_hours += hours
+    aggregate.consumed_rows += sum(sums.consumed_rows for _, sums in parts)
 
 
 # --- usage per resource and day, for reconciliation --------------------------------------------
@@ -1392,14 +1504,7 @@ def pricing_table_import_focus(
         focus_version=focus_version,
         usage=usage,
     )
-    if not reading.aggregates:
-        reasons = "; ".join(f"{g.rows} {g.reason} ({g.detail})" for g in reading.skipped.values())
-        raise ApplicationError(
-            f"file: no hourly usage of a known instance type to price ({reading.rows} rows"
-            f"{': ' + reasons[:1500] if reasons else ''})",
-            {"fields": {"file": ["nothing to price"]}, "skipped": reading.skipped_shown()},
-            code="invalid",
-        )
+    _refuse_nothing_priced(reading)
     usage.flush()
     derived = prices_derive(reading)
     _refuse_negative(derived)
@@ -1414,6 +1519,31 @@ def pricing_table_import_focus(
         skus_in_use=skus_in_use,
         confirm_unpriced=confirm_unpriced,
     )
+    _record_save(record, reading, derived, usage, table, created)
+    return ImportOutcome(record, table, created, False)
+
+
+def _refuse_nothing_priced(reading: Reading) -> None:
+    """A file with no hourly usage of a known instance type is refused, with its rows' reasons."""
+    if not reading.aggregates:
+        reasons = "; ".join(f"{g.rows} {g.reason} ({g.detail})" for g in reading.skipped.values())
+        raise ApplicationError(
+            f"file: no hourly usage of a known instance type to price ({reading.rows} rows"
+            f"{': ' + reasons[:1500] if reasons else ''})",
+            {"fields": {"file": ["nothing to price"]}, "skipped": reading.skipped_shown()},
+            code="invalid",
+        )
+
+
+def _record_save(
+    record: FocusImport,
+    reading: Reading,
+    derived: Derived,
+    usage: UsageSink,
+    table: PricingTable,
+    created: bool,
+) -> None:
+    """The import's record, saved with what the file gave, the prices derived and the version."""
     record.focus_version = reading.version
     record.pricing_table = table
     record.created_version = created
@@ -1434,7 +1564,6 @@ def pricing_table_import_focus(
     }
     record.skipped = reading.skipped_shown()
     record.save()
-    return ImportOutcome(record, table, created, False)
 
 
 def _version_make(
