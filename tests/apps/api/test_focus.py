@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from datetime import timedelta
 
 import pytest
@@ -42,6 +43,11 @@ def test_the_command_and_the_api_import_and_answer_the_same_file_once(staff, api
     said = out.getvalue()
     assert said.startswith(f"already imported: pricing table {body['pricing_table']['id']}")
     assert "skipped 1 rows: tax (ChargeCategory Tax): rows 6" in said
+    assert re.search(
+        r"derived p5\.48xlarge: .*/h \((list [\d.]+/h|no list price)\), .* per GPU-hour;"
+        r" from instance-hours",
+        said,
+    ), said
     assert PricingTable.objects.filter(tenant=tenant).count() == 1
     refused = staff.post(url, {"file": upload(b"a,b\n1,2\n", "x.csv")}, format="multipart")
     assert refused.status_code == 400

@@ -71,10 +71,15 @@ class Command(BaseCommand):
         for t in shown["derived"]["instance_types"]:
             per = t["effective_per_gpu_hour"] or t["effective_per_vcpu_hour"]
             unit = "GPU-hour" if t["effective_per_gpu_hour"] else "vCPU-hour"
+            # an import stored before a field existed lacks it: .get
+            listed = f"list {t['list_hourly']}/h" if t.get("list_hourly") else "no list price"
+            how = f"; {t['derived']}" if t.get("derived") else ""
             self.stdout.write(
                 f"  derived {t['instance_type']}: {t['hours']} h, effective {t['effective_hourly']}"
-                f"/h (list {t['list_hourly']}/h), {per} per {unit}"
+                f"/h ({listed}), {per} per {unit}{how}"
             )
+            for said in t.get("component_disagreements") or ():
+                self.stdout.write(f"    components disagree: {said}")
         for g in shown["skipped"]:
             numbers = ", ".join(map(str, g["row_numbers"]))
             more = "" if g["row_numbers_complete"] else " ..."
