@@ -30,6 +30,16 @@ def clean_env(**overrides: str) -> dict[str, str]:
     return env
 
 
+def installed_tool(env_var: str, command: str) -> Path | None:
+    """A tool installed beside this project (in an environment of its own): $`env_var`, else
+    `command` on the PATH, resolved through links (its environment's python sits beside the real
+    script); None where neither is set."""
+    import shutil
+
+    named = os.environ.get(env_var) or shutil.which(command)
+    return Path(named).resolve() if named else None
+
+
 def run_python(code: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", code],

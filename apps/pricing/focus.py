@@ -1388,19 +1388,6 @@ def prices_derive(reading: Reading) -> Derived:
     )
 
 
-def _refuse_negative(derived: Derived) -> None:
-    """Credits are rows of their own; an instance type whose usage sums below 0 is no price."""
-    bad = [sku for sku, rate in derived.gpu.items() if rate < 0]
-    if derived.vcpu_hour is not None and derived.vcpu_hour < 0:
-        bad.append("vCPU")
-    if bad:
-        raise ApplicationError(
-            f"EffectiveCost: the usage of {', '.join(bad)} sums below 0; not a price",
-            {"fields": {"EffectiveCost": ["negative sum"]}},
-            code="invalid",
-        )
-
-
 # --- the import ------------------------------------------------------------------------------
 
 
@@ -1507,7 +1494,6 @@ def pricing_table_import_focus(
     _refuse_nothing_priced(reading)
     usage.flush()
     derived = prices_derive(reading)
-    _refuse_negative(derived)
     skus = _gpu_skus(sorted(derived.gpu))
     table, created = _version_make(
         tenant=tenant,

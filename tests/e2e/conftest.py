@@ -103,7 +103,8 @@ def server_requests_finished(timeout_s: float = 15.0) -> None:
             while True:
                 cursor.execute(
                     "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND pid <> pg_backend_pid() AND state IS NOT NULL AND state <> 'idle'"
+                    " AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+                    " AND state IS NOT NULL AND state <> 'idle'"
                 )
                 if cursor.fetchone()[0] == 0 or time.monotonic() > deadline:
                     return

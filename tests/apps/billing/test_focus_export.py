@@ -6,13 +6,10 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import re
-import shutil
 import subprocess
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from pathlib import Path
 
 import pytest
 
@@ -29,6 +26,7 @@ from tests.factories import (
     RunFactory,
     TenantFactory,
 )
+from tests.helpers import installed_tool
 
 pytestmark = pytest.mark.django_db
 
@@ -192,20 +190,14 @@ def test_a_month_is_written_yyyy_mm(month):
     assert list(focus_rows(tenant=tenant, period="2026-04")) == []
 
 
-def focus_validator() -> Path | None:
-    """The FinOps Foundation's focus-validator (PyPI `focus-validator`, 2.x: Python 3.12 or newer):
-    $COSTLAB_FOCUS_VALIDATOR, else `focus-validator` on the PATH; None where neither is installed
-    (it cannot share this project's Python 3.11: docs/billing.md says how to set one up)."""
-    named = os.environ.get("COSTLAB_FOCUS_VALIDATOR") or shutil.which("focus-validator")
-    return Path(named) if named else None
-
-
 FIND_PACKAGE = "import focus_validator as f, pathlib as p; print(p.Path(f.__file__).parents[1])"
 
 
 @pytest.mark.slow  # starts the validator, a process of its own
 def test_the_export_passes_the_finops_foundations_focus_validator(month, tmp_path):
-    validator = focus_validator()
+    # The FinOps Foundation's focus-validator (PyPI `focus-validator`, 2.x: Python 3.12 or newer,
+    # so in an environment of its own beside this project's 3.11: docs/billing.md says how).
+    validator = installed_tool("COSTLAB_FOCUS_VALIDATOR", "focus-validator")
     if validator is None:
         pytest.skip("needs focus-validator 2.x (set COSTLAB_FOCUS_VALIDATOR; docs/billing.md)")
     tenant = month[0]

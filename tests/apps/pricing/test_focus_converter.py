@@ -10,7 +10,6 @@ import csv
 import io
 import json
 import os
-import shutil
 import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,20 +18,16 @@ import pytest
 
 from apps.pricing.focus import pricing_table_import_focus
 from tests.factories import TenantFactory
+from tests.helpers import installed_tool
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]  # each test starts the converter
 
 H100 = "NVIDIA H100 SXM 80GB"
 
 
-def focus_converter() -> Path | None:
-    named = os.environ.get("COSTLAB_FOCUS_CONVERTER") or shutil.which("focus-converter")
-    return Path(named) if named else None
-
-
 @pytest.fixture
 def convert(tmp_path):
-    converter = focus_converter()
+    converter = installed_tool("COSTLAB_FOCUS_CONVERTER", "focus-converter")
     if converter is None:
         pytest.skip("needs focus-converter (set COSTLAB_FOCUS_CONVERTER; docs/billing.md)")
 
